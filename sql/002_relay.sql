@@ -1,0 +1,27 @@
+-- What outbox-relay itself needs, with the default names: its checkpoint table
+-- and the publication of the outbox table. Run after 001_outbox.sql (the
+-- publication names the table). Idempotent: safe to run again.
+-- `outbox-relay setup` does the same with the configured names and also creates
+-- the replication slot (003_slot.sql).
+
+-- The relay's own record of the last transaction delivered to Kafka, one row
+-- per slot. It never moves backwards, unlike a slot's confirmed_flush_lsn,
+-- which the server persists only at checkpoints and may lose in a crash.
+CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
+    "slot_name" text PRIMARY KEY,
+    "lsn" pg_lsn NOT NULL,
+    "last_commit_time" timestamptz,
+    "saved_at" timestamptz NOT NULL DEFAULT now()
+);
+
+-- Only INSERTs are published: an event is an insert, and applications that
+-- delete relayed rows (or update them) then cost no decoding bandwidth and no
+-- network traffic, because the walsender filters those changes out before
+-- they are sent. CREATE PUBLICATION has no IF NOT EXISTS, hence the DO block.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = 'outbox_relay') THEN
+        CREATE PUBLICATION "outbox_relay" FOR TABLE "public"."outbox" WITH (publish = 'insert');
+    END IF;
+END
+$$;

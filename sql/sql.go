@@ -1,0 +1,193 @@
+// Package sql holds the DDL outbox-relay needs: the outbox table, the
+// checkpoint table, the publication and the replication slot.
+//
+// The embedded .sql files are the documented defaults, readable and runnable by
+// psql as they are (for example as docker-entrypoint-initdb.d scripts). The
+// functions here build the same statements for configured names; a test runs
+// both and compares the resulting catalogs, so the two cannot drift apart.
+//
+// Invariants:
+//   - Every statement is idempotent (IF NOT EXISTS, or guarded by a catalog
+//     lookup), so setup can be run again at any time.
+//   - Every name that reaches SQL text is quoted as an identifier or a string
+//     literal: configured names are taken as the exact, case-sensitive names.
+//   - The publication publishes inserts only.
+package sql
+
+import (
+	"embed"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Files holds the default DDL, in the order to run it: 001_outbox.sql,
+// 002_relay.sql, 003_slot.sql.
+//
+//go:embed *.sql
+var Files embed.FS
+
+// Default names, as used by the files in Files.
+const (
+	DefaultOutboxTable     = "public.outbox"
+	DefaultCheckpointTable = "outbox_relay_checkpoint"
+	DefaultPublication     = "outbox_relay"
+	DefaultSlot            = "outbox_relay"
+)
+
+// A Table is a possibly schema-qualified table name. Parts are exact names,
+// not SQL: "public.Outbox" means the table named Outbox (with a capital O) in
+// schema public. An empty Schema means the first match on the search_path.
+type Table struct {
+	Schema string
+	Name   string
+}
+
+// ParseTable parses "table" or "schema.table".
+func ParseTable(s string) (Table, error) {
+	parts := strings.Split(s, ".")
+	for _, p := range parts {
+		if p == "" || strings.ContainsRune(p, 0) {
+			return Table{}, fmt.Errorf("table name %q: want table or schema.table", s)
+		}
+	}
+	switch len(parts) {
+	case 1:
+		return Table{Name: parts[0]}, nil
+	case 2:
+		return Table{Schema: parts[0], Name: parts[1]}, nil
+	}
+	return Table{}, fmt.Errorf("table name %q: want table or schema.table", s)
+}
+
+// String returns the name as configured: schema.table or table.
+func (t Table) String() string {
+	if t.Schema == "" {
+		return t.Name
+	}
+	return t.Schema + "." + t.Name
+}
+
+// Quoted returns the name quoted for use in SQL text.
+func (t Table) Quoted() string {
+	if t.Schema == "" {
+		return Ident(t.Name)
+	}
+	return Ident(t.Schema) + "." + Ident(t.Name)
+}
+
+// Literal returns the quoted name as a string literal, for regclass casts such
+// as to_regclass(<Literal>).
+func (t Table) Literal() string { return Literal(t.Quoted()) }
+
+// Ident quotes s as an SQL identifier.
+func Ident(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// Literal quotes s as an SQL string literal. Standard-conforming strings (the
+// default since PostgreSQL 9.1) make doubling the quotes sufficient.
+func Literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// Columns names the outbox table's columns. Empty fields take the defaults:
+// id, aggregate_type, aggregate_id, event_type, payload, headers.
+type Columns struct {
+	ID            string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       string
+	Headers       string
+}
+
+func (c Columns) withDefaults() Columns {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&c.ID, "id")
+	def(&c.AggregateType, "aggregate_type")
+	def(&c.AggregateID, "aggregate_id")
+	def(&c.EventType, "event_type")
+	def(&c.Payload, "payload")
+	def(&c.Headers, "headers")
+	return c
+}
+
+// OutboxTable returns the statements creating the outbox table (with
+// Debezium-compatible column types) and its created_at index, if missing.
+func OutboxTable(t Table, c Columns) []string {
+	c = c.withDefaults()
+	return []string{
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+    %s uuid PRIMARY KEY,
+    %s text NOT NULL,
+    %s text NOT NULL,
+    %s text NOT NULL,
+    %s jsonb,
+    %s jsonb,
+    "created_at" timestamptz NOT NULL DEFAULT now()
+)`, t.Quoted(), Ident(c.ID), Ident(c.AggregateType), Ident(c.AggregateID),
+			Ident(c.EventType), Ident(c.Payload), Ident(c.Headers)),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("created_at")`,
+			Ident(indexName(t.Name, "created_at_idx")), t.Quoted()),
+	}
+}
+
+// indexName mirrors how PostgreSQL names indexes: it would truncate an
+// over-long name silently (with a NOTICE); truncating here keeps the name the
+// same across runs, so IF NOT EXISTS keeps working.
+func indexName(table, suffix string) string {
+	const maxIdent = 63 // NAMEDATALEN - 1
+	name := table + "_" + suffix
+	if len(name) > maxIdent {
+		name = table[:maxIdent-len(suffix)-1] + "_" + suffix
+	}
+	return name
+}
+
+// CheckpointTable returns the statement creating the checkpoint table if missing.
+func CheckpointTable(t Table) string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+    "slot_name" text PRIMARY KEY,
+    "lsn" pg_lsn NOT NULL,
+    "last_commit_time" timestamptz,
+    "saved_at" timestamptz NOT NULL DEFAULT now()
+)`, t.Quoted())
+}
+
+// CreatePublication returns the statement creating the publication of the
+// outbox table. It is not idempotent (PostgreSQL has no CREATE PUBLICATION IF
+// NOT EXISTS): callers check pg_publication first, as setup does, because an
+// existing publication may need the operator's attention rather than a retry.
+//
+// Only inserts are published: events are inserts, and UPDATE or DELETE on the
+// outbox (applications that purge relayed rows) are then filtered out by the
+// walsender, costing no decoding bandwidth and no network traffic.
+func CreatePublication(name string, outbox Table) string {
+	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`,
+		Ident(name), outbox.Quoted())
+}
+
+// CreateSlot returns the statement creating the logical replication slot with
+// pgoutput. It must run outside a transaction that has written anything, and
+// it waits for transactions running at that moment to finish.
+func CreateSlot(name string) string {
+	return fmt.Sprintf(`SELECT pg_catalog.pg_create_logical_replication_slot(%s, 'pgoutput')`, Literal(name))
+}
+
+// ValidSlotName reports whether s can name a replication slot: lower-case
+// letters, digits and underscores, at most 63 bytes.
+func ValidSlotName(s string) error {
+	if s == "" {
+		return errors.New("empty slot name")
+	}
+	if len(s) > 63 {
+		return fmt.Errorf("slot name %q is longer than 63 bytes", s)
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+			return fmt.Errorf("slot name %q may contain only lower-case letters, digits and underscores", s)
+		}
+	}
+	return nil
+}
