@@ -1,0 +1,150 @@
+// Package checkpoint persists, per replication slot, the end LSN of the last
+// transaction whose events were all delivered, and decides where streaming
+// resumes.
+//
+// Invariants enforced here:
+//   - A saved checkpoint never moves backwards: Save of an LSN at or below the
+//     stored one changes nothing. A slot's confirmed_flush_lsn can go backwards
+//     (the server persists it only at its own checkpoints, so a crash can lose
+//     it); this row, committed in the same database, cannot.
+//   - Save is durable when it returns nil: the row is committed.
+//   - Start never resumes behind the slot's confirmed_flush_lsn: the server has
+//     already discarded that WAL for the slot.
+//
+// The caller confirms an LSN to Postgres only after Save of it returned nil.
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// ErrNoCheckpoint is returned by Load when nothing has been saved for the slot.
+var ErrNoCheckpoint = errors.New("checkpoint: none saved")
+
+// A Checkpoint is what Load returns. LastCommitTime is the commit time of the
+// transaction that ended at LSN (zero if unknown); SavedAt is when the row was
+// last moved forward, by the database's clock.
+type Checkpoint struct {
+	LSN            pglogrepl.LSN
+	LastCommitTime time.Time
+	SavedAt        time.Time
+}
+
+// A Store keeps checkpoints in a Postgres table (see sql.CheckpointTable), one
+// row per slot. It is safe for concurrent use.
+type Store struct {
+	pool  *pgxpool.Pool
+	table string // quoted
+	err   error  // from parsing the table name, returned by every call
+}
+
+// New returns a Store using table ("table" or "schema.table"; an exact name,
+// not SQL). It does not connect: the pool dials lazily. An invalid table name
+// is reported by the first Load or Save.
+func New(pool *pgxpool.Pool, table string) *Store {
+	t, err := sql.ParseTable(table)
+	if err != nil {
+		return &Store{err: fmt.Errorf("checkpoint table: %w", err)}
+	}
+	return &Store{pool: pool, table: t.Quoted()}
+}
+
+// Load returns the checkpoint saved for slot, or ErrNoCheckpoint.
+func (s *Store) Load(ctx context.Context, slot string) (Checkpoint, error) {
+	if s.err != nil {
+		return Checkpoint{}, s.err
+	}
+	var (
+		lsn        string
+		lastCommit *time.Time
+		cp         Checkpoint
+	)
+	err := s.pool.QueryRow(ctx,
+		`SELECT lsn::text, last_commit_time, saved_at FROM `+s.table+` WHERE slot_name = $1`,
+		slot).Scan(&lsn, &lastCommit, &cp.SavedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Checkpoint{}, ErrNoCheckpoint
+	}
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("load checkpoint %q: %w", slot, err)
+	}
+	if cp.LSN, err = pglogrepl.ParseLSN(lsn); err != nil {
+		return Checkpoint{}, fmt.Errorf("load checkpoint %q: %w", slot, err)
+	}
+	if lastCommit != nil {
+		cp.LastCommitTime = *lastCommit
+	}
+	return cp, nil
+}
+
+// Save records lsn as slot's checkpoint, with the commit time of the
+// transaction that ended there (zero if unknown). It is durable when it
+// returns nil. It never moves the checkpoint backwards: saving an LSN at or
+// below the stored one is a no-op and not an error, so concurrent or replayed
+// saves are harmless.
+func (s *Store) Save(ctx context.Context, slot string, lsn pglogrepl.LSN, lastCommit time.Time) error {
+	if s.err != nil {
+		return s.err
+	}
+	var commit *time.Time
+	if !lastCommit.IsZero() {
+		commit = &lastCommit
+	}
+	// One statement, so the compare and the write are atomic: the row lock
+	// taken by ON CONFLICT serialises concurrent saves of one slot, and the
+	// WHERE re-reads the row after waiting for it.
+	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, last_commit_time, saved_at)
+VALUES ($1, $2::text::pg_lsn, $3, now())
+ON CONFLICT (slot_name) DO UPDATE
+SET lsn = EXCLUDED.lsn, last_commit_time = EXCLUDED.last_commit_time, saved_at = EXCLUDED.saved_at
+WHERE c.lsn < EXCLUDED.lsn`, slot, lsn.String(), commit)
+	if err != nil {
+		return fmt.Errorf("save checkpoint %q at %s: %w", slot, lsn, err)
+	}
+	return nil
+}
+
+// BackwardsError is returned by Start when the operator asked to start behind
+// the slot's confirmed_flush_lsn.
+type BackwardsError struct {
+	Requested     pglogrepl.LSN
+	SlotConfirmed pglogrepl.LSN
+}
+
+func (e *BackwardsError) Error() string {
+	return fmt.Sprintf("cannot start at %s: the slot has confirmed up to %s, and the server keeps WAL "+
+		"for a slot only from its restart_lsn and never decodes before its confirmed_flush_lsn, "+
+		"so the events before %s are gone for this slot; to deliver them again, re-insert the events "+
+		"into the outbox (a new slot would start at the current WAL position, never at an older one)",
+		e.Requested, e.SlotConfirmed, e.SlotConfirmed)
+}
+
+// Start decides where streaming resumes. Without a request (requested 0) it is
+// the later of the saved checkpoint and the slot's confirmed_flush_lsn: the
+// slot may have gone backwards in a crash, and what the checkpoint covers was
+// delivered. The result is also the dedup floor: transactions ending at or
+// before it are skipped.
+//
+// An operator's requested LSN is allowed at or after the slot's position. If it
+// is beyond the usual start, the events in between are skipped (the caller logs
+// that loudly); if it lies between the slot's position and a later checkpoint,
+// events already delivered are delivered again. A requested LSN behind the
+// slot's confirmed_flush_lsn returns a *BackwardsError.
+func Start(saved, slotConfirmed, requested pglogrepl.LSN) (pglogrepl.LSN, error) {
+	if requested == 0 {
+		return max(saved, slotConfirmed), nil
+	}
+	if requested < slotConfirmed {
+		return 0, &BackwardsError{Requested: requested, SlotConfirmed: slotConfirmed}
+	}
+	return requested, nil
+}
