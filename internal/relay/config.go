@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -31,4 +33,54 @@ type Config struct {
 
 	ShutdownTimeout time.Duration // default 30s: drain budget after ctx is cancelled
 	Logger          *slog.Logger
+}
+
+// validate fills defaults and rejects what cannot work, saying how to fix it.
+func (c *Config) validate() error {
+	if c.Replication.DSN == "" {
+		return errors.New("postgres.dsn is empty: set it in the config file or RELAY_POSTGRES_DSN")
+	}
+	if c.Replication.Slot == "" {
+		c.Replication.Slot = "outbox_relay"
+	}
+	if c.Replication.Publication == "" {
+		c.Replication.Publication = "outbox_relay"
+	}
+	if c.Table == "" {
+		c.Table = "public.outbox"
+	}
+	if !strings.Contains(c.Table, ".") {
+		c.Table = "public." + c.Table
+	}
+	if c.CheckpointTable == "" {
+		c.CheckpointTable = "outbox_relay_checkpoint"
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = 200 * time.Millisecond
+	}
+	if c.MaxInFlightEvents <= 0 {
+		c.MaxInFlightEvents = 50000
+	}
+	if c.MaxInFlightBytes <= 0 {
+		c.MaxInFlightBytes = 64 << 20
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.Sink.BatchSize <= 0 {
+		c.Sink.BatchSize = 10000
+	}
+	if c.Sink.BatchBytes <= 0 {
+		c.Sink.BatchBytes = 1 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Replication.Logger == nil {
+		c.Replication.Logger = c.Logger
+	}
+	if c.Sink.Logger == nil {
+		c.Sink.Logger = c.Logger
+	}
+	return nil
 }

@@ -1,17 +1,474 @@
 // Package relay wires replication, router, sink and checkpoint into the
-// streaming pipeline.
+// streaming pipeline of outbox-relay:
+//
+//	replication.Stream ─batches→ route ─chunks→ write (sink.Kafka) ─acks→ commit (checkpoint.Store, Stream.Confirm)
+//
+// Each stage runs on its own goroutine, so decoding, routing and Kafka writes
+// overlap. Invariants enforced here:
+//
+//   - Ack after confirm: a transaction's end LSN is saved as the checkpoint and
+//     then confirmed to Postgres only after Kafka has acknowledged every event in
+//     it and in every earlier transaction. Chunks are written in order by one
+//     writer, so the acknowledged prefix is always contiguous.
+//   - The checkpoint is saved before the LSN is confirmed to the slot, so the
+//     saved checkpoint is never behind the slot's confirmed_flush_lsn and the
+//     relay can drop transactions a slot resends after a Postgres crash.
+//   - Bounded memory and bounded duplicates: payload bytes read but not yet
+//     acknowledged are capped by MaxInFlightBytes; events read but not yet
+//     covered by a saved checkpoint (all that a crash can resend) are capped by
+//     MaxInFlightEvents.
+//   - Per-aggregate order: events keep commit order from the stream to the
+//     sink, whose contract keeps per-key order.
+//   - An event the router cannot route stops the relay before its LSN can be
+//     confirmed; nothing is dropped.
+//   - On shutdown the relay stops reading at a transaction boundary, drains
+//     what it has read, saves the final checkpoint, and only then closes the
+//     replication connection.
 package relay
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// Relay streams outbox inserts to Kafka.
-type Relay struct{ cfg Config }
+// ErrDrainTimeout is the cause of a shutdown whose drain did not finish within
+// Config.ShutdownTimeout. Nothing is lost: what was not confirmed is sent again
+// on the next start.
+var ErrDrainTimeout = errors.New("relay: shutdown drain timed out")
+
+// Relay streams outbox inserts from a replication slot to Kafka.
+type Relay struct {
+	cfg    Config
+	log    *slog.Logger
+	router *router.Router
+	sink   *sink.Kafka
+	stream *replication.Stream
+	win    *window
+	schema string // outbox table, split
+	table  string
+
+	isOutbox map[*replication.Relation]bool // route stage only
+}
 
 // New validates cfg and fills defaults. It neither dials nor starts goroutines.
-func New(cfg Config) (*Relay, error) { return &Relay{cfg: cfg}, nil }
+func New(cfg Config) (*Relay, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	rt, err := router.New(cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	sk, err := sink.New(cfg.Sink)
+	if err != nil {
+		return nil, err
+	}
+	schema, table, _ := strings.Cut(cfg.Table, ".")
+	return &Relay{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		router:   rt,
+		sink:     sk,
+		stream:   replication.New(cfg.Replication),
+		win:      newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes),
+		schema:   schema,
+		table:    table,
+		isOutbox: make(map[*replication.Relation]bool),
+	}, nil
+}
 
-// Run streams until ctx is cancelled. (Being written.)
-func (r *Relay) Run(ctx context.Context) error { return errors.New("relay: not implemented yet") }
+// Run streams until ctx is cancelled or a non-retryable error occurs. Lost
+// connections to Postgres and Kafka outages are retried inside; Run returns
+// for what needs an operator (a missing slot, an unroutable event, bad
+// credentials). After ctx is cancelled it drains and saves the final
+// checkpoint, then returns an error that wraps context.Canceled, or one that
+// wraps ErrDrainTimeout if the drain took longer than ShutdownTimeout.
+func (r *Relay) Run(ctx context.Context) error {
+	defer r.sink.Close()
+	pool, err := pgxpool.New(ctx, r.cfg.Replication.DSN)
+	if err != nil {
+		return fmt.Errorf("connect to postgres: %w", err)
+	}
+	defer pool.Close()
+	store := checkpoint.New(pool, r.cfg.CheckpointTable)
+
+	start, err := r.resolveStart(ctx, pool, store)
+	if err != nil {
+		return err
+	}
+
+	// The pipeline outlives ctx by the drain: it runs on a context of its own
+	// that only a failure or the drain deadline cancels.
+	pctx, fail := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer fail(nil)
+	stopDeadline := context.AfterFunc(ctx, func() {
+		r.log.Info("shutdown requested: draining", "timeout", r.cfg.ShutdownTimeout.String())
+		t := time.AfterFunc(r.cfg.ShutdownTimeout, func() { fail(ErrDrainTimeout) })
+		context.AfterFunc(pctx, func() { t.Stop() })
+	})
+	defer stopDeadline()
+
+	g, gctx := errgroup.WithContext(pctx)
+	streamCtx, stopStream := context.WithCancel(gctx)
+	defer stopStream()
+	batches := make(chan replication.Batch, 64)
+	chunks := make(chan *chunk, 4)
+	com := &committer{
+		store: store, stream: r.stream, win: r.win, log: r.log,
+		slot: r.cfg.Replication.Slot, interval: r.cfg.CheckpointInterval,
+		urgent: r.cfg.MaxInFlightEvents / 2, saved: start,
+		notify: make(chan struct{}, 1),
+	}
+
+	g.Go(func() error {
+		err := r.stream.Run(streamCtx, start, batches)
+		if streamCtx.Err() != nil && gctx.Err() == nil {
+			return nil // stopped by us after the final checkpoint
+		}
+		return err
+	})
+	g.Go(func() error { return r.route(ctx.Done(), gctx, batches, chunks) })
+	g.Go(func() error { return r.write(gctx, chunks, com) })
+	g.Go(func() error {
+		err := com.run(gctx)
+		// The final checkpoint is saved and confirmed: now the stream may send
+		// its last status update and close.
+		stopStream()
+		return err
+	})
+	err = g.Wait()
+	if cause := context.Cause(pctx); errors.Is(cause, ErrDrainTimeout) {
+		return fmt.Errorf("%w after %s: the events not yet confirmed will be sent again on the next start",
+			ErrDrainTimeout, r.cfg.ShutdownTimeout)
+	}
+	if err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		r.log.Info("stopped", "checkpoint", com.saved.String())
+		return ctx.Err()
+	}
+	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
+}
+
+// resolveStart decides where streaming starts: max(saved checkpoint, the
+// slot's confirmed_flush_lsn), or the operator's StartLSN if it is ahead.
+func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *checkpoint.Store) (pglogrepl.LSN, error) {
+	slot := r.cfg.Replication.Slot
+	var plugin, confirmed string
+	err := pool.QueryRow(ctx, `SELECT coalesce(plugin, ''), coalesce(confirmed_flush_lsn::text, '0/0')
+		FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&plugin, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("replication slot %q does not exist in this database: run \"outbox-relay setup\" to create it", slot)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read replication slot %q: %w", slot, err)
+	}
+	if plugin != "pgoutput" {
+		return 0, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, plugin)
+	}
+	slotLSN, err := pglogrepl.ParseLSN(confirmed)
+	if err != nil {
+		return 0, fmt.Errorf("parse confirmed_flush_lsn %q of slot %q: %w", confirmed, slot, err)
+	}
+	cp, err := store.Load(ctx, slot)
+	if err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		return 0, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+	}
+	start, err := checkpoint.Start(cp.LSN, slotLSN, r.cfg.StartLSN)
+	if err != nil {
+		return 0, err
+	}
+	if r.cfg.StartLSN != 0 {
+		r.log.Warn("starting at the operator's --start-lsn: transactions committed before it are NOT delivered",
+			"start_lsn", start.String(), "checkpoint", cp.LSN.String(), "slot_confirmed_flush_lsn", slotLSN.String())
+	}
+	r.log.Info("resuming", "start_lsn", start.String(), "checkpoint", cp.LSN.String(),
+		"slot_confirmed_flush_lsn", slotLSN.String())
+	return start, nil
+}
+
+// A chunk is what the route stage hands the writer: messages in commit order
+// and what their acknowledgement allows to confirm.
+type chunk struct {
+	msgs  []kafka.Message
+	bytes int // window bytes held by these messages
+
+	endLSN     pglogrepl.LSN // end of the last transaction completed in this chunk, 0 if none
+	commitTime time.Time     // its commit time
+	covered    int           // events up to and including that transaction
+	trailing   int           // events after it (a transaction still open at the end of the chunk)
+}
+
+func (c *chunk) empty() bool { return len(c.msgs) == 0 && c.endLSN == 0 && c.covered+c.trailing == 0 }
+
+// route turns batches into chunks of Kafka messages. It stops reading when stop
+// is closed, but only at a transaction boundary, so a clean shutdown leaves no
+// transaction half-delivered.
+func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan replication.Batch, out chan<- *chunk) error {
+	defer close(out)
+	maxMsgs := r.cfg.Sink.BatchSize
+	maxBytes := 4 * int(r.cfg.Sink.BatchBytes)
+	cur := &chunk{}
+	flush := func() error {
+		if cur.empty() {
+			return nil
+		}
+		select {
+		case out <- cur:
+			cur = &chunk{}
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	inTxn := false
+	for {
+		stopCh := stop
+		if inTxn {
+			stopCh = nil // finish the open transaction first
+		}
+		var b replication.Batch
+		select {
+		case b = <-in:
+		case <-stopCh:
+			return flush()
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+			// Nothing is waiting: hand on what we have rather than sit on it.
+			if err := flush(); err != nil {
+				return err
+			}
+			select {
+			case b = <-in:
+			case <-stopCh:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+
+		if !r.win.tryTake(len(b.Rows), b.Bytes) {
+			// What we hold counts against the window: hand it on before waiting.
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := r.win.take(ctx, len(b.Rows), b.Bytes); err != nil {
+				return err
+			}
+		}
+		for i := range b.Rows {
+			row := &b.Rows[i]
+			cur.trailing++
+			cur.bytes += rowBytes(row)
+			if !r.outbox(row.Relation) {
+				continue
+			}
+			m, err := r.router.Route(*row)
+			if err != nil {
+				return fmt.Errorf("transaction %d committed at %s: %w (the relay stopped before confirming it: fix the row or the routing config and restart)",
+					b.Xid, b.CommitLSN, err)
+			}
+			cur.msgs = append(cur.msgs, toKafka(m))
+			if len(cur.msgs) >= maxMsgs || cur.bytes >= maxBytes {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		inTxn = !b.Last
+		if b.Last {
+			cur.endLSN = b.EndLSN
+			cur.commitTime = b.CommitTime
+			cur.covered += cur.trailing
+			cur.trailing = 0
+		}
+	}
+}
+
+// outbox reports whether rel is the configured outbox table. The publication
+// should cover only that table; inserts into any other are not events.
+func (r *Relay) outbox(rel *replication.Relation) bool {
+	is, ok := r.isOutbox[rel]
+	if !ok {
+		is = rel.Namespace == r.schema && rel.Name == r.table
+		r.isOutbox[rel] = is
+		if !is {
+			r.log.Warn("publication covers a table that is not the outbox: its inserts are ignored",
+				"table", rel.Namespace+"."+rel.Name, "outbox_table", r.cfg.Table)
+		}
+	}
+	return is
+}
+
+func rowBytes(row *replication.Row) int {
+	n := 0
+	for _, v := range row.Values {
+		n += len(v)
+	}
+	return n
+}
+
+func toKafka(m router.Message) kafka.Message {
+	hs := make([]kafka.Header, len(m.Headers))
+	for i, h := range m.Headers {
+		hs[i] = kafka.Header{Key: h.Key, Value: h.Value}
+	}
+	return kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
+}
+
+// write sends chunks to Kafka in order and reports what was acknowledged.
+func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) error {
+	for c := range in {
+		if len(c.msgs) > 0 {
+			if err := r.sink.Write(ctx, c.msgs); err != nil {
+				var we *sink.WriteError
+				if errors.As(err, &we) {
+					return fmt.Errorf("kafka refused %d of %d events, first: %w (the relay stopped before confirming them: fix the cause and restart)",
+						len(we.Failures), len(c.msgs), we.Failures[0].Err)
+				}
+				return fmt.Errorf("write to kafka: %w", err)
+			}
+		}
+		r.win.giveBytes(c.bytes)
+		com.ack(c)
+	}
+	com.close()
+	return nil
+}
+
+// committer saves the highest acknowledged transaction end LSN as the
+// checkpoint and then confirms it to the stream. Saves are paced by interval,
+// unless the events waiting for one pass urgent (half the window).
+type committer struct {
+	store    *checkpoint.Store
+	stream   *replication.Stream
+	win      *window
+	log      *slog.Logger
+	slot     string
+	interval time.Duration
+	urgent   int
+
+	mu         sync.Mutex
+	acked      pglogrepl.LSN
+	commitTime time.Time
+	covered    int // acknowledged events covered by acked, not yet saved
+	trailing   int // acknowledged events of a transaction not yet complete
+	closed     bool
+	notify     chan struct{}
+
+	saved pglogrepl.LSN // run's goroutine only (read after run returns)
+}
+
+func (c *committer) ack(ch *chunk) {
+	c.mu.Lock()
+	if ch.endLSN != 0 {
+		c.acked, c.commitTime = ch.endLSN, ch.commitTime
+		c.covered += c.trailing + ch.covered
+		c.trailing = 0
+	}
+	c.trailing += ch.trailing
+	c.mu.Unlock()
+	c.poke()
+}
+
+func (c *committer) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.poke()
+}
+
+func (c *committer) poke() {
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (c *committer) run(ctx context.Context) error {
+	var lastSave time.Time
+	for {
+		select {
+		case <-c.notify:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.mu.Lock()
+		closed, covered := c.closed, c.covered
+		c.mu.Unlock()
+		if wait := c.interval - time.Since(lastSave); wait > 0 && !closed && covered < c.urgent {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
+		}
+		c.mu.Lock()
+		lsn, commitTime, events := c.acked, c.commitTime, c.covered
+		c.covered = 0
+		closed = c.closed
+		c.mu.Unlock()
+		if lsn > c.saved {
+			if err := c.save(ctx, lsn, commitTime); err != nil {
+				return err
+			}
+			c.saved = lsn
+			lastSave = time.Now()
+			c.stream.Confirm(lsn)
+		}
+		c.win.giveEvents(events)
+		if closed {
+			return nil
+		}
+	}
+}
+
+// save retries until the checkpoint is durable or ctx is done: Postgres may be
+// restarting, and the stream will be waiting for it too.
+func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := c.store.Save(ctx, c.slot, lsn, commitTime)
+		if err == nil {
+			if attempt > 1 {
+				c.log.Info("checkpoint saved again", "lsn", lsn.String(), "attempts", attempt)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("save checkpoint %s: %w", lsn, ctx.Err())
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			c.log.Warn("save checkpoint failed, retrying", "lsn", lsn.String(), "attempt", attempt, "err", err)
+		}
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("save checkpoint %s: %w", lsn, ctx.Err())
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}

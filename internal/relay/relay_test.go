@@ -1,0 +1,198 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestEndToEnd streams more than 10k events of five aggregate types, written in
+// transactions of 1, 100 and 1000 events, one multi-row INSERT and one COPY,
+// each transaction also writing another table. Every event must arrive exactly
+// once with exact key, value and headers, per-aggregate order must equal commit
+// order, and the slot must be confirmed up to the last transaction.
+func TestEndToEnd(t *testing.T) {
+	f := newFixture(t)
+	run := f.start(t, f.config(t))
+
+	total := 0
+	for range 200 {
+		f.insertTx(t, f.makeEvents(1))
+		total++
+	}
+	for range 20 {
+		f.insertTx(t, f.makeEvents(100))
+		total += 100
+	}
+	for range 6 {
+		f.insertTx(t, f.makeEvents(1000))
+		total += 1000
+	}
+	f.insertMultiRow(t, f.makeEvents(1500))
+	total += 1500
+	f.insertCopy(t, f.makeEvents(500))
+	total += 500
+
+	f.waitCount(t, total, 2*time.Minute)
+	ends := f.commitEnds(t)
+	if len(ends) != 228 {
+		t.Fatalf("probe slot saw %d outbox transactions; want 228", len(ends))
+	}
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+
+	got := f.readAll(t)
+	rep := f.check(t, got)
+	if len(got) != total || rep != (report{}) {
+		t.Fatalf("Kafka holds %d events; want %d exactly once: lost %d, duplicates %d, order violations %d, mismatches %d; first: %s",
+			len(got), total, rep.lost, rep.duplicates, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	run.stop(t)
+}
+
+// TestKafkaDownHoldsLSN checks ack after confirm: while Kafka is down, neither
+// the slot's confirmed_flush_lsn nor the checkpoint may pass a transaction that
+// Kafka has not acknowledged; when Kafka is back, everything arrives.
+func TestKafkaDownHoldsLSN(t *testing.T) {
+	testenv.Exclusive(t)
+	f := newFixture(t)
+	run := f.start(t, f.config(t))
+
+	f.insertTx(t, f.makeEvents(10))
+	f.waitCount(t, 10, time.Minute)
+	f.waitConfirmed(t, f.commitEnds(t)[0], time.Minute)
+
+	testenv.StopKafka(t)
+	kafkaUp := false
+	defer func() {
+		if !kafkaUp {
+			testenv.StartKafka(t)
+		}
+	}()
+	for range 3 {
+		f.insertTx(t, f.makeEvents(50))
+	}
+	ends := f.commitEnds(t)
+	held := ends[1] // end of the first transaction written while Kafka is down
+	for deadline := time.Now().Add(6 * time.Second); time.Now().Before(deadline); {
+		if slot := f.slotConfirmed(t); slot >= held {
+			t.Fatalf("Kafka down: slot confirmed_flush_lsn = %s; want < %s (an undelivered transaction's end)", slot, held)
+		}
+		if cp := f.checkpointLSN(t); cp >= held {
+			t.Fatalf("Kafka down: checkpoint = %s; want < %s (an undelivered transaction's end)", cp, held)
+		}
+		select {
+		case err := <-run.done:
+			t.Fatalf("relay stopped while Kafka was down: %v; want it to wait for Kafka", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+
+	testenv.StartKafka(t)
+	kafkaUp = true
+	f.waitCount(t, 160, 2*time.Minute)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	rep := f.check(t, f.readAll(t))
+	if rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
+		t.Fatalf("after Kafka came back: lost %d, order violations %d, mismatches %d; want 0: %s",
+			rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	t.Logf("duplicates after the Kafka outage: %d", rep.duplicates)
+	run.stop(t)
+}
+
+// TestPostgresRestart stops Postgres with an immediate shutdown (a crash: the
+// slot's position on disk may be older than what was confirmed) while the
+// relay is streaming a backlog, and starts it again. The relay must reconnect
+// by itself, lose nothing, and drop what the slot sends again.
+func TestPostgresRestart(t *testing.T) {
+	testenv.Exclusive(t)
+	f := newFixture(t)
+	run := f.start(t, f.config(t))
+
+	total := 0
+	for range 40 {
+		f.insertTx(t, f.makeEvents(500))
+		total += 500
+	}
+	testenv.StopPostgres(t) // mid-stream: 20k events take the relay longer than this
+	time.Sleep(2 * time.Second)
+	testenv.StartPostgres(t)
+
+	for range 10 {
+		insertRetrying(t, f, f.makeEvents(100))
+		total += 100
+	}
+	f.waitCount(t, total, 3*time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], 2*time.Minute)
+	got := f.readAll(t)
+	rep := f.check(t, got)
+	if rep != (report{}) {
+		t.Fatalf("after a Postgres crash and restart: lost %d, duplicates %d, order violations %d, mismatches %d; want 0: %s",
+			rep.lost, rep.duplicates, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	run.stop(t)
+}
+
+// insertRetrying inserts a transaction, retrying while Postgres still refuses
+// connections after a restart (the pool's old connections are broken).
+func insertRetrying(t *testing.T, f *fixture, evs []event) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := f.pool.Exec(ctx, `SELECT 1`)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("postgres not back after 30s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	f.insertTx(t, evs)
+}
+
+// TestIdleAdvancesSlot checks that a quiet outbox in a busy database does not
+// pin WAL: with every event delivered and another table written continuously,
+// the slot's confirmed_flush_lsn keeps moving.
+func TestIdleAdvancesSlot(t *testing.T) {
+	f := newFixture(t)
+	run := f.start(t, f.config(t))
+	f.insertTx(t, f.makeEvents(5))
+	f.waitCount(t, 5, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[0], time.Minute)
+
+	ctx := context.Background()
+	var target string
+	for range 50 {
+		if _, err := f.pool.Exec(ctx, `INSERT INTO orders (note) VALUES ('no outbox here')`); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := f.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		t.Fatal(err)
+	}
+	// Keep the database busy while waiting: the walsender reports its position
+	// when it has decoded something.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := f.pool.Exec(ctx, `INSERT INTO orders (note) VALUES ('still none')`); err != nil {
+			t.Fatal(err)
+		}
+		slot := f.slotConfirmed(t)
+		if slot >= mustLSN(t, target) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot confirmed_flush_lsn = %s after 30s of other-table writes; want >= %s (last outbox commit ended at %s)",
+				slot, target, ends[0])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	run.stop(t)
+}
