@@ -1,8 +1,19 @@
 package router
 
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
 // Columns names the outbox table's columns. Empty fields take the
 // Debezium-compatible defaults: id, aggregate_type, aggregate_id, event_type,
 // payload, headers.
+//
+// Headers is the only optional column: set it to "-" when the table has no
+// headers column. An empty Headers means the default "headers", and a table
+// without that column then fails to route with an error saying so, rather
+// than silently dropping headers someone expected.
 type Columns struct {
 	ID            string
 	AggregateType string
@@ -12,9 +23,187 @@ type Columns struct {
 	Headers       string
 }
 
-// Config configures a Router.
+// NoHeaders as Columns.Headers means the table has no headers column.
+const NoHeaders = "-"
+
+// DefaultTopic is the topic template used when Config.Topic is empty: the
+// Debezium outbox event router's default, so consumers can move over unchanged.
+const DefaultTopic = "outbox.event.{aggregate_type}"
+
+// Config configures a Router. The zero value means the documented defaults.
 type Config struct {
-	Columns   Columns
-	Topic     string            // template, default "outbox.event.{aggregate_type}"; placeholders {aggregate_type}, {event_type}
-	Overrides map[string]string // exact aggregate_type → topic
+	Columns Columns
+	// Topic is the topic template, default DefaultTopic. It may contain the
+	// placeholders {aggregate_type} and {event_type}; every other character must
+	// be legal in a Kafka topic name.
+	Topic string
+	// Overrides maps an exact aggregate type to a topic, bypassing the template.
+	Overrides map[string]string
+}
+
+// Config keys as the operator sees them, used in error messages so that an
+// error says which setting to change.
+const (
+	keyColumns   = "outbox.columns."
+	keyTopic     = "outbox.topic"
+	keyOverrides = "outbox.topic_overrides"
+)
+
+// validate fills defaults and rejects bad values with a message that says how
+// to fix them. It returns the parsed template.
+func (c *Config) validate() (template, error) {
+	cols := []struct {
+		field *string
+		def   string
+	}{
+		{&c.Columns.ID, "id"},
+		{&c.Columns.AggregateType, "aggregate_type"},
+		{&c.Columns.AggregateID, "aggregate_id"},
+		{&c.Columns.EventType, "event_type"},
+		{&c.Columns.Payload, "payload"},
+		{&c.Columns.Headers, "headers"},
+	}
+	seen := make(map[string]string, len(cols))
+	for _, col := range cols {
+		if *col.field == "" {
+			*col.field = col.def
+		}
+		name := *col.field
+		if name == NoHeaders {
+			if col.def != "headers" {
+				return template{}, fmt.Errorf("%s%s is %q: only the headers column may be disabled with %q", keyColumns, col.def, name, NoHeaders)
+			}
+			continue
+		}
+		if other, dup := seen[name]; dup {
+			return template{}, fmt.Errorf("%s%s and %s%s both name column %q: map each to its own column", keyColumns, other, keyColumns, col.def, name)
+		}
+		seen[name] = col.def
+	}
+
+	if c.Topic == "" {
+		c.Topic = DefaultTopic
+	}
+	tmpl, err := parseTemplate(c.Topic)
+	if err != nil {
+		return template{}, err
+	}
+
+	// Sorted so that the error for several bad overrides is deterministic.
+	keys := make([]string, 0, len(c.Overrides))
+	for k := range c.Overrides {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, aggregateType := range keys {
+		topic := c.Overrides[aggregateType]
+		if aggregateType == "" {
+			return template{}, fmt.Errorf("%s has an empty aggregate type (for topic %q): events with an empty aggregate type are never routed, remove the entry", keyOverrides, topic)
+		}
+		if why := invalidTopic(topic); why != "" {
+			return template{}, fmt.Errorf("%s: topic %q for aggregate type %q %s", keyOverrides, topic, aggregateType, why)
+		}
+	}
+	return tmpl, nil
+}
+
+// A template is a parsed topic template: literal text and placeholders.
+type template struct {
+	parts        []part
+	constant     bool // no placeholders: the topic is parts[0].lit (or "")
+	useEventType bool
+}
+
+type part struct {
+	lit         string
+	placeholder placeholder
+}
+
+type placeholder uint8
+
+const (
+	literal placeholder = iota
+	aggregateTypeP
+	eventTypeP
+)
+
+func parseTemplate(s string) (template, error) {
+	var t template
+	rest := s
+	for rest != "" {
+		open := strings.IndexByte(rest, '{')
+		if open < 0 {
+			t.parts = append(t.parts, part{lit: rest})
+			break
+		}
+		if open > 0 {
+			t.parts = append(t.parts, part{lit: rest[:open]})
+		}
+		end := strings.IndexByte(rest[open:], '}')
+		if end < 0 {
+			return template{}, fmt.Errorf("%s %q has an unclosed '{': placeholders are {aggregate_type} and {event_type}", keyTopic, s)
+		}
+		name := rest[open+1 : open+end]
+		switch name {
+		case "aggregate_type":
+			t.parts = append(t.parts, part{placeholder: aggregateTypeP})
+		case "event_type":
+			t.parts = append(t.parts, part{placeholder: eventTypeP})
+			t.useEventType = true
+		default:
+			return template{}, fmt.Errorf("%s %q has unknown placeholder {%s}: use {aggregate_type} or {event_type}", keyTopic, s, name)
+		}
+		rest = rest[open+end+1:]
+	}
+	t.constant = true
+	var lits strings.Builder
+	for _, p := range t.parts {
+		if p.placeholder != literal {
+			t.constant = false
+			continue
+		}
+		lits.WriteString(p.lit)
+	}
+	// Literal text must be legal on its own; the placeholders are checked per
+	// event once their values are known.
+	if lits.Len() > 0 {
+		if why := invalidTopicChars(lits.String()); why != "" {
+			return template{}, fmt.Errorf("%s %q: the text outside placeholders %s", keyTopic, s, why)
+		}
+	}
+	if t.constant {
+		if why := invalidTopic(s); why != "" {
+			return template{}, fmt.Errorf("%s %q %s", keyTopic, s, why)
+		}
+	}
+	return t, nil
+}
+
+// maxTopicLen is Kafka's limit on a topic name's length.
+const maxTopicLen = 249
+
+// invalidTopic says why topic is not a legal Kafka topic name, or returns "".
+func invalidTopic(topic string) string {
+	switch {
+	case topic == "":
+		return "is empty: a Kafka topic name needs 1 to 249 characters"
+	case topic == "." || topic == "..":
+		return "is not allowed as a Kafka topic name"
+	case len(topic) > maxTopicLen:
+		return fmt.Sprintf("is %d characters long: Kafka allows at most %d", len(topic), maxTopicLen)
+	}
+	return invalidTopicChars(topic)
+}
+
+func invalidTopicChars(s string) string {
+	for i := 0; i < len(s); i++ {
+		if !legalTopicByte(s[i]) {
+			return fmt.Sprintf("contains %q: Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-'", s[i])
+		}
+	}
+	return ""
+}
+
+func legalTopicByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }

@@ -1,0 +1,482 @@
+// Package router turns outbox rows into Kafka messages: topic from the
+// aggregate type, key from the aggregate id, value from the payload, headers
+// from the event id, event type, aggregate type and the headers column.
+//
+// The router does no I/O and is deterministic: the same row and Config always
+// give the same Message. Invariants:
+//
+//   - The value is the payload exactly as stored (json, jsonb and text columns as
+//     their text, bytea decoded from pgoutput's hex text). It is never decoded
+//     and re-encoded as JSON, and it shares its bytes with the Row (no copy),
+//     except for bytea, which has to be decoded. The key and the id,
+//     event_type and aggregate_type header values share the Row's bytes too: the
+//     Row must not be modified while its Message is in use.
+//   - A NULL payload gives a nil value (a Kafka null value, tombstone-like), as
+//     Debezium's outbox router does.
+//   - A row that cannot be routed (a NULL or empty id, aggregate type or
+//     aggregate id, an illegal topic name, headers that are not a JSON object, a
+//     mapped column missing from the table) gives a *RouteError saying what is
+//     wrong and how to fix it; it never panics and never guesses a topic.
+//   - Kafka topic names are checked against Kafka's rules (ASCII letters,
+//     digits, '.', '_', '-'; 1 to 249 characters; not "." or "..") before a
+//     Message is returned.
+//
+// A Router caches column positions per *replication.Relation (a new Relation
+// value arrives after ALTER TABLE, so the cache follows schema changes) and
+// topics per aggregate type. It is therefore not safe for concurrent use: use
+// one Router per goroutine (New is cheap).
+package router
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// A Header is a Kafka record header. It has the same fields as kafka-go's
+// kafka.Header, so a conversion kafka.Header(h) is free.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// A Message is a routed outbox event.
+type Message struct {
+	Topic   string
+	Key     []byte   // aggregate id
+	Value   []byte   // payload bytes as stored; nil when the payload is NULL
+	Headers []Header // id, event_type, aggregate_type, then the headers column's entries in stored order
+
+	// For logs, metrics and the retry table.
+	EventID, AggregateType, AggregateID, EventType string
+}
+
+// Header names set on every message; the names Debezium's outbox router uses
+// for the event id, so consumers' dedup logic carries over.
+const (
+	HeaderID            = "id"
+	HeaderEventType     = "event_type"
+	HeaderAggregateType = "aggregate_type"
+)
+
+// A RouteError is a per-event failure: the event cannot be turned into a
+// Kafka message. The pipeline hands it to the failure path (retry table); the
+// rest of the stream goes on.
+type RouteError struct {
+	EventID string // "" when the id itself is missing
+	Reason  string // what is wrong and how to fix it, in plain words
+	Err     error  // underlying error, if any
+}
+
+func (e *RouteError) Error() string {
+	id := e.EventID
+	if id == "" {
+		id = "(no id)"
+	}
+	if e.Err != nil {
+		return fmt.Sprintf("route event %s: %s: %v", id, e.Reason, e.Err)
+	}
+	return fmt.Sprintf("route event %s: %s", id, e.Reason)
+}
+
+func (e *RouteError) Unwrap() error { return e.Err }
+
+// byteaOID is the type OID of bytea, whose pgoutput text form is hex.
+const byteaOID = 17
+
+// maxTopicCache bounds the per-aggregate-type topic cache; past it the cache
+// starts over, so a flood of distinct aggregate types cannot grow memory.
+const maxTopicCache = 4096
+
+// A Router routes rows. See the package doc for its invariants and
+// concurrency rules.
+type Router struct {
+	cols      Columns
+	tmpl      template
+	overrides map[string]string
+
+	// Single-entry cache: one outbox table is the norm, and its Relation
+	// pointer changes only on ALTER TABLE.
+	rel *replication.Relation
+	pos positions
+
+	topics map[string]string // aggregate type → topic; only when the template ignores the event type
+}
+
+type positions struct {
+	id, aggregateType, aggregateID, eventType, payload, headers int // headers -1: none
+	payloadBytea                                                bool
+	max                                                         int // highest position used
+	err                                                         *RouteError
+}
+
+// New validates cfg, fills its defaults and returns a Router. A bad template
+// or override is reported with the setting to change.
+func New(cfg Config) (*Router, error) {
+	tmpl, err := cfg.validate()
+	if err != nil {
+		return nil, fmt.Errorf("router config: %w", err)
+	}
+	overrides := make(map[string]string, len(cfg.Overrides))
+	for k, v := range cfg.Overrides {
+		overrides[k] = v
+	}
+	r := &Router{cols: cfg.Columns, tmpl: tmpl, overrides: overrides}
+	if !tmpl.useEventType {
+		r.topics = make(map[string]string)
+	}
+	return r, nil
+}
+
+// Topic returns the topic for an event of the given aggregate and event type:
+// the override for aggregateType if there is one, else the expanded template.
+// The error, a *RouteError, says why the result would not be a legal topic.
+func (r *Router) Topic(aggregateType, eventType string) (string, error) {
+	if aggregateType == "" {
+		return "", &RouteError{Reason: "the aggregate type is empty, so the event has no topic"}
+	}
+	topic, reason := r.topic([]byte(aggregateType), []byte(eventType))
+	if reason != "" {
+		return "", &RouteError{Reason: reason}
+	}
+	return topic, nil
+}
+
+// topic returns the topic or the reason it cannot route. It takes bytes so
+// that the hot path can look up the caches without allocating.
+func (r *Router) topic(aggregateType, eventType []byte) (string, string) {
+	if len(r.overrides) > 0 {
+		if t, ok := r.overrides[string(aggregateType)]; ok {
+			return t, ""
+		}
+	}
+	if r.tmpl.constant {
+		return r.tmpl.parts[0].lit, ""
+	}
+	if r.topics != nil {
+		if t, ok := r.topics[string(aggregateType)]; ok {
+			return t, ""
+		}
+	}
+	if r.tmpl.useEventType && len(eventType) == 0 {
+		return "", fmt.Sprintf("the event type is NULL or empty but %s %q uses {event_type}: insert the event with an event type, or add an override in %s for aggregate type %q",
+			keyTopic, r.tmplString(), keyOverrides, aggregateType)
+	}
+	n := 0
+	for _, p := range r.tmpl.parts {
+		switch p.placeholder {
+		case literal:
+			n += len(p.lit)
+		case aggregateTypeP:
+			n += len(aggregateType)
+		case eventTypeP:
+			n += len(eventType)
+		}
+	}
+	b := make([]byte, 0, n)
+	for _, p := range r.tmpl.parts {
+		switch p.placeholder {
+		case literal:
+			b = append(b, p.lit...)
+		case aggregateTypeP:
+			b = append(b, aggregateType...)
+		case eventTypeP:
+			b = append(b, eventType...)
+		}
+	}
+	topic := string(b)
+	if why := invalidTopic(topic); why != "" {
+		return "", fmt.Sprintf("topic %q for aggregate type %q %s; add an override in %s or change %s", topic, aggregateType, why, keyOverrides, keyTopic)
+	}
+	if r.topics != nil {
+		if len(r.topics) >= maxTopicCache {
+			clear(r.topics)
+		}
+		r.topics[string(aggregateType)] = topic
+	}
+	return topic, ""
+}
+
+func (r *Router) tmplString() string {
+	var s string
+	for _, p := range r.tmpl.parts {
+		switch p.placeholder {
+		case literal:
+			s += p.lit
+		case aggregateTypeP:
+			s += "{aggregate_type}"
+		case eventTypeP:
+			s += "{event_type}"
+		}
+	}
+	return s
+}
+
+// Route turns an inserted outbox row into a Message. A row that cannot be
+// routed gives a *RouteError; the Message is then the zero value.
+func (r *Router) Route(row replication.Row) (Message, error) {
+	pos := r.positions(row.Relation)
+	if pos.err != nil {
+		return Message{}, pos.err
+	}
+	if len(row.Values) <= pos.max {
+		return Message{}, &RouteError{Reason: fmt.Sprintf("the row has %d values but table %s needs column %d: the row does not match its relation (a decoder bug; please report it)",
+			len(row.Values), relName(row.Relation), pos.max+1)}
+	}
+	id := row.Values[pos.id]
+	if len(id) == 0 {
+		return Message{}, &RouteError{Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
+	}
+	eventID := string(id)
+	aggType := row.Values[pos.aggregateType]
+	if len(aggType) == 0 {
+		return Message{}, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}
+	}
+	aggID := row.Values[pos.aggregateID]
+	if len(aggID) == 0 {
+		return Message{}, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate id (column %q) is NULL or empty, so the event has no Kafka key and no order: insert it with an aggregate id", r.cols.AggregateID)}
+	}
+	eventType := row.Values[pos.eventType]
+
+	topic, reason := r.topic(aggType, eventType)
+	if reason != "" {
+		return Message{}, &RouteError{EventID: eventID, Reason: reason}
+	}
+
+	value := row.Values[pos.payload]
+	if pos.payloadBytea && value != nil {
+		v, err := decodeBytea(value)
+		if err != nil {
+			return Message{}, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the bytea payload (column %q) is not in hex format: set bytea_output = 'hex' for the replication role", r.cols.Payload), Err: err}
+		}
+		value = v
+	}
+
+	var extra []byte
+	if pos.headers >= 0 {
+		extra = row.Values[pos.headers]
+	}
+	headers := make([]Header, 3, 3+estimateHeaders(extra))
+	headers[0] = Header{Key: HeaderID, Value: id}
+	headers[1] = Header{Key: HeaderEventType, Value: eventType}
+	headers[2] = Header{Key: HeaderAggregateType, Value: aggType}
+	if extra != nil {
+		var err error
+		headers, err = appendJSONHeaders(headers, extra)
+		if err != nil {
+			return Message{}, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the headers column %q must be NULL or a JSON object of header names to values", r.cols.Headers), Err: err}
+		}
+	}
+
+	return Message{
+		Topic:         topic,
+		Key:           aggID,
+		Value:         value,
+		Headers:       headers,
+		EventID:       eventID,
+		AggregateType: string(aggType),
+		AggregateID:   string(aggID),
+		EventType:     string(eventType),
+	}, nil
+}
+
+// positions returns the cached column positions for rel, resolving them on
+// the first row of a new Relation value.
+func (r *Router) positions(rel *replication.Relation) *positions {
+	if rel != nil && rel == r.rel {
+		return &r.pos
+	}
+	r.pos = r.resolve(rel)
+	r.rel = rel
+	return &r.pos
+}
+
+func (r *Router) resolve(rel *replication.Relation) positions {
+	if rel == nil {
+		return positions{err: &RouteError{Reason: "the row has no relation (a decoder bug; please report it)"}}
+	}
+	find := func(name, key string) (int, *RouteError) {
+		for i, c := range rel.Columns {
+			if c.Name == name {
+				return i, nil
+			}
+		}
+		reason := fmt.Sprintf("table %s has no column %q: set %s%s to the column's name", relName(rel), name, keyColumns, key)
+		if key == "headers" {
+			reason += fmt.Sprintf(", or to %q if the table has no headers column", NoHeaders)
+		}
+		return -1, &RouteError{Reason: reason}
+	}
+	var p positions
+	var err *RouteError
+	cols := []struct {
+		dst       *int
+		name, key string
+	}{
+		{&p.id, r.cols.ID, "id"},
+		{&p.aggregateType, r.cols.AggregateType, "aggregate_type"},
+		{&p.aggregateID, r.cols.AggregateID, "aggregate_id"},
+		{&p.eventType, r.cols.EventType, "event_type"},
+		{&p.payload, r.cols.Payload, "payload"},
+		{&p.headers, r.cols.Headers, "headers"},
+	}
+	for _, c := range cols {
+		if c.name == NoHeaders {
+			*c.dst = -1
+			continue
+		}
+		if *c.dst, err = find(c.name, c.key); err != nil {
+			return positions{err: err}
+		}
+		p.max = max(p.max, *c.dst)
+	}
+	p.payloadBytea = rel.Columns[p.payload].TypeOID == byteaOID
+	return p
+}
+
+func relName(rel *replication.Relation) string {
+	if rel.Namespace == "" {
+		return strconv.Quote(rel.Name)
+	}
+	return strconv.Quote(rel.Namespace + "." + rel.Name)
+}
+
+// decodeBytea decodes bytea's hex text format, `\x` followed by hex digits.
+func decodeBytea(b []byte) ([]byte, error) {
+	if len(b) < 2 || b[0] != '\\' || b[1] != 'x' {
+		return nil, errors.New(`missing \x prefix`)
+	}
+	out := make([]byte, hex.DecodedLen(len(b)-2))
+	if _, err := hex.Decode(out, b[2:]); err != nil {
+		return nil, fmt.Errorf("decode hex: %w", err)
+	}
+	return out, nil
+}
+
+// estimateHeaders guesses the number of entries in a headers object from its
+// colons, so that the Headers slice is allocated once. Colons inside strings
+// only make the guess too high, which is harmless.
+func estimateHeaders(b []byte) int {
+	n := 0
+	for _, c := range b {
+		if c == ':' {
+			n++
+		}
+	}
+	return n
+}
+
+// appendJSONHeaders appends the entries of the JSON object b in stored order:
+// strings as their unescaped text, other values as their JSON text, nulls
+// skipped. Values share b's bytes where no unescaping is needed.
+func appendJSONHeaders(dst []Header, b []byte) ([]Header, error) {
+	if !json.Valid(b) {
+		return dst, errors.New("not valid JSON")
+	}
+	// b is valid JSON from here on, so the scanner below need not re-check it.
+	i := skipSpace(b, 0)
+	if b[i] != '{' {
+		return dst, errors.New("not a JSON object")
+	}
+	i = skipSpace(b, i+1)
+	if b[i] == '}' {
+		return dst, nil
+	}
+	for {
+		end := stringEnd(b, i)
+		key, err := unquote(b[i:end])
+		if err != nil {
+			return dst, err
+		}
+		i = skipSpace(b, end)
+		i = skipSpace(b, i+1) // ':'
+		end = valueEnd(b, i)
+		raw := b[i:end]
+		switch raw[0] {
+		case 'n': // null: no header
+		case '"':
+			v, err := unquote(raw)
+			if err != nil {
+				return dst, err
+			}
+			dst = append(dst, Header{Key: string(key), Value: v})
+		default:
+			dst = append(dst, Header{Key: string(key), Value: raw})
+		}
+		i = skipSpace(b, end)
+		if b[i] == '}' {
+			return dst, nil
+		}
+		i = skipSpace(b, i+1) // ','
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index just past the JSON string starting at b[i].
+func stringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(b)
+}
+
+// valueEnd returns the index just past the JSON value starting at b[i].
+func valueEnd(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				j = stringEnd(b, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(b)
+	default: // number, true, false, null
+		j := i
+		for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+			j++
+		}
+		return j
+	}
+}
+
+// unquote returns the contents of the JSON string s, sharing s's bytes when it
+// has no escapes.
+func unquote(s []byte) ([]byte, error) {
+	inner := s[1 : len(s)-1]
+	for _, c := range inner {
+		if c == '\\' {
+			var out string
+			if err := json.Unmarshal(s, &out); err != nil {
+				return nil, fmt.Errorf("decode header string: %w", err)
+			}
+			return []byte(out), nil
+		}
+	}
+	return inner, nil
+}

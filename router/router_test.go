@@ -1,0 +1,376 @@
+package router_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
+)
+
+const (
+	oidText  = 25
+	oidUUID  = 2950
+	oidJSONB = 3802
+	oidBytea = 17
+)
+
+// outbox is the default outbox table as pgoutput announces it.
+var outbox = &replication.Relation{ID: 16384, Namespace: "public", Name: "outbox", Columns: []replication.Column{
+	{Name: "id", TypeOID: oidUUID},
+	{Name: "aggregate_type", TypeOID: oidText},
+	{Name: "aggregate_id", TypeOID: oidText},
+	{Name: "event_type", TypeOID: oidText},
+	{Name: "payload", TypeOID: oidJSONB},
+	{Name: "headers", TypeOID: oidJSONB},
+	{Name: "created_at", TypeOID: 1184},
+}}
+
+// row builds a row of the default outbox table; "<nil>" stands for SQL NULL.
+func row(id, aggType, aggID, eventType, payload, headers string) replication.Row {
+	vals := make([][]byte, 0, 7)
+	for _, v := range []string{id, aggType, aggID, eventType, payload, headers, "2026-01-01 00:00:00+00"} {
+		if v == "<nil>" {
+			vals = append(vals, nil)
+		} else {
+			vals = append(vals, []byte(v))
+		}
+	}
+	return replication.Row{Relation: outbox, Values: vals}
+}
+
+func mustNew(t testing.TB, cfg router.Config) *router.Router {
+	t.Helper()
+	r, err := router.New(cfg)
+	if err != nil {
+		t.Fatalf("New(%+v) = %v", cfg, err)
+	}
+	return r
+}
+
+func TestTopic(t *testing.T) {
+	tests := []struct {
+		name, template, aggregateType, eventType, want string
+	}{
+		{"default template", "", "Order", "Created", "outbox.event.Order"},
+		{"override", "", "Payment", "Created", "payments"},
+		{"override wins over template", "x.{event_type}", "Payment", "", "payments"},
+		{"event type", "{aggregate_type}.{event_type}", "Order", "Created", "Order.Created"},
+		{"constant", "all-events", "Order", "Created", "all-events"},
+		{"legal punctuation", "", "order_line-v2.1", "", "outbox.event.order_line-v2.1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := mustNew(t, router.Config{Topic: tt.template, Overrides: map[string]string{"Payment": "payments"}})
+			// Twice: the second call is served from the topic cache.
+			for range 2 {
+				if got, err := r.Topic(tt.aggregateType, tt.eventType); err != nil || got != tt.want {
+					t.Errorf("Topic(%q, %q) = %q, %v; want %q", tt.aggregateType, tt.eventType, got, err, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func TestTopicInvalid(t *testing.T) {
+	tests := []struct {
+		name, template, aggregateType, eventType string
+		wantInErr                                []string
+	}{
+		{"space", "", "Order Line", "", []string{`"outbox.event.Order Line"`, `aggregate type "Order Line"`, "outbox.topic_overrides"}},
+		{"unicode", "", "Bestellung-ä", "", []string{"Bestellung", "letters, digits"}},
+		{"too long", "", strings.Repeat("a", 240), "", []string{"at most 249"}},
+		{"dot", "{aggregate_type}", ".", "", []string{`"."`, "not allowed"}},
+		{"dotdot", "{aggregate_type}", "..", "", []string{`".."`}},
+		{"empty aggregate type", "", "", "Created", []string{"aggregate type is empty"}},
+		{"empty event type", "{aggregate_type}.{event_type}", "Order", "", []string{"event type", "{event_type}"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := mustNew(t, router.Config{Topic: tt.template})
+			got, err := r.Topic(tt.aggregateType, tt.eventType)
+			var rerr *router.RouteError
+			if !errors.As(err, &rerr) {
+				t.Fatalf("Topic(%q, %q) = %q, %v; want a *RouteError", tt.aggregateType, tt.eventType, got, err)
+			}
+			for _, w := range tt.wantInErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Topic(%q, %q) error = %q; want it to contain %q", tt.aggregateType, tt.eventType, err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestNewInvalid(t *testing.T) {
+	tests := []struct {
+		name      string
+		cfg       router.Config
+		wantInErr []string
+	}{
+		{"unknown placeholder", router.Config{Topic: "outbox.{aggregate}"}, []string{"outbox.topic", "{aggregate}", "{aggregate_type}"}},
+		{"unclosed placeholder", router.Config{Topic: "outbox.{aggregate_type"}, []string{"unclosed"}},
+		{"illegal literal", router.Config{Topic: "outbox events.{aggregate_type}"}, []string{"outbox.topic", "' '"}},
+		{"illegal constant", router.Config{Topic: ".."}, []string{"outbox.topic", "not allowed"}},
+		{"illegal override", router.Config{Overrides: map[string]string{"Order": "orders/eu"}}, []string{"outbox.topic_overrides", `"orders/eu"`, `"Order"`}},
+		{"empty override topic", router.Config{Overrides: map[string]string{"Order": ""}}, []string{"outbox.topic_overrides", "empty"}},
+		{"empty override key", router.Config{Overrides: map[string]string{"": "orders"}}, []string{"outbox.topic_overrides", "empty aggregate type"}},
+		{"duplicate column", router.Config{Columns: router.Columns{AggregateID: "aggregate_type"}}, []string{"outbox.columns.aggregate_type", "outbox.columns.aggregate_id"}},
+		{"disable required column", router.Config{Columns: router.Columns{Payload: "-"}}, []string{"outbox.columns.payload", "only the headers"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := router.New(tt.cfg)
+			if err == nil {
+				t.Fatalf("New(%+v) = %v, nil; want an error", tt.cfg, r)
+			}
+			for _, w := range tt.wantInErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("New(%+v) error = %q; want it to contain %q", tt.cfg, err, w)
+				}
+			}
+		})
+	}
+}
+
+func headersString(hs []router.Header) string {
+	var b strings.Builder
+	for i, h := range hs {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		if h.Value == nil {
+			fmt.Fprintf(&b, "%s=<nil>", h.Key)
+		} else {
+			fmt.Fprintf(&b, "%s=%s", h.Key, h.Value)
+		}
+	}
+	return b.String()
+}
+
+func TestRoute(t *testing.T) {
+	const base = "id=e1 event_type=Created aggregate_type=Order"
+	tests := []struct {
+		name        string
+		row         replication.Row
+		wantTopic   string
+		wantKey     string
+		wantValue   string // "<nil>" for a nil value
+		wantHeaders string
+	}{
+		{"plain", row("e1", "Order", "o-1", "Created", `{"total": 12.50}`, "<nil>"),
+			"outbox.event.Order", "o-1", `{"total": 12.50}`, base},
+		{"payload kept byte for byte", row("e1", "Order", "o-1", "Created", `{"b":1,  "a":[1.0e3, "\u00e9"]}`, "<nil>"),
+			"outbox.event.Order", "o-1", `{"b":1,  "a":[1.0e3, "\u00e9"]}`, base},
+		{"null payload", row("e1", "Order", "o-1", "Created", "<nil>", "<nil>"),
+			"outbox.event.Order", "o-1", "<nil>", base},
+		{"null event type", row("e1", "Order", "o-1", "<nil>", "{}", "<nil>"),
+			"outbox.event.Order", "o-1", "{}", "id=e1 event_type=<nil> aggregate_type=Order"},
+		{"headers in stored order", row("e1", "Order", "o-1", "Created", "{}", `{"z": "last?", "a": "no, stored order"}`),
+			"outbox.event.Order", "o-1", "{}", base + " z=last? a=no, stored order"},
+		{"header values by JSON kind", row("e1", "Order", "o-1", "Created", "{}", `{"s": "text", "n": 42, "f": -1.5e2, "t": true, "o": {"x": [1, "}"]}, "l": [1, 2], "skip": null}`),
+			"outbox.event.Order", "o-1", "{}", base + ` s=text n=42 f=-1.5e2 t=true o={"x": [1, "}"]} l=[1, 2]`},
+		{"escaped header strings", row("e1", "Order", "o-1", "Created", "{}", `{"tr\"ace": "a\"b\u00e9\n"}`),
+			"outbox.event.Order", "o-1", "{}", base + " tr\"ace=a\"b\u00e9\n"},
+		{"empty headers object", row("e1", "Order", "o-1", "Created", "{}", ` { } `),
+			"outbox.event.Order", "o-1", "{}", base},
+		{"empty string header", row("e1", "Order", "o-1", "Created", "{}", `{"e": ""}`),
+			"outbox.event.Order", "o-1", "{}", base + " e="},
+	}
+	r := mustNew(t, router.Config{})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := r.Route(tt.row)
+			if err != nil {
+				t.Fatalf("Route(%q) = %v", tt.row.Values, err)
+			}
+			if m.Topic != tt.wantTopic {
+				t.Errorf("Route(%q).Topic = %q; want %q", tt.row.Values, m.Topic, tt.wantTopic)
+			}
+			if string(m.Key) != tt.wantKey {
+				t.Errorf("Route(%q).Key = %q; want %q", tt.row.Values, m.Key, tt.wantKey)
+			}
+			if tt.wantValue == "<nil>" {
+				if m.Value != nil {
+					t.Errorf("Route(%q).Value = %q; want nil", tt.row.Values, m.Value)
+				}
+			} else if string(m.Value) != tt.wantValue {
+				t.Errorf("Route(%q).Value = %q; want %q", tt.row.Values, m.Value, tt.wantValue)
+			}
+			if got := headersString(m.Headers); got != tt.wantHeaders {
+				t.Errorf("Route(%q).Headers = %q; want %q", tt.row.Values, got, tt.wantHeaders)
+			}
+			if m.EventID != "e1" || m.AggregateType != "Order" || m.AggregateID != "o-1" {
+				t.Errorf("Route(%q) ids = %q, %q, %q; want e1, Order, o-1", tt.row.Values, m.EventID, m.AggregateType, m.AggregateID)
+			}
+		})
+	}
+}
+
+// The value must be the Row's own bytes: copying every payload is what the
+// hot path must avoid.
+func TestRouteSharesPayload(t *testing.T) {
+	r := mustNew(t, router.Config{})
+	rw := row("e1", "Order", "o-1", "Created", `{"a":1}`, "<nil>")
+	m, err := r.Route(rw)
+	if err != nil {
+		t.Fatalf("Route = %v", err)
+	}
+	if &m.Value[0] != &rw.Values[4][0] {
+		t.Errorf("Route(...).Value is a copy; want it to share the Row's bytes")
+	}
+}
+
+func TestRouteBytea(t *testing.T) {
+	rel := &replication.Relation{Name: "outbox", Columns: append([]replication.Column(nil), outbox.Columns...)}
+	rel.Columns[4].TypeOID = oidBytea
+	tests := []struct {
+		name, payload string
+		want          []byte
+		wantErr       string
+	}{
+		{"hex", `\x00ff7b7d`, []byte{0x00, 0xff, '{', '}'}, ""},
+		{"empty", `\x`, []byte{}, ""},
+		{"bad hex", `\x0g`, nil, "hex"},
+		{"odd length", `\x0`, nil, "hex"},
+		{"escape format", `abc`, nil, "bytea_output"},
+	}
+	r := mustNew(t, router.Config{})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rw := row("e1", "Order", "o-1", "Created", tt.payload, "<nil>")
+			rw.Relation = rel
+			m, err := r.Route(rw)
+			if tt.wantErr != "" {
+				var rerr *router.RouteError
+				if !errors.As(err, &rerr) || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Errorf("Route(payload %q) = %v; want a *RouteError containing %q", tt.payload, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || string(m.Value) != string(tt.want) || m.Value == nil {
+				t.Errorf("Route(payload %q).Value = %x, %v; want %x", tt.payload, m.Value, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRouteErrors(t *testing.T) {
+	tests := []struct {
+		name        string
+		row         replication.Row
+		wantEventID string
+		wantInErr   []string
+	}{
+		{"null id", row("<nil>", "Order", "o-1", "Created", "{}", "<nil>"), "", []string{`"id"`, "NULL"}},
+		{"empty id", row("", "Order", "o-1", "Created", "{}", "<nil>"), "", []string{`"id"`}},
+		{"null aggregate type", row("e1", "<nil>", "o-1", "Created", "{}", "<nil>"), "e1", []string{`"aggregate_type"`, "no topic"}},
+		{"empty aggregate type", row("e1", "", "o-1", "Created", "{}", "<nil>"), "e1", []string{`"aggregate_type"`}},
+		{"null aggregate id", row("e1", "Order", "<nil>", "Created", "{}", "<nil>"), "e1", []string{`"aggregate_id"`}},
+		{"illegal topic", row("e1", "Order Line", "o-1", "Created", "{}", "<nil>"), "e1", []string{`"outbox.event.Order Line"`, `"Order Line"`}},
+		{"headers array", row("e1", "Order", "o-1", "Created", "{}", `["a"]`), "e1", []string{`"headers"`, "JSON object"}},
+		{"headers string", row("e1", "Order", "o-1", "Created", "{}", `"a"`), "e1", []string{"JSON object"}},
+		{"headers not JSON", row("e1", "Order", "o-1", "Created", "{}", `{"a":`), "e1", []string{"not valid JSON"}},
+		{"headers empty text", row("e1", "Order", "o-1", "Created", "{}", ``), "e1", []string{"not valid JSON"}},
+		{"short row", replication.Row{Relation: outbox, Values: [][]byte{[]byte("e1")}}, "", []string{"does not match"}},
+		{"no relation", replication.Row{Values: [][]byte{[]byte("e1")}}, "", []string{"no relation"}},
+	}
+	r := mustNew(t, router.Config{})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := r.Route(tt.row)
+			var rerr *router.RouteError
+			if !errors.As(err, &rerr) {
+				t.Fatalf("Route(%q) = %+v, %v; want a *RouteError", tt.row.Values, m, err)
+			}
+			if rerr.EventID != tt.wantEventID {
+				t.Errorf("Route(%q) error EventID = %q; want %q", tt.row.Values, rerr.EventID, tt.wantEventID)
+			}
+			for _, w := range tt.wantInErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Route(%q) error = %q; want it to contain %q", tt.row.Values, err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestRouteColumns(t *testing.T) {
+	custom := &replication.Relation{Namespace: "app", Name: "events", Columns: []replication.Column{
+		{Name: "body", TypeOID: oidText},
+		{Name: "kind", TypeOID: oidText},
+		{Name: "event_uuid", TypeOID: oidUUID},
+		{Name: "stream", TypeOID: oidText},
+		{Name: "stream_id", TypeOID: oidText},
+	}}
+	cols := router.Columns{ID: "event_uuid", AggregateType: "stream", AggregateID: "stream_id", EventType: "kind", Payload: "body", Headers: router.NoHeaders}
+	r := mustNew(t, router.Config{Columns: cols})
+	m, err := r.Route(replication.Row{Relation: custom, Values: [][]byte{[]byte("hello"), []byte("Said"), []byte("e9"), []byte("Greeting"), []byte("g-1")}})
+	if err != nil {
+		t.Fatalf("Route = %v", err)
+	}
+	if got := fmt.Sprintf("%s %s %s %s", m.Topic, m.Key, m.Value, headersString(m.Headers)); got != "outbox.event.Greeting g-1 hello id=e9 event_type=Said aggregate_type=Greeting" {
+		t.Errorf("Route(custom columns) = %q; want %q", got, "outbox.event.Greeting g-1 hello id=e9 event_type=Said aggregate_type=Greeting")
+	}
+
+	// The default headers column is expected unless disabled.
+	r = mustNew(t, router.Config{Columns: router.Columns{ID: "event_uuid", AggregateType: "stream", AggregateID: "stream_id", EventType: "kind", Payload: "body"}})
+	_, err = r.Route(replication.Row{Relation: custom, Values: make([][]byte, 5)})
+	if err == nil || !strings.Contains(err.Error(), "outbox.columns.headers") || !strings.Contains(err.Error(), `"-"`) || !strings.Contains(err.Error(), `"app.events"`) {
+		t.Errorf("Route(table without headers) = %v; want an error naming outbox.columns.headers, \"-\" and the table", err)
+	}
+}
+
+// After ALTER TABLE a new Relation value arrives, possibly with other column
+// positions or without a mapped column: the router must follow it.
+func TestRouteRelationChange(t *testing.T) {
+	r := mustNew(t, router.Config{})
+	if _, err := r.Route(row("e1", "Order", "o-1", "Created", "{}", "<nil>")); err != nil {
+		t.Fatalf("Route = %v", err)
+	}
+
+	reordered := &replication.Relation{Name: "outbox", Columns: []replication.Column{
+		{Name: "payload", TypeOID: oidJSONB}, {Name: "headers", TypeOID: oidJSONB}, {Name: "event_type", TypeOID: oidText},
+		{Name: "aggregate_id", TypeOID: oidText}, {Name: "aggregate_type", TypeOID: oidText}, {Name: "id", TypeOID: oidUUID},
+	}}
+	m, err := r.Route(replication.Row{Relation: reordered, Values: [][]byte{[]byte(`{"v":2}`), nil, []byte("Paid"), []byte("o-2"), []byte("Order"), []byte("e2")}})
+	if err != nil || m.EventID != "e2" || string(m.Key) != "o-2" || string(m.Value) != `{"v":2}` || m.EventType != "Paid" {
+		t.Errorf("Route(reordered) = %+v, %v; want event e2, key o-2, value {\"v\":2}, event type Paid", m, err)
+	}
+
+	dropped := &replication.Relation{Name: "outbox", Columns: []replication.Column{
+		{Name: "id", TypeOID: oidUUID}, {Name: "aggregate_type", TypeOID: oidText}, {Name: "aggregate_id", TypeOID: oidText},
+		{Name: "event_type", TypeOID: oidText}, {Name: "data", TypeOID: oidJSONB}, {Name: "headers", TypeOID: oidJSONB},
+	}}
+	_, err = r.Route(replication.Row{Relation: dropped, Values: make([][]byte, 6)})
+	if err == nil || !strings.Contains(err.Error(), "outbox.columns.payload") || !strings.Contains(err.Error(), `"payload"`) {
+		t.Errorf("Route(table without payload) = %v; want an error naming column \"payload\" and outbox.columns.payload", err)
+	}
+
+	// And back to the original table.
+	if _, err := r.Route(row("e3", "Order", "o-1", "Created", "{}", "<nil>")); err != nil {
+		t.Errorf("Route(original table again) = %v", err)
+	}
+}
+
+func BenchmarkRoute(b *testing.B) {
+	payload := `{"orderId":"3f1c2a9e-1b2c-4d5e-8f90-123456789abc","customer":{"id":4711,"name":"Jane Doe","email":"jane@example.com"},"lines":[{"sku":"A-1","qty":2,"price":12.5},{"sku":"B-7","qty":1,"price":99.99}],"total":124.99,"currency":"EUR"}`
+	rows := []replication.Row{
+		row("3f1c2a9e-1b2c-4d5e-8f90-123456789abc", "Order", "order-4711", "OrderCreated", payload, "<nil>"),
+		row("4f1c2a9e-1b2c-4d5e-8f90-123456789abc", "Order", "order-4712", "OrderCreated", payload, `{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tenant": 7}`),
+	}
+	for _, rw := range rows {
+		b.Run(fmt.Sprintf("headers=%t", rw.Values[5] != nil), func(b *testing.B) {
+			r := mustNew(b, router.Config{})
+			b.ReportAllocs()
+			b.SetBytes(int64(len(payload)))
+			for b.Loop() {
+				if _, err := r.Route(rw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
