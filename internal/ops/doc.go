@@ -1,0 +1,79 @@
+// Package ops answers the operator's questions about a relay from Postgres
+// alone: how far behind is the slot (Lag) and is a relay streaming it now
+// (Status). It reads catalog views and the relay's own tables over an ordinary
+// connection and never opens a replication connection, so it works whether or
+// not a relay is running and never disturbs one that is.
+//
+// Invariants:
+//
+//   - Read-only: every statement is a SELECT; nothing here creates, advances or
+//     drops a slot or writes a table.
+//   - Ages are computed from the server's clock (now() in the same statement
+//     that reads created_at and commit times), so a skewed client clock does
+//     not distort them.
+//   - A missing slot is ErrSlotNotFound (run `outbox-relay setup`); a missing
+//     checkpoint or retry table is not an error: those figures are reported as
+//     absent (JSON null).
+//
+// # Time lag is an approximation
+//
+// Postgres does not record when a WAL record was written, so the time lag is
+// estimated from the outbox table: the oldest event not yet delivered is the
+// row with the smallest created_at that is later than the commit time of the
+// last delivered transaction (checkpoint column last_commit_time). created_at
+// defaults to now(), which is the start time of the inserting transaction, not
+// its commit time, so:
+//
+//   - a row from a transaction that started before the last delivered commit
+//     but committed after it is not counted (the estimate can only be too
+//     optimistic, never too pessimistic);
+//   - when the outbox table is empty (applications that delete rows in the same
+//     transaction, or right after inserting them) the state is "unknown"; use
+//     lag_bytes, which is exact, instead.
+//
+// # JSON fields (stable; new fields may be added, none renamed or removed)
+//
+// `outbox-relay lag --json` prints one LagReport object:
+//
+//	slot_name                      string  the replication slot examined
+//	checked_at                     string  server time of the check (RFC 3339)
+//	slot.active                    bool    a backend is connected to the slot
+//	slot.active_pid                int     that backend's PID, or null
+//	slot.application_name          string  its application_name ("outbox-relay/<version>"), or null
+//	slot.client_addr               string  its client address, or null (local socket or no privilege)
+//	slot.backend_start             string  when it connected, or null
+//	slot.walsender_state           string  pg_stat_replication.state ("streaming", "catchup", ...), or null
+//	slot.confirmed_flush_lsn       string  the position the relay confirmed, e.g. "0/16B3748", or null
+//	slot.restart_lsn               string  the oldest WAL the slot still needs, or null
+//	slot.wal_status                string  "reserved", "extended", "unreserved" or "lost", or null
+//	slot.safe_wal_size_bytes       int     WAL that can still be written before the slot is at risk of
+//	                                       being lost, or null when max_slot_wal_keep_size is unlimited
+//	current_wal_lsn                string  pg_current_wal_lsn()
+//	lag_bytes                      int     current_wal_lsn - confirmed_flush_lsn, or null
+//	retained_wal_bytes             int     current_wal_lsn - restart_lsn: WAL kept on disk for the slot, or null
+//	checkpoint                     object  the relay's saved checkpoint, or null when none is saved
+//	checkpoint.lsn                 string  last delivered position saved by the relay
+//	checkpoint.saved_at            string  when it was saved, or null
+//	checkpoint.last_commit_time    string  commit time of the last delivered transaction, or null
+//	time_lag.state                 string  "behind", "caught_up" or "unknown" (see above)
+//	time_lag.oldest_undelivered_at string  created_at of the oldest undelivered event, or null
+//	time_lag.seconds               number  age of that event; 0 when caught up; null when unknown
+//	time_lag.last_delivered_age_seconds
+//	                               number  now - checkpoint.last_commit_time, or null
+//	retry                          object  the retry table's figures, or null when it does not exist
+//	retry.pending                  int     events waiting for another attempt
+//	retry.dead                     int     events that will not be retried (dead letters)
+//	retry.oldest_pending_age_seconds
+//	                               number  now - first_failed_at of the oldest pending event, or null
+//
+// `outbox-relay status --json` prints one StatusReport object: slot_name,
+// checked_at, streaming (bool: the slot is active and its backend is a
+// walsender in pg_stat_replication), version (from application_name
+// "outbox-relay/<version>", or null), and slot and checkpoint as above.
+//
+// # Exit codes of `outbox-relay lag`
+//
+//	0  no threshold exceeded (or none given)
+//	1  error: cannot connect, slot missing, query failed
+//	2  --max-bytes or --max-seconds exceeded
+package ops

@@ -1,0 +1,202 @@
+package ops_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/internal/ops"
+)
+
+func mustLSN(t *testing.T, s *string) pglogrepl.LSN {
+	t.Helper()
+	if s == nil {
+		t.Fatal("LSN is null")
+	}
+	l, err := pglogrepl.ParseLSN(*s)
+	if err != nil {
+		t.Fatalf("ParseLSN(%q): %v", *s, err)
+	}
+	return l
+}
+
+// TestLagGrowsAndRecovers follows a slot that nobody consumes: lag grows as
+// events are inserted, and returns to caught up once the slot is advanced and
+// a checkpoint is saved, as a relay would.
+func TestLagGrowsAndRecovers(t *testing.T) {
+	f := newFixture(t)
+
+	r := f.lag(t)
+	if r.Slot.Active || r.Slot.ActivePID != nil {
+		t.Errorf("Lag().Slot.Active = %v, pid %v; want inactive, no pid", r.Slot.Active, r.Slot.ActivePID)
+	}
+	if r.Checkpoint != nil {
+		t.Errorf("Lag().Checkpoint = %+v; want nil before anything is saved", r.Checkpoint)
+	}
+	if r.TimeLag.State != ops.StateUnknown || r.TimeLag.Seconds != nil {
+		t.Errorf("Lag().TimeLag = %+v; want unknown with null seconds for an empty outbox", r.TimeLag)
+	}
+	if r.Retry != nil {
+		t.Errorf("Lag().Retry = %+v; want nil without a retry table", r.Retry)
+	}
+	if r.Slot.WALStatus == nil || *r.Slot.WALStatus != "reserved" {
+		t.Errorf("Lag().Slot.WALStatus = %v; want reserved", r.Slot.WALStatus)
+	}
+
+	const age = 30 * time.Second
+	f.insertEvents(t, 500, age)
+	f.insertEvents(t, 500, age/2)
+	r = f.lag(t)
+	cur, err := pglogrepl.ParseLSN(r.CurrentWALLSN)
+	if err != nil {
+		t.Fatalf("ParseLSN(%q): %v", r.CurrentWALLSN, err)
+	}
+	if want := int64(cur - mustLSN(t, r.Slot.ConfirmedFlushLSN)); r.LagBytes == nil || *r.LagBytes != want {
+		t.Errorf("Lag().LagBytes = %v; want current - confirmed_flush = %d", r.LagBytes, want)
+	}
+	// 1000 rows of >300 bytes are at least 300 kB of WAL.
+	if *r.LagBytes < 300_000 {
+		t.Errorf("Lag().LagBytes = %d after inserting 1000 events; want >= 300000", *r.LagBytes)
+	}
+	if r.RetainedWALBytes == nil || *r.RetainedWALBytes < *r.LagBytes {
+		t.Errorf("Lag().RetainedWALBytes = %v; want >= lag %d", r.RetainedWALBytes, *r.LagBytes)
+	}
+	if r.TimeLag.State != ops.StateBehind || r.TimeLag.Seconds == nil {
+		t.Fatalf("Lag().TimeLag = %+v; want behind", r.TimeLag)
+	}
+	if s := *r.TimeLag.Seconds; math.Abs(s-age.Seconds()) > 5 {
+		t.Errorf("Lag().TimeLag.Seconds = %.1f; want ≈ %.0f (age of the oldest row)", s, age.Seconds())
+	}
+	lagBefore := *r.LagBytes
+
+	// What a relay does after Kafka acknowledged everything: confirm the
+	// position to the server and save its checkpoint with the commit time.
+	var target string
+	if err := f.conn.QueryRow(context.Background(), "SELECT end_lsn::text FROM pg_replication_slot_advance($1, pg_current_wal_lsn())", f.cfg.Slot).Scan(&target); err != nil {
+		t.Fatalf("advance slot: %v", err)
+	}
+	f.exec(t, "INSERT INTO "+f.table("outbox_relay_checkpoint")+" (slot_name, lsn, last_commit_time, saved_at) VALUES ($1, $2::pg_lsn, now(), now())", f.cfg.Slot, target)
+
+	r = f.lag(t)
+	if got := *r.Slot.ConfirmedFlushLSN; got != target {
+		t.Errorf("Lag().Slot.ConfirmedFlushLSN = %q; want the advanced %q", got, target)
+	}
+	if *r.LagBytes >= lagBefore {
+		t.Errorf("Lag().LagBytes = %d after advancing; want < %d", *r.LagBytes, lagBefore)
+	}
+	if r.Checkpoint == nil || r.Checkpoint.LSN != target || r.Checkpoint.SavedAt == nil {
+		t.Errorf("Lag().Checkpoint = %+v; want lsn %q with saved_at", r.Checkpoint, target)
+	}
+	if r.TimeLag.State != ops.StateCaughtUp || r.TimeLag.Seconds == nil || *r.TimeLag.Seconds != 0 {
+		t.Errorf("Lag().TimeLag = %+v; want caught_up, 0 seconds", r.TimeLag)
+	}
+	if s := r.TimeLag.LastDeliveredAgeSeconds; s == nil || *s < 0 || *s > 5 {
+		t.Errorf("Lag().TimeLag.LastDeliveredAgeSeconds = %v; want ≈ 0", s)
+	}
+
+	// An event committed after the checkpoint is behind again.
+	time.Sleep(20 * time.Millisecond)
+	f.insertEvents(t, 1, 0)
+	if r = f.lag(t); r.TimeLag.State != ops.StateBehind {
+		t.Errorf("Lag().TimeLag.State = %q after a new insert; want behind", r.TimeLag.State)
+	}
+}
+
+func TestLagRetryTable(t *testing.T) {
+	f := newFixture(t)
+	// The retry table of issue #4, reduced to the columns lag reads.
+	f.exec(t, "CREATE TABLE "+f.table("outbox_relay_retry")+` (id bigserial primary key, status text not null,
+		first_failed_at timestamptz not null, next_attempt_at timestamptz)`)
+	r := f.lag(t)
+	if r.Retry == nil || r.Retry.Pending != 0 || r.Retry.Dead != 0 || r.Retry.OldestPendingAgeSeconds != nil {
+		t.Errorf("Lag().Retry = %+v; want 0 pending, 0 dead, null age for an empty retry table", r.Retry)
+	}
+	f.exec(t, "INSERT INTO "+f.table("outbox_relay_retry")+` (status, first_failed_at) VALUES
+		('pending', now() - interval '60 seconds'), ('pending', now() - interval '10 seconds'), ('dead', now() - interval '1 hour')`)
+	r = f.lag(t)
+	if r.Retry == nil || r.Retry.Pending != 2 || r.Retry.Dead != 1 {
+		t.Fatalf("Lag().Retry = %+v; want 2 pending, 1 dead", r.Retry)
+	}
+	if s := r.Retry.OldestPendingAgeSeconds; s == nil || math.Abs(*s-60) > 5 {
+		t.Errorf("Lag().Retry.OldestPendingAgeSeconds = %v; want ≈ 60", s)
+	}
+}
+
+func TestLagMissingSlot(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.cfg
+	cfg.Slot = f.cfg.Slot + "_missing"
+	_, err := ops.Lag(context.Background(), f.conn, cfg)
+	if !errors.Is(err, ops.ErrSlotNotFound) {
+		t.Fatalf("Lag(missing slot) error = %v; want ErrSlotNotFound", err)
+	}
+	for _, want := range []string{cfg.Slot, "outbox-relay setup"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Lag(missing slot) error = %q; want it to name %q", err, want)
+		}
+	}
+	if _, err := ops.Status(context.Background(), f.conn, cfg); !errors.Is(err, ops.ErrSlotNotFound) {
+		t.Errorf("Status(missing slot) error = %v; want ErrSlotNotFound", err)
+	}
+}
+
+func TestLagMissingOutboxTable(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.cfg
+	cfg.Table = f.schema + ".nope"
+	if _, err := ops.Lag(context.Background(), f.conn, cfg); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("Lag(missing outbox table) error = %v; want one naming the table", err)
+	}
+}
+
+// TestRunLagThresholds checks the exit codes that cron jobs and probes rely on.
+func TestRunLagThresholds(t *testing.T) {
+	f := newFixture(t)
+	f.insertEvents(t, 200, 20*time.Second)
+	tests := []struct {
+		name string
+		th   ops.Thresholds
+		want int
+	}{
+		{"none", ops.Thresholds{}, ops.ExitOK},
+		{"bytes under", ops.Thresholds{MaxBytes: 1 << 40}, ops.ExitOK},
+		{"bytes over", ops.Thresholds{MaxBytes: 1}, ops.ExitThreshold},
+		{"seconds under", ops.Thresholds{MaxSeconds: 3600}, ops.ExitOK},
+		{"seconds over", ops.Thresholds{MaxSeconds: 10}, ops.ExitThreshold},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out strings.Builder
+			err := ops.RunLag(context.Background(), f.conn, f.cfg, &out, ops.LagOptions{Thresholds: tt.th})
+			if got := ops.ExitCode(err); got != tt.want {
+				t.Errorf("ExitCode(RunLag(%+v)) = %d (%v); want %d", tt.th, got, err, tt.want)
+			}
+			if !strings.Contains(out.String(), f.cfg.Slot) {
+				t.Errorf("RunLag(%+v) printed %q; want the report", tt.th, out.String())
+			}
+		})
+	}
+	cfg := f.cfg
+	cfg.Slot += "_missing"
+	if got := ops.ExitCode(ops.RunLag(context.Background(), f.conn, cfg, new(strings.Builder), ops.LagOptions{})); got != ops.ExitError {
+		t.Errorf("ExitCode(RunLag(missing slot)) = %d; want %d", got, ops.ExitError)
+	}
+}
+
+func TestRunLagWatch(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 350*time.Millisecond)
+	defer cancel()
+	var out strings.Builder
+	if err := ops.RunLag(ctx, f.conn, f.cfg, &out, ops.LagOptions{JSON: true, Watch: 100 * time.Millisecond, Thresholds: ops.Thresholds{MaxBytes: 1}}); err != nil {
+		t.Fatalf("RunLag(watch) = %v; want nil when ctx is done", err)
+	}
+	if n := strings.Count(out.String(), `"slot_name"`); n < 2 {
+		t.Errorf("RunLag(watch) drew %d reports in 350ms at 100ms; want >= 2:\n%s", n, out.String())
+	}
+}

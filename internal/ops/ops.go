@@ -1,0 +1,348 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// ErrSlotNotFound is returned by Lag and Status when the configured replication
+// slot does not exist.
+var ErrSlotNotFound = errors.New("replication slot not found (create it with `outbox-relay setup`)")
+
+// A Querier runs one query returning at most one row. *pgx.Conn, *pgxpool.Pool
+// and pgx.Tx satisfy it. Lag and Status issue several queries in sequence and
+// never concurrently.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config names what to examine. The zero value of every field but Slot means
+// its documented default.
+type Config struct {
+	Slot            string // replication slot; required
+	Table           string // outbox table, default "public.outbox"
+	CreatedAtColumn string // default "created_at"
+	CheckpointTable string // default "outbox_relay_checkpoint"
+	RetryTable      string // default "outbox_relay_retry"
+}
+
+func (c *Config) validate() error {
+	if c.Slot == "" {
+		return errors.New("slot name is empty: set the replication slot in the config")
+	}
+	if c.Table == "" {
+		c.Table = "public.outbox"
+	}
+	if c.CreatedAtColumn == "" {
+		c.CreatedAtColumn = "created_at"
+	}
+	if c.CheckpointTable == "" {
+		c.CheckpointTable = "outbox_relay_checkpoint"
+	}
+	if c.RetryTable == "" {
+		c.RetryTable = "outbox_relay_retry"
+	}
+	return nil
+}
+
+// Time lag states.
+const (
+	StateBehind   = "behind"    // at least one event is known not to be delivered
+	StateCaughtUp = "caught_up" // every row in the outbox table was delivered
+	StateUnknown  = "unknown"   // the outbox table is empty: nothing to estimate from
+)
+
+// Slot describes a replication slot and the backend that holds it.
+type Slot struct {
+	Active            bool       `json:"active"`
+	ActivePID         *int32     `json:"active_pid"`
+	ApplicationName   *string    `json:"application_name"`
+	ClientAddr        *string    `json:"client_addr"`
+	BackendStart      *time.Time `json:"backend_start"`
+	WalsenderState    *string    `json:"walsender_state"`
+	ConfirmedFlushLSN *string    `json:"confirmed_flush_lsn"`
+	RestartLSN        *string    `json:"restart_lsn"`
+	WALStatus         *string    `json:"wal_status"`
+	SafeWALSizeBytes  *int64     `json:"safe_wal_size_bytes"`
+}
+
+// Checkpoint is the relay's saved position for the slot.
+type Checkpoint struct {
+	LSN            string     `json:"lsn"`
+	SavedAt        *time.Time `json:"saved_at"`
+	LastCommitTime *time.Time `json:"last_commit_time"`
+
+	lastDeliveredAge *float64 // server's now() - LastCommitTime, for TimeLag
+}
+
+// TimeLag estimates how old the oldest undelivered event is (see the package doc).
+type TimeLag struct {
+	State                   string     `json:"state"`
+	OldestUndeliveredAt     *time.Time `json:"oldest_undelivered_at"`
+	Seconds                 *float64   `json:"seconds"`
+	LastDeliveredAgeSeconds *float64   `json:"last_delivered_age_seconds"`
+}
+
+// Retry summarises the retry table.
+type Retry struct {
+	Pending                 int64    `json:"pending"`
+	Dead                    int64    `json:"dead"`
+	OldestPendingAgeSeconds *float64 `json:"oldest_pending_age_seconds"`
+}
+
+// LagReport is the answer of Lag. Its JSON form is documented in the package doc.
+type LagReport struct {
+	SlotName         string      `json:"slot_name"`
+	CheckedAt        time.Time   `json:"checked_at"`
+	Slot             Slot        `json:"slot"`
+	CurrentWALLSN    string      `json:"current_wal_lsn"`
+	LagBytes         *int64      `json:"lag_bytes"`
+	RetainedWALBytes *int64      `json:"retained_wal_bytes"`
+	Checkpoint       *Checkpoint `json:"checkpoint"`
+	TimeLag          TimeLag     `json:"time_lag"`
+	Retry            *Retry      `json:"retry"`
+}
+
+// StatusReport is the answer of Status. Its JSON form is documented in the package doc.
+type StatusReport struct {
+	SlotName   string      `json:"slot_name"`
+	CheckedAt  time.Time   `json:"checked_at"`
+	Streaming  bool        `json:"streaming"`
+	Version    *string     `json:"version"`
+	Slot       Slot        `json:"slot"`
+	Checkpoint *Checkpoint `json:"checkpoint"`
+}
+
+// slotQuery reads the slot and, through active_pid, its walsender. The LEFT
+// JOIN keeps the slot when nobody holds it. Without pg_read_all_stats (or
+// pg_monitor) the walsender's client_addr and backend_start of another role
+// read as NULL, which is reported as absent rather than failing.
+const slotQuery = `
+SELECT s.active, s.active_pid, r.application_name, host(r.client_addr), r.backend_start, r.state,
+       s.confirmed_flush_lsn::text, s.restart_lsn::text, s.wal_status, s.safe_wal_size,
+       pg_current_wal_lsn()::text,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
+       now(), (r.pid IS NOT NULL)
+FROM pg_replication_slots s
+LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+WHERE s.slot_name = $1`
+
+type slotRow struct {
+	slot          Slot
+	currentLSN    string
+	lag, retained *int64
+	now           time.Time
+	walsender     bool
+}
+
+func querySlot(ctx context.Context, q Querier, slot string) (slotRow, error) {
+	var r slotRow
+	s := &r.slot
+	err := q.QueryRow(ctx, slotQuery, slot).Scan(&s.Active, &s.ActivePID, &s.ApplicationName,
+		&s.ClientAddr, &s.BackendStart, &s.WalsenderState, &s.ConfirmedFlushLSN, &s.RestartLSN,
+		&s.WALStatus, &s.SafeWALSizeBytes, &r.currentLSN, &r.lag, &r.retained, &r.now, &r.walsender)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, fmt.Errorf("slot %q: %w", slot, ErrSlotNotFound)
+	}
+	if err != nil {
+		return r, fmt.Errorf("query slot %q: %w", slot, err)
+	}
+	return r, nil
+}
+
+// resolveTable returns the table's name quoted for use in SQL, or "" when it
+// does not exist. Names are exact, as everywhere in the relay's config
+// ("public.Outbox" is the table Outbox); to_regclass resolves an unqualified
+// one with the session's search_path.
+func resolveTable(ctx context.Context, q Querier, name string) (string, error) {
+	t, err := sql.ParseTable(name)
+	if err != nil {
+		return "", err
+	}
+	var quoted *string
+	if err := q.QueryRow(ctx, "SELECT to_regclass($1)::text", t.Quoted()).Scan(&quoted); err != nil {
+		return "", fmt.Errorf("resolve table %q: %w", name, err)
+	}
+	if quoted == nil {
+		return "", nil
+	}
+	return *quoted, nil
+}
+
+func queryCheckpoint(ctx context.Context, q Querier, table, slot string) (*Checkpoint, error) {
+	t, err := resolveTable(ctx, q, table)
+	if err != nil || t == "" {
+		return nil, err
+	}
+	var c Checkpoint
+	err = q.QueryRow(ctx, "SELECT lsn::text, saved_at, last_commit_time, "+
+		"extract(epoch FROM now() - last_commit_time)::float8 FROM "+t+" WHERE slot_name = $1", slot).
+		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint from %s: %w", t, err)
+	}
+	return &c, nil
+}
+
+// Lag reports how far the relay of cfg.Slot is behind. It works whether or not
+// a relay is running. It returns an error wrapping ErrSlotNotFound when the
+// slot does not exist.
+func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	sr, err := querySlot(ctx, q, cfg.Slot)
+	if err != nil {
+		return nil, err
+	}
+	r := &LagReport{
+		SlotName:         cfg.Slot,
+		CheckedAt:        sr.now,
+		Slot:             sr.slot,
+		CurrentWALLSN:    sr.currentLSN,
+		LagBytes:         sr.lag,
+		RetainedWALBytes: sr.retained,
+	}
+	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
+		return nil, err
+	}
+	if r.TimeLag, err = queryTimeLag(ctx, q, cfg, r.Checkpoint); err != nil {
+		return nil, err
+	}
+	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func queryTimeLag(ctx context.Context, q Querier, cfg Config, cp *Checkpoint) (TimeLag, error) {
+	var tl TimeLag
+	t, err := resolveTable(ctx, q, cfg.Table)
+	if err != nil {
+		return tl, err
+	}
+	if t == "" {
+		return tl, fmt.Errorf("outbox table %q does not exist: check the table setting or run `outbox-relay setup`", cfg.Table)
+	}
+	var since *time.Time
+	if cp != nil {
+		since = cp.LastCommitTime
+		tl.LastDeliveredAgeSeconds = cp.lastDeliveredAge
+	}
+	col := sql.Ident(cfg.CreatedAtColumn)
+	// A plain range condition (rather than "$1 IS NULL OR col > $1") lets the
+	// planner use the created_at index.
+	where := ""
+	var args []any
+	if since != nil {
+		where = " WHERE " + col + " > $1"
+		args = append(args, *since)
+	}
+	sql := "SELECT s.m, EXISTS (SELECT 1 FROM " + t + "), extract(epoch FROM now() - s.m)::float8 " +
+		"FROM (SELECT min(" + col + ") AS m FROM " + t + where + ") s"
+	var anyRow bool
+	if err := q.QueryRow(ctx, sql, args...).Scan(&tl.OldestUndeliveredAt, &anyRow, &tl.Seconds); err != nil {
+		return tl, fmt.Errorf("query outbox table %s: %w", t, err)
+	}
+	switch {
+	case tl.OldestUndeliveredAt != nil:
+		tl.State = StateBehind
+		if *tl.Seconds < 0 { // created_at in the future: the server clock was set back
+			*tl.Seconds = 0
+		}
+	case anyRow:
+		tl.State = StateCaughtUp
+		zero := 0.0
+		tl.Seconds = &zero
+	default:
+		tl.State = StateUnknown
+	}
+	return tl, nil
+}
+
+// Columns of the retry table (issue #4) that QueryRetry reads.
+const retrySelect = `SELECT count(*) FILTER (WHERE status = 'pending'),
+       count(*) FILTER (WHERE status = 'dead'),
+       extract(epoch FROM now() - min(first_failed_at) FILTER (WHERE status = 'pending'))::float8
+FROM `
+
+// QueryRetry summarises the retry table. It returns nil, nil when the table
+// does not exist (the retry worker is not set up): that is not an error.
+func QueryRetry(ctx context.Context, q Querier, table string) (*Retry, error) {
+	t, err := resolveTable(ctx, q, table)
+	if err != nil || t == "" {
+		return nil, err
+	}
+	var r Retry
+	if err := q.QueryRow(ctx, retrySelect+t).Scan(&r.Pending, &r.Dead, &r.OldestPendingAgeSeconds); err != nil {
+		return nil, fmt.Errorf("query retry table %s: %w", t, err)
+	}
+	return &r, nil
+}
+
+// SlotLag is what the metrics sampler needs of a slot: lag and retained WAL in
+// bytes, and safe_wal_size (nil when unlimited).
+type SlotLag struct {
+	Active           bool
+	LagBytes         *int64
+	RetainedWALBytes *int64
+	SafeWALSizeBytes *int64
+}
+
+// QuerySlotLag reads the slot's lag in one cheap statement. It returns an error
+// wrapping ErrSlotNotFound when the slot does not exist.
+func QuerySlotLag(ctx context.Context, q Querier, slot string) (SlotLag, error) {
+	sr, err := querySlot(ctx, q, slot)
+	if err != nil {
+		return SlotLag{}, err
+	}
+	return SlotLag{Active: sr.slot.Active, LagBytes: sr.lag, RetainedWALBytes: sr.retained, SafeWALSizeBytes: sr.slot.SafeWALSizeBytes}, nil
+}
+
+// Status reports whether a relay is streaming cfg.Slot now and its last saved
+// checkpoint. It returns an error wrapping ErrSlotNotFound when the slot does
+// not exist.
+func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	sr, err := querySlot(ctx, q, cfg.Slot)
+	if err != nil {
+		return nil, err
+	}
+	r := &StatusReport{
+		SlotName:  cfg.Slot,
+		CheckedAt: sr.now,
+		Streaming: sr.slot.Active && sr.walsender,
+		Slot:      sr.slot,
+	}
+	if sr.slot.ApplicationName != nil {
+		r.Version = Version(*sr.slot.ApplicationName)
+	}
+	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Version extracts the relay version from an application_name of the form
+// "outbox-relay/<version>". It returns nil for any other name, such as the
+// bare default "outbox-relay" or another program holding the slot.
+func Version(applicationName string) *string {
+	v, ok := strings.CutPrefix(applicationName, "outbox-relay/")
+	if !ok || v == "" {
+		return nil
+	}
+	return &v
+}

@@ -1,0 +1,190 @@
+package ops
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// WriteJSON writes v (a *LagReport or *StatusReport) as one line of indented-free
+// JSON followed by a newline, so that --watch --json produces one object per line.
+func WriteJSON(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode json: %w", err)
+	}
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("write json: %w", err)
+	}
+	return nil
+}
+
+// WriteText writes the report as an aligned two-column table for people.
+func (r *LagReport) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
+	row("slot", r.SlotName+" ("+holder(r.Slot, r.CheckedAt)+")")
+	row("wal status", walStatus(r.Slot))
+	row("current WAL", r.CurrentWALLSN)
+	row("confirmed flush", orNA(r.Slot.ConfirmedFlushLSN)+"  lag "+bytesOrNA(r.LagBytes))
+	row("restart", orNA(r.Slot.RestartLSN)+"  retained "+bytesOrNA(r.RetainedWALBytes))
+	if c := r.Checkpoint; c != nil {
+		row("checkpoint", c.LSN+"  saved "+timeAgo(c.SavedAt, r.CheckedAt))
+	} else {
+		row("checkpoint", "none saved")
+	}
+	row("time lag", timeLag(r.TimeLag))
+	if s := r.TimeLag.LastDeliveredAgeSeconds; s != nil {
+		row("last delivered", "committed "+seconds(*s)+" ago")
+	} else {
+		row("last delivered", "n/a (nothing delivered yet)")
+	}
+	row("retry", retry(r.Retry))
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write text: %w", err)
+	}
+	return nil
+}
+
+// WriteText writes the report as an aligned two-column table for people.
+func (r *StatusReport) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
+	row("slot", r.SlotName)
+	switch {
+	case r.Streaming:
+		row("streaming", "yes, since "+timeAgo(r.Slot.BackendStart, r.CheckedAt))
+	case r.Slot.Active:
+		row("streaming", "no (slot is held by a backend that is not a walsender)")
+	default:
+		row("streaming", "no (slot inactive: no relay connected)")
+	}
+	if r.Slot.Active {
+		v := "unknown (application_name is not outbox-relay/<version>)"
+		if r.Version != nil {
+			v = *r.Version
+		}
+		row("relay version", v)
+		row("backend", holder(r.Slot, r.CheckedAt))
+		row("walsender state", orNA(r.Slot.WalsenderState))
+	}
+	row("confirmed flush", orNA(r.Slot.ConfirmedFlushLSN))
+	if c := r.Checkpoint; c != nil {
+		row("checkpoint", c.LSN+"  saved "+timeAgo(c.SavedAt, r.CheckedAt))
+	} else {
+		row("checkpoint", "none saved")
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write text: %w", err)
+	}
+	return nil
+}
+
+func holder(s Slot, now time.Time) string {
+	if !s.Active {
+		return "inactive"
+	}
+	var b strings.Builder
+	b.WriteString("active")
+	if s.ActivePID != nil {
+		fmt.Fprintf(&b, ", pid %d", *s.ActivePID)
+	}
+	if s.ApplicationName != nil {
+		fmt.Fprintf(&b, ", %s", *s.ApplicationName)
+	}
+	if s.ClientAddr != nil {
+		fmt.Fprintf(&b, " from %s", *s.ClientAddr)
+	}
+	if s.BackendStart != nil {
+		fmt.Fprintf(&b, ", connected %s", timeAgo(s.BackendStart, now))
+	}
+	return b.String()
+}
+
+func walStatus(s Slot) string {
+	st := orNA(s.WALStatus)
+	safe := "unlimited (max_slot_wal_keep_size = -1)"
+	if s.SafeWALSizeBytes != nil {
+		safe = formatBytes(*s.SafeWALSizeBytes)
+	}
+	line := st + ", safe_wal_size " + safe
+	if s.WALStatus != nil && (*s.WALStatus == "unreserved" || *s.WALStatus == "lost") {
+		line += "  AT RISK: see the Operating section of the README"
+	}
+	return line
+}
+
+func timeLag(t TimeLag) string {
+	switch t.State {
+	case StateCaughtUp:
+		return "caught up"
+	case StateBehind:
+		return seconds(*t.Seconds) + " (oldest undelivered event created " + t.OldestUndeliveredAt.UTC().Format(time.RFC3339) + ")"
+	default:
+		return "unknown (outbox table is empty; use the lag in bytes)"
+	}
+}
+
+func retry(r *Retry) string {
+	if r == nil {
+		return "n/a (no retry table)"
+	}
+	s := fmt.Sprintf("%d pending", r.Pending)
+	if r.OldestPendingAgeSeconds != nil {
+		s += " (oldest " + seconds(*r.OldestPendingAgeSeconds) + ")"
+	}
+	return s + fmt.Sprintf(", %d dead", r.Dead)
+}
+
+func orNA(s *string) string {
+	if s == nil {
+		return "n/a"
+	}
+	return *s
+}
+
+func bytesOrNA(n *int64) string {
+	if n == nil {
+		return "n/a"
+	}
+	return formatBytes(*n)
+}
+
+// formatBytes prints a byte count in binary units, keeping the exact number
+// for small values where the unit would hide it.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit && n > -unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	f, i := float64(n), 0
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
+	for math.Abs(f) >= unit && i < len(units)-1 {
+		f /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %s", f, units[i])
+}
+
+func timeAgo(t *time.Time, now time.Time) string {
+	if t == nil {
+		return "at unknown time"
+	}
+	return t.UTC().Format(time.RFC3339) + " (" + seconds(now.Sub(*t).Seconds()) + " ago)"
+}
+
+// seconds formats an age for people: millisecond precision below a minute,
+// whole seconds above.
+func seconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	if d < time.Minute {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
