@@ -1,0 +1,412 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"golang.org/x/sync/errgroup"
+)
+
+// bench runs the phases of one invocation and collects them into rep.
+type bench struct {
+	o     options
+	dir   string
+	stamp string // lower-case, unique per invocation: part of every name created
+	log   *slog.Logger
+	rep   *Report
+}
+
+// cleanupTimeout bounds cleanup, which runs on a context that is not
+// cancelled by Ctrl-C: the point of cleanup is to run after it.
+const cleanupTimeout = 60 * time.Second
+
+func (b *bench) kafka() *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(b.o.Brokers...), Timeout: 10 * time.Second}
+}
+
+// runOnce creates a fresh database with the outbox, the publication and the
+// slots, runs the phases and drops everything again.
+func (b *bench) runOnce(ctx context.Context, run int) (err error) {
+	db, err := createDatabase(ctx, b.o.PostgresDSN, fmt.Sprintf("outbox_bench_%s_r%d", b.stamp, run))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if derr := db.drop(cctx); derr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up: %w", derr))
+		}
+	}()
+	if err := b.relaySetup(ctx, db, run); err != nil {
+		// The bench's own DDL below still lets the pg_recvlogical half run.
+		b.log.Warn("outbox-relay setup failed; creating the objects without it", "err", err)
+	}
+	slots := []string{db.RelaySlot}
+	if !b.o.SkipDrain {
+		slots = append(slots, db.RecvSlot)
+	}
+	if err := db.ensureObjects(ctx, slots...); err != nil {
+		return err
+	}
+	if !b.o.SkipDrain {
+		d := b.drain(ctx, db, run)
+		b.rep.Drain = append(b.rep.Drain, d)
+		if d.Err != "" {
+			err = errors.Join(err, fmt.Errorf("drain: %s", d.Err))
+		}
+	}
+	if !b.o.SkipSustained && ctx.Err() == nil {
+		s := b.sustained(ctx, db, run)
+		b.rep.Sustained = append(b.rep.Sustained, s)
+		if s.Err != "" {
+			err = errors.Join(err, fmt.Errorf("sustained: %s", s.Err))
+		}
+	}
+	return err
+}
+
+// relayEnv is the environment of the relay: the caller's, with the relay's
+// connection settings replaced by the bench database's.
+func (b *bench) relayEnv(db *benchDB) []string {
+	set := map[string]string{
+		"RELAY_POSTGRES_DSN":         db.DSN,
+		"RELAY_KAFKA_BROKERS":        strings.Join(b.o.Brokers, ","),
+		"RELAY_POSTGRES_SLOT":        db.RelaySlot,
+		"RELAY_POSTGRES_PUBLICATION": db.Publication,
+		"RELAY_OUTBOX_TABLE":         "public.outbox",
+		"RELAY_METRICS_LISTEN":       "",
+		"RELAY_LOG_FORMAT":           "json",
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ours := set[k]; !ours {
+			env = append(env, kv)
+		}
+	}
+	for k, v := range set {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+func (b *bench) relaySetup(ctx context.Context, db *benchDB, run int) error {
+	p, err := startProc(b.o.RelayBin, []string{"setup", "--create-outbox-table"}, b.relayEnv(db),
+		filepath.Join(b.dir, fmt.Sprintf("relay-setup-run%d.log", run)))
+	if err != nil {
+		return err
+	}
+	u, err := p.wait(ctx, time.Minute)
+	if err != nil {
+		p.stop(5 * time.Second)
+		return fmt.Errorf("setup: %w", err)
+	}
+	if u.ExitError != "" {
+		return fmt.Errorf("setup: %s: %s", u.ExitError, p.logTail(5))
+	}
+	return nil
+}
+
+// drain inserts the backlog with both slots in place, then lets pg_recvlogical
+// and the relay each read all of it. Their order alternates between runs so
+// that neither always gets the warmer page cache.
+func (b *bench) drain(ctx context.Context, db *benchDB, run int) (d DrainRun) {
+	d = DrainRun{Run: run, RecvFirst: run%2 == 1}
+	fail := func(err error) DrainRun { d.Err = err.Error(); return d }
+	prefix := fmt.Sprintf("b%sr%dd_", b.stamp, run)
+	topics := topicsFor(prefix)
+	client := b.kafka()
+	if err := createTopics(ctx, client, topics); err != nil {
+		return fail(err)
+	}
+	defer b.deleteTopics(ctx, client, topics)
+
+	p, err := newProducer(ctx, db.DSN, prefix, b.o.Aggregates, b.o.PayloadBytes)
+	if err != nil {
+		return fail(err)
+	}
+	defer p.close(context.WithoutCancel(ctx))
+	startLSN, err := p.walLSN(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	b.log.Info("inserting backlog", "run", run, "events", b.o.Events)
+	t0 := time.Now()
+	var lastBefore pglogrepl.LSN
+	for left := b.o.Events; left > 0; {
+		n := min(left, b.o.PerTxn)
+		left -= n
+		if left == 0 {
+			lastBefore, err = p.insertLastTxn(ctx, n)
+		} else {
+			_, _, err = p.insertTxn(ctx, n)
+		}
+		if err != nil {
+			return fail(err)
+		}
+	}
+	d.InsertSec = time.Since(t0).Seconds()
+	endLSN, err := p.walLSN(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	d.Events = int64(b.o.Events)
+	d.WALBytes = int64(endLSN - startLSN)
+	if d.PayloadBytes, err = p.payloadBytes(ctx); err != nil {
+		return fail(err)
+	}
+	b.log.Info("backlog inserted", "run", run, "seconds", d.InsertSec, "wal_bytes", d.WALBytes, "end_lsn", endLSN.String())
+
+	recv := func() error { return b.drainRecvlogical(ctx, db, run, endLSN, &d) }
+	relay := func() error { return b.drainRelay(ctx, db, run, lastBefore, topics, client, &d) }
+	order := []func() error{recv, relay}
+	if !d.RecvFirst {
+		order = []func() error{relay, recv}
+	}
+	var errs []error
+	for _, f := range order {
+		if ctx.Err() != nil {
+			break
+		}
+		if err := f(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// The pg_recvlogical slot has served its purpose: drop it now rather than
+	// let it retain WAL through the sustained phase.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if err := db.dropSlot(cctx, db.RecvSlot); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fail(err)
+	}
+	if ctx.Err() != nil {
+		return fail(ctx.Err())
+	}
+	return d
+}
+
+func (b *bench) drainRecvlogical(ctx context.Context, db *benchDB, run int, endLSN pglogrepl.LSN, d *DrainRun) error {
+	args := []string{"-d", db.DSN, "--slot", db.RecvSlot, "--start", "--endpos", endLSN.String(),
+		"-o", "proto_version=1", "-o", "publication_names=" + db.Publication, "-f", "/dev/null", "--no-loop"}
+	p, err := startProc(b.o.RecvBin, args, os.Environ(), filepath.Join(b.dir, fmt.Sprintf("pg_recvlogical-run%d.log", run)))
+	if err != nil {
+		return fmt.Errorf("pg_recvlogical: %w", err)
+	}
+	u, err := p.wait(ctx, b.o.Timeout)
+	if err != nil {
+		p.stop(5 * time.Second)
+		return fmt.Errorf("pg_recvlogical: %w", err)
+	}
+	if u.ExitError != "" {
+		return fmt.Errorf("pg_recvlogical: %s: %s", u.ExitError, p.logTail(5))
+	}
+	d.RecvSec, d.RecvCPUSec = u.Wall.Seconds(), u.CPU.Seconds()
+	b.log.Info("pg_recvlogical drained", "run", run, "seconds", d.RecvSec, "events_per_s", int(d.RecvRate()))
+	return nil
+}
+
+// drainRelay starts the relay and measures until every event is in Kafka and
+// the slot confirmed the last commit; then stops it with SIGTERM.
+func (b *bench) drainRelay(ctx context.Context, db *benchDB, run int, lastBefore pglogrepl.LSN, topics []string, client *kafka.Client, d *DrainRun) error {
+	conn, err := pgx.Connect(ctx, db.AdminDSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	p, err := startProc(b.o.RelayBin, []string{"run"}, b.relayEnv(db), filepath.Join(b.dir, fmt.Sprintf("relay-drain-run%d.log", run)))
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	defer p.stop(30 * time.Second) // on the error paths
+	var kafkaAt, confirmedAt time.Time
+	deadline := time.After(b.o.Timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; kafkaAt.IsZero() || confirmedAt.IsZero(); i++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("relay: not drained after %s (kafka %v, confirmed %v): %s", b.o.Timeout, !kafkaAt.IsZero(), !confirmedAt.IsZero(), p.logTail(5))
+		case <-tick.C:
+		}
+		if p.exited() {
+			return fmt.Errorf("relay exited while draining: %s: %s", p.usage().ExitError, p.logTail(10))
+		}
+		if confirmedAt.IsZero() {
+			lsn, err := confirmedFlushLSN(ctx, conn, db.RelaySlot)
+			if err != nil {
+				return err
+			}
+			if lsn > lastBefore {
+				confirmedAt = time.Now()
+			}
+		}
+		// Kafka every 60 ms: ListOffsets over 40 partitions is not free on
+		// two cores, and the slot check bounds the resolution anyway.
+		if kafkaAt.IsZero() && i%3 == 0 {
+			n, err := endOffsets(ctx, client, topics)
+			if err != nil {
+				return err
+			}
+			if n >= d.Events {
+				kafkaAt = time.Now()
+			}
+		}
+	}
+	rss, rssErr := p.peakRSS()
+	u := p.stop(30 * time.Second)
+	if rssErr != nil {
+		rss = u.MaxRSS
+	}
+	d.RelayKafkaSec = kafkaAt.Sub(p.started).Seconds()
+	d.RelayConfirmedSec = confirmedAt.Sub(p.started).Seconds()
+	d.RelaySec = max(d.RelayKafkaSec, d.RelayConfirmedSec)
+	d.RelayCPUSec, d.PeakRSS, d.MaxRSS = u.CPU.Seconds(), rss, u.MaxRSS
+	if d.KafkaRecords, err = endOffsets(ctx, client, topics); err != nil {
+		return err
+	}
+	if u.ExitError != "" {
+		b.log.Warn("relay did not exit cleanly on SIGTERM", "run", run, "exit", u.ExitError)
+	}
+	b.log.Info("relay drained", "run", run, "seconds", d.RelaySec, "events_per_s", int(d.RelayRate()), "peak_rss_bytes", d.PeakRSS)
+	return nil
+}
+
+func (b *bench) deleteTopics(ctx context.Context, client *kafka.Client, topics []string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if err := deleteTopics(cctx, client, topics); err != nil {
+		b.log.Warn("delete topics", "err", err)
+	}
+}
+
+// sustained inserts at a fixed rate while the relay runs and an in-process
+// consumer measures each event's latency from its producer's COMMIT return.
+func (b *bench) sustained(ctx context.Context, db *benchDB, run int) (s SustainedRun) {
+	s = SustainedRun{Run: run, TargetRate: b.o.Rate}
+	fail := func(err error) SustainedRun { s.Err = err.Error(); return s }
+	prefix := fmt.Sprintf("b%sr%ds_", b.stamp, run)
+	topics := topicsFor(prefix)
+	client := b.kafka()
+	if err := createTopics(ctx, client, topics); err != nil {
+		return fail(err)
+	}
+	defer b.deleteTopics(ctx, client, topics)
+	p, err := newProducer(ctx, db.DSN, prefix, b.o.Aggregates, b.o.PayloadBytes)
+	if err != nil {
+		return fail(err)
+	}
+	defer p.close(context.WithoutCancel(ctx))
+
+	commits := &commitTimes{t: map[int64]time.Time{}}
+	samples := &latencySamples{}
+	cctx, stopConsumer := context.WithCancel(ctx)
+	var g errgroup.Group
+	g.Go(func() error { return consume(cctx, b.o.Brokers, topics, commits, samples) })
+	defer func() { stopConsumer(); _ = g.Wait() }()
+
+	relay, err := startProc(b.o.RelayBin, []string{"run"}, b.relayEnv(db), filepath.Join(b.dir, fmt.Sprintf("relay-sustained-run%d.log", run)))
+	if err != nil {
+		return fail(fmt.Errorf("relay: %w", err))
+	}
+	defer relay.stop(30 * time.Second)
+
+	// Warm up: one transaction through relay and consumer, so start-up of the
+	// relay and of 40 partition readers is not counted as latency.
+	per := b.o.SustainedPerTxn
+	txn, at, err := p.insertTxn(ctx, per)
+	if err != nil {
+		return fail(err)
+	}
+	commits.set(txn, at)
+	if err := waitCount(ctx, samples, per, time.Minute, relay); err != nil {
+		return fail(fmt.Errorf("warm-up: %w", err))
+	}
+	samples.mu.Lock()
+	samples.ack, samples.receipt, samples.unknown = nil, nil, 0
+	samples.mu.Unlock()
+
+	b.log.Info("sustained phase", "run", run, "rate", b.o.Rate, "duration", b.o.Duration)
+	interval := time.Duration(float64(time.Second) * float64(per) / float64(b.o.Rate))
+	start := time.Now()
+	for i := 0; ; i++ {
+		next := start.Add(time.Duration(i) * interval)
+		if next.Sub(start) >= b.o.Duration {
+			break
+		}
+		if d := time.Until(next); d > 0 {
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-time.After(d):
+			}
+		}
+		txn, at, err := p.insertTxn(ctx, per)
+		if err != nil {
+			return fail(err)
+		}
+		commits.set(txn, at)
+		s.Events += per
+	}
+	s.AchievedRate = float64(s.Events) / time.Since(start).Seconds()
+	if err := waitCount(ctx, samples, s.Events, 60*time.Second, relay); err != nil {
+		s.Err = err.Error()
+	}
+	if rss, err := relay.peakRSS(); err == nil {
+		s.PeakRSS = rss
+	}
+	u := relay.stop(30 * time.Second)
+	s.RelayCPUSec = u.CPU.Seconds()
+	stopConsumer()
+	if err := g.Wait(); err != nil && s.Err == "" {
+		s.Err = err.Error()
+	}
+	samples.mu.Lock()
+	defer samples.mu.Unlock()
+	s.Received = len(samples.receipt)
+	if samples.unknown > 0 && s.Err == "" {
+		s.Err = fmt.Sprintf("%d records without a known commit time", samples.unknown)
+	}
+	for _, d := range samples.ack {
+		b.rep.AckHist.Add(d)
+	}
+	for _, d := range samples.receipt {
+		b.rep.ReceiptHist.Add(d)
+	}
+	s.Ack, s.Receipt = Summarize(samples.ack), Summarize(samples.receipt)
+	b.log.Info("sustained done", "run", run, "achieved_rate", int(s.AchievedRate), "ack_p99", s.Ack.P99, "receipt_p99", s.Receipt.P99)
+	return s
+}
+
+// waitCount waits until the consumer has seen n records.
+func waitCount(ctx context.Context, samples *latencySamples, n int, timeout time.Duration, relay *proc) error {
+	deadline := time.Now().Add(timeout)
+	for samples.count() < n {
+		if relay.exited() {
+			return fmt.Errorf("relay exited: %s: %s", relay.usage().ExitError, relay.logTail(10))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("consumer saw %d of %d events after %s", samples.count(), n, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"golang.org/x/sync/errgroup"
+)
+
+// topicPartitions is how many partitions each bench topic gets: enough that
+// the relay's per-partition batching, not the partition count, limits it.
+const topicPartitions = 8
+
+// topicsFor returns the topics the relay's default template
+// (outbox.event.{aggregate_type}) routes the prefixed aggregate types to.
+func topicsFor(typePrefix string) []string {
+	ts := make([]string, len(aggregateTypes))
+	for i, t := range aggregateTypes {
+		ts[i] = "outbox.event." + typePrefix + t
+	}
+	return ts
+}
+
+// createTopics pre-creates topics so that auto-creation is not measured.
+// LogAppendTime makes every record's timestamp the broker's append time, which
+// is what the commit→ack latency is computed from.
+func createTopics(ctx context.Context, client *kafka.Client, topics []string) error {
+	cfgs := make([]kafka.TopicConfig, len(topics))
+	for i, t := range topics {
+		cfgs[i] = kafka.TopicConfig{
+			Topic:             t,
+			NumPartitions:     topicPartitions,
+			ReplicationFactor: 1,
+			ConfigEntries:     []kafka.ConfigEntry{{ConfigName: "message.timestamp.type", ConfigValue: "LogAppendTime"}},
+		}
+	}
+	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: cfgs})
+	if err != nil {
+		return fmt.Errorf("create topics: %w", err)
+	}
+	for t, err := range res.Errors {
+		if err != nil {
+			return fmt.Errorf("create topic %q: %w", t, err)
+		}
+	}
+	// Creation is asynchronous on the controller: wait until every partition
+	// reports offsets so that the relay's first write does not race it.
+	for {
+		if _, err := endOffsets(ctx, client, topics); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for topics: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func deleteTopics(ctx context.Context, client *kafka.Client, topics []string) error {
+	res, err := client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
+	if err != nil {
+		return fmt.Errorf("delete topics: %w", err)
+	}
+	var errs []error
+	for t, err := range res.Errors {
+		if err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+			errs = append(errs, fmt.Errorf("delete topic %q: %w", t, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// endOffsets returns the sum of the high watermarks of every partition of
+// topics: the number of records in them, as the topics start empty.
+func endOffsets(ctx context.Context, client *kafka.Client, topics []string) (int64, error) {
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, t := range topics {
+		for p := range topicPartitions {
+			req.Topics[t] = append(req.Topics[t], kafka.LastOffsetOf(p))
+		}
+	}
+	res, err := client.ListOffsets(ctx, req)
+	if err != nil {
+		return 0, fmt.Errorf("list offsets: %w", err)
+	}
+	var sum int64
+	for t, parts := range res.Topics {
+		if len(parts) != topicPartitions {
+			return 0, fmt.Errorf("list offsets of %q: %d partitions; want %d", t, len(parts), topicPartitions)
+		}
+		for _, p := range parts {
+			if p.Error != nil {
+				return 0, fmt.Errorf("list offsets of %q/%d: %w", t, p.Partition, p.Error)
+			}
+			sum += p.LastOffset
+		}
+	}
+	if len(res.Topics) != len(topics) {
+		return 0, fmt.Errorf("list offsets: %d topics answered; want %d", len(res.Topics), len(topics))
+	}
+	return sum, nil
+}
+
+// commitTimes maps a producer transaction number to the wall time its COMMIT
+// returned. The payload cannot carry that time (it is written before the
+// commit), so the in-process consumer looks it up by the payload's "txn".
+type commitTimes struct {
+	mu sync.Mutex
+	t  map[int64]time.Time
+}
+
+func (c *commitTimes) set(txn int64, at time.Time) {
+	c.mu.Lock()
+	c.t[txn] = at
+	c.mu.Unlock()
+}
+
+func (c *commitTimes) get(txn int64) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.t[txn]
+	return at, ok
+}
+
+// latencySamples collects per-event latencies from the consumer.
+type latencySamples struct {
+	mu      sync.Mutex
+	ack     []time.Duration // broker append time − commit return
+	receipt []time.Duration // consumer receipt − commit return
+	unknown int             // records whose txn the producer had not recorded yet
+}
+
+func (s *latencySamples) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.receipt) + s.unknown
+}
+
+// consume reads every partition of topics from the start until ctx is done,
+// one kafka-go Reader per partition (no group: no rebalance delay to measure).
+func consume(ctx context.Context, brokers []string, topics []string, commits *commitTimes, out *latencySamples) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for _, t := range topics {
+		for p := range topicPartitions {
+			g.Go(func() error {
+				r := kafka.NewReader(kafka.ReaderConfig{
+					Brokers:         brokers,
+					Topic:           t,
+					Partition:       p,
+					MinBytes:        1,
+					MaxBytes:        4 << 20,
+					MaxWait:         50 * time.Millisecond,
+					ReadLagInterval: -1,
+				})
+				r.SetOffset(kafka.FirstOffset)
+				defer r.Close()
+				for {
+					m, err := r.ReadMessage(ctx)
+					if err != nil {
+						if ctx.Err() != nil {
+							return nil
+						}
+						return fmt.Errorf("read %s/%d: %w", t, p, err)
+					}
+					received := time.Now()
+					txn, ok := payloadTxn(m.Value)
+					var committed time.Time
+					if ok {
+						committed, ok = commits.get(txn)
+					}
+					out.mu.Lock()
+					if ok {
+						out.ack = append(out.ack, max(m.Time.Sub(committed), 0))
+						out.receipt = append(out.receipt, received.Sub(committed))
+					} else {
+						out.unknown++
+					}
+					out.mu.Unlock()
+				}
+			})
+		}
+	}
+	return g.Wait()
+}
+
+// payloadTxn extracts "txn" from the payload without a full JSON decode; the
+// relay forwards jsonb's text output, which always writes `"txn": <int>`.
+func payloadTxn(v []byte) (int64, bool) {
+	const key = `"txn": `
+	i := bytes.Index(v, []byte(key))
+	if i < 0 {
+		return 0, false
+	}
+	v = v[i+len(key):]
+	j := 0
+	for j < len(v) && v[j] >= '0' && v[j] <= '9' {
+		j++
+	}
+	n, err := strconv.ParseInt(string(v[:j]), 10, 64)
+	return n, err == nil
+}

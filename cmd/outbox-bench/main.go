@@ -1,0 +1,241 @@
+// Command outbox-bench measures the real outbox-relay binary (issue #6): how
+// fast it drains a backlog compared with pg_recvlogical on a second slot over
+// the same WAL (the ceiling of one slot on this machine), and the latency from
+// COMMIT to Kafka acknowledgement and to a consumer at a fixed insert rate.
+//
+// Invariants: every database, slot and topic it creates is unique to the
+// invocation and dropped before it exits, also on failure and Ctrl-C; no slot
+// is left behind inactive (it would retain WAL). It talks only to loopback
+// addresses. Targets are printed PASS/FAIL, never asserted by tests.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// options are the parsed flags and environment.
+type options struct {
+	Settings
+	RelayBin    string
+	RecvBin     string
+	OutDir      string
+	PostgresDSN string
+	Brokers     []string
+	Timeout     time.Duration
+}
+
+func parseOptions(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.Events, "events", 500000, "backlog events to drain")
+	fs.IntVar(&o.PayloadBytes, "payload-bytes", 300, "approximate JSON payload size")
+	fs.IntVar(&o.PerTxn, "per-txn", 1000, "events per transaction in the backlog")
+	fs.IntVar(&o.Aggregates, "aggregates", 1000, "distinct aggregate ids (spread over 5 aggregate types)")
+	fs.IntVar(&o.Rate, "rate", 10000, "sustained insert rate, events/s")
+	fs.DurationVar(&o.Duration, "duration", 60*time.Second, "sustained phase length")
+	fs.IntVar(&o.SustainedPerTxn, "sustained-per-txn", 100, "events per transaction in the sustained phase")
+	fs.IntVar(&o.Runs, "runs", 3, "runs; medians are reported")
+	fs.BoolVar(&o.SkipDrain, "skip-drain", false, "skip the backlog drain")
+	fs.BoolVar(&o.SkipSustained, "skip-sustained", false, "skip the sustained-rate phase")
+	fs.BoolVar(&o.Quick, "quick", false, "smoke run: 20k events, 5 s at 2k events/s, 1 run (explicit flags win)")
+	fs.StringVar(&o.RelayBin, "relay", "bin/outbox-relay", "outbox-relay binary")
+	fs.StringVar(&o.RecvBin, "pg-recvlogical", "/usr/lib/postgresql/15/bin/pg_recvlogical", "pg_recvlogical binary")
+	fs.StringVar(&o.OutDir, "out", "results", "results directory")
+	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "longest wait for one drain or one process")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if o.Quick {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["events"] {
+			o.Events = 20000
+		}
+		if !set["duration"] {
+			o.Duration = 5 * time.Second
+		}
+		if !set["rate"] {
+			o.Rate = 2000
+		}
+		if !set["runs"] {
+			o.Runs = 1
+		}
+	}
+	o.PostgresDSN = os.Getenv("RELAY_POSTGRES_DSN")
+	for b := range strings.SplitSeq(os.Getenv("RELAY_KAFKA_BROKERS"), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			o.Brokers = append(o.Brokers, b)
+		}
+	}
+	return o, o.validate()
+}
+
+func (o *options) validate() error {
+	switch {
+	case o.PostgresDSN == "":
+		return errors.New("RELAY_POSTGRES_DSN is empty: set it to a superuser DSN of a wal_level=logical server on 127.0.0.1")
+	case len(o.Brokers) == 0:
+		return errors.New("RELAY_KAFKA_BROKERS is empty: set it to host:port of a broker on 127.0.0.1")
+	case o.Events < 1 || o.PerTxn < 1 || o.Aggregates < 1 || o.Runs < 1 || o.SustainedPerTxn < 1:
+		return errors.New("-events, -per-txn, -aggregates, -sustained-per-txn and -runs must be at least 1")
+	case o.Rate < o.SustainedPerTxn:
+		return fmt.Errorf("-rate %d is below -sustained-per-txn %d: lower -sustained-per-txn", o.Rate, o.SustainedPerTxn)
+	case o.SkipDrain && o.SkipSustained:
+		return errors.New("-skip-drain and -skip-sustained together leave nothing to measure")
+	}
+	if err := checkLoopbackDSN(o.PostgresDSN); err != nil {
+		return err
+	}
+	for _, b := range o.Brokers {
+		host, _, err := net.SplitHostPort(b)
+		if err != nil {
+			return fmt.Errorf("broker %q: %w", b, err)
+		}
+		if !isLoopback(host) {
+			return fmt.Errorf("broker %q is not on 127.0.0.1: the bench only talks to local servers", b)
+		}
+	}
+	return nil
+}
+
+// checkLoopbackDSN refuses a DSN that names a host other than loopback: the
+// bench creates and drops databases and must never touch a real server.
+func checkLoopbackDSN(dsn string) error {
+	var hosts []string
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		for h := range strings.SplitSeq(u.Host, ",") {
+			if hh, _, err := net.SplitHostPort(h); err == nil {
+				h = hh
+			}
+			hosts = append(hosts, h)
+		}
+		if h := u.Query().Get("host"); h != "" {
+			hosts = append(hosts, h)
+		}
+	} else {
+		for _, kv := range strings.Fields(dsn) {
+			if h, ok := strings.CutPrefix(kv, "host="); ok {
+				hosts = append(hosts, h)
+			}
+		}
+	}
+	if len(hosts) == 0 {
+		return errors.New("RELAY_POSTGRES_DSN names no host: give host 127.0.0.1 explicitly")
+	}
+	for _, h := range hosts {
+		if !isLoopback(h) {
+			return fmt.Errorf("RELAY_POSTGRES_DSN host %q is not 127.0.0.1: the bench only talks to local servers", h)
+		}
+	}
+	return nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parseOptions(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "outbox-bench:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	started := time.Now()
+	stamp := started.UTC().Format("20060102t150405z")
+	dir := filepath.Join(o.OutDir, started.UTC().Format("20060102T150405Z"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		fmt.Fprintln(stderr, "outbox-bench:", err)
+		return 1
+	}
+	if _, err := os.Stat(o.RelayBin); err != nil {
+		log.Warn("relay binary missing: build it with `go build -o bin/outbox-relay ./cmd/outbox-relay`", "path", o.RelayBin)
+	}
+	rep := &Report{
+		Started: started,
+		Host:    fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
+		Config:  o.Settings,
+		AckHist: NewHistogram(100*time.Microsecond, 100*time.Second, 10), ReceiptHist: NewHistogram(100*time.Microsecond, 100*time.Second, 10),
+	}
+	b := &bench{o: o, dir: dir, stamp: stamp, log: log, rep: rep}
+	for i := 1; i <= o.Runs && ctx.Err() == nil; i++ {
+		log.Info("run", "run", i, "of", o.Runs)
+		if err := b.runOnce(ctx, i); err != nil {
+			log.Error("run failed", "run", i, "err", err)
+			rep.Errors = append(rep.Errors, fmt.Sprintf("run %d: %v", i, err))
+		}
+	}
+	if ctx.Err() != nil {
+		rep.Errors = append(rep.Errors, "interrupted")
+	}
+	rep.summarize()
+	if err := writeResults(rep, dir, o.OutDir); err != nil {
+		fmt.Fprintln(stderr, "outbox-bench:", err)
+		return 1
+	}
+	_ = rep.writeSummary(stdout)
+	fmt.Fprintf(stdout, "report: %s\n", filepath.Join(dir, "report.md"))
+	if len(rep.Errors) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// writeResults writes report.md, results.json and latency.svg into dir and
+// points <out>/latest at it.
+func writeResults(rep *Report, dir, out string) error {
+	var md strings.Builder
+	if err := rep.writeMarkdown(&md); err != nil {
+		return fmt.Errorf("render report: %w", err)
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	var svg strings.Builder
+	if err := writeSVG(&svg, []histPanel{
+		{Title: "commit → Kafka ack", Hist: rep.AckHist, Lat: rep.Summary.Ack},
+		{Title: "commit → consumer receipt", Hist: rep.ReceiptHist, Lat: rep.Summary.Receipt},
+	}); err != nil {
+		return fmt.Errorf("render svg: %w", err)
+	}
+	for name, data := range map[string]string{"report.md": md.String(), "results.json": string(js) + "\n", "latency.svg": svg.String()} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	latest := filepath.Join(out, "latest")
+	_ = os.Remove(latest)
+	if err := os.Symlink(filepath.Base(dir), latest); err != nil {
+		return fmt.Errorf("link latest: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestPayloadTxn(t *testing.T) {
+	tests := []struct {
+		payload string
+		want    int64
+		ok      bool
+	}{
+		{`{"pad": "xx", "seq": 5, "txn": 42, "ts_ns": 1}`, 42, true},
+		{`{"txn": 7}`, 7, true},
+		{`{"seq": 5}`, 0, false},
+		{`{"txn": "x"}`, 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := payloadTxn([]byte(tt.payload))
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("payloadTxn(%q) = %d, %v; want %d, %v", tt.payload, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestCheckLoopbackDSN(t *testing.T) {
+	tests := []struct {
+		dsn string
+		ok  bool
+	}{
+		{"postgres://postgres@127.0.0.1:55432/postgres?sslmode=disable", true},
+		{"postgres://postgres@localhost/postgres", true},
+		{"postgresql://u@[::1]:5432/db", true},
+		{"host=127.0.0.1 port=5432 user=postgres", true},
+		{"postgres://postgres@db.example.com:5432/postgres", false},
+		{"postgres://postgres@127.0.0.1,10.0.0.5/postgres", false},
+		{"host=10.1.2.3 user=postgres", false},
+		{"user=postgres", false}, // no host: refuse rather than guess
+	}
+	for _, tt := range tests {
+		err := checkLoopbackDSN(tt.dsn)
+		if (err == nil) != tt.ok {
+			t.Errorf("checkLoopbackDSN(%q) = %v; want ok=%v", tt.dsn, err, tt.ok)
+		}
+	}
+}
+
+func TestWithDatabase(t *testing.T) {
+	tests := []struct{ dsn, want string }{
+		{"postgres://postgres@127.0.0.1:55432/postgres?sslmode=disable", "postgres://postgres@127.0.0.1:55432/bench?sslmode=disable"},
+		{"postgres://postgres@127.0.0.1:55432", "postgres://postgres@127.0.0.1:55432/bench"},
+		{"host=127.0.0.1 dbname=postgres", "host=127.0.0.1 dbname=postgres dbname=bench"}, // the last dbname wins in libpq
+	}
+	for _, tt := range tests {
+		if got, err := withDatabase(tt.dsn, "bench"); err != nil || got != tt.want {
+			t.Errorf("withDatabase(%q) = %q, %v; want %q", tt.dsn, got, err, tt.want)
+		}
+	}
+}
+
+func TestParseVmHWM(t *testing.T) {
+	status := "Name:\toutbox-relay\nVmPeak:\t  812345 kB\nVmHWM:\t   41236 kB\nVmRSS:\t   30000 kB\n"
+	got, err := parseVmHWM(strings.NewReader(status))
+	if want := int64(41236 * 1024); err != nil || got != want {
+		t.Errorf("parseVmHWM(%q) = %d, %v; want %d", status, got, err, want)
+	}
+	if _, err := parseVmHWM(strings.NewReader("Name:\tx\n")); err == nil {
+		t.Errorf("parseVmHWM(without VmHWM) = nil error; want an error")
+	}
+}
+
+func TestFmt(t *testing.T) {
+	counts := []struct {
+		n    int
+		want string
+	}{{0, "0"}, {999, "999"}, {1000, "1,000"}, {1234567, "1,234,567"}, {-20000, "-20,000"}}
+	for _, tt := range counts {
+		if got := fmtCount(tt.n); got != tt.want {
+			t.Errorf("fmtCount(%d) = %q; want %q", tt.n, got, tt.want)
+		}
+	}
+	durs := []struct {
+		d    string
+		want string
+	}{{"0s", "0"}, {"250us", "250µs"}, {"1.5ms", "1.5ms"}, {"12.34ms", "12.3ms"}, {"20ms", "20ms"}, {"2.5s", "2.5s"}}
+	for _, tt := range durs {
+		if got := fmtDur(mustDur(t, tt.d)); got != tt.want {
+			t.Errorf("fmtDur(%s) = %q; want %q", tt.d, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// aggregateTypes are the five aggregate types events are spread over; each
+// bench phase prefixes them so that every phase routes to fresh topics.
+var aggregateTypes = []string{"order", "payment", "customer", "shipment", "invoice"}
+
+// outboxDDL is the default outbox table of DESIGN.md. `outbox-relay setup
+// --create-outbox-table` creates it too; the bench creates it only if setup
+// did not, so that the producer half works before the relay does.
+const outboxDDL = `CREATE TABLE IF NOT EXISTS public.outbox (
+	id uuid PRIMARY KEY,
+	aggregate_type text NOT NULL,
+	aggregate_id text NOT NULL,
+	event_type text NOT NULL,
+	payload jsonb,
+	headers jsonb,
+	created_at timestamptz NOT NULL DEFAULT now())`
+
+// insertSQL generates a transaction's events on the server: generating them in
+// Go and shipping them over the wire would make the producer, not the relay,
+// the bottleneck on two cores. An implicit transaction per Exec means the Exec
+// returns right after COMMIT.
+//
+// $1 aggregate types, $2 first sequence number, $3 aggregate count, $4 txn
+// number, $5 ts_ns (wall time the INSERT was sent), $6 padding bytes, $7 rows.
+const insertSQL = `INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+SELECT gen_random_uuid(),
+	($1::text[])[((($2::bigint + g) % $3::bigint) % 5) + 1],
+	'agg-' || (($2::bigint + g) % $3::bigint),
+	'created',
+	jsonb_build_object('txn', $4::bigint, 'seq', $2::bigint + g, 'ts_ns', $5::bigint, 'pad', repeat('x', $6::int))
+FROM generate_series(0, $7::int - 1) AS g`
+
+// payloadOverhead is the length of jsonb's text output for the payload above
+// without the padding, so that -payload-bytes is the size the consumer sees.
+// Example: {"pad": "", "seq": 123456, "txn": 1234, "ts_ns": 1760000000000000000}
+const payloadOverhead = 72
+
+// benchDB is one fresh database holding the outbox, its publication and the
+// two slots of one run.
+type benchDB struct {
+	Name        string
+	AdminDSN    string // the database named by RELAY_POSTGRES_DSN
+	DSN         string // the fresh database
+	Publication string
+	RelaySlot   string
+	RecvSlot    string
+}
+
+// withDatabase returns dsn (URL or key=value form) pointed at database name.
+func withDatabase(dsn, name string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parse dsn: %w", err)
+		}
+		u.Path = "/" + name
+		return u.String(), nil
+	}
+	return dsn + " dbname=" + name, nil
+}
+
+// createDatabase creates the database; setupObjects fills it.
+func createDatabase(ctx context.Context, adminDSN, name string) (*benchDB, error) {
+	dsn, err := withDatabase(adminDSN, name)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database %q: %w", name, err)
+	}
+	return &benchDB{
+		Name:        name,
+		AdminDSN:    adminDSN,
+		DSN:         dsn,
+		Publication: name + "_pub",
+		RelaySlot:   name + "_relay",
+		RecvSlot:    name + "_recv",
+	}, nil
+}
+
+// ensureObjects creates whatever `outbox-relay setup` did not: the outbox
+// table, the publication and both slots. Both slots exist before the first
+// insert, so both see the whole backlog.
+func (db *benchDB) ensureObjects(ctx context.Context, slots ...string) error {
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, outboxDDL); err != nil {
+		return fmt.Errorf("create outbox table: %w", err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1", db.Publication).Scan(&n); err != nil {
+		return fmt.Errorf("look up publication: %w", err)
+	}
+	if n == 0 {
+		if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{db.Publication}.Sanitize()+" FOR TABLE public.outbox WITH (publish = 'insert')"); err != nil {
+			return fmt.Errorf("create publication: %w", err)
+		}
+	}
+	for _, slot := range slots {
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&n); err != nil {
+			return fmt.Errorf("look up slot %q: %w", slot, err)
+		}
+		if n > 0 {
+			continue
+		}
+		if _, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+			return fmt.Errorf("create slot %q: %w", slot, err)
+		}
+	}
+	return nil
+}
+
+// drop removes the slots and the database. Slots first: a database with slots
+// cannot be dropped, and an inactive slot left behind would retain WAL forever.
+// It waits a little for a slot that is still active (a process just stopped).
+func (db *benchDB) drop(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, db.AdminDSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	var errs []error
+	for _, slot := range []string{db.RelaySlot, db.RecvSlot} {
+		if err := dropSlot(ctx, conn, slot); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db.Name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		errs = append(errs, fmt.Errorf("drop database %q: %w", db.Name, err))
+	}
+	return errors.Join(errs...)
+}
+
+// dropSlot drops one slot now, so that it retains no WAL while the run goes on.
+func (db *benchDB) dropSlot(ctx context.Context, slot string) error {
+	conn, err := pgx.Connect(ctx, db.AdminDSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	return dropSlot(ctx, conn, slot)
+}
+
+func dropSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var pid *int32
+		err := conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("look up slot %q: %w", slot, err)
+		}
+		if pid != nil && time.Now().After(deadline) {
+			// Whatever holds it is ours (pg_recvlogical or the relay) and
+			// failed to exit: end its walsender so the slot can go.
+			if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", *pid); err != nil {
+				return fmt.Errorf("terminate walsender of slot %q: %w", slot, err)
+			}
+		}
+		if pid == nil {
+			if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+				return fmt.Errorf("drop slot %q: %w", slot, err)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("drop slot %q: %w", slot, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// producer inserts events into the bench database over one connection.
+type producer struct {
+	conn       *pgx.Conn
+	types      []string
+	aggregates int
+	pad        int
+	seq        int64
+	txn        int64
+}
+
+func newProducer(ctx context.Context, dsn, typePrefix string, aggregates, payloadBytes int) (*producer, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("connect producer: %w", err)
+	}
+	types := make([]string, len(aggregateTypes))
+	for i, t := range aggregateTypes {
+		types[i] = typePrefix + t
+	}
+	return &producer{conn: conn, types: types, aggregates: aggregates, pad: max(payloadBytes-payloadOverhead, 0)}, nil
+}
+
+func (p *producer) close(ctx context.Context) { p.conn.Close(ctx) }
+
+// insertTxn commits one transaction of n events and returns its number and
+// the wall time right after COMMIT returned.
+func (p *producer) insertTxn(ctx context.Context, n int) (txn int64, committed time.Time, err error) {
+	p.txn++
+	txn = p.txn
+	sent := time.Now()
+	if _, err := p.conn.Exec(ctx, insertSQL, p.types, p.seq, p.aggregates, txn, sent.UnixNano(), p.pad, n); err != nil {
+		return 0, time.Time{}, fmt.Errorf("insert txn %d: %w", txn, err)
+	}
+	committed = time.Now()
+	p.seq += int64(n)
+	return txn, committed, nil
+}
+
+// walLSN returns pg_current_wal_lsn().
+func (p *producer) walLSN(ctx context.Context) (pglogrepl.LSN, error) {
+	var s string
+	if err := p.conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
+		return 0, fmt.Errorf("current wal lsn: %w", err)
+	}
+	return pglogrepl.ParseLSN(s)
+}
+
+// insertLastTxn commits the final backlog transaction and returns an LSN taken
+// inside it after its inserts. The commit record of that transaction starts
+// after this LSN, and a relay confirms only transaction end LSNs (or, when
+// idle, the server's WAL end), so a confirmed_flush_lsn above it means the
+// whole backlog was confirmed, even while other databases write WAL.
+func (p *producer) insertLastTxn(ctx context.Context, n int) (beforeCommit pglogrepl.LSN, err error) {
+	tx, err := p.conn.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	p.txn++
+	if _, err := tx.Exec(ctx, insertSQL, p.types, p.seq, p.aggregates, p.txn, time.Now().UnixNano(), p.pad, n); err != nil {
+		return 0, fmt.Errorf("insert txn %d: %w", p.txn, err)
+	}
+	var s string
+	if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
+		return 0, fmt.Errorf("wal insert lsn: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit txn %d: %w", p.txn, err)
+	}
+	p.seq += int64(n)
+	return pglogrepl.ParseLSN(s)
+}
+
+// payloadBytes returns the total size of the payloads as the relay forwards
+// them (jsonb's text output).
+func (p *producer) payloadBytes(ctx context.Context) (int64, error) {
+	var n int64
+	if err := p.conn.QueryRow(ctx, "SELECT coalesce(sum(octet_length(payload::text)), 0) FROM public.outbox").Scan(&n); err != nil {
+		return 0, fmt.Errorf("sum payload bytes: %w", err)
+	}
+	return n, nil
+}
+
+// confirmedFlushLSN returns the slot's confirmed_flush_lsn.
+func confirmedFlushLSN(ctx context.Context, conn *pgx.Conn, slot string) (pglogrepl.LSN, error) {
+	var s *string
+	if err := conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&s); err != nil {
+		return 0, fmt.Errorf("slot %q position: %w", slot, err)
+	}
+	if s == nil {
+		return 0, nil
+	}
+	return pglogrepl.ParseLSN(*s)
+}

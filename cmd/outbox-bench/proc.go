@@ -1,0 +1,151 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// proc is a child process (the relay or pg_recvlogical) whose resource usage
+// is measured. It runs in its own process group so that a Ctrl-C reaches only
+// the bench, which then stops it with SIGTERM in order.
+type proc struct {
+	cmd     *exec.Cmd
+	logPath string
+	started time.Time
+	done    chan struct{} // closed when the process has exited
+	ended   time.Time     // set before done is closed
+	waitErr error
+}
+
+// usage is what a finished child cost.
+type usage struct {
+	Wall      time.Duration
+	CPU       time.Duration // user + sys
+	MaxRSS    int64         // bytes, from rusage (includes shutdown)
+	ExitError string
+}
+
+func startProc(name string, args, env []string, logPath string) (*proc, error) {
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("create log: %w", err)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Env = env
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p := &proc{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	p.started = time.Now()
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() {
+		p.waitErr = cmd.Wait()
+		p.ended = time.Now()
+		logf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// exited reports whether the process has ended.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// peakRSS returns VmHWM of the running process in bytes: the kernel's own
+// high-water mark, so one read before stopping covers the whole run.
+func (p *proc) peakRSS() (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("read status: %w", err)
+	}
+	defer f.Close()
+	return parseVmHWM(f)
+}
+
+// parseVmHWM reads the "VmHWM:  1234 kB" line of /proc/PID/status.
+func parseVmHWM(f io.Reader) (int64, error) {
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse VmHWM %q: %w", rest, err)
+			}
+			return kb * 1024, nil
+		}
+	}
+	return 0, errors.New("no VmHWM in status")
+}
+
+// wait blocks until the process exits on its own, ctx is done or timeout.
+func (p *proc) wait(ctx context.Context, timeout time.Duration) (usage, error) {
+	select {
+	case <-p.done:
+		return p.usage(), nil
+	case <-ctx.Done():
+		return usage{}, ctx.Err()
+	case <-time.After(timeout):
+		return usage{}, fmt.Errorf("still running after %s", timeout)
+	}
+}
+
+// stop sends SIGTERM and waits for a clean exit, then SIGKILLs after grace.
+// It is safe to call after the process has exited.
+func (p *proc) stop(grace time.Duration) usage {
+	if !p.exited() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(grace):
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	}
+	return p.usage()
+}
+
+func (p *proc) usage() usage {
+	u := usage{Wall: p.ended.Sub(p.started)}
+	if st := p.cmd.ProcessState; st != nil {
+		u.CPU = st.UserTime() + st.SystemTime()
+		if ru, ok := st.SysUsage().(*syscall.Rusage); ok {
+			u.MaxRSS = ru.Maxrss * 1024 // kB on Linux
+		}
+		if !st.Success() {
+			u.ExitError = st.String()
+		}
+	}
+	return u
+}
+
+// logTail returns the last lines of the process's log, for error messages.
+func (p *proc) logTail(n int) string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return ""
+	}
+	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}
