@@ -1,6 +1,9 @@
 package replication
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"time"
 )
@@ -17,5 +20,91 @@ type Config struct {
 	MaxBatchBytes   int           // default 1 MiB of values per Batch
 	ReconnectMin    time.Duration // default 100ms
 	ReconnectMax    time.Duration // default 10s
-	Logger          *slog.Logger  // default discards
+
+	// SlotActiveTimeout is how long Run keeps retrying while the slot is
+	// active for another process before it returns ErrSlotActive. Default 90s:
+	// the other process is often our own previous connection, which the server
+	// notices only after wal_sender_timeout (default 60s) when the network died.
+	SlotActiveTimeout time.Duration
+
+	Logger *slog.Logger // default discards
+}
+
+// Defaults of Config.
+const (
+	DefaultApplicationName   = "outbox-relay"
+	DefaultStatusInterval    = 10 * time.Second
+	DefaultMaxBatchRows      = 1000
+	DefaultMaxBatchBytes     = 1 << 20
+	DefaultReconnectMin      = 100 * time.Millisecond
+	DefaultReconnectMax      = 10 * time.Second
+	DefaultSlotActiveTimeout = 90 * time.Second
+)
+
+// withDefaults returns cfg with every zero field set to its default. It never
+// fails, so that New needs no error; validate reports what cannot be defaulted.
+func (cfg Config) withDefaults() Config {
+	if cfg.ApplicationName == "" {
+		cfg.ApplicationName = DefaultApplicationName
+	}
+	if cfg.StatusInterval == 0 {
+		cfg.StatusInterval = DefaultStatusInterval
+	}
+	if cfg.MaxBatchRows == 0 {
+		cfg.MaxBatchRows = DefaultMaxBatchRows
+	}
+	if cfg.MaxBatchBytes == 0 {
+		cfg.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if cfg.ReconnectMin == 0 {
+		cfg.ReconnectMin = DefaultReconnectMin
+	}
+	if cfg.ReconnectMax == 0 {
+		cfg.ReconnectMax = DefaultReconnectMax
+	}
+	if cfg.SlotActiveTimeout == 0 {
+		cfg.SlotActiveTimeout = DefaultSlotActiveTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return cfg
+}
+
+// validate rejects what has no default, saying how to fix it.
+func (cfg Config) validate() error {
+	var errs []error
+	if cfg.DSN == "" {
+		errs = append(errs, errors.New("replication: DSN is empty: set the Postgres connection string"))
+	}
+	if !validSlotName(cfg.Slot) {
+		// START_REPLICATION takes the slot name unquoted, so only the
+		// characters Postgres allows in slot names may pass.
+		errs = append(errs, fmt.Errorf("replication: slot name %q is invalid: use 1-63 characters of a-z, 0-9 and _", cfg.Slot))
+	}
+	if cfg.Publication == "" {
+		errs = append(errs, errors.New("replication: publication is empty: set the publication created by setup"))
+	}
+	if cfg.StatusInterval < 0 || cfg.ReconnectMin < 0 || cfg.ReconnectMax < 0 || cfg.SlotActiveTimeout < 0 {
+		errs = append(errs, errors.New("replication: durations must not be negative"))
+	}
+	if cfg.ReconnectMax < cfg.ReconnectMin {
+		errs = append(errs, fmt.Errorf("replication: ReconnectMax %s is below ReconnectMin %s", cfg.ReconnectMax, cfg.ReconnectMin))
+	}
+	if cfg.MaxBatchRows < 0 || cfg.MaxBatchBytes < 0 {
+		errs = append(errs, errors.New("replication: MaxBatchRows and MaxBatchBytes must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func validSlotName(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
 }

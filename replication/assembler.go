@@ -1,0 +1,308 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// counters are the Stream's statistics, written by Run's goroutine and read by
+// Stats from any goroutine.
+type counters struct {
+	transactions     atomic.Uint64
+	rows             atomic.Uint64
+	ignoredUpdates   atomic.Uint64
+	ignoredDeletes   atomic.Uint64
+	ignoredTruncates atomic.Uint64
+	skipped          atomic.Uint64
+	reconnects       atomic.Uint64
+	serverWALEnd     atomic.Uint64
+	lastMessageAt    atomic.Int64 // unix nanoseconds
+	streaming        atomic.Bool
+}
+
+// ignored kinds, for logging each once per Run.
+const (
+	kindUpdate = iota
+	kindDelete
+	kindTruncate
+)
+
+var kindNames = [...]string{"UPDATE", "DELETE", "TRUNCATE"}
+
+// assembler turns pgoutput messages into Batches. It is the deterministic core
+// of the stream: no I/O, no clock, no goroutines, so it is tested on byte
+// fixtures without a server. It is owned by Run's goroutine.
+//
+// A Batch it returns counts as emitted: the caller must deliver it (or stop
+// Run). What was emitted survives reset, which is how a reconnect drops what
+// the server sends again.
+type assembler struct {
+	maxRows  int
+	maxBytes int
+	start    pglogrepl.LSN // transactions with CommitLSN < start are skipped
+	log      *slog.Logger
+	stats    *counters
+
+	relations map[uint32]*Relation
+	hdrs      slab
+
+	// The open transaction.
+	open     bool
+	skip     bool // drop the whole transaction: already delivered
+	dropRows int  // rows of a partly emitted transaction still to drop
+	txnRows  int  // rows of this transaction emitted so far, across connections
+	cur      Batch
+
+	// What has been emitted; kept across reset.
+	lastEnd       pglogrepl.LSN // EndLSN of the last emitted Last batch
+	partialCommit pglogrepl.LSN // CommitLSN of a transaction emitted only partly, or 0
+	partialRows   int           // rows of it emitted
+
+	skippedStart  int  // transactions skipped because CommitLSN < start
+	startLogged   bool // skippedStart is logged once per Run
+	skippedResent int  // transactions dropped after a reconnect, not yet logged
+	ignoredLogged [3]bool
+}
+
+func newAssembler(cfg Config, start pglogrepl.LSN, stats *counters) *assembler {
+	return &assembler{
+		maxRows:   cfg.MaxBatchRows,
+		maxBytes:  cfg.MaxBatchBytes,
+		start:     start,
+		log:       cfg.Logger,
+		stats:     stats,
+		relations: make(map[uint32]*Relation),
+	}
+}
+
+// reset forgets the connection's state: the open transaction (the server sends
+// it again from its Begin) and the relation cache (a new walsender sends every
+// Relation again before using it).
+func (a *assembler) reset() {
+	a.open, a.skip, a.dropRows, a.txnRows = false, false, 0, 0
+	a.cur = Batch{}
+	a.relations = make(map[uint32]*Relation)
+}
+
+// idle reports whether no transaction is open or partly emitted, so that (once
+// lastEnd is confirmed) the server's WAL end may be confirmed.
+func (a *assembler) idle() bool { return !a.open && a.partialCommit == 0 }
+
+// handle decodes one pgoutput message that started at lsn and returns a Batch
+// when one is ready. Errors are *DecodeError, except for a gap in what the
+// server resent after a reconnect.
+func (a *assembler) handle(lsn pglogrepl.LSN, msg []byte) (Batch, bool, error) {
+	b, ok, err := a.handleMsg(msg)
+	if err != nil {
+		var gap *gapError
+		if errors.As(err, &gap) {
+			return Batch{}, false, err
+		}
+		return Batch{}, false, &DecodeError{LSN: lsn, Err: err}
+	}
+	return b, ok, nil
+}
+
+// gapError: the server did not resend a transaction that was emitted only
+// partly. It cannot happen unless something else moved the slot.
+type gapError struct{ commit, next pglogrepl.LSN }
+
+func (e *gapError) Error() string {
+	return fmt.Sprintf("transaction committed at %s was emitted only partly and not resent (next commit %s): was the slot advanced by another client?", e.commit, e.next)
+}
+
+func (a *assembler) handleMsg(msg []byte) (Batch, bool, error) {
+	if len(msg) == 0 {
+		return Batch{}, false, errors.New("empty message")
+	}
+	body := msg[1:]
+	switch t := msg[0]; t {
+	case 'B':
+		return Batch{}, false, a.begin(body)
+	case 'C':
+		return a.commit(body)
+	case 'I':
+		return a.insert(body)
+	case 'R':
+		rel, err := parseRelation(body)
+		if err != nil {
+			return Batch{}, false, err
+		}
+		a.relations[rel.ID] = rel
+		return Batch{}, false, nil
+	case 'U', 'D':
+		if err := a.inTxn(t); err != nil {
+			return Batch{}, false, err
+		}
+		id, err := parseRelID(body)
+		if err != nil {
+			return Batch{}, false, fmt.Errorf("%c: %w", t, err)
+		}
+		if t == 'U' {
+			a.ignore(kindUpdate, &a.stats.ignoredUpdates, id)
+		} else {
+			a.ignore(kindDelete, &a.stats.ignoredDeletes, id)
+		}
+		return Batch{}, false, nil
+	case 'T':
+		if err := a.inTxn(t); err != nil {
+			return Batch{}, false, err
+		}
+		ids, err := parseTruncate(body)
+		if err != nil {
+			return Batch{}, false, err
+		}
+		for _, id := range ids {
+			a.ignore(kindTruncate, &a.stats.ignoredTruncates, id)
+		}
+		return Batch{}, false, nil
+	case 'Y', 'O', 'M':
+		// Type (only for non-built-in types, values are text anyway), Origin
+		// and logical decoding messages carry nothing the relay forwards.
+		return Batch{}, false, nil
+	case 'S', 'E', 'c', 'A':
+		return Batch{}, false, fmt.Errorf("streaming message %q with proto_version 1", t)
+	default:
+		return Batch{}, false, fmt.Errorf("unknown message type %q", t)
+	}
+}
+
+func (a *assembler) inTxn(t byte) error {
+	if !a.open {
+		return fmt.Errorf("message %q outside a transaction", t)
+	}
+	return nil
+}
+
+func (a *assembler) begin(body []byte) error {
+	m, err := parseBegin(body)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if a.open {
+		return fmt.Errorf("begin of %d inside transaction %d", m.Xid, a.cur.Xid)
+	}
+	a.open, a.skip, a.dropRows, a.txnRows = true, false, 0, 0
+	a.cur = Batch{Xid: m.Xid, CommitLSN: m.FinalLSN, CommitTime: m.CommitTime}
+	switch {
+	case m.FinalLSN < a.start:
+		a.skip = true
+		a.skippedStart++
+	case m.FinalLSN < a.lastEnd:
+		// Commit LSNs are ordered and a commit record starts after the end of
+		// every earlier one, so CommitLSN < lastEnd means EndLSN <= lastEnd:
+		// emitted before the connection was lost.
+		a.skip = true
+		a.skippedResent++
+	case a.partialCommit != 0 && m.FinalLSN == a.partialCommit:
+		a.dropRows, a.txnRows = a.partialRows, a.partialRows
+	case a.partialCommit != 0:
+		return &gapError{commit: a.partialCommit, next: m.FinalLSN}
+	}
+	if a.skip {
+		a.stats.skipped.Add(1)
+	} else {
+		a.logSkips()
+	}
+	return nil
+}
+
+// logSkips logs skipped transactions once they stop coming, rather than one
+// line per transaction.
+func (a *assembler) logSkips() {
+	if a.skippedStart > 0 && !a.startLogged {
+		a.startLogged = true
+		a.log.Info("skipped transactions committed before the start position",
+			"transactions", a.skippedStart, "start_lsn", a.start.String())
+	}
+	if a.skippedResent > 0 {
+		a.log.Info("dropped transactions resent after reconnect", "transactions", a.skippedResent)
+		a.skippedResent = 0
+	}
+}
+
+func (a *assembler) commit(body []byte) (Batch, bool, error) {
+	m, err := parseCommit(body)
+	if err != nil {
+		return Batch{}, false, fmt.Errorf("commit: %w", err)
+	}
+	if !a.open {
+		return Batch{}, false, errors.New("commit outside a transaction")
+	}
+	if m.CommitLSN != a.cur.CommitLSN {
+		return Batch{}, false, fmt.Errorf("commit at %s does not match begin's final LSN %s", m.CommitLSN, a.cur.CommitLSN)
+	}
+	a.open = false
+	if a.skip {
+		return Batch{}, false, nil
+	}
+	b := a.cur
+	b.Last, b.EndLSN = true, m.EndLSN
+	a.cur = Batch{}
+	a.lastEnd, a.partialCommit, a.partialRows = m.EndLSN, 0, 0
+	a.stats.transactions.Add(1)
+	a.stats.rows.Add(uint64(len(b.Rows)))
+	return b, true, nil
+}
+
+func (a *assembler) insert(body []byte) (Batch, bool, error) {
+	if err := a.inTxn('I'); err != nil {
+		return Batch{}, false, err
+	}
+	if a.skip {
+		return Batch{}, false, nil
+	}
+	if a.dropRows > 0 {
+		a.dropRows--
+		return Batch{}, false, nil
+	}
+	relID, values, size, err := parseInsert(body, &a.hdrs)
+	if err != nil {
+		return Batch{}, false, err
+	}
+	rel, ok := a.relations[relID]
+	if !ok {
+		return Batch{}, false, fmt.Errorf("insert into relation %d before its Relation message", relID)
+	}
+	if len(values) != len(rel.Columns) {
+		return Batch{}, false, fmt.Errorf("insert into %s.%s: %d values for %d columns", rel.Namespace, rel.Name, len(values), len(rel.Columns))
+	}
+	// A full batch is handed on only when the next row arrives, so that a
+	// transaction of exactly MaxBatchRows rows is one Last batch.
+	var out Batch
+	var ready bool
+	if len(a.cur.Rows) > 0 && (len(a.cur.Rows)+1 > a.maxRows || a.cur.Bytes+size > a.maxBytes) {
+		out, ready = a.cur, true
+		a.partialCommit, a.partialRows = a.cur.CommitLSN, a.txnRows
+		a.stats.rows.Add(uint64(len(out.Rows)))
+		a.cur = Batch{Xid: out.Xid, CommitLSN: out.CommitLSN, CommitTime: out.CommitTime}
+	}
+	if a.cur.Rows == nil {
+		a.cur.Rows = make([]Row, 0, min(a.maxRows, 64))
+	}
+	a.cur.Rows = append(a.cur.Rows, Row{Relation: rel, Values: values})
+	a.cur.Bytes += size
+	a.txnRows++
+	return out, ready, nil
+}
+
+func (a *assembler) ignore(kind int, n *atomic.Uint64, relID uint32) {
+	if a.skip {
+		return
+	}
+	n.Add(1)
+	if a.ignoredLogged[kind] {
+		return
+	}
+	a.ignoredLogged[kind] = true
+	table := fmt.Sprintf("relation %d", relID)
+	if rel, ok := a.relations[relID]; ok {
+		table = rel.Namespace + "." + rel.Name
+	}
+	a.log.Warn("ignoring change: only inserts are relayed (logged once per kind, see stats for counts)",
+		"kind", kindNames[kind], "table", table)
+}

@@ -1,0 +1,63 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Conditions that Run cannot fix by reconnecting. Run returns an error that
+// wraps one of them (test with errors.Is) and says how to fix it.
+var (
+	// ErrSlotMissing: the replication slot does not exist.
+	ErrSlotMissing = errors.New("replication slot does not exist")
+	// ErrSlotPlugin: the slot uses an output plugin other than pgoutput.
+	ErrSlotPlugin = errors.New("replication slot does not use pgoutput")
+	// ErrSlotDatabase: the slot was created in another database than the DSN's.
+	ErrSlotDatabase = errors.New("replication slot belongs to another database")
+	// ErrSlotActive: another process kept the slot busy for longer than
+	// Config.SlotActiveTimeout.
+	ErrSlotActive = errors.New("replication slot is active for another process")
+	// ErrPublicationMissing: the publication does not exist (or did not yet
+	// exist at the slot's position).
+	ErrPublicationMissing = errors.New("publication does not exist")
+	// ErrAuth: the server rejected the credentials.
+	ErrAuth = errors.New("authentication failed")
+	// ErrPermission: the role may not replicate or read what the stream needs.
+	ErrPermission = errors.New("permission denied")
+	// ErrConfig: the Config is invalid (see the message for the field).
+	ErrConfig = errors.New("invalid replication config")
+)
+
+// DecodeError reports a pgoutput message that could not be decoded. It is not
+// retried: the same bytes would arrive again after a reconnect.
+type DecodeError struct {
+	LSN pglogrepl.LSN
+	Err error
+}
+
+func (e *DecodeError) Error() string { return fmt.Sprintf("decode at %s: %v", e.LSN, e.Err) }
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// fatalError is a non-retryable error with an actionable message. It wraps
+// both the sentinel callers branch on and the cause (often a *pgconn.PgError).
+type fatalError struct {
+	msg      string
+	sentinel error
+	cause    error
+}
+
+func (e *fatalError) Error() string {
+	if e.cause == nil {
+		return e.msg
+	}
+	return e.msg + ": " + e.cause.Error()
+}
+
+func (e *fatalError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.sentinel}
+	}
+	return []error{e.sentinel, e.cause}
+}

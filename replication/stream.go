@@ -1,0 +1,481 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// A Stream is one logical replication connection to Postgres with pgoutput
+// proto_version 1. Run streams; Confirm and Stats may be called from any
+// goroutine while it does.
+type Stream struct {
+	cfg       Config
+	confirmed atomic.Uint64 // highest LSN confirmed (by Confirm or idle advancement)
+	stats     counters
+	running   atomic.Bool
+}
+
+// New returns a Stream for cfg. It neither connects nor starts goroutines;
+// cfg is validated by Run.
+func New(cfg Config) *Stream {
+	return &Stream{cfg: cfg.withDefaults()}
+}
+
+// Confirm records that every transaction with EndLSN <= lsn has been fully
+// handled (for the relay: acknowledged by the sink, and everything before it).
+// It never moves the position backwards and is safe for concurrent use. The
+// position reaches Postgres with the next standby status update, which comes
+// within min(StatusInterval, 1s) once something new was confirmed.
+func (s *Stream) Confirm(lsn pglogrepl.LSN) { storeMax(&s.confirmed, uint64(lsn)) }
+
+func storeMax(v *atomic.Uint64, n uint64) bool {
+	for {
+		old := v.Load()
+		if n <= old {
+			return false
+		}
+		if v.CompareAndSwap(old, n) {
+			return true
+		}
+	}
+}
+
+// Stats is a snapshot of a Stream's counters since New.
+type Stats struct {
+	ReceivedTransactions uint64 // transactions emitted (Last batches), including ones without rows
+	ReceivedRows         uint64 // rows emitted
+	IgnoredUpdates       uint64
+	IgnoredDeletes       uint64
+	IgnoredTruncates     uint64 // one per truncated relation
+	SkippedTransactions  uint64 // already delivered: before the start LSN, or resent after a reconnect
+	Reconnects           uint64
+	ConfirmedLSN         pglogrepl.LSN // what status updates report to the server
+	ServerWALEnd         pglogrepl.LSN // latest WAL end reported by the server
+	LastMessageAt        time.Time     // zero before the first message
+	Streaming            bool          // a replication connection is up
+}
+
+// Stats returns a snapshot of the counters. Safe for concurrent use.
+func (s *Stream) Stats() Stats {
+	st := Stats{
+		ReceivedTransactions: s.stats.transactions.Load(),
+		ReceivedRows:         s.stats.rows.Load(),
+		IgnoredUpdates:       s.stats.ignoredUpdates.Load(),
+		IgnoredDeletes:       s.stats.ignoredDeletes.Load(),
+		IgnoredTruncates:     s.stats.ignoredTruncates.Load(),
+		SkippedTransactions:  s.stats.skipped.Load(),
+		Reconnects:           s.stats.reconnects.Load(),
+		ConfirmedLSN:         pglogrepl.LSN(s.confirmed.Load()),
+		ServerWALEnd:         pglogrepl.LSN(s.stats.serverWALEnd.Load()),
+		Streaming:            s.stats.streaming.Load(),
+	}
+	if ns := s.stats.lastMessageAt.Load(); ns != 0 {
+		st.LastMessageAt = time.Unix(0, ns)
+	}
+	return st
+}
+
+// Run streams the committed transactions with CommitLSN >= start into out, in
+// commit order, as Batches (see Batch). start 0 means the slot's
+// confirmed_flush_lsn; otherwise start is normally the relay's checkpoint, and
+// earlier transactions the server sends again (the slot can go backwards after
+// a crash) are skipped.
+//
+// Run blocks until ctx is done, returning an error that wraps ctx.Err(), or
+// until a non-retryable error: one wrapping ErrSlotMissing, ErrSlotPlugin,
+// ErrSlotDatabase, ErrSlotActive, ErrPublicationMissing, ErrAuth,
+// ErrPermission or ErrConfig, or a *DecodeError. Lost connections are retried
+// with backoff. Run must not be called again while it runs; a Stream may be
+// Run again after Run returned.
+func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch) error {
+	if err := s.cfg.validate(); err != nil {
+		return &fatalError{msg: err.Error(), sentinel: ErrConfig}
+	}
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("replication: Run called while already running")
+	}
+	defer s.running.Store(false)
+
+	storeMax(&s.confirmed, uint64(start))
+	log := s.cfg.Logger
+	asm := newAssembler(s.cfg, start, &s.stats)
+	defer asm.logSkips()
+	bo := backoff{min: s.cfg.ReconnectMin, max: s.cfg.ReconnectMax}
+	var activeSince time.Time
+	for {
+		streamed, err := s.session(ctx, asm, out)
+		s.stats.streaming.Store(false)
+		if ctx.Err() != nil {
+			return fmt.Errorf("replication stream: %w", ctx.Err())
+		}
+		if isFatal(err) {
+			return err
+		}
+		if errors.Is(err, errSlotBusy) {
+			if activeSince.IsZero() {
+				activeSince = time.Now()
+			} else if time.Since(activeSince) > s.cfg.SlotActiveTimeout {
+				return &fatalError{
+					msg:      fmt.Sprintf("replication slot %q is active for another process for more than %s: stop the other relay or terminate its walsender", s.cfg.Slot, s.cfg.SlotActiveTimeout),
+					sentinel: ErrSlotActive, cause: err,
+				}
+			}
+		} else {
+			activeSince = time.Time{}
+		}
+		if streamed {
+			bo.reset()
+		}
+		delay := bo.next()
+		s.stats.reconnects.Add(1)
+		log.Warn("replication connection lost, reconnecting", "error", err, "retry_in", delay,
+			"slot", s.cfg.Slot, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String())
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("replication stream: %w", ctx.Err())
+		case <-t.C:
+		}
+		asm.reset()
+	}
+}
+
+// errSlotBusy: START_REPLICATION found the slot active for another process.
+var errSlotBusy = errors.New("replication slot is active for another process")
+
+func isFatal(err error) bool {
+	var f *fatalError
+	var d *DecodeError
+	var g *gapError
+	return errors.As(err, &f) || errors.As(err, &d) || errors.As(err, &g)
+}
+
+// session runs one connection: connect, check the slot, START_REPLICATION,
+// stream. streamed reports whether replication started, which resets backoff.
+func (s *Stream) session(ctx context.Context, asm *assembler, out chan<- Batch) (streamed bool, err error) {
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return false, err
+	}
+	st := &statusState{}
+	defer func() {
+		// Closing is also the shutdown path, where ctx is done: give the final
+		// status update and Terminate a moment of their own.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if streamed && !conn.IsClosed() {
+			_ = s.sendStatus(cctx, conn, st, false)
+		}
+		_ = conn.Close(cctx)
+	}()
+
+	slotLSN, err := s.checkSlot(ctx, conn)
+	if err != nil {
+		return false, err
+	}
+	// Confirming the slot's own position is a no-op for the server, and it
+	// gives status updates a non-zero value when Run started at 0. Never send
+	// less: Postgres 15 lets confirmed_flush_lsn move backwards.
+	storeMax(&s.confirmed, uint64(slotLSN))
+	from := pglogrepl.LSN(s.confirmed.Load())
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, from, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)},
+	})
+	if err != nil {
+		return false, s.classify("start replication", err)
+	}
+	s.stats.streaming.Store(true)
+	s.cfg.Logger.Info("replication started", "slot", s.cfg.Slot, "publication", s.cfg.Publication, "start_lsn", from.String())
+	return true, s.stream(ctx, conn, asm, out, st)
+}
+
+func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	pcfg, err := pgconn.ParseConfig(s.cfg.DSN)
+	if err != nil {
+		// ParseConfigError redacts passwords only best effort: keep the DSN out.
+		return nil, &fatalError{msg: "replication: DSN cannot be parsed: check its syntax", sentinel: ErrConfig, cause: errors.Unwrap(err)}
+	}
+	pcfg.RuntimeParams["replication"] = "database"
+	pcfg.RuntimeParams["application_name"] = s.cfg.ApplicationName
+	if pcfg.ConnectTimeout == 0 {
+		pcfg.ConnectTimeout = 10 * time.Second
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, s.classify("connect", err)
+	}
+	return conn, nil
+}
+
+// checkSlot checks before START_REPLICATION what would otherwise fail later or
+// obscurely, and returns the slot's confirmed_flush_lsn.
+func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
+	// A walsender accepts only the simple query protocol: literals, not parameters.
+	q := `SELECT s.plugin, s.database, current_database(), s.confirmed_flush_lsn,
+	 EXISTS (SELECT 1 FROM pg_publication WHERE pubname = ` + quoteLiteral(s.cfg.Publication) + `)
+	FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots s ON s.slot_name = ` + quoteLiteral(s.cfg.Slot)
+	res, err := conn.Exec(ctx, q).ReadAll()
+	if err != nil {
+		return 0, s.classify("check slot", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 5 {
+		return 0, errors.New("check slot: unexpected result shape")
+	}
+	row := res[0].Rows[0]
+	plugin, slotDB, db, lsnText, pubExists := row[0], string(row[1]), string(row[2]), row[3], string(row[4])
+	switch {
+	case plugin == nil:
+		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q does not exist: run \"outbox-relay setup\"", s.cfg.Slot), sentinel: ErrSlotMissing}
+	case string(plugin) != "pgoutput":
+		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or configure another slot", s.cfg.Slot, plugin), sentinel: ErrSlotPlugin}
+	case slotDB != db:
+		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: fix the DSN's database or the slot name", s.cfg.Slot, slotDB, db), sentinel: ErrSlotDatabase}
+	case pubExists != "t":
+		return 0, &fatalError{msg: fmt.Sprintf("publication %q does not exist in database %q: run \"outbox-relay setup\"", s.cfg.Publication, db), sentinel: ErrPublicationMissing}
+	}
+	if lsnText == nil {
+		return 0, nil
+	}
+	lsn, err := pglogrepl.ParseLSN(string(lsnText))
+	if err != nil {
+		return 0, fmt.Errorf("check slot: confirmed_flush_lsn: %w", err)
+	}
+	return lsn, nil
+}
+
+// classify turns a server or network error into a fatalError with advice when
+// reconnecting cannot help, errSlotBusy when waiting may, and otherwise returns
+// it wrapped (retryable).
+func (s *Stream) classify(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	switch {
+	case strings.HasPrefix(pgErr.Code, "28"): // invalid_authorization_specification, invalid_password
+		return &fatalError{msg: op + ": authentication failed: check the DSN's user and password, and that pg_hba.conf allows replication connections for it", sentinel: ErrAuth, cause: err}
+	case pgErr.Code == "42501": // insufficient_privilege
+		return &fatalError{msg: op + ": permission denied: the role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION)", sentinel: ErrPermission, cause: err}
+	case pgErr.Code == "3D000": // invalid_catalog_name
+		return &fatalError{msg: op + ": database does not exist: fix the DSN", sentinel: ErrConfig, cause: err}
+	case pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication"): // undefined_object
+		return &fatalError{msg: fmt.Sprintf("%s: publication %q does not exist at the slot's position: run \"outbox-relay setup\" (the publication must exist before the slot is created)", op, s.cfg.Publication), sentinel: ErrPublicationMissing, cause: err}
+	case pgErr.Code == "42704":
+		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q does not exist: run \"outbox-relay setup\"", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
+	case pgErr.Code == "55006": // object_in_use
+		return fmt.Errorf("%s: %w: %w", op, errSlotBusy, err)
+	case pgErr.Code == "55000": // object_not_in_prerequisite_state: e.g. an invalidated slot
+		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q cannot be used: recreate it with \"outbox-relay setup\" and check for lost events", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings).
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// statusState is what the last standby status update said, and when.
+type statusState struct {
+	sent pglogrepl.LSN
+	at   time.Time
+}
+
+// fastStatus is the status cadence while confirmations are expected, so that
+// confirmed_flush_lsn follows the relay within about a second.
+func (s *Stream) fastStatus() time.Duration { return min(s.cfg.StatusInterval, time.Second) }
+
+// statusDue reports whether a status update should be sent now: a new
+// confirmed position after fastStatus, or anything after StatusInterval.
+func (s *Stream) statusDue(st *statusState, now time.Time) bool {
+	since := now.Sub(st.at)
+	if pglogrepl.LSN(s.confirmed.Load()) > st.sent && since >= s.fastStatus() {
+		return true
+	}
+	return since >= s.cfg.StatusInterval
+}
+
+// wake returns when to look at the status next: at StatusInterval, or sooner
+// while something emitted may get confirmed (a Confirm cannot interrupt a
+// blocked receive, so it is polled).
+func (s *Stream) wake(asm *assembler, st *statusState, now time.Time) time.Time {
+	next := st.at.Add(s.cfg.StatusInterval)
+	if asm.lastEnd > st.sent || !asm.idle() || pglogrepl.LSN(s.confirmed.Load()) > st.sent {
+		if fast := now.Add(s.fastStatus()); fast.Before(next) {
+			next = fast
+		}
+	}
+	if next.Before(now) {
+		next = now
+	}
+	return next
+}
+
+// sendStatus reports the confirmed position as written, flushed and applied.
+// All three are set: pglogrepl fills zero ones from the write position, and a
+// position must never be reported that was not confirmed. Nothing is sent
+// while the position is unknown (0).
+func (s *Stream) sendStatus(ctx context.Context, conn *pgconn.PgConn, st *statusState, reply bool) error {
+	lsn := pglogrepl.LSN(s.confirmed.Load())
+	if lsn == 0 {
+		return nil
+	}
+	now := time.Now()
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: lsn,
+		WALFlushPosition: lsn,
+		WALApplyPosition: lsn,
+		ClientTime:       now,
+		ReplyRequested:   reply,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	st.sent, st.at = lsn, now
+	return nil
+}
+
+// stream is the receive loop of one connection.
+func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler, out chan<- Batch, st *statusState) error {
+	// The server may stay silent while we keep replying; a status update asks
+	// for a reply after StatusInterval of silence, and no answer by deadAfter
+	// means the network is gone (TCP alone would take many minutes to tell).
+	deadAfter := max(3*s.cfg.StatusInterval, 15*time.Second)
+	lastRecv := time.Now()
+	if err := s.sendStatus(ctx, conn, st, false); err != nil {
+		return err
+	}
+	for {
+		now := time.Now()
+		if s.statusDue(st, now) {
+			if err := s.sendStatus(ctx, conn, st, now.Sub(lastRecv) > s.cfg.StatusInterval); err != nil {
+				return err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, s.wake(asm, st, now))
+		msg, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				if silent := time.Since(lastRecv); silent > deadAfter {
+					return fmt.Errorf("no message from the server for %s", silent.Round(time.Second))
+				}
+				continue
+			}
+			return s.classify("receive", err)
+		}
+		lastRecv = time.Now()
+		s.stats.lastMessageAt.Store(lastRecv.UnixNano())
+
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				return &DecodeError{LSN: st.sent, Err: errors.New("empty CopyData")}
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return &DecodeError{LSN: st.sent, Err: err}
+				}
+				s.advanceIdle(asm, pkm.ServerWALEnd)
+				if pkm.ReplyRequested {
+					if err := s.sendStatus(ctx, conn, st, false); err != nil {
+						return err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return &DecodeError{LSN: st.sent, Err: err}
+				}
+				b, ok, err := asm.handle(xld.WALStart, xld.WALData)
+				if err != nil {
+					return err
+				}
+				if ok {
+					if err := s.emit(ctx, conn, asm, st, out, b); err != nil {
+						return err
+					}
+				}
+				s.advanceIdle(asm, xld.ServerWALEnd)
+			}
+		case *pgproto3.ErrorResponse:
+			return s.classify("stream", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return errors.New("server ended the replication stream")
+		}
+	}
+}
+
+// advanceIdle confirms the server's WAL end when nothing is in flight (DESIGN
+// invariant 3): no transaction open or partly emitted, every emitted one
+// confirmed. The walsender has then decoded everything before walEnd, and a
+// quiet outbox in a busy database does not pin WAL.
+func (s *Stream) advanceIdle(asm *assembler, walEnd pglogrepl.LSN) {
+	storeMax(&s.stats.serverWALEnd, uint64(walEnd))
+	if !asm.idle() || pglogrepl.LSN(s.confirmed.Load()) < asm.lastEnd {
+		return
+	}
+	storeMax(&s.confirmed, uint64(walEnd))
+}
+
+// emit hands b to out. While out is full (the pipeline waits for Kafka, maybe
+// for minutes) it keeps sending status updates, or wal_sender_timeout would
+// end the connection. A failed update does not drop b: it is delivered first,
+// then the error ends the connection.
+func (s *Stream) emit(ctx context.Context, conn *pgconn.PgConn, asm *assembler, st *statusState, out chan<- Batch, b Batch) error {
+	select {
+	case out <- b:
+		return nil
+	default:
+	}
+	var connErr error
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		now := time.Now()
+		if connErr == nil && s.statusDue(st, now) {
+			connErr = s.sendStatus(ctx, conn, st, false)
+		}
+		t.Reset(s.wake(asm, st, now).Sub(now))
+		select {
+		case out <- b:
+			return connErr
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// backoff is exponential with equal jitter: a delay in [d/2, d], d doubling
+// from min to max, so that many relays do not reconnect in step.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	half := b.cur / 2
+	return half + rand.N(b.cur-half+1)
+}
