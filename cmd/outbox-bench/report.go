@@ -313,9 +313,12 @@ func (r *Report) writeMarkdown(w io.Writer) error {
 func (r *Report) writeSummary(w io.Writer) error {
 	var b strings.Builder
 	s := r.Summary
-	if s.RecvRuns+s.RelayRuns > 0 {
-		fmt.Fprintf(&b, "drain: pg_recvlogical %s events/s (%.1f MB/s), relay %s events/s (%.1f MB/s), ratio %.2f, peak RSS %s, CPU %.2f s/M events\n",
-			fmtRate(s.RecvRate), s.RecvMBps, fmtRate(s.RelayRate), s.RelayMBps, s.Ratio, fmtMB(s.PeakRSSMax), s.CPUPerMillion)
+	if s.RecvRuns > 0 {
+		fmt.Fprintf(&b, "drain: pg_recvlogical %s events/s (%.1f MB/s)\n", fmtRate(s.RecvRate), s.RecvMBps)
+	}
+	if s.RelayRuns > 0 {
+		fmt.Fprintf(&b, "drain: relay %s events/s (%.1f MB/s), ratio %.2f, peak RSS %s, CPU %.2f s/M events\n",
+			fmtRate(s.RelayRate), s.RelayMBps, s.Ratio, fmtMB(s.PeakRSSMax), s.CPUPerMillion)
 	}
 	if s.SustainedRuns > 0 {
 		fmt.Fprintf(&b, "sustained %s events/s: commit→ack p50 %s p95 %s p99 %s max %s; commit→consumer p50 %s p95 %s p99 %s max %s\n",

@@ -199,7 +199,7 @@ func TestWriteSummary(t *testing.T) {
 	if err := r.writeSummary(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"PASS drain throughput", "FAIL commit→ack p99", "relay 92,000 events/s"} {
+	for _, want := range []string{"PASS drain throughput", "FAIL commit→ack p99", "relay 92,000 events/s", "pg_recvlogical 100,000 events/s"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("writeSummary() = %q; want it to contain %q", b.String(), want)
 		}

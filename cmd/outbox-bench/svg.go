@@ -112,13 +112,15 @@ func drawPanel(b *strings.Builder, p histPanel, top int) {
 				tx, y0, tx, y0+4, tx, y0+16, fmtDur(d))
 		}
 	}
-	for _, m := range []struct {
+	// Percentile markers; labels are staggered because p95 and p99 are often
+	// a bucket apart.
+	for k, m := range []struct {
 		name string
 		d    time.Duration
 	}{{"p50", p.Lat.P50}, {"p95", p.Lat.P95}, {"p99", p.Lat.P99}} {
 		mx := x(m.d)
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#333" stroke-dasharray="4,3"/><text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n",
-			mx, y0, mx, y0-plotHeight-4, mx, y0-plotHeight-7, m.name)
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#333" stroke-dasharray="4,3"/><text x="%.1f" y="%d">%s</text>`+"\n",
+			mx, y0, mx, y0-plotHeight, mx+3, y0-plotHeight+10+12*k, m.name)
 	}
 	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">latency (log scale)</text>`+"\n", marginL+plotW/2, y0+32)
 	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="end">%d</text><text x="%d" y="%d" text-anchor="end">0</text>`+"\n",
