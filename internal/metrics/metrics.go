@@ -1,0 +1,242 @@
+// Package metrics exposes the relay's Prometheus metrics and its health
+// endpoints.
+//
+// Invariants:
+//
+//   - Everything is registered on a private prometheus.Registry owned by a
+//     Metrics value (plus the Go and process collectors); nothing touches the
+//     global default registry, so tests and embedders can create as many as
+//     they like.
+//   - The methods the pipeline calls per event or per batch are cheap: an
+//     atomic add or a histogram observation. Per-topic and per-table children
+//     are resolved once (Topic, Table) and cached; callers keep the handle
+//     instead of building label strings per event.
+//   - A nil *Metrics, *Topic or *Table is valid and records nothing, so code
+//     under test can run without metrics.
+//   - Values that come from Postgres (slot lag, retry table) are sampled by a
+//     Sampler every 10 s, never queried on a scrape, and are absent from
+//     /metrics until known (and while the retry table does not exist), rather
+//     than reported as a misleading 0.
+//
+// Metrics (prefix outbox_relay_):
+//
+//	events_received_total{table}          counter   outbox inserts read from the WAL
+//	events_delivered_total{topic}         counter   events acknowledged by Kafka
+//	events_failed_total{topic}            counter   events Kafka rejected (sent to the retry table)
+//	delivery_latency_seconds              histogram commit time in Postgres -> Kafka ack, per event
+//	produce_batch_messages                histogram messages per Kafka write
+//	in_flight_events, in_flight_bytes     gauge     read but not yet covered by a saved checkpoint / acked
+//	confirmed_lsn                         gauge     last LSN confirmed to Postgres (as a number)
+//	reconnects_total                      counter   replication connections re-established
+//	decode_errors_total                   counter   pgoutput messages that could not be decoded
+//	ignored_changes_total{kind}           counter   changes skipped: update, delete, truncate, ...
+//	slot_active                           gauge     1 when a backend holds the slot (sampled)
+//	slot_lag_bytes                        gauge     current WAL - confirmed_flush_lsn (sampled)
+//	slot_retained_wal_bytes               gauge     current WAL - restart_lsn (sampled)
+//	slot_safe_wal_size_bytes              gauge     WAL left before the slot may be lost; absent when unlimited (sampled)
+//	retry_pending_events                  gauge     retry table rows waiting (sampled)
+//	retry_dead_events                     gauge     dead letters (sampled)
+//	retry_oldest_pending_age_seconds      gauge     age of the oldest pending retry, 0 when none (sampled)
+//	sample_errors_total                   counter   failed samples (the log says why)
+package metrics
+
+import (
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+const namespace = "outbox_relay"
+
+// Metrics holds the relay's collectors. Its methods are safe for concurrent use.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	received, delivered, failed *prometheus.CounterVec
+	ignored                     *prometheus.CounterVec
+	latency, batch              prometheus.Histogram
+	inFlightEvents              prometheus.Gauge
+	inFlightBytes               prometheus.Gauge
+	confirmedLSN                prometheus.Gauge
+	reconnects, decodeErrors    prometheus.Counter
+	sampleErrors                prometheus.Counter
+	sampled                     *sampled
+
+	topics sync.Map // topic name -> *Topic
+	tables sync.Map // table name -> *Table
+}
+
+// LatencyBuckets are the delivery latency histogram's buckets, in seconds:
+// 1 ms to 60 s.
+var LatencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// BatchBuckets are the produce batch histogram's buckets, in messages.
+var BatchBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000}
+
+// New creates the collectors on a new private registry, together with the Go
+// runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
+	}
+	counterVec := func(name, help, label string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, []string{label})
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help})
+	}
+	m.received = counterVec("events_received_total", "Outbox inserts read from the WAL, by table.", "table")
+	m.delivered = counterVec("events_delivered_total", "Events acknowledged by Kafka, by topic.", "topic")
+	m.failed = counterVec("events_failed_total", "Events Kafka rejected and that went to the retry table, by topic.", "topic")
+	m.ignored = counterVec("ignored_changes_total", "Changes read from the WAL and skipped, by kind (update, delete, truncate, ...).", "kind")
+	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "delivery_latency_seconds",
+		Help: "Time from the transaction's commit in Postgres to the Kafka acknowledgement, per event.", Buckets: LatencyBuckets})
+	m.batch = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "produce_batch_messages",
+		Help: "Messages per Kafka produce call.", Buckets: BatchBuckets})
+	m.inFlightEvents = gauge("in_flight_events", "Events read from the WAL and not yet covered by a saved checkpoint.")
+	m.inFlightBytes = gauge("in_flight_bytes", "Payload bytes read from the WAL and not yet acknowledged by Kafka.")
+	m.confirmedLSN = gauge("confirmed_lsn", "Last LSN confirmed to Postgres, as a number (exact up to 8 PiB of WAL).")
+	m.reconnects = counter("reconnects_total", "Replication connections re-established after a failure.")
+	m.decodeErrors = counter("decode_errors_total", "pgoutput messages that could not be decoded.")
+	m.sampleErrors = counter("sample_errors_total", "Failed samples of the slot and retry table.")
+	m.sampled = &sampled{}
+	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.latency, m.batch,
+		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry returns the private registry, for adding collectors or gathering in tests.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Topic holds the per-topic counters. Resolve it once per topic (or per batch)
+// with Metrics.Topic and keep it.
+type Topic struct {
+	delivered, failed prometheus.Counter
+}
+
+// Topic returns the counters of topic, creating them on first use.
+func (m *Metrics) Topic(name string) *Topic {
+	if m == nil {
+		return nil
+	}
+	if t, ok := m.topics.Load(name); ok {
+		return t.(*Topic)
+	}
+	t, _ := m.topics.LoadOrStore(name, &Topic{
+		delivered: m.delivered.WithLabelValues(name),
+		failed:    m.failed.WithLabelValues(name),
+	})
+	return t.(*Topic)
+}
+
+// Delivered counts n events acknowledged by Kafka.
+func (t *Topic) Delivered(n int) {
+	if t != nil {
+		t.delivered.Add(float64(n))
+	}
+}
+
+// Failed counts n events rejected by Kafka.
+func (t *Topic) Failed(n int) {
+	if t != nil {
+		t.failed.Add(float64(n))
+	}
+}
+
+// Table holds the per-table counter of received events.
+type Table struct{ received prometheus.Counter }
+
+// Table returns the counter of the outbox table name, creating it on first use.
+func (m *Metrics) Table(name string) *Table {
+	if m == nil {
+		return nil
+	}
+	if t, ok := m.tables.Load(name); ok {
+		return t.(*Table)
+	}
+	t, _ := m.tables.LoadOrStore(name, &Table{received: m.received.WithLabelValues(name)})
+	return t.(*Table)
+}
+
+// Received counts n outbox inserts read from the WAL.
+func (t *Table) Received(n int) {
+	if t != nil {
+		t.received.Add(float64(n))
+	}
+}
+
+// ObserveDelivery records the delivery latency of events events of one
+// transaction: from its commit time in Postgres to the Kafka acknowledgement.
+// Commit time comes from the server's clock and ack from the relay's, so clock
+// skew shows here; a negative latency is recorded as 0.
+func (m *Metrics) ObserveDelivery(commitTime, ackTime time.Time, events int) {
+	if m == nil {
+		return
+	}
+	s := ackTime.Sub(commitTime).Seconds()
+	if s < 0 {
+		s = 0
+	}
+	for range events {
+		m.latency.Observe(s)
+	}
+}
+
+// ObserveBatch records the size of one Kafka produce call, in messages.
+func (m *Metrics) ObserveBatch(messages int) {
+	if m != nil {
+		m.batch.Observe(float64(messages))
+	}
+}
+
+// AddInFlight adjusts the in-flight gauges: positive when events are read,
+// negative when they are acknowledged or covered by a checkpoint.
+func (m *Metrics) AddInFlight(events, bytes int) {
+	if m != nil {
+		m.inFlightEvents.Add(float64(events))
+		m.inFlightBytes.Add(float64(bytes))
+	}
+}
+
+// SetInFlight sets the in-flight gauges to absolute values.
+func (m *Metrics) SetInFlight(events, bytes int) {
+	if m != nil {
+		m.inFlightEvents.Set(float64(events))
+		m.inFlightBytes.Set(float64(bytes))
+	}
+}
+
+// SetConfirmedLSN records the LSN last confirmed to Postgres.
+func (m *Metrics) SetConfirmedLSN(lsn pglogrepl.LSN) {
+	if m != nil {
+		m.confirmedLSN.Set(float64(lsn))
+	}
+}
+
+// Reconnected counts one re-established replication connection.
+func (m *Metrics) Reconnected() {
+	if m != nil {
+		m.reconnects.Inc()
+	}
+}
+
+// DecodeError counts one pgoutput message that could not be decoded.
+func (m *Metrics) DecodeError() {
+	if m != nil {
+		m.decodeErrors.Inc()
+	}
+}
+
+// IgnoredChange counts one skipped change of the given kind. Keep kinds to a
+// small fixed set ("update", "delete", "truncate", "other_table", ...): each
+// distinct kind is a time series.
+func (m *Metrics) IgnoredChange(kind string) {
+	if m != nil {
+		m.ignored.WithLabelValues(kind).Inc()
+	}
+}

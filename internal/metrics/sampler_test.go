@@ -1,0 +1,118 @@
+package metrics
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// postgresDSN is the one place that finds the test server; it moves to
+// internal/testenv when that lands.
+func postgresDSN(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv("RELAY_TEST_POSTGRES_DSN")
+	if dsn == "" {
+		t.Fatal("RELAY_TEST_POSTGRES_DSN is not set: point it at a Postgres 13+ with wal_level=logical")
+	}
+	return dsn
+}
+
+func TestSampler(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, postgresDSN(t))
+	if err != nil {
+		t.Fatalf("pgxpool.New: %v", err)
+	}
+	defer pool.Close()
+	b := make([]byte, 4)
+	rand.Read(b)
+	id := "h5metrics_" + hex.EncodeToString(b)
+	exec := func(stmt string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("exec %q: %v", stmt, err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", id)
+		pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+sql.Ident(id)+" CASCADE")
+	})
+	exec("CREATE SCHEMA " + sql.Ident(id))
+	exec(sql.CreateSlot(id))
+
+	m := New()
+	retryTable := id + ".outbox_relay_retry"
+	s, err := NewSampler(m, pool, SamplerConfig{Slot: id, RetryTable: retryTable, Interval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("NewSampler: %v", err)
+	}
+	if err := s.Sample(ctx); err != nil {
+		t.Fatalf("Sample: %v", err)
+	}
+	_, body := get(t, m.Handler(nil), "/metrics")
+	for _, want := range []string{"outbox_relay_slot_active 0\n", "outbox_relay_slot_lag_bytes ", "outbox_relay_slot_retained_wal_bytes "} {
+		if !strings.Contains(body, want) {
+			t.Errorf("after Sample, /metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "outbox_relay_retry_") {
+		t.Errorf("after Sample without a retry table, /metrics has retry gauges; want them absent")
+	}
+
+	// WAL written after the slot was created is lag.
+	exec("CREATE TABLE " + sql.Ident(id) + ".filler AS SELECT i, repeat('x', 500) AS pad FROM generate_series(1, 2000) i")
+	exec("CREATE TABLE " + sql.Ident(id) + `.outbox_relay_retry (id bigserial primary key, status text not null,
+		first_failed_at timestamptz not null, next_attempt_at timestamptz)`)
+	exec("INSERT INTO " + sql.Ident(id) + ".outbox_relay_retry (status, first_failed_at) VALUES ('dead', now()), ('pending', now() - interval '2 minutes')")
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(runCtx) }()
+	time.Sleep(100 * time.Millisecond)
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("Run after cancel = %v; want nil", err)
+	}
+	var lag float64
+	for _, mf := range must(m.Registry().Gather()) {
+		if mf.GetName() == "outbox_relay_slot_lag_bytes" {
+			lag = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if lag < 1_000_000 {
+		t.Errorf("outbox_relay_slot_lag_bytes = %g after writing 1 MB of WAL; want >= 1e6", lag)
+	}
+	_, body = get(t, m.Handler(nil), "/metrics")
+	for _, want := range []string{"outbox_relay_retry_pending_events 1\n", "outbox_relay_retry_dead_events 1\n", "outbox_relay_retry_oldest_pending_age_seconds 1"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("after Run, /metrics lacks %q", want)
+		}
+	}
+
+	// A slot that disappears removes the slot gauges and counts the error.
+	exec("SELECT pg_drop_replication_slot('" + id + "')")
+	if err := s.Sample(ctx); err == nil || !strings.Contains(err.Error(), "outbox-relay setup") {
+		t.Errorf("Sample(dropped slot) = %v; want the slot-not-found error", err)
+	}
+	_, body = get(t, m.Handler(nil), "/metrics")
+	if strings.Contains(body, "outbox_relay_slot_lag_bytes") || !strings.Contains(body, "outbox_relay_sample_errors_total 1\n") {
+		t.Errorf("after a failed sample, /metrics = slot gauges present %v, errors line present %v; want absent, 1",
+			strings.Contains(body, "outbox_relay_slot_lag_bytes"), strings.Contains(body, "outbox_relay_sample_errors_total 1\n"))
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
