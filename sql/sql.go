@@ -88,7 +88,8 @@ func Ident(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"
 func Literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // Columns names the outbox table's columns. Empty fields take the defaults:
-// id, aggregate_type, aggregate_id, event_type, payload, headers.
+// id, aggregate_type, aggregate_id, event_type, payload, headers. Headers "-"
+// means no headers column (as in router.Columns, whose fields these mirror).
 type Columns struct {
 	ID            string
 	AggregateType string
@@ -97,6 +98,9 @@ type Columns struct {
 	Payload       string
 	Headers       string
 }
+
+// NoHeaders as Columns.Headers means the table has no headers column.
+const NoHeaders = "-"
 
 func (c Columns) withDefaults() Columns {
 	def := func(s *string, v string) {
@@ -117,17 +121,20 @@ func (c Columns) withDefaults() Columns {
 // Debezium-compatible column types) and its created_at index, if missing.
 func OutboxTable(t Table, c Columns) []string {
 	c = c.withDefaults()
+	headers := ""
+	if c.Headers != NoHeaders {
+		headers = fmt.Sprintf("\n    %s jsonb,", Ident(c.Headers))
+	}
 	return []string{
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
     %s uuid PRIMARY KEY,
     %s text NOT NULL,
     %s text NOT NULL,
     %s text NOT NULL,
-    %s jsonb,
-    %s jsonb,
+    %s jsonb,%s
     "created_at" timestamptz NOT NULL DEFAULT now()
 )`, t.Quoted(), Ident(c.ID), Ident(c.AggregateType), Ident(c.AggregateID),
-			Ident(c.EventType), Ident(c.Payload), Ident(c.Headers)),
+			Ident(c.EventType), Ident(c.Payload), headers),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("created_at")`,
 			Ident(indexName(t.Name, "created_at_idx")), t.Quoted()),
 	}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// Catalog lookups shared by setup and check. Names travel as query
+// parameters; only DDL built by package sql puts them into SQL text.
+
+func connect(ctx context.Context, e *env) (*pgx.Conn, error) {
+	conn, err := pgx.Connect(ctx, e.cfg.Postgres.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+	}
+	return conn, nil
+}
+
+// tableOID returns the table's oid, or 0 if it does not exist. An unqualified
+// name is looked up on the search_path, as the server would.
+func tableOID(ctx context.Context, conn *pgx.Conn, t sql.Table) (uint32, error) {
+	var oid *uint32
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1)::oid`, t.Quoted()).Scan(&oid); err != nil {
+		return 0, fmt.Errorf("look up table %s: %w", t, err)
+	}
+	if oid == nil {
+		return 0, nil
+	}
+	return *oid, nil
+}
+
+// qualifiedName returns schema.table of an existing table.
+func qualifiedName(ctx context.Context, conn *pgx.Conn, oid uint32) (string, error) {
+	var name string
+	err := conn.QueryRow(ctx, `SELECT n.nspname || '.' || c.relname FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&name)
+	if err != nil {
+		return "", fmt.Errorf("look up table %d: %w", oid, err)
+	}
+	return name, nil
+}
+
+// columnTypes maps the table's column names to their base types (domains
+// resolved) as format_type spells them: text, character varying, jsonb, ...
+func columnTypes(ctx context.Context, conn *pgx.Conn, oid uint32) (map[string]string, error) {
+	rows, err := conn.Query(ctx, `SELECT a.attname, format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL)
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, oid)
+	if err != nil {
+		return nil, fmt.Errorf("read columns: %w", err)
+	}
+	cols := map[string]string{}
+	var name, typ string
+	_, err = pgx.ForEachRow(rows, []any{&name, &typ}, func() error {
+		cols[name] = typ
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read columns: %w", err)
+	}
+	return cols, nil
+}
+
+type publicationInfo struct {
+	Exists    bool
+	AllTables bool
+	Insert    bool
+	Covers    bool     // publishes the outbox table
+	Tables    []string // schema.table of every table it publishes
+}
+
+func publication(ctx context.Context, conn *pgx.Conn, name string, outboxOID uint32) (publicationInfo, error) {
+	var p publicationInfo
+	err := conn.QueryRow(ctx, `SELECT puballtables, pubinsert FROM pg_publication WHERE pubname = $1`, name).
+		Scan(&p.AllTables, &p.Insert)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, nil
+	}
+	if err != nil {
+		return p, fmt.Errorf("look up publication %q: %w", name, err)
+	}
+	p.Exists = true
+	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pt.schemaname || '.' || pt.tablename ORDER BY 1), '{}'),
+       coalesce(bool_or(c.oid = $2), false)
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = $1`, name, outboxOID).Scan(&p.Tables, &p.Covers)
+	if err != nil {
+		return p, fmt.Errorf("look up tables of publication %q: %w", name, err)
+	}
+	return p, nil
+}
+
+type slotInfo struct {
+	Exists    bool
+	Plugin    string
+	Type      string
+	Database  string
+	Current   string // the database we are connected to
+	Active    bool
+	PID       *int32
+	Confirmed *string // confirmed_flush_lsn
+	WALStatus *string // reserved, extended, unreserved, lost
+	Retained  *string // WAL the slot holds back, pretty-printed
+}
+
+func slot(ctx context.Context, conn *pgx.Conn, name string) (slotInfo, error) {
+	s := slotInfo{Exists: true}
+	err := conn.QueryRow(ctx, `SELECT coalesce(plugin, ''), slot_type, coalesce(database, ''), current_database(),
+       active, active_pid, confirmed_flush_lsn::text, wal_status,
+       pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn))
+FROM pg_replication_slots WHERE slot_name = $1`, name).
+		Scan(&s.Plugin, &s.Type, &s.Database, &s.Current, &s.Active, &s.PID, &s.Confirmed, &s.WALStatus, &s.Retained)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return slotInfo{}, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("look up slot %q: %w", name, err)
+	}
+	return s, nil
+}
+
+// problem describes what is wrong with an existing slot for this relay, or "".
+func (s slotInfo) problem(name string) string {
+	switch {
+	case s.Type != "logical":
+		return fmt.Sprintf("is a %s slot; drop it (SELECT pg_drop_replication_slot(%s)) or set postgres.slot to another name",
+			s.Type, sql.Literal(name))
+	case s.Database != s.Current:
+		return fmt.Sprintf("belongs to database %q, not %q; set postgres.slot to another name", s.Database, s.Current)
+	case s.Plugin != "pgoutput":
+		return fmt.Sprintf("uses plugin %q, not pgoutput; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, or set postgres.slot to another name",
+			s.Plugin, sql.Literal(name))
+	case s.WALStatus != nil && *s.WALStatus == "lost":
+		return fmt.Sprintf("has lost WAL it needed (wal_status lost, max_slot_wal_keep_size exceeded) and cannot stream; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, then re-insert the events since its last confirmed position",
+			sql.Literal(name))
+	}
+	return ""
+}
+
+func publicationTables(p publicationInfo) string {
+	if p.AllTables {
+		return "all tables"
+	}
+	if len(p.Tables) == 0 {
+		return "no tables"
+	}
+	return strings.Join(p.Tables, ", ")
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

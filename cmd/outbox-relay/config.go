@@ -1,0 +1,589 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// defaults lists every scalar config key with its default ("" for none). It
+// is the one list of keys: env binding, unknown-key detection and the test of
+// config.example.yaml all read it. topics.overrides, a map, is handled apart.
+var defaults = map[string]string{
+	"postgres.dsn":                    "",
+	"postgres.slot":                   sql.DefaultSlot,
+	"postgres.publication":            sql.DefaultPublication,
+	"postgres.status_interval":        "10s",
+	"outbox.table":                    sql.DefaultOutboxTable,
+	"outbox.columns.id":               "id",
+	"outbox.columns.aggregate_type":   "aggregate_type",
+	"outbox.columns.aggregate_id":     "aggregate_id",
+	"outbox.columns.event_type":       "event_type",
+	"outbox.columns.payload":          "payload",
+	"outbox.columns.headers":          "headers",
+	"topics.template":                 router.DefaultTopic,
+	"kafka.brokers":                   "",
+	"kafka.client_id":                 "outbox-relay",
+	"kafka.batch_size":                "10000",
+	"kafka.batch_bytes":               "1048576",
+	"kafka.batch_timeout":             "2ms",
+	"kafka.write_timeout":             "10s",
+	"kafka.compression":               "none",
+	"kafka.allow_auto_topic_creation": "true",
+	"kafka.tls.enabled":               "false",
+	"kafka.tls.ca_file":               "",
+	"kafka.tls.cert_file":             "",
+	"kafka.tls.key_file":              "",
+	"kafka.tls.insecure_skip_verify":  "false",
+	"kafka.tls.server_name":           "",
+	"kafka.sasl.mechanism":            "",
+	"kafka.sasl.username":             "",
+	"kafka.sasl.password":             "",
+	"pipeline.max_in_flight_events":   "50000",
+	"pipeline.max_in_flight_bytes":    "67108864",
+	"pipeline.shutdown_timeout":       "30s",
+	"checkpoint.table":                sql.DefaultCheckpointTable,
+	"checkpoint.interval":             "200ms",
+	"metrics.listen":                  "127.0.0.1:9187",
+	"log.level":                       "info",
+	"log.format":                      "text",
+}
+
+const overridesKey = "topics.overrides"
+
+// envName is the environment variable overriding key.
+func envName(key string) string {
+	return "RELAY_" + strings.ToUpper(strings.NewReplacer(".", "_").Replace(key))
+}
+
+// config is the operator's configuration, as typed values.
+type config struct {
+	Postgres struct {
+		DSN, Slot, Publication string
+		StatusInterval         time.Duration
+	}
+	Outbox struct {
+		Table   string
+		Columns router.Columns
+	}
+	Topics struct {
+		Template  string
+		Overrides map[string]string
+	}
+	Kafka struct {
+		Brokers                    []string
+		ClientID                   string
+		BatchSize                  int
+		BatchBytes                 int64
+		BatchTimeout, WriteTimeout time.Duration
+		Compression                string
+		AllowAutoTopicCreation     bool
+		TLS                        sink.TLSConfig
+		SASL                       sink.SASLConfig
+	}
+	Pipeline struct {
+		MaxInFlightEvents, MaxInFlightBytes int
+		ShutdownTimeout                     time.Duration
+	}
+	Checkpoint struct {
+		Table    string
+		Interval time.Duration
+	}
+	Metrics struct{ Listen string }
+	Log     struct{ Level, Format string }
+}
+
+// loadConfig reads the config file (if any), the RELAY_* environment and the
+// flags bound to keys in flags, in increasing precedence, and validates the
+// result. Nothing here connects anywhere.
+func loadConfig(file string, flags *pflag.FlagSet) (*config, error) {
+	v := viper.New()
+	v.SetEnvPrefix("RELAY")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	// An empty RELAY_METRICS_LISTEN must be able to disable metrics.
+	v.AllowEmptyEnv(true)
+	for key, def := range defaults {
+		v.SetDefault(key, def)
+		if err := v.BindEnv(key); err != nil {
+			return nil, err
+		}
+	}
+	for key, name := range flagKeys {
+		if f := flags.Lookup(name); f != nil {
+			if err := v.BindPFlag(key, f); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	var overrides map[string]string
+	if file != "" {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("config file: %w", err)
+		}
+		// viper folds keys to lower case, which would corrupt the
+		// aggregate types in topics.overrides and hide typos of upper-case
+		// keys: the file is walked here for both.
+		if overrides, err = checkKeys(raw); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", file, err)
+		}
+		v.SetConfigFile(file)
+		v.SetConfigType("yaml")
+		if err := v.ReadInConfig(); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", file, err)
+		}
+	}
+	if env, ok := os.LookupEnv(envName(overridesKey)); ok {
+		var err error
+		if overrides, err = parseOverrides(env); err != nil {
+			return nil, err
+		}
+	}
+
+	l := loader{v: v}
+	c := &config{}
+	c.Postgres.DSN = l.str("postgres.dsn")
+	c.Postgres.Slot = l.str("postgres.slot")
+	c.Postgres.Publication = l.str("postgres.publication")
+	c.Postgres.StatusInterval = l.duration("postgres.status_interval")
+	c.Outbox.Table = l.str("outbox.table")
+	c.Outbox.Columns = router.Columns{
+		ID:            l.str("outbox.columns.id"),
+		AggregateType: l.str("outbox.columns.aggregate_type"),
+		AggregateID:   l.str("outbox.columns.aggregate_id"),
+		EventType:     l.str("outbox.columns.event_type"),
+		Payload:       l.str("outbox.columns.payload"),
+		Headers:       l.str("outbox.columns.headers"),
+	}
+	c.Topics.Template = l.str("topics.template")
+	c.Topics.Overrides = overrides
+	c.Kafka.Brokers = l.list("kafka.brokers")
+	c.Kafka.ClientID = l.str("kafka.client_id")
+	c.Kafka.BatchSize = l.int("kafka.batch_size")
+	c.Kafka.BatchBytes = int64(l.int("kafka.batch_bytes"))
+	c.Kafka.BatchTimeout = l.duration("kafka.batch_timeout")
+	c.Kafka.WriteTimeout = l.duration("kafka.write_timeout")
+	c.Kafka.Compression = l.str("kafka.compression")
+	c.Kafka.AllowAutoTopicCreation = l.bool("kafka.allow_auto_topic_creation")
+	c.Kafka.TLS = sink.TLSConfig{
+		Enabled:            l.bool("kafka.tls.enabled"),
+		CAFile:             l.str("kafka.tls.ca_file"),
+		CertFile:           l.str("kafka.tls.cert_file"),
+		KeyFile:            l.str("kafka.tls.key_file"),
+		InsecureSkipVerify: l.bool("kafka.tls.insecure_skip_verify"),
+		ServerName:         l.str("kafka.tls.server_name"),
+	}
+	c.Kafka.SASL = sink.SASLConfig{
+		Mechanism: l.str("kafka.sasl.mechanism"),
+		Username:  l.str("kafka.sasl.username"),
+		Password:  l.str("kafka.sasl.password"),
+	}
+	c.Pipeline.MaxInFlightEvents = l.int("pipeline.max_in_flight_events")
+	c.Pipeline.MaxInFlightBytes = l.int("pipeline.max_in_flight_bytes")
+	c.Pipeline.ShutdownTimeout = l.duration("pipeline.shutdown_timeout")
+	c.Checkpoint.Table = l.str("checkpoint.table")
+	c.Checkpoint.Interval = l.duration("checkpoint.interval")
+	c.Metrics.Listen = l.str("metrics.listen")
+	c.Log.Level = l.str("log.level")
+	c.Log.Format = l.str("log.format")
+	if err := errors.Join(l.errs...); err != nil {
+		return c, err
+	}
+	return c, c.validate()
+}
+
+// loader converts viper's values, collecting an error per bad key (viper's
+// own getters turn "ten seconds" into 0 silently).
+type loader struct {
+	v    *viper.Viper
+	errs []error
+}
+
+func (l *loader) str(key string) string { return strings.TrimSpace(l.v.GetString(key)) }
+
+func (l *loader) duration(key string) time.Duration {
+	s := l.str(key)
+	if s == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		l.errs = append(l.errs, fmt.Errorf("%s: %q is not a duration; write it like 10s, 250ms or 1m30s", key, s))
+	}
+	return d
+}
+
+func (l *loader) int(key string) int {
+	s := l.str(key)
+	if s == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		l.errs = append(l.errs, fmt.Errorf("%s: %q is not a whole number", key, s))
+	}
+	return n
+}
+
+func (l *loader) bool(key string) bool {
+	s := l.str(key)
+	if s == "" {
+		return false
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		l.errs = append(l.errs, fmt.Errorf("%s: %q is not true or false", key, s))
+	}
+	return b
+}
+
+// list accepts a YAML list or a comma-separated string (env and flags).
+func (l *loader) list(key string) []string {
+	var items []string
+	switch v := l.v.Get(key).(type) {
+	case []any:
+		for _, x := range v {
+			items = append(items, fmt.Sprint(x))
+		}
+	case []string:
+		items = v
+	default:
+		items = strings.Split(l.str(key), ",")
+	}
+	var out []string
+	for _, s := range items {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// parseOverrides parses RELAY_TOPICS_OVERRIDES: "Order=orders,Payment=payments".
+func parseOverrides(s string) (map[string]string, error) {
+	m := map[string]string{}
+	for _, pair := range strings.Split(s, ",") {
+		if strings.TrimSpace(pair) == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("%s: %q is not aggregate_type=topic; write it like Order=orders,Payment=payments",
+				envName(overridesKey), pair)
+		}
+		m[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return m, nil
+}
+
+// checkKeys rejects keys of the YAML document that are not config keys (typos
+// would otherwise be ignored silently) and returns topics.overrides with its
+// keys' case intact.
+func checkKeys(raw []byte) (map[string]string, error) {
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, err
+	}
+	var overrides map[string]string
+	var walk func(prefix string, m map[string]any) error
+	walk = func(prefix string, m map[string]any) error {
+		for k, val := range m {
+			key := prefix + k
+			if key == overridesKey {
+				if val == nil {
+					continue
+				}
+				om, ok := val.(map[string]any)
+				if !ok {
+					return fmt.Errorf("%s: want a map of aggregate_type: topic", key)
+				}
+				overrides = make(map[string]string, len(om))
+				for at, topic := range om {
+					s, ok := topic.(string)
+					if !ok {
+						return fmt.Errorf("%s.%s: want a topic name, got %v", key, at, topic)
+					}
+					overrides[at] = s
+				}
+				continue
+			}
+			if _, ok := defaults[key]; ok {
+				if _, isMap := val.(map[string]any); isMap {
+					return fmt.Errorf("%s: want a value, got a map", key)
+				}
+				continue
+			}
+			if sub, ok := val.(map[string]any); ok && isSection(key) {
+				if err := walk(key+".", sub); err != nil {
+					return err
+				}
+				continue
+			}
+			msg := fmt.Sprintf("unknown key %q", key)
+			if near := nearestKey(key); near != "" {
+				msg += fmt.Sprintf("; did you mean %q?", near)
+			}
+			return errors.New(msg)
+		}
+		return nil
+	}
+	return overrides, walk("", doc)
+}
+
+func isSection(prefix string) bool {
+	if strings.HasPrefix(overridesKey, prefix+".") {
+		return true
+	}
+	for key := range defaults {
+		if strings.HasPrefix(key, prefix+".") {
+			return true
+		}
+	}
+	return false
+}
+
+// nearestKey suggests the known key closest to a mistyped one.
+func nearestKey(key string) string {
+	keys := append(slices.Sorted(func(yield func(string) bool) {
+		for k := range defaults {
+			if !yield(k) {
+				return
+			}
+		}
+	}), overridesKey)
+	best, bestDist := "", 4 // farther than 3 edits is no suggestion
+	for _, k := range keys {
+		if d := editDistance(strings.ToLower(key), k); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+var compressions = []string{"none", "gzip", "snappy", "lz4", "zstd"}
+var saslMechanisms = []string{"plain", "scram-sha-256", "scram-sha-512"}
+
+// validate fills defaults for empty values and rejects bad ones, naming the
+// key and the fix. It returns every problem at once, so that one edit round
+// fixes them all. It does not connect anywhere.
+func (c *config) validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{key}, args...)...))
+	}
+	def := func(s *string, key string) {
+		if *s == "" {
+			*s = defaults[key]
+		}
+	}
+	positive := func(d *time.Duration, key string) {
+		if *d == 0 {
+			*d, _ = time.ParseDuration(defaults[key])
+		} else if *d < 0 {
+			bad(key, "%s is negative; use a positive duration such as %s", *d, defaults[key])
+		}
+	}
+	positiveInt := func(n *int, key string) {
+		if *n == 0 {
+			*n, _ = strconv.Atoi(defaults[key])
+		} else if *n < 0 {
+			bad(key, "%d is negative; use a positive number such as %s", *n, defaults[key])
+		}
+	}
+
+	// postgres
+	if c.Postgres.DSN == "" {
+		bad("postgres.dsn", "empty; set it in the config file or %s=postgres://user@host:5432/db", envName("postgres.dsn"))
+	} else if _, err := pgconn.ParseConfig(c.Postgres.DSN); err != nil {
+		bad("postgres.dsn", "%v", err) // pgconn's message quotes the DSN without its password
+	}
+	def(&c.Postgres.Slot, "postgres.slot")
+	if err := sql.ValidSlotName(c.Postgres.Slot); err != nil {
+		bad("postgres.slot", "%v", err)
+	}
+	def(&c.Postgres.Publication, "postgres.publication")
+	positive(&c.Postgres.StatusInterval, "postgres.status_interval")
+
+	// outbox and topics
+	def(&c.Outbox.Table, "outbox.table")
+	if _, err := sql.ParseTable(c.Outbox.Table); err != nil {
+		bad("outbox.table", "%v", err)
+	}
+	def(&c.Topics.Template, "topics.template")
+	if _, err := router.New(c.routerConfig()); err != nil {
+		// The router names its settings outbox.topic and
+		// outbox.topic_overrides; the operator's keys are these.
+		msg := strings.NewReplacer("outbox.topic_overrides", overridesKey, "outbox.topic", "topics.template").Replace(err.Error())
+		errs = append(errs, errors.New(msg))
+	}
+
+	// kafka
+	if len(c.Kafka.Brokers) == 0 {
+		bad("kafka.brokers", "empty; set it in the config file or %s=host:9092", envName("kafka.brokers"))
+	}
+	for _, b := range c.Kafka.Brokers {
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			bad("kafka.brokers", "%q is not host:port; write it like kafka-1:9092", b)
+		}
+	}
+	def(&c.Kafka.ClientID, "kafka.client_id")
+	positiveInt(&c.Kafka.BatchSize, "kafka.batch_size")
+	if c.Kafka.BatchBytes == 0 {
+		c.Kafka.BatchBytes, _ = strconv.ParseInt(defaults["kafka.batch_bytes"], 10, 64)
+	} else if c.Kafka.BatchBytes < 0 {
+		bad("kafka.batch_bytes", "%d is negative; use a positive number such as %s", c.Kafka.BatchBytes, defaults["kafka.batch_bytes"])
+	}
+	positive(&c.Kafka.BatchTimeout, "kafka.batch_timeout")
+	positive(&c.Kafka.WriteTimeout, "kafka.write_timeout")
+	def(&c.Kafka.Compression, "kafka.compression")
+	if c.Kafka.Compression = strings.ToLower(c.Kafka.Compression); !slices.Contains(compressions, c.Kafka.Compression) {
+		bad("kafka.compression", "%q is not one of %s", c.Kafka.Compression, strings.Join(compressions, ", "))
+	}
+	tls := c.Kafka.TLS
+	for _, f := range []struct{ key, path string }{
+		{"kafka.tls.ca_file", tls.CAFile}, {"kafka.tls.cert_file", tls.CertFile}, {"kafka.tls.key_file", tls.KeyFile},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if !tls.Enabled {
+			bad(f.key, "set, but kafka.tls.enabled is false; set kafka.tls.enabled: true or remove %s", f.key)
+		} else if _, err := os.ReadFile(f.path); err != nil {
+			bad(f.key, "cannot read it: %v", err)
+		}
+	}
+	if (tls.CertFile == "") != (tls.KeyFile == "") {
+		bad("kafka.tls.cert_file", "kafka.tls.cert_file and kafka.tls.key_file go together; set both for a client certificate, or neither")
+	}
+	sasl := &c.Kafka.SASL
+	sasl.Mechanism = strings.ToLower(sasl.Mechanism)
+	switch {
+	case sasl.Mechanism == "":
+		if sasl.Username != "" || sasl.Password != "" {
+			bad("kafka.sasl.mechanism", "empty, but a SASL username or password is set; set it to one of %s", strings.Join(saslMechanisms, ", "))
+		}
+	case !slices.Contains(saslMechanisms, sasl.Mechanism):
+		bad("kafka.sasl.mechanism", "%q is not one of %s", sasl.Mechanism, strings.Join(saslMechanisms, ", "))
+	case sasl.Username == "":
+		bad("kafka.sasl.username", "empty; SASL %s needs a username", sasl.Mechanism)
+	}
+
+	// pipeline, checkpoint, metrics, log
+	positiveInt(&c.Pipeline.MaxInFlightEvents, "pipeline.max_in_flight_events")
+	positiveInt(&c.Pipeline.MaxInFlightBytes, "pipeline.max_in_flight_bytes")
+	positive(&c.Pipeline.ShutdownTimeout, "pipeline.shutdown_timeout")
+	def(&c.Checkpoint.Table, "checkpoint.table")
+	if _, err := sql.ParseTable(c.Checkpoint.Table); err != nil {
+		bad("checkpoint.table", "%v", err)
+	}
+	positive(&c.Checkpoint.Interval, "checkpoint.interval")
+	if c.Metrics.Listen != "" { // "" disables the metrics endpoint
+		if _, port, err := net.SplitHostPort(c.Metrics.Listen); err != nil || port == "" {
+			bad("metrics.listen", "%q is not host:port; write it like 127.0.0.1:9187, or \"\" to disable metrics", c.Metrics.Listen)
+		}
+	}
+	def(&c.Log.Level, "log.level")
+	if _, err := parseLevel(c.Log.Level); err != nil {
+		bad("log.level", "%v", err)
+	}
+	def(&c.Log.Format, "log.format")
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		bad("log.format", "%q is not text or json", c.Log.Format)
+	}
+
+	// Only once the fields the sink reads are known good: its own checks then
+	// report what is left rather than repeat ours.
+	if len(errs) == 0 {
+		if err := validateSink(c.sinkConfig(nil)); err != nil {
+			bad("kafka", "%v", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *config) routerConfig() router.Config {
+	return router.Config{Columns: c.Outbox.Columns, Topic: c.Topics.Template, Overrides: c.Topics.Overrides}
+}
+
+func (c *config) sinkConfig(log *slog.Logger) sink.Config {
+	return sink.Config{
+		Brokers:                c.Kafka.Brokers,
+		ClientID:               c.Kafka.ClientID,
+		BatchSize:              c.Kafka.BatchSize,
+		BatchBytes:             c.Kafka.BatchBytes,
+		BatchTimeout:           c.Kafka.BatchTimeout,
+		WriteTimeout:           c.Kafka.WriteTimeout,
+		Compression:            c.Kafka.Compression,
+		TLS:                    c.Kafka.TLS,
+		SASL:                   c.Kafka.SASL,
+		AllowAutoTopicCreation: c.Kafka.AllowAutoTopicCreation,
+		Logger:                 log,
+	}
+}
+
+func (c *config) relayConfig(log *slog.Logger) relay.Config {
+	return relay.Config{
+		Replication: replication.Config{
+			DSN:            c.Postgres.DSN,
+			Slot:           c.Postgres.Slot,
+			Publication:    c.Postgres.Publication,
+			StatusInterval: c.Postgres.StatusInterval,
+			Logger:         log.With("component", "replication"),
+		},
+		Table:              c.Outbox.Table,
+		Router:             c.routerConfig(),
+		Sink:               c.sinkConfig(log.With("component", "sink")),
+		CheckpointTable:    c.Checkpoint.Table,
+		CheckpointInterval: c.Checkpoint.Interval,
+		MaxInFlightEvents:  c.Pipeline.MaxInFlightEvents,
+		MaxInFlightBytes:   c.Pipeline.MaxInFlightBytes,
+		ShutdownTimeout:    c.Pipeline.ShutdownTimeout,
+		Logger:             log,
+	}
+}
+
+// secrets returns the values that must never appear in output.
+func (c *config) secrets() []string {
+	if c == nil {
+		return nil
+	}
+	return []string{dsnPassword(c.Postgres.DSN), c.Kafka.SASL.Password}
+}

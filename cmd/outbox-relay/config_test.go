@@ -1,0 +1,421 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// cleanEnv unsets every RELAY_* config variable for the test, so that the
+// developer's environment cannot leak into it.
+func cleanEnv(t *testing.T) {
+	t.Helper()
+	for key := range defaults {
+		unsetenv(t, envName(key))
+	}
+	unsetenv(t, envName(overridesKey))
+}
+
+func unsetenv(t *testing.T, name string) {
+	t.Setenv(name, "") // restores the old value after the test
+	os.Unsetenv(name)
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// load runs loadConfig as the root command would, with flags parsed from args.
+func load(t *testing.T, file string, args ...string) (*config, error) {
+	t.Helper()
+	root := newRootCmd(&bytes.Buffer{}, &bytes.Buffer{})
+	fs := root.PersistentFlags()
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("parse flags %q: %v", args, err)
+	}
+	return loadConfig(file, fs)
+}
+
+const minimal = `
+postgres:
+  dsn: postgres://relay@127.0.0.1:5432/app
+kafka:
+  brokers: [127.0.0.1:9092]
+`
+
+func TestExampleConfig(t *testing.T) {
+	cleanEnv(t)
+	const path = "../../config.example.yaml"
+	c, err := load(t, path)
+	if err != nil {
+		t.Fatalf("loadConfig(%q): %v", path, err)
+	}
+	if c.Postgres.Slot != "outbox_relay" || c.Kafka.BatchTimeout != 2*time.Millisecond || !c.Kafka.AllowAutoTopicCreation {
+		t.Errorf("loadConfig(%q) = %+v; want the defaults", path, c)
+	}
+
+	// Every key is documented, with its default.
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	flatten("", doc, got)
+	for key, def := range defaults {
+		v, ok := got[key]
+		switch {
+		case !ok:
+			t.Errorf("config.example.yaml lacks key %q", key)
+		case def != "" && v != def:
+			t.Errorf("config.example.yaml: %s = %q; want the default %q", key, v, def)
+		}
+	}
+	if _, ok := got[overridesKey]; !ok {
+		t.Errorf("config.example.yaml lacks key %q", overridesKey)
+	}
+}
+
+func flatten(prefix string, m map[string]any, out map[string]string) {
+	for k, v := range m {
+		switch v := v.(type) {
+		case map[string]any:
+			if prefix+k == overridesKey {
+				out[prefix+k] = fmt.Sprint(v)
+				continue
+			}
+			flatten(prefix+k+".", v, out)
+		case []any:
+			out[prefix+k] = fmt.Sprint(v...)
+		default:
+			out[prefix+k] = fmt.Sprint(v)
+		}
+	}
+}
+
+func TestPrecedence(t *testing.T) {
+	cleanEnv(t)
+	file := writeFile(t, "c.yaml", minimal+`
+  client_id: from-file
+  compression: gzip
+postgres_ignored: null
+`)
+	// postgres_ignored is a typo and must fail; build a clean file instead.
+	if _, err := load(t, file); err == nil || !strings.Contains(err.Error(), `unknown key "postgres_ignored"`) {
+		t.Fatalf("loadConfig with key postgres_ignored: error = %v; want unknown key", err)
+	}
+	file = writeFile(t, "c.yaml", `
+postgres:
+  dsn: postgres://relay@127.0.0.1:5432/app
+  slot: file_slot
+  publication: file_pub
+  status_interval: 3s
+log:
+  level: warn
+kafka:
+  brokers: [file:9092]
+  client_id: from-file
+`)
+	t.Setenv("RELAY_POSTGRES_SLOT", "env_slot")
+	t.Setenv("RELAY_POSTGRES_PUBLICATION", "env_pub")
+	t.Setenv("RELAY_KAFKA_BROKERS", "env1:9092, env2:9092")
+	t.Setenv("RELAY_KAFKA_BATCH_SIZE", "500")
+	c, err := load(t, file, "--slot", "flag_slot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ key, got, want string }{
+		{"postgres.slot (flag over env over file)", c.Postgres.Slot, "flag_slot"},
+		{"postgres.publication (env over file)", c.Postgres.Publication, "env_pub"},
+		{"kafka.brokers (env over file)", strings.Join(c.Kafka.Brokers, ","), "env1:9092,env2:9092"},
+		{"kafka.batch_size (env over default)", fmt.Sprint(c.Kafka.BatchSize), "500"},
+		{"kafka.client_id (file)", c.Kafka.ClientID, "from-file"},
+		{"postgres.status_interval (file)", c.Postgres.StatusInterval.String(), "3s"},
+		{"log.level (file)", c.Log.Level, "warn"},
+		{"kafka.write_timeout (default)", c.Kafka.WriteTimeout.String(), "10s"},
+		{"metrics.listen (default)", c.Metrics.Listen, "127.0.0.1:9187"},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s = %q; want %q", tt.key, tt.got, tt.want)
+		}
+	}
+}
+
+// TestEnvOnly: every key can be set without a file.
+func TestEnvOnly(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("RELAY_POSTGRES_DSN", "host=db user=relay")
+	t.Setenv("RELAY_KAFKA_BROKERS", "k1:9092")
+	t.Setenv("RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION", "false")
+	t.Setenv("RELAY_METRICS_LISTEN", "") // empty disables
+	t.Setenv("RELAY_TOPICS_OVERRIDES", "OrderPlaced=orders, Payment=payments")
+	t.Setenv("RELAY_OUTBOX_COLUMNS_PAYLOAD", "body")
+	c, err := load(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Kafka.AllowAutoTopicCreation {
+		t.Errorf("kafka.allow_auto_topic_creation = true; want false from RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION")
+	}
+	if c.Metrics.Listen != "" {
+		t.Errorf("metrics.listen = %q; want \"\" from an empty RELAY_METRICS_LISTEN", c.Metrics.Listen)
+	}
+	if want := map[string]string{"OrderPlaced": "orders", "Payment": "payments"}; !maps.Equal(c.Topics.Overrides, want) {
+		t.Errorf("topics.overrides = %v; want %v", c.Topics.Overrides, want)
+	}
+	if c.Outbox.Columns.Payload != "body" {
+		t.Errorf("outbox.columns.payload = %q; want %q", c.Outbox.Columns.Payload, "body")
+	}
+}
+
+// TestOverridesKeepCase: aggregate types are case-sensitive, viper's keys are not.
+func TestOverridesKeepCase(t *testing.T) {
+	cleanEnv(t)
+	file := writeFile(t, "c.yaml", minimal+`
+topics:
+  template: "events.{aggregate_type}"
+  overrides:
+    OrderPlaced: orders
+    orderplaced: lower-orders
+`)
+	c, err := load(t, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"OrderPlaced": "orders", "orderplaced": "lower-orders"}
+	if !maps.Equal(c.Topics.Overrides, want) {
+		t.Errorf("topics.overrides = %v; want %v", c.Topics.Overrides, want)
+	}
+	if c.Topics.Template != "events.{aggregate_type}" {
+		t.Errorf("topics.template = %q; want %q", c.Topics.Template, "events.{aggregate_type}")
+	}
+}
+
+func TestBrokerForms(t *testing.T) {
+	tests := []struct{ name, yaml, want string }{
+		{"list", "kafka:\n  brokers: [a:1, b:2]\n", "a:1,b:2"},
+		{"comma string", "kafka:\n  brokers: \"a:1, b:2\"\n", "a:1,b:2"},
+		{"block list", "kafka:\n  brokers:\n    - a:1\n", "a:1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cleanEnv(t)
+			t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@db/app")
+			c, err := load(t, writeFile(t, "c.yaml", tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(c.Kafka.Brokers, ","); got != tt.want {
+				t.Errorf("kafka.brokers = %q; want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidationErrors(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "ca.txt")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+	tests := []struct {
+		name string
+		yaml string            // appended to the minimal valid file
+		env  map[string]string // set on top
+		want string
+	}{
+		{"dsn missing", "", map[string]string{"RELAY_POSTGRES_DSN": ""},
+			"postgres.dsn: empty; set it in the config file or RELAY_POSTGRES_DSN="},
+		{"dsn unparsable", "", map[string]string{"RELAY_POSTGRES_DSN": "postgres://relay:pw@db:notaport/app"},
+			"postgres.dsn: cannot parse `postgres://relay:xxxxx@db:notaport/app`"},
+		{"brokers missing", "", map[string]string{"RELAY_KAFKA_BROKERS": ""},
+			"kafka.brokers: empty; set it in the config file or RELAY_KAFKA_BROKERS=host:9092"},
+		{"broker without port", "", map[string]string{"RELAY_KAFKA_BROKERS": "kafka"},
+			`kafka.brokers: "kafka" is not host:port`},
+		{"unknown key", "  brokerz: [x:1]\n", nil,
+			`unknown key "kafka.brokerz"; did you mean "kafka.brokers"?`},
+		{"unknown section", "kafak:\n  brokers: x\n", nil, `unknown key "kafak"`},
+		{"unknown nested key", "outbox:\n  columns:\n    payload_col: body\n", nil, `unknown key "outbox.columns.payload_col"`},
+		{"map for a value", "log:\n  level:\n    x: y\n", nil, `log.level: want a value, got a map`},
+		{"bad duration", "", map[string]string{"RELAY_POSTGRES_STATUS_INTERVAL": "10"},
+			`postgres.status_interval: "10" is not a duration; write it like 10s`},
+		{"negative duration", "", map[string]string{"RELAY_KAFKA_WRITE_TIMEOUT": "-1s"},
+			`kafka.write_timeout: -1s is negative`},
+		{"bad int", "", map[string]string{"RELAY_KAFKA_BATCH_SIZE": "many"},
+			`kafka.batch_size: "many" is not a whole number`},
+		{"negative int", "", map[string]string{"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS": "-5"},
+			`pipeline.max_in_flight_events: -5 is negative`},
+		{"bad bool", "", map[string]string{"RELAY_KAFKA_TLS_ENABLED": "yes please"},
+			`kafka.tls.enabled: "yes please" is not true or false`},
+		{"compression", "", map[string]string{"RELAY_KAFKA_COMPRESSION": "brotli"},
+			`kafka.compression: "brotli" is not one of none, gzip, snappy, lz4, zstd`},
+		{"sasl mechanism", "", map[string]string{"RELAY_KAFKA_SASL_MECHANISM": "gssapi", "RELAY_KAFKA_SASL_USERNAME": "u"},
+			`kafka.sasl.mechanism: "gssapi" is not one of plain, scram-sha-256, scram-sha-512`},
+		{"sasl without username", "", map[string]string{"RELAY_KAFKA_SASL_MECHANISM": "plain"},
+			`kafka.sasl.username: empty; SASL plain needs a username`},
+		{"sasl credentials without mechanism", "", map[string]string{"RELAY_KAFKA_SASL_USERNAME": "u"},
+			`kafka.sasl.mechanism: empty, but a SASL username or password is set`},
+		{"tls file unreadable", "", map[string]string{"RELAY_KAFKA_TLS_ENABLED": "true", "RELAY_KAFKA_TLS_CA_FILE": missing},
+			`kafka.tls.ca_file: cannot read it`},
+		{"tls file without tls", "", map[string]string{"RELAY_KAFKA_TLS_CA_FILE": notPEM},
+			`kafka.tls.ca_file: set, but kafka.tls.enabled is false`},
+		{"tls cert without key", "", map[string]string{"RELAY_KAFKA_TLS_ENABLED": "true", "RELAY_KAFKA_TLS_CERT_FILE": notPEM},
+			`kafka.tls.cert_file and kafka.tls.key_file go together`},
+		{"tls ca not PEM (sink.New)", "", map[string]string{"RELAY_KAFKA_TLS_ENABLED": "true", "RELAY_KAFKA_TLS_CA_FILE": notPEM},
+			`holds no PEM certificate`},
+		{"slot name", "", map[string]string{"RELAY_POSTGRES_SLOT": "Bad-Slot"},
+			`postgres.slot: slot name "Bad-Slot" may contain only lower-case letters, digits and underscores`},
+		{"outbox table", "", map[string]string{"RELAY_OUTBOX_TABLE": "a.b.c"},
+			`outbox.table: table name "a.b.c": want table or schema.table`},
+		{"checkpoint table", "", map[string]string{"RELAY_CHECKPOINT_TABLE": "x."},
+			`checkpoint.table: table name "x.": want table or schema.table`},
+		{"topic template (router.New)", "topics:\n  template: \"outbox.{aggregate}\"\n", nil,
+			`topics.template "outbox.{aggregate}" has unknown placeholder {aggregate}`},
+		{"topic override (router.New)", "topics:\n  overrides:\n    Order: \"bad topic!\"\n", nil,
+			`topics.overrides: topic "bad topic!" for aggregate type "Order"`},
+		{"overrides env", "", map[string]string{"RELAY_TOPICS_OVERRIDES": "Order"},
+			`RELAY_TOPICS_OVERRIDES: "Order" is not aggregate_type=topic`},
+		{"duplicate column (router.New)", "", map[string]string{"RELAY_OUTBOX_COLUMNS_PAYLOAD": "id"},
+			`both name column "id"`},
+		{"metrics listen", "", map[string]string{"RELAY_METRICS_LISTEN": "nonsense"},
+			`metrics.listen: "nonsense" is not host:port`},
+		{"log level", "", map[string]string{"RELAY_LOG_LEVEL": "loud"},
+			`log.level: "loud" is not debug, info, warn or error`},
+		{"log format", "", map[string]string{"RELAY_LOG_FORMAT": "xml"},
+			`log.format: "xml" is not text or json`},
+		{"not yaml", "\t- [", nil, `config file`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cleanEnv(t)
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			body := minimal
+			if strings.HasPrefix(tt.yaml, "  ") { // continues the kafka section
+				body = strings.TrimRight(minimal, "\n") + "\n" + tt.yaml
+			} else {
+				body += tt.yaml
+			}
+			_, err := load(t, writeFile(t, "c.yaml", body))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("loadConfig error = %v; want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestAllErrorsAtOnce: one round of edits fixes everything.
+func TestAllErrorsAtOnce(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("RELAY_KAFKA_COMPRESSION", "brotli")
+	t.Setenv("RELAY_LOG_FORMAT", "xml")
+	_, err := load(t, "")
+	for _, want := range []string{"postgres.dsn", "kafka.brokers", "kafka.compression", "log.format"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("loadConfig error = %v; want it to name %s", err, want)
+		}
+	}
+}
+
+func TestRedactDSN(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"postgres://relay:hunter2@db:5432/app", "postgres://relay:xxxxx@db:5432/app"},
+		{"postgresql://relay@db/app?password=hunter2&sslmode=require", "postgresql://relay@db/app?password=xxxxx&sslmode=require"},
+		{"host=db user=relay password=hunter2 dbname=app", "host=db user=relay password=xxxxx dbname=app"},
+		{"host=db password = 'hun ter\\'2' dbname=app", "host=db password = xxxxx dbname=app"},
+		{"host=db user=relay", "host=db user=relay"},
+		{"postgres://relay:hunter2@db:notaport/app", "postgres://relay:xxxxx@db:notaport/app"},
+	}
+	for _, tt := range tests {
+		if got := redactDSN(tt.in); got != tt.want {
+			t.Errorf("redactDSN(%q) = %q; want %q", tt.in, got, tt.want)
+		}
+	}
+	for _, tt := range []struct{ in, want string }{
+		{"postgres://relay:hun%40ter2@db/app", "hun@ter2"},
+		{"host=db password='hun ter\\'2'", "hun ter'2"},
+		{"host=db password=plain", "plain"},
+		{"host=db", ""},
+		{"postgres://relay:hun%40ter2@db:badport/app", "hun@ter2"},
+	} {
+		if got := dsnPassword(tt.in); got != tt.want {
+			t.Errorf("dsnPassword(%q) = %q; want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestLoggerScrubsSecrets(t *testing.T) {
+	for _, format := range []string{"text", "json"} {
+		var buf bytes.Buffer
+		log, err := newLogger(&buf, "debug", format, newScrubber("hun@ter2", "saslpw"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Info("connect postgres://relay:hun%40ter2@db/app failed",
+			"err", errors.New("auth failed for password hun@ter2"),
+			"sasl", "saslpw",
+			"brokers", []string{"a:1", "saslpw"})
+		out := buf.String()
+		for _, secret := range []string{"hun@ter2", "hun%40ter2", "saslpw"} {
+			if strings.Contains(out, secret) {
+				t.Errorf("%s log line %q contains the secret %q", format, out, secret)
+			}
+		}
+		if !strings.Contains(out, "xxxxx") {
+			t.Errorf("%s log line %q: want the secrets replaced by xxxxx", format, out)
+		}
+	}
+}
+
+// TestConfigErrorHidesPassword runs the whole command: a config error about
+// the DSN must not print the password, in any spelling.
+func TestConfigErrorHidesPassword(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay:hunter2@db:notaport/app")
+	t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
+	var stdout, stderr bytes.Buffer
+	code := execute([]string{"run"}, &stdout, &stderr)
+	if code != exitConfig {
+		t.Errorf("execute(run) = %d; want %d", code, exitConfig)
+	}
+	if !strings.Contains(stderr.String(), "postgres.dsn") || strings.Contains(stderr.String(), "hunter2") {
+		t.Errorf("stderr = %q; want postgres.dsn named and no password", stderr.String())
+	}
+}
+
+func TestEditDistanceSuggestions(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"kafka.broker", "kafka.brokers"},
+		{"postgres.slott", "postgres.slot"},
+		{"Log.Level", "log.level"},
+		{"completely.different", ""},
+	}
+	for _, tt := range tests {
+		if got := nearestKey(tt.in); got != tt.want {
+			t.Errorf("nearestKey(%q) = %q; want %q", tt.in, got, tt.want)
+		}
+	}
+	if !slices.Contains(slices.Collect(maps.Keys(defaults)), "kafka.sasl.password") {
+		t.Error("defaults lacks kafka.sasl.password")
+	}
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/ops"
+)
+
+const defaultWatch = 2 * time.Second
+
+func newLagCmd(wrap wrapFunc) *cobra.Command {
+	var (
+		asJSON     bool
+		watch      time.Duration
+		maxBytes   int64
+		maxSeconds float64
+	)
+	cmd := &cobra.Command{
+		Use:   "lag [--watch [interval]] [--json] [--max-bytes N] [--max-seconds N]",
+		Short: "Show how far the relay is behind (slot, checkpoint, time lag, retries)",
+		Long: `lag reads the replication slot, the relay's checkpoint, the outbox table and
+the retry table over an ordinary read-only connection; it works whether or not
+a relay is running and never disturbs one.
+
+  lag bytes      WAL written since the position the relay confirmed
+  retained       WAL the server keeps on disk for the slot
+  time lag       age of the oldest event not yet delivered (estimated from
+                 created_at: see the README's Operating section), or "caught up"
+
+--json prints one object (one per redraw with --watch) with the fields listed
+in the README. --watch redraws every interval (default 2s) until Ctrl-C.
+
+Exit codes: 0 ok, 1 error (cannot connect, slot missing), 2 bad flags or
+configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
+--watch, thresholds are shown in the output instead of ending the watch.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: wrap(func(cmd *cobra.Command, e *env, args []string) error {
+			// "--watch 5s" with a space: pflag's optional value needs "=", so
+			// the interval arrives as an argument.
+			if len(args) == 1 {
+				if !cmd.Flags().Changed("watch") {
+					return fmt.Errorf("%w: unexpected argument %q", errConfig, args[0])
+				}
+				d, err := parseInterval(args[0])
+				if err != nil {
+					return fmt.Errorf("%w: --watch %q: %w", errConfig, args[0], err)
+				}
+				watch = d
+			}
+			if watch < 0 || maxBytes < 0 || maxSeconds < 0 {
+				return fmt.Errorf("%w: --watch, --max-bytes and --max-seconds must not be negative", errConfig)
+			}
+			opts := ops.LagOptions{
+				JSON:       asJSON,
+				Watch:      watch,
+				Clear:      isTerminal(e.stdout),
+				Thresholds: ops.Thresholds{MaxBytes: maxBytes, MaxSeconds: maxSeconds},
+			}
+			ctx := cmd.Context()
+			if watch > 0 {
+				var stop context.CancelFunc
+				ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+				defer stop()
+			}
+			pool, err := opsPool(ctx, e, "outbox-relay lag")
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			return ops.RunLag(ctx, pool, e.opsConfig(), e.stdout, opts)
+		}),
+	}
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print JSON (field names in the README)")
+	f.DurationVar(&watch, "watch", 0, "redraw every interval until Ctrl-C (default 2s when given without a value)")
+	f.Lookup("watch").NoOptDefVal = defaultWatch.String()
+	f.Int64Var(&maxBytes, "max-bytes", 0, "exit 3 when the slot's lag exceeds N bytes (0: no limit)")
+	f.Float64Var(&maxSeconds, "max-seconds", 0, "exit 3 when the oldest undelivered event is older than N seconds (0: no limit)")
+	return cmd
+}
+
+// parseInterval accepts a Go duration ("5s", "1m") or a number of seconds ("5").
+func parseInterval(s string) (time.Duration, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return d, nil
+	}
+	secs, err := strconv.ParseFloat(s, 64)
+	if err != nil || secs <= 0 {
+		return 0, fmt.Errorf("want a duration such as 5s or a number of seconds")
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// opsPool returns a pool of one read-only connection for lag and status. A
+// pool rather than a connection so that --watch survives a server restart;
+// it dials on first use. The session is read-only and bounded in time so that
+// a check can neither change anything nor hang behind a lock.
+func opsPool(ctx context.Context, e *env, applicationName string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(e.cfg.Postgres.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
+	}
+	pc.MaxConns = 1
+	rp := pc.ConnConfig.RuntimeParams
+	rp["application_name"] = applicationName
+	rp["default_transaction_read_only"] = "on"
+	rp["statement_timeout"] = "10s"
+	rp["lock_timeout"] = "5s"
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+	}
+	return pool, nil
+}
+
+// opsConfig names what lag and status examine.
+func (e *env) opsConfig() ops.Config {
+	return ops.Config{
+		Slot:            e.cfg.Postgres.Slot,
+		Table:           e.cfg.Outbox.Table,
+		CheckpointTable: e.cfg.Checkpoint.Table,
+	}
+}
+
+// isTerminal reports whether w is a terminal, where --watch clears the screen
+// between redraws; piped output gets one report after another instead.
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time: go build -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+// flagKeys binds the flags for the common settings to their config keys.
+// Flags win over the environment, which wins over the file.
+var flagKeys = map[string]string{
+	"postgres.dsn":         "postgres-dsn",
+	"postgres.slot":        "slot",
+	"postgres.publication": "publication",
+	"outbox.table":         "outbox-table",
+	"kafka.brokers":        "kafka-brokers",
+	"metrics.listen":       "metrics-listen",
+	"log.level":            "log-level",
+	"log.format":           "log-format",
+}
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitFail   = 1 // a command failed, or check found a problem
+	exitConfig = 2 // bad flags or configuration: nothing was started
+)
+
+// errConfig marks configuration errors, for the exit code.
+var errConfig = errors.New("configuration")
+
+// errReported means the command already printed why it failed.
+var errReported = errors.New("failed")
+
+// env is what every command gets once the configuration is loaded.
+type env struct {
+	cfg    *config
+	log    *slog.Logger
+	scrub  scrubber
+	stdout io.Writer
+}
+
+// execute runs the command line and returns the exit code. It writes errors to
+// stderr with every known secret removed.
+func execute(args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdout, stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errReported):
+		return exitFail
+	}
+	fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
+	if errors.Is(err, errConfig) {
+		return exitConfig
+	}
+	return exitFail
+}
+
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	var configFile string
+	root := &cobra.Command{
+		Use:   "outbox-relay",
+		Short: "Relay outbox-table inserts from the Postgres WAL to Kafka",
+		Long: `outbox-relay reads inserts into an outbox table from a Postgres logical
+replication slot (pgoutput) and produces each event to a Kafka topic chosen by
+its aggregate type. A WAL position is confirmed to Postgres only after Kafka
+acknowledged every event before it.
+
+Configuration: --config FILE (YAML; see config.example.yaml), then RELAY_*
+environment variables (postgres.dsn is RELAY_POSTGRES_DSN, lists are
+comma-separated), then flags, each overriding the one before.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	pf := root.PersistentFlags()
+	pf.StringVar(&configFile, "config", "", "YAML config file")
+	pf.String("postgres-dsn", "", "Postgres DSN (postgres.dsn); prefer RELAY_POSTGRES_DSN, flags show in ps")
+	pf.String("slot", "", "replication slot (postgres.slot, default outbox_relay)")
+	pf.String("publication", "", "publication (postgres.publication, default outbox_relay)")
+	pf.String("outbox-table", "", "outbox table, table or schema.table (outbox.table, default public.outbox)")
+	pf.String("kafka-brokers", "", "comma-separated host:port list (kafka.brokers)")
+	pf.String("metrics-listen", "", `metrics address (metrics.listen, default 127.0.0.1:9187; "" disables)`)
+	pf.String("log-level", "", "debug, info, warn or error (log.level, default info)")
+	pf.String("log-format", "", "text or json (log.format, default text)")
+
+	// load reads the configuration for a command that needs it; a command
+	// that does not (version) never calls it.
+	load := func(cmd *cobra.Command) (*env, error) {
+		cfg, err := loadConfig(configFile, cmd.Flags())
+		if err != nil {
+			// Secrets may be in the values being complained about.
+			scrub := newScrubber(cfg.secrets()...)
+			return nil, fmt.Errorf("%w: %w", errConfig, scrub.Error(err))
+		}
+		scrub := newScrubber(cfg.secrets()...)
+		log, err := newLogger(stderr, cfg.Log.Level, cfg.Log.Format, scrub)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", errConfig, err)
+		}
+		return &env{cfg: cfg, log: log, scrub: scrub, stdout: cmd.OutOrStdout()}, nil
+	}
+	// wrap scrubs every error a command returns.
+	wrap := func(run func(cmd *cobra.Command, e *env, args []string) error) func(*cobra.Command, []string) error {
+		return func(cmd *cobra.Command, args []string) error {
+			e, err := load(cmd)
+			if err != nil {
+				return err
+			}
+			return e.scrub.Error(run(cmd, e, args))
+		}
+	}
+	root.AddCommand(
+		newRunCmd(wrap),
+		newSetupCmd(wrap),
+		newCheckCmd(wrap),
+		newVersionCmd(),
+	)
+	return root
+}
+
+type wrapFunc func(run func(cmd *cobra.Command, e *env, args []string) error) func(*cobra.Command, []string) error

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+func newSetupCmd(wrap wrapFunc) *cobra.Command {
+	var createOutbox bool
+	cmd := &cobra.Command{
+		Use:   "setup",
+		Short: "Create the checkpoint table, publication and replication slot if missing",
+		Long: `setup creates what the relay needs and is missing, and says what it found:
+the checkpoint table, (with --create-outbox-table) the outbox table, the
+publication of the outbox table (inserts only) and the logical replication slot
+(pgoutput). It is safe to run again. It never alters what exists: a publication
+that does not cover the outbox table is reported with the statement to fix it.
+
+The slot retains WAL from the moment it exists until the relay confirms it:
+run setup where the relay is about to run.`,
+		Args: cobra.NoArgs,
+		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
+			return setup(cmd.Context(), e, createOutbox)
+		}),
+	}
+	cmd.Flags().BoolVar(&createOutbox, "create-outbox-table", false, "also create the outbox table (Debezium-compatible layout) if missing")
+	return cmd
+}
+
+func setup(ctx context.Context, e *env, createOutbox bool) error {
+	conn, err := connect(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	cfg := e.cfg
+	out := e.stdout
+	problems := 0
+	problem := func(format string, args ...any) {
+		problems++
+		fmt.Fprintf(out, format+"\n", args...)
+	}
+
+	outbox, _ := sql.ParseTable(cfg.Outbox.Table) // validated
+	oid, err := tableOID(ctx, conn, outbox)
+	if err != nil {
+		return err
+	}
+	switch {
+	case oid != 0:
+		fmt.Fprintf(out, "outbox table %s: already exists\n", outbox)
+	case createOutbox:
+		for _, stmt := range sql.OutboxTable(outbox, sql.Columns(cfg.Outbox.Columns)) {
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("create outbox table %s: %w", outbox, err)
+			}
+		}
+		if oid, err = tableOID(ctx, conn, outbox); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "outbox table %s: created\n", outbox)
+	default:
+		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
+	}
+
+	checkpoint, _ := sql.ParseTable(cfg.Checkpoint.Table)
+	cpOID, err := tableOID(ctx, conn, checkpoint)
+	if err != nil {
+		return err
+	}
+	if cpOID != 0 {
+		fmt.Fprintf(out, "checkpoint table %s: already exists\n", checkpoint)
+	} else {
+		if _, err := conn.Exec(ctx, sql.CheckpointTable(checkpoint)); err != nil {
+			return fmt.Errorf("create checkpoint table %s: %w", checkpoint, err)
+		}
+		fmt.Fprintf(out, "checkpoint table %s: created\n", checkpoint)
+	}
+
+	pubName := cfg.Postgres.Publication
+	pub, err := publication(ctx, conn, pubName, oid)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !pub.Exists && oid == 0:
+		problem("publication %s: not created: the outbox table is missing", pubName)
+	case !pub.Exists:
+		if _, err := conn.Exec(ctx, sql.CreatePublication(pubName, outbox)); err != nil {
+			return fmt.Errorf("create publication %s: %w", pubName, err)
+		}
+		fmt.Fprintf(out, "publication %s: created for %s, inserts only\n", pubName, outbox)
+	case oid == 0:
+		fmt.Fprintf(out, "publication %s: already exists\n", pubName)
+	case !pub.Covers:
+		problem("publication %s: already exists but does not cover %s (it covers %s); fix: ALTER PUBLICATION %s ADD TABLE %s, or set postgres.publication to another name",
+			pubName, outbox, publicationTables(pub), sql.Ident(pubName), outbox.Quoted())
+	case !pub.Insert:
+		problem("publication %s: already exists but does not publish inserts; fix: ALTER PUBLICATION %s SET (publish = 'insert')",
+			pubName, sql.Ident(pubName))
+	default:
+		fmt.Fprintf(out, "publication %s: already exists, covers %s\n", pubName, outbox)
+	}
+
+	slotName := cfg.Postgres.Slot
+	s, err := slot(ctx, conn, slotName)
+	if err != nil {
+		return err
+	}
+	switch {
+	case s.Exists:
+		if p := s.problem(slotName); p != "" {
+			problem("slot %s: already exists but %s", slotName, p)
+		} else {
+			fmt.Fprintf(out, "slot %s: already exists (pgoutput)\n", slotName)
+		}
+	case problems > 0:
+		// A slot holds WAL back from the moment it exists: not before the
+		// relay can use it.
+		problem("slot %s: not created until the problems above are fixed", slotName)
+	default:
+		if _, err := conn.Exec(ctx, sql.CreateSlot(slotName)); err != nil {
+			return fmt.Errorf("create slot %s: %w", slotName, err)
+		}
+		s, err := slot(ctx, conn, slotName)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "slot %s: created (pgoutput) at %s\n", slotName, deref(s.Confirmed))
+	}
+
+	if problems > 0 {
+		return fmt.Errorf("setup incomplete: %d problem(s) above", problems)
+	}
+	return nil
+}

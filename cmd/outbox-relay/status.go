@@ -1,0 +1,39 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/ops"
+)
+
+func newStatusCmd(wrap wrapFunc) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status [--json]",
+		Short: "Show whether a relay is streaming the slot now, since when, which version",
+		Long: `status reads the replication slot, pg_stat_replication and the relay's
+checkpoint over an ordinary read-only connection. A relay is streaming when the
+slot is active and held by a walsender; its version comes from the
+application_name "outbox-relay/<version>" it connects with. Exits 0 whether or
+not a relay is streaming (use --json and the "streaming" field in scripts), 1
+when the check fails (cannot connect, slot missing).`,
+		Args: cobra.NoArgs,
+		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
+			pool, err := opsPool(cmd.Context(), e, "outbox-relay status")
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			r, err := ops.Status(cmd.Context(), pool, e.opsConfig())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return ops.WriteJSON(e.stdout, r)
+			}
+			return r.WriteText(e.stdout)
+		}),
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (field names in the README)")
+	return cmd
+}
