@@ -75,5 +75,6 @@
 //
 //	0  no threshold exceeded (or none given)
 //	1  error: cannot connect, slot missing, query failed
-//	2  --max-bytes or --max-seconds exceeded
+//	2  bad flags or configuration (the CLI's code for every command)
+//	3  --max-bytes or --max-seconds exceeded
 package ops

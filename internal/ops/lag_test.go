@@ -199,4 +199,15 @@ func TestRunLagWatch(t *testing.T) {
 	if n := strings.Count(out.String(), `"slot_name"`); n < 2 {
 		t.Errorf("RunLag(watch) drew %d reports in 350ms at 100ms; want >= 2:\n%s", n, out.String())
 	}
+
+	// In text, an exceeded threshold is shown in each redraw.
+	ctx, cancel = context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	out.Reset()
+	if err := ops.RunLag(ctx, f.conn, f.cfg, &out, ops.LagOptions{Watch: 100 * time.Millisecond, Thresholds: ops.Thresholds{MaxBytes: 1}}); err != nil {
+		t.Fatalf("RunLag(watch, text) = %v; want nil when ctx is done", err)
+	}
+	if !strings.Contains(out.String(), "THRESHOLD EXCEEDED: lag_bytes") {
+		t.Errorf("RunLag(watch, text, max-bytes 1) printed %q; want a THRESHOLD EXCEEDED line", out.String())
+	}
 }

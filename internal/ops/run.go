@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -72,7 +73,7 @@ func redraw(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOpt
 	}
 	var te *ThresholdError
 	if terr := opts.Thresholds.Check(r); errors.As(terr, &te) && !opts.JSON {
-		if _, err := fmt.Fprintf(w, "THRESHOLD EXCEEDED: %v\n", te); err != nil {
+		if _, err := fmt.Fprintf(w, "THRESHOLD EXCEEDED: %s\n", strings.Join(te.Exceeded, "; ")); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
 	}

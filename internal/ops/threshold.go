@@ -6,11 +6,13 @@ import (
 	"strings"
 )
 
-// Exit codes of `outbox-relay lag`, for cron jobs and probes.
+// Exit codes of `outbox-relay lag`, for cron jobs and probes. 2 is left to the
+// CLI's "bad flags or configuration", so that a probe can tell a broken setup
+// from a relay that is behind.
 const (
 	ExitOK        = 0 // nothing exceeded
 	ExitError     = 1 // the check itself failed
-	ExitThreshold = 2 // a --max-bytes or --max-seconds threshold was exceeded
+	ExitThreshold = 3 // a --max-bytes or --max-seconds threshold was exceeded
 )
 
 // Thresholds are the limits of `lag --max-bytes` and `--max-seconds`. A zero
