@@ -71,9 +71,11 @@ func TestSampler(t *testing.T) {
 
 	// WAL written after the slot was created is lag.
 	exec("CREATE TABLE " + sql.Ident(id) + ".filler AS SELECT i, repeat('x', 500) AS pad FROM generate_series(1, 2000) i")
-	exec("CREATE TABLE " + sql.Ident(id) + `.outbox_relay_retry (id bigserial primary key, status text not null,
-		first_failed_at timestamptz not null, next_attempt_at timestamptz)`)
-	exec("INSERT INTO " + sql.Ident(id) + ".outbox_relay_retry (status, first_failed_at) VALUES ('dead', now()), ('pending', now() - interval '2 minutes')")
+	for _, stmt := range sql.RetryTable(sql.Table{Schema: id, Name: "outbox_relay_retry"}) {
+		exec(stmt)
+	}
+	exec("INSERT INTO " + sql.Ident(id) + `.outbox_relay_retry (event_key, aggregate, status, next_attempt_at, first_failed_at)
+		VALUES ('a', 'x/1', 'dead', now(), now()), ('b', 'x/2', 'pending', now(), now() - interval '2 minutes')`)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(runCtx) }()

@@ -95,9 +95,9 @@ func normalisedJSON(t *testing.T, r any) []byte {
 
 func TestLagJSONGolden(t *testing.T) {
 	f := newFixture(t)
-	f.exec(t, "CREATE TABLE "+f.table("outbox_relay_retry")+` (id bigserial primary key, status text not null,
-		first_failed_at timestamptz not null, next_attempt_at timestamptz)`)
-	f.exec(t, "INSERT INTO "+f.table("outbox_relay_retry")+` (status, first_failed_at) VALUES ('pending', now()), ('dead', now())`)
+	f.createRetryTable(t)
+	f.insertRetry(t, "pending", 0)
+	f.insertRetry(t, "dead", 0)
 	f.exec(t, "INSERT INTO "+f.table("outbox_relay_checkpoint")+" (slot_name, lsn, last_commit_time) VALUES ($1, pg_current_wal_lsn(), now() - interval '1 minute')", f.cfg.Slot)
 	f.insertEvents(t, 10, 10*time.Second)
 	golden(t, "lag_behind.json", normalisedJSON(t, f.lag(t)))

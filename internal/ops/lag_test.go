@@ -109,15 +109,14 @@ func TestLagGrowsAndRecovers(t *testing.T) {
 
 func TestLagRetryTable(t *testing.T) {
 	f := newFixture(t)
-	// The retry table of issue #4, reduced to the columns lag reads.
-	f.exec(t, "CREATE TABLE "+f.table("outbox_relay_retry")+` (id bigserial primary key, status text not null,
-		first_failed_at timestamptz not null, next_attempt_at timestamptz)`)
+	f.createRetryTable(t)
 	r := f.lag(t)
 	if r.Retry == nil || r.Retry.Pending != 0 || r.Retry.Dead != 0 || r.Retry.OldestPendingAgeSeconds != nil {
 		t.Errorf("Lag().Retry = %+v; want 0 pending, 0 dead, null age for an empty retry table", r.Retry)
 	}
-	f.exec(t, "INSERT INTO "+f.table("outbox_relay_retry")+` (status, first_failed_at) VALUES
-		('pending', now() - interval '60 seconds'), ('pending', now() - interval '10 seconds'), ('dead', now() - interval '1 hour')`)
+	f.insertRetry(t, "pending", 60*time.Second)
+	f.insertRetry(t, "pending", 10*time.Second)
+	f.insertRetry(t, "dead", time.Hour)
 	r = f.lag(t)
 	if r.Retry == nil || r.Retry.Pending != 2 || r.Retry.Dead != 1 {
 		t.Fatalf("Lag().Retry = %+v; want 2 pending, 1 dead", r.Retry)

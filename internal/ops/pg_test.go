@@ -100,6 +100,21 @@ func (f *fixture) insertEvents(t *testing.T, n int, age time.Duration) {
 		FROM generate_series(1, $2) i`, age.Seconds(), n)
 }
 
+// createRetryTable creates the retry table of issue #4 with the DDL setup uses.
+func (f *fixture) createRetryTable(t *testing.T) {
+	t.Helper()
+	for _, s := range sql.RetryTable(sql.Table{Schema: f.schema, Name: "outbox_relay_retry"}) {
+		f.exec(t, s)
+	}
+}
+
+// insertRetry adds a retry row with the given status that first failed age ago.
+func (f *fixture) insertRetry(t *testing.T, status string, age time.Duration) {
+	t.Helper()
+	f.exec(t, `INSERT INTO `+f.table("outbox_relay_retry")+` (event_key, aggregate, status, next_attempt_at, first_failed_at)
+		VALUES (gen_random_uuid()::text, 'outbox.event.Order/1', $1, now(), now() - make_interval(secs => $2))`, status, age.Seconds())
+}
+
 func (f *fixture) lag(t *testing.T) *ops.LagReport {
 	t.Helper()
 	r, err := ops.Lag(context.Background(), f.conn, f.cfg)
