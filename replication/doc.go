@@ -1,20 +1,51 @@
 // Package replication reads committed transactions from a Postgres logical
 // replication slot with the pgoutput plugin (proto_version 1).
 //
+// A Stream owns one replication connection. Its Run hands the inserts of each
+// committed transaction to the caller as Batches, in commit order; the caller
+// calls Confirm with a Last batch's EndLSN once that transaction, and every
+// one before it, has been fully handled (acknowledged by the sink). UPDATE,
+// DELETE and TRUNCATE are not relayed: they are counted in Stats and logged
+// once per kind per Run. The pure decoding and batching (pgoutput bytes →
+// Batches, relation cache, skipping, dedup after reconnect) is a deterministic
+// core tested on captured byte fixtures; Run is the thin I/O loop around it.
+//
 // Invariants enforced here:
 //
 //   - Exactly one goroutine (Stream.Run) owns the replication connection.
+//     Confirm and Stats use atomics and are safe from any goroutine.
 //   - Standby status updates set write = flush = apply = the confirmed LSN, never
 //     zero and never a position the caller has not confirmed with Stream.Confirm.
 //     pglogrepl copies the write position into the other two when they are left
 //     zero, so all three are set explicitly.
+//   - The confirmed position starts at max(start, the slot's confirmed_flush_lsn),
+//     read with a query on the replication connection before START_REPLICATION.
+//     Reporting the slot's own position is a no-op for the server, and it
+//     gives Run(ctx, 0, …) a non-zero position to report from the start;
+//     reporting less would move confirmed_flush_lsn backwards (Postgres 15
+//     accepts that). If the slot has no position, nothing is reported until
+//     one is confirmed.
 //   - A transaction's end LSN is confirmed to Postgres only after the caller has
 //     called Confirm with it (the caller confirms only what the sink acknowledged,
 //     and everything before it).
 //   - When every emitted transaction has been confirmed and no transaction is
-//     open, a keepalive's ServerWALEnd is confirmed: the walsender has decoded
-//     everything before it, so a quiet outbox does not pin WAL.
+//     open or partly emitted, a keepalive's ServerWALEnd is confirmed: the
+//     walsender has decoded everything before it, so a quiet outbox does not
+//     pin WAL.
+//   - Transactions with CommitLSN < start are skipped whole (the slot can go
+//     backwards after a crash); start is passed to START_REPLICATION too, so
+//     the server normally skips them first.
 //   - After a lost connection Run reconnects with backoff, restarts from the last
-//     confirmed LSN and drops what it had already emitted, so the caller sees every
-//     transaction once per Run.
+//     confirmed LSN and drops what it had already emitted — whole transactions
+//     up to the last emitted Last batch, and the rows already emitted of a
+//     transaction that was cut mid-way — so the caller sees every transaction
+//     once per Run.
+//   - While the caller does not take the next Batch (backpressure), status
+//     updates keep going every StatusInterval, so wal_sender_timeout does not end
+//     the connection; StatusInterval must stay below the server's
+//     wal_sender_timeout (default 60s).
+//   - Row values are copied out of the connection's read buffer: a Batch stays
+//     valid for as long as the caller keeps it. Values are pgoutput text (jsonb
+//     as its text, bytea as \x hex), nil for NULL.
+//   - Bad bytes never panic: they end Run with a *DecodeError.
 package replication

@@ -56,13 +56,13 @@ func TestGenerateFixtures(t *testing.T) {
 	if os.Getenv("RELAY_REGEN_FIXTURES") == "" {
 		t.Skip("set RELAY_REGEN_FIXTURES=1 to regenerate testdata/stream.hex")
 	}
-	dsn, exec := testDB(t)
-	exec(fixtureDDL)
-	exec("SELECT pg_create_logical_replication_slot('fixture_slot', 'pgoutput')")
+	db := testDB(t)
+	db.exec(fixtureDDL)
+	db.exec("SELECT pg_create_logical_replication_slot('fixture_slot', 'pgoutput')")
 	for _, q := range fixtureSQL {
-		exec(q)
+		db.exec(q)
 	}
-	msgs := captureRaw(t, dsn, "fixture_slot", "fixture_pub", len(fixtureSQL))
+	msgs := captureRaw(t, db.dsn, "fixture_slot", "fixture_pub", len(fixtureSQL))
 	var b strings.Builder
 	b.WriteString("# pgoutput proto_version 1 messages captured by TestGenerateFixtures (fixture_gen_test.go).\n")
 	b.WriteString("# One XLogData payload a line: WALStart, then the message in hex.\n")

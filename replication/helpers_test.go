@@ -31,7 +31,7 @@ var dbSeq atomic.Int64
 
 // testDB creates a fresh database (slots and publications are per database)
 // and returns a DSN for it; everything is dropped when the test ends.
-func testDB(t testing.TB) (dsn string, exec func(sql string)) {
+func testDB(t testing.TB) *testDatabase {
 	t.Helper()
 	base := testPostgresDSN(t)
 	name := fmt.Sprintf("relay_repl_%d_%d", os.Getpid(), dbSeq.Add(1))
@@ -69,7 +69,35 @@ func testDB(t testing.TB) (dsn string, exec func(sql string)) {
 	} else {
 		dsnOut = base + " dbname=" + name
 	}
-	return dsnOut, func(sql string) { t.Helper(); mustExec(t, conn, sql) }
+	return &testDatabase{t: t, dsn: dsnOut, name: name, conn: conn, admin: admin}
+}
+
+type testDatabase struct {
+	t     testing.TB
+	dsn   string
+	name  string
+	conn  *pgconn.PgConn // to the test database
+	admin *pgconn.PgConn // to the server's default database
+}
+
+func (d *testDatabase) exec(sql string) {
+	d.t.Helper()
+	mustExec(d.t, d.conn, sql)
+}
+
+// value returns the first column of the first row of the last statement's
+// result, "NULL" for NULL.
+func (d *testDatabase) value(sql string) string {
+	d.t.Helper()
+	res := mustExec(d.t, d.conn, sql)
+	last := res[len(res)-1]
+	if len(last.Rows) == 0 {
+		d.t.Fatalf("%q returned no rows", sql)
+	}
+	if v := last.Rows[0][0]; v != nil {
+		return string(v)
+	}
+	return "NULL"
 }
 
 func replaceURLDatabase(t testing.TB, dsn, db string) string {

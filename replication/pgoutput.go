@@ -138,7 +138,7 @@ func parseRelation(b []byte) (*Relation, error) {
 	}
 	// Each column takes at least 10 bytes; checking first keeps a forged
 	// count from allocating a huge slice.
-	if n*10 > len(r.b) {
+	if n > len(r.b)/10 {
 		return nil, fmt.Errorf("relation %s.%s: %d columns: %w", rel.Namespace, rel.Name, n, errShort)
 	}
 	rel.Columns = make([]Column, n)
@@ -214,7 +214,10 @@ func parseTruncate(b []byte) ([]uint32, error) {
 	r := reader{b: b}
 	n := int(r.u32())
 	r.u8() // options
-	if r.err == nil && n*4 > len(r.b) {
+	if r.err != nil {
+		return nil, fmt.Errorf("truncate: %w", r.err)
+	}
+	if n > len(r.b)/4 {
 		return nil, fmt.Errorf("truncate: %d relations: %w", n, errShort)
 	}
 	ids := make([]uint32, 0, n)
