@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
@@ -71,12 +71,12 @@ configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
 				ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 				defer stop()
 			}
-			pool, err := opsPool(ctx, e, "outbox-relay lag")
+			conn, err := newOpsConn(e, "outbox-relay lag")
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			return ops.RunLag(ctx, pool, e.opsConfig(), e.stdout, opts)
+			defer conn.Close(context.WithoutCancel(ctx))
+			return ops.RunLag(ctx, conn, e.opsConfig(), e.stdout, opts)
 		}),
 	}
 	f := cmd.Flags()
@@ -100,27 +100,50 @@ func parseInterval(s string) (time.Duration, error) {
 	return time.Duration(secs * float64(time.Second)), nil
 }
 
-// opsPool returns a pool of one read-only connection for lag and status. A
-// pool rather than a connection so that --watch survives a server restart;
-// it dials on first use. The session is read-only and bounded in time so that
-// a check can neither change anything nor hang behind a lock.
-func opsPool(ctx context.Context, e *env, applicationName string) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(e.cfg.Postgres.DSN)
+// opsConn is the read-only session of lag and status. It dials on first use
+// and again after the connection is lost, so that --watch survives a server
+// restart. The session is read-only and bounded in time so that a check can
+// neither change anything nor hang behind a lock. Not safe for concurrent use.
+type opsConn struct {
+	cfg  *pgx.ConnConfig
+	dsn  string
+	conn *pgx.Conn
+}
+
+func newOpsConn(e *env, applicationName string) (*opsConn, error) {
+	cfg, err := pgx.ParseConfig(e.cfg.Postgres.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
-	pc.MaxConns = 1
-	rp := pc.ConnConfig.RuntimeParams
+	rp := cfg.RuntimeParams
 	rp["application_name"] = applicationName
 	rp["default_transaction_read_only"] = "on"
 	rp["statement_timeout"] = "10s"
 	rp["lock_timeout"] = "5s"
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
-	}
-	return pool, nil
+	return &opsConn{cfg: cfg, dsn: e.cfg.Postgres.DSN}, nil
 }
+
+// QueryRow implements ops.Querier.
+func (c *opsConn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if c.conn == nil || c.conn.IsClosed() {
+		conn, err := pgx.ConnectConfig(ctx, c.cfg)
+		if err != nil {
+			return errRow{fmt.Errorf("connect to postgres %s: %w", redactDSN(c.dsn), err)}
+		}
+		c.conn = conn
+	}
+	return c.conn.QueryRow(ctx, sql, args...)
+}
+
+func (c *opsConn) Close(ctx context.Context) {
+	if c.conn != nil {
+		c.conn.Close(ctx)
+	}
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
 
 // opsConfig names what lag and status examine.
 func (e *env) opsConfig() ops.Config {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
@@ -19,12 +21,12 @@ not a relay is streaming (use --json and the "streaming" field in scripts), 1
 when the check fails (cannot connect, slot missing).`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
-			pool, err := opsPool(cmd.Context(), e, "outbox-relay status")
+			conn, err := newOpsConn(e, "outbox-relay status")
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			r, err := ops.Status(cmd.Context(), pool, e.opsConfig())
+			defer conn.Close(context.WithoutCancel(cmd.Context()))
+			r, err := ops.Status(cmd.Context(), conn, e.opsConfig())
 			if err != nil {
 				return err
 			}
