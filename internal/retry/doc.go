@@ -1,0 +1,35 @@
+// Package retry keeps the events that could not be delivered to Kafka in a
+// Postgres table, retries them with backoff, and lets an operator list,
+// requeue and drop them.
+//
+// The pipeline diverts an event here when Kafka refused it for a reason of its
+// own (unknown topic, too large, unroutable), and every later event of the same
+// aggregate while an earlier one is here (Event.Waiting). Insert is durable
+// when it returns nil, so the pipeline may then confirm the event's LSN: the
+// table, not the WAL, holds it from then on. A broker-wide outage is not a
+// reason to insert anything: the sink blocks through it and the pipeline holds
+// its LSN.
+//
+// Invariants enforced here:
+//
+//   - Per-aggregate order survives failures. Rows of one aggregate (see
+//     Event.Aggregate) are delivered in seq order, and seq is insertion order.
+//     The Worker delivers only the head of an aggregate (no lower seq of the
+//     same aggregate in the table, whatever its status), then the rows behind
+//     it, stopping at the first failure. A dead row blocks its aggregate until
+//     the operator requeues or drops it.
+//   - No row is delivered by two workers at once: a worker claims a head with
+//     SELECT … FOR UPDATE SKIP LOCKED and deletes what it delivered in the same
+//     transaction, so several relay processes may share one table. Delivery is
+//     at least once: a crash between Kafka's acknowledgement and the commit
+//     sends the rows again, and so does a batch in which a later row was
+//     acknowledged after an earlier one failed (it stays, to arrive after it).
+//   - A broker outage is not a failure of the event. An attempt that ends
+//     because AttemptTimeout expired while the sink was blocked is rolled back:
+//     attempts do not grow and nothing goes dead.
+//   - Inserting is idempotent on Event.EventKey, which is deterministic, so the
+//     pipeline may insert again what a crash made it read again.
+//
+// Nothing here dials or starts goroutines on construction; Worker.Run blocks
+// until its context is done.
+package retry
