@@ -200,6 +200,8 @@ func (a *assembler) begin(body []byte) error {
 		a.skippedResent++
 	case a.partialCommit != 0 && m.FinalLSN == a.partialCommit:
 		a.dropRows, a.txnRows = a.partialRows, a.partialRows
+		a.log.Info("dropping rows already emitted of a transaction cut by the reconnect",
+			"rows", a.partialRows, "commit_lsn", m.FinalLSN.String())
 	case a.partialCommit != 0:
 		return &gapError{commit: a.partialCommit, next: m.FinalLSN}
 	}

@@ -377,6 +377,14 @@ func TestStreamBackpressure(t *testing.T) {
 	if n := r.s.Stats().Reconnects; n != 0 {
 		t.Errorf("Stats Reconnects = %d after blocking 5s with wal_sender_timeout 2s; want 0", n)
 	}
+
+	// Cancel while Run is blocked handing on a batch: a clean exit (checked by stop).
+	db.exec(insertSQL(5, 6))
+	eventually(t, "stream blocked on the next batch", 10*time.Second, func() (bool, string) {
+		st := r.s.Stats()
+		return st.ReceivedTransactions >= 3, fmt.Sprint(st.ReceivedTransactions)
+	})
+	r.stop()
 }
 
 func TestStreamSetupErrors(t *testing.T) {

@@ -1,0 +1,130 @@
+package replication
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestQuoteLiteral(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"outbox_relay", "'outbox_relay'"},
+		{"it's", "'it''s'"},
+		{"''", "''''''"},
+	}
+	for _, tt := range tests {
+		if got := quoteLiteral(tt.in); got != tt.want {
+			t.Errorf("quoteLiteral(%q) = %q; want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{DSN: "postgres://x", Slot: "relay_slot", Publication: "pub"}
+	tests := []struct {
+		name    string
+		mutate  func(*Config)
+		wantErr string
+	}{
+		{"valid", func(*Config) {}, ""},
+		{"no DSN", func(c *Config) { c.DSN = "" }, "DSN is empty"},
+		{"slot with a dash", func(c *Config) { c.Slot = "relay-slot" }, `slot name "relay-slot" is invalid`},
+		{"slot injection", func(c *Config) { c.Slot = "x LOGICAL 0/0; DROP" }, "is invalid"},
+		{"no publication", func(c *Config) { c.Publication = "" }, "publication is empty"},
+		{"backoff inverted", func(c *Config) { c.ReconnectMin = time.Minute }, "below ReconnectMin"},
+		{"negative rows", func(c *Config) { c.MaxBatchRows = -1 }, "must not be negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := ok
+			tt.mutate(&c)
+			err := c.withDefaults().validate()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Errorf("validate() = %v; want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("validate() = %v; want an error containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c := Config{}.withDefaults()
+	if c.ApplicationName != "outbox-relay" || c.StatusInterval != 10*time.Second || c.MaxBatchRows != 1000 ||
+		c.MaxBatchBytes != 1<<20 || c.ReconnectMin != 100*time.Millisecond || c.ReconnectMax != 10*time.Second || c.Logger == nil {
+		t.Errorf("Config{}.withDefaults() = %+v; want the documented defaults", c)
+	}
+}
+
+func TestRunInvalidConfig(t *testing.T) {
+	err := New(Config{}).Run(t.Context(), 0, make(chan Batch))
+	if !errors.Is(err, ErrConfig) {
+		t.Errorf("Run with an empty Config = %v; want ErrConfig", err)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	b := backoff{min: 100 * time.Millisecond, max: time.Second}
+	wantCaps := []time.Duration{100, 200, 400, 800, 1000, 1000}
+	for i, c := range wantCaps {
+		c *= time.Millisecond
+		if d := b.next(); d < c/2 || d > c {
+			t.Errorf("attempt %d: next() = %s; want within [%s, %s]", i, d, c/2, c)
+		}
+	}
+	b.reset()
+	if d := b.next(); d > 100*time.Millisecond {
+		t.Errorf("next() after reset = %s; want <= 100ms", d)
+	}
+}
+
+func TestConfirmNeverMovesBack(t *testing.T) {
+	s := New(Config{})
+	for _, lsn := range []uint64{10, 30, 20, 0} {
+		s.Confirm(pglogrepl.LSN(lsn))
+	}
+	if got := s.Stats().ConfirmedLSN; got != 30 {
+		t.Errorf("ConfirmedLSN after Confirm(10, 30, 20, 0) = %s; want 0/1E", got)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	s := New(Config{Slot: "relay_slot", Publication: "pub"})
+	tests := []struct {
+		name  string
+		err   error
+		want  error // nil: retryable
+		fatal bool
+	}{
+		{"auth", &pgconn.PgError{Code: "28P01", Message: "password authentication failed"}, ErrAuth, true},
+		{"no hba entry", &pgconn.PgError{Code: "28000", Message: "no pg_hba.conf entry for replication connection"}, ErrAuth, true},
+		{"no replication role", &pgconn.PgError{Code: "42501", Message: "must be superuser or replication role"}, ErrPermission, true},
+		{"slot missing", &pgconn.PgError{Code: "42704", Message: `replication slot "relay_slot" does not exist`}, ErrSlotMissing, true},
+		{"publication missing", &pgconn.PgError{Code: "42704", Message: `publication "pub" does not exist`}, ErrPublicationMissing, true},
+		{"slot busy", &pgconn.PgError{Code: "55006", Message: "replication slot is active for PID 7"}, errSlotBusy, false},
+		{"terminated", &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}, nil, false},
+		{"network", errors.New("read: connection reset by peer"), nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := s.classify("op", tt.err)
+			if got := isFatal(err); got != tt.fatal {
+				t.Errorf("isFatal(classify(%v)) = %v; want %v", tt.err, got, tt.fatal)
+			}
+			if tt.want != nil && !errors.Is(err, tt.want) {
+				t.Errorf("classify(%v) = %v; want it to wrap %v", tt.err, err, tt.want)
+			}
+			if !errors.Is(err, tt.err) {
+				t.Errorf("classify(%v) = %v; want it to wrap the cause", tt.err, err)
+			}
+		})
+	}
+}
