@@ -1,0 +1,238 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/go-connections/nat"
+	"github.com/testcontainers/testcontainers-go"
+	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+)
+
+const (
+	postgresImage = "postgres:15-alpine"
+	kafkaImage    = "confluentinc/confluent-local:7.5.0" // the image the kafka module's start script is written for
+)
+
+// containers holds this binary's containers, started on first use.
+var containers struct {
+	dockerOnce sync.Once
+	docker     bool
+
+	pgOnce   sync.Once
+	pgDSN    string
+	pgErr    error
+	postgres testcontainers.Container
+
+	kafkaOnce    sync.Once
+	kafkaAddrs   []string
+	kafkaErr     error
+	kafka        testcontainers.Container
+	terminateMu  sync.Mutex
+	terminateAll []testcontainers.Container
+}
+
+// Main runs the tests and then terminates the containers this binary started, for a
+// package that wants them gone before the process exits:
+//
+//	func TestMain(m *testing.M) { testenv.Main(m) }
+//
+// Without it the testcontainers reaper removes them when the binary exits.
+func Main(m *testing.M) {
+	code := m.Run()
+	terminateContainers()
+	os.Exit(code)
+}
+
+func terminateContainers() {
+	containers.terminateMu.Lock()
+	defer containers.terminateMu.Unlock()
+	for _, c := range containers.terminateAll {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := testcontainers.TerminateContainer(c, testcontainers.StopContext(ctx)); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: terminate container: %v\n", err)
+		}
+		cancel()
+	}
+	containers.terminateAll = nil
+}
+
+// postgresAdminDSN returns the DSN of the server's default database, from the
+// environment or a container, and fails the test when there is neither.
+func postgresAdminDSN(t testing.TB) string {
+	t.Helper()
+	if dsn := os.Getenv(envPostgresDSN); dsn != "" {
+		return dsn
+	}
+	if !dockerAvailable() {
+		t.Fatalf("testenv: no Postgres: %s is not set and no Docker engine answers; %s", envPostgresDSN, howToStart)
+	}
+	containers.pgOnce.Do(func() {
+		containers.pgDSN, containers.postgres, containers.pgErr = startPostgresContainer()
+	})
+	if containers.pgErr != nil {
+		t.Fatalf("testenv: Postgres container: %v", containers.pgErr)
+	}
+	return containers.pgDSN
+}
+
+// kafkaBrokers returns the brokers, from the environment or a container, and fails
+// the test when there is neither.
+func kafkaBrokers(t testing.TB) []string {
+	t.Helper()
+	if v := os.Getenv(envKafkaBrokers); v != "" {
+		var out []string
+		for _, b := range strings.Split(v, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				out = append(out, b)
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	if !dockerAvailable() {
+		t.Fatalf("testenv: no Kafka: %s is not set and no Docker engine answers; %s", envKafkaBrokers, howToStart)
+	}
+	containers.kafkaOnce.Do(func() {
+		containers.kafkaAddrs, containers.kafka, containers.kafkaErr = startKafkaContainer()
+	})
+	if containers.kafkaErr != nil {
+		t.Fatalf("testenv: Kafka container: %v", containers.kafkaErr)
+	}
+	return containers.kafkaAddrs
+}
+
+// dockerAvailable reports whether a Docker engine answers. testcontainers panics or
+// skips without one; here its absence only means "no containers".
+func dockerAvailable() bool {
+	containers.dockerOnce.Do(func() {
+		containers.docker = func() (ok bool) {
+			defer func() {
+				if recover() != nil {
+					ok = false
+				}
+			}()
+			provider, err := testcontainers.ProviderDocker.GetProvider()
+			if err != nil {
+				return false
+			}
+			defer provider.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return provider.Health(ctx) == nil
+		}()
+	})
+	return containers.docker
+}
+
+// freePort returns a loopback port that was free a moment ago. Containers are bound to
+// fixed host ports so that a stopped and restarted container keeps its address (Docker
+// picks a new random port on every start otherwise).
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port), nil
+}
+
+func bindPort(containerPort nat.Port, hostPort string) testcontainers.CustomizeRequestOption {
+	return testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+		if hc.PortBindings == nil {
+			hc.PortBindings = nat.PortMap{}
+		}
+		hc.PortBindings[containerPort] = []nat.PortBinding{{HostIP: "127.0.0.1", HostPort: hostPort}}
+	})
+}
+
+func track(c testcontainers.Container) {
+	containers.terminateMu.Lock()
+	containers.terminateAll = append(containers.terminateAll, c)
+	containers.terminateMu.Unlock()
+}
+
+func startPostgresContainer() (string, testcontainers.Container, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	port, err := freePort()
+	if err != nil {
+		return "", nil, fmt.Errorf("pick port: %w", err)
+	}
+	c, err := tcpostgres.Run(ctx, postgresImage,
+		tcpostgres.WithDatabase("outbox"),
+		tcpostgres.WithUsername("postgres"),
+		tcpostgres.WithPassword("postgres"),
+		testcontainers.WithCmd("postgres", "-c", "fsync=off", "-c", "wal_level=logical",
+			"-c", "max_replication_slots=32", "-c", "max_wal_senders=32", "-c", "max_connections=200"),
+		bindPort("5432/tcp", port),
+		tcpostgres.BasicWaitStrategies(),
+	)
+	if c != nil {
+		track(c)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	dsn, err := c.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		return "", nil, fmt.Errorf("connection string: %w", err)
+	}
+	return dsn, c, nil
+}
+
+func startKafkaContainer() ([]string, testcontainers.Container, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	port, err := freePort()
+	if err != nil {
+		return nil, nil, fmt.Errorf("pick port: %w", err)
+	}
+	c, err := tckafka.Run(ctx, kafkaImage,
+		testcontainers.WithEnv(map[string]string{
+			"KAFKA_NUM_PARTITIONS":            "4",
+			"KAFKA_AUTO_CREATE_TOPICS_ENABLE": "true",
+		}),
+		bindPort("9093/tcp", port),
+	)
+	if c != nil {
+		track(c)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	brokers, err := c.Brokers(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("brokers: %w", err)
+	}
+	return brokers, c, nil
+}
+
+func stopContainer(t testing.TB, c testcontainers.Container) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	zero := time.Duration(0) // SIGKILL at once: a crash, not a clean shutdown
+	if err := c.Stop(ctx, &zero); err != nil {
+		t.Fatalf("testenv: stop container: %v", err)
+	}
+}
+
+func startContainer(t testing.TB, c testcontainers.Container) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("testenv: start container: %v", err)
+	}
+}

@@ -1,0 +1,513 @@
+#!/usr/bin/env bash
+# dev.sh runs the local Postgres 15 and Apache Kafka 3.9.1 that development, the demo
+# and the integration tests use, without Docker.
+#
+#   scripts/dev.sh up                 start both (idempotent), print connection info
+#   scripts/dev.sh down               stop both by their PIDs
+#   scripts/dev.sh clean              down, then remove .dev/
+#   scripts/dev.sh env                print export lines for eval
+#   scripts/dev.sh status             show what runs
+#   scripts/dev.sh deps               install what is missing (apt), nothing else
+#   scripts/dev.sh kafka-kill         kill -9 the broker, wait until it is gone
+#   scripts/dev.sh kafka-start        start the broker, wait until it answers metadata
+#   scripts/dev.sh pg-stop-immediate  pg_ctl stop -m immediate, wait until stopped
+#   scripts/dev.sh pg-start           start Postgres, wait until it accepts connections
+#
+# State lives in .dev/ (git-ignored); the Kafka jars are cached outside the repo in
+# ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-3.9.1/libs (and Maven's ~/.m2).
+#
+# Fault helpers (kafka-kill, kafka-start, pg-stop-immediate, pg-start) take an exclusive
+# flock on .dev/fault.lock so that they wait for running tests, which hold it shared
+# (see internal/testenv). The Go harness already holds it and sets RELAY_FAULT_LOCK_HELD=1.
+#
+# Environment: RELAY_DEV_PG_PORT (54329), RELAY_DEV_KAFKA_PORT (19092),
+# RELAY_DEV_KAFKA_CONTROLLER_PORT (Kafka port + 1), RELAY_DEV_DIR (<repo>/.dev).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEV_DIR=${RELAY_DEV_DIR:-$ROOT/.dev}
+PG_PORT=${RELAY_DEV_PG_PORT:-54329}
+KAFKA_PORT=${RELAY_DEV_KAFKA_PORT:-19092}
+KAFKA_CTRL_PORT=${RELAY_DEV_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
+KAFKA_VERSION=3.9.1
+KAFKA_LIBS=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-$KAFKA_VERSION/libs
+KAFKA_HOME=$DEV_DIR/kafka
+PG_DB=outbox
+PG_USER=relay
+PG_PASSWORD=relay
+WAIT_SECONDS=${RELAY_DEV_WAIT_SECONDS:-120}
+
+PG_DSN="postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
+KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT"
+
+log() { printf 'dev: %s\n' "$*" >&2; }
+die() {
+	printf 'dev: error: %s\n' "$*" >&2
+	exit 1
+}
+
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+# ---------------------------------------------------------------- packages
+
+# apt_install installs the Debian packages that are not installed yet, running
+# apt-get update once per run (OUTBOX_RELAY_APT_UPDATED carries that across scripts).
+apt_install() {
+	local missing=() p sudo=()
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get: install them by hand"
+	if ! is_root; then
+		if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+			sudo=(sudo -n)
+		else
+			die "missing Debian packages: ${missing[*]}; install them with: sudo apt-get install ${missing[*]}"
+		fi
+	fi
+	if [ -z "${OUTBOX_RELAY_APT_UPDATED:-}" ]; then
+		log "apt-get update"
+		"${sudo[@]}" apt-get update -qq >&2
+		export OUTBOX_RELAY_APT_UPDATED=1
+	fi
+	log "apt-get install ${missing[*]}"
+	DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+pg_bindir() {
+	if [ -n "${RELAY_DEV_PG_BIN:-}" ]; then
+		echo "$RELAY_DEV_PG_BIN"
+	elif [ -x /usr/lib/postgresql/15/bin/postgres ]; then
+		echo /usr/lib/postgresql/15/bin
+	else
+		# Debian 12 ships 15; on other releases take the newest installed server.
+		ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+	fi
+}
+
+ensure_pg_installed() {
+	if [ -z "$(pg_bindir)" ] || [ ! -x "$(pg_bindir)/postgres" ]; then
+		apt_install postgresql
+	fi
+	PG_BIN=$(pg_bindir)
+	[ -x "$PG_BIN/postgres" ] || die "no postgres server binaries found under /usr/lib/postgresql"
+}
+
+ensure_java_installed() {
+	command -v java >/dev/null || apt_install default-jre-headless
+	command -v mvn >/dev/null || apt_install maven
+}
+
+ensure_kcat_installed() {
+	command -v kcat >/dev/null || apt_install kcat
+}
+
+deps() {
+	ensure_pg_installed
+	ensure_java_installed
+	ensure_kcat_installed
+}
+
+# ---------------------------------------------------------------- locking
+
+# with_fault_lock runs "$@" holding the exclusive fault lock unless the caller holds it.
+with_fault_lock() {
+	if [ -n "${RELAY_FAULT_LOCK_HELD:-}" ]; then
+		"$@"
+		return
+	fi
+	mkdir -p "$DEV_DIR"
+	exec 9>>"$DEV_DIR/fault.lock"
+	flock -x 9
+	"$@"
+	flock -u 9
+}
+
+# ---------------------------------------------------------------- postgres
+
+# pg_home is the folder holding the cluster. As root the server runs as the postgres
+# system user, who may not be able to reach a repository under /root: then the cluster
+# lives under /var/tmp and .dev/pg is a symlink to it.
+pg_home() {
+	local link=$DEV_DIR/pg
+	if [ -L "$link" ]; then
+		readlink -f "$link"
+		return
+	fi
+	if [ -d "$link" ] || ! is_root; then
+		echo "$link"
+		return
+	fi
+	mkdir -p "$DEV_DIR"
+	if runuser -u postgres -- test -x "$DEV_DIR" 2>/dev/null; then
+		echo "$link"
+		return
+	fi
+	local alt
+	alt=/var/tmp/outbox-relay-dev-$(printf '%s' "$DEV_DIR" | md5sum | cut -c1-12)/pg
+	mkdir -p "$alt"
+	ln -s "$alt" "$link"
+	echo "$alt"
+}
+
+# as_pg runs a command as the cluster's owner: the postgres system user when we are root.
+as_pg() {
+	if is_root; then
+		(cd / && runuser -u postgres -- "$@")
+	else
+		(cd / && "$@")
+	fi
+}
+
+pg_setup_paths() {
+	PG_HOME=$(pg_home)
+	PG_DATA=$PG_HOME/data
+	PG_LOG=$PG_HOME/postgres.log
+	PG_SOCK=$PG_HOME/run
+	# A unix socket path must stay under ~107 bytes.
+	if [ ${#PG_SOCK} -gt 80 ]; then
+		PG_SOCK=/tmp
+	fi
+}
+
+pg_running() {
+	[ -f "$PG_DATA/PG_VERSION" ] && as_pg "$PG_BIN/pg_ctl" status -D "$PG_DATA" >/dev/null 2>&1
+}
+
+pg_write_conf() {
+	# Rewritten on every start so that RELAY_DEV_PG_PORT is honoured.
+	as_pg tee "$PG_DATA/relay_dev.conf" >/dev/null <<EOF
+# Written by scripts/dev.sh on every start.
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$PG_SOCK'
+wal_level = logical
+max_replication_slots = 32
+max_wal_senders = 32
+max_connections = 200
+# Dev and test data only: a crashed server (not a crashed machine) loses nothing.
+fsync = off
+log_min_messages = warning
+EOF
+}
+
+pg_init() {
+	[ -f "$PG_DATA/PG_VERSION" ] && return 0
+	log "initdb $PG_DATA"
+	mkdir -p "$PG_HOME"
+	if is_root; then
+		chown postgres:postgres "$PG_HOME"
+	fi
+	as_pg mkdir -p "$PG_DATA" "$PG_SOCK"
+	as_pg "$PG_BIN/initdb" -D "$PG_DATA" -U postgres -E UTF8 --locale=C \
+		--auth-local=trust --auth-host=scram-sha-256 >"$PG_HOME/initdb.log" 2>&1 ||
+		{
+			tail -n 20 "$PG_HOME/initdb.log" >&2
+			die "initdb failed"
+		}
+	as_pg sh -c "echo \"include_if_exists = 'relay_dev.conf'\" >>'$PG_DATA/postgresql.conf'"
+}
+
+pg_start() {
+	if pg_running; then
+		return 0
+	fi
+	if is_root; then
+		chown postgres:postgres "$PG_HOME"
+		touch "$PG_LOG" && chown postgres:postgres "$PG_LOG"
+	fi
+	as_pg mkdir -p "$PG_SOCK"
+	pg_write_conf
+	log "starting postgres on 127.0.0.1:$PG_PORT"
+	if ! as_pg "$PG_BIN/pg_ctl" start -w -t "$WAIT_SECONDS" -D "$PG_DATA" -l "$PG_LOG" >/dev/null; then
+		tail -n 30 "$PG_LOG" >&2 || true
+		die "postgres did not start (log: $PG_LOG)"
+	fi
+}
+
+pg_wait_ready() {
+	local i
+	for ((i = 0; i < WAIT_SECONDS * 2; i++)); do
+		if "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then
+			return 0
+		fi
+		sleep 0.5
+	done
+	tail -n 30 "$PG_LOG" >&2 || true
+	die "postgres is not accepting connections on 127.0.0.1:$PG_PORT (log: $PG_LOG)"
+}
+
+pg_bootstrap() {
+	as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres >/dev/null <<EOF
+DO \$\$BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
+    CREATE ROLE $PG_USER LOGIN PASSWORD '$PG_PASSWORD' REPLICATION CREATEDB;
+  ELSE
+    ALTER ROLE $PG_USER LOGIN PASSWORD '$PG_PASSWORD' REPLICATION CREATEDB;
+  END IF;
+END\$\$;
+SELECT 'CREATE DATABASE $PG_DB OWNER $PG_USER'
+WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$PG_DB')\gexec
+EOF
+}
+
+pg_up() {
+	ensure_pg_installed
+	pg_setup_paths
+	pg_init
+	pg_start
+	pg_wait_ready
+	pg_bootstrap
+}
+
+pg_stop() { # mode
+	ensure_pg_installed
+	pg_setup_paths
+	if ! pg_running; then
+		return 0
+	fi
+	log "stopping postgres (-m $1)"
+	as_pg "$PG_BIN/pg_ctl" stop -w -t "$WAIT_SECONDS" -m "$1" -D "$PG_DATA" >/dev/null
+}
+
+# ---------------------------------------------------------------- kafka
+
+kafka_libs() {
+	if [ -f "$KAFKA_LIBS/.complete" ]; then
+		return 0
+	fi
+	ensure_java_installed
+	log "resolving Kafka $KAFKA_VERSION jars from Maven Central into $KAFKA_LIBS"
+	local tmp
+	mkdir -p "$(dirname "$KAFKA_LIBS")"
+	tmp=$(mktemp -d "$(dirname "$KAFKA_LIBS")/.libs.XXXXXX")
+	if ! mvn -q -B -f "$ROOT/scripts/kafka/pom.xml" dependency:copy-dependencies \
+		-DoutputDirectory="$tmp" -DincludeScope=runtime >&2; then
+		rm -rf "$tmp"
+		die "maven could not resolve the Kafka jars"
+	fi
+	touch "$tmp/.complete"
+	rm -rf "$KAFKA_LIBS"
+	mv "$tmp" "$KAFKA_LIBS"
+}
+
+kafka_java() { # main class and args
+	java -Xmx512m -Xms128m -Djava.awt.headless=true \
+		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
+		-cp "$KAFKA_LIBS/*" "$@"
+}
+
+kafka_write_conf() {
+	mkdir -p "$KAFKA_HOME/data"
+	cat >"$KAFKA_HOME/server.properties" <<EOF
+# Written by scripts/dev.sh on every start.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CTRL_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CTRL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$KAFKA_HOME/data
+num.partitions=4
+default.replication.factor=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+# After kill -9 the restarted broker waits for its old session to expire before it is
+# unfenced: keep that short so fault tests do not sit idle.
+broker.session.timeout.ms=3000
+broker.heartbeat.interval.ms=500
+EOF
+	cat >"$KAFKA_HOME/log4j.properties" <<EOF
+log4j.rootLogger=WARN, file
+log4j.logger.kafka.server.KafkaRaftServer=INFO
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File=$KAFKA_HOME/server.log
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+EOF
+}
+
+kafka_format() {
+	[ -f "$KAFKA_HOME/data/meta.properties" ] && return 0
+	log "formatting KRaft storage in $KAFKA_HOME/data"
+	local id
+	id=$(kafka_java kafka.tools.StorageTool random-uuid)
+	kafka_java kafka.tools.StorageTool format -t "$id" -c "$KAFKA_HOME/server.properties" >"$KAFKA_HOME/format.log" 2>&1 ||
+		{
+			cat "$KAFKA_HOME/format.log" >&2
+			die "kafka storage format failed"
+		}
+}
+
+# kafka_pid prints the broker's PID if the process in the PID file is our live broker.
+kafka_pid() {
+	local pid state
+	[ -f "$KAFKA_HOME/kafka.pid" ] || return 1
+	pid=$(cat "$KAFKA_HOME/kafka.pid")
+	[ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+	state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+	[ "$state" != Z ] || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "kafka.Kafka $KAFKA_HOME/server.properties" || return 1
+	echo "$pid"
+}
+
+kafka_log_tail() {
+	log "last lines of $KAFKA_HOME/server.log and stdout.log:"
+	tail -n 30 "$KAFKA_HOME/server.log" >&2 2>/dev/null || true
+	tail -n 30 "$KAFKA_HOME/stdout.log" >&2 2>/dev/null || true
+}
+
+# kafka_answers succeeds when the broker returns metadata listing itself.
+kafka_answers() {
+	if command -v kcat >/dev/null; then
+		kcat -b "$KAFKA_BROKERS" -L -m 3 2>/dev/null | grep -q "1 brokers:"
+	else
+		# Without kcat an open port is the best check bash can do.
+		(exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null
+	fi
+}
+
+kafka_start() {
+	if kafka_pid >/dev/null; then
+		kafka_wait_ready
+		return 0
+	fi
+	ensure_java_installed
+	command -v kcat >/dev/null || apt_install kcat || log "kcat missing: readiness is checked by TCP only"
+	kafka_libs
+	kafka_write_conf
+	kafka_format
+	log "starting kafka $KAFKA_VERSION on $KAFKA_BROKERS (controller 127.0.0.1:$KAFKA_CTRL_PORT)"
+	: >"$KAFKA_HOME/stdout.log"
+	rm -f "$KAFKA_HOME/kafka.pid"
+	# setsid: the broker must outlive make and the shell that started it. The inner shell
+	# writes its own PID, which exec hands to the JVM, so the PID file names the broker.
+	setsid bash -c 'echo $$ >"$1/kafka.pid"; shift; exec "$@"' _ "$KAFKA_HOME" \
+		java -Xmx512m -Xms128m -Djava.awt.headless=true \
+		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
+		-cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_HOME/server.properties" \
+		</dev/null >>"$KAFKA_HOME/stdout.log" 2>&1 &
+	local i
+	for ((i = 0; i < 50; i++)); do
+		[ -s "$KAFKA_HOME/kafka.pid" ] && break
+		sleep 0.1
+	done
+	kafka_wait_ready
+}
+
+kafka_wait_ready() {
+	local i
+	for ((i = 0; i < WAIT_SECONDS * 2; i++)); do
+		if ! kafka_pid >/dev/null; then
+			kafka_log_tail
+			die "kafka exited during start-up"
+		fi
+		if kafka_answers; then
+			return 0
+		fi
+		sleep 0.5
+	done
+	kafka_log_tail
+	die "kafka did not answer a metadata request on $KAFKA_BROKERS within ${WAIT_SECONDS}s"
+}
+
+kafka_wait_gone() { # pid
+	local i
+	for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+		if ! kafka_pid >/dev/null && ! (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	die "kafka (pid $1) is still running"
+}
+
+kafka_stop() { # signal
+	local pid
+	pid=$(kafka_pid) || return 0
+	log "stopping kafka (pid $pid, SIG$1)"
+	kill "-$1" "$pid" 2>/dev/null || true
+	if [ "$1" = TERM ]; then
+		local i
+		for ((i = 0; i < 600; i++)); do
+			kafka_pid >/dev/null || break
+			sleep 0.1
+		done
+		if kafka_pid >/dev/null; then
+			log "kafka ignored SIGTERM for 60s: SIGKILL"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+	fi
+	kafka_wait_gone "$pid"
+}
+
+# ---------------------------------------------------------------- commands
+
+print_env() {
+	cat <<EOF
+export RELAY_POSTGRES_DSN='$PG_DSN'
+export RELAY_KAFKA_BROKERS='$KAFKA_BROKERS'
+export RELAY_TEST_POSTGRES_DSN='$PG_DSN'
+export RELAY_TEST_KAFKA_BROKERS='$KAFKA_BROKERS'
+export RELAY_DEV_PG_PORT='$PG_PORT'
+export RELAY_DEV_KAFKA_PORT='$KAFKA_PORT'
+EOF
+}
+
+print_info() {
+	cat <<EOF
+Postgres: $PG_DSN
+Kafka:    $KAFKA_BROKERS
+Use them: eval "\$(make -s dev-env)"
+Stop:     make dev-down
+EOF
+}
+
+cmd_up() {
+	mkdir -p "$DEV_DIR"
+	pg_up
+	kafka_start
+	print_info
+}
+
+cmd_down() {
+	pg_stop fast
+	kafka_stop TERM
+}
+
+cmd_status() {
+	ensure_pg_installed
+	pg_setup_paths
+	if pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
+	local pid
+	if pid=$(kafka_pid); then echo "kafka: running (pid $pid) on $KAFKA_BROKERS"; else echo "kafka: stopped"; fi
+}
+
+case "${1:-}" in
+up) cmd_up ;;
+down) cmd_down ;;
+clean)
+	cmd_down
+	pg_setup_paths
+	if [ "$PG_HOME" != "$DEV_DIR/pg" ]; then rm -rf "$(dirname "$PG_HOME")"; fi
+	rm -rf "$DEV_DIR"
+	;;
+env) print_env ;;
+status) cmd_status ;;
+deps) deps ;;
+kafka-kill) with_fault_lock kafka_stop KILL ;;
+kafka-start) with_fault_lock kafka_start ;;
+pg-stop-immediate) with_fault_lock pg_stop immediate ;;
+pg-start) with_fault_lock pg_up ;;
+*)
+	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+	exit 2
+	;;
+esac
