@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/spf13/cobra"
@@ -54,7 +55,6 @@ slot's confirmed position is refused, because the server no longer has that WAL.
 				"start_lsn", startLSN)
 			err = r.Run(ctx)
 			if err == nil || isCanceled(ctx, err) {
-				e.log.Info("stopped")
 				return nil
 			}
 			return err
@@ -66,6 +66,8 @@ slot's confirmed position is refused, because the server no longer has that WAL.
 
 // signalContext is cancelled by the first SIGTERM or SIGINT; a second one
 // exits the process at once, for an operator who will not wait for the drain.
+// A repeat within a second is taken as the same request: timeout(1) and some
+// supervisors signal both the process and its process group.
 // stop releases the signals and waits for the watcher goroutine.
 func signalContext(parent context.Context, e *env) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(parent)
@@ -81,11 +83,18 @@ func signalContext(parent context.Context, e *env) (ctx context.Context, stop fu
 		case <-done:
 			return
 		}
-		select {
-		case sig := <-sigs:
-			e.log.Warn("exiting at once without draining; unconfirmed events will be delivered again on the next start", "signal", sig.String())
-			os.Exit(exitFail)
-		case <-done:
+		first := time.Now()
+		for {
+			select {
+			case sig := <-sigs:
+				if time.Since(first) < time.Second {
+					continue
+				}
+				e.log.Warn("exiting at once without draining; unconfirmed events will be delivered again on the next start", "signal", sig.String())
+				os.Exit(exitFail)
+			case <-done:
+				return
+			}
 		}
 	})
 	return ctx, func() {

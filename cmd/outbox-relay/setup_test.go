@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// dbEnv points the relay's config at a fresh database and a unique slot.
+// Kafka is never contacted by setup; the address only satisfies validation.
+func dbEnv(t *testing.T) (dsn, slot string) {
+	t.Helper()
+	cleanEnv(t)
+	dsn = newDatabase(t)
+	slot = uniqueName("relay_cmd_")
+	t.Setenv("RELAY_POSTGRES_DSN", dsn)
+	t.Setenv("RELAY_POSTGRES_SLOT", slot)
+	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9")
+	return dsn, slot
+}
+
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = execute(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func execSQL(t *testing.T, dsn string, stmts ...string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("exec %q: %v", s, err)
+		}
+	}
+}
+
+func queryString(t *testing.T, dsn, q string, args ...any) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var s string
+	if err := conn.QueryRow(ctx, q, args...).Scan(&s); err != nil {
+		t.Fatalf("query %q: %v", q, err)
+	}
+	return s
+}
+
+func wantLines(t *testing.T, what, out string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s output lacks %q; got:\n%s", what, w, out)
+		}
+	}
+}
+
+func TestSetupTwice(t *testing.T) {
+	dsn, slot := dbEnv(t)
+
+	code, out, errOut := run(t, "setup", "--create-outbox-table")
+	if code != exitOK {
+		t.Fatalf("first setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	wantLines(t, "first setup", out,
+		"outbox table public.outbox: created",
+		"checkpoint table outbox_relay_checkpoint: created",
+		"publication outbox_relay: created for public.outbox, inserts only",
+		"slot "+slot+": created (pgoutput) at ")
+
+	code, out, errOut = run(t, "setup", "--create-outbox-table")
+	if code != exitOK {
+		t.Fatalf("second setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	wantLines(t, "second setup", out,
+		"outbox table public.outbox: already exists",
+		"checkpoint table outbox_relay_checkpoint: already exists",
+		"publication outbox_relay: already exists, covers public.outbox",
+		"slot "+slot+": already exists (pgoutput)")
+	if strings.Contains(out, "created") {
+		t.Errorf("second setup created something:\n%s", out)
+	}
+
+	// What users rely on: the publication has the table, inserts only, and
+	// the slot decodes with pgoutput in this database.
+	got := queryString(t, dsn, `SELECT format('%s %s %s %s', p.pubinsert, p.pubupdate, p.pubdelete,
+	    (SELECT string_agg(schemaname||'.'||tablename, ',') FROM pg_publication_tables WHERE pubname = p.pubname))
+	  FROM pg_publication p WHERE pubname = 'outbox_relay'`)
+	if want := "t f f public.outbox"; got != want {
+		t.Errorf("publication = %q; want %q", got, want)
+	}
+	got = queryString(t, dsn, `SELECT plugin || ' ' || database FROM pg_replication_slots WHERE slot_name = $1`, slot)
+	if want := "pgoutput " + queryString(t, dsn, "SELECT current_database()"); got != want {
+		t.Errorf("slot = %q; want %q", got, want)
+	}
+}
+
+func TestSetupMissingOutbox(t *testing.T) {
+	dsn, slot := dbEnv(t)
+	code, out, _ := run(t, "setup")
+	if code != exitFail {
+		t.Errorf("setup without the outbox table: exit = %d; want %d", code, exitFail)
+	}
+	wantLines(t, "setup", out,
+		"outbox table public.outbox: missing; create it with `outbox-relay setup --create-outbox-table`",
+		"checkpoint table outbox_relay_checkpoint: created",
+		"publication outbox_relay: not created: the outbox table is missing",
+		"slot "+slot+": not created until the problems above are fixed")
+	// No slot may be left behind retaining WAL.
+	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1`, slot); n != "0" {
+		t.Errorf("slots named %s after a failed setup = %s; want 0", slot, n)
+	}
+}
+
+func TestSetupPublicationOfOtherTable(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	execSQL(t, dsn,
+		`CREATE TABLE other (id int)`,
+		`CREATE PUBLICATION outbox_relay FOR TABLE other`)
+	code, out, _ := run(t, "setup", "--create-outbox-table")
+	if code != exitFail {
+		t.Errorf("setup with a publication of another table: exit = %d; want %d", code, exitFail)
+	}
+	wantLines(t, "setup", out,
+		"publication outbox_relay: already exists but does not cover public.outbox (it covers public.other); fix: ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"public\".\"outbox\"")
+	// Not altered silently.
+	if got := queryString(t, dsn, `SELECT string_agg(tablename, ',') FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); got != "other" {
+		t.Errorf("publication tables after setup = %q; want %q (unchanged)", got, "other")
+	}
+}
+
+func TestSetupConfiguredNames(t *testing.T) {
+	dsn, slot := dbEnv(t)
+	execSQL(t, dsn, `CREATE SCHEMA app`)
+	t.Setenv("RELAY_OUTBOX_TABLE", "app.Events")
+	t.Setenv("RELAY_CHECKPOINT_TABLE", "app.relay_state")
+	t.Setenv("RELAY_POSTGRES_PUBLICATION", "Events Pub")
+	t.Setenv("RELAY_OUTBOX_COLUMNS_PAYLOAD", "body")
+	code, out, errOut := run(t, "setup", "--create-outbox-table")
+	if code != exitOK {
+		t.Fatalf("setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	wantLines(t, "setup", out,
+		"outbox table app.Events: created",
+		"checkpoint table app.relay_state: created",
+		"publication Events Pub: created for app.Events",
+		"slot "+slot+": created")
+	got := queryString(t, dsn, `SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute
+	  WHERE attrelid = '"app"."Events"'::regclass AND attnum > 0`)
+	if want := "id,aggregate_type,aggregate_id,event_type,body,headers,created_at"; got != want {
+		t.Errorf("columns of app.Events = %q; want %q", got, want)
+	}
+}
