@@ -1,0 +1,72 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+func TestWindowLimits(t *testing.T) {
+	w := newWindow(10, 100)
+	if !w.tryTake(6, 60) {
+		t.Fatalf("tryTake(6, 60) on an empty window = false; want true")
+	}
+	if w.tryTake(5, 10) {
+		t.Errorf("tryTake(5, 10) with 6/10 events held = true; want false")
+	}
+	if w.tryTake(1, 50) {
+		t.Errorf("tryTake(1, 50) with 60/100 bytes held = true; want false")
+	}
+	if !w.tryTake(4, 40) {
+		t.Errorf("tryTake(4, 40) filling the window exactly = false; want true")
+	}
+	w.giveBytes(100)
+	if w.tryTake(1, 0) {
+		t.Errorf("tryTake(1, 0) with all events still held = true; want false: events are given back only at checkpoints")
+	}
+	w.giveEvents(10)
+	if ev, b := w.usage(); ev != 0 || b != 0 {
+		t.Errorf("usage() = %d, %d; want 0, 0", ev, b)
+	}
+}
+
+func TestWindowOversizedTakeWhenEmpty(t *testing.T) {
+	w := newWindow(10, 100)
+	if !w.tryTake(50, 5000) {
+		t.Fatalf("tryTake(50, 5000) on an empty window = false; want true, or a huge transaction would stall forever")
+	}
+	if w.tryTake(1, 1) {
+		t.Errorf("tryTake(1, 1) after an oversized take = true; want false")
+	}
+}
+
+func TestWindowTakeBlocksUntilGive(t *testing.T) {
+	w := newWindow(2, 100)
+	w.tryTake(2, 10)
+	got := make(chan error, 1)
+	go func() { got <- w.take(context.Background(), 1, 10) }()
+	select {
+	case err := <-got:
+		t.Fatalf("take on a full window returned %v before anything was given back", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	w.giveEvents(1)
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("take after giveEvents = %v; want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("take still blocked 5s after giveEvents")
+	}
+}
+
+func TestWindowTakeCancelled(t *testing.T) {
+	w := newWindow(1, 100)
+	w.tryTake(1, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := w.take(ctx, 1, 1); err != context.DeadlineExceeded {
+		t.Fatalf("take on a full window with an expiring ctx = %v; want context.DeadlineExceeded", err)
+	}
+}
