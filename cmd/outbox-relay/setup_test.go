@@ -15,7 +15,7 @@ func dbEnv(t *testing.T) (dsn, slot string) {
 	t.Helper()
 	cleanEnv(t)
 	dsn = newDatabase(t)
-	slot = uniqueName("relay_cmd_")
+	slot = uniqueName(t, "relay_cmd")
 	t.Setenv("RELAY_POSTGRES_DSN", dsn)
 	t.Setenv("RELAY_POSTGRES_SLOT", slot)
 	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9")
