@@ -1,32 +1,50 @@
 package sink
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"os"
+	"strings"
 	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
 )
 
 // Config configures a Kafka sink. Zero values mean the documented defaults.
 type Config struct {
-	Brokers                []string
-	ClientID               string        // default "outbox-relay"
-	BatchSize              int           // max messages per produce call, default 10000
-	BatchBytes             int64         // default 1048576; also the per-call byte cap
-	BatchTimeout           time.Duration // default 2ms
-	WriteTimeout           time.Duration // default 10s
-	Compression            string        // none|gzip|snappy|lz4|zstd
-	TLS                    TLSConfig
-	SASL                   SASLConfig
-	RetryMin               time.Duration // default 100ms: backoff for broker-wide failures
-	RetryMax               time.Duration // default 5s
+	Brokers      []string      // host:port of one or more bootstrap brokers; required
+	ClientID     string        // default "outbox-relay"
+	BatchSize    int           // max messages per produce call, default 10000
+	BatchBytes   int64         // default 1048576 (Kafka's default message.max.bytes); also the per-call byte cap
+	BatchTimeout time.Duration // default 2ms: kafka-go's default 1s would make every synchronous write wait a full second
+	WriteTimeout time.Duration // default 10s: one produce request
+	Compression  string        // none (default), gzip, snappy, lz4 or zstd
+	TLS          TLSConfig
+	SASL         SASLConfig
+	RetryMin     time.Duration // default 100ms: first backoff after a broker-wide failure
+	RetryMax     time.Duration // default 5s: longest backoff; each wait is jittered
+	// AllowAutoTopicCreation lets the client ask the broker to create a missing
+	// topic (the broker also needs auto.create.topics.enable). Default false,
+	// unlike Debezium's Java producer: a topic auto-created with the broker's
+	// defaults (often one partition) silently loses the partitioning consumers
+	// expect, so a missing topic is reported instead, as a non-permanent
+	// Failure naming the topic, for the operator to create it.
 	AllowAutoTopicCreation bool
-	Logger                 *slog.Logger
+	Logger                 *slog.Logger // default discards
 }
 
 // TLSConfig enables TLS to the brokers.
 type TLSConfig struct {
 	Enabled            bool
-	CAFile             string
-	CertFile           string
+	CAFile             string // PEM; default the system's roots
+	CertFile           string // PEM client certificate, with KeyFile
 	KeyFile            string
 	InsecureSkipVerify bool
 	ServerName         string
@@ -38,4 +56,135 @@ type SASLConfig struct {
 	Mechanism string
 	Username  string
 	Password  string
+}
+
+// maxAttempts is kafka-go's own attempts per batch. Kept low: Write's loop does
+// the real retrying, with backoff, until the context is done.
+const maxAttempts = 3
+
+// validate fills defaults and rejects bad values with a message saying how to
+// fix them.
+func (c *Config) validate() error {
+	if len(c.Brokers) == 0 {
+		return errors.New("no brokers: set kafka.brokers to host:port of at least one broker")
+	}
+	for _, b := range c.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return fmt.Errorf("broker %q is not host:port: %w", b, err)
+		}
+	}
+	if c.ClientID == "" {
+		c.ClientID = "outbox-relay"
+	}
+	if c.BatchSize < 0 || c.BatchBytes < 0 || c.BatchTimeout < 0 || c.WriteTimeout < 0 || c.RetryMin < 0 || c.RetryMax < 0 {
+		return errors.New("negative batch size, batch bytes, timeout or retry backoff: use 0 for the default")
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 10000
+	}
+	if c.BatchBytes == 0 {
+		c.BatchBytes = 1048576
+	}
+	if c.BatchTimeout == 0 {
+		c.BatchTimeout = 2 * time.Millisecond
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = 5 * time.Second
+	}
+	if c.RetryMin > c.RetryMax {
+		return fmt.Errorf("retry min %s is above retry max %s: lower the min or raise the max", c.RetryMin, c.RetryMax)
+	}
+	if _, err := c.compression(); err != nil {
+		return err
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		return errors.New("tls cert file and key file go together: set both or neither")
+	}
+	if _, err := c.mechanism(); err != nil {
+		return err
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func (c *Config) compression() (kafka.Compression, error) {
+	switch strings.ToLower(c.Compression) {
+	case "", "none":
+		return 0, nil
+	case "gzip":
+		return kafka.Gzip, nil
+	case "snappy":
+		return kafka.Snappy, nil
+	case "lz4":
+		return kafka.Lz4, nil
+	case "zstd":
+		return kafka.Zstd, nil
+	}
+	return 0, fmt.Errorf("unknown compression %q: use none, gzip, snappy, lz4 or zstd", c.Compression)
+}
+
+func (c *Config) mechanism() (sasl.Mechanism, error) {
+	m := strings.ToLower(c.SASL.Mechanism)
+	if m == "" {
+		return nil, nil
+	}
+	if c.SASL.Username == "" {
+		return nil, fmt.Errorf("sasl mechanism %s needs a username", m)
+	}
+	switch m {
+	case "plain":
+		return plain.Mechanism{Username: c.SASL.Username, Password: c.SASL.Password}, nil
+	case "scram-sha-256":
+		mech, err := scram.Mechanism(scram.SHA256, c.SASL.Username, c.SASL.Password)
+		if err != nil {
+			return nil, fmt.Errorf("sasl scram-sha-256: %w", err)
+		}
+		return mech, nil
+	case "scram-sha-512":
+		mech, err := scram.Mechanism(scram.SHA512, c.SASL.Username, c.SASL.Password)
+		if err != nil {
+			return nil, fmt.Errorf("sasl scram-sha-512: %w", err)
+		}
+		return mech, nil
+	}
+	return nil, fmt.Errorf("unknown sasl mechanism %q: use plain, scram-sha-256 or scram-sha-512", c.SASL.Mechanism)
+}
+
+// tlsConfig reads the certificate files (local files only; nothing is dialed).
+func (c *Config) tlsConfig() (*tls.Config, error) {
+	if !c.TLS.Enabled {
+		return nil, nil
+	}
+	tc := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: c.TLS.InsecureSkipVerify, //nolint:gosec // the operator's explicit choice
+		ServerName:         c.TLS.ServerName,
+	}
+	if c.TLS.CAFile != "" {
+		pem, err := os.ReadFile(c.TLS.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read tls ca file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls ca file %q holds no PEM certificate", c.TLS.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if c.TLS.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.TLS.CertFile, c.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load tls client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
 }

@@ -1,0 +1,486 @@
+// Package sink writes messages to Kafka with kafka-go and reports, per
+// message, which ones Kafka acknowledged. It knows nothing of Postgres.
+//
+// Invariants enforced here:
+//
+//   - Acknowledged means written with acks=all. Write returns nil only when
+//     every message was acknowledged, and a *WriteError lists exactly the
+//     messages that were not; every message it does not list was acknowledged.
+//   - A broker outage is not a message failure. Broker-wide failures (broker
+//     unreachable, timeouts, leader not available, not enough replicas, …) are
+//     retried with jittered exponential backoff until the context is done;
+//     nothing is dropped and nothing is reported as failed for them. The caller
+//     holds its position meanwhile.
+//   - A message that fails for a reason of its own (too large, invalid topic,
+//     not authorized, corrupt or invalid record, unknown topic) fails alone: the
+//     rest of the call is still written. Permanent tells which of those are
+//     worth retrying later.
+//   - Per-key order is input order, for every message that is acknowledged.
+//     Keys map to partitions with kafka.Murmur2Balancer, the Java client's
+//     partitioner (so Debezium's and ours agree).
+//
+// Why per-key order holds with kafka-go: its Writer keeps one queue of batches
+// per partition, drained by one goroutine, and a batch that failed (after the
+// Writer's own few attempts) does not stop a later batch of the same
+// partition. Write therefore caps each WriteMessages call at BatchSize
+// messages and BatchBytes bytes, counted as kafka-go counts them, with the
+// Writer's batch limits set to the same values: every partition then gets at
+// most one batch per call, so a call succeeds or fails all-or-nothing per
+// partition, and the messages of failed partitions are written again before
+// the next call starts. A message larger than BatchBytes would make kafka-go
+// reject the whole call, and an unknown topic fails the whole call at the
+// metadata step: Write checks sizes up front, and on a topic-level error splits
+// the call by topic, so only the culprits fail. When the broker answers
+// MESSAGE_TOO_LARGE (or another record-level error) for a batch of several
+// messages, Write writes that batch again in halves until it has the culprits.
+//
+// Delivery is at least once. kafka-go's Writer has no idempotent producer: a
+// produce whose acknowledgement was lost is written again, by the Writer's own
+// attempts or by Write's retries, and the message is then stored twice.
+// Consumers deduplicate by the event id header. Likewise, when Write returns
+// the context's error, messages already handed to kafka-go may still be written
+// afterwards; the caller should treat them as not acknowledged and Close.
+//
+// A Kafka is not safe for concurrent use: one caller at a time keeps the
+// per-partition order described above.
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// A Kafka writes messages to Kafka. See the package doc for its guarantees.
+type Kafka struct {
+	cfg       Config
+	w         *kafka.Writer
+	transport *kafka.Transport
+	log       *slog.Logger
+	stats     stats
+}
+
+type stats struct {
+	writes, messages, bytes, retries, brokerErrors, failures atomic.Int64
+}
+
+// Stats counts what a Kafka has done since New.
+type Stats struct {
+	Writes       int64 // WriteMessages calls (produce rounds) made
+	Messages     int64 // messages acknowledged
+	Bytes        int64 // key and value bytes acknowledged
+	Retries      int64 // rounds retried after a broker-wide failure
+	BrokerErrors int64 // broker-wide failures seen
+	Failures     int64 // messages reported in a WriteError
+}
+
+// A Failure is one message that failed on its own.
+type Failure struct {
+	Index int // into the msgs passed to Write
+	Err   error
+}
+
+// WriteError lists the messages of a Write that failed on their own, by
+// ascending Index. Every message not listed was acknowledged.
+type WriteError struct {
+	Failures []Failure
+}
+
+func (e *WriteError) Error() string {
+	if len(e.Failures) == 1 {
+		return fmt.Sprintf("write message %d: %v", e.Failures[0].Index, e.Failures[0].Err)
+	}
+	return fmt.Sprintf("write %d messages failed, first message %d: %v", len(e.Failures), e.Failures[0].Index, e.Failures[0].Err)
+}
+
+// Unwrap exposes every failure's error to errors.Is and errors.As.
+func (e *WriteError) Unwrap() []error {
+	errs := make([]error, len(e.Failures))
+	for i, f := range e.Failures {
+		errs[i] = f.Err
+	}
+	return errs
+}
+
+// Permanent reports whether err, a Failure's error, will fail the same way
+// when the message is written again: too large, invalid topic, not
+// authorized, corrupt or invalid record. A per-message failure that may pass
+// later, such as an unknown topic while auto-creation is off, is not
+// permanent.
+func Permanent(err error) bool {
+	var tooLarge kafka.MessageTooLargeError
+	if errors.As(err, &tooLarge) {
+		return true
+	}
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return false
+	}
+	switch kerr {
+	case kafka.MessageSizeTooLarge,
+		kafka.InvalidTopic,
+		kafka.TopicAuthorizationFailed,
+		kafka.InvalidMessage, // CORRUPT_MESSAGE
+		kafka.InvalidRecord,
+		kafka.InvalidMessageSize,
+		kafka.RecordListTooLarge,
+		kafka.InvalidTimestamp,
+		kafka.UnsupportedForMessageFormat,
+		kafka.PolicyViolation:
+		return true
+	}
+	return false
+}
+
+// perMessage reports whether err belongs to the messages it was returned for,
+// rather than to the broker as a whole.
+func perMessage(err error) bool {
+	return Permanent(err) || errors.Is(err, kafka.UnknownTopicOrPartition)
+}
+
+// topicLevel reports whether err holds for every message of a topic, so that
+// splitting a batch of one topic cannot isolate a culprit.
+func topicLevel(err error) bool {
+	return errors.Is(err, kafka.UnknownTopicOrPartition) ||
+		errors.Is(err, kafka.InvalidTopic) ||
+		errors.Is(err, kafka.TopicAuthorizationFailed)
+}
+
+// New validates cfg and builds the Writer and its Transport. It neither dials
+// nor starts goroutines; the first Write or Ping connects.
+func New(cfg Config) (*Kafka, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("kafka sink config: %w", err)
+	}
+	compression, _ := cfg.compression()
+	mech, _ := cfg.mechanism()
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kafka sink config: %w", err)
+	}
+	transport := &kafka.Transport{
+		ClientID: cfg.ClientID,
+		TLS:      tc,
+		SASL:     mech,
+	}
+	w := &kafka.Writer{
+		Addr:                   kafka.TCP(cfg.Brokers...),
+		Balancer:               &kafka.Murmur2Balancer{},
+		MaxAttempts:            maxAttempts,
+		BatchSize:              cfg.BatchSize,
+		BatchBytes:             cfg.BatchBytes,
+		BatchTimeout:           cfg.BatchTimeout,
+		WriteTimeout:           cfg.WriteTimeout,
+		RequiredAcks:           kafka.RequireAll,
+		Async:                  false,
+		Compression:            compression,
+		Transport:              transport,
+		AllowAutoTopicCreation: cfg.AllowAutoTopicCreation,
+	}
+	return &Kafka{cfg: cfg, w: w, transport: transport, log: cfg.Logger}, nil
+}
+
+// Write blocks until every message is acknowledged by Kafka with acks=all, or
+// has failed permanently for a reason of its own. Broker-wide failures
+// (unreachable, not enough replicas, leader not available, timeouts) are
+// retried with backoff until ctx is done: the caller must hold its LSN
+// meanwhile, nothing is dropped. It returns nil, ctx's error, or a *WriteError
+// listing the messages that failed on their own; every message not listed
+// was acknowledged. Not safe for concurrent use (one writer keeps
+// per-partition order).
+//
+// Every message must have its Topic set. msgs is not modified, and its bytes
+// must not be modified until Write returns.
+func (k *Kafka) Write(ctx context.Context, msgs []kafka.Message) error {
+	var fails []Failure
+	// Chunk boundaries in input order; see the package doc for why a call is
+	// capped at BatchSize messages and BatchBytes bytes.
+	var idx []int
+	var chunkBytes int64
+	flush := func() error {
+		if len(idx) == 0 {
+			return nil
+		}
+		err := k.write(ctx, msgs, idx, &fails)
+		idx, chunkBytes = idx[:0], 0
+		return err
+	}
+	for i := range msgs {
+		if msgs[i].Topic == "" {
+			// A caller's bug; kafka-go would refuse the whole call for it.
+			fails = append(fails, Failure{Index: i, Err: fmt.Errorf("message has no topic: %w", kafka.InvalidTopic)})
+			continue
+		}
+		n := messageSize(&msgs[i])
+		if n > k.cfg.BatchBytes {
+			fails = append(fails, Failure{Index: i, Err: fmt.Errorf("message of %d bytes is larger than the %d-byte batch limit (sink batch bytes): %w", n, k.cfg.BatchBytes, kafka.MessageSizeTooLarge)})
+			continue
+		}
+		if len(idx) == k.cfg.BatchSize || chunkBytes+n > k.cfg.BatchBytes {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		idx = append(idx, i)
+		chunkBytes += n
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	if len(fails) == 0 {
+		return nil
+	}
+	k.stats.failures.Add(int64(len(fails)))
+	slices.SortFunc(fails, func(a, b Failure) int { return a.Index - b.Index })
+	return &WriteError{Failures: fails}
+}
+
+// write writes msgs[idx...] in order until each is acknowledged or has failed
+// on its own, appending those to fails. It returns only nil or ctx's error.
+func (k *Kafka) write(ctx context.Context, msgs []kafka.Message, idx []int, fails *[]Failure) error {
+	attempt := 0
+	for len(idx) > 0 {
+		batch := gather(msgs, idx)
+		err := k.w.WriteMessages(ctx, batch...)
+		k.stats.writes.Add(1)
+		if err == nil {
+			k.acked(batch, nil)
+			if attempt > 0 {
+				k.log.Info("kafka write recovered", "attempts", attempt+1)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+
+		var werrs kafka.WriteErrors
+		if !errors.As(err, &werrs) || len(werrs) != len(batch) {
+			// The whole call was refused before anything was produced:
+			// metadata for a topic, or the connection.
+			switch {
+			case !perMessage(err):
+				// Broker-wide: retry the same call below.
+			case len(idx) == 1:
+				*fails = append(*fails, Failure{Index: idx[0], Err: err})
+				return nil
+			case !oneTopic(batch):
+				// kafka-go does not say which topic failed: write each topic
+				// on its own. Topics are independent for ordering.
+				for _, group := range byTopic(msgs, idx) {
+					if err := k.write(ctx, msgs, group, fails); err != nil {
+						return err
+					}
+				}
+				return nil
+			case topicLevel(err):
+				for _, i := range idx {
+					*fails = append(*fails, Failure{Index: i, Err: fmt.Errorf("topic %q: %w", msgs[i].Topic, err)})
+				}
+				return nil
+			default:
+				// Not expected (sizes are checked up front), but a
+				// record-level refusal of the whole call is narrowed down
+				// like one of a batch.
+				half := len(idx) / 2
+				if err := k.write(ctx, msgs, idx[:half], fails); err != nil {
+					return err
+				}
+				return k.write(ctx, msgs, idx[half:], fails)
+			}
+			if err := k.backoff(ctx, attempt, err); err != nil {
+				return err
+			}
+			attempt++
+			continue
+		}
+
+		// Per partition: each partition's batch succeeded or failed whole.
+		k.acked(batch, werrs)
+		var retry, isolate []int
+		var retryErr error
+		records := 0
+		for _, e := range werrs {
+			if e != nil && perMessage(e) && !topicLevel(e) {
+				records++
+			}
+		}
+		for j, e := range werrs {
+			switch {
+			case e == nil:
+			case !perMessage(e):
+				retry = append(retry, idx[j])
+				retryErr = e
+			case records > 1 && !topicLevel(e):
+				isolate = append(isolate, idx[j])
+			default:
+				*fails = append(*fails, Failure{Index: idx[j], Err: e})
+			}
+		}
+		if len(isolate) > 0 {
+			// A record-level error for a batch of several messages: find the
+			// culprits by halves, each half in order after the one before.
+			half := len(isolate) / 2
+			if err := k.write(ctx, msgs, isolate[:half], fails); err != nil {
+				return err
+			}
+			if err := k.write(ctx, msgs, isolate[half:], fails); err != nil {
+				return err
+			}
+		}
+		if len(retry) == 0 {
+			return nil
+		}
+		// Only the failed partitions' messages go again, before anything
+		// that follows them in the input.
+		if err := k.backoff(ctx, attempt, retryErr); err != nil {
+			return err
+		}
+		attempt++
+		idx = retry
+	}
+	return nil
+}
+
+// backoff counts a broker-wide failure and waits before the next attempt.
+func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
+	k.stats.brokerErrors.Add(1)
+	k.stats.retries.Add(1)
+	d := k.cfg.RetryMin << min(attempt, 20)
+	if d > k.cfg.RetryMax || d <= 0 {
+		d = k.cfg.RetryMax
+	}
+	// Full jitter over the upper half: relays restarted together do not
+	// hammer a recovering cluster in step.
+	d = d/2 + rand.N(d/2+1)
+	// The first failure and then every tenth: an outage is visible without a
+	// line per retry.
+	if attempt%10 == 0 {
+		k.log.Warn("kafka unavailable, retrying", "attempt", attempt+1, "backoff", d, "err", cause)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (k *Kafka) acked(batch []kafka.Message, werrs kafka.WriteErrors) {
+	var n, b int64
+	for i := range batch {
+		if werrs == nil || werrs[i] == nil {
+			n++
+			b += int64(len(batch[i].Key) + len(batch[i].Value))
+		}
+	}
+	k.stats.messages.Add(n)
+	k.stats.bytes.Add(b)
+}
+
+// gather returns the messages at idx, without copying when idx is one
+// contiguous run (the common case).
+func gather(msgs []kafka.Message, idx []int) []kafka.Message {
+	if idx[len(idx)-1]-idx[0] == len(idx)-1 {
+		return msgs[idx[0] : idx[0]+len(idx)]
+	}
+	out := make([]kafka.Message, len(idx))
+	for j, i := range idx {
+		out[j] = msgs[i]
+	}
+	return out
+}
+
+func oneTopic(batch []kafka.Message) bool {
+	for i := range batch {
+		if batch[i].Topic != batch[0].Topic {
+			return false
+		}
+	}
+	return true
+}
+
+// byTopic groups idx by topic, in order of first appearance, keeping input
+// order within each group.
+func byTopic(msgs []kafka.Message, idx []int) [][]int {
+	var groups [][]int
+	pos := make(map[string]int)
+	for _, i := range idx {
+		g, ok := pos[msgs[i].Topic]
+		if !ok {
+			g = len(groups)
+			pos[msgs[i].Topic] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// messageSize is a message's size as kafka-go's Writer counts it against
+// BatchBytes (kafka.Message.totalSize, unexported): the v0/v1 message format's
+// fixed overhead, key and value, and the headers as varint-prefixed strings.
+func messageSize(m *kafka.Message) int64 {
+	const fixed = 4 + 1 + 1 + 4 + 4 + 8 // crc, magic, attributes, key and value lengths, timestamp
+	n := int64(fixed + len(m.Key) + len(m.Value))
+	n += varintLen(len(m.Headers))
+	for _, h := range m.Headers {
+		n += varintLen(len(h.Key)) + int64(len(h.Key)) + varintLen(len(h.Value)) + int64(len(h.Value))
+	}
+	return n
+}
+
+// varintLen is the length of n as a zig-zag varint.
+func varintLen(n int) int64 {
+	u := uint64(int64(n)<<1) ^ uint64(int64(n)>>63)
+	l := int64(1)
+	for u >= 0x80 {
+		u >>= 7
+		l++
+	}
+	return l
+}
+
+// Ping sends a metadata request: for readiness checks and `check`. It may be
+// answered from the transport's metadata cache, which is refreshed every few
+// seconds.
+func (k *Kafka) Ping(ctx context.Context) error {
+	c := &kafka.Client{Addr: k.w.Addr, Transport: k.transport, Timeout: k.cfg.WriteTimeout}
+	if _, err := c.Metadata(ctx, &kafka.MetadataRequest{}); err != nil {
+		return fmt.Errorf("ping kafka %s: %w", strings.Join(k.cfg.Brokers, ","), err)
+	}
+	return nil
+}
+
+// Stats returns the counters since New. Safe for concurrent use.
+func (k *Kafka) Stats() Stats {
+	return Stats{
+		Writes:       k.stats.writes.Load(),
+		Messages:     k.stats.messages.Load(),
+		Bytes:        k.stats.bytes.Load(),
+		Retries:      k.stats.retries.Load(),
+		BrokerErrors: k.stats.brokerErrors.Load(),
+		Failures:     k.stats.failures.Load(),
+	}
+}
+
+// Close waits for batches in flight (after a cancelled Write) and closes the
+// connections.
+func (k *Kafka) Close() error {
+	err := k.w.Close()
+	k.transport.CloseIdleConnections()
+	if err != nil {
+		return fmt.Errorf("close kafka writer: %w", err)
+	}
+	return nil
+}

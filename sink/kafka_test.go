@@ -1,0 +1,467 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// javaPartitions are the partitions the Java client (and so Debezium) picks for
+// these keys with 4 partitions: Utils.toPositive(Utils.murmur2(key)) % 4,
+// computed with kafka-clients 3.9.1.
+var javaPartitions = []struct {
+	key       string
+	partition int
+}{
+	{"a", 0},
+	{"b", 0},
+	{"order-1", 2},
+	{"order-4711", 3},
+	{"c", 2},
+	{"d", 1},
+	{"customer-42", 1},
+	{"Bestellung-ä", 1},
+}
+
+// javaMurmur2Partition is Kafka's Utils.murmur2 and toPositive, written from
+// the Java source, for keys not in javaPartitions.
+func javaMurmur2Partition(key []byte, n int) int {
+	const (
+		seed = 0x9747b28c
+		m    = 0x5bd1e995
+		r    = 24
+	)
+	length := len(key)
+	h := uint32(seed) ^ uint32(length)
+	for i := 0; i+4 <= length; i += 4 {
+		k := uint32(key[i]) | uint32(key[i+1])<<8 | uint32(key[i+2])<<16 | uint32(key[i+3])<<24
+		k *= m
+		k ^= k >> r
+		k *= m
+		h *= m
+		h ^= k
+	}
+	tail := key[length&^3:]
+	switch len(tail) {
+	case 3:
+		h ^= uint32(tail[2]) << 16
+		fallthrough
+	case 2:
+		h ^= uint32(tail[1]) << 8
+		fallthrough
+	case 1:
+		h ^= uint32(tail[0])
+		h *= m
+	}
+	h ^= h >> 13
+	h *= m
+	h ^= h >> 15
+	return int(h&0x7fffffff) % n
+}
+
+func TestJavaMurmur2Partition(t *testing.T) {
+	for _, tt := range javaPartitions {
+		if got := javaMurmur2Partition([]byte(tt.key), 4); got != tt.partition {
+			t.Errorf("javaMurmur2Partition(%q, 4) = %d; want %d", tt.key, got, tt.partition)
+		}
+		b := &kafka.Murmur2Balancer{}
+		if got := b.Balance(kafka.Message{Key: []byte(tt.key)}, 0, 1, 2, 3); got != tt.partition {
+			t.Errorf("Murmur2Balancer.Balance(%q, 4 partitions) = %d; want %d", tt.key, got, tt.partition)
+		}
+	}
+}
+
+func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
+	if err != nil {
+		t.Fatalf("kfake.NewCluster: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func newSink(t *testing.T, cfg sink.Config) *sink.Kafka {
+	t.Helper()
+	if cfg.RetryMin == 0 {
+		cfg.RetryMin, cfg.RetryMax = 5*time.Millisecond, 50*time.Millisecond
+	}
+	k, err := sink.New(cfg)
+	if err != nil {
+		t.Fatalf("sink.New: %v", err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+// readAll consumes want records from topic, failing the test after a timeout.
+func readAll(t *testing.T, brokers []string, topic string, want int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatalf("kgo.NewClient: %v", err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < want {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %s: got %d records; want %d", topic, len(recs), want)
+		}
+		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	if len(recs) != want {
+		t.Fatalf("read %s: got %d records; want %d", topic, len(recs), want)
+	}
+	return recs
+}
+
+// msgs makes n messages to topic with keys cycling over keys and values
+// "key:seq", seq counting per key from 0.
+func msgs(topic string, n, keys int) []kafka.Message {
+	out := make([]kafka.Message, n)
+	seq := make([]int, keys)
+	for i := range out {
+		k := i % keys
+		key := "agg-" + strconv.Itoa(k)
+		out[i] = kafka.Message{Topic: topic, Key: []byte(key), Value: []byte(key + ":" + strconv.Itoa(seq[k])),
+			Headers: []kafka.Header{{Key: "id", Value: []byte(strconv.Itoa(i))}}}
+		seq[k]++
+	}
+	return out
+}
+
+// checkOrder asserts every key's records arrived in input order, exactly once,
+// on the partition the Java client would pick.
+func checkOrder(t *testing.T, recs []*kgo.Record, partitions int) {
+	t.Helper()
+	next := map[string]int{}
+	for _, r := range recs {
+		key, seqs, _ := strings.Cut(string(r.Value), ":")
+		seq, _ := strconv.Atoi(seqs)
+		if seq != next[key] {
+			t.Fatalf("record %q at partition %d offset %d; want %s:%d next (per-key order)", r.Value, r.Partition, r.Offset, key, next[key])
+		}
+		next[key]++
+		if want := javaMurmur2Partition(r.Key, partitions); int(r.Partition) != want {
+			t.Errorf("key %q on partition %d; want %d (Java murmur2)", r.Key, r.Partition, want)
+		}
+	}
+}
+
+func TestWriteBatchesInOrder(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(4, "orders"))
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 700})
+	in := msgs("orders", 5000, 37)
+	if err := k.Write(context.Background(), in); err != nil {
+		t.Fatalf("Write(%d messages) = %v", len(in), err)
+	}
+	checkOrder(t, readAll(t, c.ListenAddrs(), "orders", len(in)), 4)
+	st := k.Stats()
+	if st.Messages != int64(len(in)) || st.Writes < 8 || st.Retries != 0 {
+		t.Errorf("Stats() = %+v; want %d messages in at least 8 writes (700 per call), no retries", st, len(in))
+	}
+}
+
+// Many small calls must not each wait kafka-go's default 1s batch timeout.
+func TestWriteLatency(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(4, "orders"))
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	start := time.Now()
+	for i := range 20 {
+		if err := k.Write(context.Background(), msgs("orders", 3, 3)); err != nil {
+			t.Fatalf("Write #%d = %v", i, err)
+		}
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("20 small Writes took %s; want well under 5s (batch timeout is 2ms)", d)
+	}
+}
+
+func TestWriteByteCap(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "blobs"))
+	// 40 messages of ~10 kB with a 64 kB cap: at least 7 calls.
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchBytes: 64 << 10})
+	in := msgs("blobs", 40, 1)
+	for i := range in {
+		in[i].Value = append(in[i].Value, make([]byte, 10_000)...)
+	}
+	if err := k.Write(context.Background(), in); err != nil {
+		t.Fatalf("Write = %v", err)
+	}
+	readAll(t, c.ListenAddrs(), "blobs", len(in))
+	if st := k.Stats(); st.Writes < 7 {
+		t.Errorf("Stats().Writes = %d; want at least 7 calls of at most 64 kB", st.Writes)
+	}
+}
+
+// A partition failing with a broker-wide error is retried, before any later
+// message, so per-key order holds; the other partitions are not resent.
+func TestWriteRetriesFailedPartitionsInOrder(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(4, "orders"))
+	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "orders", Partitions: []int32{2},
+		Err: kerr.NotEnoughReplicas, Count: 8})
+	defer h.Remove()
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 300})
+	in := msgs("orders", 2000, 23)
+	if err := k.Write(context.Background(), in); err != nil {
+		t.Fatalf("Write = %v", err)
+	}
+	if h.Hits() != 8 {
+		t.Errorf("fault hits = %d; want 8", h.Hits())
+	}
+	checkOrder(t, readAll(t, c.ListenAddrs(), "orders", len(in)), 4)
+	if st := k.Stats(); st.Retries == 0 || st.BrokerErrors == 0 || st.Failures != 0 {
+		t.Errorf("Stats() = %+v; want retries and broker errors counted, no failures", st)
+	}
+}
+
+// A broker-wide failure of the whole call (here: metadata) blocks and retries.
+func TestWriteRetriesMetadataFailure(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(4, "orders"))
+	var calls int
+	c.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		calls++
+		if calls > 3 {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		// Closing the connection is what an unreachable broker looks like.
+		return nil, errors.New("injected: connection lost"), true
+	})
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	in := msgs("orders", 100, 5)
+	if err := k.Write(context.Background(), in); err != nil {
+		t.Fatalf("Write = %v", err)
+	}
+	checkOrder(t, readAll(t, c.ListenAddrs(), "orders", len(in)), 4)
+	if st := k.Stats(); st.BrokerErrors == 0 {
+		t.Errorf("Stats().BrokerErrors = 0; want the lost metadata requests counted")
+	}
+}
+
+// A message larger than BatchBytes would make kafka-go refuse the whole call:
+// only it fails.
+func TestWriteTooLargeForBatch(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(4, "orders"))
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchBytes: 10_000})
+	in := msgs("orders", 50, 5)
+	in[17].Value = make([]byte, 20_000)
+	err := k.Write(context.Background(), in)
+	var werr *sink.WriteError
+	if !errors.As(err, &werr) || len(werr.Failures) != 1 || werr.Failures[0].Index != 17 || !sink.Permanent(werr.Failures[0].Err) {
+		t.Fatalf("Write = %v; want one permanent Failure at index 17", err)
+	}
+	recs := readAll(t, c.ListenAddrs(), "orders", 49)
+	for _, r := range recs {
+		if len(r.Value) == 20_000 {
+			t.Errorf("the too-large message was written")
+		}
+	}
+}
+
+// The broker refuses a batch (MESSAGE_TOO_LARGE) that holds several messages:
+// Write narrows it down and fails only the culprit.
+func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "orders"), kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4000"}))
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	in := msgs("orders", 30, 1)
+	for i := range in {
+		in[i].Value = append(in[i].Value, make([]byte, 50)...)
+	}
+	in[11].Value = append([]byte("big:"), make([]byte, 6000)...)
+	err := k.Write(context.Background(), in)
+	var werr *sink.WriteError
+	if !errors.As(err, &werr) || len(werr.Failures) != 1 || werr.Failures[0].Index != 11 {
+		t.Fatalf("Write = %v; want one Failure at index 11", err)
+	}
+	if f := werr.Failures[0]; !sink.Permanent(f.Err) || !errors.Is(f.Err, kafka.MessageSizeTooLarge) {
+		t.Errorf("Failure{%d, %v}: want a permanent MessageSizeTooLarge", f.Index, f.Err)
+	}
+	recs := readAll(t, c.ListenAddrs(), "orders", 29)
+	for i, r := range recs {
+		want := i
+		if i >= 11 {
+			want = i + 1
+		}
+		if got := strings.TrimRight(string(r.Value), "\x00"); got != "agg-0:"+strconv.Itoa(want) {
+			t.Fatalf("record %d = %q; want agg-0:%d (input order without the culprit)", i, got, want)
+		}
+	}
+}
+
+// An unknown topic with auto-creation off fails its own messages, not
+// permanently; the other topic's messages are written.
+func TestWriteUnknownTopic(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(4, "orders"))
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	in := msgs("orders", 20, 4)
+	for _, i := range []int{3, 9, 10} {
+		in[i].Topic = "missing"
+	}
+	err := k.Write(context.Background(), in)
+	var werr *sink.WriteError
+	if !errors.As(err, &werr) {
+		t.Fatalf("Write = %v; want a *WriteError", err)
+	}
+	var got []string
+	for _, f := range werr.Failures {
+		got = append(got, fmt.Sprintf("%d permanent=%t", f.Index, sink.Permanent(f.Err)))
+		if !strings.Contains(f.Err.Error(), `"missing"`) {
+			t.Errorf("Failure{%d, %v}: want the error to name the topic", f.Index, f.Err)
+		}
+	}
+	if want := "3 permanent=false,9 permanent=false,10 permanent=false"; strings.Join(got, ",") != want {
+		t.Errorf("Write failures = %s; want %s", strings.Join(got, ","), want)
+	}
+	readAll(t, c.ListenAddrs(), "orders", 17)
+}
+
+// A permanent per-partition error from the broker fails that partition's
+// messages and leaves the rest written.
+func TestWriteTopicAuthorizationFailed(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(4, "orders"), kfake.SeedTopics(1, "secret"))
+	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "secret", Err: kerr.TopicAuthorizationFailed, Count: -1})
+	defer h.Remove()
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	in := msgs("orders", 10, 2)
+	in[4].Topic, in[7].Topic = "secret", "secret"
+	err := k.Write(context.Background(), in)
+	var werr *sink.WriteError
+	if !errors.As(err, &werr) || len(werr.Failures) != 2 || werr.Failures[0].Index != 4 || werr.Failures[1].Index != 7 {
+		t.Fatalf("Write = %v; want Failures at 4 and 7", err)
+	}
+	for _, f := range werr.Failures {
+		if !sink.Permanent(f.Err) {
+			t.Errorf("Permanent(%v) = false; want true", f.Err)
+		}
+	}
+	readAll(t, c.ListenAddrs(), "orders", 8)
+}
+
+// With no broker at all, Write blocks until ctx is done and returns its error:
+// nothing is reported as failed.
+func TestWriteUnreachableBlocks(t *testing.T) {
+	k := newSink(t, sink.Config{Brokers: []string{"127.0.0.1:1"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := k.Write(ctx, msgs("orders", 10, 2))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Write(unreachable) = %v; want context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d < 600*time.Millisecond {
+		t.Errorf("Write(unreachable) returned after %s; want it to block until ctx is done", d)
+	}
+	if st := k.Stats(); st.BrokerErrors < 2 || st.Failures != 0 {
+		t.Errorf("Stats() = %+v; want several broker errors and no failures", st)
+	}
+	pctx, pcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer pcancel()
+	if err := k.Ping(pctx); err == nil {
+		t.Errorf("Ping(unreachable) = nil; want an error")
+	}
+}
+
+func TestPing(t *testing.T) {
+	c := newCluster(t)
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := k.Ping(ctx); err != nil {
+		t.Errorf("Ping = %v; want nil", err)
+	}
+}
+
+func TestWriteCancelledWhileRetrying(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "orders"))
+	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.LeaderNotAvailable, Count: -1})
+	defer h.Remove()
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := k.Write(ctx, msgs("orders", 5, 1)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Write(leader never available) = %v; want context.DeadlineExceeded", err)
+	}
+}
+
+func TestPermanent(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{kafka.MessageSizeTooLarge, true},
+		{kafka.MessageTooLargeError{}, true},
+		{kafka.InvalidTopic, true},
+		{kafka.TopicAuthorizationFailed, true},
+		{kafka.InvalidMessage, true},
+		{kafka.InvalidRecord, true},
+		{kafka.RecordListTooLarge, true},
+		{fmt.Errorf("topic %q: %w", "x", kafka.InvalidTopic), true},
+		{kafka.UnknownTopicOrPartition, false},
+		{kafka.NotEnoughReplicas, false},
+		{kafka.LeaderNotAvailable, false},
+		{kafka.RequestTimedOut, false},
+		{kafka.NetworkException, false},
+		{context.DeadlineExceeded, false},
+		{errors.New("dial tcp 127.0.0.1:1: connection refused"), false},
+	}
+	for _, tt := range tests {
+		if got := sink.Permanent(tt.err); got != tt.want {
+			t.Errorf("Permanent(%q) = %t; want %t", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestNewInvalid(t *testing.T) {
+	tests := []struct {
+		name      string
+		cfg       sink.Config
+		wantInErr string
+	}{
+		{"no brokers", sink.Config{}, "brokers"},
+		{"broker without port", sink.Config{Brokers: []string{"kafka"}}, `"kafka"`},
+		{"compression", sink.Config{Brokers: []string{"k:9092"}, Compression: "brotli"}, "gzip"},
+		{"sasl mechanism", sink.Config{Brokers: []string{"k:9092"}, SASL: sink.SASLConfig{Mechanism: "gssapi", Username: "u"}}, "scram-sha-512"},
+		{"sasl without user", sink.Config{Brokers: []string{"k:9092"}, SASL: sink.SASLConfig{Mechanism: "plain"}}, "username"},
+		{"cert without key", sink.Config{Brokers: []string{"k:9092"}, TLS: sink.TLSConfig{Enabled: true, CertFile: "c.pem"}}, "key file"},
+		{"missing ca file", sink.Config{Brokers: []string{"k:9092"}, TLS: sink.TLSConfig{Enabled: true, CAFile: "/nonexistent/ca.pem"}}, "ca file"},
+		{"retry bounds", sink.Config{Brokers: []string{"k:9092"}, RetryMin: time.Second, RetryMax: time.Millisecond}, "retry"},
+		{"negative batch", sink.Config{Brokers: []string{"k:9092"}, BatchSize: -1}, "negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, err := sink.New(tt.cfg)
+			if err == nil {
+				k.Close()
+				t.Fatalf("New(%+v) = nil error; want one containing %q", tt.cfg, tt.wantInErr)
+			}
+			if !strings.Contains(err.Error(), tt.wantInErr) {
+				t.Errorf("New(%+v) = %q; want it to contain %q", tt.cfg, err, tt.wantInErr)
+			}
+		})
+	}
+	for _, mech := range []string{"plain", "scram-sha-256", "SCRAM-SHA-512"} {
+		k, err := sink.New(sink.Config{Brokers: []string{"k:9092"}, SASL: sink.SASLConfig{Mechanism: mech, Username: "u", Password: "p"}, Compression: "zstd"})
+		if err != nil {
+			t.Errorf("New(sasl %q) = %v; want nil", mech, err)
+			continue
+		}
+		k.Close()
+	}
+}
