@@ -566,7 +566,10 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 			Slot:           c.Postgres.Slot,
 			Publication:    c.Postgres.Publication,
 			StatusInterval: c.Postgres.StatusInterval,
-			Logger:         log.With("component", "replication"),
+			// `outbox-relay status` reads the version of the relay holding
+			// the slot from pg_stat_replication.application_name.
+			ApplicationName: "outbox-relay/" + version,
+			Logger:          log.With("component", "replication"),
 		},
 		Table:              c.Outbox.Table,
 		Router:             c.routerConfig(),
