@@ -51,7 +51,7 @@ CREATE PUBLICATION fixture_pub FOR TABLE outbox, outbox_bytes;`
 
 // TestGenerateFixtures regenerates testdata/stream.hex from a real server:
 //
-//	RELAY_REGEN_FIXTURES=1 RELAY_TEST_POSTGRES_DSN=postgres://... go test ./replication -run TestGenerateFixtures
+//	RELAY_REGEN_FIXTURES=1 go test ./replication -run TestGenerateFixtures
 func TestGenerateFixtures(t *testing.T) {
 	if os.Getenv("RELAY_REGEN_FIXTURES") == "" {
 		t.Skip("set RELAY_REGEN_FIXTURES=1 to regenerate testdata/stream.hex")

@@ -4,80 +4,41 @@ import (
 	"bufio"
 	"context"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// testPostgresDSN is the one place integration tests learn where Postgres is,
-// so that it can move to internal/testenv.
-func testPostgresDSN(t testing.TB) string {
-	t.Helper()
-	dsn := os.Getenv("RELAY_TEST_POSTGRES_DSN")
-	if dsn == "" {
-		t.Skip("RELAY_TEST_POSTGRES_DSN is not set: integration test needs a Postgres with wal_level=logical")
-	}
-	return dsn
-}
-
-var dbSeq atomic.Int64
-
-// testDB creates a fresh database (slots and publications are per database)
-// and returns a DSN for it; everything is dropped when the test ends.
+// testDB returns a fresh database from internal/testenv (slots and
+// publications are per database; it drops them at cleanup) with a connection
+// for the test's SQL.
 func testDB(t testing.TB) *testDatabase {
 	t.Helper()
-	base := testPostgresDSN(t)
-	name := fmt.Sprintf("relay_repl_%d_%d", os.Getpid(), dbSeq.Add(1))
+	pg := testenv.Postgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgconn.Connect(ctx, base)
+	conn, err := pgconn.Connect(ctx, pg.DSN)
 	if err != nil {
-		t.Fatalf("connect %s: %v", "admin", err)
+		t.Fatalf("connect to the test database: %v", err)
 	}
-	mustExec(t, admin, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	mustExec(t, admin, "CREATE DATABASE "+name)
-	cfg, err := pgconn.ParseConfig(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Database = name
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("connect %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn.Close(ctx)
-		// Slots pin WAL even when inactive: drop them with the database.
-		_, _ = admin.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = '"+name+"' AND active_pid IS NOT NULL").ReadAll()
-		time.Sleep(100 * time.Millisecond)
-		mustExec(t, admin, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '"+name+"'")
-		mustExec(t, admin, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		admin.Close(ctx)
-	})
-	dsnOut := base
-	if strings.Contains(base, "://") {
-		dsnOut = replaceURLDatabase(t, base, name)
-	} else {
-		dsnOut = base + " dbname=" + name
-	}
-	return &testDatabase{t: t, dsn: dsnOut, name: name, conn: conn, admin: admin}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	d := &testDatabase{t: t, dsn: pg.DSN, conn: conn}
+	d.name = d.value("SELECT current_database()")
+	return d
 }
 
 type testDatabase struct {
-	t     testing.TB
-	dsn   string
-	name  string
-	conn  *pgconn.PgConn // to the test database
-	admin *pgconn.PgConn // to the server's default database
+	t    testing.TB
+	dsn  string
+	name string
+	conn *pgconn.PgConn
 }
 
 func (d *testDatabase) exec(sql string) {
@@ -98,22 +59,6 @@ func (d *testDatabase) value(sql string) string {
 		return string(v)
 	}
 	return "NULL"
-}
-
-func replaceURLDatabase(t testing.TB, dsn, db string) string {
-	t.Helper()
-	// postgres://user@host:port/dbname?params
-	rest := dsn
-	q := ""
-	if i := strings.IndexByte(rest, '?'); i >= 0 {
-		rest, q = rest[:i], rest[i:]
-	}
-	scheme := strings.Index(rest, "://")
-	slash := strings.IndexByte(rest[scheme+3:], '/')
-	if slash >= 0 {
-		rest = rest[:scheme+3+slash]
-	}
-	return rest + "/" + db + q
 }
 
 func mustExec(t testing.TB, conn *pgconn.PgConn, sql string) []*pgconn.Result {
