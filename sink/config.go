@@ -35,7 +35,10 @@ type Config struct {
 	// unlike Debezium's Java producer: a topic auto-created with the broker's
 	// defaults (often one partition) silently loses the partitioning consumers
 	// expect, so a missing topic is reported instead, as a non-permanent
-	// Failure naming the topic, for the operator to create it.
+	// Failure naming the topic, for the operator to create it. With it on, an
+	// unknown topic is waited for like a broker-wide failure (the broker is
+	// creating it): make sure the broker has auto.create.topics.enable, or
+	// Write blocks until its context is done.
 	AllowAutoTopicCreation bool
 	Logger                 *slog.Logger // default discards
 }

@@ -141,9 +141,12 @@ func Permanent(err error) bool {
 }
 
 // perMessage reports whether err belongs to the messages it was returned for,
-// rather than to the broker as a whole.
-func perMessage(err error) bool {
-	return Permanent(err) || errors.Is(err, kafka.UnknownTopicOrPartition)
+// rather than to the broker as a whole. An unknown topic is the messages' own
+// failure only while auto-creation is off; with it on, the broker is creating
+// the topic (KRaft brokers answer UNKNOWN_TOPIC_OR_PARTITION meanwhile), and
+// Write waits.
+func (k *Kafka) perMessage(err error) bool {
+	return Permanent(err) || !k.cfg.AllowAutoTopicCreation && errors.Is(err, kafka.UnknownTopicOrPartition)
 }
 
 // topicLevel reports whether err holds for every message of a topic, so that
@@ -267,7 +270,7 @@ func (k *Kafka) write(ctx context.Context, msgs []kafka.Message, idx []int, fail
 			// The whole call was refused before anything was produced:
 			// metadata for a topic, or the connection.
 			switch {
-			case !perMessage(err):
+			case !k.perMessage(err):
 				// Broker-wide: retry the same call below.
 			case len(idx) == 1:
 				*fails = append(*fails, Failure{Index: idx[0], Err: err})
@@ -309,14 +312,14 @@ func (k *Kafka) write(ctx context.Context, msgs []kafka.Message, idx []int, fail
 		var retryErr error
 		records := 0
 		for _, e := range werrs {
-			if e != nil && perMessage(e) && !topicLevel(e) {
+			if e != nil && k.perMessage(e) && !topicLevel(e) {
 				records++
 			}
 		}
 		for j, e := range werrs {
 			switch {
 			case e == nil:
-			case !perMessage(e):
+			case !k.perMessage(e):
 				retry = append(retry, idx[j])
 				retryErr = e
 			case records > 1 && !topicLevel(e):
