@@ -1,0 +1,436 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// A Sink delivers messages to Kafka: the sink.Kafka contract. Write blocks
+// until every message is acknowledged, or returns ctx's error (it blocks
+// through broker-wide outages), or a *sink.WriteError listing the messages
+// that failed on their own; every message it does not list was acknowledged.
+// The Worker calls it from one goroutine.
+type Sink interface {
+	Write(ctx context.Context, msgs []kafka.Message) error
+}
+
+// WorkerConfig configures a Worker. Zero durations mean the documented
+// defaults.
+type WorkerConfig struct {
+	Store *Store // required
+	Sink  Sink   // required; used by the Worker alone
+	// Topic routes an event again on every attempt (the router's Topic), so
+	// that an operator can fix the routing config and requeue. An error is
+	// permanent: the row goes dead. Required.
+	Topic func(aggregateType, eventType string) (string, error)
+
+	BackoffMin     time.Duration // default 1s: wait after the first failed attempt
+	BackoffMax     time.Duration // default 5m: longest wait; each wait is jittered
+	MaxAge         time.Duration // default 24h: a row failing for longer goes dead
+	MaxAttempts    int           // default 0: unlimited
+	PollInterval   time.Duration // default 1s: how often due rows are looked for
+	AttemptTimeout time.Duration // default 30s: longest attempt; Kafka is then taken as unreachable
+	BatchSize      int           // default 100: rows behind a head written per call
+
+	// Delivered, if set, is called with an aggregate once the Worker has
+	// delivered rows of it and none is left in the table, so that the
+	// pipeline can stop diverting its events (after checking Undelivered:
+	// a new row may arrive meanwhile). It is called from Run's goroutine.
+	Delivered func(aggregate string)
+	Logger    *slog.Logger // default discards
+}
+
+func (c *WorkerConfig) validate() error {
+	if c.Store == nil || c.Sink == nil || c.Topic == nil {
+		return errors.New("retry worker: store, sink and topic function are required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.BackoffMin, time.Second)
+	def(&c.BackoffMax, 5*time.Minute)
+	def(&c.MaxAge, 24*time.Hour)
+	def(&c.PollInterval, time.Second)
+	def(&c.AttemptTimeout, 30*time.Second)
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.BackoffMin < 0 || c.BackoffMax < 0 || c.MaxAge < 0 || c.PollInterval < 0 || c.AttemptTimeout < 0 ||
+		c.MaxAttempts < 0 || c.BatchSize < 0 {
+		return errors.New("retry worker: negative backoff, max age, max attempts, poll interval, attempt timeout or batch size: use 0 for the default")
+	}
+	if c.BackoffMin > c.BackoffMax {
+		return fmt.Errorf("retry worker: backoff min %s is above backoff max %s: lower the min or raise the max", c.BackoffMin, c.BackoffMax)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// A Worker delivers the retry table's due rows. See the package doc for its
+// guarantees. Several Workers, in one process or many, may share a table.
+type Worker struct {
+	cfg WorkerConfig
+	log *slog.Logger
+
+	attempted, succeeded, deadLettered atomic.Int64
+	outage                             bool // Run's goroutine only: an outage was logged
+}
+
+// NewWorker validates cfg and fills defaults. It neither dials nor starts
+// goroutines.
+func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Worker{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// WorkerStats counts what a Worker has done since NewWorker.
+type WorkerStats struct {
+	Attempted    int64 // rows tried (attempts cut short by a Kafka outage not included)
+	Succeeded    int64 // rows delivered and deleted
+	DeadLettered int64 // rows this Worker moved to dead
+}
+
+// Stats returns the Worker's counters. Safe for concurrent use.
+func (w *Worker) Stats() WorkerStats {
+	return WorkerStats{Attempted: w.attempted.Load(), Succeeded: w.succeeded.Load(), DeadLettered: w.deadLettered.Load()}
+}
+
+// Run delivers due rows until ctx is done, then returns ctx's error. Errors
+// of the database are logged and retried at a slower pace; Run returns only
+// for ctx.
+func (w *Worker) Run(ctx context.Context) error {
+	failures := 0
+	for {
+		wait := w.cfg.PollInterval
+		for ctx.Err() == nil {
+			more, err := w.step(ctx)
+			if ctx.Err() != nil {
+				break
+			}
+			if err != nil {
+				failures++
+				wait = min(w.cfg.PollInterval<<min(failures, 5), time.Minute)
+				w.log.Warn("retry worker: database error, retrying", "err", err, "retry_in", wait.String())
+				break
+			}
+			failures = 0
+			if !more {
+				break
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// errOutage ends a step whose Kafka write ran into AttemptTimeout.
+var errOutage = errors.New("kafka unreachable")
+
+// step claims one due head and delivers it and the rows behind it. more is
+// false when there was nothing to claim or Kafka is unreachable: Run then
+// waits a poll interval.
+func (w *Worker) step(ctx context.Context) (more bool, err error) {
+	// The transaction outlives ctx by the few statements that record what
+	// Kafka already acknowledged: forgetting it would send it again.
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	s := w.cfg.Store
+	tx, err := s.pool.Begin(dbctx)
+	if err != nil {
+		return false, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(dbctx)
+
+	head, err := scanEntry(tx.QueryRow(dbctx, fmt.Sprintf(`SELECT `+columns+` FROM %[2]s r
+WHERE r.status = 'pending' AND r.next_attempt_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM %[2]s p WHERE p.aggregate = r.aggregate AND p.seq < r.seq)
+ORDER BY r.seq LIMIT 1
+FOR UPDATE OF r SKIP LOCKED`, "value", s.table)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("claim due row: %w", err)
+	}
+
+	d := &delivery{w: w, tx: tx, topics: map[[2]string]topicResult{}}
+	res := d.send(ctx, []Entry{head})
+	if res == sendStopped {
+		return false, d.finish(dbctx, ctx)
+	}
+
+	// The head went through: the rows behind it were only waiting for it,
+	// or failed for the reason it did, so they go now, whatever their
+	// next_attempt_at, in batches, until the first failure.
+	for last := head.Seq; res == sendDelivered; {
+		rows, err := tx.Query(dbctx, fmt.Sprintf(`SELECT `+columns+` FROM %s
+WHERE aggregate = $1 AND seq > $2 ORDER BY seq LIMIT $3 FOR UPDATE`, "value", s.table),
+			head.Aggregate, last, w.cfg.BatchSize)
+		if err != nil {
+			return false, fmt.Errorf("read rows behind %d: %w", head.Seq, err)
+		}
+		batch, err := collectEntries(rows)
+		if err != nil {
+			return false, fmt.Errorf("read rows behind %d: %w", head.Seq, err)
+		}
+		end := len(batch) < w.cfg.BatchSize
+		for i, e := range batch {
+			if e.Status == StatusDead { // still blocks: deliver up to it
+				batch, end = batch[:i], true
+				break
+			}
+		}
+		if len(batch) == 0 {
+			break
+		}
+		last = batch[len(batch)-1].Seq
+		if res = d.send(ctx, batch); end {
+			break
+		}
+	}
+	if err := d.finish(dbctx, ctx); err != nil {
+		return false, err
+	}
+	if len(d.delivered) > 0 && w.cfg.Delivered != nil {
+		var left bool
+		err := s.pool.QueryRow(dbctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE aggregate = $1)`, s.table),
+			head.Aggregate).Scan(&left)
+		if err != nil {
+			return true, fmt.Errorf("check aggregate %q: %w", head.Aggregate, err)
+		}
+		if !left {
+			w.cfg.Delivered(head.Aggregate)
+		}
+	}
+	return !d.outage, nil
+}
+
+type sendResult int
+
+const (
+	sendDelivered sendResult = iota // every row acknowledged
+	sendFailed                      // a row failed on its own; recorded
+	sendStopped                     // Kafka unreachable or shutdown: nothing of this call counted
+)
+
+type topicResult struct {
+	topic string
+	err   error
+}
+
+// A delivery is one step's transaction: the rows it delivered, and the
+// failure it recorded.
+type delivery struct {
+	w         *Worker
+	tx        pgx.Tx
+	topics    map[[2]string]topicResult
+	delivered []int64
+	failed    *failure
+	outage    bool
+	shutdown  bool
+	attempted int
+}
+
+type failure struct {
+	row       Entry
+	reason    string
+	permanent bool
+}
+
+// send routes and writes rows (in seq order, of one aggregate) and records
+// the outcome in d: acknowledged rows before the first failure are delivered,
+// the first failure is recorded, and the rest stays.
+func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
+	msgs := make([]kafka.Message, 0, len(rows))
+	var routeFail *failure
+	for _, e := range rows {
+		k := [2]string{e.AggregateType, e.EventType}
+		tr, ok := d.topics[k]
+		if !ok {
+			tr.topic, tr.err = d.w.cfg.Topic(e.AggregateType, e.EventType)
+			d.topics[k] = tr
+		}
+		if tr.err != nil {
+			routeFail = &failure{row: e, reason: routeReason(tr.err), permanent: true}
+			break
+		}
+		hs := make([]kafka.Header, len(e.Headers))
+		for i, h := range e.Headers {
+			hs[i] = kafka.Header{Key: h.Key, Value: h.Value}
+		}
+		msgs = append(msgs, kafka.Message{Topic: tr.topic, Key: e.Key, Value: e.Value, Headers: hs})
+	}
+	if len(msgs) > 0 {
+		actx, cancel := context.WithTimeout(ctx, d.w.cfg.AttemptTimeout)
+		err := d.w.cfg.Sink.Write(actx, msgs)
+		cancel()
+		var we *sink.WriteError
+		switch {
+		case err == nil:
+			d.outageOver()
+		case ctx.Err() != nil:
+			d.shutdown = true
+			return sendStopped
+		case errors.Is(err, context.DeadlineExceeded):
+			// The sink blocks through broker-wide failures: this is not the
+			// events' fault, and counts against none of them.
+			if !d.w.outage {
+				d.w.log.Warn("retry worker: kafka unreachable, retrying later without counting attempts",
+					"timeout", d.w.cfg.AttemptTimeout.String())
+				d.w.outage = true
+			}
+			d.outage = true
+			return sendStopped
+		case errors.As(err, &we) && len(we.Failures) > 0:
+			d.outageOver()
+			first := we.Failures[0]
+			for _, e := range rows[:first.Index] {
+				d.delivered = append(d.delivered, e.Seq)
+			}
+			if acked := len(msgs) - first.Index - len(we.Failures); acked > 0 {
+				d.w.log.Warn("retry worker: events acknowledged after an earlier event of their aggregate failed; they stay and will be sent again after it",
+					"aggregate", rows[0].Aggregate, "events", acked)
+			}
+			d.attempted += first.Index + 1
+			d.failed = &failure{row: rows[first.Index], reason: sinkReason(first.Err, msgs[first.Index]),
+				permanent: sink.Permanent(first.Err)}
+			return sendFailed
+		default:
+			d.attempted += len(msgs)
+			d.failed = &failure{row: rows[0], reason: "writing to Kafka failed: " + err.Error()}
+			return sendFailed
+		}
+		d.attempted += len(msgs)
+		for _, e := range rows[:len(msgs)] {
+			d.delivered = append(d.delivered, e.Seq)
+		}
+	}
+	if routeFail != nil {
+		d.attempted++
+		d.failed = routeFail
+		return sendFailed
+	}
+	return sendDelivered
+}
+
+func (d *delivery) outageOver() {
+	if d.w.outage {
+		d.w.log.Info("retry worker: kafka reachable again")
+		d.w.outage = false
+	}
+}
+
+// finish deletes what was delivered, records the failure, and commits; with
+// nothing to record it rolls back, releasing the claim.
+func (d *delivery) finish(dbctx, ctx context.Context) error {
+	w, s := d.w, d.w.cfg.Store
+	if len(d.delivered) == 0 && d.failed == nil {
+		return nil // deferred rollback
+	}
+	if len(d.delivered) > 0 {
+		if _, err := d.tx.Exec(dbctx, fmt.Sprintf(`DELETE FROM %s WHERE seq = ANY($1)`, s.table), d.delivered); err != nil {
+			return fmt.Errorf("delete delivered rows: %w", err)
+		}
+	}
+	var dead bool
+	var attempts int
+	if f := d.failed; f != nil {
+		backoff := w.backoff(f.row.Attempts + 1)
+		var maxAttempts *int
+		if w.cfg.MaxAttempts > 0 {
+			maxAttempts = &w.cfg.MaxAttempts
+		}
+		var status string
+		err := d.tx.QueryRow(dbctx, fmt.Sprintf(`UPDATE %s SET
+    attempts = attempts + 1,
+    last_error = $2,
+    next_attempt_at = now() + make_interval(secs => $3),
+    status = CASE WHEN $4 OR attempts + 1 >= $5
+        OR (NOT waiting AND first_failed_at < now() - make_interval(secs => $6)) THEN 'dead' ELSE 'pending' END,
+    first_failed_at = CASE WHEN waiting THEN now() ELSE first_failed_at END,
+    waiting = false,
+    updated_at = now()
+WHERE seq = $1 RETURNING status, attempts`, s.table),
+			f.row.Seq, f.reason, backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds()).Scan(&status, &attempts)
+		if err != nil {
+			return fmt.Errorf("record failure of row %d: %w", f.row.Seq, err)
+		}
+		dead = status == string(StatusDead)
+	}
+	if err := d.tx.Commit(dbctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	w.attempted.Add(int64(d.attempted))
+	w.succeeded.Add(int64(len(d.delivered)))
+	if f := d.failed; f != nil && dead {
+		w.deadLettered.Add(1)
+		w.log.Warn("retry worker: event is dead; it blocks later events of its aggregate until requeued or dropped",
+			"seq", f.row.Seq, "event_id", f.row.EventID, "aggregate", f.row.Aggregate,
+			"attempts", attempts, "reason", f.reason)
+	}
+	if d.shutdown {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// backoff returns the wait after the attempts-th failed attempt: exponential
+// from BackoffMin, capped at BackoffMax, jittered into its upper half so that
+// rows that failed together spread out.
+func (w *Worker) backoff(attempts int) time.Duration {
+	d := w.cfg.BackoffMin
+	for i := 1; i < attempts && d < w.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, w.cfg.BackoffMax)
+	return d/2 + rand.N(d/2+1)
+}
+
+// routeReason says why an event has no topic.
+func routeReason(err error) string {
+	var re *router.RouteError
+	if errors.As(err, &re) && re.Reason != "" {
+		return "cannot route the event: " + re.Reason + "; fix the topic config and requeue it"
+	}
+	return "cannot route the event: " + err.Error() + "; fix the topic config and requeue it"
+}
+
+// sinkReason says in plain words why Kafka refused msg, and what fixes it.
+func sinkReason(err error, msg kafka.Message) string {
+	var tooLarge kafka.MessageTooLargeError
+	switch {
+	case errors.As(err, &tooLarge), errors.Is(err, kafka.MessageSizeTooLarge), errors.Is(err, kafka.RecordListTooLarge):
+		return fmt.Sprintf("the message (%d bytes) is larger than Kafka accepts for topic %q: raise the topic's max.message.bytes (and kafka.batch_bytes) and requeue it, or drop it (%v)",
+			len(msg.Key)+len(msg.Value), msg.Topic, err)
+	case errors.Is(err, kafka.UnknownTopicOrPartition):
+		return fmt.Sprintf("topic %q does not exist and the relay does not create topics: create it (or set kafka.allow_auto_topic_creation); retried with backoff (%v)",
+			msg.Topic, err)
+	case errors.Is(err, kafka.TopicAuthorizationFailed):
+		return fmt.Sprintf("the relay's Kafka user may not write to topic %q: grant it and requeue (%v)", msg.Topic, err)
+	case errors.Is(err, kafka.InvalidTopic):
+		return fmt.Sprintf("%q is not a valid topic name: fix the topic config and requeue (%v)", msg.Topic, err)
+	}
+	return fmt.Sprintf("Kafka refused the message for topic %q: %v", msg.Topic, err)
+}
