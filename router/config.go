@@ -45,8 +45,8 @@ type Config struct {
 // error says which setting to change.
 const (
 	keyColumns   = "outbox.columns."
-	keyTopic     = "outbox.topic"
-	keyOverrides = "outbox.topic_overrides"
+	keyTopic     = "topics.template"
+	keyOverrides = "topics.overrides"
 )
 
 // validate fills defaults and rejects bad values with a message that says how

@@ -79,7 +79,7 @@ func TestTopicInvalid(t *testing.T) {
 		name, template, aggregateType, eventType string
 		wantInErr                                []string
 	}{
-		{"space", "", "Order Line", "", []string{`"outbox.event.Order Line"`, `aggregate type "Order Line"`, "outbox.topic_overrides"}},
+		{"space", "", "Order Line", "", []string{`"outbox.event.Order Line"`, `aggregate type "Order Line"`, "topics.overrides"}},
 		{"unicode", "", "Bestellung-ä", "", []string{"Bestellung", "letters, digits"}},
 		{"too long", "", strings.Repeat("a", 240), "", []string{"at most 249"}},
 		{"dot", "{aggregate_type}", ".", "", []string{`"."`, "not allowed"}},
@@ -110,13 +110,13 @@ func TestNewInvalid(t *testing.T) {
 		cfg       router.Config
 		wantInErr []string
 	}{
-		{"unknown placeholder", router.Config{Topic: "outbox.{aggregate}"}, []string{"outbox.topic", "{aggregate}", "{aggregate_type}"}},
+		{"unknown placeholder", router.Config{Topic: "outbox.{aggregate}"}, []string{"topics.template", "{aggregate}", "{aggregate_type}"}},
 		{"unclosed placeholder", router.Config{Topic: "outbox.{aggregate_type"}, []string{"unclosed"}},
-		{"illegal literal", router.Config{Topic: "outbox events.{aggregate_type}"}, []string{"outbox.topic", "' '"}},
-		{"illegal constant", router.Config{Topic: ".."}, []string{"outbox.topic", "not allowed"}},
-		{"illegal override", router.Config{Overrides: map[string]string{"Order": "orders/eu"}}, []string{"outbox.topic_overrides", `"orders/eu"`, `"Order"`}},
-		{"empty override topic", router.Config{Overrides: map[string]string{"Order": ""}}, []string{"outbox.topic_overrides", "empty"}},
-		{"empty override key", router.Config{Overrides: map[string]string{"": "orders"}}, []string{"outbox.topic_overrides", "empty aggregate type"}},
+		{"illegal literal", router.Config{Topic: "outbox events.{aggregate_type}"}, []string{"topics.template", "' '"}},
+		{"illegal constant", router.Config{Topic: ".."}, []string{"topics.template", "not allowed"}},
+		{"illegal override", router.Config{Overrides: map[string]string{"Order": "orders/eu"}}, []string{"topics.overrides", `"orders/eu"`, `"Order"`}},
+		{"empty override topic", router.Config{Overrides: map[string]string{"Order": ""}}, []string{"topics.overrides", "empty"}},
+		{"empty override key", router.Config{Overrides: map[string]string{"": "orders"}}, []string{"topics.overrides", "empty aggregate type"}},
 		{"duplicate column", router.Config{Columns: router.Columns{AggregateID: "aggregate_type"}}, []string{"outbox.columns.aggregate_type", "outbox.columns.aggregate_id"}},
 		{"disable required column", router.Config{Columns: router.Columns{Payload: "-"}}, []string{"outbox.columns.payload", "only the headers"}},
 	}

@@ -98,7 +98,7 @@ func (e *WriteError) Error() string {
 	if len(e.Failures) == 1 {
 		return fmt.Sprintf("write message %d: %v", e.Failures[0].Index, e.Failures[0].Err)
 	}
-	return fmt.Sprintf("write %d messages failed, first message %d: %v", len(e.Failures), e.Failures[0].Index, e.Failures[0].Err)
+	return fmt.Sprintf("write: %d messages failed, first message %d: %v", len(e.Failures), e.Failures[0].Index, e.Failures[0].Err)
 }
 
 // Unwrap exposes every failure's error to errors.Is and errors.As.
