@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -62,28 +63,66 @@ func dsnPassword(dsn string) string {
 }
 
 // A scrubber replaces known secrets, in every spelling they may take in a
-// DSN, wherever they occur: the last line of defence for error texts of
-// libraries that echo what they were given.
-type scrubber struct{ r *strings.Replacer }
+// DSN, wherever they occur as a token: the last line of defence for error
+// texts of libraries that echo what they were given. An occurrence inside a
+// longer word is left alone: a short password such as "relay" must not turn
+// the slot outbox_relay into outbox_xxxxx, and a word that merely contains
+// the secret does not reveal it.
+type scrubber struct{ forms []string }
 
 func newScrubber(secrets ...string) scrubber {
-	var pairs []string
+	var forms []string
 	for _, s := range secrets {
 		if s == "" {
 			continue
 		}
 		for _, form := range []string{s, url.QueryEscape(s), url.PathEscape(s), url.UserPassword("", s).String()[1:]} {
-			pairs = append(pairs, form, redacted)
+			if !slices.Contains(forms, form) {
+				forms = append(forms, form)
+			}
 		}
 	}
-	return scrubber{strings.NewReplacer(pairs...)}
+	// Longest first, so that a form containing another is replaced whole.
+	slices.SortFunc(forms, func(a, b string) int { return len(b) - len(a) })
+	return scrubber{forms: forms}
 }
 
 func (s scrubber) String(x string) string {
-	if s.r == nil {
-		return x
+	for _, form := range s.forms {
+		x = replaceToken(x, form, redacted)
 	}
-	return s.r.Replace(x)
+	return x
+}
+
+// replaceToken replaces each occurrence of old in s that is not preceded or
+// followed by a letter, digit or underscore.
+func replaceToken(s, old, repl string) string {
+	var b strings.Builder
+	for i := 0; ; {
+		j := strings.Index(s[i:], old)
+		if j < 0 {
+			if b.Len() == 0 {
+				return s
+			}
+			b.WriteString(s[i:])
+			return b.String()
+		}
+		j += i
+		end := j + len(old)
+		if (j > 0 && isWordByte(s[j-1]) && isWordByte(old[0])) ||
+			(end < len(s) && isWordByte(s[end]) && isWordByte(old[len(old)-1])) {
+			b.WriteString(s[i : j+1])
+			i = j + 1
+			continue
+		}
+		b.WriteString(s[i:j])
+		b.WriteString(repl)
+		i = end
+	}
+}
+
+func isWordByte(c byte) bool {
+	return c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
 }
 
 // scrubbedError keeps the chain (errors.Is still sees context.Canceled) but
