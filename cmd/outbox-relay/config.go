@@ -75,7 +75,8 @@ func envName(key string) string {
 
 // config is the operator's configuration, as typed values.
 type config struct {
-	Postgres struct {
+	kafkaOptional bool // the command never talks to Kafka
+	Postgres      struct {
 		DSN, Slot, Publication string
 		StatusInterval         time.Duration
 	}
@@ -114,6 +115,12 @@ type config struct {
 // flags bound to keys in flags, in increasing precedence, and validates the
 // result. Nothing here connects anywhere.
 func loadConfig(file string, flags *pflag.FlagSet) (*config, error) {
+	return loadConfigFor(file, flags, true)
+}
+
+// loadConfigFor is loadConfig for a command that may not talk to Kafka at all
+// (lag, status, retries list): then kafka.brokers may be left empty.
+func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, error) {
 	v := viper.New()
 	v.SetEnvPrefix("RELAY")
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
@@ -207,6 +214,7 @@ func loadConfig(file string, flags *pflag.FlagSet) (*config, error) {
 	if err := errors.Join(l.errs...); err != nil {
 		return c, err
 	}
+	c.kafkaOptional = !needKafka
 	return c, c.validate()
 }
 
@@ -456,7 +464,7 @@ func (c *config) validate() error {
 	}
 
 	// kafka
-	if len(c.Kafka.Brokers) == 0 {
+	if len(c.Kafka.Brokers) == 0 && !c.kafkaOptional {
 		bad("kafka.brokers", "empty; set it in the config file or %s=host:9092", envName("kafka.brokers"))
 	}
 	for _, b := range c.Kafka.Brokers {
@@ -531,7 +539,7 @@ func (c *config) validate() error {
 
 	// Only once the fields the sink reads are known good: its own checks then
 	// report what is left rather than repeat ours.
-	if len(errs) == 0 {
+	if len(errs) == 0 && len(c.Kafka.Brokers) > 0 {
 		if err := validateSink(c.sinkConfig(nil)); err != nil {
 			bad("kafka", "%v", err)
 		}
@@ -579,6 +587,7 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 		MaxInFlightEvents:  c.Pipeline.MaxInFlightEvents,
 		MaxInFlightBytes:   c.Pipeline.MaxInFlightBytes,
 		ShutdownTimeout:    c.Pipeline.ShutdownTimeout,
+		MetricsListen:      c.Metrics.Listen,
 		Logger:             log,
 	}
 }

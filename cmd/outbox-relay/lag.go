@@ -25,8 +25,9 @@ func newLagCmd(wrap wrapFunc) *cobra.Command {
 		maxSeconds float64
 	)
 	cmd := &cobra.Command{
-		Use:   "lag [--watch [interval]] [--json] [--max-bytes N] [--max-seconds N]",
-		Short: "Show how far the relay is behind (slot, checkpoint, time lag, retries)",
+		Annotations: map[string]string{"kafka": "optional"},
+		Use:         "lag [--watch [interval]] [--json] [--max-bytes N] [--max-seconds N]",
+		Short:       "Show how far the relay is behind (slot, checkpoint, time lag, retries)",
 		Long: `lag reads the replication slot, the relay's checkpoint, the outbox table and
 the retry table over an ordinary read-only connection; it works whether or not
 a relay is running and never disturbs one.

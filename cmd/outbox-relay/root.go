@@ -60,6 +60,12 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
+	// lag's threshold breach has a code of its own (3), so probes can tell
+	// "behind" from "set up wrong" (2) and "failed" (1).
+	var coded interface{ ExitCode() int }
+	if errors.As(err, &coded) {
+		return coded.ExitCode()
+	}
 	if errors.Is(err, errConfig) {
 		return exitConfig
 	}
@@ -98,7 +104,9 @@ comma-separated), then flags, each overriding the one before.`,
 	// load reads the configuration for a command that needs it; a command
 	// that does not (version) never calls it.
 	load := func(cmd *cobra.Command) (*env, error) {
-		cfg, err := loadConfig(configFile, cmd.Flags())
+		// Commands annotated kafka=optional (read-only Postgres views) work
+		// without kafka.brokers.
+		cfg, err := loadConfigFor(configFile, cmd.Flags(), cmd.Annotations["kafka"] != "optional")
 		if err != nil {
 			// Secrets may be in the values being complained about.
 			scrub := newScrubber(cfg.secrets()...)
@@ -126,6 +134,8 @@ comma-separated), then flags, each overriding the one before.`,
 		newSetupCmd(wrap),
 		newCheckCmd(wrap),
 		newVersionCmd(),
+		newLagCmd(wrap),
+		newStatusCmd(wrap),
 	)
 	return root
 }

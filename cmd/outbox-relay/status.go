@@ -11,8 +11,9 @@ import (
 func newStatusCmd(wrap wrapFunc) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "status [--json]",
-		Short: "Show whether a relay is streaming the slot now, since when, which version",
+		Annotations: map[string]string{"kafka": "optional"},
+		Use:         "status [--json]",
+		Short:       "Show whether a relay is streaming the slot now, since when, which version",
 		Long: `status reads the replication slot, pg_stat_replication and the relay's
 checkpoint over an ordinary read-only connection. A relay is streaming when the
 slot is active and held by a walsender; its version comes from the
