@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -33,6 +34,12 @@ type Config struct {
 
 	ShutdownTimeout time.Duration // default 30s: drain budget after ctx is cancelled
 	Logger          *slog.Logger
+
+	// Metrics, when set, records the pipeline's figures; MetricsListen, when
+	// not empty, serves them with /healthz and /readyz (see Relay.Ready).
+	Metrics       *metrics.Metrics
+	MetricsListen string
+	RetryTable    string // for the metrics sampler, default "outbox_relay_retry"
 }
 
 // validate fills defaults and rejects what cannot work, saying how to fix it.
@@ -72,6 +79,12 @@ func (c *Config) validate() error {
 	}
 	if c.Sink.BatchBytes <= 0 {
 		c.Sink.BatchBytes = 1 << 20
+	}
+	if c.RetryTable == "" {
+		c.RetryTable = "outbox_relay_retry"
+	}
+	if c.MetricsListen != "" && c.Metrics == nil {
+		c.Metrics = metrics.New()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -33,7 +33,7 @@ var aggregateTypes = []string{"Order", "Payment", "Customer", "Invoice", "Shipme
 // LSN of every transaction, so assertions on confirmed LSNs are exact.
 type fixture struct {
 	pg     *testenv.PG
-	kafka  *testenv.Kafka
+	kafka  *testenv.KafkaCluster
 	pool   *pgxpool.Pool
 	prefix string // topic prefix: topics are <prefix>.<aggregate_type>
 	slot   string

@@ -43,6 +43,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -65,6 +66,10 @@ type Relay struct {
 	table  string
 
 	isOutbox map[*replication.Relation]bool // route stage only
+
+	m       *metrics.Metrics // nil records nothing
+	tableM  *metrics.Table
+	topicsM map[string]*metrics.Topic // write stage only
 }
 
 // New validates cfg and fills defaults. It neither dials nor starts goroutines.
@@ -91,6 +96,9 @@ func New(cfg Config) (*Relay, error) {
 		schema:   schema,
 		table:    table,
 		isOutbox: make(map[*replication.Relation]bool),
+		m:        cfg.Metrics,
+		tableM:   cfg.Metrics.Table(cfg.Table),
+		topicsM:  make(map[string]*metrics.Topic),
 	}, nil
 }
 
@@ -131,14 +139,29 @@ func (r *Relay) Run(ctx context.Context) error {
 	batches := make(chan replication.Batch, 64)
 	chunks := make(chan *chunk, 4)
 	com := &committer{
-		store: store, stream: r.stream, win: r.win, log: r.log,
+		store: store, stream: r.stream, win: r.win, log: r.log, m: r.m,
 		slot: r.cfg.Replication.Slot, interval: r.cfg.CheckpointInterval,
 		urgent: r.cfg.MaxInFlightEvents / 2, saved: start,
 		notify: make(chan struct{}, 1),
 	}
 
+	if r.m != nil {
+		sampler, err := metrics.NewSampler(r.m, pool, metrics.SamplerConfig{
+			Slot: r.cfg.Replication.Slot, RetryTable: r.cfg.RetryTable, Logger: r.log})
+		if err != nil {
+			return fmt.Errorf("metrics sampler: %w", err)
+		}
+		// These live as long as the stream: until the final checkpoint.
+		g.Go(func() error { return ignoreCanceled(sampler.Run(streamCtx)) })
+		g.Go(func() error { return ignoreCanceled(r.m.Serve(streamCtx, r.cfg.MetricsListen, r.Ready)) })
+		g.Go(func() error { r.pumpStreamStats(streamCtx); return nil })
+	}
 	g.Go(func() error {
 		err := r.stream.Run(streamCtx, start, batches)
+		var de *replication.DecodeError
+		if errors.As(err, &de) {
+			r.m.DecodeError()
+		}
 		if streamCtx.Err() != nil && gctx.Err() == nil {
 			return nil // stopped by us after the final checkpoint
 		}
@@ -166,6 +189,53 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
+}
+
+// Ready reports whether the relay is streaming from Postgres and Kafka
+// answers: what /readyz serves.
+func (r *Relay) Ready(ctx context.Context) error {
+	if !r.stream.Stats().Streaming {
+		return errors.New("not streaming: the replication connection is down (see the log)")
+	}
+	if err := r.sink.Ping(ctx); err != nil {
+		return fmt.Errorf("kafka unreachable: %w", err)
+	}
+	return nil
+}
+
+// pumpStreamStats turns the stream's counters into metrics once a second.
+func (r *Relay) pumpStreamStats(ctx context.Context) {
+	var last replication.Stats
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st := r.stream.Stats()
+		for range st.Reconnects - last.Reconnects {
+			r.m.Reconnected()
+		}
+		for range st.IgnoredUpdates - last.IgnoredUpdates {
+			r.m.IgnoredChange("update")
+		}
+		for range st.IgnoredDeletes - last.IgnoredDeletes {
+			r.m.IgnoredChange("delete")
+		}
+		for range st.IgnoredTruncates - last.IgnoredTruncates {
+			r.m.IgnoredChange("truncate")
+		}
+		last = st
+	}
+}
+
+func ignoreCanceled(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
 }
 
 // resolveStart decides where streaming starts: max(saved checkpoint, the
@@ -215,6 +285,22 @@ type chunk struct {
 	commitTime time.Time     // its commit time
 	covered    int           // events up to and including that transaction
 	trailing   int           // events after it (a transaction still open at the end of the chunk)
+
+	commits []commitRun // commit time of each run of msgs, for the latency histogram
+}
+
+// A commitRun is n consecutive messages of one transaction.
+type commitRun struct {
+	at time.Time
+	n  int
+}
+
+func (c *chunk) addCommit(at time.Time) {
+	if n := len(c.commits); n > 0 && c.commits[n-1].at.Equal(at) {
+		c.commits[n-1].n++
+		return
+	}
+	c.commits = append(c.commits, commitRun{at: at, n: 1})
 }
 
 func (c *chunk) empty() bool { return len(c.msgs) == 0 && c.endLSN == 0 && c.covered+c.trailing == 0 }
@@ -275,6 +361,7 @@ func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan repli
 				return err
 			}
 		}
+		routed := 0
 		for i := range b.Rows {
 			row := &b.Rows[i]
 			cur.trailing++
@@ -288,12 +375,15 @@ func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan repli
 					b.Xid, b.CommitLSN, err)
 			}
 			cur.msgs = append(cur.msgs, toKafka(m))
+			routed++
+			cur.addCommit(b.CommitTime)
 			if len(cur.msgs) >= maxMsgs || cur.bytes >= maxBytes {
 				if err := flush(); err != nil {
 					return err
 				}
 			}
 		}
+		r.tableM.Received(routed)
 		inTxn = !b.Last
 		if b.Last {
 			cur.endLSN = b.EndLSN
@@ -350,9 +440,37 @@ func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) err
 		}
 		r.win.giveBytes(c.bytes)
 		com.ack(c)
+		if r.m != nil && len(c.msgs) > 0 {
+			r.observe(c)
+		}
 	}
 	com.close()
 	return nil
+}
+
+// observe records an acknowledged chunk: per-topic counts, batch size and
+// commit-to-ack latency. Per chunk, not per event, except for counting.
+func (r *Relay) observe(c *chunk) {
+	now := time.Now()
+	r.m.ObserveBatch(len(c.msgs))
+	for _, run := range c.commits {
+		r.m.ObserveDelivery(run.at, now, run.n)
+	}
+	for i := 0; i < len(c.msgs); {
+		topic := c.msgs[i].Topic
+		j := i + 1
+		for j < len(c.msgs) && c.msgs[j].Topic == topic {
+			j++
+		}
+		tm, ok := r.topicsM[topic]
+		if !ok {
+			tm = r.m.Topic(topic)
+			r.topicsM[topic] = tm
+		}
+		tm.Delivered(j - i)
+		i = j
+	}
+	r.m.SetInFlight(r.win.usage())
 }
 
 // committer saves the highest acknowledged transaction end LSN as the
@@ -361,6 +479,7 @@ func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) err
 type committer struct {
 	store    *checkpoint.Store
 	stream   *replication.Stream
+	m        *metrics.Metrics
 	win      *window
 	log      *slog.Logger
 	slot     string
@@ -436,6 +555,7 @@ func (c *committer) run(ctx context.Context) error {
 			c.saved = lsn
 			lastSave = time.Now()
 			c.stream.Confirm(lsn)
+			c.m.SetConfirmedLSN(lsn)
 		}
 		c.win.giveEvents(events)
 		if closed {
