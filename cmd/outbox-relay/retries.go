@@ -1,0 +1,460 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// retryTable is the configured retry table. config.go has no retry.* keys
+// yet; once it has retry.table, this returns e.cfg.Retry.Table.
+func (e *env) retryTable() string { return sql.DefaultRetryTable }
+
+func newRetriesCmd(wrap wrapFunc) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "retries",
+		Short: "List, show, requeue or drop the events that could not be delivered",
+		Long: `retries works on the retry table, where the relay keeps the events Kafka
+refused (unknown topic, too large, unroutable) and the later events of the same
+aggregate, which wait behind them to keep per-aggregate order.
+
+Pending events are retried with backoff by the running relay. Dead events are
+not retried: they failed for good (or too long, or too often) and block their
+aggregate until you requeue them (after fixing the cause) or drop them.
+
+An ID is the SEQ number that list shows, or the event id.`,
+	}
+	cmd.AddCommand(newRetriesListCmd(wrap), newRetriesShowCmd(wrap),
+		newRetriesRequeueCmd(wrap), newRetriesDropCmd(wrap))
+	return cmd
+}
+
+// openRetryStore connects for a retries subcommand. List and show run in
+// read-only sessions, so that looking can never change anything.
+func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, func(), error) {
+	pc, err := pgxpool.ParseConfig(e.cfg.Postgres.DSN)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
+	}
+	pc.MaxConns = 2
+	rp := pc.ConnConfig.RuntimeParams
+	rp["application_name"] = "outbox-relay retries"
+	if readOnly {
+		rp["default_transaction_read_only"] = "on"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+	}
+	s, err := retry.NewStore(pool, e.retryTable())
+	if err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("%w: %w", errConfig, err)
+	}
+	return s, pool.Close, nil
+}
+
+// retryErr explains a missing retry table instead of quoting Postgres.
+func retryErr(s *retry.Store, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("retry table %s does not exist: run `outbox-relay setup` to create it", s.Table())
+	}
+	return err
+}
+
+func newRetriesListCmd(wrap wrapFunc) *cobra.Command {
+	var (
+		f      retry.Filter
+		status string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list [--status pending|dead] [--aggregate-type T] [--limit N] [--json]",
+		Short: "List the events in the retry table, oldest first",
+		Long: `list prints one line per event, in the order they will be delivered: SEQ (the
+ID other subcommands take), the event id, its aggregate, topic, status
+(pending, waiting: pending only behind an earlier event of its aggregate, or
+dead), attempts, when the next attempt is due, how long it has been in the
+table, and the last error. --json prints an array with every field but the
+value (see show).`,
+		Args: cobra.NoArgs,
+		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
+			switch status {
+			case "", "all":
+			case string(retry.StatusPending), string(retry.StatusDead):
+				f.Status = retry.Status(status)
+			default:
+				return fmt.Errorf("%w: --status %q: want pending or dead", errConfig, status)
+			}
+			if f.Limit < 0 {
+				return fmt.Errorf("%w: --limit %d: want a positive number, or 0 for no limit", errConfig, f.Limit)
+			}
+			s, closeFn, err := openRetryStore(cmd.Context(), e, true)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			entries, err := s.List(cmd.Context(), f)
+			if err != nil {
+				return retryErr(s, err)
+			}
+			if asJSON {
+				return writeRetryEntriesJSON(e.stdout, entries)
+			}
+			writeRetryEntries(e.stdout, entries, time.Now())
+			if f.Limit > 0 && len(entries) == f.Limit {
+				fmt.Fprintf(e.stdout, "(first %d shown; use --limit to see more)\n", f.Limit)
+			}
+			return nil
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&status, "status", "", "only pending or only dead events")
+	fl.StringVar(&f.AggregateType, "aggregate-type", "", "only events of this aggregate type")
+	fl.IntVar(&f.Limit, "limit", 100, "at most N events (0: all)")
+	fl.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// displayStatus tells waiting rows from those that failed themselves.
+func retryStatus(en retry.Entry) string {
+	if en.Status == retry.StatusPending && en.Waiting {
+		return "waiting"
+	}
+	return string(en.Status)
+}
+
+func writeRetryEntries(w io.Writer, entries []retry.Entry, now time.Time) {
+	if len(entries) == 0 {
+		fmt.Fprintln(w, "no events in the retry table")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tEVENT ID\tAGGREGATE\tTOPIC\tSTATUS\tATTEMPTS\tNEXT ATTEMPT\tAGE\tLAST ERROR")
+	for _, en := range entries {
+		next := "-" // dead: not until requeued
+		if en.Status == retry.StatusPending {
+			if d := en.NextAttemptAt.Sub(now); d > 0 {
+				next = "in " + roughDuration(d)
+			} else {
+				next = "due"
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", en.Seq, dashIfEmpty(en.EventID),
+			truncateRunes(en.Aggregate, 40), dashIfEmpty(en.Topic), retryStatus(en), en.Attempts, next,
+			roughDuration(now.Sub(en.CreatedAt)), truncateRunes(singleLine(en.LastError), 60))
+	}
+	tw.Flush()
+}
+
+// retryEntryJSON is an Entry as list --json and show --json print it.
+type retryEntryJSON struct {
+	Seq           int64             `json:"seq"`
+	EventKey      string            `json:"event_key"`
+	EventID       *string           `json:"event_id"`
+	Aggregate     string            `json:"aggregate"`
+	AggregateType *string           `json:"aggregate_type"`
+	AggregateID   *string           `json:"aggregate_id"`
+	EventType     *string           `json:"event_type"`
+	Topic         *string           `json:"topic"`
+	Status        string            `json:"status"`
+	Waiting       bool              `json:"waiting"`
+	Attempts      int               `json:"attempts"`
+	NextAttemptAt time.Time         `json:"next_attempt_at"`
+	LastError     string            `json:"last_error"`
+	FirstFailedAt time.Time         `json:"first_failed_at"`
+	SourceLSN     *string           `json:"source_lsn"`
+	CommitTime    *time.Time        `json:"commit_time"`
+	CreatedAt     time.Time         `json:"created_at"`
+	UpdatedAt     time.Time         `json:"updated_at"`
+	Key           *string           `json:"key,omitempty"`
+	Value         *string           `json:"value,omitempty"`
+	Encoding      string            `json:"encoding,omitempty"` // of key and value: utf8 or hex
+	Headers       []retryHeaderJSON `json:"headers,omitempty"`
+}
+
+type retryHeaderJSON struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func retryEntryToJSON(en retry.Entry, withBody bool) retryEntryJSON {
+	j := retryEntryJSON{
+		Seq: en.Seq, EventKey: en.EventKey, EventID: nullIfEmpty(en.EventID), Aggregate: en.Aggregate,
+		AggregateType: nullIfEmpty(en.AggregateType), AggregateID: nullIfEmpty(en.AggregateID),
+		EventType: nullIfEmpty(en.EventType), Topic: nullIfEmpty(en.Topic), Status: string(en.Status),
+		Waiting: en.Waiting, Attempts: en.Attempts, NextAttemptAt: en.NextAttemptAt, LastError: en.LastError,
+		FirstFailedAt: en.FirstFailedAt, CreatedAt: en.CreatedAt, UpdatedAt: en.UpdatedAt,
+	}
+	if en.SourceLSN != 0 {
+		j.SourceLSN = nullIfEmpty(en.SourceLSN.String())
+	}
+	if !en.CommitTime.IsZero() {
+		ct := en.CommitTime
+		j.CommitTime = &ct
+	}
+	if withBody {
+		j.Encoding = "utf8"
+		if !utf8.Valid(en.Key) || !utf8.Valid(en.Value) {
+			j.Encoding = "hex"
+		}
+		enc := func(b []byte) *string {
+			if b == nil {
+				return nil
+			}
+			if j.Encoding == "hex" {
+				s := hex.EncodeToString(b)
+				return &s
+			}
+			s := string(b)
+			return &s
+		}
+		j.Key, j.Value = enc(en.Key), enc(en.Value)
+		for _, h := range en.Headers {
+			j.Headers = append(j.Headers, retryHeaderJSON{Key: h.Key, Value: string(h.Value)})
+		}
+	}
+	return j
+}
+
+func writeRetryEntriesJSON(w io.Writer, entries []retry.Entry) error {
+	out := make([]retryEntryJSON, len(entries))
+	for i, en := range entries {
+		out[i] = retryEntryToJSON(en, false)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+func newRetriesShowCmd(wrap wrapFunc) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show ID [--json]",
+		Short: "Show everything about one event: error, timing, key, value, headers",
+		Long: `show prints every field of one event of the retry table. The key and value are
+printed as text when they are UTF-8, else in hex. ID is the SEQ number that
+list shows, or the event id.`,
+		Args: cobra.ExactArgs(1),
+		RunE: wrap(func(cmd *cobra.Command, e *env, args []string) error {
+			s, closeFn, err := openRetryStore(cmd.Context(), e, true)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			en, err := s.Get(cmd.Context(), args[0])
+			if err != nil {
+				return retryErr(s, err)
+			}
+			if asJSON {
+				enc := json.NewEncoder(e.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(retryEntryToJSON(en, true))
+			}
+			writeRetryEntry(e.stdout, en, time.Now())
+			return nil
+		}),
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(name, format string, args ...any) {
+		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{name}, args...)...)
+	}
+	row("seq", "%d", en.Seq)
+	row("event id", "%s", dashIfEmpty(en.EventID))
+	if en.EventKey != en.EventID {
+		row("event key", "%s", en.EventKey)
+	}
+	row("status", "%s", retryStatus(en))
+	row("aggregate", "%s", en.Aggregate)
+	row("aggregate type", "%s", dashIfEmpty(en.AggregateType))
+	row("aggregate id", "%s", dashIfEmpty(en.AggregateID))
+	row("event type", "%s", dashIfEmpty(en.EventType))
+	row("topic", "%s", dashIfEmpty(en.Topic))
+	row("attempts", "%d", en.Attempts)
+	switch {
+	case en.Status == retry.StatusDead:
+		row("next attempt", "none until requeued (outbox-relay retries requeue %d)", en.Seq)
+	case en.NextAttemptAt.After(now):
+		row("next attempt", "%s (in %s)", en.NextAttemptAt.Format(time.RFC3339), roughDuration(en.NextAttemptAt.Sub(now)))
+	default:
+		row("next attempt", "due")
+	}
+	row("last error", "%s", dashIfEmpty(en.LastError))
+	row("first failed", "%s (%s ago)", en.FirstFailedAt.Format(time.RFC3339), roughDuration(now.Sub(en.FirstFailedAt)))
+	row("in table since", "%s (%s ago)", en.CreatedAt.Format(time.RFC3339), roughDuration(now.Sub(en.CreatedAt)))
+	row("updated", "%s", en.UpdatedAt.Format(time.RFC3339))
+	if en.SourceLSN != 0 {
+		row("source lsn", "%s", en.SourceLSN)
+	}
+	if !en.CommitTime.IsZero() {
+		row("commit time", "%s", en.CommitTime.Format(time.RFC3339Nano))
+	}
+	row("key", "%s", bytesText(en.Key))
+	row("value", "%s", bytesText(en.Value))
+	if len(en.Headers) == 0 {
+		row("headers", "-")
+	}
+	tw.Flush()
+	if len(en.Headers) > 0 {
+		fmt.Fprintln(w, "headers:")
+		for _, h := range en.Headers {
+			fmt.Fprintf(w, "  %s: %s\n", h.Key, bytesText(h.Value))
+		}
+	}
+}
+
+// bytesText prints b as text when it is UTF-8, else as hex, saying which.
+func bytesText(b []byte) string {
+	switch {
+	case b == nil:
+		return "(null)"
+	case utf8.Valid(b):
+		return string(b)
+	}
+	return fmt.Sprintf("(%d bytes, not UTF-8, hex) %s", len(b), hex.EncodeToString(b))
+}
+
+func newRetriesRequeueCmd(wrap wrapFunc) *cobra.Command {
+	var allDead bool
+	cmd := &cobra.Command{
+		Use:   "requeue ID... | --all-dead",
+		Short: "Retry events now: dead ones after you fixed the cause, or pending ones early",
+		Long: `requeue makes the events pending and due now, with attempts and the max-age
+window starting over; the last error is kept until the next attempt. The
+running relay delivers them within its poll interval, in order behind any
+earlier event of their aggregate. If an ID does not exist, nothing is
+requeued.`,
+		RunE: wrap(func(cmd *cobra.Command, e *env, args []string) error {
+			if allDead == (len(args) > 0) {
+				return fmt.Errorf("%w: give the IDs to requeue, or --all-dead", errConfig)
+			}
+			s, closeFn, err := openRetryStore(cmd.Context(), e, false)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			var seqs []int64
+			if allDead {
+				seqs, err = s.RequeueAllDead(cmd.Context())
+			} else {
+				seqs, err = s.Requeue(cmd.Context(), args)
+			}
+			if err != nil {
+				return retryErr(s, err)
+			}
+			if allDead && len(seqs) == 0 {
+				fmt.Fprintln(e.stdout, "no dead events to requeue")
+				return nil
+			}
+			fmt.Fprintf(e.stdout, "requeued %s\n", countedSeqs(seqs))
+			return nil
+		}),
+	}
+	cmd.Flags().BoolVar(&allDead, "all-dead", false, "requeue every dead event")
+	return cmd
+}
+
+func newRetriesDropCmd(wrap wrapFunc) *cobra.Command {
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "drop ID... --yes",
+		Short: "Delete events from the retry table: they are never delivered",
+		Long: `drop deletes the events from the retry table. They are then lost: never
+delivered to Kafka, and not in the WAL the relay reads any more. The events
+waiting behind them in their aggregate are delivered next. Without --yes
+nothing is dropped. If an ID does not exist, nothing is dropped.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: wrap(func(cmd *cobra.Command, e *env, args []string) error {
+			if !yes {
+				return fmt.Errorf("not dropping %s: a dropped event is lost, never delivered to Kafka; "+
+					"requeue it instead if its cause is fixed, or run again with --yes", strings.Join(args, ", "))
+			}
+			s, closeFn, err := openRetryStore(cmd.Context(), e, false)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			seqs, err := s.Drop(cmd.Context(), args)
+			if err != nil {
+				return retryErr(s, err)
+			}
+			fmt.Fprintf(e.stdout, "dropped %s\n", countedSeqs(seqs))
+			return nil
+		}),
+	}
+	cmd.Flags().BoolVar(&yes, "yes", false, "confirm: the dropped events are lost")
+	return cmd
+}
+
+// countSeqs says "3 events: 12, 13, 14".
+func countedSeqs(seqs []int64) string {
+	ss := make([]string, len(seqs))
+	for i, s := range seqs {
+		ss[i] = strconv.FormatInt(s, 10)
+	}
+	noun := "events"
+	if len(seqs) == 1 {
+		noun = "event"
+	}
+	return fmt.Sprintf("%d %s: %s", len(seqs), noun, strings.Join(ss, ", "))
+}
+
+func dashIfEmpty(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func singleLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func truncateRunes(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// shortDuration rounds d for humans: 45s, 12m, 3h, 2d.
+func roughDuration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+}
