@@ -1,0 +1,177 @@
+package relay_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/ops"
+)
+
+// TestMetricsDuringRun scrapes /metrics while the relay runs: the delivered
+// count must equal the events inserted, and the latency histogram must have
+// one observation per event. /healthz and /readyz must answer 200.
+func TestMetricsDuringRun(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MetricsListen = freeAddr(t)
+	run := f.start(t, cfg)
+
+	const n = 1200
+	for range 12 {
+		f.insertTx(t, f.makeEvents(n/12))
+	}
+	f.waitCount(t, n, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+
+	base := "http://" + cfg.MetricsListen
+	var body string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		body = httpGet(t, base+"/metrics", 200)
+		if sumMetric(body, "outbox_relay_events_delivered_total") == n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := sumMetric(body, "outbox_relay_events_delivered_total"); got != n {
+		t.Errorf("outbox_relay_events_delivered_total summed over topics = %v; want %d", got, n)
+	}
+	if got := sumMetric(body, "outbox_relay_events_received_total"); got != n {
+		t.Errorf("outbox_relay_events_received_total = %v; want %d", got, n)
+	}
+	if got := sumMetric(body, "outbox_relay_delivery_latency_seconds_count"); got != n {
+		t.Errorf("outbox_relay_delivery_latency_seconds_count = %v; want %d (one observation per event)", got, n)
+	}
+	if got := sumMetric(body, "outbox_relay_confirmed_lsn"); got < float64(ends[len(ends)-1]) {
+		t.Errorf("outbox_relay_confirmed_lsn = %v; want >= %d (%s)", got, uint64(ends[len(ends)-1]), ends[len(ends)-1])
+	}
+	httpGet(t, base+"/healthz", 200)
+	httpGet(t, base+"/readyz", 200)
+	run.stop(t)
+}
+
+// TestLagWithRelay: lag grows while the relay is stopped and events are
+// inserted, with a time lag of about the age of the oldest undelivered event,
+// and returns to about zero once the relay runs again.
+func TestLagWithRelay(t *testing.T) {
+	f := newFixture(t)
+	run := f.start(t, f.config(t))
+	f.insertTx(t, f.makeEvents(10))
+	f.waitCount(t, 10, time.Minute)
+	f.waitConfirmed(t, f.commitEnds(t)[0], time.Minute)
+	run.stop(t)
+
+	ctx := context.Background()
+	conn, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	cfg := ops.Config{Slot: f.slot}
+
+	for range 5 {
+		f.insertTx(t, f.makeEvents(100))
+	}
+	time.Sleep(2 * time.Second) // the oldest undelivered event is now >= 2s old
+	rep, err := ops.Lag(ctx, conn, cfg)
+	if err != nil {
+		t.Fatalf("Lag: %v", err)
+	}
+	if rep.LagBytes == nil || *rep.LagBytes < 500*50 {
+		t.Fatalf("relay stopped, 500 events inserted: lag_bytes = %v; want >= %d", rep.LagBytes, 500*50)
+	}
+	if rep.TimeLag.State != ops.StateBehind || rep.TimeLag.Seconds == nil || *rep.TimeLag.Seconds < 2 || *rep.TimeLag.Seconds > 30 {
+		t.Fatalf("relay stopped: time_lag = %s, %v s; want behind, between 2 and 30 s", rep.TimeLag.State, deref(rep.TimeLag.Seconds))
+	}
+
+	run = f.start(t, f.config(t))
+	f.waitCount(t, 510, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	rep, err = ops.Lag(ctx, conn, cfg)
+	if err != nil {
+		t.Fatalf("Lag: %v", err)
+	}
+	// Only the WAL the relay's own checkpoint saves wrote may be left.
+	if rep.LagBytes == nil || *rep.LagBytes > 64<<10 {
+		t.Errorf("relay caught up: lag_bytes = %v; want about 0 (<= 64 KiB)", deref64(rep.LagBytes))
+	}
+	if rep.TimeLag.State != ops.StateCaughtUp {
+		t.Errorf("relay caught up: time_lag.state = %q; want %q", rep.TimeLag.State, ops.StateCaughtUp)
+	}
+	run.stop(t)
+}
+
+func deref(p *float64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func deref64(p *int64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func httpGet(t *testing.T, url string, want int) string {
+	t.Helper()
+	var resp *http.Response
+	var err error
+	for range 50 { // the server starts with the relay
+		resp, err = http.Get(url)
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		t.Fatalf("GET %s = %d %s; want %d", url, resp.StatusCode, b, want)
+	}
+	return string(b)
+}
+
+// sumMetric adds up every sample of the metric name in a Prometheus text
+// exposition (all label sets).
+func sumMetric(body, name string) float64 {
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name) {
+			continue
+		}
+		rest := line[len(name):]
+		if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
