@@ -41,6 +41,10 @@ An ID is the SEQ number that list shows, or the event id.`,
 	}
 	cmd.AddCommand(newRetriesListCmd(wrap), newRetriesShowCmd(wrap),
 		newRetriesRequeueCmd(wrap), newRetriesDropCmd(wrap))
+	// Only the table is involved: none of them needs kafka.brokers.
+	for _, sub := range cmd.Commands() {
+		sub.Annotations = map[string]string{"kafka": "optional"}
+	}
 	return cmd
 }
 
