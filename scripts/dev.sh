@@ -282,7 +282,7 @@ kafka_libs() {
 	local tmp
 	mkdir -p "$(dirname "$KAFKA_LIBS")"
 	tmp=$(mktemp -d "$(dirname "$KAFKA_LIBS")/.libs.XXXXXX")
-	if ! mvn -q -B -f "$ROOT/scripts/kafka/pom.xml" dependency:copy-dependencies \
+	if ! mvn -q -B -Dstyle.color=never -f "$ROOT/scripts/kafka/pom.xml" dependency:copy-dependencies \
 		-DoutputDirectory="$tmp" -DincludeScope=runtime >&2; then
 		rm -rf "$tmp"
 		die "maven could not resolve the Kafka jars"
