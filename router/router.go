@@ -218,6 +218,11 @@ func (r *Router) tmplString() string {
 
 // Route turns an inserted outbox row into a Message. A row that cannot be
 // routed gives a *RouteError; the Message is then the zero value.
+//
+// On a *RouteError the returned Message still carries the fields that could
+// be read (EventID, AggregateType, AggregateID, EventType, Key, Value as
+// stored, and Topic when it could be chosen), so the failure path can store
+// the event for retry; Headers is then nil.
 func (r *Router) Route(row replication.Row) (Message, error) {
 	pos := r.positions(row.Relation)
 	if pos.err != nil {
@@ -227,31 +232,44 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		return Message{}, &RouteError{Reason: fmt.Sprintf("the row has %d values but table %s needs column %d: the row does not match its relation (a decoder bug; please report it)",
 			len(row.Values), relName(row.Relation), pos.max+1)}
 	}
-	id := row.Values[pos.id]
-	if len(id) == 0 {
-		return Message{}, &RouteError{Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
+	// m collects what could be read, so that a failed event can be stored
+	// for retry with its fields (see RouteError).
+	var m Message
+	if pos.payload >= 0 {
+		m.Value = row.Values[pos.payload]
 	}
-	eventID := string(id)
+	id := row.Values[pos.id]
+	m.EventID = string(id)
+	m.AggregateType = string(row.Values[pos.aggregateType])
+	m.AggregateID = string(row.Values[pos.aggregateID])
+	m.Key = row.Values[pos.aggregateID]
+	m.EventType = string(row.Values[pos.eventType])
+	if len(id) == 0 {
+		return m, &RouteError{Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
+	}
+	eventID := m.EventID
 	aggType := row.Values[pos.aggregateType]
 	if len(aggType) == 0 {
-		return Message{}, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}
+		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}
 	}
 	aggID := row.Values[pos.aggregateID]
 	if len(aggID) == 0 {
-		return Message{}, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate id (column %q) is NULL or empty, so the event has no Kafka key and no order: insert it with an aggregate id", r.cols.AggregateID)}
+		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate id (column %q) is NULL or empty, so the event has no Kafka key and no order: insert it with an aggregate id", r.cols.AggregateID)}
 	}
 	eventType := row.Values[pos.eventType]
 
 	topic, reason := r.topic(aggType, eventType)
+	m.Topic = topic
 	if reason != "" {
-		return Message{}, &RouteError{EventID: eventID, Reason: reason}
+		m.Topic = ""
+		return m, &RouteError{EventID: eventID, Reason: reason}
 	}
 
 	value := row.Values[pos.payload]
 	if pos.payloadBytea && value != nil {
 		v, err := decodeBytea(value)
 		if err != nil {
-			return Message{}, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the bytea payload (column %q) is not in hex format: set bytea_output = 'hex' for the replication role", r.cols.Payload), Err: err}
+			return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the bytea payload (column %q) is not in hex format: set bytea_output = 'hex' for the replication role", r.cols.Payload), Err: err}
 		}
 		value = v
 	}
@@ -268,20 +286,13 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		var err error
 		headers, err = appendJSONHeaders(headers, extra)
 		if err != nil {
-			return Message{}, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the headers column %q must be NULL or a JSON object of header names to values", r.cols.Headers), Err: err}
+			return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the headers column %q must be NULL or a JSON object of header names to values", r.cols.Headers), Err: err}
 		}
 	}
 
-	return Message{
-		Topic:         topic,
-		Key:           aggID,
-		Value:         value,
-		Headers:       headers,
-		EventID:       eventID,
-		AggregateType: string(aggType),
-		AggregateID:   string(aggID),
-		EventType:     string(eventType),
-	}, nil
+	m.Value = value
+	m.Headers = headers
+	return m, nil
 }
 
 // positions returns the cached column positions for rel, resolving them on

@@ -374,3 +374,20 @@ func BenchmarkRoute(b *testing.B) {
 		})
 	}
 }
+
+// A failed event keeps what could be read, for the retry table.
+func TestRouteErrorKeepsFields(t *testing.T) {
+	r, err := router.New(router.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := r.Route(row("e-1", "Bad Type", "a-1", "Changed", `{"x": 1}`, ""))
+	var re *router.RouteError
+	if !errors.As(err, &re) {
+		t.Fatalf("Route(aggregate type %q) error = %v; want a *RouteError", "Bad Type", err)
+	}
+	if m.EventID != "e-1" || m.AggregateType != "Bad Type" || m.AggregateID != "a-1" || m.EventType != "Changed" ||
+		string(m.Key) != "a-1" || string(m.Value) != `{"x": 1}` || m.Topic != "" {
+		t.Errorf("Route of an unroutable event = %+v; want its id, aggregate, event type, key and value, and no topic", m)
+	}
+}
