@@ -313,7 +313,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run int) (s Sustaine
 	defer p.close(context.WithoutCancel(ctx))
 
 	commits := &commitTimes{t: map[int64]time.Time{}}
-	samples := &latencySamples{}
+	samples := newLatencySamples()
 	cctx, stopConsumer := context.WithCancel(ctx)
 	var g errgroup.Group
 	g.Go(func() error { return consume(cctx, b.o.Brokers, topics, commits, samples) })
@@ -336,9 +336,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run int) (s Sustaine
 	if err := waitCount(ctx, samples, per, time.Minute, relay); err != nil {
 		return fail(fmt.Errorf("warm-up: %w", err))
 	}
-	samples.mu.Lock()
-	samples.ack, samples.receipt, samples.unknown = nil, nil, 0
-	samples.mu.Unlock()
+	samples.reset()
 
 	b.log.Info("sustained phase", "run", run, "rate", b.o.Rate, "duration", b.o.Duration)
 	interval := time.Duration(float64(time.Second) * float64(per) / float64(b.o.Rate))
@@ -375,11 +373,12 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run int) (s Sustaine
 	if err := g.Wait(); err != nil && s.Err == "" {
 		s.Err = err.Error()
 	}
+	samples.resolve(commits)
 	samples.mu.Lock()
 	defer samples.mu.Unlock()
-	s.Received = len(samples.receipt)
-	if samples.unknown > 0 && s.Err == "" {
-		s.Err = fmt.Sprintf("%d records without a known commit time", samples.unknown)
+	s.Received, s.Duplicates, s.Unknown, s.Early = len(samples.receipt), samples.duplicates, samples.unknown, samples.early
+	if samples.unknown > 0 {
+		b.log.Warn("records that are not the producer's events", "run", run, "count", samples.unknown, "examples", samples.examples)
 	}
 	for _, d := range samples.ack {
 		b.rep.AckHist.Add(d)

@@ -129,18 +129,90 @@ func (c *commitTimes) get(txn int64) (time.Time, bool) {
 	return at, ok
 }
 
-// latencySamples collects per-event latencies from the consumer.
+// latencySamples collects per-event latencies from the consumer. An event is
+// identified by the payload's "seq"; a second delivery of it counts as a
+// duplicate and adds no latency sample.
+//
+// The consumer can see an event before the producer goroutine has recorded
+// its commit time: the walsender sends a transaction once its commit record
+// is flushed, while the COMMIT reply still has to reach the producer and the
+// producer to be scheduled. Such records wait in pending until resolve.
 type latencySamples struct {
-	mu      sync.Mutex
-	ack     []time.Duration // broker append time − commit return
-	receipt []time.Duration // consumer receipt − commit return
-	unknown int             // records whose txn the producer had not recorded yet
+	mu         sync.Mutex
+	ack        []time.Duration // broker append time − commit return
+	receipt    []time.Duration // consumer receipt − commit return
+	seen       map[int64]bool  // seq of every event received
+	pending    []pendingRecord
+	duplicates int
+	early      int      // resolved from pending: delivered before COMMIT returned
+	unknown    int      // records without a parsable txn/seq or any recorded commit
+	examples   []string // a few unknown records, for the log
 }
 
+type pendingRecord struct {
+	txn                int64
+	appended, received time.Time
+}
+
+func newLatencySamples() *latencySamples { return &latencySamples{seen: map[int64]bool{}} }
+
+// count returns the number of distinct events received.
 func (s *latencySamples) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.receipt) + s.unknown
+	return len(s.seen)
+}
+
+func (s *latencySamples) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	*s = latencySamples{seen: map[int64]bool{}}
+}
+
+func (s *latencySamples) add(m kafka.Message, received time.Time, commits *commitTimes) {
+	txn, okTxn := payloadInt(m.Value, "txn")
+	seq, okSeq := payloadInt(m.Value, "seq")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !okTxn || !okSeq:
+		s.unknown++
+		if len(s.examples) < 3 {
+			s.examples = append(s.examples, fmt.Sprintf("%s/%d@%d: %.100q", m.Topic, m.Partition, m.Offset, m.Value))
+		}
+	case s.seen[seq]:
+		s.duplicates++
+	default:
+		s.seen[seq] = true
+		if committed, ok := commits.get(txn); ok {
+			s.record(m.Time, received, committed)
+		} else {
+			s.pending = append(s.pending, pendingRecord{txn: txn, appended: m.Time, received: received})
+		}
+	}
+}
+
+// record adds one event's latencies. They are clamped at zero: a record can
+// reach Kafka before the producer saw its COMMIT return (see pending).
+func (s *latencySamples) record(appended, received, committed time.Time) {
+	s.ack = append(s.ack, max(appended.Sub(committed), 0))
+	s.receipt = append(s.receipt, max(received.Sub(committed), 0))
+}
+
+// resolve settles pending records once the producer has finished.
+func (s *latencySamples) resolve(commits *commitTimes) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pending {
+		committed, ok := commits.get(p.txn)
+		if !ok {
+			s.unknown++
+			continue
+		}
+		s.early++
+		s.record(p.appended, p.received, committed)
+	}
+	s.pending = nil
 }
 
 // consume reads every partition of topics from the start until ctx is done,
@@ -169,20 +241,7 @@ func consume(ctx context.Context, brokers []string, topics []string, commits *co
 						}
 						return fmt.Errorf("read %s/%d: %w", t, p, err)
 					}
-					received := time.Now()
-					txn, ok := payloadTxn(m.Value)
-					var committed time.Time
-					if ok {
-						committed, ok = commits.get(txn)
-					}
-					out.mu.Lock()
-					if ok {
-						out.ack = append(out.ack, max(m.Time.Sub(committed), 0))
-						out.receipt = append(out.receipt, received.Sub(committed))
-					} else {
-						out.unknown++
-					}
-					out.mu.Unlock()
+					out.add(m, time.Now(), commits)
 				}
 			})
 		}
@@ -190,15 +249,16 @@ func consume(ctx context.Context, brokers []string, topics []string, commits *co
 	return g.Wait()
 }
 
-// payloadTxn extracts "txn" from the payload without a full JSON decode; the
-// relay forwards jsonb's text output, which always writes `"txn": <int>`.
-func payloadTxn(v []byte) (int64, bool) {
-	const key = `"txn": `
-	i := bytes.Index(v, []byte(key))
+// payloadInt extracts an integer field from the payload without a full JSON
+// decode; the relay forwards jsonb's text output, which always writes
+// `"key": <int>` with one space.
+func payloadInt(v []byte, key string) (int64, bool) {
+	k := `"` + key + `": `
+	i := bytes.Index(v, []byte(k))
 	if i < 0 {
 		return 0, false
 	}
-	v = v[i+len(key):]
+	v = v[i+len(k):]
 	j := 0
 	for j < len(v) && v[j] >= '0' && v[j] <= '9' {
 		j++

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
 )
 
-func TestPayloadTxn(t *testing.T) {
+func TestPayloadInt(t *testing.T) {
 	tests := []struct {
 		payload string
 		want    int64
@@ -17,9 +22,9 @@ func TestPayloadTxn(t *testing.T) {
 		{`{"txn": "x"}`, 0, false},
 	}
 	for _, tt := range tests {
-		got, ok := payloadTxn([]byte(tt.payload))
+		got, ok := payloadInt([]byte(tt.payload), "txn")
 		if got != tt.want || ok != tt.ok {
-			t.Errorf("payloadTxn(%q) = %d, %v; want %d, %v", tt.payload, got, ok, tt.want, tt.ok)
+			t.Errorf("payloadInt(%q, \"txn\") = %d, %v; want %d, %v", tt.payload, got, ok, tt.want, tt.ok)
 		}
 	}
 }
@@ -88,5 +93,32 @@ func TestFmt(t *testing.T) {
 		if got := fmtDur(mustDur(t, tt.d)); got != tt.want {
 			t.Errorf("fmtDur(%s) = %q; want %q", tt.d, got, tt.want)
 		}
+	}
+}
+
+func TestLatencySamples(t *testing.T) {
+	base := time.Unix(1700000000, 0)
+	commits := &commitTimes{t: map[int64]time.Time{1: base}}
+	msg := func(txn, seq int, appendedAfter time.Duration) kafka.Message {
+		return kafka.Message{Value: fmt.Appendf(nil, `{"pad": "x", "seq": %d, "txn": %d, "ts_ns": 1}`, seq, txn), Time: base.Add(appendedAfter)}
+	}
+	s := newLatencySamples()
+	s.add(msg(1, 10, 3*time.Millisecond), base.Add(5*time.Millisecond), commits)
+	s.add(msg(1, 10, 3*time.Millisecond), base.Add(9*time.Millisecond), commits) // duplicate
+	s.add(kafka.Message{Value: []byte(`{"other": 1}`)}, base, commits)           // not ours
+	// txn 2 reaches the consumer before the producer recorded its commit.
+	s.add(msg(2, 11, 7*time.Millisecond), base.Add(8*time.Millisecond), commits)
+	if got, want := s.count(), 2; got != want {
+		t.Errorf("count() = %d; want %d", got, want)
+	}
+	commits.set(2, base.Add(10*time.Millisecond))
+	s.resolve(commits)
+	wantAck := []time.Duration{3 * time.Millisecond, 0}
+	wantReceipt := []time.Duration{5 * time.Millisecond, 0}
+	if !slices.Equal(s.ack, wantAck) || !slices.Equal(s.receipt, wantReceipt) {
+		t.Errorf("ack, receipt = %v, %v; want %v, %v", s.ack, s.receipt, wantAck, wantReceipt)
+	}
+	if s.duplicates != 1 || s.early != 1 || s.unknown != 1 {
+		t.Errorf("duplicates, early, unknown = %d, %d, %d; want 1, 1, 1", s.duplicates, s.early, s.unknown)
 	}
 }

@@ -105,7 +105,10 @@ type SustainedRun struct {
 	TargetRate   int     `json:"target_rate"`
 	AchievedRate float64 `json:"achieved_rate"`
 	Events       int     `json:"events"`
-	Received     int     `json:"received"`
+	Received     int     `json:"received"`   // distinct events
+	Duplicates   int     `json:"duplicates"` // further deliveries of received events
+	Unknown      int     `json:"unknown"`    // records that are not the producer's events
+	Early        int     `json:"early"`      // reached the consumer before the producer saw COMMIT return
 	Ack          Latency `json:"commit_to_ack"`
 	Receipt      Latency `json:"commit_to_receipt"`
 	PeakRSS      int64   `json:"relay_peak_rss_bytes"`
@@ -290,11 +293,13 @@ func (r *Report) writeMarkdown(w io.Writer) error {
 			fmt.Fprintf(&b, "| commit → consumer | %s | %s | %s | %s |\n", fmtDur(s.Receipt.P50), fmtDur(s.Receipt.P95), fmtDur(s.Receipt.P99), fmtDur(s.Receipt.Max))
 			b.WriteString("\n![latency histogram](latency.svg)\n")
 		}
-		b.WriteString("\n| run | achieved events/s | received | ack p50 / p99 / max | receipt p50 / p99 / max | peak RSS | error |\n")
-		b.WriteString("| --- | --- | --- | --- | --- | --- | --- |\n")
+		b.WriteString("\nReceived counts distinct events; duplicates are further deliveries, early ones reached the consumer " +
+			"before the producer saw its COMMIT return (latency 0).\n")
+		b.WriteString("\n| run | achieved events/s | received | duplicates | early | ack p50 / p99 / max | receipt p50 / p99 / max | peak RSS | error |\n")
+		b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		for _, s := range r.Sustained {
-			fmt.Fprintf(&b, "| %d | %s | %s / %s | %s / %s / %s | %s / %s / %s | %s | %s |\n",
-				s.Run, fmtRate(s.AchievedRate), fmtCount(s.Received), fmtCount(s.Events),
+			fmt.Fprintf(&b, "| %d | %s | %s / %s | %d | %d | %s / %s / %s | %s / %s / %s | %s | %s |\n",
+				s.Run, fmtRate(s.AchievedRate), fmtCount(s.Received), fmtCount(s.Events), s.Duplicates, s.Early,
 				fmtDur(s.Ack.P50), fmtDur(s.Ack.P99), fmtDur(s.Ack.Max),
 				fmtDur(s.Receipt.P50), fmtDur(s.Receipt.P99), fmtDur(s.Receipt.Max), fmtMB(s.PeakRSS), cell(s.Err))
 		}
