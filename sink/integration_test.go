@@ -41,8 +41,9 @@ func TestKafkaPartitionsMatchJavaClient(t *testing.T) {
 	}
 }
 
-// A message larger than the broker accepts fails permanently, alone; the
-// messages around it, in the same partition, arrive in order.
+// A message larger than the broker accepts fails permanently; the later
+// messages of its key are held behind it (ErrBehind), the other key's arrive in
+// order, in the same partition.
 func TestKafkaBrokerRejectsTooLarge(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.UniqueName(t, "sink")
@@ -51,23 +52,28 @@ func TestKafkaBrokerRejectsTooLarge(t *testing.T) {
 	// so that the broker, not the client's size check, refuses the message.
 	k := newSink(t, sink.Config{Brokers: kc.Brokers, BatchBytes: 8 << 20})
 
-	in := msgs(topic, 9, 1)
-	in[4].Value = make([]byte, 3<<20)
+	in := msgs(topic, 10, 2)
+	in[4].Value = make([]byte, 3<<20) // agg-0:2
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	err := k.Write(ctx, in)
 	var werr *sink.WriteError
-	if !errors.As(err, &werr) || len(werr.Failures) != 1 || werr.Failures[0].Index != 4 {
-		t.Fatalf("Write = %v; want one Failure at index 4", err)
+	if !errors.As(err, &werr) || len(werr.Failures) != 3 || werr.Failures[0].Index != 4 {
+		t.Fatalf("Write = %v; want 3 Failures: index 4, then 6 and 8 held behind it", err)
 	}
 	if f := werr.Failures[0]; !sink.Permanent(f.Err) {
 		t.Errorf("Permanent(%v) = false; want true", f.Err)
+	}
+	for i, f := range werr.Failures[1:] {
+		if want := 6 + 2*i; f.Index != want || !errors.Is(f.Err, sink.ErrBehind) {
+			t.Errorf("Failure{%d, %v}; want {%d, ErrBehind}", f.Index, f.Err, want)
+		}
 	}
 	var got []string
 	for _, m := range kc.ReadAll(t, topic) {
 		got = append(got, string(m.Value))
 	}
-	if want := "agg-0:0 agg-0:1 agg-0:2 agg-0:3 agg-0:5 agg-0:6 agg-0:7 agg-0:8"; strings.Join(got, " ") != want {
+	if want := "agg-0:0 agg-1:0 agg-0:1 agg-1:1 agg-1:2 agg-1:3 agg-1:4"; strings.Join(got, " ") != want {
 		t.Errorf("topic holds %q; want %q", strings.Join(got, " "), want)
 	}
 }

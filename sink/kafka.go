@@ -12,9 +12,11 @@
 //     nothing is dropped and nothing is reported as failed for them. The caller
 //     holds its position meanwhile.
 //   - A message that fails for a reason of its own (too large, invalid topic,
-//     not authorized, corrupt or invalid record, unknown topic) fails alone: the
-//     rest of the call is still written. Permanent tells which of those are
-//     worth retrying later.
+//     not authorized, corrupt or invalid record, unknown topic) fails without
+//     failing the others, except the later messages of the same Write with the
+//     same topic and key: those fail with ErrBehind instead of being written,
+//     or they would overtake it. Permanent tells which failures are worth
+//     retrying later.
 //   - Per-key order is input order, for every message that is acknowledged.
 //     Keys map to partitions with kafka.Murmur2Balancer, the Java client's
 //     partitioner (so Debezium's and ours agree).
@@ -203,7 +205,7 @@ func New(cfg Config) (*Kafka, error) {
 // Every message must have its Topic set. msgs is not modified, and its bytes
 // must not be modified until Write returns.
 func (k *Kafka) Write(ctx context.Context, msgs []kafka.Message) error {
-	var fails []Failure
+	st := &writeState{msgs: msgs}
 	// Chunk boundaries in input order; see the package doc for why a call is
 	// capped at BatchSize messages and BatchBytes bytes.
 	var idx []int
@@ -212,19 +214,23 @@ func (k *Kafka) Write(ctx context.Context, msgs []kafka.Message) error {
 		if len(idx) == 0 {
 			return nil
 		}
-		err := k.write(ctx, msgs, idx, &fails)
+		err := k.write(ctx, st, idx)
 		idx, chunkBytes = idx[:0], 0
 		return err
 	}
 	for i := range msgs {
 		if msgs[i].Topic == "" {
 			// A caller's bug; kafka-go would refuse the whole call for it.
-			fails = append(fails, Failure{Index: i, Err: fmt.Errorf("message has no topic: %w", kafka.InvalidTopic)})
+			st.fail(i, fmt.Errorf("message has no topic: %w", kafka.InvalidTopic))
+			continue
+		}
+		if st.held(i) {
+			st.fail(i, ErrBehind)
 			continue
 		}
 		n := messageSize(&msgs[i])
 		if n > k.cfg.BatchBytes {
-			fails = append(fails, Failure{Index: i, Err: fmt.Errorf("message of %d bytes is larger than the %d-byte batch limit (sink batch bytes): %w", n, k.cfg.BatchBytes, kafka.MessageSizeTooLarge)})
+			st.fail(i, fmt.Errorf("message of %d bytes is larger than the %d-byte batch limit (sink batch bytes): %w", n, k.cfg.BatchBytes, kafka.MessageSizeTooLarge))
 			continue
 		}
 		if len(idx) == k.cfg.BatchSize || chunkBytes+n > k.cfg.BatchBytes {
@@ -238,19 +244,75 @@ func (k *Kafka) Write(ctx context.Context, msgs []kafka.Message) error {
 	if err := flush(); err != nil {
 		return err
 	}
-	if len(fails) == 0 {
+	if len(st.fails) == 0 {
 		return nil
 	}
-	k.stats.failures.Add(int64(len(fails)))
-	slices.SortFunc(fails, func(a, b Failure) int { return a.Index - b.Index })
-	return &WriteError{Failures: fails}
+	k.stats.failures.Add(int64(len(st.fails)))
+	slices.SortFunc(st.fails, func(a, b Failure) int { return a.Index - b.Index })
+	return &WriteError{Failures: st.fails}
+}
+
+// ErrBehind is the error of a message that was not written because an
+// earlier message with the same topic and key failed in the same Write:
+// written, it would overtake that message. It fails with it, in order.
+var ErrBehind = errors.New("not written: an earlier message with the same topic and key failed")
+
+// writeState is one Write's messages and failures so far.
+type writeState struct {
+	msgs   []kafka.Message
+	fails  []Failure
+	failed map[string]int // topic and key of every failed message → its lowest index
+}
+
+func orderKey(m *kafka.Message) string { return m.Topic + "\x00" + string(m.Key) }
+
+func (st *writeState) fail(i int, err error) {
+	st.fails = append(st.fails, Failure{Index: i, Err: err})
+	if st.failed == nil {
+		st.failed = make(map[string]int)
+	}
+	k := orderKey(&st.msgs[i])
+	if first, ok := st.failed[k]; !ok || i < first {
+		st.failed[k] = i
+	}
+}
+
+// held reports whether message i must wait behind a failed one: an earlier
+// message of its key failed.
+func (st *writeState) held(i int) bool {
+	if len(st.failed) == 0 {
+		return false
+	}
+	first, ok := st.failed[orderKey(&st.msgs[i])]
+	return ok && first < i
+}
+
+// hold fails the messages of idx that must wait behind a failed one and
+// returns the others, in order.
+func (st *writeState) hold(idx []int) []int {
+	if len(st.failed) == 0 {
+		return idx
+	}
+	out := make([]int, 0, len(idx))
+	for _, i := range idx {
+		if st.held(i) {
+			st.fail(i, ErrBehind)
+			continue
+		}
+		out = append(out, i)
+	}
+	return out
 }
 
 // write writes msgs[idx...] in order until each is acknowledged or has failed
 // on its own, appending those to fails. It returns only nil or ctx's error.
-func (k *Kafka) write(ctx context.Context, msgs []kafka.Message, idx []int, fails *[]Failure) error {
+func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
+	msgs := st.msgs
 	attempt := 0
-	for len(idx) > 0 {
+	for {
+		if idx = st.hold(idx); len(idx) == 0 {
+			return nil
+		}
 		batch := gather(msgs, idx)
 		err := k.w.WriteMessages(ctx, batch...)
 		k.stats.writes.Add(1)
@@ -273,20 +335,20 @@ func (k *Kafka) write(ctx context.Context, msgs []kafka.Message, idx []int, fail
 			case !k.perMessage(err):
 				// Broker-wide: retry the same call below.
 			case len(idx) == 1:
-				*fails = append(*fails, Failure{Index: idx[0], Err: err})
+				st.fail(idx[0], err)
 				return nil
 			case !oneTopic(batch):
 				// kafka-go does not say which topic failed: write each topic
 				// on its own. Topics are independent for ordering.
 				for _, group := range byTopic(msgs, idx) {
-					if err := k.write(ctx, msgs, group, fails); err != nil {
+					if err := k.write(ctx, st, group); err != nil {
 						return err
 					}
 				}
 				return nil
 			case topicLevel(err):
 				for _, i := range idx {
-					*fails = append(*fails, Failure{Index: i, Err: fmt.Errorf("topic %q: %w", msgs[i].Topic, err)})
+					st.fail(i, fmt.Errorf("topic %q: %w", msgs[i].Topic, err))
 				}
 				return nil
 			default:
@@ -294,10 +356,10 @@ func (k *Kafka) write(ctx context.Context, msgs []kafka.Message, idx []int, fail
 				// record-level refusal of the whole call is narrowed down
 				// like one of a batch.
 				half := len(idx) / 2
-				if err := k.write(ctx, msgs, idx[:half], fails); err != nil {
+				if err := k.write(ctx, st, idx[:half]); err != nil {
 					return err
 				}
-				return k.write(ctx, msgs, idx[half:], fails)
+				return k.write(ctx, st, idx[half:])
 			}
 			if err := k.backoff(ctx, attempt, err); err != nil {
 				return err
@@ -325,17 +387,17 @@ func (k *Kafka) write(ctx context.Context, msgs []kafka.Message, idx []int, fail
 			case records > 1 && !topicLevel(e):
 				isolate = append(isolate, idx[j])
 			default:
-				*fails = append(*fails, Failure{Index: idx[j], Err: e})
+				st.fail(idx[j], e)
 			}
 		}
 		if len(isolate) > 0 {
 			// A record-level error for a batch of several messages: find the
 			// culprits by halves, each half in order after the one before.
 			half := len(isolate) / 2
-			if err := k.write(ctx, msgs, isolate[:half], fails); err != nil {
+			if err := k.write(ctx, st, isolate[:half]); err != nil {
 				return err
 			}
-			if err := k.write(ctx, msgs, isolate[half:], fails); err != nil {
+			if err := k.write(ctx, st, isolate[half:]); err != nil {
 				return err
 			}
 		}
@@ -350,7 +412,6 @@ func (k *Kafka) write(ctx context.Context, msgs []kafka.Message, idx []int, fail
 		attempt++
 		idx = retry
 	}
-	return nil
 }
 
 // backoff counts a broker-wide failure and waits before the next attempt.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -256,7 +257,8 @@ func TestWriteRetriesMetadataFailure(t *testing.T) {
 }
 
 // A message larger than BatchBytes would make kafka-go refuse the whole call:
-// only it fails.
+// only it fails on its own, and the later messages of its key are held behind
+// it (ErrBehind) instead of overtaking it; other keys are written.
 func TestWriteTooLargeForBatch(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"))
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchBytes: 10_000})
@@ -264,44 +266,70 @@ func TestWriteTooLargeForBatch(t *testing.T) {
 	in[17].Value = make([]byte, 20_000)
 	err := k.Write(context.Background(), in)
 	var werr *sink.WriteError
-	if !errors.As(err, &werr) || len(werr.Failures) != 1 || werr.Failures[0].Index != 17 || !sink.Permanent(werr.Failures[0].Err) {
-		t.Fatalf("Write = %v; want one permanent Failure at index 17", err)
+	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 17 || !sink.Permanent(werr.Failures[0].Err) {
+		t.Fatalf("Write = %v; want a permanent Failure at index 17 first", err)
 	}
-	recs := readAll(t, c.ListenAddrs(), "orders", 49)
+	var held []int
+	for _, f := range werr.Failures[1:] {
+		if !errors.Is(f.Err, sink.ErrBehind) || sink.Permanent(f.Err) {
+			t.Errorf("Failure{%d, %v}: want ErrBehind, not permanent", f.Index, f.Err)
+		}
+		held = append(held, f.Index)
+	}
+	if want := []int{22, 27, 32, 37, 42, 47}; !slices.Equal(held, want) {
+		t.Errorf("held behind index 17 (key agg-2) = %v; want %v", held, want)
+	}
+	recs := readAll(t, c.ListenAddrs(), "orders", 43)
 	for _, r := range recs {
 		if len(r.Value) == 20_000 {
 			t.Errorf("the too-large message was written")
+		}
+		if v := string(r.Value); strings.HasPrefix(v, "agg-2:") && v > "agg-2:3" {
+			t.Errorf("record %q of key agg-2 was written after its key's failure", v)
 		}
 	}
 }
 
 // The broker refuses a batch (MESSAGE_TOO_LARGE) that holds several messages:
-// Write narrows it down and fails only the culprit.
+// Write narrows it down and fails only the culprit on its own; the later
+// messages of the culprit's key are held behind it, the other key's are
+// written in order.
 func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "orders"), kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4000"}))
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
-	in := msgs("orders", 30, 1)
+	in := msgs("orders", 30, 2)
 	for i := range in {
 		in[i].Value = append(in[i].Value, make([]byte, 50)...)
 	}
-	in[11].Value = append([]byte("big:"), make([]byte, 6000)...)
+	in[11].Value = append([]byte("big:"), make([]byte, 6000)...) // key agg-1
 	err := k.Write(context.Background(), in)
 	var werr *sink.WriteError
-	if !errors.As(err, &werr) || len(werr.Failures) != 1 || werr.Failures[0].Index != 11 {
-		t.Fatalf("Write = %v; want one Failure at index 11", err)
+	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 11 {
+		t.Fatalf("Write = %v; want a Failure at index 11 first", err)
 	}
 	if f := werr.Failures[0]; !sink.Permanent(f.Err) || !errors.Is(f.Err, kafka.MessageSizeTooLarge) {
 		t.Errorf("Failure{%d, %v}: want a permanent MessageSizeTooLarge", f.Index, f.Err)
 	}
-	recs := readAll(t, c.ListenAddrs(), "orders", 29)
-	for i, r := range recs {
-		want := i
-		if i >= 11 {
-			want = i + 1
+	for _, f := range werr.Failures[1:] {
+		if f.Index%2 != 1 || f.Index < 11 || !errors.Is(f.Err, sink.ErrBehind) {
+			t.Errorf("Failure{%d, %v}: want only later agg-1 messages, held with ErrBehind", f.Index, f.Err)
 		}
-		if got := strings.TrimRight(string(r.Value), "\x00"); got != "agg-0:"+strconv.Itoa(want) {
-			t.Fatalf("record %d = %q; want agg-0:%d (input order without the culprit)", i, got, want)
+	}
+	if len(werr.Failures) != 10 {
+		t.Errorf("%d failures; want 10: the culprit and the 9 later agg-1 messages", len(werr.Failures))
+	}
+	recs := readAll(t, c.ListenAddrs(), "orders", 20)
+	seq := map[string]int{}
+	for _, r := range recs {
+		v := strings.TrimRight(string(r.Value), "\x00")
+		key := string(r.Key)
+		if want := key + ":" + strconv.Itoa(seq[key]); v != want {
+			t.Fatalf("record %q; want %q (per-key input order without the culprit's tail)", v, want)
 		}
+		seq[key]++
+	}
+	if seq["agg-0"] != 15 || seq["agg-1"] != 5 {
+		t.Errorf("written agg-0 %d, agg-1 %d; want 15 and 5 (agg-1:0..4 before the culprit)", seq["agg-0"], seq["agg-1"])
 	}
 }
 
