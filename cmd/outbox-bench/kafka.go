@@ -166,7 +166,8 @@ func (s *latencySamples) count() int {
 func (s *latencySamples) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	*s = latencySamples{seen: map[int64]bool{}}
+	s.ack, s.receipt, s.seen, s.pending = nil, nil, map[int64]bool{}, nil
+	s.duplicates, s.early, s.unknown, s.examples = 0, 0, 0, nil
 }
 
 func (s *latencySamples) add(m kafka.Message, received time.Time, commits *commitTimes) {

@@ -179,6 +179,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if _, err := os.Stat(o.RelayBin); err != nil {
 		log.Warn("relay binary missing: build it with `go build -o bin/outbox-relay ./cmd/outbox-relay`", "path", o.RelayBin)
 	}
+	if slots, err := leftoverSlots(ctx, o.PostgresDSN); err != nil {
+		fmt.Fprintln(stderr, "outbox-bench:", err)
+		return 1
+	} else if len(slots) > 0 {
+		log.Warn("inactive slots of an earlier bench run retain WAL; drop them with pg_drop_replication_slot and their outbox_bench_* databases",
+			"slots", slots)
+	}
 	rep := &Report{
 		Started: started,
 		Host:    fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),

@@ -121,4 +121,9 @@ func TestLatencySamples(t *testing.T) {
 	if s.duplicates != 1 || s.early != 1 || s.unknown != 1 {
 		t.Errorf("duplicates, early, unknown = %d, %d, %d; want 1, 1, 1", s.duplicates, s.early, s.unknown)
 	}
+	s.reset()
+	s.add(msg(1, 10, time.Millisecond), base, commits) // seq 10 is new again after reset
+	if got := s.count(); got != 1 || s.duplicates != 0 || len(s.ack) != 1 {
+		t.Errorf("after reset and one add: count() = %d, duplicates %d, %d samples; want 1, 0, 1", got, s.duplicates, len(s.ack))
+	}
 }

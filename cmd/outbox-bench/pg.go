@@ -288,3 +288,18 @@ func confirmedFlushLSN(ctx context.Context, conn *pgx.Conn, slot string) (pglogr
 	}
 	return pglogrepl.ParseLSN(*s)
 }
+
+// leftoverSlots lists inactive slots of earlier bench invocations, which an
+// invocation killed with SIGKILL could not drop. They retain WAL until dropped.
+func leftoverSlots(ctx context.Context, adminDSN string) ([]string, error) {
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'outbox\_bench\_%' AND NOT active ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("list slots: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
