@@ -44,7 +44,9 @@ func startProc(name string, args, env []string, logPath string) (*proc, error) {
 	cmd.Env = env
 	cmd.Stdout = logf
 	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: should the bench itself die (SIGKILL, a runtime fatal error),
+	// the child is told to stop instead of holding its slot forever.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	p := &proc{cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	p.started = time.Now()
 	if err := cmd.Start(); err != nil {
