@@ -175,6 +175,10 @@ func New(cfg Config) (*Kafka, error) {
 		ClientID: cfg.ClientID,
 		TLS:      tc,
 		SASL:     mech,
+		// kafka-go caches topic metadata for 6s by default: a topic an
+		// operator just created would still be "unknown" to a retry for that
+		// long. One metadata request a second is cheap.
+		MetadataTTL: time.Second,
 	}
 	w := &kafka.Writer{
 		Addr:                   kafka.TCP(cfg.Brokers...),
@@ -348,7 +352,11 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 				return nil
 			case topicLevel(err):
 				for _, i := range idx {
-					st.fail(i, fmt.Errorf("topic %q: %w", msgs[i].Topic, err))
+					if st.held(i) {
+						st.fail(i, ErrBehind)
+					} else {
+						st.fail(i, fmt.Errorf("topic %q: %w", msgs[i].Topic, err))
+					}
 				}
 				return nil
 			default:

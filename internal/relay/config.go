@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -39,7 +40,12 @@ type Config struct {
 	// not empty, serves them with /healthz and /readyz (see Relay.Ready).
 	Metrics       *metrics.Metrics
 	MetricsListen string
-	RetryTable    string // for the metrics sampler, default "outbox_relay_retry"
+	RetryTable    string // default "outbox_relay_retry"
+
+	// Retry tunes the retry worker (backoff, maximum age and attempts, poll
+	// interval); its Store, Sink, Topic, Delivered and Logger are the
+	// relay's own and are overwritten.
+	Retry retry.WorkerConfig
 }
 
 // validate fills defaults and rejects what cannot work, saying how to fix it.

@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
+	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
 // aggregateTypes are the five aggregate types the tests spread events over.
@@ -54,21 +55,17 @@ func newFixture(t *testing.T) *fixture {
 		seq:    map[string]int{},
 	}
 	f.pool = f.pg.Pool(t)
-	f.pg.Exec(t, `CREATE TABLE outbox (
-		id uuid PRIMARY KEY,
-		aggregate_type text NOT NULL,
-		aggregate_id text NOT NULL,
-		event_type text NOT NULL,
-		payload jsonb,
-		headers jsonb,
-		created_at timestamptz NOT NULL DEFAULT now())`)
+	// The DDL that `outbox-relay setup` runs.
+	outbox := outboxsql.Table{Schema: "public", Name: "outbox"}
+	for _, stmt := range outboxsql.OutboxTable(outbox, outboxsql.Columns{}) {
+		f.pg.Exec(t, stmt)
+	}
+	f.pg.Exec(t, outboxsql.CheckpointTable(outboxsql.Table{Schema: "public", Name: "outbox_relay_checkpoint"}))
+	for _, stmt := range outboxsql.RetryTable(outboxsql.Table{Schema: "public", Name: "outbox_relay_retry"}) {
+		f.pg.Exec(t, stmt)
+	}
+	f.pg.Exec(t, outboxsql.CreatePublication("outbox_relay", outbox))
 	f.pg.Exec(t, `CREATE TABLE orders (id bigserial PRIMARY KEY, note text NOT NULL)`)
-	f.pg.Exec(t, `CREATE TABLE outbox_relay_checkpoint (
-		slot_name text PRIMARY KEY,
-		lsn pg_lsn NOT NULL,
-		last_commit_time timestamptz,
-		saved_at timestamptz NOT NULL DEFAULT now())`)
-	f.pg.Exec(t, `CREATE PUBLICATION outbox_relay FOR TABLE outbox`)
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot('outbox_relay', 'pgoutput')`)
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot('probe', 'test_decoding')`)
 	for _, at := range aggregateTypes {
@@ -406,7 +403,7 @@ func (f *fixture) check(t *testing.T, got []delivered) report {
 	type row struct{ aggType, aggID, eventType, payload, headers string }
 	want := map[string]row{}
 	rows, err := f.pool.Query(context.Background(),
-		`SELECT id::text, aggregate_type, aggregate_id, event_type, payload::text, coalesce(headers::text, '') FROM outbox`)
+		`SELECT id::text, coalesce(aggregate_type, ''), coalesce(aggregate_id, ''), event_type, payload::text, coalesce(headers::text, '') FROM outbox`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,6 +44,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -67,9 +68,9 @@ type Relay struct {
 
 	isOutbox map[*replication.Relation]bool // route stage only
 
-	m       *metrics.Metrics // nil records nothing
-	tableM  *metrics.Table
-	topicsM map[string]*metrics.Topic // write stage only
+	m      *metrics.Metrics // nil records nothing
+	tableM *metrics.Table
+	gate   *gate
 }
 
 // New validates cfg and fills defaults. It neither dials nor starts goroutines.
@@ -98,7 +99,6 @@ func New(cfg Config) (*Relay, error) {
 		isOutbox: make(map[*replication.Relation]bool),
 		m:        cfg.Metrics,
 		tableM:   cfg.Metrics.Table(cfg.Table),
-		topicsM:  make(map[string]*metrics.Topic),
 	}, nil
 }
 
@@ -118,6 +118,27 @@ func (r *Relay) Run(ctx context.Context) error {
 	store := checkpoint.New(pool, r.cfg.CheckpointTable)
 
 	start, err := r.resolveStart(ctx, pool, store)
+	if err != nil {
+		return err
+	}
+	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
+	if err != nil {
+		return fmt.Errorf("retry table: %w", err)
+	}
+	r.gate = &gate{store: rstore, log: r.log}
+	if err := r.gate.load(ctx); err != nil {
+		return err
+	}
+	// The worker writes to Kafka beside the pipeline: a sink and a router of
+	// its own, as neither is safe for concurrent use. Per-aggregate order
+	// holds because the pipeline writes no event of an aggregate the worker
+	// has rows of (the gate).
+	wsink, err := sink.New(r.cfg.Sink)
+	if err != nil {
+		return err
+	}
+	defer wsink.Close()
+	wrouter, err := router.New(r.cfg.Router)
 	if err != nil {
 		return err
 	}
@@ -167,6 +188,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return err
 	})
+	wcfg := r.cfg.Retry
+	wcfg.Store, wcfg.Sink, wcfg.Topic, wcfg.Logger = rstore, wsink, wrouter.Topic, r.log.With("component", "retry")
+	wcfg.Delivered = func(agg string) { r.gate.release(streamCtx, []string{agg}) }
+	worker, err := retry.NewWorker(wcfg)
+	if err != nil {
+		return err
+	}
+	g.Go(func() error { return ignoreCanceled(worker.Run(streamCtx)) })
+	g.Go(func() error { r.gate.sweep(streamCtx, 30*time.Second); return nil })
 	g.Go(func() error { return r.route(ctx.Done(), gctx, batches, chunks) })
 	g.Go(func() error { return r.write(gctx, chunks, com) })
 	g.Go(func() error {
@@ -286,24 +316,28 @@ type chunk struct {
 	covered    int           // events up to and including that transaction
 	trailing   int           // events after it (a transaction still open at the end of the chunk)
 
-	commits []commitRun // commit time of each run of msgs, for the latency histogram
+	commits []commitRun    // commit of each run of msgs: latency histogram, retry rows
+	fails   []routeFailure // events the router refused, in order
 }
 
 // A commitRun is n consecutive messages of one transaction.
 type commitRun struct {
-	at time.Time
-	n  int
+	at  time.Time
+	lsn pglogrepl.LSN
+	n   int
 }
 
-func (c *chunk) addCommit(at time.Time) {
-	if n := len(c.commits); n > 0 && c.commits[n-1].at.Equal(at) {
+func (c *chunk) addCommit(lsn pglogrepl.LSN, at time.Time) {
+	if n := len(c.commits); n > 0 && c.commits[n-1].lsn == lsn {
 		c.commits[n-1].n++
 		return
 	}
-	c.commits = append(c.commits, commitRun{at: at, n: 1})
+	c.commits = append(c.commits, commitRun{at: at, lsn: lsn, n: 1})
 }
 
-func (c *chunk) empty() bool { return len(c.msgs) == 0 && c.endLSN == 0 && c.covered+c.trailing == 0 }
+func (c *chunk) empty() bool {
+	return len(c.msgs) == 0 && len(c.fails) == 0 && c.endLSN == 0 && c.covered+c.trailing == 0
+}
 
 // route turns batches into chunks of Kafka messages. It stops reading when stop
 // is closed, but only at a transaction boundary, so a clean shutdown leaves no
@@ -326,6 +360,7 @@ func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan repli
 		}
 	}
 	inTxn := false
+	var txnRow int // position of the next row in its transaction, for retry keys
 	for {
 		stopCh := stop
 		if inTxn {
@@ -361,22 +396,33 @@ func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan repli
 				return err
 			}
 		}
+		if !inTxn {
+			txnRow = 0
+		}
 		routed := 0
 		for i := range b.Rows {
 			row := &b.Rows[i]
 			cur.trailing++
 			cur.bytes += rowBytes(row)
+			txnRow++
 			if !r.outbox(row.Relation) {
 				continue
 			}
+			routed++
 			m, err := r.router.Route(*row)
 			if err != nil {
-				return fmt.Errorf("transaction %d committed at %s: %w (the relay stopped before confirming it: fix the row or the routing config and restart)",
-					b.Xid, b.CommitLSN, err)
+				var re *router.RouteError
+				if !errors.As(err, &re) {
+					return fmt.Errorf("route event of transaction %d committed at %s: %w", b.Xid, b.CommitLSN, err)
+				}
+				// Not this relay's to drop nor to stop for: the event goes
+				// to the retry table, in its place.
+				cur.fails = append(cur.fails, routeFailure{before: len(cur.msgs), msg: m, err: err,
+					lsn: b.CommitLSN, at: b.CommitTime, n: txnRow})
+				continue
 			}
 			cur.msgs = append(cur.msgs, toKafka(m))
-			routed++
-			cur.addCommit(b.CommitTime)
+			cur.addCommit(b.CommitLSN, b.CommitTime)
 			if len(cur.msgs) >= maxMsgs || cur.bytes >= maxBytes {
 				if err := flush(); err != nil {
 					return err
@@ -428,20 +474,42 @@ func toKafka(m router.Message) kafka.Message {
 // write sends chunks to Kafka in order and reports what was acknowledged.
 func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) error {
 	for c := range in {
-		if len(c.msgs) > 0 {
-			if err := r.sink.Write(ctx, c.msgs); err != nil {
+		send, sendAt := c.msgs, []int(nil)
+		var parked []diverted
+		r.gate.mu.Lock()
+		anyBlocked := len(r.gate.blocked) > 0
+		r.gate.mu.Unlock()
+		if anyBlocked || len(c.fails) > 0 {
+			send, sendAt, parked = r.divert(c)
+		}
+		if len(send) > 0 {
+			if err := r.sink.Write(ctx, send); err != nil {
 				var we *sink.WriteError
-				if errors.As(err, &we) {
-					return fmt.Errorf("kafka refused %d of %d events, first: %w (the relay stopped before confirming them: fix the cause and restart)",
-						len(we.Failures), len(c.msgs), we.Failures[0].Err)
+				if !errors.As(err, &we) {
+					return fmt.Errorf("write to kafka: %w", err)
 				}
-				return fmt.Errorf("write to kafka: %w", err)
+				if sendAt == nil {
+					sendAt = make([]int, len(send))
+					for i := range sendAt {
+						sendAt[i] = i
+					}
+				}
+				lsns, ats := c.origins()
+				parked = append(parked, refused(we, send, sendAt, lsns, ats)...)
+				send = acknowledged(send, we)
+			}
+		}
+		if len(parked) > 0 {
+			// Durable in the retry table before the chunk's LSN can be
+			// confirmed: the table is where these events now live.
+			if err := r.park(ctx, parked); err != nil {
+				return err
 			}
 		}
 		r.win.giveBytes(c.bytes)
 		com.ack(c)
-		if r.m != nil && len(c.msgs) > 0 {
-			r.observe(c)
+		if r.m != nil && len(send) > 0 {
+			r.observe(c, send, len(parked))
 		}
 	}
 	com.close()
@@ -450,24 +518,37 @@ func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) err
 
 // observe records an acknowledged chunk: per-topic counts, batch size and
 // commit-to-ack latency. Per chunk, not per event, except for counting.
-func (r *Relay) observe(c *chunk) {
-	now := time.Now()
-	r.m.ObserveBatch(len(c.msgs))
-	for _, run := range c.commits {
-		r.m.ObserveDelivery(run.at, now, run.n)
+// acknowledged returns the messages of send that we does not list.
+func acknowledged(send []kafka.Message, we *sink.WriteError) []kafka.Message {
+	out := make([]kafka.Message, 0, len(send)-len(we.Failures))
+	f := 0
+	for i := range send {
+		if f < len(we.Failures) && we.Failures[f].Index == i {
+			f++
+			continue
+		}
+		out = append(out, send[i])
 	}
-	for i := 0; i < len(c.msgs); {
-		topic := c.msgs[i].Topic
+	return out
+}
+
+func (r *Relay) observe(c *chunk, sent []kafka.Message, parked int) {
+	now := time.Now()
+	r.m.ObserveBatch(len(sent))
+	if parked == 0 {
+		// The latency of events that went to the retry table is not a
+		// delivery latency; only a clean chunk is observed run by run.
+		for _, run := range c.commits {
+			r.m.ObserveDelivery(run.at, now, run.n)
+		}
+	}
+	for i := 0; i < len(sent); {
+		topic := sent[i].Topic
 		j := i + 1
-		for j < len(c.msgs) && c.msgs[j].Topic == topic {
+		for j < len(sent) && sent[j].Topic == topic {
 			j++
 		}
-		tm, ok := r.topicsM[topic]
-		if !ok {
-			tm = r.m.Topic(topic)
-			r.topicsM[topic] = tm
-		}
-		tm.Delivered(j - i)
+		r.m.Topic(topic).Delivered(j - i)
 		i = j
 	}
 	r.m.SetInFlight(r.win.usage())

@@ -99,6 +99,10 @@ func TestKafkaDownHoldsLSN(t *testing.T) {
 			rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
 	}
 	t.Logf("duplicates after the Kafka outage: %d", rep.duplicates)
+	// A broker outage is not a poison message (DESIGN invariant 7).
+	if rows := f.retryRows(t); len(rows) != 0 {
+		t.Errorf("after a Kafka outage: %d rows in the retry table; want 0", len(rows))
+	}
 	run.stop(t)
 }
 

@@ -314,7 +314,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 					"aggregate", rows[0].Aggregate, "events", acked)
 			}
 			d.attempted += first.Index + 1
-			d.failed = &failure{row: rows[first.Index], reason: sinkReason(first.Err, msgs[first.Index]),
+			d.failed = &failure{row: rows[first.Index], reason: SinkReason(first.Err, msgs[first.Index]),
 				permanent: sink.Permanent(first.Err)}
 			return sendFailed
 		default:
@@ -417,8 +417,9 @@ func routeReason(err error) string {
 	return "cannot route the event: " + err.Error() + "; fix the topic config and requeue it"
 }
 
-// sinkReason says in plain words why Kafka refused msg, and what fixes it.
-func sinkReason(err error, msg kafka.Message) string {
+// SinkReason says in plain words why Kafka refused msg, and what fixes it:
+// the last_error of a retry row.
+func SinkReason(err error, msg kafka.Message) string {
 	var tooLarge kafka.MessageTooLargeError
 	switch {
 	case errors.As(err, &tooLarge), errors.Is(err, kafka.MessageSizeTooLarge), errors.Is(err, kafka.RecordListTooLarge):

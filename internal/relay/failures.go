@@ -1,0 +1,314 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// gate is the set of aggregates with undelivered rows in the retry table.
+// While an aggregate is in it, its events go into the table behind those rows
+// instead of to Kafka, so they cannot overtake them (DESIGN invariant 6).
+//
+// mu serialises the writer's inserts with unblocking: an aggregate is taken
+// out only after the table is seen to hold none of its rows, under the same
+// lock as every insert, so a row being inserted always keeps it blocked.
+type gate struct {
+	store *retry.Store
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	blocked map[string]struct{}
+}
+
+// load rebuilds the set from the table, at start.
+func (g *gate) load(ctx context.Context) error {
+	aggs, err := g.store.Aggregates(ctx)
+	if err != nil {
+		return fmt.Errorf("read blocked aggregates from the retry table (run \"outbox-relay setup\" if it is missing): %w", err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.blocked = make(map[string]struct{}, len(aggs))
+	for _, a := range aggs {
+		g.blocked[a] = struct{}{}
+	}
+	if len(aggs) > 0 {
+		g.log.Info("aggregates waiting in the retry table: their new events queue behind them", "aggregates", len(aggs))
+	}
+	return nil
+}
+
+// release unblocks the given aggregates that have no row left in the table:
+// the worker's Delivered hook, and a periodic sweep for rows delivered or
+// dropped by another process.
+func (g *gate) release(ctx context.Context, aggs []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	aggs = slices.DeleteFunc(slices.Clone(aggs), func(a string) bool { _, ok := g.blocked[a]; return !ok })
+	if len(aggs) == 0 {
+		return
+	}
+	left, err := g.store.Undelivered(ctx, aggs)
+	if err != nil {
+		g.log.Warn("check the retry table before unblocking aggregates", "err", err)
+		return
+	}
+	for _, a := range aggs {
+		if !left[a] {
+			delete(g.blocked, a)
+		}
+	}
+}
+
+// sweep releases every blocked aggregate whose rows are gone, every interval.
+func (g *gate) sweep(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		g.mu.Lock()
+		aggs := make([]string, 0, len(g.blocked))
+		for a := range g.blocked {
+			aggs = append(aggs, a)
+		}
+		g.mu.Unlock()
+		if len(aggs) > 0 {
+			g.release(ctx, aggs)
+		}
+	}
+}
+
+// A routeFailure is an event the router refused, carried in its chunk at its
+// place among the messages.
+type routeFailure struct {
+	before int // number of c.msgs before it
+	msg    router.Message
+	err    error
+	lsn    pglogrepl.LSN // commit LSN of its transaction
+	at     time.Time     // commit time
+	n      int           // its position in the transaction, for EventKey
+}
+
+// diverted is an event bound for the retry table, with its place in the chunk.
+type diverted struct {
+	place int // 2*i+1 for c.msgs[i]; 2*before for a route failure
+	ev    retry.Event
+}
+
+// origins returns the commit LSN and time of every message of c.
+func (c *chunk) origins() ([]pglogrepl.LSN, []time.Time) {
+	lsns := make([]pglogrepl.LSN, 0, len(c.msgs))
+	ats := make([]time.Time, 0, len(c.msgs))
+	for _, run := range c.commits {
+		for range run.n {
+			lsns = append(lsns, run.lsn)
+			ats = append(ats, run.at)
+		}
+	}
+	return lsns, ats
+}
+
+// divert splits c into the messages to write now and the events that go to
+// the retry table: route failures, and every event of an aggregate that is
+// blocked (before this chunk, or by a route failure earlier in it). It returns
+// the index in c.msgs of every message to write.
+func (r *Relay) divert(c *chunk) (send []kafka.Message, sendAt []int, out []diverted) {
+	lsns, ats := c.origins()
+	local := map[string]struct{}{}
+	r.gate.mu.Lock()
+	defer r.gate.mu.Unlock()
+	blocked := func(agg string) bool {
+		if _, ok := r.gate.blocked[agg]; ok {
+			return true
+		}
+		_, ok := local[agg]
+		return ok
+	}
+	fi := 0
+	takeFailures := func(upTo int) {
+		for ; fi < len(c.fails) && c.fails[fi].before <= upTo; fi++ {
+			f := &c.fails[fi]
+			ev := failureEvent(f)
+			local[ev.Aggregate] = struct{}{}
+			out = append(out, diverted{place: 2 * f.before, ev: ev})
+		}
+	}
+	for i := range c.msgs {
+		takeFailures(i)
+		m := &c.msgs[i]
+		agg := retry.Aggregate(m.Topic, m.Key)
+		if blocked(agg) {
+			ev := messageEvent(m, lsns[i], ats[i])
+			ev.Aggregate = agg
+			ev.Waiting = true
+			ev.Reason = "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order"
+			out = append(out, diverted{place: 2*i + 1, ev: ev})
+			continue
+		}
+		send = append(send, *m)
+		sendAt = append(sendAt, i)
+	}
+	takeFailures(len(c.msgs))
+	return send, sendAt, out
+}
+
+// failureEvent is the retry row of an event the router refused. Routing
+// failures are permanent: the row goes dead at once, for an operator to fix
+// the routing config (the worker routes again) or the data, and requeue.
+func failureEvent(f *routeFailure) retry.Event {
+	m := f.msg
+	agg := retry.UnroutableAggregate(m.AggregateType, m.AggregateID)
+	if m.Topic != "" && m.AggregateID != "" {
+		agg = retry.Aggregate(m.Topic, m.Key)
+	}
+	reason := f.err.Error()
+	var re *router.RouteError
+	if errors.As(f.err, &re) && re.Reason != "" {
+		reason = re.Reason
+	}
+	return retry.Event{
+		EventKey:      retry.EventKey(m.EventID, f.lsn, f.n),
+		EventID:       m.EventID,
+		Aggregate:     agg,
+		AggregateType: m.AggregateType,
+		AggregateID:   m.AggregateID,
+		EventType:     m.EventType,
+		Topic:         m.Topic,
+		Key:           m.Key,
+		Value:         m.Value,
+		SourceLSN:     f.lsn,
+		CommitTime:    f.at,
+		Reason:        "cannot route the event: " + reason + "; then requeue it",
+		Permanent:     true,
+	}
+}
+
+// messageEvent is the retry row of a routed message.
+func messageEvent(m *kafka.Message, lsn pglogrepl.LSN, at time.Time) retry.Event {
+	ev := retry.Event{
+		Aggregate:   retry.Aggregate(m.Topic, m.Key),
+		AggregateID: string(m.Key),
+		Topic:       m.Topic,
+		Key:         m.Key,
+		Value:       m.Value,
+		SourceLSN:   lsn,
+		CommitTime:  at,
+		Headers:     make([]retry.Header, len(m.Headers)),
+	}
+	for i, h := range m.Headers {
+		ev.Headers[i] = retry.Header{Key: h.Key, Value: h.Value}
+		switch h.Key {
+		case router.HeaderID:
+			ev.EventID = string(h.Value)
+		case router.HeaderEventType:
+			ev.EventType = string(h.Value)
+		case router.HeaderAggregateType:
+			ev.AggregateType = string(h.Value)
+		}
+	}
+	ev.EventKey = ev.EventID
+	return ev
+}
+
+// refused turns the sink's per-message failures into retry rows.
+func refused(we *sink.WriteError, send []kafka.Message, sendAt []int, lsns []pglogrepl.LSN, ats []time.Time) []diverted {
+	out := make([]diverted, 0, len(we.Failures))
+	for _, f := range we.Failures {
+		m := &send[f.Index]
+		i := sendAt[f.Index]
+		ev := messageEvent(m, lsns[i], ats[i])
+		if errors.Is(f.Err, sink.ErrBehind) {
+			ev.Waiting = true
+			ev.Reason = "waiting behind an earlier event of the same aggregate that Kafka refused; delivered after it, in order"
+		} else {
+			ev.Reason = retry.SinkReason(f.Err, *m)
+			ev.Permanent = sink.Permanent(f.Err)
+		}
+		out = append(out, diverted{place: 2*i + 1, ev: ev})
+	}
+	return out
+}
+
+// park writes the diverted events to the retry table, in chunk order, and
+// blocks their aggregates. It retries until the rows are durable or ctx is
+// done: their LSN must not be confirmed before.
+func (r *Relay) park(ctx context.Context, ds []diverted) error {
+	slices.SortFunc(ds, func(a, b diverted) int { return cmp.Compare(a.place, b.place) })
+	evs := make([]retry.Event, len(ds))
+	for i, d := range ds {
+		evs[i] = d.ev
+	}
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		r.gate.mu.Lock()
+		err := r.gate.store.Insert(ctx, evs)
+		if err == nil {
+			for _, ev := range evs {
+				r.gate.blocked[ev.Aggregate] = struct{}{}
+			}
+		}
+		r.gate.mu.Unlock()
+		if err == nil {
+			r.logParked(evs)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("write %d events to the retry table: %w", len(evs), ctx.Err())
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			r.log.Warn("write to the retry table failed, retrying", "events", len(evs), "attempt", attempt, "err", err)
+		}
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("write %d events to the retry table: %w", len(evs), ctx.Err())
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// logParked logs failures (not waiting events) once per chunk, with the first
+// reason: a line per failed event would flood the log on a bad deploy.
+func (r *Relay) logParked(evs []retry.Event) {
+	failed, first := 0, -1
+	for i, ev := range evs {
+		if !ev.Waiting {
+			failed++
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	if failed == 0 {
+		return
+	}
+	for _, ev := range evs {
+		if !ev.Waiting {
+			r.m.Topic(ev.Topic).Failed(1)
+		}
+	}
+	ev := evs[first]
+	r.log.Warn("events could not be delivered: written to the retry table",
+		"failed", failed, "waiting_behind", len(evs)-failed, "first_event_id", ev.EventID,
+		"first_aggregate", ev.Aggregate, "first_reason", ev.Reason, "dead_at_once", ev.Permanent)
+}
