@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -61,6 +62,12 @@ var defaults = map[string]string{
 	"pipeline.shutdown_timeout":       "30s",
 	"checkpoint.table":                sql.DefaultCheckpointTable,
 	"checkpoint.interval":             "200ms",
+	"retry.table":                     sql.DefaultRetryTable,
+	"retry.backoff_min":               "1s",
+	"retry.backoff_max":               "5m",
+	"retry.max_age":                   "24h",
+	"retry.max_attempts":              "0",
+	"retry.poll_interval":             "1s",
 	"metrics.listen":                  "127.0.0.1:9187",
 	"log.level":                       "info",
 	"log.format":                      "text",
@@ -106,6 +113,11 @@ type config struct {
 	Checkpoint struct {
 		Table    string
 		Interval time.Duration
+	}
+	Retry struct {
+		Table                                     string
+		BackoffMin, BackoffMax, MaxAge, PollEvery time.Duration
+		MaxAttempts                               int
 	}
 	Metrics struct{ Listen string }
 	Log     struct{ Level, Format string }
@@ -208,6 +220,12 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Pipeline.ShutdownTimeout = l.duration("pipeline.shutdown_timeout")
 	c.Checkpoint.Table = l.str("checkpoint.table")
 	c.Checkpoint.Interval = l.duration("checkpoint.interval")
+	c.Retry.Table = l.str("retry.table")
+	c.Retry.BackoffMin = l.duration("retry.backoff_min")
+	c.Retry.BackoffMax = l.duration("retry.backoff_max")
+	c.Retry.MaxAge = l.duration("retry.max_age")
+	c.Retry.MaxAttempts = l.int("retry.max_attempts")
+	c.Retry.PollEvery = l.duration("retry.poll_interval")
 	c.Metrics.Listen = l.str("metrics.listen")
 	c.Log.Level = l.str("log.level")
 	c.Log.Format = l.str("log.format")
@@ -523,6 +541,20 @@ func (c *config) validate() error {
 		bad("checkpoint.table", "%v", err)
 	}
 	positive(&c.Checkpoint.Interval, "checkpoint.interval")
+	def(&c.Retry.Table, "retry.table")
+	if _, err := sql.ParseTable(c.Retry.Table); err != nil {
+		bad("retry.table", "%v", err)
+	}
+	positive(&c.Retry.BackoffMin, "retry.backoff_min")
+	positive(&c.Retry.BackoffMax, "retry.backoff_max")
+	positive(&c.Retry.MaxAge, "retry.max_age")
+	positive(&c.Retry.PollEvery, "retry.poll_interval")
+	if c.Retry.BackoffMax < c.Retry.BackoffMin {
+		bad("retry.backoff_max", "%s is less than retry.backoff_min %s; raise it", c.Retry.BackoffMax, c.Retry.BackoffMin)
+	}
+	if c.Retry.MaxAttempts < 0 {
+		bad("retry.max_attempts", "%d is negative; use 0 for no limit (retry.max_age still applies)", c.Retry.MaxAttempts)
+	}
 	if c.Metrics.Listen != "" { // "" disables the metrics endpoint
 		if _, port, err := net.SplitHostPort(c.Metrics.Listen); err != nil || port == "" {
 			bad("metrics.listen", "%q is not host:port; write it like 127.0.0.1:9187, or \"\" to disable metrics", c.Metrics.Listen)
@@ -588,7 +620,15 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 		MaxInFlightBytes:   c.Pipeline.MaxInFlightBytes,
 		ShutdownTimeout:    c.Pipeline.ShutdownTimeout,
 		MetricsListen:      c.Metrics.Listen,
-		Logger:             log,
+		RetryTable:         c.Retry.Table,
+		Retry: retry.WorkerConfig{
+			BackoffMin:   c.Retry.BackoffMin,
+			BackoffMax:   c.Retry.BackoffMax,
+			MaxAge:       c.Retry.MaxAge,
+			MaxAttempts:  c.Retry.MaxAttempts,
+			PollInterval: c.Retry.PollEvery,
+		},
+		Logger: log,
 	}
 }
 

@@ -18,12 +18,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
-	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// retryTable is the configured retry table. config.go has no retry.* keys
-// yet; once it has retry.table, this returns e.cfg.Retry.Table.
-func (e *env) retryTable() string { return sql.DefaultRetryTable }
+// retryTable is the configured retry table (retry.table).
+func (e *env) retryTable() string { return e.cfg.Retry.Table }
 
 func newRetriesCmd(wrap wrapFunc) *cobra.Command {
 	cmd := &cobra.Command{

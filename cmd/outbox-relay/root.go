@@ -136,6 +136,7 @@ comma-separated), then flags, each overriding the one before.`,
 		newVersionCmd(),
 		newLagCmd(wrap),
 		newStatusCmd(wrap),
+		newRetriesCmd(wrap),
 	)
 	return root
 }

@@ -81,6 +81,22 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 		fmt.Fprintf(out, "checkpoint table %s: created\n", checkpoint)
 	}
 
+	retryTable, _ := sql.ParseTable(cfg.Retry.Table)
+	rOID, err := tableOID(ctx, conn, retryTable)
+	if err != nil {
+		return err
+	}
+	if rOID != 0 {
+		fmt.Fprintf(out, "retry table %s: already exists\n", retryTable)
+	} else {
+		for _, stmt := range sql.RetryTable(retryTable) {
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("create retry table %s: %w", retryTable, err)
+			}
+		}
+		fmt.Fprintf(out, "retry table %s: created\n", retryTable)
+	}
+
 	pubName := cfg.Postgres.Publication
 	pub, err := publication(ctx, conn, pubName, oid)
 	if err != nil {
