@@ -189,6 +189,9 @@ func TestRunLagThresholds(t *testing.T) {
 
 func TestRunLagWatch(t *testing.T) {
 	f := newFixture(t)
+	// WAL after the slot's position, so that max-bytes 1 is exceeded: a fresh
+	// database may have written none.
+	f.insertEvents(t, 1, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 350*time.Millisecond)
 	defer cancel()
 	var out strings.Builder

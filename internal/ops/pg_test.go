@@ -4,25 +4,21 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// postgresDSN is the one place that finds the test server; it moves to
-// internal/testenv when that lands.
+// postgresDSN is a fresh database of the test server (internal/testenv: the
+// dev servers, or containers; never a skip).
 func postgresDSN(t *testing.T) string {
 	t.Helper()
-	dsn := os.Getenv("RELAY_TEST_POSTGRES_DSN")
-	if dsn == "" {
-		t.Fatal("RELAY_TEST_POSTGRES_DSN is not set: point it at a Postgres 13+ with wal_level=logical")
-	}
-	return dsn
+	return testenv.Postgres(t).DSN
 }
 
 // fixture is a private schema holding an outbox and a checkpoint table, and a

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -256,35 +255,22 @@ func (r *Relay) park(ctx context.Context, ds []diverted) error {
 	for i, d := range ds {
 		evs[i] = d.ev
 	}
-	backoff := 100 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+	err := persist(ctx, r.log, fmt.Sprintf("write %d events to the retry table", len(evs)), func() error {
 		r.gate.mu.Lock()
-		err := r.gate.store.Insert(ctx, evs)
-		if err == nil {
-			for _, ev := range evs {
-				r.gate.blocked[ev.Aggregate] = struct{}{}
-			}
+		defer r.gate.mu.Unlock()
+		if err := r.gate.store.Insert(ctx, evs); err != nil {
+			return err
 		}
-		r.gate.mu.Unlock()
-		if err == nil {
-			r.logParked(evs)
-			return nil
+		for _, ev := range evs {
+			r.gate.blocked[ev.Aggregate] = struct{}{}
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("write %d events to the retry table: %w", len(evs), ctx.Err())
-		}
-		if attempt == 1 || attempt%10 == 0 {
-			r.log.Warn("write to the retry table failed, retrying", "events", len(evs), "attempt", attempt, "err", err)
-		}
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("write %d events to the retry table: %w", len(evs), ctx.Err())
-		}
-		backoff = min(2*backoff, 5*time.Second)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
+	r.logParked(evs)
+	return nil
 }
 
 // logParked logs failures (not waiting events) once per chunk, with the first

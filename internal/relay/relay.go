@@ -648,27 +648,37 @@ func (c *committer) run(ctx context.Context) error {
 // save retries until the checkpoint is durable or ctx is done: Postgres may be
 // restarting, and the stream will be waiting for it too.
 func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
+	return persist(ctx, c.log, "save checkpoint "+lsn.String(), func() error {
+		return c.store.Save(ctx, c.slot, lsn, commitTime)
+	})
+}
+
+// persist runs write until it succeeds or ctx is done, with capped
+// exponential backoff and jitter, logging the first failure and every tenth.
+// It is for writes to Postgres that must be durable before an LSN may be
+// confirmed: giving up is not an option, waiting is.
+func persist(ctx context.Context, log *slog.Logger, what string, write func() error) error {
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := c.store.Save(ctx, c.slot, lsn, commitTime)
+		err := write()
 		if err == nil {
 			if attempt > 1 {
-				c.log.Info("checkpoint saved again", "lsn", lsn.String(), "attempts", attempt)
+				log.Info(what+": done after retrying", "attempts", attempt)
 			}
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("save checkpoint %s: %w", lsn, ctx.Err())
+			return fmt.Errorf("%s: %w", what, ctx.Err())
 		}
 		if attempt == 1 || attempt%10 == 0 {
-			c.log.Warn("save checkpoint failed, retrying", "lsn", lsn.String(), "attempt", attempt, "err", err)
+			log.Warn(what+": failed, retrying", "attempt", attempt, "err", err)
 		}
 		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("save checkpoint %s: %w", lsn, ctx.Err())
+			return fmt.Errorf("%s: %w", what, ctx.Err())
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
