@@ -10,15 +10,17 @@
 #   scripts/dev.sh deps               install what is missing (apt), nothing else
 #   scripts/dev.sh kafka-kill         kill -9 the broker, wait until it is gone
 #   scripts/dev.sh kafka-start        start the broker, wait until it answers metadata
+#   scripts/dev.sh kafka-pause        SIGSTOP the broker: connections hang (a partition)
+#   scripts/dev.sh kafka-resume       SIGCONT the broker, wait until it answers metadata
 #   scripts/dev.sh pg-stop-immediate  pg_ctl stop -m immediate, wait until stopped
 #   scripts/dev.sh pg-start           start Postgres, wait until it accepts connections
 #
 # State lives in .dev/ (git-ignored); the Kafka jars are cached outside the repo in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-3.9.1/libs (and Maven's ~/.m2).
 #
-# Fault helpers (kafka-kill, kafka-start, pg-stop-immediate, pg-start) take an exclusive
-# flock on .dev/fault.lock so that they wait for running tests, which hold it shared
-# (see internal/testenv). The Go harness already holds it and sets RELAY_FAULT_LOCK_HELD=1.
+# Fault helpers (kafka-kill, kafka-start, kafka-pause, kafka-resume, pg-stop-immediate,
+# pg-start) take an exclusive flock on .dev/fault.lock so that they wait for running
+# tests, which hold it shared (see internal/testenv). The Go harness already holds it and sets RELAY_FAULT_LOCK_HELD=1.
 #
 # Environment: RELAY_DEV_PG_PORT (54329), RELAY_DEV_KAFKA_PORT (19092),
 # RELAY_DEV_KAFKA_CONTROLLER_PORT (Kafka port + 1), RELAY_DEV_DIR (<repo>/.dev).
@@ -448,6 +450,25 @@ kafka_stop() { # signal
 	kafka_wait_gone "$pid"
 }
 
+# kafka_pause freezes the broker with SIGSTOP: its sockets stay open and the kernel
+# still completes TCP handshakes, so clients hang instead of failing, as in a network
+# partition. kafka_resume (SIGCONT) must follow: kafka-start would wait for a frozen
+# broker until it gives up.
+kafka_pause() {
+	local pid
+	pid=$(kafka_pid) || die "kafka is not running: nothing to pause"
+	log "pausing kafka (pid $pid, SIGSTOP)"
+	kill -STOP "$pid"
+}
+
+kafka_resume() {
+	local pid
+	pid=$(kafka_pid) || die "kafka is not running: nothing to resume"
+	log "resuming kafka (pid $pid, SIGCONT)"
+	kill -CONT "$pid"
+	kafka_wait_ready
+}
+
 # ---------------------------------------------------------------- commands
 
 print_env() {
@@ -504,10 +525,12 @@ status) cmd_status ;;
 deps) deps ;;
 kafka-kill) with_fault_lock kafka_stop KILL ;;
 kafka-start) with_fault_lock kafka_start ;;
+kafka-pause) with_fault_lock kafka_pause ;;
+kafka-resume) with_fault_lock kafka_resume ;;
 pg-stop-immediate) with_fault_lock pg_stop immediate ;;
 pg-start) with_fault_lock pg_up ;;
 *)
-	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac
