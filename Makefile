@@ -10,7 +10,7 @@ LDFLAGS := -X main.version=$(VERSION)
 # Exports RELAY_POSTGRES_DSN, RELAY_KAFKA_BROKERS and the RELAY_TEST_* twins for a recipe.
 WITH_DEV_ENV := eval "$$($(DEV) env)" &&
 
-.PHONY: all build test dev-up dev-down dev-clean dev-env demo bench lint clean
+.PHONY: all build test test-faults dev-up dev-down dev-clean dev-env demo bench lint clean
 
 all: build
 
@@ -20,6 +20,11 @@ build:
 # The integration tests need the dev servers: start them (a no-op when they run).
 test: dev-up
 	$(WITH_DEV_ENV) $(GO) test -race -timeout 40m ./...
+
+# The fault-injection suite in its full form (`make test` runs a reduced one): it kills
+# and pauses the dev servers, so it waits for other tests to leave them (testenv.Exclusive).
+test-faults: dev-up
+	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -timeout 60m -run TestFaultSuite -v ./internal/faults
 
 dev-up:
 	@$(DEV) up
