@@ -51,11 +51,13 @@ type exit struct {
 	uptime time.Duration
 }
 
-// signalReq asks the supervisor to signal the relay and restart it after delay.
+// signalReq asks the supervisor to signal the relay once it has run for minUptime
+// and to restart it after delay.
 type signalReq struct {
-	sig   syscall.Signal
-	delay time.Duration
-	reply chan exit
+	sig       syscall.Signal
+	minUptime time.Duration
+	delay     time.Duration
+	reply     chan exit
 }
 
 // supervisor runs the relay binary and restarts it whenever it ends, as systemd's
@@ -87,10 +89,11 @@ func (s *supervisor) Runs() int {
 	return s.runs
 }
 
-// Signal sends sig to the running relay, waits for it to exit (SIGKILL after 90s) and
-// returns how it ended; the supervisor starts it again after delay.
-func (s *supervisor) Signal(ctx context.Context, sig syscall.Signal, delay time.Duration) (exit, error) {
-	r := signalReq{sig: sig, delay: delay, reply: make(chan exit, 1)}
+// Signal sends sig to the running relay once it has run for minUptime, waits for it to
+// exit (SIGKILL after 90s) and returns how it ended; the supervisor starts it again
+// after delay. If the relay exits by itself first, that exit is returned.
+func (s *supervisor) Signal(ctx context.Context, sig syscall.Signal, minUptime, delay time.Duration) (exit, error) {
+	r := signalReq{sig: sig, minUptime: minUptime, delay: delay, reply: make(chan exit, 1)}
 	select {
 	case s.reqs <- r:
 	case <-ctx.Done():
@@ -157,15 +160,7 @@ func (s *supervisor) Run(ctx context.Context) error {
 			s.finish(p, err, "")
 			delay = time.Second // systemd's RestartSec
 		case r := <-s.reqs:
-			p.cmd.Process.Signal(r.sig)
-			var err error
-			select {
-			case err = <-p.done:
-			case <-time.After(90 * time.Second):
-				p.cmd.Process.Kill()
-				err = fmt.Errorf("no exit within 90s of %s, killed: %w", r.sig, <-p.done)
-			}
-			r.reply <- s.finish(p, err, r.sig.String())
+			r.reply <- s.signal(p, r)
 			delay = r.delay
 		case <-ctx.Done():
 			p.cmd.Process.Kill()
@@ -178,6 +173,23 @@ func (s *supervisor) Run(ctx context.Context) error {
 		case <-time.After(delay):
 		}
 	}
+}
+
+func (s *supervisor) signal(p *relayProc, r signalReq) exit {
+	select {
+	case err := <-p.done:
+		return s.finish(p, err, "")
+	case <-time.After(r.minUptime - time.Since(p.started)):
+	}
+	p.cmd.Process.Signal(r.sig)
+	var err error
+	select {
+	case err = <-p.done:
+	case <-time.After(90 * time.Second):
+		p.cmd.Process.Kill()
+		err = fmt.Errorf("no exit within 90s of %s, killed: %w", r.sig, <-p.done)
+	}
+	return s.finish(p, err, r.sig.String())
 }
 
 func tailLines(s string, n int) string {
