@@ -43,15 +43,16 @@ type fixture struct {
 	seq    map[string]int // next sequence number per aggregate id
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	f := &fixture{
 		pg:     testenv.Postgres(t),
 		kafka:  testenv.Kafka(t),
 		prefix: testenv.UniqueName(t, "t"),
-		slot:   "outbox_relay",
+		// Slot names are server-wide: unique per test.
+		slot:   testenv.UniqueName(t, "slot"),
 		pub:    "outbox_relay",
-		probe:  "probe",
+		probe:  testenv.UniqueName(t, "probe"),
 		seq:    map[string]int{},
 	}
 	f.pool = f.pg.Pool(t)
@@ -66,15 +67,15 @@ func newFixture(t *testing.T) *fixture {
 	}
 	f.pg.Exec(t, outboxsql.CreatePublication("outbox_relay", outbox))
 	f.pg.Exec(t, `CREATE TABLE orders (id bigserial PRIMARY KEY, note text NOT NULL)`)
-	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot('outbox_relay', 'pgoutput')`)
-	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot('probe', 'test_decoding')`)
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, f.probe)
 	for _, at := range aggregateTypes {
 		f.kafka.CreateTopic(t, f.prefix+"."+at, 4)
 	}
 	return f
 }
 
-func (f *fixture) config(t *testing.T) relay.Config {
+func (f *fixture) config(t testing.TB) relay.Config {
 	return relay.Config{
 		Replication: replication.Config{
 			DSN: f.pg.DSN, Slot: f.slot, Publication: f.pub,
@@ -91,7 +92,7 @@ func (f *fixture) config(t *testing.T) relay.Config {
 	}
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	level := slog.LevelInfo
 	if os.Getenv("RELAY_TEST_DEBUG") != "" {
 		level = slog.LevelDebug
@@ -99,7 +100,7 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: level}))
 }
 
-type tWriter struct{ t *testing.T }
+type tWriter struct{ t testing.TB }
 
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -112,7 +113,7 @@ type running struct {
 	done   chan error
 }
 
-func (f *fixture) start(t *testing.T, cfg relay.Config) *running {
+func (f *fixture) start(t testing.TB, cfg relay.Config) *running {
 	t.Helper()
 	r, err := relay.New(cfg)
 	if err != nil {
@@ -133,7 +134,7 @@ func (f *fixture) start(t *testing.T, cfg relay.Config) *running {
 }
 
 // stop cancels the relay and requires a clean shutdown.
-func (r *running) stop(t *testing.T) {
+func (r *running) stop(t testing.TB) {
 	t.Helper()
 	r.cancel()
 	select {
@@ -186,7 +187,7 @@ func newUUID() string {
 
 // insertTx inserts evs in one transaction, row by row, together with a row of
 // another table, and returns nothing: end LSNs come from the probe slot.
-func (f *fixture) insertTx(t *testing.T, evs []event) {
+func (f *fixture) insertTx(t testing.TB, evs []event) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := f.pool.Begin(ctx)
@@ -212,7 +213,7 @@ func (f *fixture) insertTx(t *testing.T, evs []event) {
 }
 
 // insertMultiRow inserts evs with one multi-row INSERT statement.
-func (f *fixture) insertMultiRow(t *testing.T, evs []event) {
+func (f *fixture) insertMultiRow(t testing.TB, evs []event) {
 	t.Helper()
 	var sb strings.Builder
 	args := []any{}
@@ -232,7 +233,7 @@ func (f *fixture) insertMultiRow(t *testing.T, evs []event) {
 
 // insertCopy inserts evs with COPY, which Postgres logs as multi-insert records
 // whose changes share LSNs.
-func (f *fixture) insertCopy(t *testing.T, evs []event) {
+func (f *fixture) insertCopy(t testing.TB, evs []event) {
 	t.Helper()
 	rows := make([][]any, len(evs))
 	for i, e := range evs {
@@ -251,7 +252,7 @@ func (f *fixture) insertCopy(t *testing.T, evs []event) {
 
 // commitEnds returns the end LSN of every transaction the probe slot has seen
 // that touched the outbox, in commit order.
-func (f *fixture) commitEnds(t *testing.T) []pglogrepl.LSN {
+func (f *fixture) commitEnds(t testing.TB) []pglogrepl.LSN {
 	t.Helper()
 	rows, err := f.pool.Query(context.Background(), `SELECT lsn::text, data FROM pg_logical_slot_peek_changes($1, NULL, NULL)`, f.probe)
 	if err != nil {
@@ -286,7 +287,7 @@ func (f *fixture) commitEnds(t *testing.T) []pglogrepl.LSN {
 }
 
 // slotConfirmed returns the relay slot's confirmed_flush_lsn.
-func (f *fixture) slotConfirmed(t *testing.T) pglogrepl.LSN {
+func (f *fixture) slotConfirmed(t testing.TB) pglogrepl.LSN {
 	t.Helper()
 	var s string
 	err := f.pool.QueryRow(context.Background(),
@@ -302,7 +303,7 @@ func (f *fixture) slotConfirmed(t *testing.T) pglogrepl.LSN {
 }
 
 // checkpointLSN returns the saved checkpoint, 0 if none.
-func (f *fixture) checkpointLSN(t *testing.T) pglogrepl.LSN {
+func (f *fixture) checkpointLSN(t testing.TB) pglogrepl.LSN {
 	t.Helper()
 	var s string
 	err := f.pool.QueryRow(context.Background(),
@@ -322,7 +323,7 @@ func (f *fixture) checkpointLSN(t *testing.T) pglogrepl.LSN {
 
 // waitConfirmed waits until the slot's confirmed_flush_lsn and the checkpoint
 // reach lsn.
-func (f *fixture) waitConfirmed(t *testing.T, lsn pglogrepl.LSN, timeout time.Duration) {
+func (f *fixture) waitConfirmed(t testing.TB, lsn pglogrepl.LSN, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -347,7 +348,7 @@ type delivered struct {
 	Headers   map[string]string
 }
 
-func (f *fixture) readAll(t *testing.T) []delivered {
+func (f *fixture) readAll(t testing.TB) []delivered {
 	t.Helper()
 	var out []delivered
 	for _, at := range aggregateTypes {
@@ -368,7 +369,7 @@ func fromKafka(m kafka.Message) delivered {
 }
 
 // waitCount reads the topics until at least n events are there.
-func (f *fixture) waitCount(t *testing.T, n int, timeout time.Duration) []delivered {
+func (f *fixture) waitCount(t testing.TB, n int, timeout time.Duration) []delivered {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -398,7 +399,7 @@ func (r *report) problem(format string, args ...any) {
 // check compares what Kafka holds with every row of the outbox table: each row
 // must be on its topic with exact key, value and headers; per aggregate, the
 // sequence numbers must appear in commit order.
-func (f *fixture) check(t *testing.T, got []delivered) report {
+func (f *fixture) check(t testing.TB, got []delivered) report {
 	t.Helper()
 	type row struct{ aggType, aggID, eventType, payload, headers string }
 	want := map[string]row{}
@@ -497,7 +498,7 @@ func lsnList(ls []pglogrepl.LSN) string {
 	return strings.Join(s, ",")
 }
 
-func mustLSN(t *testing.T, s string) pglogrepl.LSN {
+func mustLSN(t testing.TB, s string) pglogrepl.LSN {
 	t.Helper()
 	l, err := pglogrepl.ParseLSN(s)
 	if err != nil {

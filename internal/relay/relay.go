@@ -16,7 +16,8 @@
 //   - Bounded memory and bounded duplicates: payload bytes read but not yet
 //     acknowledged are capped by MaxInFlightBytes; events read but not yet
 //     covered by a saved checkpoint (all that a crash can resend) are capped by
-//     MaxInFlightEvents.
+//     MaxInFlightEvents, plus the rest of a transaction that is being read (a
+//     checkpoint can only fall on a transaction's end).
 //   - Per-aggregate order: events keep commit order from the stream to the
 //     sink, whose contract keeps per-key order.
 //   - An event the router cannot route stops the relay before its LSN can be
@@ -387,12 +388,12 @@ func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan repli
 			}
 		}
 
-		if !r.win.tryTake(len(b.Rows), b.Bytes) {
+		if !r.win.tryTake(len(b.Rows), b.Bytes, inTxn) {
 			// What we hold counts against the window: hand it on before waiting.
 			if err := flush(); err != nil {
 				return err
 			}
-			if err := r.win.take(ctx, len(b.Rows), b.Bytes); err != nil {
+			if err := r.win.take(ctx, len(b.Rows), b.Bytes, inTxn); err != nil {
 				return err
 			}
 		}

@@ -200,3 +200,23 @@ func TestIdleAdvancesSlot(t *testing.T) {
 	}
 	run.stop(t)
 }
+
+// TestTransactionLargerThanWindow: a transaction with more events than
+// max_in_flight_events must stream through (its events can only be
+// checkpointed at its end, so the event limit must not hold its rest back).
+func TestTransactionLargerThanWindow(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MaxInFlightEvents = 1000
+	run := f.start(t, cfg)
+	f.insertTx(t, f.makeEvents(5000))
+	f.insertTx(t, f.makeEvents(10))
+	f.waitCount(t, 5010, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	if rep := f.check(t, f.readAll(t)); rep != (report{}) {
+		t.Fatalf("lost %d, duplicates %d, order violations %d, mismatches %d: %s",
+			rep.lost, rep.duplicates, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	run.stop(t)
+}

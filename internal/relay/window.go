@@ -11,7 +11,13 @@ import (
 // resend are never more than the event limit.
 //
 // A single take larger than a limit is let through when the window is empty,
-// so an oversized transaction slows the pipeline down instead of stalling it.
+// so an oversized batch slows the pipeline down instead of stalling it.
+//
+// The event limit applies at transaction boundaries only (inTxn false): the
+// events of an open transaction cannot be covered by a checkpoint before its
+// end is read, so holding its rest back behind them would deadlock. Bytes are
+// given back at acknowledgement, so their limit always applies. A crash can
+// thus resend at most maxEvents plus the largest transaction.
 type window struct {
 	maxEvents, maxBytes int
 
@@ -26,14 +32,14 @@ func newWindow(maxEvents, maxBytes int) *window {
 }
 
 // tryTake takes events and bytes if they fit now.
-func (w *window) tryTake(events, bytes int) bool {
+func (w *window) tryTake(events, bytes int, inTxn bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.takeLocked(events, bytes)
+	return w.takeLocked(events, bytes, inTxn)
 }
 
-func (w *window) takeLocked(events, bytes int) bool {
-	fitsEvents := w.events+events <= w.maxEvents || w.events == 0
+func (w *window) takeLocked(events, bytes int, inTxn bool) bool {
+	fitsEvents := inTxn || w.events+events <= w.maxEvents || w.events == 0
 	fitsBytes := w.bytes+bytes <= w.maxBytes || w.bytes == 0
 	if !fitsEvents || !fitsBytes {
 		return false
@@ -44,10 +50,10 @@ func (w *window) takeLocked(events, bytes int) bool {
 }
 
 // take blocks until events and bytes fit or ctx is done.
-func (w *window) take(ctx context.Context, events, bytes int) error {
+func (w *window) take(ctx context.Context, events, bytes int, inTxn bool) error {
 	for {
 		w.mu.Lock()
-		if w.takeLocked(events, bytes) {
+		if w.takeLocked(events, bytes, inTxn) {
 			w.mu.Unlock()
 			return nil
 		}

@@ -8,20 +8,20 @@ import (
 
 func TestWindowLimits(t *testing.T) {
 	w := newWindow(10, 100)
-	if !w.tryTake(6, 60) {
+	if !w.tryTake(6, 60, false) {
 		t.Fatalf("tryTake(6, 60) on an empty window = false; want true")
 	}
-	if w.tryTake(5, 10) {
+	if w.tryTake(5, 10, false) {
 		t.Errorf("tryTake(5, 10) with 6/10 events held = true; want false")
 	}
-	if w.tryTake(1, 50) {
+	if w.tryTake(1, 50, false) {
 		t.Errorf("tryTake(1, 50) with 60/100 bytes held = true; want false")
 	}
-	if !w.tryTake(4, 40) {
+	if !w.tryTake(4, 40, false) {
 		t.Errorf("tryTake(4, 40) filling the window exactly = false; want true")
 	}
 	w.giveBytes(100)
-	if w.tryTake(1, 0) {
+	if w.tryTake(1, 0, false) {
 		t.Errorf("tryTake(1, 0) with all events still held = true; want false: events are given back only at checkpoints")
 	}
 	w.giveEvents(10)
@@ -32,19 +32,19 @@ func TestWindowLimits(t *testing.T) {
 
 func TestWindowOversizedTakeWhenEmpty(t *testing.T) {
 	w := newWindow(10, 100)
-	if !w.tryTake(50, 5000) {
+	if !w.tryTake(50, 5000, false) {
 		t.Fatalf("tryTake(50, 5000) on an empty window = false; want true, or a huge transaction would stall forever")
 	}
-	if w.tryTake(1, 1) {
+	if w.tryTake(1, 1, false) {
 		t.Errorf("tryTake(1, 1) after an oversized take = true; want false")
 	}
 }
 
 func TestWindowTakeBlocksUntilGive(t *testing.T) {
 	w := newWindow(2, 100)
-	w.tryTake(2, 10)
+	w.tryTake(2, 10, false)
 	got := make(chan error, 1)
-	go func() { got <- w.take(context.Background(), 1, 10) }()
+	go func() { got <- w.take(context.Background(), 1, 10, false) }()
 	select {
 	case err := <-got:
 		t.Fatalf("take on a full window returned %v before anything was given back", err)
@@ -63,10 +63,26 @@ func TestWindowTakeBlocksUntilGive(t *testing.T) {
 
 func TestWindowTakeCancelled(t *testing.T) {
 	w := newWindow(1, 100)
-	w.tryTake(1, 1)
+	w.tryTake(1, 1, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := w.take(ctx, 1, 1); err != context.DeadlineExceeded {
+	if err := w.take(ctx, 1, 1, false); err != context.DeadlineExceeded {
 		t.Fatalf("take on a full window with an expiring ctx = %v; want context.DeadlineExceeded", err)
+	}
+}
+
+// Inside a transaction only the byte limit holds: its events cannot be
+// checkpointed before its end, so waiting for them would deadlock.
+func TestWindowOpenTransactionIgnoresEventLimit(t *testing.T) {
+	w := newWindow(10, 100)
+	w.tryTake(10, 10, false)
+	if w.tryTake(5, 10, false) {
+		t.Errorf("tryTake(5, 10) at a transaction boundary with the event limit reached = true; want false")
+	}
+	if !w.tryTake(5, 10, true) {
+		t.Errorf("tryTake(5, 10) inside a transaction with room for the bytes = false; want true")
+	}
+	if w.tryTake(1, 90, true) {
+		t.Errorf("tryTake(1, 90) inside a transaction past the byte limit = true; want false")
 	}
 }
