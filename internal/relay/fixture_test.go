@@ -50,10 +50,10 @@ func newFixture(t testing.TB) *fixture {
 		kafka:  testenv.Kafka(t),
 		prefix: testenv.UniqueName(t, "t"),
 		// Slot names are server-wide: unique per test.
-		slot:   testenv.UniqueName(t, "slot"),
-		pub:    "outbox_relay",
-		probe:  testenv.UniqueName(t, "probe"),
-		seq:    map[string]int{},
+		slot:  testenv.UniqueName(t, "slot"),
+		pub:   "outbox_relay",
+		probe: testenv.UniqueName(t, "probe"),
+		seq:   map[string]int{},
 	}
 	f.pool = f.pg.Pool(t)
 	// The DDL that `outbox-relay setup` runs.
