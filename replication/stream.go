@@ -355,6 +355,8 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 	if err := s.sendStatus(ctx, conn, st, false); err != nil {
 		return err
 	}
+	var rd recvDeadline
+	defer rd.stop()
 	for {
 		now := time.Now()
 		if s.statusDue(st, now) {
@@ -362,9 +364,7 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 				return err
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, s.wake(asm, st, now))
-		msg, err := conn.ReceiveMessage(rctx)
-		cancel()
+		msg, err := conn.ReceiveMessage(rd.until(ctx, s.wake(asm, st, now)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -418,6 +418,30 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 		case *pgproto3.CopyDone:
 			return errors.New("server ended the replication stream")
 		}
+	}
+}
+
+// recvDeadline is the context of one receive deadline, kept across receives
+// until it passes or an earlier deadline is wanted: a context per message
+// cost more than decoding the row.
+type recvDeadline struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	at     time.Time
+}
+
+func (d *recvDeadline) until(parent context.Context, at time.Time) context.Context {
+	if d.ctx == nil || d.ctx.Err() != nil || at.Before(d.at) {
+		d.stop()
+		d.ctx, d.cancel = context.WithDeadline(parent, at)
+		d.at = at
+	}
+	return d.ctx
+}
+
+func (d *recvDeadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
 	}
 }
 

@@ -68,6 +68,12 @@ type Kafka struct {
 	transport *kafka.Transport
 	log       *slog.Logger
 	stats     stats
+
+	// Write's goroutine only: see batchsize.go.
+	balancer kafka.Murmur2Balancer
+	shares   map[topicPartition]int
+	counts   map[string]partitionCount
+	parts    []int
 }
 
 type stats struct {
@@ -318,6 +324,7 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 			return nil
 		}
 		batch := gather(msgs, idx)
+		k.w.BatchSize = k.batchSizeFor(ctx, batch)
 		err := k.w.WriteMessages(ctx, batch...)
 		k.stats.writes.Add(1)
 		if err == nil {

@@ -158,7 +158,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(pctx)
 	streamCtx, stopStream := context.WithCancel(gctx)
 	defer stopStream()
-	batches := make(chan replication.Batch, 64)
+	// Batches in these channels are outside the window (it is taken when a
+	// batch is routed): keep them short, they only smooth hand-overs.
+	batches := make(chan replication.Batch, 4)
 	chunks := make(chan *chunk, 4)
 	com := &committer{
 		store: store, stream: r.stream, win: r.win, log: r.log, m: r.m,
@@ -347,14 +349,15 @@ func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan repli
 	defer close(out)
 	maxMsgs := r.cfg.Sink.BatchSize
 	maxBytes := 4 * int(r.cfg.Sink.BatchBytes)
-	cur := &chunk{}
+	newChunk := func() *chunk { return &chunk{msgs: make([]kafka.Message, 0, min(maxMsgs, 1024))} }
+	cur := newChunk()
 	flush := func() error {
 		if cur.empty() {
 			return nil
 		}
 		select {
 		case out <- cur:
-			cur = &chunk{}
+			cur = newChunk()
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
