@@ -49,8 +49,9 @@
 // of a transaction that did not commit).
 //
 // Two sizes. Reduced (the default, part of `make test`): 10 SIGKILLs, one of each other
-// fault, about 1.5 to 2 minutes on a 2-core machine. Full (RELAY_FAULTS=full, set by `make
-// test-faults`): 40 SIGKILLs, 3 SIGTERMs, 5 Kafka kills, 4 Kafka pauses, 5 Postgres crashes
-// and 6 network cuts, with longer outages, about 8 to 10 minutes. The suite calls
-// testenv.Exclusive first: it stops the servers every other test uses.
+// fault, about 50 seconds of faults and a minute in all on a 2-core machine (plus the
+// wait for Exclusive). Full (RELAY_FAULTS=full, set by `make test-faults`): 40
+// SIGKILLs, 3 SIGTERMs, 5 Kafka kills, 4 Kafka pauses, 5 Postgres crashes and 6
+// network cuts, with longer outages and gaps, about 7 minutes and 200,000 events. The
+// suite calls testenv.Exclusive first: it stops the servers every other test uses.
 package faults

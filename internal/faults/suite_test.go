@@ -208,10 +208,10 @@ func TestFaultSuite(t *testing.T) {
 	}()
 
 	// Warm up: the relay streams before the first fault.
-	s.sleep(3 * time.Second)
+	time.Sleep(3 * time.Second)
 	for i, k := range s.plan() {
 		s.inject(i, k)
-		s.sleep(m.between(s.rng, m.gap))
+		time.Sleep(m.between(s.rng, m.gap))
 	}
 
 	stopProducer()
@@ -284,8 +284,6 @@ func (s *suite) plan() []faultKind {
 	return p
 }
 
-func (s *suite) sleep(d time.Duration) { time.Sleep(d) }
-
 // inject runs one fault to its end: every server runs again when it returns.
 func (s *suite) inject(i int, k faultKind) {
 	t := s.t
@@ -337,15 +335,15 @@ func (s *suite) inject(i int, k faultKind) {
 // (re)starting while a server is away must cope too.
 func (s *suite) outage(d time.Duration) {
 	if s.rng.Float64() >= s.m.killMid {
-		s.sleep(d)
+		time.Sleep(d)
 		return
 	}
-	s.sleep(d / 2)
+	time.Sleep(d / 2)
 	s.logf("  and %s in the middle of it", relayKill)
 	s.count[relayKill]++
 	s.midKills++
 	s.signalRelay(syscall.SIGKILL, 0, 0)
-	s.sleep(d / 2)
+	time.Sleep(d / 2)
 }
 
 func (s *suite) signalRelay(sig syscall.Signal, minUptime, restartAfter time.Duration) exit {
