@@ -42,7 +42,7 @@ dev-env:
 demo:
 	@scripts/demo.sh
 
-bench: dev-up
+bench: dev-up build
 	$(WITH_DEV_ENV) $(GO) run ./cmd/outbox-bench $(BENCH_ARGS)
 
 lint:

@@ -292,8 +292,10 @@ type statusState struct {
 }
 
 // fastStatus is the status cadence while confirmations are expected, so that
-// confirmed_flush_lsn follows the relay within about a second.
-func (s *Stream) fastStatus() time.Duration { return min(s.cfg.StatusInterval, time.Second) }
+// confirmed_flush_lsn follows the relay's progress within a tenth of a second
+// (a status update is a 34-byte message; the slot's position is what `lag`,
+// the benchmark and WAL retention see).
+func (s *Stream) fastStatus() time.Duration { return min(s.cfg.StatusInterval, 100*time.Millisecond) }
 
 // statusDue reports whether a status update should be sent now: a new
 // confirmed position after fastStatus, or anything after StatusInterval.
@@ -355,8 +357,13 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 	if err := s.sendStatus(ctx, conn, st, false); err != nil {
 		return err
 	}
-	var rd recvDeadline
-	defer rd.stop()
+	// Receives use a socket read deadline and context.Background(): a
+	// context per receive (pgconn watches it with a goroutine hand-off)
+	// cost more than decoding the row. Cancelling ctx sets an immediate
+	// deadline; the loop checks ctx after setting each deadline, so a cancel
+	// is never lost between the two.
+	stopCancelWatch := context.AfterFunc(ctx, func() { conn.Conn().SetReadDeadline(time.Now()) })
+	defer stopCancelWatch()
 	for {
 		now := time.Now()
 		if s.statusDue(st, now) {
@@ -364,7 +371,13 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 				return err
 			}
 		}
-		msg, err := conn.ReceiveMessage(rd.until(ctx, s.wake(asm, st, now)))
+		if err := conn.Conn().SetReadDeadline(s.wake(asm, st, now)); err != nil {
+			return fmt.Errorf("set read deadline: %w", err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		msg, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -418,30 +431,6 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 		case *pgproto3.CopyDone:
 			return errors.New("server ended the replication stream")
 		}
-	}
-}
-
-// recvDeadline is the context of one receive deadline, kept across receives
-// until it passes or an earlier deadline is wanted: a context per message
-// cost more than decoding the row.
-type recvDeadline struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	at     time.Time
-}
-
-func (d *recvDeadline) until(parent context.Context, at time.Time) context.Context {
-	if d.ctx == nil || d.ctx.Err() != nil || at.Before(d.at) {
-		d.stop()
-		d.ctx, d.cancel = context.WithDeadline(parent, at)
-		d.at = at
-	}
-	return d.ctx
-}
-
-func (d *recvDeadline) stop() {
-	if d.cancel != nil {
-		d.cancel()
 	}
 }
 
