@@ -31,14 +31,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
@@ -118,16 +121,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer pool.Close()
 	store := checkpoint.New(pool, r.cfg.CheckpointTable)
 
-	start, err := r.resolveStart(ctx, pool, store)
-	if err != nil {
-		return err
-	}
 	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
 	if err != nil {
 		return fmt.Errorf("retry table: %w", err)
 	}
 	r.gate = &gate{store: rstore, log: r.log}
-	if err := r.gate.load(ctx); err != nil {
+	// Postgres may be down or restarting when the relay starts (a host
+	// reboot starts both): wait for it, as the stream does later. What needs
+	// an operator (no slot, no table, a bad password) fails at once.
+	var start pglogrepl.LSN
+	err = retryIf(ctx, r.log, "postgres unreachable at start-up", unreachable, func() error {
+		var err error
+		if start, err = r.resolveStart(ctx, pool, store); err != nil {
+			return err
+		}
+		return r.gate.load(ctx)
+	})
+	if err != nil {
 		return err
 	}
 	// The worker writes to Kafka beside the pipeline: a sink and a router of
@@ -662,9 +672,34 @@ func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time
 // It is for writes to Postgres that must be durable before an LSN may be
 // confirmed: giving up is not an option, waiting is.
 func persist(ctx context.Context, log *slog.Logger, what string, write func() error) error {
+	return retryIf(ctx, log, what, nil, write)
+}
+
+// unreachable reports whether err means Postgres cannot be reached now but
+// may be soon: no connection, a connection lost, or the server shutting down
+// or starting up. Authentication and permission failures are not.
+func unreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03": // admin shutdown, crash shutdown, cannot connect now
+			return true
+		}
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// retryIf runs fn until it succeeds, ctx is done, or it fails with an error
+// retryable does not accept (nil accepts all), with capped exponential
+// backoff and jitter, logging the first failure and every tenth.
+func retryIf(ctx context.Context, log *slog.Logger, what string, retryable func(error) bool, fn func() error) error {
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := write()
+		err := fn()
 		if err == nil {
 			if attempt > 1 {
 				log.Info(what+": done after retrying", "attempts", attempt)
@@ -673,6 +708,9 @@ func persist(ctx context.Context, log *slog.Logger, what string, write func() er
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", what, ctx.Err())
+		}
+		if retryable != nil && !retryable(err) {
+			return err
 		}
 		if attempt == 1 || attempt%10 == 0 {
 			log.Warn(what+": failed, retrying", "attempt", attempt, "err", err)

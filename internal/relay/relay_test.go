@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -219,4 +220,48 @@ func TestTransactionLargerThanWindow(t *testing.T) {
 			rep.lost, rep.duplicates, rep.orderViolations, rep.mismatches, rep.firstProblem)
 	}
 	run.stop(t)
+}
+
+// TestStartWhilePostgresDown: a relay started while Postgres is down waits for
+// it instead of exiting, then streams.
+func TestStartWhilePostgresDown(t *testing.T) {
+	testenv.Exclusive(t)
+	f := newFixture(t)
+	testenv.StopPostgres(t)
+	pgUp := false
+	defer func() {
+		if !pgUp {
+			testenv.StartPostgres(t)
+		}
+	}()
+	run := f.start(t, f.config(t))
+	select {
+	case err := <-run.done:
+		t.Fatalf("relay started while Postgres was down returned %v; want it to wait", err)
+	case <-time.After(3 * time.Second):
+	}
+	testenv.StartPostgres(t)
+	pgUp = true
+	insertRetrying(t, f, f.makeEvents(20))
+	f.waitCount(t, 20, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	run.stop(t)
+}
+
+// TestStartWithoutSlotFails: what needs an operator fails at once, with the fix.
+func TestStartWithoutSlotFails(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.Replication.Slot = "no_such_slot"
+	run := f.start(t, cfg)
+	select {
+	case err := <-run.done:
+		if err == nil || !strings.Contains(err.Error(), "outbox-relay setup") {
+			t.Fatalf("Run without a slot = %v; want an error naming outbox-relay setup", err)
+		}
+		run.done <- err
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Run without a slot still running after 30s; want it to fail at once")
+	}
 }
