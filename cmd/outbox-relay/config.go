@@ -58,7 +58,7 @@ var defaults = map[string]string{
 	"kafka.sasl.username":             "",
 	"kafka.sasl.password":             "",
 	"pipeline.max_in_flight_events":   "50000",
-	"pipeline.max_in_flight_bytes":    "16777216",
+	"pipeline.max_in_flight_bytes":    "8388608",
 	"pipeline.shutdown_timeout":       "30s",
 	"checkpoint.table":                sql.DefaultCheckpointTable,
 	"checkpoint.interval":             "200ms",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,6 +44,7 @@ slot's confirmed position is refused, because the server no longer has that WAL.
 			if err != nil {
 				return fmt.Errorf("%w: %w", errConfig, err)
 			}
+			setMemoryLimit(e)
 			ctx, stop := signalContext(cmd.Context(), e)
 			defer stop()
 			e.log.Info("starting",
@@ -103,4 +105,19 @@ func signalContext(parent context.Context, e *env) (ctx context.Context, stop fu
 		wg.Wait()
 		cancel()
 	}
+}
+
+// setMemoryLimit gives the Go runtime a soft memory limit derived from
+// pipeline.max_in_flight_bytes, unless GOMEMLIMIT is set. What the relay holds
+// live is bounded by that window; without a limit the garbage collector lets
+// the heap grow to twice the live set, which on a backlog is most of the
+// process's memory. 32 MiB + 2 x the window leaves the collector room to work
+// (64 MiB at the defaults).
+func setMemoryLimit(e *env) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	limit := int64(32<<20) + 2*int64(e.cfg.Pipeline.MaxInFlightBytes)
+	debug.SetMemoryLimit(limit)
+	e.log.Info("soft memory limit set (GOMEMLIMIT overrides it)", "bytes", limit)
 }

@@ -63,6 +63,8 @@ type Metrics struct {
 	confirmedLSN                prometheus.Gauge
 	reconnects, decodeErrors    prometheus.Counter
 	sampleErrors                prometheus.Counter
+	retryAttempts, retryOK      prometheus.Counter
+	retryDead                   prometheus.Counter
 	sampled                     *sampled
 
 	topics sync.Map // topic name -> *Topic
@@ -103,9 +105,13 @@ func New() *Metrics {
 	m.reconnects = counter("reconnects_total", "Replication connections re-established after a failure.")
 	m.decodeErrors = counter("decode_errors_total", "pgoutput messages that could not be decoded.")
 	m.sampleErrors = counter("sample_errors_total", "Failed samples of the slot and retry table.")
+	m.retryAttempts = counter("retry_attempts_total", "Deliveries of retry-table rows attempted by this process's worker (attempts cut short by a Kafka outage not counted).")
+	m.retryOK = counter("retry_delivered_total", "Retry-table rows this process's worker delivered to Kafka.")
+	m.retryDead = counter("retry_dead_lettered_total", "Retry-table rows this process's worker moved to dead.")
 	m.sampled = &sampled{}
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
+		m.retryAttempts, m.retryOK, m.retryDead,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -222,6 +228,16 @@ func (m *Metrics) SetConfirmedLSN(lsn pglogrepl.LSN) {
 func (m *Metrics) Reconnected() {
 	if m != nil {
 		m.reconnects.Inc()
+	}
+}
+
+// RetryWorked adds what the retry worker did since the last call: rows
+// attempted, delivered and dead-lettered.
+func (m *Metrics) RetryWorked(attempted, delivered, dead int64) {
+	if m != nil {
+		m.retryAttempts.Add(float64(attempted))
+		m.retryOK.Add(float64(delivered))
+		m.retryDead.Add(float64(dead))
 	}
 }
 

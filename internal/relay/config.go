@@ -26,7 +26,7 @@ type Config struct {
 	CheckpointInterval time.Duration // default 200ms: longest wait between checkpoint saves
 
 	MaxInFlightEvents int // default 50000: events read but not yet covered by a saved checkpoint
-	MaxInFlightBytes  int // default 16 MiB: payload bytes read but not yet acknowledged by Kafka
+	MaxInFlightBytes  int // default 8 MiB: payload bytes read but not yet acknowledged by Kafka
 
 	// StartLSN, when set, moves the start forward past the saved checkpoint and
 	// the slot's position (operator's --start-lsn). Moving backwards behind the
@@ -75,7 +75,7 @@ func (c *Config) validate() error {
 		c.MaxInFlightEvents = 50000
 	}
 	if c.MaxInFlightBytes <= 0 {
-		c.MaxInFlightBytes = 16 << 20
+		c.MaxInFlightBytes = 8 << 20
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second

@@ -188,7 +188,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		// These live as long as the stream: until the final checkpoint.
 		g.Go(func() error { return ignoreCanceled(sampler.Run(streamCtx)) })
 		g.Go(func() error { return ignoreCanceled(r.m.Serve(streamCtx, r.cfg.MetricsListen, r.Ready)) })
-		g.Go(func() error { r.pumpStreamStats(streamCtx); return nil })
 	}
 	g.Go(func() error {
 		err := r.stream.Run(streamCtx, start, batches)
@@ -209,6 +208,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	g.Go(func() error { return ignoreCanceled(worker.Run(streamCtx)) })
+	if r.m != nil {
+		g.Go(func() error { r.pumpStats(streamCtx, worker); return nil })
+	}
 	g.Go(func() error { r.gate.sweep(streamCtx, 30*time.Second); return nil })
 	g.Go(func() error { return r.route(ctx.Done(), gctx, batches, chunks) })
 	g.Go(func() error { return r.write(gctx, chunks, com) })
@@ -246,9 +248,11 @@ func (r *Relay) Ready(ctx context.Context) error {
 	return nil
 }
 
-// pumpStreamStats turns the stream's counters into metrics once a second.
-func (r *Relay) pumpStreamStats(ctx context.Context) {
+// pumpStats turns the stream's and the retry worker's counters into metrics
+// once a second.
+func (r *Relay) pumpStats(ctx context.Context, worker *retry.Worker) {
 	var last replication.Stats
+	var lastW retry.WorkerStats
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -271,6 +275,10 @@ func (r *Relay) pumpStreamStats(ctx context.Context) {
 			r.m.IgnoredChange("truncate")
 		}
 		last = st
+		ws := worker.Stats()
+		r.m.RetryWorked(ws.Attempted-lastW.Attempted, ws.Succeeded-lastW.Succeeded, ws.DeadLettered-lastW.DeadLettered)
+		lastW = ws
+		r.m.SetInFlight(r.win.usage())
 	}
 }
 
