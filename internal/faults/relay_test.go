@@ -7,40 +7,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 )
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-	buildOut  []byte
-)
-
-// relayBinary builds cmd/outbox-relay once per test binary (without -race: it is the
-// system under test, not the test, and must keep up on two cores).
-func relayBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "outbox-relay-faults-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "outbox-relay")
-		cmd := exec.Command("go", "build", "-o", binPath, "../../cmd/outbox-relay")
-		buildOut, buildErr = cmd.CombinedOutput()
-	})
-	if buildErr != nil {
-		t.Fatalf("build outbox-relay: %v\n%s", buildErr, buildOut)
-	}
-	return binPath
-}
 
 // exit is one end of a relay process.
 type exit struct {

@@ -129,7 +129,7 @@ func TestFaultSuite(t *testing.T) {
 	t.Logf("fault suite: %s mode, seed %d (replay the fault order with RELAY_FAULTS_SEED=%d)", m.name, seed, seed)
 
 	s := &suite{t: t, m: m, rng: mrand.New(mrand.NewPCG(seed, 1)), began: time.Now(), count: map[faultKind]int{}}
-	bin := relayBinary(t)
+	bin := testenv.RelayBinary(t)
 	s.pg = testenv.Postgres(t)
 	s.kafka = testenv.Kafka(t)
 	s.pool = s.pg.Pool(t)

@@ -4,41 +4,16 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // These tests run the outbox-relay binary, because only a process can be
 // killed with SIGKILL, and SIGTERM handling lives in cmd/.
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-	buildOut  []byte
-)
-
-func relayBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "outbox-relay-test-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "outbox-relay")
-		cmd := exec.Command("go", "build", "-o", binPath, "../../cmd/outbox-relay")
-		buildOut, buildErr = cmd.CombinedOutput()
-	})
-	if buildErr != nil {
-		t.Fatalf("build outbox-relay: %v\n%s", buildErr, buildOut)
-	}
-	return binPath
-}
 
 // proc is a running outbox-relay process.
 type proc struct {
@@ -51,7 +26,7 @@ const processWindow = 2000 // pipeline.max_in_flight_events for the process test
 
 func (f *fixture) startProcess(t *testing.T) *proc {
 	t.Helper()
-	cmd := exec.Command(relayBinary(t), "run")
+	cmd := exec.Command(testenv.RelayBinary(t), "run")
 	cmd.Env = append(os.Environ(),
 		"RELAY_POSTGRES_DSN="+f.pg.DSN,
 		"RELAY_POSTGRES_SLOT="+f.slot,
