@@ -19,12 +19,12 @@ build:
 
 # The integration tests need the dev servers: start them (a no-op when they run).
 test: dev-up
-	$(WITH_DEV_ENV) $(GO) test -race -timeout 40m ./...
+	$(WITH_DEV_ENV) $(GO) test -race -count=1 -timeout 40m ./...
 
 # The fault-injection suite in its full form (`make test` runs a reduced one): it kills
 # and pauses the dev servers, so it waits for other tests to leave them (testenv.Exclusive).
 test-faults: dev-up
-	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -timeout 60m -run TestFaultSuite -v ./internal/faults
+	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -run TestFaultSuite -v ./internal/faults
 
 dev-up:
 	@$(DEV) up

@@ -265,3 +265,47 @@ func TestStartWithoutSlotFails(t *testing.T) {
 		t.Fatalf("Run without a slot still running after 30s; want it to fail at once")
 	}
 }
+
+// TestStartLSNSkipsForward: an operator's StartLSN at the end of a
+// transaction skips it and everything before it; later events are delivered.
+// A StartLSN behind the slot's position is refused.
+func TestStartLSNSkipsForward(t *testing.T) {
+	f := newFixture(t)
+	skipped := f.makeEvents(10)
+	f.insertTx(t, skipped[:5])
+	f.insertTx(t, skipped[5:])
+	ends := f.commitEnds(t)
+
+	cfg := f.config(t)
+	cfg.StartLSN = ends[1]
+	run := f.start(t, cfg)
+	f.insertTx(t, f.makeEvents(7))
+	f.waitCount(t, 7, time.Minute)
+	ends = f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	got := f.readAll(t)
+	if len(got) != 7 {
+		t.Fatalf("Kafka holds %d events; want only the 7 committed after --start-lsn %s", len(got), cfg.StartLSN)
+	}
+	for _, d := range got {
+		for _, e := range skipped {
+			if d.Headers["id"] == e.ID {
+				t.Errorf("event %s committed before --start-lsn was delivered", e.ID)
+			}
+		}
+	}
+	run.stop(t)
+
+	// The slot is now past ends[1]: starting behind it is refused.
+	cfg.StartLSN = ends[0]
+	back := f.start(t, cfg)
+	select {
+	case err := <-back.done:
+		if err == nil || !strings.Contains(err.Error(), ends[0].String()) {
+			t.Fatalf("Run with a StartLSN behind the slot = %v; want a refusal naming %s", err, ends[0])
+		}
+		back.done <- err
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Run with a StartLSN behind the slot still running after 30s; want a refusal")
+	}
+}
