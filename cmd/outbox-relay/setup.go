@@ -13,7 +13,7 @@ func newSetupCmd(wrap wrapFunc) *cobra.Command {
 	var createOutbox bool
 	cmd := &cobra.Command{
 		Use:   "setup",
-		Short: "Create the checkpoint table, publication and replication slot if missing",
+		Short: "Create the checkpoint and retry tables, publication and replication slot if missing",
 		Long: `setup creates what the relay needs and is missing, and says what it found:
 the checkpoint table, (with --create-outbox-table) the outbox table, the
 publication of the outbox table (inserts only) and the logical replication slot
