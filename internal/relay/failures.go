@@ -112,25 +112,28 @@ type diverted struct {
 	ev    retry.Event
 }
 
-// origins returns the commit LSN and time of every message of c.
-func (c *chunk) origins() ([]pglogrepl.LSN, []time.Time) {
-	lsns := make([]pglogrepl.LSN, 0, len(c.msgs))
-	ats := make([]time.Time, 0, len(c.msgs))
+// origins are the commit LSN and time of every message of a chunk.
+type origins struct {
+	lsns []pglogrepl.LSN
+	ats  []time.Time
+}
+
+func (c *chunk) origins() *origins {
+	o := &origins{lsns: make([]pglogrepl.LSN, 0, len(c.msgs)), ats: make([]time.Time, 0, len(c.msgs))}
 	for _, run := range c.commits {
 		for range run.n {
-			lsns = append(lsns, run.lsn)
-			ats = append(ats, run.at)
+			o.lsns = append(o.lsns, run.lsn)
+			o.ats = append(o.ats, run.at)
 		}
 	}
-	return lsns, ats
+	return o
 }
 
 // divert splits c into the messages to write now and the events that go to
 // the retry table: route failures, and every event of an aggregate that is
 // blocked (before this chunk, or by a route failure earlier in it). It returns
 // the index in c.msgs of every message to write.
-func (r *Relay) divert(c *chunk) (send []kafka.Message, sendAt []int, out []diverted) {
-	lsns, ats := c.origins()
+func (r *Relay) divert(c *chunk, org *origins) (send []kafka.Message, sendAt []int, out []diverted) {
 	local := map[string]struct{}{}
 	r.gate.mu.Lock()
 	defer r.gate.mu.Unlock()
@@ -155,7 +158,7 @@ func (r *Relay) divert(c *chunk) (send []kafka.Message, sendAt []int, out []dive
 		m := &c.msgs[i]
 		agg := retry.Aggregate(m.Topic, m.Key)
 		if blocked(agg) {
-			ev := messageEvent(m, lsns[i], ats[i])
+			ev := messageEvent(m, org.lsns[i], org.ats[i])
 			ev.Aggregate = agg
 			ev.Waiting = true
 			ev.Reason = "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order"
@@ -227,13 +230,17 @@ func messageEvent(m *kafka.Message, lsn pglogrepl.LSN, at time.Time) retry.Event
 	return ev
 }
 
-// refused turns the sink's per-message failures into retry rows.
-func refused(we *sink.WriteError, send []kafka.Message, sendAt []int, lsns []pglogrepl.LSN, ats []time.Time) []diverted {
+// refused turns the sink's per-message failures into retry rows. sendAt maps
+// send to the chunk's messages; nil when send is all of them.
+func refused(we *sink.WriteError, send []kafka.Message, sendAt []int, org *origins) []diverted {
 	out := make([]diverted, 0, len(we.Failures))
 	for _, f := range we.Failures {
 		m := &send[f.Index]
-		i := sendAt[f.Index]
-		ev := messageEvent(m, lsns[i], ats[i])
+		i := f.Index
+		if sendAt != nil {
+			i = sendAt[f.Index]
+		}
+		ev := messageEvent(m, org.lsns[i], org.ats[i])
 		if errors.Is(f.Err, sink.ErrBehind) {
 			ev.Waiting = true
 			ev.Reason = "waiting behind an earlier event of the same aggregate that Kafka refused; delivered after it, in order"

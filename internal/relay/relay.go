@@ -496,13 +496,15 @@ func toKafka(m router.Message) kafka.Message {
 // write sends chunks to Kafka in order and reports what was acknowledged.
 func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) error {
 	for c := range in {
-		send, sendAt := c.msgs, []int(nil)
+		send, sendAt := c.msgs, []int(nil) // sendAt nil: send is c.msgs
 		var parked []diverted
+		var org *origins // computed on the failure path only, once
 		r.gate.mu.Lock()
 		anyBlocked := len(r.gate.blocked) > 0
 		r.gate.mu.Unlock()
 		if anyBlocked || len(c.fails) > 0 {
-			send, sendAt, parked = r.divert(c)
+			org = c.origins()
+			send, sendAt, parked = r.divert(c, org)
 		}
 		if len(send) > 0 {
 			if err := r.sink.Write(ctx, send); err != nil {
@@ -510,14 +512,10 @@ func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) err
 				if !errors.As(err, &we) {
 					return fmt.Errorf("write to kafka: %w", err)
 				}
-				if sendAt == nil {
-					sendAt = make([]int, len(send))
-					for i := range sendAt {
-						sendAt[i] = i
-					}
+				if org == nil {
+					org = c.origins()
 				}
-				lsns, ats := c.origins()
-				parked = append(parked, refused(we, send, sendAt, lsns, ats)...)
+				parked = append(parked, refused(we, send, sendAt, org)...)
 				send = acknowledged(send, we)
 			}
 		}
