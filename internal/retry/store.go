@@ -469,17 +469,3 @@ func (s *Store) Drop(ctx context.Context, ids []string) ([]int64, error) {
     DELETE FROM %s WHERE seq = ANY($1) RETURNING seq)
 SELECT seq FROM c ORDER BY seq`, s.table))
 }
-
-// Stats counts the pending and dead rows and returns the age of the oldest
-// pending one (0 when there is none), for metrics.
-func (s *Store) Stats(ctx context.Context) (pending, dead int, oldestPending time.Duration, err error) {
-	var secs float64
-	err = s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE status = 'pending'),
-    count(*) FILTER (WHERE status = 'dead'),
-    coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
-FROM %s`, s.table)).Scan(&pending, &dead, &secs)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("retry table stats: %w", err)
-	}
-	return pending, dead, time.Duration(secs * float64(time.Second)), nil
-}
