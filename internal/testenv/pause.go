@@ -15,37 +15,16 @@ import (
 // never answers. The caller must hold Exclusive.
 func PauseKafka(t testing.TB) {
 	t.Helper()
-	requireExclusive(t, "PauseKafka")
-	brokers := kafkaBrokers(t)
-	if c := containers.kafka; c != nil {
-		pauseContainer(t, c, true)
-		return
-	}
-	checkDevPort(t, "RELAY_DEV_KAFKA_PORT", defaultDevKafkaPort, brokerPort(brokers[0]))
-	runDev(t, "kafka-pause")
+	kafkaFault(t, "PauseKafka", "kafka-pause", func(t testing.TB, c testcontainers.Container) { pauseContainer(t, c, true) }, false)
 }
 
 // ResumeKafka thaws a broker frozen by PauseKafka and returns once it answers metadata
 // requests. The caller must hold Exclusive.
 func ResumeKafka(t testing.TB) {
 	t.Helper()
-	requireExclusive(t, "ResumeKafka")
-	brokers := kafkaBrokers(t)
-	if c := containers.kafka; c != nil {
-		pauseContainer(t, c, false)
-	} else {
-		checkDevPort(t, "RELAY_DEV_KAFKA_PORT", defaultDevKafkaPort, brokerPort(brokers[0]))
-		runDev(t, "kafka-resume")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := kafkaAnswers(ctx, brokers); err != nil {
-		t.Fatalf("testenv: ResumeKafka: %v", err)
-	}
+	kafkaFault(t, "ResumeKafka", "kafka-resume", func(t testing.TB, c testcontainers.Container) { pauseContainer(t, c, false) }, true)
 }
 
-// pauseContainer pauses or unpauses c through the Docker API: testcontainers has no
-// call of its own for it.
 func pauseContainer(t testing.TB, c testcontainers.Container, pause bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -53,6 +53,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+	"github.com/testcontainers/testcontainers-go"
 )
 
 const (
@@ -537,32 +538,36 @@ func readPartition(ctx context.Context, broker, topic string, partition int) ([]
 // it is gone. The caller must hold Exclusive.
 func StopKafka(t testing.TB) {
 	t.Helper()
-	requireExclusive(t, "StopKafka")
-	brokers := kafkaBrokers(t)
-	if c := containers.kafka; c != nil {
-		stopContainer(t, c)
-	} else {
-		checkDevPort(t, "RELAY_DEV_KAFKA_PORT", defaultDevKafkaPort, brokerPort(brokers[0]))
-		runDev(t, "kafka-kill")
-	}
+	kafkaFault(t, "StopKafka", "kafka-kill", stopContainer, false)
 }
 
 // StartKafka starts the broker again and returns once it answers metadata requests.
 // The caller must hold Exclusive.
 func StartKafka(t testing.TB) {
 	t.Helper()
-	requireExclusive(t, "StartKafka")
+	kafkaFault(t, "StartKafka", "kafka-start", startContainer, true)
+}
+
+// kafkaFault is the shape of every Kafka fault helper: check Exclusive, act on the
+// container or run the dev script (after checking it is the dev broker), and, with
+// wait, return only once the broker answers metadata requests.
+func kafkaFault(t testing.TB, name, devCmd string, container func(testing.TB, testcontainers.Container), wait bool) {
+	t.Helper()
+	requireExclusive(t, name)
 	brokers := kafkaBrokers(t)
 	if c := containers.kafka; c != nil {
-		startContainer(t, c)
+		container(t, c)
 	} else {
 		checkDevPort(t, "RELAY_DEV_KAFKA_PORT", defaultDevKafkaPort, brokerPort(brokers[0]))
-		runDev(t, "kafka-start")
+		runDev(t, devCmd)
+	}
+	if !wait {
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := kafkaAnswers(ctx, brokers); err != nil {
-		t.Fatalf("testenv: StartKafka: %v", err)
+		t.Fatalf("testenv: %s: %v", name, err)
 	}
 }
 
