@@ -14,9 +14,17 @@
 //   - A NULL payload gives a nil value (a Kafka null value, tombstone-like), as
 //     Debezium's outbox router does.
 //   - A row that cannot be routed (a NULL or empty id, aggregate type or
-//     aggregate id, an illegal topic name, headers that are not a JSON object, a
-//     mapped column missing from the table) gives a *RouteError saying what is
+//     aggregate id, an illegal topic name) gives a *RouteError saying what is
 //     wrong and how to fix it; it never panics and never guesses a topic.
+//   - A table that no longer has a mapped column (dropped, renamed) gives a
+//     *SchemaError: no row of that table can be delivered whole, so the caller
+//     must stop before confirming it, rather than store empty events.
+//   - The event's identity and the relay's own headers (id, event_type,
+//     aggregate_type) come from their columns only. The headers column can
+//     add headers but never duplicate or override those: an entry with one of
+//     their names is dropped and counted (Message.DroppedHeaders). A headers
+//     value that is not a JSON object does not stop delivery either: the
+//     event goes without extra headers and Message.BadHeaders says why.
 //   - Kafka topic names are checked against Kafka's rules (ASCII letters,
 //     digits, '.', '_', '-'; 1 to 249 characters; not "." or "..") before a
 //     Message is returned.
@@ -32,6 +40,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -49,10 +58,47 @@ type Message struct {
 	Topic   string
 	Key     []byte   // aggregate id
 	Value   []byte   // payload bytes as stored; nil when the payload is NULL
-	Headers []Header // id, event_type, aggregate_type, then the headers column's entries in stored order
+	Headers []Header // Headers(id, event_type, aggregate_type, Extra)
+
+	// Extra are the headers column's entries in stored order, without the
+	// names the relay sets: what the retry table stores, so that a retried
+	// event gets the same Headers.
+	Extra []Header
+	// DroppedHeaders counts the headers column's entries dropped because
+	// they used a name the relay sets.
+	DroppedHeaders int
+	// BadHeaders, when not empty, says why the headers column's value was
+	// ignored (not a JSON object); the event is delivered without it.
+	BadHeaders string
 
 	// For logs, metrics and the retry table.
 	EventID, AggregateType, AggregateID, EventType string
+}
+
+// Reserved reports whether name is a header the relay sets itself, which
+// the headers column cannot override.
+func Reserved(name string) bool {
+	return name == HeaderID || name == HeaderEventType || name == HeaderAggregateType
+}
+
+// Headers returns an event's Kafka headers: the relay's own (id, event_type,
+// aggregate_type, in that order), then the entries of extra whose names are
+// not among those, in order. dropped counts the entries left out. The
+// pipeline and the retry worker both build headers here, so an event carries
+// the same headers whichever path delivers it.
+func Headers(id, eventType, aggregateType []byte, extra []Header) (hs []Header, dropped int) {
+	hs = make([]Header, 3, 3+len(extra))
+	hs[0] = Header{Key: HeaderID, Value: id}
+	hs[1] = Header{Key: HeaderEventType, Value: eventType}
+	hs[2] = Header{Key: HeaderAggregateType, Value: aggregateType}
+	for _, h := range extra {
+		if Reserved(h.Key) {
+			dropped++
+			continue
+		}
+		hs = append(hs, h)
+	}
+	return hs, dropped
 }
 
 // Header names set on every message; the names Debezium's outbox router uses
@@ -85,6 +131,20 @@ func (e *RouteError) Error() string {
 
 func (e *RouteError) Unwrap() error { return e.Err }
 
+// A SchemaError says that the outbox table, as the WAL now describes it, no
+// longer fits the configured columns (a mapped column was dropped, renamed,
+// or the row does not match its relation). Every later event of the table
+// would be incomplete, so it is not a per-event failure: the caller stops
+// before confirming the event, and the operator fixes the table or the
+// config and restarts.
+type SchemaError struct {
+	Table  string // as schema.table
+	Column string // the missing column, "" when the row itself is malformed
+	Reason string // what is wrong and how to fix it
+}
+
+func (e *SchemaError) Error() string { return "outbox table " + e.Table + " changed: " + e.Reason }
+
 // byteaOID is the type OID of bytea, whose pgoutput text form is hex.
 const byteaOID = 17
 
@@ -111,7 +171,7 @@ type positions struct {
 	id, aggregateType, aggregateID, eventType, payload, headers int // headers -1: none
 	payloadBytea                                                bool
 	max                                                         int // highest position used
-	err                                                         *RouteError
+	err                                                         *SchemaError
 }
 
 // New validates cfg, fills its defaults and returns a Router. A bad template
@@ -229,8 +289,8 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		return Message{}, pos.err
 	}
 	if len(row.Values) <= pos.max {
-		return Message{}, &RouteError{Reason: fmt.Sprintf("the row has %d values but table %s needs column %d: the row does not match its relation (a decoder bug; please report it)",
-			len(row.Values), relName(row.Relation), pos.max+1)}
+		return Message{}, &SchemaError{Table: relName(row.Relation), Reason: fmt.Sprintf("the row has %d values but the table needs column %d: the row does not match its relation (a decoder bug; please report it)",
+			len(row.Values), pos.max+1)}
 	}
 	// m collects what could be read, so that a failed event can be stored
 	// for retry with its fields (see RouteError).
@@ -244,6 +304,9 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 	m.AggregateID = string(row.Values[pos.aggregateID])
 	m.Key = row.Values[pos.aggregateID]
 	m.EventType = string(row.Values[pos.eventType])
+	if pos.headers >= 0 {
+		r.extraHeaders(&m, row.Values[pos.headers])
+	}
 	if len(id) == 0 {
 		return m, &RouteError{Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
 	}
@@ -273,26 +336,26 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		}
 		value = v
 	}
-
-	var extra []byte
-	if pos.headers >= 0 {
-		extra = row.Values[pos.headers]
-	}
-	headers := make([]Header, 3, 3+estimateHeaders(extra))
-	headers[0] = Header{Key: HeaderID, Value: id}
-	headers[1] = Header{Key: HeaderEventType, Value: eventType}
-	headers[2] = Header{Key: HeaderAggregateType, Value: aggType}
-	if extra != nil {
-		var err error
-		headers, err = appendJSONHeaders(headers, extra)
-		if err != nil {
-			return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the headers column %q must be NULL or a JSON object of header names to values", r.cols.Headers), Err: err}
-		}
-	}
-
 	m.Value = value
-	m.Headers = headers
+	m.Headers, _ = Headers(id, eventType, aggType, m.Extra) // Extra holds no reserved name
 	return m, nil
+}
+
+// extraHeaders reads the headers column into m.Extra, leaving out reserved
+// names (counted in m.DroppedHeaders). A value that is not a JSON object is
+// ignored with m.BadHeaders saying why: an optional header is not worth an
+// event.
+func (r *Router) extraHeaders(m *Message, b []byte) {
+	if b == nil || string(b) == "null" { // SQL NULL, or JSON null: no extra headers
+		return
+	}
+	hs, err := appendJSONHeaders(make([]Header, 0, estimateHeaders(b)), b)
+	if err != nil {
+		m.BadHeaders = fmt.Sprintf("the headers column %q is not a JSON object of header names to values (%v): the event is delivered without its extra headers", r.cols.Headers, err)
+		return
+	}
+	m.Extra = slices.DeleteFunc(hs, func(h Header) bool { return Reserved(h.Key) })
+	m.DroppedHeaders = len(hs) - len(m.Extra)
 }
 
 // positions returns the cached column positions for rel, resolving them on
@@ -308,22 +371,23 @@ func (r *Router) positions(rel *replication.Relation) *positions {
 
 func (r *Router) resolve(rel *replication.Relation) positions {
 	if rel == nil {
-		return positions{err: &RouteError{Reason: "the row has no relation (a decoder bug; please report it)"}}
+		return positions{err: &SchemaError{Reason: "the row has no relation (a decoder bug; please report it)"}}
 	}
-	find := func(name, key string) (int, *RouteError) {
+	find := func(name, key string) (int, *SchemaError) {
 		for i, c := range rel.Columns {
 			if c.Name == name {
 				return i, nil
 			}
 		}
-		reason := fmt.Sprintf("table %s has no column %q: set %s%s to the column's name", relName(rel), name, keyColumns, key)
+		reason := fmt.Sprintf("it has no column %q (dropped or renamed while the relay ran): restore the column, or set %s%s to its new name", name, keyColumns, key)
 		if key == "headers" {
-			reason += fmt.Sprintf(", or to %q if the table has no headers column", NoHeaders)
+			reason += fmt.Sprintf(" (or to %q to send no extra headers)", NoHeaders)
 		}
-		return -1, &RouteError{Reason: reason}
+		reason += ", then restart the relay; no event from this change on was confirmed, so none is lost"
+		return -1, &SchemaError{Table: relName(rel), Column: name, Reason: reason}
 	}
 	var p positions
-	var err *RouteError
+	var err *SchemaError
 	cols := []struct {
 		dst       *int
 		name, key string

@@ -270,12 +270,6 @@ func TestRouteErrors(t *testing.T) {
 		{"empty aggregate type", row("e1", "", "o-1", "Created", "{}", "<nil>"), "e1", []string{`"aggregate_type"`}},
 		{"null aggregate id", row("e1", "Order", "<nil>", "Created", "{}", "<nil>"), "e1", []string{`"aggregate_id"`}},
 		{"illegal topic", row("e1", "Order Line", "o-1", "Created", "{}", "<nil>"), "e1", []string{`"outbox.event.Order Line"`, `"Order Line"`}},
-		{"headers array", row("e1", "Order", "o-1", "Created", "{}", `["a"]`), "e1", []string{`"headers"`, "JSON object"}},
-		{"headers string", row("e1", "Order", "o-1", "Created", "{}", `"a"`), "e1", []string{"JSON object"}},
-		{"headers not JSON", row("e1", "Order", "o-1", "Created", "{}", `{"a":`), "e1", []string{"not valid JSON"}},
-		{"headers empty text", row("e1", "Order", "o-1", "Created", "{}", ``), "e1", []string{"not valid JSON"}},
-		{"short row", replication.Row{Relation: outbox, Values: [][]byte{[]byte("e1")}}, "", []string{"does not match"}},
-		{"no relation", replication.Row{Values: [][]byte{[]byte("e1")}}, "", []string{"no relation"}},
 	}
 	r := mustNew(t, router.Config{})
 	for _, tt := range tests {
@@ -294,6 +288,79 @@ func TestRouteErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A malformed row or a missing relation is not one event's fault: every
+// event after it would be incomplete, so it is a *SchemaError.
+func TestRouteSchemaErrors(t *testing.T) {
+	r := mustNew(t, router.Config{})
+	for name, rw := range map[string]replication.Row{
+		"short row":   {Relation: outbox, Values: [][]byte{[]byte("e1")}},
+		"no relation": {Values: [][]byte{[]byte("e1")}},
+	} {
+		var se *router.SchemaError
+		if _, err := r.Route(rw); !errors.As(err, &se) {
+			t.Errorf("Route(%s) = %v; want a *SchemaError", name, err)
+		}
+	}
+}
+
+// The headers column can add headers, never override or duplicate the
+// relay's own; and a value that is not a JSON object costs the event its
+// extra headers, not its delivery.
+func TestRouteHeadersColumn(t *testing.T) {
+	const base = "id=e1 event_type=Created aggregate_type=Order"
+	tests := []struct {
+		name, headers, want string
+		dropped             int
+		bad                 bool
+	}{
+		{"id in headers", `{"id": "DUP", "x": "1"}`, base + " x=1", 1, false},
+		{"every reserved name", `{"event_type": "X", "aggregate_type": "Y", "id": "", "id": "again"}`, base, 4, false},
+		{"similar names kept", `{"ID": "a", "id ": "b", "Id": "c"}`, base + " ID=a id =b Id=c", 0, false},
+		{"array", `["a"]`, base, 0, true},
+		{"string", `"a"`, base, 0, true},
+		{"number", `42`, base, 0, true},
+		{"JSON null", `null`, base, 0, false},
+		{"not JSON", `{"a":`, base, 0, true},
+		{"empty text", ``, base, 0, true},
+	}
+	r := mustNew(t, router.Config{})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := r.Route(row("e1", "Order", "o-1", "Created", "{}", tt.headers))
+			if err != nil {
+				t.Fatalf("Route(headers %q) = %v; want the event delivered", tt.headers, err)
+			}
+			if got := headersString(m.Headers); got != tt.want {
+				t.Errorf("Route(headers %q).Headers = %q; want %q", tt.headers, got, tt.want)
+			}
+			if m.DroppedHeaders != tt.dropped {
+				t.Errorf("Route(headers %q).DroppedHeaders = %d; want %d", tt.headers, m.DroppedHeaders, tt.dropped)
+			}
+			if (m.BadHeaders != "") != tt.bad {
+				t.Errorf("Route(headers %q).BadHeaders = %q; want bad = %t", tt.headers, m.BadHeaders, tt.bad)
+			}
+		})
+	}
+}
+
+// A route failure keeps the headers column's entries: a requeued event must
+// reach Kafka with them.
+func TestRouteErrorKeepsExtraHeaders(t *testing.T) {
+	r := mustNew(t, router.Config{})
+	m, err := r.Route(row("e1", "Bad Type", "o-1", "Created", "{}", `{"trace": "t-1", "id": "DUP"}`))
+	var re *router.RouteError
+	if !errors.As(err, &re) {
+		t.Fatalf("Route(bad type) = %v; want a *RouteError", err)
+	}
+	if got := headersString(m.Extra); got != "trace=t-1" {
+		t.Errorf("Route(bad type).Extra = %q; want %q", got, "trace=t-1")
+	}
+	hs, dropped := router.Headers([]byte("e1"), []byte("Created"), []byte("Bad"), append(m.Extra, router.Header{Key: "id", Value: []byte("x")}))
+	if got := headersString(hs); got != "id=e1 event_type=Created aggregate_type=Bad trace=t-1" || dropped != 1 {
+		t.Errorf("Headers(...) = %q, %d; want the relay's three, then trace, and 1 dropped", got, dropped)
 	}
 }
 
@@ -345,8 +412,9 @@ func TestRouteRelationChange(t *testing.T) {
 		{Name: "event_type", TypeOID: oidText}, {Name: "data", TypeOID: oidJSONB}, {Name: "headers", TypeOID: oidJSONB},
 	}}
 	_, err = r.Route(replication.Row{Relation: dropped, Values: make([][]byte, 6)})
-	if err == nil || !strings.Contains(err.Error(), "outbox.columns.payload") || !strings.Contains(err.Error(), `"payload"`) {
-		t.Errorf("Route(table without payload) = %v; want an error naming column \"payload\" and outbox.columns.payload", err)
+	var se *router.SchemaError
+	if !errors.As(err, &se) || se.Column != "payload" || !strings.Contains(err.Error(), "outbox.columns.payload") || !strings.Contains(err.Error(), `"payload"`) {
+		t.Errorf("Route(table without payload) = %v; want a *SchemaError naming column \"payload\" and outbox.columns.payload", err)
 	}
 
 	// And back to the original table.

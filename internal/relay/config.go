@@ -32,6 +32,11 @@ type Config struct {
 	// the slot's position (operator's --start-lsn). Moving backwards behind the
 	// slot is refused: the server has already discarded that WAL for this slot.
 	StartLSN pglogrepl.LSN
+	// StartLSNForce allows a StartLSN beyond the server's current WAL
+	// position (operator's --force): every event committed before the WAL
+	// reaches it is then skipped for good. Without it such a StartLSN is
+	// refused at start-up.
+	StartLSNForce bool
 
 	ShutdownTimeout time.Duration // default 30s: drain budget after ctx is cancelled
 	Logger          *slog.Logger
