@@ -38,6 +38,12 @@
 //	retry_dead_events                     gauge     dead letters (sampled)
 //	retry_oldest_pending_age_seconds      gauge     age of the oldest pending retry, 0 when none (sampled)
 //	sample_errors_total                   counter   failed samples (the log says why)
+//	headers_dropped_total                 counter   headers-column entries dropped: named id, event_type or aggregate_type
+//	headers_invalid_total                 counter   events whose headers column was not a JSON object (delivered without it)
+//	schema_stops_total                    counter   stops because the outbox table lost a mapped column
+//	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
+//	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
+//	stalled_seconds                       gauge     how long the WAL has been ahead of the confirmed LSN without progress; 0 when not
 package metrics
 
 import (
@@ -65,6 +71,11 @@ type Metrics struct {
 	sampleErrors                prometheus.Counter
 	retryAttempts, retryOK      prometheus.Counter
 	retryDead                   prometheus.Counter
+	headersDropped              prometheus.Counter
+	headersInvalid              prometheus.Counter
+	schemaStops                 prometheus.Counter
+	ready, stalled              prometheus.Gauge
+	failing                     *prometheus.GaugeVec
 	sampled                     *sampled
 
 	topics sync.Map // topic name -> *Topic
@@ -108,10 +119,18 @@ func New() *Metrics {
 	m.retryAttempts = counter("retry_attempts_total", "Deliveries of retry-table rows attempted by this process's worker (attempts cut short by a Kafka outage not counted).")
 	m.retryOK = counter("retry_delivered_total", "Retry-table rows this process's worker delivered to Kafka.")
 	m.retryDead = counter("retry_dead_lettered_total", "Retry-table rows this process's worker moved to dead.")
+	m.headersDropped = counter("headers_dropped_total", "Entries of the headers column dropped because they used a header name the relay sets (id, event_type, aggregate_type).")
+	m.headersInvalid = counter("headers_invalid_total", "Events whose headers column held something other than a JSON object; they were delivered without extra headers.")
+	m.schemaStops = counter("schema_stops_total", "Times the relay stopped because the outbox table no longer has a mapped column.")
+	m.ready = gauge("ready", "1 when every health check passes (what /readyz reports, less its live Kafka ping), else 0.")
+	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
+	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "health_failing",
+		Help: "1 while a health check fails, by check: replication, kafka, retry_table, checkpoint, stalled."}, []string{"check"})
 	m.sampled = &sampled{}
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
-		m.retryAttempts, m.retryOK, m.retryDead,
+		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops,
+		m.ready, m.stalled, m.failing,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -255,4 +274,49 @@ func (m *Metrics) IgnoredChange(kind string) {
 	if m != nil {
 		m.ignored.WithLabelValues(kind).Inc()
 	}
+}
+
+// HeadersDropped counts n headers-column entries dropped for using a name the
+// relay sets.
+func (m *Metrics) HeadersDropped(n int) {
+	if m != nil {
+		m.headersDropped.Add(float64(n))
+	}
+}
+
+// HeadersInvalid counts one event whose headers column was ignored.
+func (m *Metrics) HeadersInvalid() {
+	if m != nil {
+		m.headersInvalid.Inc()
+	}
+}
+
+// SchemaStop counts one stop for a mapped column missing from the outbox table.
+func (m *Metrics) SchemaStop() {
+	if m != nil {
+		m.schemaStops.Inc()
+	}
+}
+
+// HealthChecks are the checks SetHealth reports, in a fixed order so that
+// every series exists from the start.
+var HealthChecks = []string{"replication", "kafka", "retry_table", "checkpoint", "stalled"}
+
+// SetHealth records the health checks' state: failing holds the checks that
+// fail now (names from HealthChecks), stalled how long the pipeline has made
+// no progress while behind.
+func (m *Metrics) SetHealth(failing map[string]bool, stalled time.Duration) {
+	if m == nil {
+		return
+	}
+	ready := 1.0
+	for _, c := range HealthChecks {
+		v := 0.0
+		if failing[c] {
+			v, ready = 1, 0
+		}
+		m.failing.WithLabelValues(c).Set(v)
+	}
+	m.ready.Set(ready)
+	m.stalled.Set(stalled.Seconds())
 }

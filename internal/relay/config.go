@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -13,6 +14,13 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// Bounds of the in-flight window (Config.MaxInFlightEvents, MaxInFlightBytes).
+const (
+	MaxInFlightEventsLimit = 10_000_000
+	MinInFlightBytes       = 64 << 10
+	MaxInFlightBytesLimit  = 16 << 30
 )
 
 // Config configures a Relay. Zero values mean the documented defaults.
@@ -39,7 +47,12 @@ type Config struct {
 	StartLSNForce bool
 
 	ShutdownTimeout time.Duration // default 30s: drain budget after ctx is cancelled
-	Logger          *slog.Logger
+
+	// StallAfter is how long the WAL may be ahead of the confirmed LSN with no
+	// progress before /readyz, the metrics and the log call the relay stalled.
+	// Default 60s.
+	StallAfter time.Duration
+	Logger     *slog.Logger
 
 	// Metrics, when set, records the pipeline's figures; MetricsListen, when
 	// not empty, serves them with /healthz and /readyz (see Relay.Ready).
@@ -84,6 +97,17 @@ func (c *Config) validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = time.Minute
+	}
+	// The window is memory: bounds that a typo cannot pass (2^63 bytes
+	// overflowed the soft memory limit derived from it).
+	if c.MaxInFlightEvents > MaxInFlightEventsLimit {
+		return fmt.Errorf("pipeline.max_in_flight_events is %d, above the limit of %d: lower it (the default is 50000)", c.MaxInFlightEvents, MaxInFlightEventsLimit)
+	}
+	if c.MaxInFlightBytes > MaxInFlightBytesLimit || c.MaxInFlightBytes < MinInFlightBytes {
+		return fmt.Errorf("pipeline.max_in_flight_bytes is %d: it must be between %d (64 KiB) and %d (16 GiB); the default is 8 MiB", c.MaxInFlightBytes, MinInFlightBytes, MaxInFlightBytesLimit)
 	}
 	if c.Sink.BatchSize <= 0 {
 		c.Sink.BatchSize = 10000

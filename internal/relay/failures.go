@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -99,11 +98,8 @@ func (g *gate) sweep(ctx context.Context, interval time.Duration) {
 // place among the messages.
 type routeFailure struct {
 	before int // number of c.msgs before it
-	msg    router.Message
+	ev     event
 	err    error
-	lsn    pglogrepl.LSN // commit LSN of its transaction
-	at     time.Time     // commit time
-	n      int           // its position in the transaction, for EventKey
 }
 
 // diverted is an event bound for the retry table, with its place in the chunk.
@@ -112,28 +108,11 @@ type diverted struct {
 	ev    retry.Event
 }
 
-// origins are the commit LSN and time of every message of a chunk.
-type origins struct {
-	lsns []pglogrepl.LSN
-	ats  []time.Time
-}
-
-func (c *chunk) origins() *origins {
-	o := &origins{lsns: make([]pglogrepl.LSN, 0, len(c.msgs)), ats: make([]time.Time, 0, len(c.msgs))}
-	for _, run := range c.commits {
-		for range run.n {
-			o.lsns = append(o.lsns, run.lsn)
-			o.ats = append(o.ats, run.at)
-		}
-	}
-	return o
-}
-
 // divert splits c into the messages to write now and the events that go to
 // the retry table: route failures, and every event of an aggregate that is
 // blocked (before this chunk, or by a route failure earlier in it). It returns
 // the index in c.msgs of every message to write.
-func (r *Relay) divert(c *chunk, org *origins) (send []kafka.Message, sendAt []int, out []diverted) {
+func (r *Relay) divert(c *chunk) (send []kafka.Message, sendAt []int, out []diverted) {
 	local := map[string]struct{}{}
 	r.gate.mu.Lock()
 	defer r.gate.mu.Unlock()
@@ -158,7 +137,7 @@ func (r *Relay) divert(c *chunk, org *origins) (send []kafka.Message, sendAt []i
 		m := &c.msgs[i]
 		agg := retry.Aggregate(m.Topic, m.Key)
 		if blocked(agg) {
-			ev := messageEvent(m, org.lsns[i], org.ats[i])
+			ev := retryEvent(&c.evs[i])
 			ev.Aggregate = agg
 			ev.Waiting = true
 			ev.Reason = "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order"
@@ -176,76 +155,64 @@ func (r *Relay) divert(c *chunk, org *origins) (send []kafka.Message, sendAt []i
 // failures are permanent: the row goes dead at once, for an operator to fix
 // the routing config (the worker routes again) or the data, and requeue.
 func failureEvent(f *routeFailure) retry.Event {
-	m := f.msg
-	agg := retry.UnroutableAggregate(m.AggregateType, m.AggregateID)
-	if m.Topic != "" && m.AggregateID != "" {
-		agg = retry.Aggregate(m.Topic, m.Key)
+	ev := retryEvent(&f.ev)
+	m := &f.ev.msg
+	if m.Topic == "" || m.AggregateID == "" {
+		ev.Aggregate = retry.UnroutableAggregate(m.AggregateType, m.AggregateID)
 	}
 	reason := f.err.Error()
 	var re *router.RouteError
 	if errors.As(f.err, &re) && re.Reason != "" {
 		reason = re.Reason
 	}
-	return retry.Event{
-		EventKey:      retry.EventKey(m.EventID, f.lsn, f.n),
+	ev.Reason = "cannot route the event: " + reason + "; then requeue it"
+	ev.Permanent = true
+	return ev
+}
+
+// retryEvent is the retry row of an event, from its envelope: its identity
+// is its place in the WAL and its id column, never its headers. Headers
+// holds the headers column's entries only; the worker adds the relay's own
+// from the row's columns, as the router does.
+func retryEvent(e *event) retry.Event {
+	m := &e.msg
+	ev := retry.Event{
+		EventKey:      positionKey(e.lsn, e.n),
 		EventID:       m.EventID,
-		Aggregate:     agg,
+		Aggregate:     retry.Aggregate(m.Topic, m.Key),
 		AggregateType: m.AggregateType,
 		AggregateID:   m.AggregateID,
 		EventType:     m.EventType,
 		Topic:         m.Topic,
 		Key:           m.Key,
 		Value:         m.Value,
-		SourceLSN:     f.lsn,
-		CommitTime:    f.at,
-		Reason:        "cannot route the event: " + reason + "; then requeue it",
-		Permanent:     true,
+		SourceLSN:     e.lsn,
+		CommitTime:    e.at,
 	}
-}
-
-// messageEvent is the retry row of a routed message.
-func messageEvent(m *kafka.Message, lsn pglogrepl.LSN, at time.Time) retry.Event {
-	ev := retry.Event{
-		Aggregate:   retry.Aggregate(m.Topic, m.Key),
-		AggregateID: string(m.Key),
-		Topic:       m.Topic,
-		Key:         m.Key,
-		Value:       m.Value,
-		SourceLSN:   lsn,
-		CommitTime:  at,
-		Headers:     make([]retry.Header, len(m.Headers)),
-	}
-	for i, h := range m.Headers {
-		ev.Headers[i] = retry.Header{Key: h.Key, Value: h.Value}
-		switch h.Key {
-		case router.HeaderID:
-			ev.EventID = string(h.Value)
-		case router.HeaderEventType:
-			ev.EventType = string(h.Value)
-		case router.HeaderAggregateType:
-			ev.AggregateType = string(h.Value)
+	if len(m.Extra) > 0 {
+		ev.Headers = make([]retry.Header, len(m.Extra))
+		for i, h := range m.Extra {
+			ev.Headers[i] = retry.Header{Key: h.Key, Value: h.Value}
 		}
 	}
-	ev.EventKey = ev.EventID
 	return ev
 }
 
 // refused turns the sink's per-message failures into retry rows. sendAt maps
 // send to the chunk's messages; nil when send is all of them.
-func refused(we *sink.WriteError, send []kafka.Message, sendAt []int, org *origins) []diverted {
+func refused(we *sink.WriteError, c *chunk, send []kafka.Message, sendAt []int) []diverted {
 	out := make([]diverted, 0, len(we.Failures))
 	for _, f := range we.Failures {
-		m := &send[f.Index]
 		i := f.Index
 		if sendAt != nil {
 			i = sendAt[f.Index]
 		}
-		ev := messageEvent(m, org.lsns[i], org.ats[i])
+		ev := retryEvent(&c.evs[i])
 		if errors.Is(f.Err, sink.ErrBehind) {
 			ev.Waiting = true
 			ev.Reason = "waiting behind an earlier event of the same aggregate that Kafka refused; delivered after it, in order"
 		} else {
-			ev.Reason = retry.SinkReason(f.Err, *m)
+			ev.Reason = retry.SinkReason(f.Err, send[f.Index])
 			ev.Permanent = sink.Permanent(f.Err)
 		}
 		out = append(out, diverted{place: 2*i + 1, ev: ev})
@@ -262,7 +229,7 @@ func (r *Relay) park(ctx context.Context, ds []diverted) error {
 	for i, d := range ds {
 		evs[i] = d.ev
 	}
-	err := persist(ctx, r.log, fmt.Sprintf("write %d events to the retry table", len(evs)), func() error {
+	err := persist(ctx, r.log, fmt.Sprintf("write %d events to the retry table (nothing after them is confirmed until they are stored)", len(evs)), r.health.watch("retry_table", func() error {
 		r.gate.mu.Lock()
 		defer r.gate.mu.Unlock()
 		if err := r.gate.store.Insert(ctx, evs); err != nil {
@@ -272,7 +239,7 @@ func (r *Relay) park(ctx context.Context, ds []diverted) error {
 			r.gate.blocked[ev.Aggregate] = struct{}{}
 		}
 		return nil
-	})
+	}))
 	if err != nil {
 		return err
 	}

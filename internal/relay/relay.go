@@ -19,9 +19,20 @@
 //     MaxInFlightEvents, plus the rest of a transaction that is being read (a
 //     checkpoint can only fall on a transaction's end).
 //   - Per-aggregate order: events keep commit order from the stream to the
-//     sink, whose contract keeps per-key order.
-//   - An event the router cannot route stops the relay before its LSN can be
-//     confirmed; nothing is dropped.
+//     sink, whose contract keeps per-key order. An event that fails on its own
+//     (unroutable, refused by Kafka) goes to the retry table in its place, and
+//     while an aggregate has a row there its later events go there too,
+//     behind it (the gate).
+//   - Nothing is confirmed past an event that is neither acknowledged by
+//     Kafka nor stored in the retry table: a retry-table write that fails is
+//     retried, and reported by Ready, until it succeeds.
+//   - An event's identity is its row's id column and its place in the WAL
+//     (commit LSN, position in the transaction), carried in its envelope
+//     (event) from the router to the retry table; it is never read back from
+//     Kafka headers.
+//   - A change of the outbox table that leaves a mapped column missing stops
+//     the relay before the first event it affects is confirmed
+//     (router.SchemaError): no event is stored or sent incomplete.
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
@@ -59,6 +70,17 @@ import (
 // on the next start.
 var ErrDrainTimeout = errors.New("relay: shutdown drain timed out")
 
+// FutureStartError refuses a StartLSN beyond the server's current WAL
+// position without StartLSNForce.
+type FutureStartError struct {
+	Requested, Current pglogrepl.LSN
+}
+
+func (e *FutureStartError) Error() string {
+	return fmt.Sprintf("--start-lsn %s is beyond the server's current WAL position %s: every event committed before the WAL reaches it would be skipped; give a position at or before %s, or add --force if that is really meant",
+		e.Requested, e.Current, e.Current)
+}
+
 // Relay streams outbox inserts from a replication slot to Kafka.
 type Relay struct {
 	cfg    Config
@@ -70,11 +92,13 @@ type Relay struct {
 	schema string // outbox table, split
 	table  string
 
-	isOutbox map[*replication.Relation]bool // route stage only
+	isOutbox       map[*replication.Relation]bool // route stage only
+	lastBadHeaders time.Time                      // route stage only
 
 	m      *metrics.Metrics // nil records nothing
 	tableM *metrics.Table
 	gate   *gate
+	health *health
 }
 
 // New validates cfg and fills defaults. It neither dials nor starts goroutines.
@@ -103,6 +127,7 @@ func New(cfg Config) (*Relay, error) {
 		isOutbox: make(map[*replication.Relation]bool),
 		m:        cfg.Metrics,
 		tableM:   cfg.Metrics.Table(cfg.Table),
+		health:   newHealth(cfg.StallAfter, cfg.Logger),
 	}, nil
 }
 
@@ -176,7 +201,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		store: store, stream: r.stream, win: r.win, log: r.log, m: r.m,
 		slot: r.cfg.Replication.Slot, interval: r.cfg.CheckpointInterval,
 		urgent: r.cfg.MaxInFlightEvents / 2, saved: start,
-		notify: make(chan struct{}, 1),
+		notify: make(chan struct{}, 1), health: r.health,
 	}
 
 	if r.m != nil {
@@ -208,9 +233,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	g.Go(func() error { return ignoreCanceled(worker.Run(streamCtx)) })
-	if r.m != nil {
-		g.Go(func() error { r.pumpStats(streamCtx, worker); return nil })
-	}
+	g.Go(func() error { r.pumpStats(streamCtx, worker); return nil })
 	g.Go(func() error { r.gate.sweep(streamCtx, 30*time.Second); return nil })
 	g.Go(func() error { return r.route(ctx.Done(), gctx, batches, chunks) })
 	g.Go(func() error { return r.write(gctx, chunks, com) })
@@ -236,20 +259,28 @@ func (r *Relay) Run(ctx context.Context) error {
 	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
 }
 
-// Ready reports whether the relay is streaming from Postgres and Kafka
-// answers: what /readyz serves.
+// Ready reports whether the relay is streaming and delivering: what /readyz
+// serves. It fails while the replication connection is down, while Kafka is
+// unreachable (the writer is retrying a broker-wide failure, or a fresh ping
+// gets no answer), while the retry table or the checkpoint table refuses
+// writes, and while the pipeline is stalled (see health). The error lists
+// every failing check.
 func (r *Relay) Ready(ctx context.Context) error {
-	if !r.stream.Stats().Streaming {
-		return errors.New("not streaming: the replication connection is down (see the log)")
+	since, cause := sinkOutage(r.sink)
+	_, why := r.health.failing(time.Now(), r.stream.Stats().Streaming, since, cause)
+	if since.IsZero() {
+		if err := r.sink.Ping(ctx); err != nil {
+			why = append(why, fmt.Sprintf("kafka unreachable: %v", err))
+		}
 	}
-	if err := r.sink.Ping(ctx); err != nil {
-		return fmt.Errorf("kafka unreachable: %w", err)
+	if len(why) > 0 {
+		return errors.New(strings.Join(why, "; "))
 	}
 	return nil
 }
 
-// pumpStats turns the stream's and the retry worker's counters into metrics
-// once a second.
+// pumpStats turns the stream's and the retry worker's counters into metrics,
+// and samples the health checks, once a second.
 func (r *Relay) pumpStats(ctx context.Context, worker *retry.Worker) {
 	var last replication.Stats
 	var lastW retry.WorkerStats
@@ -262,6 +293,15 @@ func (r *Relay) pumpStats(ctx context.Context, worker *retry.Worker) {
 		case <-t.C:
 		}
 		st := r.stream.Stats()
+		now := time.Now()
+		r.health.sample(st.ConfirmedLSN, st.ServerWALEnd, now)
+		since, cause := sinkOutage(r.sink)
+		failing, why := r.health.failing(now, st.Streaming, since, cause)
+		r.m.SetHealth(failing, r.health.stalledFor(now))
+		r.health.warn(now, why)
+		if r.m == nil {
+			continue
+		}
 		for range st.Reconnects - last.Reconnects {
 			r.m.Reconnected()
 		}
@@ -318,6 +358,23 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 		return 0, err
 	}
 	if r.cfg.StartLSN != 0 {
+		// A position the WAL has not reached yet would skip every event
+		// committed until it does, silently: refuse it unless forced.
+		var current string
+		if err := pool.QueryRow(ctx, `SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text`).Scan(&current); err != nil {
+			return 0, fmt.Errorf("read the current WAL position: %w", err)
+		}
+		cur, err := pglogrepl.ParseLSN(current)
+		if err != nil {
+			return 0, fmt.Errorf("parse the current WAL position %q: %w", current, err)
+		}
+		if r.cfg.StartLSN > cur {
+			if !r.cfg.StartLSNForce {
+				return 0, &FutureStartError{Requested: r.cfg.StartLSN, Current: cur}
+			}
+			r.log.Warn("--start-lsn is AHEAD of the server's WAL, as forced: every event committed before the WAL reaches it is skipped for good",
+				"start_lsn", r.cfg.StartLSN.String(), "current_wal_lsn", cur.String())
+		}
 		r.log.Warn("starting at the operator's --start-lsn: transactions committed before it are NOT delivered",
 			"start_lsn", start.String(), "checkpoint", cp.LSN.String(), "slot_confirmed_flush_lsn", slotLSN.String())
 	}
@@ -329,16 +386,27 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 // A chunk is what the route stage hands the writer: messages in commit order
 // and what their acknowledgement allows to confirm.
 type chunk struct {
-	msgs  []kafka.Message
-	bytes int // window bytes held by these messages
+	msgs  []kafka.Message // what the sink writes
+	evs   []event         // the envelope of each of msgs, same index
+	bytes int             // window bytes held by these messages
 
 	endLSN     pglogrepl.LSN // end of the last transaction completed in this chunk, 0 if none
 	commitTime time.Time     // its commit time
 	covered    int           // events up to and including that transaction
 	trailing   int           // events after it (a transaction still open at the end of the chunk)
 
-	commits []commitRun    // commit of each run of msgs: latency histogram, retry rows
+	commits []commitRun    // commit of each run of msgs: latency histogram
 	fails   []routeFailure // events the router refused, in order
+}
+
+// An event is what the pipeline knows of a routed event beyond its Kafka
+// message: its identity from its row and its place in the WAL. The retry
+// table is written from it, never from the message's headers.
+type event struct {
+	msg router.Message
+	lsn pglogrepl.LSN // commit LSN of its transaction
+	at  time.Time     // commit time
+	n   int           // its position in the transaction: with lsn, its unique key
 }
 
 // A commitRun is n consecutive messages of one transaction.
@@ -367,7 +435,10 @@ func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan repli
 	defer close(out)
 	maxMsgs := r.cfg.Sink.BatchSize
 	maxBytes := 4 * int(r.cfg.Sink.BatchBytes)
-	newChunk := func() *chunk { return &chunk{msgs: make([]kafka.Message, 0, min(maxMsgs, 1024))} }
+	newChunk := func() *chunk {
+		n := min(maxMsgs, 1024)
+		return &chunk{msgs: make([]kafka.Message, 0, n), evs: make([]event, 0, n)}
+	}
 	cur := newChunk()
 	flush := func() error {
 		if cur.empty() {
@@ -432,18 +503,25 @@ func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan repli
 			}
 			routed++
 			m, err := r.router.Route(*row)
+			r.headerTrouble(&m)
 			if err != nil {
 				var re *router.RouteError
 				if !errors.As(err, &re) {
+					var se *router.SchemaError
+					if errors.As(err, &se) {
+						r.m.SchemaStop()
+						return fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
+							txnRow, b.CommitLSN, err)
+					}
 					return fmt.Errorf("route event of transaction %d committed at %s: %w", b.Xid, b.CommitLSN, err)
 				}
 				// Not this relay's to drop nor to stop for: the event goes
 				// to the retry table, in its place.
-				cur.fails = append(cur.fails, routeFailure{before: len(cur.msgs), msg: m, err: err,
-					lsn: b.CommitLSN, at: b.CommitTime, n: txnRow})
+				cur.fails = append(cur.fails, routeFailure{before: len(cur.msgs), ev: event{msg: m, lsn: b.CommitLSN, at: b.CommitTime, n: txnRow}, err: err})
 				continue
 			}
 			cur.msgs = append(cur.msgs, toKafka(m))
+			cur.evs = append(cur.evs, event{msg: m, lsn: b.CommitLSN, at: b.CommitTime, n: txnRow})
 			cur.addCommit(b.CommitLSN, b.CommitTime)
 			if len(cur.msgs) >= maxMsgs || cur.bytes >= maxBytes {
 				if err := flush(); err != nil {
@@ -477,6 +555,25 @@ func (r *Relay) outbox(rel *replication.Relation) bool {
 	return is
 }
 
+// headerTrouble counts what the router left out of an event's headers and
+// warns about a headers value it ignored, at most once every ten seconds:
+// the event is delivered all the same, so a line per event would only flood
+// the log.
+func (r *Relay) headerTrouble(m *router.Message) {
+	if m.DroppedHeaders > 0 {
+		r.m.HeadersDropped(m.DroppedHeaders)
+	}
+	if m.BadHeaders == "" {
+		return
+	}
+	r.m.HeadersInvalid()
+	if now := time.Now(); now.Sub(r.lastBadHeaders) >= 10*time.Second {
+		r.lastBadHeaders = now
+		r.log.Warn("headers column ignored: event delivered without its extra headers",
+			"event_id", m.EventID, "aggregate_type", m.AggregateType, "reason", m.BadHeaders)
+	}
+}
+
 func rowBytes(row *replication.Row) int {
 	n := 0
 	for _, v := range row.Values {
@@ -498,36 +595,35 @@ func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) err
 	for c := range in {
 		send, sendAt := c.msgs, []int(nil) // sendAt nil: send is c.msgs
 		var parked []diverted
-		var org *origins // computed on the failure path only, once
 		r.gate.mu.Lock()
 		anyBlocked := len(r.gate.blocked) > 0
 		r.gate.mu.Unlock()
 		if anyBlocked || len(c.fails) > 0 {
-			org = c.origins()
-			send, sendAt, parked = r.divert(c, org)
+			send, sendAt, parked = r.divert(c)
 		}
 		if len(send) > 0 {
+			r.health.waitFor(fmt.Sprintf("Kafka to acknowledge %d events", len(send)))
 			if err := r.sink.Write(ctx, send); err != nil {
 				var we *sink.WriteError
 				if !errors.As(err, &we) {
 					return fmt.Errorf("write to kafka: %w", err)
 				}
-				if org == nil {
-					org = c.origins()
-				}
-				parked = append(parked, refused(we, send, sendAt, org)...)
+				parked = append(parked, refused(we, c, send, sendAt)...)
 				send = acknowledged(send, we)
 			}
 		}
 		if len(parked) > 0 {
 			// Durable in the retry table before the chunk's LSN can be
 			// confirmed: the table is where these events now live.
+			r.health.waitFor(fmt.Sprintf("the retry table to store %d events (first: %s)", len(parked), parked[0].ev.EventKey))
 			if err := r.park(ctx, parked); err != nil {
 				return err
 			}
 		}
+		r.health.waitFor("")
 		r.win.giveBytes(c.bytes)
 		com.ack(c)
+		r.health.progress()
 		if r.m != nil && len(send) > 0 {
 			r.observe(c, send, len(parked))
 		}
@@ -586,6 +682,7 @@ type committer struct {
 	slot     string
 	interval time.Duration
 	urgent   int
+	health   *health
 
 	mu         sync.Mutex
 	acked      pglogrepl.LSN
@@ -656,6 +753,7 @@ func (c *committer) run(ctx context.Context) error {
 			c.saved = lsn
 			lastSave = time.Now()
 			c.stream.Confirm(lsn)
+			c.health.progress()
 			c.m.SetConfirmedLSN(lsn)
 		}
 		c.win.giveEvents(events)
@@ -668,9 +766,9 @@ func (c *committer) run(ctx context.Context) error {
 // save retries until the checkpoint is durable or ctx is done: Postgres may be
 // restarting, and the stream will be waiting for it too.
 func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
-	return persist(ctx, c.log, "save checkpoint "+lsn.String(), func() error {
+	return persist(ctx, c.log, "save checkpoint "+lsn.String(), c.health.watch("checkpoint", func() error {
 		return c.store.Save(ctx, c.slot, lsn, commitTime)
-	})
+	}))
 }
 
 // persist runs write until it succeeds or ctx is done, with capped
