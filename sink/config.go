@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -21,8 +22,8 @@ import (
 type Config struct {
 	Brokers      []string      // host:port of one or more bootstrap brokers; required
 	ClientID     string        // default "outbox-relay"
-	BatchSize    int           // max messages per produce call, default 10000
-	BatchBytes   int64         // default 1048576 (Kafka's default message.max.bytes); also the per-call byte cap
+	BatchSize    int           // max messages per produce call, default 10000; 1 to 1000000
+	BatchBytes   int64         // default 1048576 (Kafka's default message.max.bytes); also the per-call byte cap and the largest message sent; 65536 to 2147483647
 	BatchTimeout time.Duration // default 2ms: kafka-go's default 1s would make every synchronous write wait a full second
 	WriteTimeout time.Duration // default 10s: one produce request
 	Compression  string        // none (default), gzip, snappy, lz4 or zstd
@@ -36,11 +37,15 @@ type Config struct {
 	// defaults (often one partition) silently loses the partitioning consumers
 	// expect, so a missing topic is reported instead, as a non-permanent
 	// Failure naming the topic, for the operator to create it. With it on, an
-	// unknown topic is waited for like a broker-wide failure (the broker is
-	// creating it): make sure the broker has auto.create.topics.enable, or
-	// Write blocks until its context is done.
+	// unknown topic is waited for up to TopicWait (the broker is creating it),
+	// then its messages fail like a missing topic's; other topics are not held
+	// up meanwhile beyond that wait.
 	AllowAutoTopicCreation bool
-	Logger                 *slog.Logger // default discards
+	// TopicWait bounds how long one Write waits for a topic that Kafka does
+	// not know yet but may be creating (auto-creation on, or a topic just
+	// created whose leaders do not serve it yet). Default 5s.
+	TopicWait time.Duration
+	Logger    *slog.Logger // default discards
 }
 
 // TLSConfig enables TLS to the brokers.
@@ -61,6 +66,12 @@ type SASLConfig struct {
 	Password  string
 }
 
+// Bounds of BatchSize and BatchBytes; see validate.
+const (
+	maxBatchSize  = 1_000_000
+	minBatchBytes = 64 << 10
+)
+
 // maxAttempts is kafka-go's own attempts per batch. Kept low: Write's loop does
 // the real retrying, with backoff, until the context is done.
 const maxAttempts = 3
@@ -79,14 +90,31 @@ func (c *Config) validate() error {
 	if c.ClientID == "" {
 		c.ClientID = "outbox-relay"
 	}
-	if c.BatchSize < 0 || c.BatchBytes < 0 || c.BatchTimeout < 0 || c.WriteTimeout < 0 || c.RetryMin < 0 || c.RetryMax < 0 {
-		return errors.New("negative batch size, batch bytes, timeout or retry backoff: use 0 for the default")
+	if c.BatchTimeout < 0 || c.WriteTimeout < 0 || c.RetryMin < 0 || c.RetryMax < 0 || c.TopicWait < 0 {
+		return errors.New("negative timeout or retry backoff: use 0 for the default")
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 10000
 	}
 	if c.BatchBytes == 0 {
 		c.BatchBytes = 1048576
+	}
+	// BatchSize bounds one produce call and the Writer's per-partition
+	// buffers. Above a million a call never fills by count anyway (BatchBytes
+	// stops it first: even empty messages take 22 bytes), so a larger value
+	// is a typo, not a tuning.
+	if c.BatchSize < 1 || c.BatchSize > maxBatchSize {
+		return fmt.Errorf("kafka.batch_size is %d; use a number of messages per produce call from 1 to %d (default 10000)", c.BatchSize, maxBatchSize)
+	}
+	// BatchBytes is also the largest message the relay sends: anything larger
+	// fails as too large and goes to the retry table dead. Below 64 KiB
+	// ordinary events would (kafka.batch_bytes: 1 made every event dead).
+	// Kafka sizes are int32: a produce request cannot be larger.
+	if c.BatchBytes < minBatchBytes || c.BatchBytes > math.MaxInt32 {
+		return fmt.Errorf("kafka.batch_bytes is %d; use %d (64 KiB) to %d bytes, at most the topics' max.message.bytes (default 1048576): it is also the largest event the relay sends", c.BatchBytes, minBatchBytes, int64(math.MaxInt32))
+	}
+	if c.TopicWait == 0 {
+		c.TopicWait = defaultTopicWait
 	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = 2 * time.Millisecond

@@ -10,13 +10,21 @@
 //     unreachable, timeouts, leader not available, not enough replicas, …) are
 //     retried with jittered exponential backoff until the context is done;
 //     nothing is dropped and nothing is reported as failed for them. The caller
-//     holds its position meanwhile.
-//   - A message that fails for a reason of its own (too large, invalid topic,
-//     not authorized, corrupt or invalid record, unknown topic) fails without
-//     failing the others, except the later messages of the same Write with the
-//     same topic and key: those fail with ErrBehind instead of being written,
-//     or they would overtake it. Permanent tells which failures are worth
-//     retrying later.
+//     holds its position meanwhile, and Outage tells since when.
+//   - A message that fails for a reason of its own (too large, corrupt or
+//     invalid record, or its topic's trouble) fails without failing the
+//     others, except the later messages of the same Write with the same topic
+//     and key: those fail with ErrBehind instead of being written, or they
+//     would overtake it. Permanent tells which failures are worth retrying
+//     later.
+//   - A topic's trouble is never taken for a broker outage and never holds up
+//     other topics: an invalid name, a name that collides with an existing
+//     topic, a missing topic, a topic the relay may not write or create. Its
+//     messages fail with a *TopicError saying what is wrong, in Kafka's words
+//     when Kafka gives them. A topic Kafka may be creating is waited for at
+//     most TopicWait per Write; then its messages fail, not permanently.
+//   - Ping asks a broker over a fresh connection, never kafka-go's cache: it
+//     fails while no broker answers.
 //   - Per-key order is input order, for every message that is acknowledged.
 //     Keys map to partitions with kafka.Murmur2Balancer, the Java client's
 //     partitioner (so Debezium's and ours agree).
@@ -31,8 +39,9 @@
 // partition, and the messages of failed partitions are written again before
 // the next call starts. A message larger than BatchBytes would make kafka-go
 // reject the whole call, and an unknown topic fails the whole call at the
-// metadata step: Write checks sizes up front, and on a topic-level error splits
-// the call by topic, so only the culprits fail. When the broker answers
+// metadata step: Write checks sizes and topic names up front, and on a
+// topic-level error splits the call by topic, so only the culprits fail (see
+// topic.go for what Kafka answers for each kind of topic trouble). When the broker answers
 // MESSAGE_TOO_LARGE (or another record-level error) for a batch of several
 // messages, Write writes that batch again in halves until it has the culprits.
 //
@@ -43,8 +52,9 @@
 // the context's error, messages already handed to kafka-go may still be written
 // afterwards; the caller should treat them as not acknowledged and Close.
 //
-// A Kafka is not safe for concurrent use: one caller at a time keeps the
-// per-partition order described above.
+// Write is not safe for concurrent use: one caller at a time keeps the
+// per-partition order described above. Ping, Outage and Stats may be called
+// from any goroutine, also while Write blocks.
 package sink
 
 import (
@@ -55,6 +65,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,11 +80,22 @@ type Kafka struct {
 	log       *slog.Logger
 	stats     stats
 
-	// Write's goroutine only: see batchsize.go.
+	// Write's goroutine only: see batchsize.go and topic.go.
 	balancer kafka.Murmur2Balancer
 	shares   map[topicPartition]int
 	counts   map[string]partitionCount
 	parts    []int
+	missing  map[string]missing
+
+	outage outage
+}
+
+// outage is the current streak of broker-wide failures, read by Outage from
+// any goroutine.
+type outage struct {
+	mu    sync.Mutex
+	since time.Time
+	cause error
 }
 
 type stats struct {
@@ -119,11 +141,16 @@ func (e *WriteError) Unwrap() []error {
 }
 
 // Permanent reports whether err, a Failure's error, will fail the same way
-// when the message is written again: too large, invalid topic, not
-// authorized, corrupt or invalid record. A per-message failure that may pass
-// later, such as an unknown topic while auto-creation is off, is not
-// permanent.
+// when the message is written again: too large, invalid or colliding topic
+// name, not authorized to write, corrupt or invalid record. A per-message
+// failure that may pass later, such as a missing topic (one an operator may
+// create, or Kafka did not create in time, or the relay may not create), is
+// not permanent. A *TopicError says itself.
 func Permanent(err error) bool {
+	var te *TopicError
+	if errors.As(err, &te) {
+		return te.Permanent
+	}
 	var tooLarge kafka.MessageTooLargeError
 	if errors.As(err, &tooLarge) {
 		return true
@@ -149,12 +176,13 @@ func Permanent(err error) bool {
 }
 
 // perMessage reports whether err belongs to the messages it was returned for,
-// rather than to the broker as a whole. An unknown topic is the messages' own
-// failure only while auto-creation is off; with it on, the broker is creating
-// the topic (KRaft brokers answer UNKNOWN_TOPIC_OR_PARTITION meanwhile), and
-// Write waits.
-func (k *Kafka) perMessage(err error) bool {
-	return Permanent(err) || !k.cfg.AllowAutoTopicCreation && errors.Is(err, kafka.UnknownTopicOrPartition)
+// rather than to the broker as a whole. An unknown topic always belongs to its
+// topic: with auto-creation on it is also what Kafka answers for a name that
+// collides with an existing topic, forever (see topic.go), so it is never
+// waited for like an outage; topicFailure waits a bounded time for a topic
+// that is being created.
+func perMessage(err error) bool {
+	return Permanent(err) || errors.Is(err, kafka.UnknownTopicOrPartition)
 }
 
 // topicLevel reports whether err holds for every message of a topic, so that
@@ -204,7 +232,7 @@ func New(cfg Config) (*Kafka, error) {
 }
 
 // Write blocks until every message is acknowledged by Kafka with acks=all, or
-// has failed permanently for a reason of its own. Broker-wide failures
+// has failed for a reason of its own. Broker-wide failures
 // (unreachable, not enough replicas, leader not available, timeouts) are
 // retried with backoff until ctx is done: the caller must hold its LSN
 // meanwhile, nothing is dropped. It returns nil, ctx's error, or a *WriteError
@@ -236,6 +264,12 @@ func (k *Kafka) Write(ctx context.Context, msgs []kafka.Message) error {
 		}
 		if st.held(i) {
 			st.fail(i, ErrBehind)
+			continue
+		}
+		if err := checkTopicName(msgs[i].Topic); err != nil {
+			// With auto-creation off kafka-go would call it unknown, and the
+			// broker would never say it is invalid.
+			st.fail(i, err)
 			continue
 		}
 		n := messageSize(&msgs[i])
@@ -271,7 +305,8 @@ var ErrBehind = errors.New("not written: an earlier message with the same topic 
 type writeState struct {
 	msgs   []kafka.Message
 	fails  []Failure
-	failed map[string]int // topic and key of every failed message → its lowest index
+	failed map[string]int       // topic and key of every failed message → its lowest index
+	since  map[string]time.Time // topics waited for (being created) → since when
 }
 
 func orderKey(m *kafka.Message) string { return m.Topic + "\x00" + string(m.Key) }
@@ -343,11 +378,8 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 			// The whole call was refused before anything was produced:
 			// metadata for a topic, or the connection.
 			switch {
-			case !k.perMessage(err):
+			case !perMessage(err):
 				// Broker-wide: retry the same call below.
-			case len(idx) == 1:
-				st.fail(idx[0], err)
-				return nil
 			case !oneTopic(batch):
 				// kafka-go does not say which topic failed: write each topic
 				// on its own. Topics are independent for ordering.
@@ -358,13 +390,26 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 				}
 				return nil
 			case topicLevel(err):
+				ferr, wait := k.topicFailure(ctx, st, msgs[idx[0]].Topic, err)
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if wait {
+					if err := sleep(ctx, topicPoll); err != nil {
+						return err
+					}
+					continue
+				}
 				for _, i := range idx {
 					if st.held(i) {
 						st.fail(i, ErrBehind)
 					} else {
-						st.fail(i, fmt.Errorf("topic %q: %w", msgs[i].Topic, err))
+						st.fail(i, ferr)
 					}
 				}
+				return nil
+			case len(idx) == 1:
+				st.fail(idx[0], err)
 				return nil
 			default:
 				// Not expected (sizes are checked up front), but a
@@ -389,17 +434,40 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 		var retryErr error
 		records := 0
 		for _, e := range werrs {
-			if e != nil && k.perMessage(e) && !topicLevel(e) {
+			if e != nil && perMessage(e) && !topicLevel(e) {
 				records++
 			}
 		}
+		// A topic-level answer for a partition (its leader does not know the
+		// topic yet, or may not write it) is decided once per topic.
+		var topicErrs map[string]error
 		for j, e := range werrs {
 			switch {
 			case e == nil:
-			case !k.perMessage(e):
+			case !perMessage(e):
 				retry = append(retry, idx[j])
 				retryErr = e
-			case records > 1 && !topicLevel(e):
+			case topicLevel(e):
+				topic := msgs[idx[j]].Topic
+				ferr, seen := topicErrs[topic]
+				if !seen {
+					var wait bool
+					if ferr, wait = k.topicFailure(ctx, st, topic, e); ctx.Err() != nil {
+						return ctx.Err()
+					} else if wait {
+						ferr = nil
+					}
+					if topicErrs == nil {
+						topicErrs = make(map[string]error)
+					}
+					topicErrs[topic] = ferr
+				}
+				if ferr == nil {
+					retry = append(retry, idx[j])
+				} else {
+					st.fail(idx[j], ferr)
+				}
+			case records > 1:
 				isolate = append(isolate, idx[j])
 			default:
 				st.fail(idx[j], e)
@@ -421,18 +489,30 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 		}
 		// Only the failed partitions' messages go again, before anything
 		// that follows them in the input.
-		if err := k.backoff(ctx, attempt, retryErr); err != nil {
+		if retryErr != nil {
+			if err := k.backoff(ctx, attempt, retryErr); err != nil {
+				return err
+			}
+			attempt++
+		} else if err := sleep(ctx, topicPoll); err != nil {
+			// Only topics being created: not an outage.
 			return err
 		}
-		attempt++
 		idx = retry
 	}
 }
 
-// backoff counts a broker-wide failure and waits before the next attempt.
+// backoff counts a broker-wide failure, records it as (part of) an outage,
+// and waits before the next attempt.
 func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
 	k.stats.brokerErrors.Add(1)
 	k.stats.retries.Add(1)
+	k.outage.mu.Lock()
+	if k.outage.since.IsZero() {
+		k.outage.since = time.Now()
+	}
+	k.outage.cause = cause
+	k.outage.mu.Unlock()
 	d := k.cfg.RetryMin << min(attempt, 20)
 	if d > k.cfg.RetryMax || d <= 0 {
 		d = k.cfg.RetryMax
@@ -445,6 +525,10 @@ func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
 	if attempt%10 == 0 {
 		k.log.Warn("kafka unavailable, retrying", "attempt", attempt+1, "backoff", d, "err", cause)
 	}
+	return sleep(ctx, d)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -453,6 +537,19 @@ func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Outage reports the broker-wide failure streak Write is in: since when, and
+// the latest broker-wide error; since is zero when there is none. A streak
+// starts at the first broker-wide failure (unreachable, timeout, leader not
+// available, not enough replicas, …) and ends at the next acknowledged
+// message; per-message failures (a topic's trouble, a too-large message)
+// neither start nor end one. Safe for concurrent use; meant for readiness checks and
+// metrics while Write blocks.
+func (k *Kafka) Outage() (since time.Time, cause error) {
+	k.outage.mu.Lock()
+	defer k.outage.mu.Unlock()
+	return k.outage.since, k.outage.cause
 }
 
 func (k *Kafka) acked(batch []kafka.Message, werrs kafka.WriteErrors) {
@@ -465,6 +562,11 @@ func (k *Kafka) acked(batch []kafka.Message, werrs kafka.WriteErrors) {
 	}
 	k.stats.messages.Add(n)
 	k.stats.bytes.Add(b)
+	if n > 0 {
+		k.outage.mu.Lock()
+		k.outage.since, k.outage.cause = time.Time{}, nil
+		k.outage.mu.Unlock()
+	}
 }
 
 // gather returns the messages at idx, without copying when idx is one
@@ -530,12 +632,31 @@ func varintLen(n int) int64 {
 	return l
 }
 
-// Ping sends a metadata request: for readiness checks and `check`. It may be
-// answered from the transport's metadata cache, which is refreshed every few
-// seconds.
+// Ping asks a broker for metadata over a connection of its own, opened with
+// the configured TLS and SASL and closed before it returns, so that the answer
+// is fresh: the Writer's Transport answers metadata from its cache, which
+// outlives an outage. It returns nil once any bootstrap broker answers, or an
+// error when none does before ctx is done (or within WriteTimeout when ctx has
+// no deadline). For readiness checks and `check`; safe for concurrent use.
 func (k *Kafka) Ping(ctx context.Context) error {
-	c := &kafka.Client{Addr: k.w.Addr, Transport: k.transport, Timeout: k.cfg.WriteTimeout}
-	if _, err := c.Metadata(ctx, &kafka.MetadataRequest{}); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
+	defer cancel()
+	t := &kafka.Transport{
+		ClientID: k.transport.ClientID,
+		TLS:      k.transport.TLS,
+		SASL:     k.transport.SASL,
+		// Brokers only: the answer's size does not grow with the cluster's
+		// topics. The request is the pool's first discovery, sent now.
+		MetadataTopics: []string{},
+		MetadataTTL:    time.Hour,
+	}
+	defer t.CloseIdleConnections()
+	c := &kafka.Client{Addr: k.w.Addr, Transport: t}
+	start := time.Now()
+	if _, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("no answer within %s: %w", time.Since(start).Round(time.Millisecond), err)
+		}
 		return fmt.Errorf("ping kafka %s: %w", strings.Join(k.cfg.Brokers, ","), err)
 	}
 	return nil

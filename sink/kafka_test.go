@@ -261,9 +261,9 @@ func TestWriteRetriesMetadataFailure(t *testing.T) {
 // it (ErrBehind) instead of overtaking it; other keys are written.
 func TestWriteTooLargeForBatch(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"))
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchBytes: 10_000})
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchBytes: 64 << 10})
 	in := msgs("orders", 50, 5)
-	in[17].Value = make([]byte, 20_000)
+	in[17].Value = make([]byte, 100_000)
 	err := k.Write(context.Background(), in)
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 17 || !sink.Permanent(werr.Failures[0].Err) {
@@ -281,7 +281,7 @@ func TestWriteTooLargeForBatch(t *testing.T) {
 	}
 	recs := readAll(t, c.ListenAddrs(), "orders", 43)
 	for _, r := range recs {
-		if len(r.Value) == 20_000 {
+		if len(r.Value) == 100_000 {
 			t.Errorf("the too-large message was written")
 		}
 		if v := string(r.Value); strings.HasPrefix(v, "agg-2:") && v > "agg-2:3" {
@@ -470,7 +470,14 @@ func TestNewInvalid(t *testing.T) {
 		{"cert without key", sink.Config{Brokers: []string{"k:9092"}, TLS: sink.TLSConfig{Enabled: true, CertFile: "c.pem"}}, "key file"},
 		{"missing ca file", sink.Config{Brokers: []string{"k:9092"}, TLS: sink.TLSConfig{Enabled: true, CAFile: "/nonexistent/ca.pem"}}, "ca file"},
 		{"retry bounds", sink.Config{Brokers: []string{"k:9092"}, RetryMin: time.Second, RetryMax: time.Millisecond}, "retry"},
-		{"negative batch", sink.Config{Brokers: []string{"k:9092"}, BatchSize: -1}, "negative"},
+		{"negative batch size", sink.Config{Brokers: []string{"k:9092"}, BatchSize: -1}, "kafka.batch_size is -1"},
+		{"batch size too large", sink.Config{Brokers: []string{"k:9092"}, BatchSize: 1_000_001}, "kafka.batch_size is 1000001; use a number of messages per produce call from 1 to 1000000"},
+		{"negative batch bytes", sink.Config{Brokers: []string{"k:9092"}, BatchBytes: -1}, "kafka.batch_bytes is -1"},
+		{"batch bytes 1", sink.Config{Brokers: []string{"k:9092"}, BatchBytes: 1}, "kafka.batch_bytes is 1; use 65536 (64 KiB) to 2147483647 bytes"},
+		{"batch bytes below 64 KiB", sink.Config{Brokers: []string{"k:9092"}, BatchBytes: 64<<10 - 1}, "kafka.batch_bytes is 65535"},
+		{"batch bytes above int32", sink.Config{Brokers: []string{"k:9092"}, BatchBytes: 1 << 31}, "kafka.batch_bytes is 2147483648"},
+		{"negative timeout", sink.Config{Brokers: []string{"k:9092"}, WriteTimeout: -time.Second}, "negative"},
+		{"negative topic wait", sink.Config{Brokers: []string{"k:9092"}, TopicWait: -time.Second}, "negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -483,6 +490,17 @@ func TestNewInvalid(t *testing.T) {
 				t.Errorf("New(%+v) = %q; want it to contain %q", tt.cfg, err, tt.wantInErr)
 			}
 		})
+	}
+	for _, cfg := range []sink.Config{
+		{Brokers: []string{"k:9092"}, BatchSize: 1, BatchBytes: 64 << 10},
+		{Brokers: []string{"k:9092"}, BatchSize: 1_000_000, BatchBytes: 1<<31 - 1},
+	} {
+		k, err := sink.New(cfg)
+		if err != nil {
+			t.Errorf("New(batch size %d, batch bytes %d) = %v; want nil (the bounds are inclusive)", cfg.BatchSize, cfg.BatchBytes, err)
+			continue
+		}
+		k.Close()
 	}
 	for _, mech := range []string{"plain", "scram-sha-256", "SCRAM-SHA-512"} {
 		k, err := sink.New(sink.Config{Brokers: []string{"k:9092"}, SASL: sink.SASLConfig{Mechanism: mech, Username: "u", Password: "p"}, Compression: "zstd"})

@@ -1,0 +1,254 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/createtopics"
+)
+
+// What Kafka 3.9.1 was seen to answer (kafka-go v0.4.51), which the code
+// below is built on:
+//
+//   - A topic that collides with an existing one (X_y when X.y exists; Kafka
+//     treats '.' and '_' alike): metadata answers UNKNOWN_TOPIC_OR_PARTITION
+//     forever, with or without auto-creation, and kafka-go's Writer returns
+//     kafka.UnknownTopicOrPartition in milliseconds. Only CreateTopics says
+//     why: INVALID_TOPIC_EXCEPTION "Topic 'X_y' collides with existing topic:
+//     X.y" (also with ValidateOnly).
+//   - An invalid name ("bad name!"): with auto-creation on, metadata answers
+//     INVALID_TOPIC_EXCEPTION without a message; with it off, kafka-go answers
+//     UNKNOWN_TOPIC_OR_PARTITION from its cache. The name is therefore
+//     checked here, with Kafka's own rules, before anything is sent.
+//   - A missing topic with auto-creation off: UNKNOWN_TOPIC_OR_PARTITION from
+//     kafka-go's cache, in microseconds.
+//   - A topic being auto-created: UNKNOWN_TOPIC_OR_PARTITION for a few hundred
+//     milliseconds, then metadata with its partitions.
+//   - CreateTopics with ValidateOnly for a topic that could be created answers
+//     no error, and kafka-go's Transport then waits (until its context ends)
+//     for the topic to appear in its metadata cache, which it never does. So
+//     the request is only made with a short deadline, when its answer is
+//     needed.
+
+// defaultTopicWait bounds how long one Write waits for a topic that Kafka
+// does not know yet to appear. A topic auto-created by the broker was seen to
+// take about 300ms to answer metadata; 5s leaves room for a busy controller.
+const defaultTopicWait = 5 * time.Second
+
+// topicPoll is the pause between two looks at a topic being created.
+const topicPoll = 200 * time.Millisecond
+
+// diagnoseTimeout bounds the CreateTopics (ValidateOnly) request that asks
+// Kafka why a topic is refused. Short, because kafka-go holds it until the
+// deadline when the answer is "it could be created" (see above).
+const diagnoseTimeout = time.Second
+
+// missingTTL is how long a topic that was waited for in vain fails at once,
+// instead of holding up every later Write for TopicWait again. A topic
+// created meanwhile is found by kafka-go's metadata before this is consulted.
+const missingTTL = 30 * time.Second
+
+// TopicError is the failure of a message whose topic Kafka will not take: its
+// name is invalid or collides with an existing topic, it does not exist (and
+// was not created in time), or the relay may not create or write it. It
+// belongs to that topic alone: it never holds up other topics and is never
+// taken for a broker outage.
+type TopicError struct {
+	Topic string
+	// Reason says in plain words what is wrong and how to fix it, with
+	// Kafka's own message when Kafka gave one.
+	Reason string
+	// Err is Kafka's error code (kafka.InvalidTopic,
+	// kafka.UnknownTopicOrPartition, kafka.TopicAuthorizationFailed, …) for
+	// errors.Is.
+	Err error
+	// Permanent tells whether writing again can succeed without changing the
+	// event or its routing: true for an invalid or colliding name and for a
+	// refused write; false for a missing topic (an operator may create it).
+	Permanent bool
+}
+
+func (e *TopicError) Error() string { return fmt.Sprintf("topic %q: %s", e.Topic, e.Reason) }
+func (e *TopicError) Unwrap() error { return e.Err }
+
+// maxTopicLength is Kafka's limit (Topic.MAX_NAME_LENGTH).
+const maxTopicLength = 249
+
+// checkTopicName applies Kafka's rules for topic names
+// (org.apache.kafka.common.internals.Topic.validate), so that an invalid name
+// fails on its own whether or not auto-creation is on.
+func checkTopicName(topic string) error {
+	why := ""
+	switch {
+	case topic == "." || topic == "..":
+		why = "'.' and '..' are not allowed"
+	case len(topic) > maxTopicLength:
+		why = fmt.Sprintf("it is %d characters long, the limit is %d", len(topic), maxTopicLength)
+	default:
+		for _, c := range []byte(topic) {
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+				why = fmt.Sprintf("it contains %q; only ASCII letters, digits, '.', '_' and '-' are allowed", rune(c))
+				break
+			}
+		}
+	}
+	if why == "" {
+		return nil
+	}
+	return &TopicError{Topic: topic, Err: kafka.InvalidTopic, Permanent: true,
+		Reason: "invalid topic name: " + why + "; fix the routing (topics.template or topics.overrides) or the aggregate type"}
+}
+
+// unifiedTopic is a topic's name as Kafka compares names for collisions.
+func unifiedTopic(topic string) string { return strings.ReplaceAll(topic, ".", "_") }
+
+// missing records a topic that was waited for in vain and its error.
+type missing struct {
+	err error
+	at  time.Time
+}
+
+// topicFailure decides what to do with the messages of topic after Kafka
+// answered cause (UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION or
+// TOPIC_AUTHORIZATION_FAILED) for it: wait (true) because the topic is being
+// created and this Write's wait for it has not run out, or fail them with the
+// returned error. It returns ctx's error when ctx is done.
+func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, cause error) (error, bool) {
+	switch {
+	case errors.Is(cause, kafka.TopicAuthorizationFailed):
+		return &TopicError{Topic: topic, Err: cause, Permanent: true,
+			Reason: "not authorized: grant the relay's principal WRITE and DESCRIBE on the topic"}, false
+	case errors.Is(cause, kafka.InvalidTopic):
+		reason := "Kafka refuses the topic name as invalid"
+		if msg, code := k.validateCreate(ctx, topic); code == kafka.InvalidTopic && msg != "" {
+			reason += ": " + msg
+		}
+		return &TopicError{Topic: topic, Err: cause, Permanent: true, Reason: reason}, false
+	}
+	if ctx.Err() != nil {
+		return ctx.Err(), false
+	}
+
+	if m, ok := k.missing[topic]; ok {
+		if time.Since(m.at) < missingTTL {
+			return m.err, false
+		}
+		delete(k.missing, topic)
+	}
+	known, other := k.lookTopic(ctx, topic)
+	if other != "" {
+		// Kafka will never create it: say so in its own words if it answers.
+		reason := fmt.Sprintf("the name collides with existing topic %q (Kafka treats '.' and '_' alike, so it refuses to create it)", other)
+		if msg, code := k.validateCreate(ctx, topic); code == kafka.InvalidTopic && msg != "" {
+			reason = "the name collides with an existing topic (Kafka treats '.' and '_' alike): " + msg
+		}
+		return &TopicError{Topic: topic, Err: kafka.InvalidTopic, Permanent: true,
+			Reason: reason + "; fix the routing (topics.template or topics.overrides) or rename a topic"}, false
+	}
+	if !known && !k.cfg.AllowAutoTopicCreation {
+		return &TopicError{Topic: topic, Err: cause,
+			Reason: "does not exist and kafka.allow_auto_topic_creation is off: create the topic; the event is retried"}, false
+	}
+
+	// Being created: by the broker (auto-creation) or, when the metadata
+	// already lists it, just created and not yet served by its leaders.
+	if st.since == nil {
+		st.since = make(map[string]time.Time)
+	}
+	since, ok := st.since[topic]
+	if !ok {
+		since = time.Now()
+		st.since[topic] = since
+	}
+	if time.Since(since) < k.cfg.TopicWait {
+		return nil, true
+	}
+
+	reason := fmt.Sprintf("does not exist and was not created within %s: check the broker's auto.create.topics.enable and the relay's CREATE permission, or create the topic; the event is retried", k.cfg.TopicWait)
+	msg, code := k.validateCreate(ctx, topic)
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err(), false
+	case code == kafka.TopicAlreadyExists && !known:
+		// It appeared just now, after the cache was read: one more second
+		// (the cache then knows it, so this is not repeated).
+		st.since[topic] = time.Now().Add(time.Second - k.cfg.TopicWait)
+		return nil, true
+	case code == kafka.TopicAlreadyExists:
+		reason = fmt.Sprintf("exists, but its partition leaders did not serve it within %s (UNKNOWN_TOPIC_OR_PARTITION): check the brokers' logs; the event is retried", k.cfg.TopicWait)
+	case code == kafka.InvalidTopic:
+		return &TopicError{Topic: topic, Err: code, Permanent: true,
+			Reason: "Kafka refuses to create it: " + msg + "; fix the routing (topics.template or topics.overrides)"}, false
+	case code != 0:
+		if msg == "" {
+			msg = code.Title()
+		}
+		reason = fmt.Sprintf("does not exist and Kafka refuses to create it (%s): create it with settings the cluster accepts, or allow the relay to; the event is retried", msg)
+	}
+	err := &TopicError{Topic: topic, Err: kafka.UnknownTopicOrPartition, Reason: reason}
+	if k.missing == nil {
+		k.missing = make(map[string]missing)
+	}
+	k.missing[topic] = missing{err: err, at: time.Now()}
+	k.log.Warn("kafka topic missing", "topic", topic, "err", err)
+	return err, false
+}
+
+// lookTopic reports from the Writer's metadata cache (refreshed every
+// MetadataTTL, all topics) whether topic is known, and the name of an
+// existing topic it collides with, if any. Both are false/"" when the cache
+// cannot be read.
+func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collides string) {
+	c := &kafka.Client{Addr: k.w.Addr, Transport: k.transport, Timeout: k.cfg.WriteTimeout}
+	resp, err := c.Metadata(ctx, &kafka.MetadataRequest{})
+	if err != nil {
+		return false, ""
+	}
+	u := unifiedTopic(topic)
+	for _, t := range resp.Topics {
+		switch {
+		case t.Name == topic:
+			known = true
+		case unifiedTopic(t.Name) == u:
+			collides = t.Name
+		}
+	}
+	return known, collides
+}
+
+// validateCreate asks Kafka whether topic could be created (CreateTopics with
+// ValidateOnly and the broker's default partitions and replication factor,
+// KIP-464), which is the only answer that carries Kafka's reason for refusing
+// a name. It returns Kafka's message and code; code 0 means it could be
+// created or the question could not be answered within diagnoseTimeout.
+// Nothing is created.
+func (k *Kafka) validateCreate(ctx context.Context, topic string) (string, kafka.Error) {
+	ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
+	defer cancel()
+	resp, err := k.transport.RoundTrip(ctx, k.w.Addr, &createtopics.Request{
+		Topics: []createtopics.RequestTopic{{
+			Name:              topic,
+			NumPartitions:     -1,
+			ReplicationFactor: -1,
+		}},
+		TimeoutMs:    int32(diagnoseTimeout / time.Millisecond),
+		ValidateOnly: true,
+	})
+	if err != nil {
+		return "", 0
+	}
+	r, ok := resp.(*createtopics.Response)
+	if !ok {
+		return "", 0
+	}
+	for _, t := range r.Topics {
+		if t.Name == topic {
+			return t.ErrorMessage, kafka.Error(t.ErrorCode)
+		}
+	}
+	return "", 0
+}
