@@ -21,10 +21,12 @@ build:
 test: dev-up
 	$(WITH_DEV_ENV) $(GO) test -race -count=1 -timeout 40m ./...
 
-# The fault-injection suite in its full form (`make test` runs a reduced one): it kills
-# and pauses the dev servers, so it waits for other tests to leave them (testenv.Exclusive).
+# The fault-injection suite and the randomized hostile-data run in their full forms
+# (`make test` runs reduced ones): the fault suite kills and pauses the dev servers, so it
+# waits for other tests to leave them (testenv.Exclusive).
 test-faults: dev-up
 	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -run TestFaultSuite -v ./internal/faults
+	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -v ./internal/hostile
 
 dev-up:
 	@$(DEV) up
