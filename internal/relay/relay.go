@@ -266,7 +266,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // writes, and while the pipeline is stalled (see health). The error lists
 // every failing check.
 func (r *Relay) Ready(ctx context.Context) error {
-	since, cause := sinkOutage(r.sink)
+	since, cause := r.sink.Outage()
 	_, why := r.health.failing(time.Now(), r.stream.Stats().Streaming, since, cause)
 	if since.IsZero() {
 		if err := r.sink.Ping(ctx); err != nil {
@@ -295,7 +295,7 @@ func (r *Relay) pumpStats(ctx context.Context, worker *retry.Worker) {
 		st := r.stream.Stats()
 		now := time.Now()
 		r.health.sample(st.ConfirmedLSN, st.ServerWALEnd, now)
-		since, cause := sinkOutage(r.sink)
+		since, cause := r.sink.Outage()
 		failing, why := r.health.failing(now, st.Streaming, since, cause)
 		r.m.SetHealth(failing, r.health.stalledFor(now))
 		r.health.warn(now, why)
