@@ -4,19 +4,33 @@
 --
 --   seq              global order of failure, and the short id that
 --                    `outbox-relay retries` takes
---   event_key        the event id, or lsn:<commit_lsn>:<n> when the id is NULL;
---                    unique, so inserting again after a crash changes nothing
+--   event_key        the event's position in the WAL, lsn:<commit_lsn>:<n>
+--                    (older versions stored the event id); unique, so
+--                    inserting again after a crash changes nothing. Short by
+--                    construction: it is the only text under a btree index
 --   aggregate        the blocking identity (topic/key, or
 --                    unroutable:<aggregate_type>/<aggregate_id>): no row of an
---                    aggregate is delivered while a lower seq of it is here
+--                    aggregate is delivered while a lower seq of it is here.
+--                    Unbounded, so indexed by its md5 only
+--   headers          the event's extra headers (from the outbox headers
+--                    column), as [{"key":…,"value":…}]; a key or value that
+--                    is not valid UTF-8 or holds a NUL byte (which jsonb
+--                    cannot store) is in "key_b64"/"value_b64" instead. The
+--                    relay's own headers (id, event_type, aggregate_type) are
+--                    built from their columns at delivery
 --   status           pending (retried with backoff) or dead (kept for the
 --                    operator: requeue or drop it); a dead row still blocks
 --                    its aggregate
 --   waiting          true when the row is here only because an earlier event
 --                    of its aggregate is, not because it failed itself
+--   last_resort      NULL, except for an event the other columns refused
+--                    (a data error): then the whole event as a JSON document
+--                    (bytes in base64), the row is dead and the relay never
+--                    delivers it; see `outbox-relay retries show`
 --
--- Idempotent: safe to run again. `outbox-relay setup` runs the same statements
--- with the configured name (retry.table). Run after 002_relay.sql.
+-- Idempotent: safe to run again, and upgrades a table made by an earlier
+-- version. `outbox-relay setup` runs the same statements with the configured
+-- name (retry.table). Run after 002_relay.sql.
 
 CREATE TABLE IF NOT EXISTS "outbox_relay_retry" (
     "seq" bigserial PRIMARY KEY,
@@ -39,13 +53,22 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_retry" (
     "source_lsn" pg_lsn,
     "commit_time" timestamptz,
     "created_at" timestamptz NOT NULL DEFAULT now(),
-    "updated_at" timestamptz NOT NULL DEFAULT now()
+    "updated_at" timestamptz NOT NULL DEFAULT now(),
+    "last_resort" bytea
 );
+
+-- Tables made before last-resort records existed.
+ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "last_resort" bytea;
 
 -- The retry worker polls for due rows with it.
 CREATE INDEX IF NOT EXISTS "outbox_relay_retry_status_next_attempt_at_idx"
     ON "outbox_relay_retry" ("status", "next_attempt_at");
 
--- Finding the head of an aggregate, and the rows waiting behind it.
-CREATE INDEX IF NOT EXISTS "outbox_relay_retry_aggregate_seq_idx"
-    ON "outbox_relay_retry" ("aggregate", "seq");
+-- Finding the head of an aggregate, and the rows waiting behind it. On the
+-- md5 of the aggregate: a btree entry of the text itself fails above ~2.7 kB
+-- (and an insert failing there would stall the relay). Queries compare both
+-- md5(aggregate) and aggregate, so a collision costs a little speed only.
+-- Earlier versions indexed the text itself.
+DROP INDEX IF EXISTS "outbox_relay_retry_aggregate_seq_idx";
+CREATE INDEX IF NOT EXISTS "outbox_relay_retry_aggregate_md5_seq_idx"
+    ON "outbox_relay_retry" (md5("aggregate"), "seq");

@@ -2,6 +2,7 @@ package sql_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -52,11 +53,109 @@ func TestRetryFileMatchesGo(t *testing.T) {
 		`column public.outbox_relay_retry.attempts integer not_null=t default=0`,
 		`index CREATE UNIQUE INDEX outbox_relay_retry_event_key_key ON public.outbox_relay_retry USING btree (event_key)`,
 		`index CREATE INDEX outbox_relay_retry_status_next_attempt_at_idx ON public.outbox_relay_retry USING btree (status, next_attempt_at)`,
-		`index CREATE INDEX outbox_relay_retry_aggregate_seq_idx ON public.outbox_relay_retry USING btree (aggregate, seq)`,
+		`column public.outbox_relay_retry.last_resort bytea not_null=f default=`,
+		`index CREATE INDEX outbox_relay_retry_aggregate_md5_seq_idx ON public.outbox_relay_retry USING btree (md5(aggregate), seq)`,
 		`check outbox_relay_retry CHECK ((status = ANY (ARRAY['pending'::text, 'dead'::text])))`,
 	} {
 		if !slices.Contains(a, want) {
 			t.Errorf("catalog after file lacks %q; has:\n%s", want, strings.Join(a, "\n"))
+		}
+	}
+}
+
+// oldRetryTable is the retry table as the previous version created it: an
+// index on the aggregate's text, no last_resort column.
+const oldRetryTable = `CREATE TABLE %[1]s (
+    "seq" bigserial PRIMARY KEY,
+    "event_key" text NOT NULL UNIQUE,
+    "event_id" text,
+    "aggregate" text NOT NULL,
+    "aggregate_type" text,
+    "aggregate_id" text,
+    "event_type" text,
+    "topic" text,
+    "msg_key" bytea,
+    "value" bytea,
+    "headers" jsonb,
+    "status" text NOT NULL CHECK ("status" IN ('pending', 'dead')),
+    "waiting" boolean NOT NULL DEFAULT false,
+    "attempts" integer NOT NULL DEFAULT 0,
+    "next_attempt_at" timestamptz NOT NULL,
+    "last_error" text,
+    "first_failed_at" timestamptz NOT NULL DEFAULT now(),
+    "source_lsn" pg_lsn,
+    "commit_time" timestamptz,
+    "created_at" timestamptz NOT NULL DEFAULT now(),
+    "updated_at" timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX %[2]s ON %[1]s ("status", "next_attempt_at");
+CREATE INDEX %[3]s ON %[1]s ("aggregate", "seq");
+INSERT INTO %[1]s (event_key, aggregate, status, next_attempt_at) VALUES ('old', 'orders/A', 'dead', now());`
+
+// TestRetryUpgradesOldTable runs 004_retry.sql on a table of the previous
+// version in one database and RetryTable (under a schema-qualified name) in
+// another, each twice: both must replace the index on the aggregate's text
+// by the one on its md5, add last_resort, keep the rows, and end up with
+// the catalog of a fresh table.
+func TestRetryUpgradesOldTable(t *testing.T) {
+	ctx := context.Background()
+	fromFile, fromGo, fresh := connect(t, newDatabase(t)), connect(t, newDatabase(t)), connect(t, newDatabase(t))
+	def, _ := sql.ParseTable(sql.DefaultRetryTable)
+	qualified, _ := sql.ParseTable("app." + sql.DefaultRetryTable)
+	for _, c := range []*pgx.Conn{fromGo, fresh} {
+		if _, err := c.Exec(ctx, `CREATE SCHEMA app`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := func(conn *pgx.Conn, tb sql.Table) {
+		t.Helper()
+		q := fmt.Sprintf(oldRetryTable, tb.Quoted(), sql.Ident(tb.Name+"_status_next_attempt_at_idx"), sql.Ident(tb.Name+"_aggregate_seq_idx"))
+		if _, err := conn.PgConn().Exec(ctx, q).ReadAll(); err != nil {
+			t.Fatalf("create old table: %v", err)
+		}
+	}
+	old(fromFile, def)
+	old(fromGo, qualified)
+	b, err := sql.Files.ReadFile("004_retry.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := fromFile.PgConn().Exec(ctx, string(b)).ReadAll(); err != nil {
+			t.Fatalf("run 004_retry.sql: %v", err)
+		}
+		for _, s := range sql.RetryTable(qualified) {
+			if _, err := fromGo.Exec(ctx, s); err != nil {
+				t.Fatalf("exec %q: %v", s, err)
+			}
+		}
+	}
+	for _, s := range sql.RetryTable(qualified) {
+		if _, err := fresh.Exec(ctx, s); err != nil {
+			t.Fatalf("exec %q: %v", s, err)
+		}
+	}
+	got, want := retryCatalog(t, fromGo), retryCatalog(t, fresh)
+	if !slices.Equal(got, want) {
+		t.Errorf("catalog after upgrade:\n%s\nof a fresh table:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	fileCat := retryCatalog(t, fromFile)
+	for _, line := range fileCat {
+		if strings.Contains(line, "aggregate_seq_idx") {
+			t.Errorf("after 004_retry.sql on an old table the old index is left: %s", line)
+		}
+	}
+	if !slices.Contains(fileCat, `index CREATE INDEX outbox_relay_retry_aggregate_md5_seq_idx ON public.outbox_relay_retry USING btree (md5(aggregate), seq)`) ||
+		!slices.Contains(fileCat, `column public.outbox_relay_retry.last_resort bytea not_null=f default=`) {
+		t.Errorf("004_retry.sql did not upgrade the old table:\n%s", strings.Join(fileCat, "\n"))
+	}
+	for _, c := range []struct {
+		conn *pgx.Conn
+		tb   sql.Table
+	}{{fromFile, def}, {fromGo, qualified}} {
+		var n int
+		if err := c.conn.QueryRow(ctx, `SELECT count(*) FROM `+c.tb.Quoted()+` WHERE event_key = 'old'`).Scan(&n); err != nil || n != 1 {
+			t.Errorf("old row in %s after upgrade: %d, %v; want kept", c.tb, n, err)
 		}
 	}
 }

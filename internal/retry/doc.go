@@ -24,11 +24,28 @@
 //     at least once: a crash between Kafka's acknowledgement and the commit
 //     sends the rows again, and so does a batch in which a later row was
 //     acknowledged after an earlier one failed (it stays, to arrive after it).
-//   - A broker outage is not a failure of the event. An attempt that ends
-//     because AttemptTimeout expired while the sink was blocked is rolled back:
-//     attempts do not grow and nothing goes dead.
-//   - Inserting is idempotent on Event.EventKey, which is deterministic, so the
-//     pipeline may insert again what a crash made it read again.
+//   - A broker outage is not a failure of the event, and one event's trouble
+//     is not an outage. An attempt that runs out of AttemptTimeout is rolled
+//     back (attempts do not grow, nothing goes dead) only when Kafka then
+//     fails a ping too; otherwise it is the row's own failure, retried with
+//     backoff, so that a topic that can never be written (colliding name,
+//     no leader) does not hold the Worker on one row. A failing head waits
+//     out its backoff while the heads of other aggregates are claimed.
+//   - Inserting is idempotent on Event.EventKey, which is deterministic (the
+//     event's position in the WAL: PositionKey), so the pipeline may insert
+//     again what a crash made it read again.
+//   - The table accepts every event. No btree index holds unbounded text
+//     (the aggregate is indexed by its md5, and every lookup compares both the
+//     digest and the text), headers are stored losslessly whatever their
+//     bytes, and an event that Postgres still refuses for reasons of its data
+//     is kept as a last-resort record: dead, in its aggregate (so it blocks
+//     the events behind it), the whole event in a JSON document. The Worker
+//     never delivers a last-resort record, even requeued: its columns do not
+//     hold the event.
+//   - A message's headers are built as the pipeline builds them
+//     (router.Headers): the relay's own id, event_type and aggregate_type from
+//     the row's columns, then the stored extra headers minus any of those
+//     names (rows of earlier versions stored them too).
 //
 // Nothing here dials or starts goroutines on construction; Worker.Run blocks
 // until its context is done.

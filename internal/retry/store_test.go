@@ -31,7 +31,8 @@ func newStore(t *testing.T) *retry.Store {
 	return s
 }
 
-// event returns a pending event of aggregate agg (topic/key) with id id.
+// event returns a pending event of aggregate agg (topic/key) with id id,
+// and an extra header trace: what the pipeline stores.
 func event(topic, key, id string) retry.Event {
 	return retry.Event{
 		EventKey:      id,
@@ -43,7 +44,7 @@ func event(topic, key, id string) retry.Event {
 		Topic:         topic,
 		Key:           []byte(key),
 		Value:         []byte(`{"id":"` + id + `"}`),
-		Headers:       []retry.Header{{Key: "id", Value: []byte(id)}},
+		Headers:       []retry.Header{{Key: "trace", Value: []byte(id)}},
 		Reason:        "topic does not exist",
 	}
 }
@@ -144,6 +145,23 @@ func TestEventKey(t *testing.T) {
 	}
 }
 
+func TestPositionKey(t *testing.T) {
+	tests := []struct {
+		lsn  pglogrepl.LSN
+		n    int
+		want string
+	}{
+		{0x16B3748, 3, "lsn:0/16B3748:3"},
+		{0x1_0000_0000, 0, "lsn:1/0:0"},
+		{0xFFFFFFFF_FFFFFFFF, 1<<31 - 1, "lsn:FFFFFFFF/FFFFFFFF:2147483647"},
+	}
+	for _, tt := range tests {
+		if got := retry.PositionKey(tt.lsn, tt.n); got != tt.want {
+			t.Errorf("PositionKey(%s, %d) = %q; want %q", tt.lsn, tt.n, got, tt.want)
+		}
+	}
+}
+
 func TestAggregate(t *testing.T) {
 	tests := []struct {
 		topic string
@@ -160,8 +178,13 @@ func TestAggregate(t *testing.T) {
 			t.Errorf("Aggregate(%q, %q) = %q; want %q", tt.topic, tt.key, got, tt.want)
 		}
 	}
-	if got, want := retry.UnroutableAggregate("Or der", "7"), "unroutable:Or der/7"; got != want {
-		t.Errorf("UnroutableAggregate(%q, %q) = %q; want %q", "Or der", "7", got, want)
+	for _, tt := range []struct{ typ, id, want string }{
+		{"Or der", "7", "unroutable:Or der/7"},
+		{"A\x00B", "\xff", "unroutable:A\uFFFDB/\uFFFD"},
+	} {
+		if got := retry.UnroutableAggregate(tt.typ, tt.id); got != tt.want {
+			t.Errorf("UnroutableAggregate(%q, %q) = %q; want %q", tt.typ, tt.id, got, tt.want)
+		}
 	}
 }
 
@@ -173,7 +196,7 @@ func TestGetRoundTrip(t *testing.T) {
 	e.Value = []byte{0x00, 0xff, 'x'}
 	e.SourceLSN = 0x16B3748
 	e.CommitTime = commit
-	noID := retry.Event{EventKey: retry.EventKey("", 0x16B3748, 1), Aggregate: retry.UnroutableAggregate("", "9"),
+	noID := retry.Event{EventKey: retry.PositionKey(0x16B3748, 1), Aggregate: retry.UnroutableAggregate("", "9"),
 		AggregateID: "9", Reason: "the aggregate type is NULL", Permanent: true}
 	if err := s.Insert(ctx, []retry.Event{e, noID}); err != nil {
 		t.Fatal(err)
@@ -186,7 +209,7 @@ func TestGetRoundTrip(t *testing.T) {
 		}
 		if got.EventID != e.EventID || string(got.Value) != string(e.Value) || string(got.Key) != "A" ||
 			got.Topic != "orders" || got.SourceLSN != e.SourceLSN || !got.CommitTime.Equal(commit) ||
-			len(got.Headers) != 1 || got.Headers[0].Key != "id" || string(got.Headers[0].Value) != e.EventID {
+			len(got.Headers) != 1 || got.Headers[0].Key != "trace" || string(got.Headers[0].Value) != e.EventID {
 			t.Errorf("Get(%q) = %+v; want the inserted event back", id, got)
 		}
 	}

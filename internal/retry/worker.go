@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -20,9 +21,13 @@ import (
 // until every message is acknowledged, or returns ctx's error (it blocks
 // through broker-wide outages), or a *sink.WriteError listing the messages
 // that failed on their own; every message it does not list was acknowledged.
-// The Worker calls it from one goroutine.
+// Ping returns nil when the cluster answers a fresh metadata request (not a
+// cached answer): the Worker asks it whether a Write that ran out of time
+// met a broker outage or trouble of its own messages. The Worker calls both
+// from one goroutine.
 type Sink interface {
 	Write(ctx context.Context, msgs []kafka.Message) error
+	Ping(ctx context.Context) error
 }
 
 // WorkerConfig configures a Worker. Zero durations mean the documented
@@ -35,13 +40,18 @@ type WorkerConfig struct {
 	// permanent: the row goes dead. Required.
 	Topic func(aggregateType, eventType string) (string, error)
 
-	BackoffMin     time.Duration // default 1s: wait after the first failed attempt
-	BackoffMax     time.Duration // default 5m: longest wait; each wait is jittered
-	MaxAge         time.Duration // default 24h: a row failing for longer goes dead
-	MaxAttempts    int           // default 0: unlimited
-	PollInterval   time.Duration // default 1s: how often due rows are looked for
-	AttemptTimeout time.Duration // default 30s: longest attempt; Kafka is then taken as unreachable
-	BatchSize      int           // default 100: rows behind a head written per call
+	BackoffMin   time.Duration // default 1s: wait after the first failed attempt
+	BackoffMax   time.Duration // default 5m: longest wait; each wait is jittered
+	MaxAge       time.Duration // default 24h: a row failing for longer goes dead
+	MaxAttempts  int           // default 0: unlimited
+	PollInterval time.Duration // default 1s: how often due rows are looked for
+	BatchSize    int           // default 100: rows behind a head written per call
+
+	// AttemptTimeout, default 30s, is the longest attempt. An attempt that
+	// runs out of time counts as the row's failure when Kafka answers a ping
+	// then (its topic may be unusable, e.g. a name colliding with another
+	// topic's), and as a broker outage, not counted, when it does not.
+	AttemptTimeout time.Duration
 
 	// Delivered, if set, is called with an aggregate once the Worker has
 	// delivered rows of it and none is left in the table, so that the
@@ -102,7 +112,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 
 // WorkerStats counts what a Worker has done since NewWorker.
 type WorkerStats struct {
-	Attempted    int64 // rows tried (attempts cut short by a Kafka outage not included)
+	Attempted    int64 // rows tried (attempts cut short by a verified Kafka outage not included)
 	Succeeded    int64 // rows delivered and deleted
 	DeadLettered int64 // rows this Worker moved to dead
 }
@@ -145,9 +155,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
-// errOutage ends a step whose Kafka write ran into AttemptTimeout.
-var errOutage = errors.New("kafka unreachable")
-
 // step claims one due head and delivers it and the rows behind it. more is
 // false when there was nothing to claim or Kafka is unreachable: Run then
 // waits a poll interval.
@@ -163,16 +170,20 @@ func (w *Worker) step(ctx context.Context) (more bool, err error) {
 	}
 	defer tx.Rollback(dbctx)
 
-	head, err := scanEntry(tx.QueryRow(dbctx, fmt.Sprintf(`SELECT `+columns+` FROM %[2]s r
+	// A head is a due pending row with no lower seq of its aggregate. The
+	// oldest goes first; a head that failed waits out its backoff
+	// (next_attempt_at), so the heads of other aggregates are claimed
+	// meanwhile: one row's trouble never holds up the others.
+	head, err := scanEntry(tx.QueryRow(dbctx, fmt.Sprintf(`SELECT %s FROM %s r
 WHERE r.status = 'pending' AND r.next_attempt_at <= now()
-  AND NOT EXISTS (SELECT 1 FROM %[2]s p WHERE p.aggregate = r.aggregate AND p.seq < r.seq)
+  AND NOT EXISTS (SELECT 1 FROM %s p WHERE %s AND p.seq < r.seq)
 ORDER BY r.seq LIMIT 1
-FOR UPDATE OF r SKIP LOCKED`, "value", s.table)))
+FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p", "r.aggregate"))))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("claim due row: %w", err)
+		return false, fmt.Errorf("claim due row: %w", s.hint(err))
 	}
 
 	d := &delivery{w: w, tx: tx, topics: map[[2]string]topicResult{}}
@@ -185,8 +196,8 @@ FOR UPDATE OF r SKIP LOCKED`, "value", s.table)))
 	// or failed for the reason it did, so they go now, whatever their
 	// next_attempt_at, in batches, until the first failure.
 	for last := head.Seq; res == sendDelivered; {
-		rows, err := tx.Query(dbctx, fmt.Sprintf(`SELECT `+columns+` FROM %s
-WHERE aggregate = $1 AND seq > $2 ORDER BY seq LIMIT $3 FOR UPDATE`, "value", s.table),
+		rows, err := tx.Query(dbctx, fmt.Sprintf(`SELECT %s FROM %s r
+WHERE %s AND r.seq > $2 ORDER BY r.seq LIMIT $3 FOR UPDATE`, columns(true), s.table, sameAggregate("r", "$1::text")),
 			head.Aggregate, last, w.cfg.BatchSize)
 		if err != nil {
 			return false, fmt.Errorf("read rows behind %d: %w", head.Seq, err)
@@ -215,8 +226,8 @@ WHERE aggregate = $1 AND seq > $2 ORDER BY seq LIMIT $3 FOR UPDATE`, "value", s.
 	}
 	if len(d.delivered) > 0 && w.cfg.Delivered != nil {
 		var left bool
-		err := s.pool.QueryRow(dbctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE aggregate = $1)`, s.table),
-			head.Aggregate).Scan(&left)
+		err := s.pool.QueryRow(dbctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s r WHERE %s)`,
+			s.table, sameAggregate("r", "$1::text")), head.Aggregate).Scan(&left)
 		if err != nil {
 			return true, fmt.Errorf("check aggregate %q: %w", head.Aggregate, err)
 		}
@@ -264,8 +275,12 @@ type failure struct {
 // the first failure is recorded, and the rest stays.
 func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 	msgs := make([]kafka.Message, 0, len(rows))
-	var routeFail *failure
+	var refuse *failure
 	for _, e := range rows {
+		if reason := undeliverable(&e); reason != "" {
+			refuse = &failure{row: e, reason: reason, permanent: true}
+			break
+		}
 		k := [2]string{e.AggregateType, e.EventType}
 		tr, ok := d.topics[k]
 		if !ok {
@@ -273,14 +288,10 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			d.topics[k] = tr
 		}
 		if tr.err != nil {
-			routeFail = &failure{row: e, reason: routeReason(tr.err), permanent: true}
+			refuse = &failure{row: e, reason: routeReason(tr.err), permanent: true}
 			break
 		}
-		hs := make([]kafka.Header, len(e.Headers))
-		for i, h := range e.Headers {
-			hs[i] = kafka.Header{Key: h.Key, Value: h.Value}
-		}
-		msgs = append(msgs, kafka.Message{Topic: tr.topic, Key: e.Key, Value: e.Value, Headers: hs})
+		msgs = append(msgs, kafka.Message{Topic: tr.topic, Key: e.Key, Value: e.Value, Headers: headers(&e)})
 	}
 	if len(msgs) > 0 {
 		actx, cancel := context.WithTimeout(ctx, d.w.cfg.AttemptTimeout)
@@ -294,15 +305,30 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			d.shutdown = true
 			return sendStopped
 		case errors.Is(err, context.DeadlineExceeded):
-			// The sink blocks through broker-wide failures: this is not the
-			// events' fault, and counts against none of them.
-			if !d.w.outage {
-				d.w.log.Warn("retry worker: kafka unreachable, retrying later without counting attempts",
-					"timeout", d.w.cfg.AttemptTimeout.String())
-				d.w.outage = true
+			// The sink blocks through broker-wide failures, but also
+			// through some of one topic's (a name colliding with another
+			// topic's, partitions without a leader): only a cluster that
+			// does not answer now is an outage that counts against no row.
+			pctx, cancel := context.WithTimeout(ctx, d.w.cfg.AttemptTimeout)
+			perr := d.w.cfg.Sink.Ping(pctx)
+			cancel()
+			if ctx.Err() != nil {
+				d.shutdown = true
+				return sendStopped
 			}
-			d.outage = true
-			return sendStopped
+			if perr != nil {
+				if !d.w.outage {
+					d.w.log.Warn("retry worker: kafka unreachable, retrying later without counting attempts",
+						"timeout", d.w.cfg.AttemptTimeout.String(), "err", perr)
+					d.w.outage = true
+				}
+				d.outage = true
+				return sendStopped
+			}
+			d.outageOver()
+			d.attempted += len(msgs)
+			d.failed = &failure{row: rows[0], reason: timeoutReason(d.w.cfg.AttemptTimeout, msgs[0])}
+			return sendFailed
 		case errors.As(err, &we) && len(we.Failures) > 0:
 			d.outageOver()
 			first := we.Failures[0]
@@ -327,12 +353,58 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			d.delivered = append(d.delivered, e.Seq)
 		}
 	}
-	if routeFail != nil {
+	if refuse != nil {
 		d.attempted++
-		d.failed = routeFail
+		d.failed = refuse
 		return sendFailed
 	}
 	return sendDelivered
+}
+
+// headers are e's Kafka headers, built as the pipeline builds them: the
+// relay's own from the row's columns, then the stored extra headers. Rows of
+// earlier versions stored the relay's own headers too; router.Headers drops
+// them, so they are not sent twice.
+func headers(e *Entry) []kafka.Header {
+	extra := make([]router.Header, len(e.Headers))
+	for i, h := range e.Headers {
+		extra[i] = router.Header(h)
+	}
+	hs, _ := router.Headers([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), extra)
+	out := make([]kafka.Header, len(hs))
+	for i, h := range hs {
+		out[i] = kafka.Header(h)
+	}
+	return out
+}
+
+// undeliverable says why the Worker must not send e at all, or "".
+func undeliverable(e *Entry) string {
+	switch {
+	case e.LastResort:
+		return fmt.Sprintf("last-resort record: the retry table could not store this event in its columns, so the relay "+
+			"cannot deliver it and keeps it dead (requeueing does not change that); it blocks later events of its aggregate "+
+			"until dropped. Inspect it with `outbox-relay retries show %d`, then deliver it by hand, or fix the cause and "+
+			"insert the event into the outbox again, and drop this row", e.Seq)
+	case e.unreadable != "":
+		return fmt.Sprintf("the row cannot be delivered: %s; inspect it with `outbox-relay retries show %d`, deliver it by hand and drop it",
+			e.unreadable, e.Seq)
+	case e.EventID == "":
+		// Consumers deduplicate by the id header: the router refuses such
+		// an event, and so does the Worker.
+		return fmt.Sprintf("the event has no id (its outbox row's id was NULL or empty), and consumers need one: "+
+			"inspect it with `outbox-relay retries show %d`, deliver it by hand or drop it", e.Seq)
+	}
+	return ""
+}
+
+// timeoutReason says why an attempt that ran out of time while Kafka
+// answered is the row's own failure.
+func timeoutReason(timeout time.Duration, msg kafka.Message) string {
+	return fmt.Sprintf("writing to topic %q did not finish within %s although Kafka answers: the topic may be unusable "+
+		"(a name that collides with an existing topic's, such as one differing only in '.' and '_'; partitions without a leader; "+
+		"too few in-sync replicas): check it with the Kafka tools and fix it or the topic config; retried with backoff",
+		msg.Topic, timeout)
 }
 
 func (d *delivery) outageOver() {
@@ -373,7 +445,7 @@ func (d *delivery) finish(dbctx, ctx context.Context) error {
     waiting = false,
     updated_at = now()
 WHERE seq = $1 RETURNING status, attempts`, s.table),
-			f.row.Seq, f.reason, backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds()).Scan(&status, &attempts)
+			f.row.Seq, storableText(f.reason), backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds()).Scan(&status, &attempts)
 		if err != nil {
 			return fmt.Errorf("record failure of row %d: %w", f.row.Seq, err)
 		}
@@ -434,4 +506,10 @@ func SinkReason(err error, msg kafka.Message) string {
 		return fmt.Sprintf("%q is not a valid topic name: fix the topic config and requeue (%v)", msg.Topic, err)
 	}
 	return fmt.Sprintf("Kafka refused the message for topic %q: %v", msg.Topic, err)
+}
+
+// storableText makes a reason storable in last_error whatever Kafka or the
+// router put in it: a failure must never fail to be recorded.
+func storableText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
