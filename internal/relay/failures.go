@@ -177,7 +177,7 @@ func failureEvent(f *routeFailure) retry.Event {
 func retryEvent(e *event) retry.Event {
 	m := &e.msg
 	ev := retry.Event{
-		EventKey:      positionKey(e.lsn, e.n),
+		EventKey:      retry.PositionKey(e.lsn, e.n),
 		EventID:       m.EventID,
 		Aggregate:     retry.Aggregate(m.Topic, m.Key),
 		AggregateType: m.AggregateType,

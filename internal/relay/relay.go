@@ -160,6 +160,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		if start, err = r.resolveStart(ctx, pool, store); err != nil {
 			return err
 		}
+		// A retry table made by an earlier version lacks what lets it
+		// store every event: upgrade it (a no-op, without locks, when
+		// current). Without the rights to, say so; setup can do it.
+		if err := rstore.Migrate(ctx); err != nil {
+			if unreachable(err) {
+				return err
+			}
+			r.log.Warn("cannot upgrade the retry table: run \"outbox-relay setup\" as its owner", "table", r.cfg.RetryTable, "err", err)
+		}
 		return r.gate.load(ctx)
 	})
 	if err != nil {
