@@ -281,8 +281,9 @@ func (r *Router) tmplString() string {
 //
 // On a *RouteError the returned Message still carries the fields that could
 // be read (EventID, AggregateType, AggregateID, EventType, Key, Value as
-// stored, and Topic when it could be chosen), so the failure path can store
-// the event for retry; Headers is then nil.
+// stored, Extra, and Topic whenever it could be chosen, even when the id or
+// the aggregate id is missing), so the failure path can store the event for
+// retry in its aggregate's place; Headers is then nil.
 func (r *Router) Route(row replication.Row) (Message, error) {
 	pos := r.positions(row.Relation)
 	if pos.err != nil {
@@ -307,25 +308,25 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 	if pos.headers >= 0 {
 		r.extraHeaders(&m, row.Values[pos.headers])
 	}
-	if len(id) == 0 {
-		return m, &RouteError{Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
-	}
 	eventID := m.EventID
 	aggType := row.Values[pos.aggregateType]
 	if len(aggType) == 0 {
 		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}
 	}
+	eventType := row.Values[pos.eventType]
+	// The topic first: with the key it places a failed event in its
+	// aggregate's lane, so that the aggregate's later events wait behind it.
+	topic, reason := r.topic(aggType, eventType)
+	if reason != "" {
+		return m, &RouteError{EventID: eventID, Reason: reason}
+	}
+	m.Topic = topic
+	if len(id) == 0 {
+		return m, &RouteError{Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
+	}
 	aggID := row.Values[pos.aggregateID]
 	if len(aggID) == 0 {
 		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate id (column %q) is NULL or empty, so the event has no Kafka key and no order: insert it with an aggregate id", r.cols.AggregateID)}
-	}
-	eventType := row.Values[pos.eventType]
-
-	topic, reason := r.topic(aggType, eventType)
-	m.Topic = topic
-	if reason != "" {
-		m.Topic = ""
-		return m, &RouteError{EventID: eventID, Reason: reason}
 	}
 
 	value := row.Values[pos.payload]

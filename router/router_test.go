@@ -346,6 +346,16 @@ func TestRouteHeadersColumn(t *testing.T) {
 	}
 }
 
+// An event without an id still has its topic: its aggregate's later events
+// must wait behind it.
+func TestRouteErrorKeepsTopic(t *testing.T) {
+	r := mustNew(t, router.Config{})
+	m, err := r.Route(row("<nil>", "Order", "o-1", "Created", "{}", "<nil>"))
+	if err == nil || m.Topic != "outbox.event.Order" || string(m.Key) != "o-1" {
+		t.Errorf("Route(no id) = topic %q, key %q, %v; want outbox.event.Order, o-1 and a *RouteError", m.Topic, m.Key, err)
+	}
+}
+
 // A route failure keeps the headers column's entries: a requeued event must
 // reach Kafka with them.
 func TestRouteErrorKeepsExtraHeaders(t *testing.T) {

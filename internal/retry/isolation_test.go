@@ -311,3 +311,36 @@ func TestWorkerCollidingTopic(t *testing.T) {
 		t.Errorf("A-1 last error %q; want it to name the topic", a1.LastError)
 	}
 }
+
+// TestWorkerRefusesWhatTheRouterRefuses: a requeued event without an
+// aggregate id (the router refused it: no key, no order) is not delivered
+// with an empty key; it goes dead again saying why.
+func TestWorkerRefusesWhatTheRouterRefuses(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	noKey := event("orders", "", "A-1")
+	noKey.Aggregate = retry.UnroutableAggregate("Order", "")
+	noKey.Permanent = true
+	if err := s.Insert(ctx, []retry.Event{noKey, event("orders", "B", "B-1")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Requeue(ctx, []string{"A-1"}); err != nil {
+		t.Fatal(err)
+	}
+	fs := &fakeSink{}
+	w, err := retry.NewWorker(fastConfig(s, fs, (&topicOf{topic: "orders"}).Topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
+	waitFor(t, 10*time.Second, "B-1 delivered and A-1 dead again", func() bool {
+		a1 := get(t, s, "A-1")
+		return slices.Equal(fs.keys(), []string{"B"}) && a1.Status == retry.StatusDead && a1.Attempts == 1
+	})
+	if a1 := get(t, s, "A-1"); !strings.Contains(a1.LastError, "no aggregate id") {
+		t.Errorf("A-1 last error %q; want it to say the event has no aggregate id", a1.LastError)
+	}
+	if got := fs.keys(); !slices.Equal(got, []string{"B"}) {
+		t.Errorf("written keys = %q; want only B", got)
+	}
+}

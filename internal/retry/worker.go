@@ -394,6 +394,11 @@ func undeliverable(e *Entry) string {
 		// an event, and so does the Worker.
 		return fmt.Sprintf("the event has no id (its outbox row's id was NULL or empty), and consumers need one: "+
 			"inspect it with `outbox-relay retries show %d`, deliver it by hand or drop it", e.Seq)
+	case e.AggregateID == "":
+		// No key, no order: the router refuses such an event, and so does
+		// the Worker (a requeue cannot give it one).
+		return fmt.Sprintf("the event has no aggregate id (its outbox row's aggregate id was NULL or empty), so it has no Kafka key "+
+			"and no order: inspect it with `outbox-relay retries show %d`, deliver it by hand or drop it", e.Seq)
 	}
 	return ""
 }
