@@ -241,7 +241,8 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 	case slotDB != db:
 		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: fix the DSN's database or the slot name", s.cfg.Slot, slotDB, db), sentinel: ErrSlotDatabase}
 	case pubExists != "t":
-		return 0, &fatalError{msg: fmt.Sprintf("publication %q does not exist in database %q: run \"outbox-relay setup\"", s.cfg.Publication, db), sentinel: ErrPublicationMissing}
+		return 0, &fatalError{msg: fmt.Sprintf("publication %q does not exist in database %q: create it with \"outbox-relay setup\", then run \"outbox-relay check\": "+
+			"a publication created after the slot's position cannot decode what was written before it, and check then prints how to start past that point", s.cfg.Publication, db), sentinel: ErrPublicationMissing}
 	}
 	if lsnText == nil {
 		return 0, nil
@@ -269,7 +270,14 @@ func (s *Stream) classify(op string, err error) error {
 	case pgErr.Code == "3D000": // invalid_catalog_name
 		return &fatalError{msg: op + ": database does not exist: fix the DSN", sentinel: ErrConfig, cause: err}
 	case pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication"): // undefined_object
-		return &fatalError{msg: fmt.Sprintf("%s: publication %q does not exist at the slot's position: run \"outbox-relay setup\" (the publication must exist before the slot is created)", op, s.cfg.Publication), sentinel: ErrPublicationMissing, cause: err}
+		// The walsender decodes with the catalog as it was at each change: a
+		// publication created (or dropped and recreated) after the slot's
+		// position does not exist there, and the slot cannot move past it.
+		// "setup" cannot help: it finds the publication and the slot in place.
+		return &fatalError{msg: fmt.Sprintf("%s: publication %q does not exist at the slot's position: it was created (or dropped and recreated) after slot %q's confirmed position, "+
+			"and the slot cannot decode past that point with this publication; start past it with "+
+			"\"outbox-relay run --start-lsn <pg_current_wal_lsn() now> --force\" (\"outbox-relay check\" prints that position; events committed in between are skipped: re-insert or replay them), "+
+			"or drop the slot and run \"outbox-relay setup\" to create slot (and publication) again", op, s.cfg.Publication, s.cfg.Slot), sentinel: ErrPublicationMissing, cause: err}
 	case pgErr.Code == "42704":
 		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q does not exist: run \"outbox-relay setup\"", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
 	case pgErr.Code == "55006": // object_in_use

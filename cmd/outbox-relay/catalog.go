@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -161,4 +163,84 @@ func deref[T any](p *T) T {
 		return zero
 	}
 	return *p
+}
+
+// peekTimeout bounds the trial decoding of publicationAtSlot.
+const peekTimeout = 10 * time.Second
+
+// publicationAtSlot returns what stops the slot from decoding with the
+// publication from its confirmed position, or "". The walsender decodes with
+// the catalog as it was at each change: for a change made before the
+// publication existed (dropped and recreated, or created after the slot),
+// pgoutput fails with "publication ... does not exist", and since the slot
+// cannot move past that change, every restart fails the same way.
+//
+// A publication whose row is younger than the slot's catalog_xmin
+// (age(xmin) < age(catalog_xmin)) was created or altered after the slot's
+// position; only then, and only while no relay holds the slot, the slot is
+// asked for real: its changes up to now are decoded with
+// pg_logical_slot_peek_binary_changes, which confirms nothing and so changes
+// nothing, within peekTimeout.
+func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub, slotName string) (string, error) {
+	var active, younger bool
+	var confirmed *string
+	err := conn.QueryRow(ctx, `SELECT s.active, coalesce(age(p.xmin) < age(s.catalog_xmin), false), s.confirmed_flush_lsn::text
+FROM pg_publication p, pg_replication_slots s
+WHERE p.pubname = $1 AND s.slot_name = $2 AND s.database = current_database() AND s.plugin = 'pgoutput'`,
+		pub, slotName).Scan(&active, &younger, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (active || !younger)) {
+		return "", nil // missing pieces are reported on their own
+	}
+	if err != nil {
+		return "", fmt.Errorf("compare publication %q with slot %q: %w", pub, slotName, err)
+	}
+	peekErr := peekSlot(ctx, conn, pub, slotName)
+	var current string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&current); err != nil {
+		return "", fmt.Errorf("read pg_current_wal_lsn(): %w", err)
+	}
+	fix := fmt.Sprintf("start the relay past that point with `outbox-relay run --start-lsn %s --force` "+
+		"(%s is the current WAL position; events committed in between are skipped: re-insert or replay them), "+
+		"or drop the slot (SELECT pg_drop_replication_slot(%s)) and run `outbox-relay setup` to create it again after the publication",
+		current, current, sql.Literal(slotName))
+	var pgErr *pgconn.PgError
+	switch {
+	case peekErr == nil:
+		return "", nil // it decodes: the publication was only altered, or nothing was written in between
+	case errors.As(peekErr, &pgErr) && pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication"):
+		at := ""
+		if _, lsn, ok := strings.Cut(pgErr.Where, "associated LSN "); ok {
+			at = " at " + strings.TrimSpace(lsn)
+		}
+		return fmt.Sprintf("publication %s was created after the position of slot %s (confirmed up to %s): "+
+			"the slot cannot decode past that point with this publication (the server decodes with the catalog as it was then "+
+			"and reports \"publication does not exist\"%s, so `run` fails on every start); %s",
+			pub, slotName, deref(confirmed), at, fix), nil
+	case errors.As(peekErr, &pgErr) && (pgErr.Code == "55006" || pgErr.Code == "55000"):
+		return "", nil // a relay took the slot meanwhile, or the slot is lost (reported with the slot)
+	case errors.As(peekErr, &pgErr) && pgErr.Code == "57014": // query_canceled: the statement timeout
+		return fmt.Sprintf("publication %s was created or altered after the position of slot %s (confirmed up to %s), "+
+			"and a trial decoding did not finish within %s: if `run` fails with \"publication does not exist at the slot's position\", %s",
+			pub, slotName, deref(confirmed), peekTimeout, fix), nil
+	}
+	return "", fmt.Errorf("trial decoding of slot %q: %w", slotName, peekErr)
+}
+
+// peekSlot decodes the slot's changes up to now as the relay would (pgoutput, proto_version 1, the publication name as the relay passes
+// it), without confirming anything.
+func peekSlot(ctx context.Context, conn *pgx.Conn, pub, slotName string) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", peekTimeout.Milliseconds())); err != nil {
+		return err
+	}
+	var n int64
+	// Up to the current position, not just the first change: pgoutput looks
+	// publications up again after every catalog change, so a change written
+	// while the publication was missing fails even after earlier ones decoded.
+	return tx.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), NULL,
+	'proto_version', '1', 'publication_names', $2)`, slotName, pub).Scan(&n)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -43,13 +44,15 @@ type checker struct {
 	failed int
 }
 
+// ok and fail escape the whole line: names from the catalog and server
+// messages may hold control characters.
 func (c *checker) ok(name, format string, args ...any) {
-	fmt.Fprintf(c.out, "ok    %s: %s\n", name, fmt.Sprintf(format, args...))
+	fmt.Fprintf(c.out, "ok    %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
 }
 
 func (c *checker) fail(name, format string, args ...any) {
 	c.failed++
-	fmt.Fprintf(c.out, "FAIL  %s: %s\n", name, fmt.Sprintf(format, args...))
+	fmt.Fprintf(c.out, "FAIL  %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
 }
 
 // checkPostgres checks, in the order an operator would fix them, what the
@@ -163,6 +166,20 @@ func checkPostgres(ctx context.Context, e *env, c *checker) {
 	default:
 		c.ok("slot", "%s uses pgoutput, confirmed up to %s, retains %s of WAL; inactive",
 			slotName, deref(sl.Confirmed), deref(sl.Retained))
+	}
+	// Both may look fine and still not work together: a publication
+	// recreated after the slot's position fails every start of the relay.
+	if sl.Exists && sl.problem(slotName) == "" && pub.Exists {
+		switch p, err := publicationAtSlot(ctx, conn, pubName, slotName); {
+		case err != nil:
+			c.fail("slot decoding", "%v", e.scrub.Error(err))
+		case p != "":
+			c.fail("slot decoding", "%s", p)
+		case sl.Active:
+			c.ok("slot decoding", "not tried: a relay holds the slot")
+		default:
+			c.ok("slot decoding", "%s can decode with publication %s from its position", slotName, pubName)
+		}
 	}
 
 	// Checkpoint table.

@@ -263,7 +263,10 @@ func (l *loader) int(key string) int {
 		return 0
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil {
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		l.errs = append(l.errs, fmt.Errorf("%s: %s is out of range for a whole number; use a smaller value such as %s", key, s, defaults[key]))
+	case err != nil:
 		l.errs = append(l.errs, fmt.Errorf("%s: %q is not a whole number", key, s))
 	}
 	return n
@@ -424,6 +427,13 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
+// Bounds of the in-flight window (pipeline.max_in_flight_*).
+const (
+	maxInFlightEvents = 10_000_000
+	minInFlightBytes  = 64 << 10
+	maxInFlightBytes  = 16 << 30
+)
+
 var compressions = []string{"none", "gzip", "snappy", "lz4", "zstd"}
 var saslMechanisms = []string{"plain", "scram-sha-256", "scram-sha-512"}
 
@@ -535,6 +545,15 @@ func (c *config) validate() error {
 	// pipeline, checkpoint, metrics, log
 	positiveInt(&c.Pipeline.MaxInFlightEvents, "pipeline.max_in_flight_events")
 	positiveInt(&c.Pipeline.MaxInFlightBytes, "pipeline.max_in_flight_bytes")
+	// Upper bounds keep the soft memory limit (32 MiB + 2 x bytes) and the
+	// crash-resend bound meaningful; near 2^63 the limit's arithmetic
+	// overflowed. The same bounds as relay.Config's.
+	if n := c.Pipeline.MaxInFlightEvents; n > maxInFlightEvents {
+		bad("pipeline.max_in_flight_events", "%d is out of range; allowed 1 to %d (default %s)", n, maxInFlightEvents, defaults["pipeline.max_in_flight_events"])
+	}
+	if n := c.Pipeline.MaxInFlightBytes; n > 0 && (n < minInFlightBytes || n > maxInFlightBytes) {
+		bad("pipeline.max_in_flight_bytes", "%d is out of range; allowed %d (64 KiB) to %d (16 GiB) (default %s)", n, minInFlightBytes, maxInFlightBytes, defaults["pipeline.max_in_flight_bytes"])
+	}
 	positive(&c.Pipeline.ShutdownTimeout, "pipeline.shutdown_timeout")
 	def(&c.Checkpoint.Table, "checkpoint.table")
 	if _, err := sql.ParseTable(c.Checkpoint.Table); err != nil {

@@ -15,7 +15,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 )
 
-const defaultWatch = 2 * time.Second
+const (
+	defaultWatch = 2 * time.Second
+	minWatch     = time.Second
+)
 
 func newLagCmd(wrap wrapFunc) *cobra.Command {
 	var (
@@ -38,9 +41,11 @@ a relay is running and never disturbs one.
                  created_at: see the README's Operating section), or "caught up"
 
 --json prints one object (one per redraw with --watch) with the fields listed
-in the README. --watch redraws every interval (default 2s) until Ctrl-C.
+in the README. --watch redraws every interval (default 2s, at least 1s) until
+Ctrl-C.
 
-Exit codes: 0 ok, 1 error (cannot connect, slot missing), 2 bad flags or
+Exit codes: 0 ok, 1 error (cannot connect, slot missing) or the slot is lost
+(wal_status lost: it can never stream again, see the README), 2 bad flags or
 configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
 --watch, thresholds are shown in the output instead of ending the watch.`,
 		Args: cobra.MaximumNArgs(1),
@@ -57,8 +62,13 @@ configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
 				}
 				watch = d
 			}
-			if watch < 0 || maxBytes < 0 || maxSeconds < 0 {
-				return fmt.Errorf("%w: --watch, --max-bytes and --max-seconds must not be negative", errConfig)
+			if maxBytes < 0 || maxSeconds < 0 {
+				return usageErrorf("--max-bytes and --max-seconds must not be negative")
+			}
+			// Each redraw runs several catalog queries; --watch 0.001 ran
+			// ~800 a second against the server being watched.
+			if cmd.Flags().Changed("watch") && watch < minWatch {
+				return usageErrorf("--watch %s: the interval must be at least %s (e.g. --watch=%s)", watch, minWatch, defaultWatch)
 			}
 			opts := ops.LagOptions{
 				JSON:       asJSON,
@@ -82,7 +92,7 @@ configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
 	}
 	f := cmd.Flags()
 	f.BoolVar(&asJSON, "json", false, "print JSON (field names in the README)")
-	f.DurationVar(&watch, "watch", 0, "redraw every interval until Ctrl-C (default 2s when given without a value)")
+	f.DurationVar(&watch, "watch", 0, "redraw every interval (at least 1s) until Ctrl-C (default 2s when given without a value)")
 	f.Lookup("watch").NoOptDefVal = defaultWatch.String()
 	f.Int64Var(&maxBytes, "max-bytes", 0, "exit 3 when the slot's lag exceeds N bytes (0: no limit)")
 	f.Float64Var(&maxSeconds, "max-seconds", 0, "exit 3 when the oldest undelivered event is older than N seconds (0: no limit)")

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 )
 
@@ -36,6 +37,15 @@ not retried: they failed for good (or too long, or too often) and block their
 aggregate until you requeue them (after fixing the cause) or drop them.
 
 An ID is the SEQ number that list shows, or the event id.`,
+		// cobra shows the help of a command without Run and exits 0, also
+		// for "retries lsit": an unknown subcommand is a usage error (2).
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageErrorf("unknown command %q for %q", args[0], cmd.CommandPath())
+			}
+			return cmd.Help()
+		},
 	}
 	cmd.AddCommand(newRetriesListCmd(wrap), newRetriesShowCmd(wrap),
 		newRetriesRequeueCmd(wrap), newRetriesDropCmd(wrap))
@@ -158,9 +168,11 @@ func writeRetryEntries(w io.Writer, entries []retry.Entry, now time.Time) {
 				next = "due"
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", en.Seq, dashIfEmpty(en.EventID),
-			truncateRunes(en.Aggregate, 40), dashIfEmpty(en.Topic), retryStatus(en), en.Attempts, next,
-			roughDuration(now.Sub(en.CreatedAt)), truncateRunes(singleLine(en.LastError), 60))
+		// Every field comes from event data or the broker: escaped, so that
+		// no control character reaches the operator's terminal.
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", en.Seq, ops.Printable(dashIfEmpty(en.EventID)),
+			ops.Printable(truncateRunes(en.Aggregate, 40)), ops.Printable(dashIfEmpty(en.Topic)), retryStatus(en), en.Attempts, next,
+			roughDuration(now.Sub(en.CreatedAt)), ops.Printable(truncateRunes(singleLine(en.LastError), 60)))
 	}
 	tw.Flush()
 }
@@ -286,7 +298,14 @@ list shows, or the event id.`,
 
 func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	// The values come from event data and the broker: every string is
+	// escaped, so that no control character reaches the operator's terminal.
 	row := func(name, format string, args ...any) {
+		for i, a := range args {
+			if s, ok := a.(string); ok {
+				args[i] = ops.Printable(s)
+			}
+		}
 		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{name}, args...)...)
 	}
 	row("seq", "%d", en.Seq)
@@ -314,7 +333,7 @@ func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 	row("in table since", "%s (%s ago)", en.CreatedAt.Format(time.RFC3339), roughDuration(now.Sub(en.CreatedAt)))
 	row("updated", "%s", en.UpdatedAt.Format(time.RFC3339))
 	if en.SourceLSN != 0 {
-		row("source lsn", "%s", en.SourceLSN)
+		row("source lsn", "%s", en.SourceLSN.String())
 	}
 	if !en.CommitTime.IsZero() {
 		row("commit time", "%s", en.CommitTime.Format(time.RFC3339Nano))
@@ -328,7 +347,7 @@ func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 	if len(en.Headers) > 0 {
 		fmt.Fprintln(w, "headers:")
 		for _, h := range en.Headers {
-			fmt.Fprintf(w, "  %s: %s\n", h.Key, bytesText(h.Value))
+			fmt.Fprintf(w, "  %s: %s\n", ops.Printable(h.Key), ops.Printable(bytesText(h.Value)))
 		}
 	}
 }

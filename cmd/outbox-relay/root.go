@@ -8,6 +8,8 @@ import (
 	"log/slog"
 
 	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/ops"
 )
 
 // version is set at build time: go build -ldflags "-X main.version=v1.2.3".
@@ -36,6 +38,12 @@ const (
 // errConfig marks configuration errors, for the exit code.
 var errConfig = errors.New("configuration")
 
+// usageErrorf reports a bad command line found by a command itself (a flag
+// value or argument cobra cannot judge): exit 2, like cobra's own findings.
+func usageErrorf(format string, args ...any) error {
+	return fmt.Errorf("%w: %w", errConfig, fmt.Errorf(format, args...))
+}
+
 // errReported means the command already printed why it failed.
 var errReported = errors.New("failed")
 
@@ -52,14 +60,24 @@ type env struct {
 func execute(args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
 	root.SetArgs(args)
-	err := root.ExecuteContext(context.Background())
+	// cobra runs persistent pre-run hooks only once the command line parsed:
+	// known command, known flags with valid values, argument count accepted.
+	// An error before that point is the operator's usage error (exit 2, as the
+	// README promises), never a runtime failure.
+	parsed := false
+	root.PersistentPreRun = func(*cobra.Command, []string) { parsed = true }
+	cmd, err := root.ExecuteContextC(context.Background())
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.Is(err, errReported):
 		return exitFail
 	}
-	fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
+	fmt.Fprintf(stderr, "outbox-relay: %s\n", ops.PrintableText(err.Error()))
+	if !parsed {
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		return exitConfig
+	}
 	// lag's threshold breach has a code of its own (3), so probes can tell
 	// "behind" from "set up wrong" (2) and "failed" (1).
 	var coded interface{ ExitCode() int }

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,9 +20,12 @@ import (
 )
 
 func newRunCmd(wrap wrapFunc) *cobra.Command {
-	var startLSN string
+	var (
+		startLSN string
+		force    bool
+	)
 	cmd := &cobra.Command{
-		Use:   "run",
+		Use:   "run [--start-lsn X/Y [--force]]",
 		Short: "Stream outbox inserts to Kafka until SIGTERM or SIGINT",
 		Long: `run streams until it receives SIGTERM or SIGINT, then stops reading, waits up to
 pipeline.shutdown_timeout for Kafka to acknowledge what is in flight, saves the
@@ -29,16 +34,26 @@ not confirmed is delivered again on the next start).
 
 --start-lsn X/Y starts at that WAL position instead of the saved checkpoint: a
 forward skip, for an operator who decided to drop events. Starting behind the
-slot's confirmed position is refused, because the server no longer has that WAL.`,
+slot's confirmed position is refused, because the server no longer has that WAL.
+A position beyond the server's current WAL position (pg_current_wal_lsn()) is
+refused too, unless --force is given: every event committed until the WAL
+reaches that position would be skipped for good.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
 			rc := e.cfg.relayConfig(e.log)
+			if force && startLSN == "" {
+				return usageErrorf("--force only applies to --start-lsn; give the position to start at")
+			}
 			if startLSN != "" {
-				lsn, err := pglogrepl.ParseLSN(startLSN)
+				lsn, err := parseLSN(startLSN)
 				if err != nil {
-					return fmt.Errorf("%w: --start-lsn %q: want a WAL position like 16/B374D848", errConfig, startLSN)
+					return usageErrorf("--start-lsn: %w", err)
+				}
+				if err := checkStartLSN(cmd.Context(), e, lsn, force); err != nil {
+					return err
 				}
 				rc.StartLSN = lsn
+				rc.StartLSNForce = force
 			}
 			r, err := relay.New(rc)
 			if err != nil {
@@ -54,7 +69,8 @@ slot's confirmed position is refused, because the server no longer has that WAL.
 				"publication", e.cfg.Postgres.Publication,
 				"table", e.cfg.Outbox.Table,
 				"brokers", strings.Join(e.cfg.Kafka.Brokers, ","),
-				"start_lsn", startLSN)
+				"start_lsn", startLSN,
+				"force", force)
 			err = r.Run(ctx)
 			if err == nil || isCanceled(ctx, err) {
 				return nil
@@ -62,8 +78,70 @@ slot's confirmed position is refused, because the server no longer has that WAL.
 			return err
 		}),
 	}
-	cmd.Flags().StringVar(&startLSN, "start-lsn", "", "start at this WAL position (X/Y), skipping everything before it")
+	cmd.Flags().StringVar(&startLSN, "start-lsn", "", "start at this WAL position (X/Y, hex), SKIPPING every event committed before it")
+	cmd.Flags().BoolVar(&force, "force", false, "with --start-lsn: accept a position beyond the server's current WAL position. "+
+		"DANGER: every event committed until the WAL reaches it is SKIPPED FOR GOOD (never delivered)")
 	return cmd
+}
+
+// lsnForm is the accepted spelling of a WAL position, for messages.
+const lsnForm = "two hexadecimal numbers of 1 to 8 digits separated by one '/', like 16/B374D848"
+
+// parseLSN reads a WAL position strictly. pglogrepl.ParseLSN uses Sscanf,
+// which reads "1/2/3" as 1/2 and ignores trailing garbage: a typo would then
+// move the slot to a position nobody asked for.
+func parseLSN(s string) (pglogrepl.LSN, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	if !ok || !isHex8(hi) || !isHex8(lo) {
+		return 0, fmt.Errorf("%q is not a WAL position: want %s", s, lsnForm)
+	}
+	h, _ := strconv.ParseUint(hi, 16, 32)
+	l, _ := strconv.ParseUint(lo, 16, 32)
+	return pglogrepl.LSN(h<<32 | l), nil
+}
+
+func isHex8(s string) bool {
+	if len(s) < 1 || len(s) > 8 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkStartLSN refuses a --start-lsn beyond the server's current WAL position
+// before anything starts (the relay checks again when it connects): the slot
+// would jump there and every event committed until the WAL reaches it would
+// be skipped. When Postgres cannot be asked now, the relay's own check decides.
+func checkStartLSN(ctx context.Context, e *env, lsn pglogrepl.LSN, force bool) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := connect(cctx, e)
+	if err != nil {
+		e.log.Warn("cannot check --start-lsn against the server's WAL position now; the relay checks it when it connects", "error", err)
+		return nil
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var current string
+	if err := conn.QueryRow(cctx, `SELECT pg_current_wal_lsn()::text`).Scan(&current); err != nil {
+		e.log.Warn("cannot read pg_current_wal_lsn() to check --start-lsn; the relay checks it when it connects", "error", err)
+		return nil
+	}
+	cur, err := pglogrepl.ParseLSN(current)
+	if err != nil || lsn <= cur {
+		return nil
+	}
+	if !force {
+		return usageErrorf("--start-lsn %s is beyond the server's current WAL position %s: every event committed "+
+			"until the WAL reaches it would be skipped for good; to start from now use --start-lsn %s, "+
+			"or add --force if skipping up to %s is really intended", lsn, cur, cur, lsn)
+	}
+	e.log.Warn("--force: starting beyond the server's current WAL position; every event committed until the WAL reaches it is SKIPPED FOR GOOD",
+		"start_lsn", lsn.String(), "current_wal_lsn", cur.String(), "skipped_bytes_at_least", uint64(lsn-cur))
+	return nil
 }
 
 // signalContext is cancelled by the first SIGTERM or SIGINT; a second one
@@ -117,7 +195,23 @@ func setMemoryLimit(e *env) {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		return
 	}
-	limit := int64(32<<20) + 2*int64(e.cfg.Pipeline.MaxInFlightBytes)
+	limit := memoryLimit(e.cfg.Pipeline.MaxInFlightBytes)
 	debug.SetMemoryLimit(limit)
 	e.log.Info("soft memory limit set (GOMEMLIMIT overrides it)", "bytes", limit)
+}
+
+// memoryLimit is 32 MiB + 2 x window, saturating at math.MaxInt64 (which
+// SetMemoryLimit reads as "no limit") instead of wrapping to a negative
+// limit. validate bounds the window far below that; this keeps the
+// arithmetic safe on its own.
+func memoryLimit(window int) int64 {
+	const base = int64(32 << 20)
+	w := int64(window)
+	if w <= 0 {
+		return base
+	}
+	if w > (math.MaxInt64-base)/2 {
+		return math.MaxInt64
+	}
+	return base + 2*w
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -38,11 +39,15 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	cfg := e.cfg
-	out := e.stdout
+	// say prints one line; escaped, since names come from the config and
+	// the catalog and may hold control characters.
+	say := func(format string, args ...any) {
+		fmt.Fprintln(e.stdout, ops.Printable(fmt.Sprintf(format, args...)))
+	}
 	problems := 0
 	problem := func(format string, args ...any) {
 		problems++
-		fmt.Fprintf(out, format+"\n", args...)
+		say(format, args...)
 	}
 
 	outbox, _ := sql.ParseTable(cfg.Outbox.Table) // validated
@@ -52,7 +57,7 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 	}
 	switch {
 	case oid != 0:
-		fmt.Fprintf(out, "outbox table %s: already exists\n", outbox)
+		say("outbox table %s: already exists", outbox)
 	case createOutbox:
 		for _, stmt := range sql.OutboxTable(outbox, sql.Columns(cfg.Outbox.Columns)) {
 			if _, err := conn.Exec(ctx, stmt); err != nil {
@@ -62,7 +67,7 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 		if oid, err = tableOID(ctx, conn, outbox); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "outbox table %s: created\n", outbox)
+		say("outbox table %s: created", outbox)
 	default:
 		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
 	}
@@ -73,12 +78,12 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 		return err
 	}
 	if cpOID != 0 {
-		fmt.Fprintf(out, "checkpoint table %s: already exists\n", checkpoint)
+		say("checkpoint table %s: already exists", checkpoint)
 	} else {
 		if _, err := conn.Exec(ctx, sql.CheckpointTable(checkpoint)); err != nil {
 			return fmt.Errorf("create checkpoint table %s: %w", checkpoint, err)
 		}
-		fmt.Fprintf(out, "checkpoint table %s: created\n", checkpoint)
+		say("checkpoint table %s: created", checkpoint)
 	}
 
 	retryTable, _ := sql.ParseTable(cfg.Retry.Table)
@@ -87,14 +92,14 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 		return err
 	}
 	if rOID != 0 {
-		fmt.Fprintf(out, "retry table %s: already exists\n", retryTable)
+		say("retry table %s: already exists", retryTable)
 	} else {
 		for _, stmt := range sql.RetryTable(retryTable) {
 			if _, err := conn.Exec(ctx, stmt); err != nil {
 				return fmt.Errorf("create retry table %s: %w", retryTable, err)
 			}
 		}
-		fmt.Fprintf(out, "retry table %s: created\n", retryTable)
+		say("retry table %s: created", retryTable)
 	}
 
 	pubName := cfg.Postgres.Publication
@@ -109,9 +114,9 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 		if _, err := conn.Exec(ctx, sql.CreatePublication(pubName, outbox)); err != nil {
 			return fmt.Errorf("create publication %s: %w", pubName, err)
 		}
-		fmt.Fprintf(out, "publication %s: created for %s, inserts only\n", pubName, outbox)
+		say("publication %s: created for %s, inserts only", pubName, outbox)
 	case oid == 0:
-		fmt.Fprintf(out, "publication %s: already exists\n", pubName)
+		say("publication %s: already exists", pubName)
 	case !pub.Covers:
 		problem("publication %s: already exists but does not cover %s (it covers %s); fix: ALTER PUBLICATION %s ADD TABLE %s, or set postgres.publication to another name",
 			pubName, outbox, publicationTables(pub), sql.Ident(pubName), outbox.Quoted())
@@ -119,7 +124,7 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 		problem("publication %s: already exists but does not publish inserts; fix: ALTER PUBLICATION %s SET (publish = 'insert')",
 			pubName, sql.Ident(pubName))
 	default:
-		fmt.Fprintf(out, "publication %s: already exists, covers %s\n", pubName, outbox)
+		say("publication %s: already exists, covers %s", pubName, outbox)
 	}
 
 	slotName := cfg.Postgres.Slot
@@ -131,8 +136,19 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 	case s.Exists:
 		if p := s.problem(slotName); p != "" {
 			problem("slot %s: already exists but %s", slotName, p)
-		} else {
-			fmt.Fprintf(out, "slot %s: already exists (pgoutput)\n", slotName)
+			break
+		}
+		say("slot %s: already exists (pgoutput)", slotName)
+		// An existing slot and a publication created (now or earlier) after
+		// its position: each looks fine, together they fail every start.
+		if pub.Exists || oid != 0 {
+			p, err := publicationAtSlot(ctx, conn, pubName, slotName)
+			if err != nil {
+				return err
+			}
+			if p != "" {
+				problem("slot %s: %s", slotName, p)
+			}
 		}
 	case problems > 0:
 		// A slot holds WAL back from the moment it exists: not before the
@@ -146,7 +162,7 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "slot %s: created (pgoutput) at %s\n", slotName, deref(s.Confirmed))
+		say("slot %s: created (pgoutput) at %s", slotName, deref(s.Confirmed))
 	}
 
 	if problems > 0 {

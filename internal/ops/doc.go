@@ -48,6 +48,9 @@
 //	slot.wal_status                string  "reserved", "extended", "unreserved" or "lost", or null
 //	slot.safe_wal_size_bytes       int     WAL that can still be written before the slot is at risk of
 //	                                       being lost, or null when max_slot_wal_keep_size is unlimited
+//	                                       or the slot is already lost
+//	max_slot_wal_keep_size         string  the server's setting as SHOW prints it: "-1", "1MB", "10GB"
+//	max_slot_wal_keep_size_bytes   int     the same in bytes (pg_settings keeps it in MB), or null when -1 (unlimited)
 //	current_wal_lsn                string  pg_current_wal_lsn()
 //	lag_bytes                      int     current_wal_lsn - confirmed_flush_lsn, or null
 //	retained_wal_bytes             int     current_wal_lsn - restart_lsn: WAL kept on disk for the slot, or null
@@ -55,7 +58,8 @@
 //	checkpoint.lsn                 string  last delivered position saved by the relay
 //	checkpoint.saved_at            string  when it was saved, or null
 //	checkpoint.last_commit_time    string  commit time of the last delivered transaction, or null
-//	time_lag.state                 string  "behind", "caught_up" or "unknown" (see above)
+//	time_lag.state                 string  "behind", "caught_up" or "unknown" (see above); never
+//	                                       "caught_up" for a lost or unreserved slot (then "unknown")
 //	time_lag.oldest_undelivered_at string  created_at of the oldest undelivered event, or null
 //	time_lag.seconds               number  age of that event; 0 when caught up; null when unknown
 //	time_lag.last_delivered_age_seconds
@@ -74,7 +78,8 @@
 // # Exit codes of `outbox-relay lag`
 //
 //	0  no threshold exceeded (or none given)
-//	1  error: cannot connect, slot missing, query failed
+//	1  error: cannot connect, slot missing, query failed; or the slot is lost
+//	   (wal_status lost: like a missing slot, it can never stream again)
 //	2  bad flags or configuration (the CLI's code for every command)
 //	3  --max-bytes or --max-seconds exceeded
 package ops

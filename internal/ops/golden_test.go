@@ -46,6 +46,7 @@ var volatile = map[string]string{
 	"oldest_undelivered_at": "<time>", "lag_bytes": "<bytes>", "retained_wal_bytes": "<bytes>",
 	"safe_wal_size_bytes": "<bytes>", "seconds": "<seconds>", "last_delivered_age_seconds": "<seconds>",
 	"oldest_pending_age_seconds": "<seconds>",
+	"max_slot_wal_keep_size":     "<setting>", "max_slot_wal_keep_size_bytes": "<bytes>",
 }
 
 func normalise(v any) any {
@@ -147,6 +148,7 @@ var (
 		ConfirmedFlushLSN: ptr("0/5000000"), RestartLSN: ptr("0/1000000"), WALStatus: ptr("unreserved"),
 		SafeWALSizeBytes: ptr(int64(-3 << 20)),
 	}
+	lostSlot   = ops.Slot{ConfirmedFlushLSN: ptr("0/5000000"), WALStatus: ptr("lost")}
 	checkpoint = &ops.Checkpoint{LSN: "0/5000000", SavedAt: ptr(now.Add(-1500 * time.Millisecond)), LastCommitTime: ptr(now.Add(-2 * time.Second))}
 )
 
@@ -157,7 +159,7 @@ func TestTextGolden(t *testing.T) {
 	}{
 		{"lag_behind.txt", &ops.LagReport{
 			SlotName: "outbox_relay", CheckedAt: now, Slot: activeSlot, CurrentWALLSN: "0/6000000",
-			LagBytes: ptr(int64(16 << 20)), RetainedWALBytes: ptr(int64(17 << 20)), Checkpoint: checkpoint,
+			LagBytes: ptr(int64(16 << 20)), RetainedWALBytes: ptr(int64(17 << 20)), Checkpoint: checkpoint, MaxSlotWALKeepSize: "-1",
 			TimeLag: ops.TimeLag{State: ops.StateBehind, OldestUndeliveredAt: ptr(now.Add(-12500 * time.Millisecond)),
 				Seconds: ptr(12.5), LastDeliveredAgeSeconds: ptr(2.0)},
 			Retry: &ops.Retry{Pending: 3, Dead: 1, OldestPendingAgeSeconds: ptr(330.0)},
@@ -165,11 +167,18 @@ func TestTextGolden(t *testing.T) {
 		{"lag_at_risk.txt", &ops.LagReport{
 			SlotName: "outbox_relay", CheckedAt: now, Slot: idleSlot, CurrentWALLSN: "0/40000000",
 			LagBytes: ptr(int64(0x3B000000)), RetainedWALBytes: ptr(int64(0x3F000000)),
-			TimeLag: ops.TimeLag{State: ops.StateUnknown},
+			TimeLag:            ops.TimeLag{State: ops.StateUnknown},
+			MaxSlotWALKeepSize: "1GB", MaxSlotWALKeepSizeBytes: ptr(int64(1 << 30)),
+		}},
+		{"lag_lost.txt", &ops.LagReport{
+			SlotName: "outbox_relay", CheckedAt: now, Slot: lostSlot, CurrentWALLSN: "0/40000000",
+			LagBytes: ptr(int64(0x3B000000)), Checkpoint: checkpoint,
+			TimeLag:            ops.TimeLag{State: ops.StateBehind, Seconds: ptr(75.0), OldestUndeliveredAt: ptr(now.Add(-75 * time.Second)), LastDeliveredAgeSeconds: ptr(2.0)},
+			MaxSlotWALKeepSize: "1MB", MaxSlotWALKeepSizeBytes: ptr(int64(1 << 20)),
 		}},
 		{"lag_caught_up.txt", &ops.LagReport{
 			SlotName: "outbox_relay", CheckedAt: now, Slot: activeSlot, CurrentWALLSN: "0/5000100",
-			LagBytes: ptr(int64(256)), RetainedWALBytes: ptr(int64(1 << 20)), Checkpoint: checkpoint,
+			LagBytes: ptr(int64(256)), RetainedWALBytes: ptr(int64(1 << 20)), Checkpoint: checkpoint, MaxSlotWALKeepSize: "-1",
 			TimeLag: ops.TimeLag{State: ops.StateCaughtUp, Seconds: ptr(0.0), LastDeliveredAgeSeconds: ptr(3600.0)},
 			Retry:   &ops.Retry{},
 		}},

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -88,6 +90,8 @@ type TimeLag struct {
 	OldestUndeliveredAt     *time.Time `json:"oldest_undelivered_at"`
 	Seconds                 *float64   `json:"seconds"`
 	LastDeliveredAgeSeconds *float64   `json:"last_delivered_age_seconds"`
+
+	slotAtRisk bool // "caught up" was withheld: the slot is lost or unreserved
 }
 
 // Retry summarises the retry table.
@@ -108,7 +112,48 @@ type LagReport struct {
 	Checkpoint       *Checkpoint `json:"checkpoint"`
 	TimeLag          TimeLag     `json:"time_lag"`
 	Retry            *Retry      `json:"retry"`
+
+	// The server's max_slot_wal_keep_size as SHOW prints it ("-1", "1MB",
+	// "10GB"), and in bytes (nil when -1: unlimited).
+	MaxSlotWALKeepSize      string `json:"max_slot_wal_keep_size"`
+	MaxSlotWALKeepSizeBytes *int64 `json:"max_slot_wal_keep_size_bytes"`
 }
+
+// WAL statuses of a slot (pg_replication_slots.wal_status).
+const (
+	WALReserved   = "reserved"
+	WALExtended   = "extended"
+	WALUnreserved = "unreserved" // invalidated at the next checkpoint unless it advances
+	WALLost       = "lost"       // invalidated: it can never stream again
+)
+
+// Lost reports whether the slot was invalidated (wal_status lost).
+func (s Slot) Lost() bool { return s.WALStatus != nil && *s.WALStatus == WALLost }
+
+// atRisk reports a slot that is lost or about to be.
+func (s Slot) atRisk() bool {
+	return s.Lost() || (s.WALStatus != nil && *s.WALStatus == WALUnreserved)
+}
+
+// SlotLostError is RunLag's error for a lost slot (wal_status lost): the
+// server removed WAL the slot needed, so no relay can stream it again and
+// events after its confirmed position were never delivered by it. It maps to
+// ExitError (1), the code of a missing slot, which is what a lost slot
+// amounts to: recreate it (see the README's "When the slot is at risk").
+type SlotLostError struct {
+	Slot               string
+	ConfirmedFlushLSN  string
+	MaxSlotWALKeepSize string
+}
+
+func (e *SlotLostError) Error() string {
+	return fmt.Sprintf("replication slot %q is lost (wal_status lost): the server removed WAL it needed "+
+		"(max_slot_wal_keep_size = %s); it can never stream again and events committed after %s were not relayed "+
+		"by it: recreate it (see \"When the slot is at risk\" in the README)", e.Slot, e.MaxSlotWALKeepSize, e.ConfirmedFlushLSN)
+}
+
+// ExitCode is ExitError: see the type's doc.
+func (e *SlotLostError) ExitCode() int { return ExitError }
 
 // StatusReport is the answer of Status. Its JSON form is documented in the package doc.
 type StatusReport struct {
@@ -130,7 +175,9 @@ SELECT s.active, s.active_pid, r.application_name, host(r.client_addr), r.backen
        pg_current_wal_lsn()::text,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
-       now(), (r.pid IS NOT NULL)
+       now(), (r.pid IS NOT NULL),
+       current_setting('max_slot_wal_keep_size'),
+       (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings WHERE name = 'max_slot_wal_keep_size')
 FROM pg_replication_slots s
 LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
 WHERE s.slot_name = $1`
@@ -141,21 +188,69 @@ type slotRow struct {
 	lag, retained *int64
 	now           time.Time
 	walsender     bool
+	keepSize      string // max_slot_wal_keep_size as SHOW prints it
+	keepSizeBytes *int64 // nil when unlimited
 }
 
 func querySlot(ctx context.Context, q Querier, slot string) (slotRow, error) {
 	var r slotRow
 	s := &r.slot
+	var keepSetting *string
 	err := q.QueryRow(ctx, slotQuery, slot).Scan(&s.Active, &s.ActivePID, &s.ApplicationName,
 		&s.ClientAddr, &s.BackendStart, &s.WalsenderState, &s.ConfirmedFlushLSN, &s.RestartLSN,
-		&s.WALStatus, &s.SafeWALSizeBytes, &r.currentLSN, &r.lag, &r.retained, &r.now, &r.walsender)
+		&s.WALStatus, &s.SafeWALSizeBytes, &r.currentLSN, &r.lag, &r.retained, &r.now, &r.walsender,
+		&r.keepSize, &keepSetting)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, fmt.Errorf("slot %q: %w", slot, ErrSlotNotFound)
 	}
 	if err != nil {
 		return r, fmt.Errorf("query slot %q: %w", slot, err)
 	}
+	if keepSetting != nil {
+		if r.keepSizeBytes, err = settingBytes(*keepSetting); err != nil {
+			return r, fmt.Errorf("max_slot_wal_keep_size: %w", err)
+		}
+	}
 	return r, nil
+}
+
+// settingBytes converts pg_settings' "setting unit" of a size ("1 MB":
+// max_slot_wal_keep_size is kept in MB; "16 8kB" for block-sized ones) to
+// bytes; -1 (unlimited) is nil.
+func settingBytes(s string) (*int64, error) {
+	setting, unit, _ := strings.Cut(s, " ")
+	n, err := strconv.ParseInt(setting, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("setting %q is not a number", setting)
+	}
+	if n < 0 {
+		return nil, nil
+	}
+	mult := int64(1)
+	digits := strings.TrimRight(unit, "kMGTB")
+	if digits != "" {
+		if mult, err = strconv.ParseInt(digits, 10, 64); err != nil {
+			return nil, fmt.Errorf("unit %q not understood", unit)
+		}
+	}
+	switch unit[len(digits):] {
+	case "B", "":
+	case "kB":
+		mult <<= 10
+	case "MB":
+		mult <<= 20
+	case "GB":
+		mult <<= 30
+	case "TB":
+		mult <<= 40
+	default:
+		return nil, fmt.Errorf("unit %q not understood", unit)
+	}
+	if n > math.MaxInt64/mult {
+		return nil, fmt.Errorf("%d %s is out of range", n, unit)
+	}
+	b := n * mult
+	return &b, nil
 }
 
 // resolveTable returns the table's name quoted for use in SQL, or "" when it
@@ -207,18 +302,26 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 		return nil, err
 	}
 	r := &LagReport{
-		SlotName:         cfg.Slot,
-		CheckedAt:        sr.now,
-		Slot:             sr.slot,
-		CurrentWALLSN:    sr.currentLSN,
-		LagBytes:         sr.lag,
-		RetainedWALBytes: sr.retained,
+		SlotName:                cfg.Slot,
+		CheckedAt:               sr.now,
+		Slot:                    sr.slot,
+		CurrentWALLSN:           sr.currentLSN,
+		LagBytes:                sr.lag,
+		RetainedWALBytes:        sr.retained,
+		MaxSlotWALKeepSize:      sr.keepSize,
+		MaxSlotWALKeepSizeBytes: sr.keepSizeBytes,
 	}
 	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
 		return nil, err
 	}
 	if r.TimeLag, err = queryTimeLag(ctx, q, cfg, r.Checkpoint); err != nil {
 		return nil, err
+	}
+	// Every row delivered so far says nothing about a slot that cannot (lost)
+	// or soon cannot (unreserved) stream: what is committed next is not
+	// delivered through it. "caught up" would tell the operator all is well.
+	if r.TimeLag.State == StateCaughtUp && r.Slot.atRisk() {
+		r.TimeLag.State, r.TimeLag.Seconds, r.TimeLag.slotAtRisk = StateUnknown, nil, true
 	}
 	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable); err != nil {
 		return nil, err

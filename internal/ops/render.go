@@ -26,10 +26,10 @@ func WriteJSON(w io.Writer, v any) error {
 // WriteText writes the report as an aligned two-column table for people.
 func (r *LagReport) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, Printable(v)) }
 	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
 	row("slot", r.SlotName+" ("+holder(r.Slot, r.CheckedAt)+")")
-	row("wal status", walStatus(r.Slot))
+	row("wal status", walStatus(r))
 	row("current WAL", r.CurrentWALLSN)
 	row("confirmed flush", orNA(r.Slot.ConfirmedFlushLSN)+"  lag "+bytesOrNA(r.LagBytes))
 	row("restart", orNA(r.Slot.RestartLSN)+"  retained "+bytesOrNA(r.RetainedWALBytes))
@@ -38,7 +38,7 @@ func (r *LagReport) WriteText(w io.Writer) error {
 	} else {
 		row("checkpoint", "none saved")
 	}
-	row("time lag", timeLag(r.TimeLag))
+	row("time lag", timeLag(r.TimeLag, r.Slot))
 	if s := r.TimeLag.LastDeliveredAgeSeconds; s != nil {
 		row("last delivered", "committed "+seconds(*s)+" ago")
 	} else {
@@ -54,7 +54,7 @@ func (r *LagReport) WriteText(w io.Writer) error {
 // WriteText writes the report as an aligned two-column table for people.
 func (r *StatusReport) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, Printable(v)) }
 	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
 	row("slot", r.SlotName)
 	switch {
@@ -107,25 +107,48 @@ func holder(s Slot, now time.Time) string {
 	return b.String()
 }
 
-func walStatus(s Slot) string {
-	st := orNA(s.WALStatus)
-	safe := "unlimited (max_slot_wal_keep_size = -1)"
-	if s.SafeWALSizeBytes != nil {
-		safe = formatBytes(*s.SafeWALSizeBytes)
+// walStatus reports the slot's wal_status as the server has it, with the
+// server's max_slot_wal_keep_size. safe_wal_size is NULL both when the limit
+// is unlimited and when the slot is already lost: only the setting tells them
+// apart, so it is read, never assumed.
+func walStatus(r *LagReport) string {
+	s := r.Slot
+	keep := "max_slot_wal_keep_size = " + r.MaxSlotWALKeepSize
+	switch {
+	case r.MaxSlotWALKeepSize == "":
+		keep = "max_slot_wal_keep_size unknown"
 	}
-	line := st + ", safe_wal_size " + safe
-	if s.WALStatus != nil && (*s.WALStatus == "unreserved" || *s.WALStatus == "lost") {
-		line += "  AT RISK: see the Operating section of the README"
+	var safe string
+	switch {
+	case s.Lost():
+		safe = "none: the slot was invalidated, the WAL it needed is gone"
+	case s.SafeWALSizeBytes != nil:
+		safe = formatBytes(*s.SafeWALSizeBytes)
+	case r.MaxSlotWALKeepSizeBytes == nil && r.MaxSlotWALKeepSize != "":
+		safe = "unlimited"
+	default:
+		safe = "n/a"
+	}
+	line := orNA(s.WALStatus) + ", safe_wal_size " + safe + " (" + keep + ")"
+	switch {
+	case s.Lost():
+		line += "  LOST: it can never stream again; recreate it (see \"When the slot is at risk\" in the README)"
+	case s.atRisk():
+		line += "  AT RISK: invalidated at the next checkpoint unless the relay catches up; see the Operating section of the README"
 	}
 	return line
 }
 
-func timeLag(t TimeLag) string {
-	switch t.State {
-	case StateCaughtUp:
+func timeLag(t TimeLag, s Slot) string {
+	switch {
+	case t.State == StateCaughtUp:
 		return "caught up"
-	case StateBehind:
+	case t.State == StateBehind:
 		return seconds(*t.Seconds) + " (oldest undelivered event created " + t.OldestUndeliveredAt.UTC().Format(time.RFC3339) + ")"
+	case t.slotAtRisk && s.Lost():
+		return "unknown: the slot is lost, events committed after its confirmed position are not delivered through it"
+	case t.slotAtRisk:
+		return "unknown: the slot is unreserved and will be lost at the next checkpoint unless the relay catches up"
 	default:
 		return "unknown (outbox table is empty; use the lag in bytes)"
 	}

@@ -21,8 +21,9 @@ type LagOptions struct {
 const clearScreen = "\x1b[H\x1b[2J"
 
 // RunLag checks once, or redraws every opts.Watch until ctx is done, writing
-// to w. Checking once, it returns the error of Lag, or a *ThresholdError when
-// a threshold is exceeded (map it with ExitCode). Watching, a failed check or
+// to w. Checking once, it returns the error of Lag, a *SlotLostError when the
+// slot is lost, or a *ThresholdError when a threshold is exceeded (map it
+// with ExitCode). Watching, a failed check or
 // an exceeded threshold is shown in the redraw instead, so that a passing
 // outage does not end the watch; it returns nil when ctx is done.
 func RunLag(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOptions) error {
@@ -33,6 +34,9 @@ func RunLag(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOpt
 		}
 		if err := write(w, r, opts.JSON); err != nil {
 			return err
+		}
+		if r.Slot.Lost() {
+			return r.lostError()
 		}
 		return opts.Thresholds.Check(r)
 	}
@@ -65,11 +69,16 @@ func redraw(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOpt
 		if opts.JSON {
 			return WriteJSON(w, map[string]string{"error": err.Error()})
 		}
-		_, werr := fmt.Fprintf(w, "%s  error: %v\n", time.Now().UTC().Format(time.RFC3339), err)
+		_, werr := fmt.Fprintf(w, "%s  error: %s\n", time.Now().UTC().Format(time.RFC3339), Printable(err.Error()))
 		return werr
 	}
 	if err := write(w, r, opts.JSON); err != nil {
 		return err
+	}
+	if r.Slot.Lost() && !opts.JSON {
+		if _, err := fmt.Fprintf(w, "SLOT LOST: %s\n", Printable(r.lostError().Error())); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
 	}
 	var te *ThresholdError
 	if terr := opts.Thresholds.Check(r); errors.As(terr, &te) && !opts.JSON {
@@ -89,4 +98,8 @@ func write(w io.Writer, r *LagReport, asJSON bool) error {
 		return WriteJSON(w, r)
 	}
 	return r.WriteText(w)
+}
+
+func (r *LagReport) lostError() *SlotLostError {
+	return &SlotLostError{Slot: r.SlotName, ConfirmedFlushLSN: orNA(r.Slot.ConfirmedFlushLSN), MaxSlotWALKeepSize: r.MaxSlotWALKeepSize}
 }

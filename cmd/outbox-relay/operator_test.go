@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+func TestParseLSN(t *testing.T) {
+	good := map[string]pglogrepl.LSN{"0/0": 0, "16/B374D848": 0x16_B374D848, "ffffffff/FFFFFFFF": math.MaxUint64, "1/0": 1 << 32}
+	for in, want := range good {
+		if got, err := parseLSN(in); err != nil || got != want {
+			t.Errorf("parseLSN(%q) = %s, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "1", "1/2/3", "1//2", "/1", "1/", "123456789/0", "0/123456789", "g/0", " 1/2", "1/2 ", "+1/2", "0x1/2", "1/2x"} {
+		if got, err := parseLSN(in); err == nil || !strings.Contains(err.Error(), "like 16/B374D848") {
+			t.Errorf("parseLSN(%q) = %s, %v; want an error showing the accepted form", in, got, err)
+		}
+	}
+}
+
+// TestUsageErrorsExit2: whatever is wrong with the command line exits 2, as
+// the README promises; nothing connects anywhere before that.
+func TestUsageErrorsExit2(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1:9/app?connect_timeout=1")
+	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9")
+	for _, args := range [][]string{
+		{"bogus"},
+		{"--bogus"},
+		{"run", "--bogus"},
+		{"run", "extra"},
+		{"check", "extra"},
+		{"status", "--json=maybe"},
+		{"version", "--bogus"},
+		{"retries", "lsit"},
+		{"retries", "show"},
+		{"retries", "show", "1", "2"},
+		{"retries", "list", "--limit", "x"},
+		{"retries", "list", "--limit"},
+		{"lag", "--max-bytes", "lots"},
+		{"lag", "one", "two"},
+		{"lag", "--watch=0.001"},
+		{"lag", "--watch", "0.001"},
+		{"lag", "--watch=10ms"},
+		{"lag", "--watch=0s"},
+		{"run", "--start-lsn", "1/2/3"},
+		{"run", "--start-lsn", "123456789/0"},
+		{"run", "--force"},
+		{"setup", "--create-outbox-table=perhaps"},
+	} {
+		code, out, errOut := run(t, args...)
+		if code != exitConfig {
+			t.Errorf("outbox-relay %s = exit %d; want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, exitConfig, out, errOut)
+		}
+	}
+	_, _, errOut := run(t, "lag", "--watch", "0.001")
+	if !strings.Contains(errOut, "at least 1s") {
+		t.Errorf("lag --watch 0.001: stderr %q; want it to name the minimum", errOut)
+	}
+	_, _, errOut = run(t, "run", "--start-lsn", "1/2/3")
+	if !strings.Contains(errOut, `"1/2/3" is not a WAL position`) || !strings.Contains(errOut, "like 16/B374D848") {
+		t.Errorf("run --start-lsn 1/2/3: stderr %q; want the accepted form", errOut)
+	}
+	// Help is not an error.
+	if code, _, _ := run(t, "retries"); code != exitOK {
+		t.Errorf("outbox-relay retries = exit %d; want help and 0", code)
+	}
+}
+
+// TestStartLSNBeyondWAL: a --start-lsn the server's WAL has not reached yet
+// would skip every event until it does: refused without --force, exit 2,
+// naming the current position.
+func TestStartLSNBeyondWAL(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	t.Setenv("RELAY_METRICS_LISTEN", "")
+	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitOK {
+		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
+	}
+	current := queryString(t, dsn, "SELECT pg_current_wal_lsn()::text")
+	code, _, errOut := run(t, "run", "--start-lsn", "FFFFFFFF/0")
+	if code != exitConfig || !strings.Contains(errOut, "beyond the server's current WAL position") || !strings.Contains(errOut, "--force") {
+		t.Errorf("run --start-lsn FFFFFFFF/0 = exit %d, %q; want %d refusing it and naming --force", code, errOut, exitConfig)
+	}
+	if !strings.Contains(errOut, strings.SplitN(current, "/", 2)[0]+"/") {
+		t.Errorf("run --start-lsn FFFFFFFF/0: %q; want the current WAL position (about %s)", errOut, current)
+	}
+	if got := queryString(t, dsn, "SELECT coalesce((SELECT lsn::text FROM outbox_relay_checkpoint), 'none')"); got != "none" {
+		t.Errorf("checkpoint after a refused --start-lsn = %s; want none saved", got)
+	}
+}
+
+func TestInFlightBounds(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1:9/app")
+	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9")
+	for _, tt := range []struct{ key, value, want string }{
+		{"RELAY_PIPELINE_MAX_IN_FLIGHT_BYTES", "9223372036854775807", "pipeline.max_in_flight_bytes: 9223372036854775807 is out of range; allowed 65536 (64 KiB) to 17179869184 (16 GiB)"},
+		{"RELAY_PIPELINE_MAX_IN_FLIGHT_BYTES", "9223372036854775808", "pipeline.max_in_flight_bytes: 9223372036854775808 is out of range"},
+		{"RELAY_PIPELINE_MAX_IN_FLIGHT_BYTES", "100", "pipeline.max_in_flight_bytes: 100 is out of range"},
+		{"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS", "4611686018427387904", "pipeline.max_in_flight_events: 4611686018427387904 is out of range; allowed 1 to 10000000"},
+	} {
+		t.Run(tt.key+"="+tt.value, func(t *testing.T) {
+			t.Setenv(tt.key, tt.value)
+			code, _, errOut := run(t, "run")
+			if code != exitConfig || !strings.Contains(errOut, tt.want) {
+				t.Errorf("run with %s=%s = exit %d, %q; want %d and %q", tt.key, tt.value, code, errOut, exitConfig, tt.want)
+			}
+		})
+	}
+	for _, tt := range []struct {
+		window int
+		want   int64
+	}{
+		{8 << 20, 32<<20 + 16<<20},
+		{maxInFlightBytes, 32<<20 + 2*maxInFlightBytes},
+		{math.MaxInt, math.MaxInt64},
+		{math.MaxInt64/2 - 1, math.MaxInt64},
+		{0, 32 << 20},
+	} {
+		if got := memoryLimit(tt.window); got != tt.want || got <= 0 {
+			t.Errorf("memoryLimit(%d) = %d; want %d", tt.window, got, tt.want)
+		}
+	}
+}
+
+// TestRetriesEscapeControls: an aggregate type written by an application
+// reaches the operator's terminal escaped, JSON stays JSON.
+func TestRetriesEscapeControls(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	unsetenv(t, "RELAY_KAFKA_BROKERS")
+	table, _ := sql.ParseTable(sql.DefaultRetryTable)
+	execSQL(t, dsn, sql.RetryTable(table)...)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := retry.NewStore(pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := retry.Event{EventKey: "ev-\x1b1", EventID: "ev-\x1b1", Aggregate: retry.Aggregate("t\x1b", []byte("k\r")),
+		AggregateType: "Order\x1b[2J\rX\a", AggregateID: "k\r", EventType: "Created\a", Topic: "t\x1b",
+		Key: []byte("k\r"), Value: []byte("v\x1b[31m"), Headers: []retry.Header{{Key: "h\x1b", Value: []byte("\a")}},
+		Permanent: true, Reason: "invalid topic \x1b]0;pwned\a"}
+	if err := s.Insert(context.Background(), []retry.Event{ev}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"list"}, {"show", "1"}} {
+		code, out, errOut := run(t, append([]string{"retries"}, args...)...)
+		if code != exitOK {
+			t.Fatalf("retries %v = exit %d, %s", args, code, errOut)
+		}
+		if strings.ContainsAny(out, "\x1b\r\a") {
+			t.Errorf("retries %v printed control characters:\n%q", args, out)
+		}
+		if !strings.Contains(out, `\x1b`) {
+			t.Errorf("retries %v output lacks the escaped ESC:\n%s", args, out)
+		}
+	}
+	_, out, _ := run(t, "retries", "show", "1")
+	wantLines(t, "retries show", squeeze(out), `aggregate type: Order\x1b[2J\rX\a`, `value: v\x1b[31m`, `h\x1b: \a`, `last error: invalid topic \x1b]0;pwned\a`)
+	_, out, _ = run(t, "retries", "show", "1", "--json")
+	if !strings.Contains(out, `"aggregate_type": "Order\u001b[2J\rX\u0007"`) {
+		t.Errorf("retries show --json = %s; want the aggregate type JSON-escaped", out)
+	}
+}
+
+// TestPublicationRecreatedAfterSlot: a publication dropped and recreated
+// while events were written cannot decode them from the slot's position (the
+// walsender reads the catalog as it was then). setup and check say so, with
+// the current WAL position to start past it; recreating it without anything
+// written in between is harmless and passes.
+func TestPublicationRecreatedAfterSlot(t *testing.T) {
+	dsn, slot := dbEnv(t)
+	t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
+	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitOK {
+		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
+	}
+	insert := `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES (gen_random_uuid(), 'Order', '1', 'Created', '{}')`
+	recreate := []string{`DROP PUBLICATION outbox_relay`, `CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert')`}
+
+	// Nothing written while it was missing: the slot decodes fine.
+	execSQL(t, dsn, recreate...)
+	execSQL(t, dsn, insert)
+	if code, out, _ := run(t, "check"); code != exitOK || !strings.Contains(out, "ok    slot decoding: "+slot+" can decode with publication outbox_relay") {
+		t.Errorf("check after a harmless recreation = exit %d; want 0\n%s", code, out)
+	}
+
+	// An event written while it was missing: every start would fail.
+	execSQL(t, dsn, recreate[0], insert, recreate[1], insert)
+	code, out, _ := run(t, "check")
+	current := queryString(t, dsn, "SELECT pg_current_wal_lsn()::text")
+	if code != exitFail {
+		t.Errorf("check = exit %d; want %d", code, exitFail)
+	}
+	wantLines(t, "check", out,
+		"FAIL  slot decoding: publication outbox_relay was created after the position of slot "+slot,
+		"the slot cannot decode past that point with this publication",
+		"`outbox-relay run --start-lsn "+current+" --force`",
+		"events committed in between are skipped: re-insert or replay them",
+		"pg_drop_replication_slot('"+slot+"')")
+	code, out, _ = run(t, "setup")
+	if code != exitFail || !strings.Contains(out, "slot "+slot+": publication outbox_relay was created after the position of slot") {
+		t.Errorf("setup = exit %d; want %d reporting the publication at the slot's position\n%s", code, exitFail, out)
+	}
+	// Checking changed nothing: the slot still stands where it stood.
+	if got := queryString(t, dsn, "SELECT active::text FROM pg_replication_slots WHERE slot_name = $1", slot); got != "false" {
+		t.Errorf("slot active after check = %s; want false", got)
+	}
+}
