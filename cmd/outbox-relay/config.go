@@ -60,6 +60,7 @@ var defaults = map[string]string{
 	"pipeline.max_in_flight_events":   "50000",
 	"pipeline.max_in_flight_bytes":    "8388608",
 	"pipeline.shutdown_timeout":       "30s",
+	"health.stall_after":              "60s",
 	"checkpoint.table":                sql.DefaultCheckpointTable,
 	"checkpoint.interval":             "200ms",
 	"retry.table":                     sql.DefaultRetryTable,
@@ -119,6 +120,7 @@ type config struct {
 		BackoffMin, BackoffMax, MaxAge, PollEvery time.Duration
 		MaxAttempts                               int
 	}
+	Health  struct{ StallAfter time.Duration }
 	Metrics struct{ Listen string }
 	Log     struct{ Level, Format string }
 }
@@ -218,6 +220,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Pipeline.MaxInFlightEvents = l.int("pipeline.max_in_flight_events")
 	c.Pipeline.MaxInFlightBytes = l.int("pipeline.max_in_flight_bytes")
 	c.Pipeline.ShutdownTimeout = l.duration("pipeline.shutdown_timeout")
+	c.Health.StallAfter = l.duration("health.stall_after")
 	c.Checkpoint.Table = l.str("checkpoint.table")
 	c.Checkpoint.Interval = l.duration("checkpoint.interval")
 	c.Retry.Table = l.str("retry.table")
@@ -427,11 +430,11 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// Bounds of the in-flight window (pipeline.max_in_flight_*).
+// Bounds of the in-flight window (pipeline.max_in_flight_*): the relay's.
 const (
-	maxInFlightEvents = 10_000_000
-	minInFlightBytes  = 64 << 10
-	maxInFlightBytes  = 16 << 30
+	maxInFlightEvents = relay.MaxInFlightEventsLimit
+	minInFlightBytes  = relay.MinInFlightBytes
+	maxInFlightBytes  = relay.MaxInFlightBytesLimit
 )
 
 var compressions = []string{"none", "gzip", "snappy", "lz4", "zstd"}
@@ -547,7 +550,7 @@ func (c *config) validate() error {
 	positiveInt(&c.Pipeline.MaxInFlightBytes, "pipeline.max_in_flight_bytes")
 	// Upper bounds keep the soft memory limit (32 MiB + 2 x bytes) and the
 	// crash-resend bound meaningful; near 2^63 the limit's arithmetic
-	// overflowed. The same bounds as relay.Config's.
+	// overflowed.
 	if n := c.Pipeline.MaxInFlightEvents; n > maxInFlightEvents {
 		bad("pipeline.max_in_flight_events", "%d is out of range; allowed 1 to %d (default %s)", n, maxInFlightEvents, defaults["pipeline.max_in_flight_events"])
 	}
@@ -555,6 +558,7 @@ func (c *config) validate() error {
 		bad("pipeline.max_in_flight_bytes", "%d is out of range; allowed %d (64 KiB) to %d (16 GiB) (default %s)", n, minInFlightBytes, maxInFlightBytes, defaults["pipeline.max_in_flight_bytes"])
 	}
 	positive(&c.Pipeline.ShutdownTimeout, "pipeline.shutdown_timeout")
+	positive(&c.Health.StallAfter, "health.stall_after")
 	def(&c.Checkpoint.Table, "checkpoint.table")
 	if _, err := sql.ParseTable(c.Checkpoint.Table); err != nil {
 		bad("checkpoint.table", "%v", err)
@@ -638,6 +642,7 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 		MaxInFlightEvents:  c.Pipeline.MaxInFlightEvents,
 		MaxInFlightBytes:   c.Pipeline.MaxInFlightBytes,
 		ShutdownTimeout:    c.Pipeline.ShutdownTimeout,
+		StallAfter:         c.Health.StallAfter,
 		MetricsListen:      c.Metrics.Listen,
 		RetryTable:         c.Retry.Table,
 		Retry: retry.WorkerConfig{

@@ -201,11 +201,15 @@ type retryEntryJSON struct {
 	Value         *string           `json:"value,omitempty"`
 	Encoding      string            `json:"encoding,omitempty"` // of key and value: utf8 or hex
 	Headers       []retryHeaderJSON `json:"headers,omitempty"`
+	LastResort    bool              `json:"last_resort"`
 }
 
+// retryHeaderJSON is a header; a key or value that is not UTF-8 is given in
+// hex, with Encoding "hex", so that JSON output is exact.
 type retryHeaderJSON struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
+	Key      string `json:"key"`
+	Value    string `json:"value"`
+	Encoding string `json:"encoding,omitempty"`
 }
 
 func nullIfEmpty(s string) *string {
@@ -222,6 +226,7 @@ func retryEntryToJSON(en retry.Entry, withBody bool) retryEntryJSON {
 		EventType: nullIfEmpty(en.EventType), Topic: nullIfEmpty(en.Topic), Status: string(en.Status),
 		Waiting: en.Waiting, Attempts: en.Attempts, NextAttemptAt: en.NextAttemptAt, LastError: en.LastError,
 		FirstFailedAt: en.FirstFailedAt, CreatedAt: en.CreatedAt, UpdatedAt: en.UpdatedAt,
+		LastResort: en.LastResort,
 	}
 	if en.SourceLSN != 0 {
 		j.SourceLSN = nullIfEmpty(en.SourceLSN.String())
@@ -248,7 +253,11 @@ func retryEntryToJSON(en retry.Entry, withBody bool) retryEntryJSON {
 		}
 		j.Key, j.Value = enc(en.Key), enc(en.Value)
 		for _, h := range en.Headers {
-			j.Headers = append(j.Headers, retryHeaderJSON{Key: h.Key, Value: string(h.Value)})
+			hj := retryHeaderJSON{Key: h.Key, Value: string(h.Value)}
+			if !utf8.ValidString(h.Key) || !utf8.Valid(h.Value) {
+				hj = retryHeaderJSON{Key: hex.EncodeToString([]byte(h.Key)), Value: hex.EncodeToString(h.Value), Encoding: "hex"}
+			}
+			j.Headers = append(j.Headers, hj)
 		}
 	}
 	return j
@@ -314,6 +323,9 @@ func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 		row("event key", "%s", en.EventKey)
 	}
 	row("status", "%s", retryStatus(en))
+	if en.LastResort {
+		row("last resort", "yes: the retry table could not store this event in its columns; it is kept whole in the last_resort document and is never delivered by the relay")
+	}
 	row("aggregate", "%s", en.Aggregate)
 	row("aggregate type", "%s", dashIfEmpty(en.AggregateType))
 	row("aggregate id", "%s", dashIfEmpty(en.AggregateID))

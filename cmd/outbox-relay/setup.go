@@ -91,14 +91,16 @@ func setup(ctx context.Context, e *env, createOutbox bool) error {
 	if err != nil {
 		return err
 	}
-	if rOID != 0 {
-		say("retry table %s: already exists", retryTable)
-	} else {
-		for _, stmt := range sql.RetryTable(retryTable) {
-			if _, err := conn.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("create retry table %s: %w", retryTable, err)
-			}
+	// The statements are idempotent and also upgrade a table made by an
+	// earlier version (what lets it store every event): run them either way.
+	for _, stmt := range sql.RetryTable(retryTable) {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("create or upgrade retry table %s: %w", retryTable, err)
 		}
+	}
+	if rOID != 0 {
+		say("retry table %s: already exists (upgraded if an earlier version made it)", retryTable)
+	} else {
 		say("retry table %s: created", retryTable)
 	}
 
