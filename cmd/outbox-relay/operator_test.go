@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -198,15 +199,24 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 
 	// An event written while it was missing: every start would fail.
 	execSQL(t, dsn, recreate[0], insert, recreate[1], insert)
+	before := mustParseLSN(t, queryString(t, dsn, "SELECT pg_current_wal_lsn()::text"))
 	code, out, _ := run(t, "check")
-	current := queryString(t, dsn, "SELECT pg_current_wal_lsn()::text")
+	after := mustParseLSN(t, queryString(t, dsn, "SELECT pg_current_wal_lsn()::text"))
 	if code != exitFail {
 		t.Errorf("check = exit %d; want %d", code, exitFail)
+	}
+	// The server's WAL moves meanwhile (other tests share it): the position
+	// printed is the one check read, between before and after.
+	m := regexp.MustCompile("`outbox-relay run --start-lsn ([0-9A-F]+/[0-9A-F]+) --force`").FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("check output lacks `outbox-relay run --start-lsn X/Y --force`; got:\n%s", out)
+	}
+	if got := mustParseLSN(t, m[1]); got < before || got > after {
+		t.Errorf("check printed --start-lsn %s; want the current WAL position, between %s and %s", got, before, after)
 	}
 	wantLines(t, "check", out,
 		"FAIL  slot decoding: publication outbox_relay was created after the position of slot "+slot,
 		"the slot cannot decode past that point with this publication",
-		"`outbox-relay run --start-lsn "+current+" --force`",
 		"events committed in between are skipped: re-insert or replay them",
 		"pg_drop_replication_slot('"+slot+"')")
 	code, out, _ = run(t, "setup")
@@ -217,4 +227,13 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 	if got := queryString(t, dsn, "SELECT active::text FROM pg_replication_slots WHERE slot_name = $1", slot); got != "false" {
 		t.Errorf("slot active after check = %s; want false", got)
 	}
+}
+
+func mustParseLSN(t *testing.T, s string) pglogrepl.LSN {
+	t.Helper()
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatalf("parse LSN %q: %v", s, err)
+	}
+	return lsn
 }

@@ -452,22 +452,43 @@ func (k *KafkaCluster) ReadAll(t testing.TB, topic string) []kafka.Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	msgs, err := readAll(ctx, k.Brokers[0], topic)
-	if err != nil {
-		t.Fatalf("testenv: ReadAll(%q): %v", topic, err)
+	for {
+		msgs, err := readAll(ctx, k.Brokers[0], topic)
+		if err == nil {
+			return msgs
+		}
+		// Leadership moves for a moment after a broker restart or resume:
+		// read again rather than fail a test for it.
+		var kerr kafka.Error
+		if !errors.As(err, &kerr) || !kerr.Temporary() || ctx.Err() != nil {
+			t.Fatalf("testenv: ReadAll(%q): %v", topic, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	return msgs
 }
 
 func readAll(ctx context.Context, broker, topic string) ([]kafka.Message, error) {
-	conn, err := kafka.DialContext(ctx, "tcp", broker)
-	if err != nil {
-		return nil, fmt.Errorf("dial: %w", err)
-	}
-	parts, err := conn.ReadPartitions(topic)
-	conn.Close()
-	if err != nil {
-		return nil, fmt.Errorf("read partitions: %w", err)
+	// Right after a broker restart or resume, partitions are listed before
+	// their leaders are known: wait for the leaders rather than fail.
+	var parts []kafka.Partition
+	for {
+		conn, err := kafka.DialContext(ctx, "tcp", broker)
+		if err != nil {
+			return nil, fmt.Errorf("dial: %w", err)
+		}
+		parts, err = conn.ReadPartitions(topic)
+		conn.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read partitions: %w", err)
+		}
+		if allLed(parts) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("partitions of %q have no leader: %w", topic, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	ids := make([]int, 0, len(parts))
 	for _, p := range parts {

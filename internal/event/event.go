@@ -1,0 +1,100 @@
+// Package event defines the envelope that every stage of outbox-relay passes
+// on: one outbox event, from the router through the sink and the retry table
+// to the checkpoint.
+//
+// Invariants:
+//
+//   - An event's identity is its row's id column and its place in the WAL
+//     (the commit LSN of its transaction and its position in it): PositionKey.
+//     Nothing in its data (headers, payload) can change either.
+//   - Its ordering lane (Lane) is its topic and Kafka key: the events of one
+//     lane must reach Kafka in commit order, and a failed event holds back
+//     the later events of its lane, never of another. An event that has no
+//     topic or no key has a lane of its own kind (UnroutableLane) that cannot
+//     be equal to a routed one's.
+//
+// The package does no I/O and has no dependency on Kafka or Postgres
+// clients: the sink turns events into Kafka records, the retry table into
+// rows.
+package event
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// A Header is a Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// An Event is one outbox event.
+type Event struct {
+	ID            string // the row's id column; "" when it was NULL or empty
+	AggregateType string
+	AggregateID   string
+	Type          string // the event_type column
+
+	Topic   string   // "" when it could not be routed
+	Key     []byte   // the aggregate id's bytes: the Kafka key
+	Value   []byte   // the payload as stored; nil when NULL
+	Headers []Header // what Kafka gets: the relay's own, then Extra
+	Extra   []Header // the headers column's entries the relay kept
+
+	CommitLSN  pglogrepl.LSN // commit LSN of its transaction
+	CommitTime time.Time
+	Pos        int // its position in the transaction, from 1
+}
+
+// PositionKey is the event's unique, bounded identity in the retry table:
+// "lsn:<commit LSN>:<position>", which a resend after a crash reproduces.
+func (e *Event) PositionKey() string { return PositionKey(e.CommitLSN, e.Pos) }
+
+// PositionKey formats the position of an event in the WAL.
+func PositionKey(commitLSN pglogrepl.LSN, pos int) string {
+	return fmt.Sprintf("lsn:%s:%d", commitLSN, pos)
+}
+
+// Lane returns the event's ordering lane: its topic and key, or, when it has
+// no topic or no aggregate id, UnroutableLane.
+func (e *Event) Lane() Lane {
+	if e.Topic == "" || len(e.Key) == 0 {
+		return UnroutableLane(e.AggregateType, e.AggregateID)
+	}
+	return Lane{Topic: e.Topic, Key: string(e.Key)}
+}
+
+// A Lane is an ordering lane: the events of one aggregate on one topic. It is
+// comparable, for use as a map key.
+type Lane struct {
+	Topic string // "" for an unroutable lane, which Key then names
+	Key   string
+}
+
+// UnroutableLane is the lane of events of an aggregate that have no topic or
+// no aggregate id. Its String cannot be equal to a routed lane's (':' is not
+// legal in a topic name).
+func UnroutableLane(aggregateType, aggregateID string) Lane {
+	clean := func(s string) string { return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD") }
+	return Lane{Key: "unroutable:" + clean(aggregateType) + "/" + clean(aggregateID)}
+}
+
+// String is the lane as the retry table's aggregate column stores it:
+// topic/key, topic#<hex key> for a key that is not text Postgres can hold
+// (invalid UTF-8 or NUL), or the unroutable lane's name. Topic names cannot
+// hold '/', '#' or ':', so it is unambiguous.
+func (l Lane) String() string {
+	if l.Topic == "" {
+		return l.Key
+	}
+	if utf8.ValidString(l.Key) && !strings.ContainsRune(l.Key, 0) {
+		return l.Topic + "/" + l.Key
+	}
+	return l.Topic + "#" + hex.EncodeToString([]byte(l.Key))
+}
