@@ -43,36 +43,24 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
-// A Header is a Kafka record header. It has the same fields as kafka-go's
-// kafka.Header, so a conversion kafka.Header(h) is free.
-type Header struct {
-	Key   string
-	Value []byte
-}
+// A Header is a Kafka record header: the envelope's.
+type Header = event.Header
 
-// A Message is a routed outbox event.
+// A Message is a routed outbox event: the envelope (without its place in the
+// WAL, which the caller knows), and what the router left out of its headers.
 type Message struct {
-	Topic   string
-	Key     []byte   // aggregate id
-	Value   []byte   // payload bytes as stored; nil when the payload is NULL
-	Headers []Header // Headers(id, event_type, aggregate_type, Extra)
+	event.Event
 
-	// Extra are the headers column's entries in stored order, without the
-	// names the relay sets: what the retry table stores, so that a retried
-	// event gets the same Headers.
-	Extra []Header
 	// DroppedHeaders counts the headers column's entries dropped because
 	// they used a name the relay sets.
 	DroppedHeaders int
 	// BadHeaders, when not empty, says why the headers column's value was
 	// ignored (not a JSON object); the event is delivered without it.
 	BadHeaders string
-
-	// For logs, metrics and the retry table.
-	EventID, AggregateType, AggregateID, EventType string
 }
 
 // Reserved reports whether name is a header the relay sets itself, which
@@ -280,7 +268,7 @@ func (r *Router) tmplString() string {
 // routed gives a *RouteError; the Message is then the zero value.
 //
 // On a *RouteError the returned Message still carries the fields that could
-// be read (EventID, AggregateType, AggregateID, EventType, Key, Value as
+// be read (ID, AggregateType, AggregateID, Type, Key, Value as
 // stored, Extra, and Topic whenever it could be chosen, even when the id or
 // the aggregate id is missing), so the failure path can store the event for
 // retry in its aggregate's place; Headers is then nil.
@@ -300,15 +288,15 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		m.Value = row.Values[pos.payload]
 	}
 	id := row.Values[pos.id]
-	m.EventID = string(id)
+	m.ID = string(id)
 	m.AggregateType = string(row.Values[pos.aggregateType])
 	m.AggregateID = string(row.Values[pos.aggregateID])
 	m.Key = row.Values[pos.aggregateID]
-	m.EventType = string(row.Values[pos.eventType])
+	m.Type = string(row.Values[pos.eventType])
 	if pos.headers >= 0 {
 		r.extraHeaders(&m, row.Values[pos.headers])
 	}
-	eventID := m.EventID
+	eventID := m.ID
 	aggType := row.Values[pos.aggregateType]
 	if len(aggType) == 0 {
 		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}

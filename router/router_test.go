@@ -202,8 +202,8 @@ func TestRoute(t *testing.T) {
 			if got := headersString(m.Headers); got != tt.wantHeaders {
 				t.Errorf("Route(%q).Headers = %q; want %q", tt.row.Values, got, tt.wantHeaders)
 			}
-			if m.EventID != "e1" || m.AggregateType != "Order" || m.AggregateID != "o-1" {
-				t.Errorf("Route(%q) ids = %q, %q, %q; want e1, Order, o-1", tt.row.Values, m.EventID, m.AggregateType, m.AggregateID)
+			if m.ID != "e1" || m.AggregateType != "Order" || m.AggregateID != "o-1" {
+				t.Errorf("Route(%q) ids = %q, %q, %q; want e1, Order, o-1", tt.row.Values, m.ID, m.AggregateType, m.AggregateID)
 			}
 		})
 	}
@@ -413,7 +413,7 @@ func TestRouteRelationChange(t *testing.T) {
 		{Name: "aggregate_id", TypeOID: oidText}, {Name: "aggregate_type", TypeOID: oidText}, {Name: "id", TypeOID: oidUUID},
 	}}
 	m, err := r.Route(replication.Row{Relation: reordered, Values: [][]byte{[]byte(`{"v":2}`), nil, []byte("Paid"), []byte("o-2"), []byte("Order"), []byte("e2")}})
-	if err != nil || m.EventID != "e2" || string(m.Key) != "o-2" || string(m.Value) != `{"v":2}` || m.EventType != "Paid" {
+	if err != nil || m.ID != "e2" || string(m.Key) != "o-2" || string(m.Value) != `{"v":2}` || m.Type != "Paid" {
 		t.Errorf("Route(reordered) = %+v, %v; want event e2, key o-2, value {\"v\":2}, event type Paid", m, err)
 	}
 
@@ -464,7 +464,7 @@ func TestRouteErrorKeepsFields(t *testing.T) {
 	if !errors.As(err, &re) {
 		t.Fatalf("Route(aggregate type %q) error = %v; want a *RouteError", "Bad Type", err)
 	}
-	if m.EventID != "e-1" || m.AggregateType != "Bad Type" || m.AggregateID != "a-1" || m.EventType != "Changed" ||
+	if m.ID != "e-1" || m.AggregateType != "Bad Type" || m.AggregateID != "a-1" || m.Type != "Changed" ||
 		string(m.Key) != "a-1" || string(m.Value) != `{"x": 1}` || m.Topic != "" {
 		t.Errorf("Route of an unroutable event = %+v; want its id, aggregate, event type, key and value, and no topic", m)
 	}

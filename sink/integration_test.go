@@ -27,7 +27,7 @@ func TestKafkaPartitionsMatchJavaClient(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := k.Write(ctx, in); err != nil {
+	if err := k.Write(ctx, evs(in)); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	got := map[string]int{}
@@ -56,7 +56,7 @@ func TestKafkaBrokerRejectsTooLarge(t *testing.T) {
 	in[4].Value = make([]byte, 3<<20) // agg-0:2
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	err := k.Write(ctx, in)
+	err := k.Write(ctx, evs(in))
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) != 3 || werr.Failures[0].Index != 4 {
 		t.Fatalf("Write = %v; want 3 Failures: index 4, then 6 and 8 held behind it", err)
@@ -91,7 +91,7 @@ func TestKafkaUnknownTopic(t *testing.T) {
 	in[1].Topic, in[4].Topic = missing, missing
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := k.Write(ctx, in)
+	err := k.Write(ctx, evs(in))
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) != 2 || werr.Failures[0].Index != 1 || werr.Failures[1].Index != 4 {
 		t.Fatalf("Write = %v; want Failures at 1 and 4", err)
@@ -122,7 +122,7 @@ func TestKafkaAutoCreateTopic(t *testing.T) {
 	k := newSink(t, sink.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := k.Write(ctx, msgs(topic, 10, 3)); err != nil {
+	if err := k.Write(ctx, evs(msgs(topic, 10, 3))); err != nil {
 		t.Fatalf("Write(new topic, auto-create) = %v", err)
 	}
 	if n := len(kc.ReadAll(t, topic)); n != 10 {

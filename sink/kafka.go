@@ -70,6 +70,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
 // A Kafka writes messages to Kafka. See the package doc for its guarantees.
@@ -242,7 +244,8 @@ func New(cfg Config) (*Kafka, error) {
 //
 // Every message must have its Topic set. msgs is not modified, and its bytes
 // must not be modified until Write returns.
-func (k *Kafka) Write(ctx context.Context, msgs []kafka.Message) error {
+func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
+	msgs := records(events)
 	st := &writeState{msgs: msgs}
 	// Chunk boundaries in input order; see the package doc for why a call is
 	// capped at BatchSize messages and BatchBytes bytes.
@@ -305,16 +308,37 @@ var ErrBehind = errors.New("not written: an earlier message with the same topic 
 type writeState struct {
 	msgs   []kafka.Message
 	fails  []Failure
-	failed map[string]int       // topic and key of every failed message → its lowest index
+	failed map[event.Lane]int   // lane of every failed message → its lowest index
 	since  map[string]time.Time // topics waited for (being created) → since when
 }
 
-func orderKey(m *kafka.Message) string { return m.Topic + "\x00" + string(m.Key) }
+func orderKey(m *kafka.Message) event.Lane { return event.Lane{Topic: m.Topic, Key: string(m.Key)} }
+
+// records turns events into kafka-go records: one allocation for the records
+// and one for all their headers, sharing the events' bytes.
+func records(events []event.Event) []kafka.Message {
+	n := 0
+	for i := range events {
+		n += len(events[i].Headers)
+	}
+	msgs := make([]kafka.Message, len(events))
+	hs := make([]kafka.Header, n)
+	for i := range events {
+		e := &events[i]
+		h := hs[:len(e.Headers):len(e.Headers)]
+		hs = hs[len(e.Headers):]
+		for j, x := range e.Headers {
+			h[j] = kafka.Header(x)
+		}
+		msgs[i] = kafka.Message{Topic: e.Topic, Key: e.Key, Value: e.Value, Headers: h}
+	}
+	return msgs
+}
 
 func (st *writeState) fail(i int, err error) {
 	st.fails = append(st.fails, Failure{Index: i, Err: err})
 	if st.failed == nil {
-		st.failed = make(map[string]int)
+		st.failed = make(map[event.Lane]int)
 	}
 	k := orderKey(&st.msgs[i])
 	if first, ok := st.failed[k]; !ok || i < first {
@@ -683,4 +707,26 @@ func (k *Kafka) Close() error {
 		return fmt.Errorf("close kafka writer: %w", err)
 	}
 	return nil
+}
+
+// Reason says in plain words why Kafka refused e with err, a Failure's error,
+// and what fixes it: the last_error of a retry-table row.
+func Reason(err error, e *event.Event) string {
+	var te *TopicError
+	var tooLarge kafka.MessageTooLargeError
+	switch {
+	case errors.As(err, &te) && te.Reason != "":
+		return te.Reason
+	case errors.As(err, &tooLarge), errors.Is(err, kafka.MessageSizeTooLarge), errors.Is(err, kafka.RecordListTooLarge):
+		return fmt.Sprintf("the message (%d bytes) is larger than Kafka accepts for topic %q: raise the topic's max.message.bytes (and kafka.batch_bytes) and requeue it, or drop it (%v)",
+			len(e.Key)+len(e.Value), e.Topic, err)
+	case errors.Is(err, kafka.UnknownTopicOrPartition):
+		return fmt.Sprintf("topic %q does not exist and the relay does not create topics: create it (or set kafka.allow_auto_topic_creation); retried with backoff (%v)",
+			e.Topic, err)
+	case errors.Is(err, kafka.TopicAuthorizationFailed):
+		return fmt.Sprintf("the relay's Kafka user may not write to topic %q: grant it and requeue (%v)", e.Topic, err)
+	case errors.Is(err, kafka.InvalidTopic):
+		return fmt.Sprintf("%q is not a valid topic name: fix the topic config and requeue (%v)", e.Topic, err)
+	}
+	return fmt.Sprintf("Kafka refused the message for topic %q: %v", e.Topic, err)
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -169,7 +171,7 @@ func TestWriteBatchesInOrder(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"))
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 700})
 	in := msgs("orders", 5000, 37)
-	if err := k.Write(context.Background(), in); err != nil {
+	if err := k.Write(context.Background(), evs(in)); err != nil {
 		t.Fatalf("Write(%d messages) = %v", len(in), err)
 	}
 	checkOrder(t, readAll(t, c.ListenAddrs(), "orders", len(in)), 4)
@@ -185,7 +187,7 @@ func TestWriteLatency(t *testing.T) {
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
 	start := time.Now()
 	for i := range 20 {
-		if err := k.Write(context.Background(), msgs("orders", 3, 3)); err != nil {
+		if err := k.Write(context.Background(), evs(msgs("orders", 3, 3))); err != nil {
 			t.Fatalf("Write #%d = %v", i, err)
 		}
 	}
@@ -202,7 +204,7 @@ func TestWriteByteCap(t *testing.T) {
 	for i := range in {
 		in[i].Value = append(in[i].Value, make([]byte, 10_000)...)
 	}
-	if err := k.Write(context.Background(), in); err != nil {
+	if err := k.Write(context.Background(), evs(in)); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	readAll(t, c.ListenAddrs(), "blobs", len(in))
@@ -220,7 +222,7 @@ func TestWriteRetriesFailedPartitionsInOrder(t *testing.T) {
 	defer h.Remove()
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 300})
 	in := msgs("orders", 2000, 23)
-	if err := k.Write(context.Background(), in); err != nil {
+	if err := k.Write(context.Background(), evs(in)); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	if h.Hits() != 8 {
@@ -247,7 +249,7 @@ func TestWriteRetriesMetadataFailure(t *testing.T) {
 	})
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
 	in := msgs("orders", 100, 5)
-	if err := k.Write(context.Background(), in); err != nil {
+	if err := k.Write(context.Background(), evs(in)); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	checkOrder(t, readAll(t, c.ListenAddrs(), "orders", len(in)), 4)
@@ -264,7 +266,7 @@ func TestWriteTooLargeForBatch(t *testing.T) {
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchBytes: 64 << 10})
 	in := msgs("orders", 50, 5)
 	in[17].Value = make([]byte, 100_000)
-	err := k.Write(context.Background(), in)
+	err := k.Write(context.Background(), evs(in))
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 17 || !sink.Permanent(werr.Failures[0].Err) {
 		t.Fatalf("Write = %v; want a permanent Failure at index 17 first", err)
@@ -302,7 +304,7 @@ func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
 		in[i].Value = append(in[i].Value, make([]byte, 50)...)
 	}
 	in[11].Value = append([]byte("big:"), make([]byte, 6000)...) // key agg-1
-	err := k.Write(context.Background(), in)
+	err := k.Write(context.Background(), evs(in))
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 11 {
 		t.Fatalf("Write = %v; want a Failure at index 11 first", err)
@@ -342,7 +344,7 @@ func TestWriteUnknownTopic(t *testing.T) {
 	for _, i := range []int{3, 9, 10} {
 		in[i].Topic = "missing"
 	}
-	err := k.Write(context.Background(), in)
+	err := k.Write(context.Background(), evs(in))
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) {
 		t.Fatalf("Write = %v; want a *WriteError", err)
@@ -369,7 +371,7 @@ func TestWriteTopicAuthorizationFailed(t *testing.T) {
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
 	in := msgs("orders", 10, 2)
 	in[4].Topic, in[7].Topic = "secret", "secret"
-	err := k.Write(context.Background(), in)
+	err := k.Write(context.Background(), evs(in))
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) != 2 || werr.Failures[0].Index != 4 || werr.Failures[1].Index != 7 {
 		t.Fatalf("Write = %v; want Failures at 4 and 7", err)
@@ -389,7 +391,7 @@ func TestWriteUnreachableBlocks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err := k.Write(ctx, msgs("orders", 10, 2))
+	err := k.Write(ctx, evs(msgs("orders", 10, 2)))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Write(unreachable) = %v; want context.DeadlineExceeded", err)
 	}
@@ -423,7 +425,7 @@ func TestWriteCancelledWhileRetrying(t *testing.T) {
 	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	if err := k.Write(ctx, msgs("orders", 5, 1)); !errors.Is(err, context.DeadlineExceeded) {
+	if err := k.Write(ctx, evs(msgs("orders", 5, 1))); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Write(leader never available) = %v; want context.DeadlineExceeded", err)
 	}
 }
@@ -510,4 +512,16 @@ func TestNewInvalid(t *testing.T) {
 		}
 		k.Close()
 	}
+}
+
+// evs turns test records into the events Write takes.
+func evs(ms []kafka.Message) []event.Event {
+	out := make([]event.Event, len(ms))
+	for i, m := range ms {
+		out[i] = event.Event{Topic: m.Topic, Key: m.Key, Value: m.Value}
+		for _, h := range m.Headers {
+			out[i].Headers = append(out[i].Headers, event.Header(h))
+		}
+	}
+	return out
 }

@@ -40,7 +40,7 @@ func writeMixed(t *testing.T, k *sink.Kafka, kc *testenv.KafkaCluster, good, bad
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	start := time.Now()
-	err := k.Write(ctx, in)
+	err := k.Write(ctx, evs(in))
 	if d := time.Since(start); d > limit {
 		t.Errorf("Write took %s; want it back within %s", d, limit)
 	}
@@ -169,7 +169,7 @@ func TestKafkaPingAndOutageWhilePaused(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := k.Write(ctx, msgs(topic, 10, 3)); err != nil {
+	if err := k.Write(ctx, evs(msgs(topic, 10, 3))); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	if since, cause := k.Outage(); !since.IsZero() {
@@ -192,7 +192,7 @@ func TestKafkaPingAndOutageWhilePaused(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		werr = k.Write(ctx, msgs(topic, 10, 3))
+		werr = k.Write(ctx, evs(msgs(topic, 10, 3)))
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	var since time.Time

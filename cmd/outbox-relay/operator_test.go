@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"math"
 	"regexp"
 	"strings"
@@ -149,7 +150,7 @@ func TestRetriesEscapeControls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := retry.Event{EventKey: "ev-\x1b1", EventID: "ev-\x1b1", Aggregate: retry.Aggregate("t\x1b", []byte("k\r")),
+	ev := retry.Event{EventKey: "ev-\x1b1", EventID: "ev-\x1b1", Aggregate: (event.Lane{Topic: "t\x1b", Key: "k\r"}).String(),
 		AggregateType: "Order\x1b[2J\rX\a", AggregateID: "k\r", EventType: "Created\a", Topic: "t\x1b",
 		Key: []byte("k\r"), Value: []byte("v\x1b[31m"), Headers: []retry.Header{{Key: "h\x1b", Value: []byte("\a")}},
 		Permanent: true, Reason: "invalid topic \x1b]0;pwned\a"}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"strings"
 	"testing"
 
@@ -69,7 +70,7 @@ func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 		t.Fatal(err)
 	}
 	ev := func(key, id string) retry.Event {
-		return retry.Event{EventKey: id, EventID: id, Aggregate: retry.Aggregate("orders", []byte(key)),
+		return retry.Event{EventKey: id, EventID: id, Aggregate: (event.Lane{Topic: "orders", Key: key}).String(),
 			AggregateType: "Order", AggregateID: key, EventType: "Created", Topic: "orders",
 			Key: []byte(key), Value: []byte(`{"n":1}`), Headers: []retry.Header{{Key: "id", Value: []byte(id)}},
 			Reason: `topic "orders" does not exist and the relay does not create topics: create it`}

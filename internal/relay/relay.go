@@ -47,14 +47,12 @@ import (
 	"math/rand/v2"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -85,19 +83,11 @@ func (e *FutureStartError) Error() string {
 type Relay struct {
 	cfg    Config
 	log    *slog.Logger
-	router *router.Router
+	route  *routeStage
 	sink   *sink.Kafka
 	stream *replication.Stream
 	win    *window
-	schema string // outbox table, split
-	table  string
-
-	isOutbox       map[*replication.Relation]bool // route stage only
-	lastBadHeaders time.Time                      // route stage only
-
 	m      *metrics.Metrics // nil records nothing
-	tableM *metrics.Table
-	gate   *gate
 	health *health
 }
 
@@ -115,28 +105,29 @@ func New(cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	schema, table, _ := strings.Cut(cfg.Table, ".")
+	win := newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
 	return &Relay{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		router:   rt,
-		sink:     sk,
-		stream:   replication.New(cfg.Replication),
-		win:      newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes),
-		schema:   schema,
-		table:    table,
-		isOutbox: make(map[*replication.Relation]bool),
-		m:        cfg.Metrics,
-		tableM:   cfg.Metrics.Table(cfg.Table),
-		health:   newHealth(cfg.StallAfter, cfg.Logger),
+		cfg: cfg, log: cfg.Logger, sink: sk, win: win, m: cfg.Metrics,
+		stream: replication.New(cfg.Replication),
+		health: newHealth(cfg.StallAfter, cfg.Logger),
+		route: &routeStage{
+			router: rt, win: win, schema: schema, table: table,
+			maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
+			log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
+			isOutbox: make(map[*replication.Relation]bool),
+		},
 	}, nil
 }
 
 // Run streams until ctx is cancelled or a non-retryable error occurs. Lost
 // connections to Postgres and Kafka outages are retried inside; Run returns
-// for what needs an operator (a missing slot, an unroutable event, bad
+// for what needs an operator (a missing slot, a changed outbox table, bad
 // credentials). After ctx is cancelled it drains and saves the final
 // checkpoint, then returns an error that wraps context.Canceled, or one that
 // wraps ErrDrainTimeout if the drain took longer than ShutdownTimeout.
+//
+//	stream ─batches→ route ─chunks→ writer ─acks→ committer ─Confirm→ stream
+//	                                   └─ gate, retry table ←─ retry worker
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.sink.Close()
 	pool, err := pgxpool.New(ctx, r.cfg.Replication.DSN)
@@ -144,16 +135,73 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("connect to postgres: %w", err)
 	}
 	defer pool.Close()
-	store := checkpoint.New(pool, r.cfg.CheckpointTable)
+	start, store, rstore, gt, err := r.open(ctx, pool)
+	if err != nil {
+		return err
+	}
+	worker, wsink, err := r.retryWorker(rstore, gt)
+	if err != nil {
+		return err
+	}
+	defer wsink.Close()
 
+	// The pipeline outlives ctx by the drain: it runs on a context of its own
+	// that only a failure or the drain deadline cancels.
+	pctx, fail := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer fail(nil)
+	defer context.AfterFunc(ctx, func() {
+		r.log.Info("shutdown requested: draining", "timeout", r.cfg.ShutdownTimeout.String())
+		t := time.AfterFunc(r.cfg.ShutdownTimeout, func() { fail(ErrDrainTimeout) })
+		context.AfterFunc(pctx, func() { t.Stop() })
+	})()
+	g, gctx := errgroup.WithContext(pctx)
+	// The stream and its companions live until the final checkpoint.
+	streamCtx, stopStream := context.WithCancel(gctx)
+	defer stopStream()
+	// Batches in these channels are outside the window (it is taken when a
+	// batch is routed): keep them short, they only smooth hand-overs.
+	batches, chunks := make(chan replication.Batch, 4), make(chan *chunk, 4)
+	w := &writer{sink: r.sink, gate: gt, win: r.win, health: r.health, log: r.log, m: r.m}
+	com := newCommitter(store, r.stream, r.win, r.health, r.m, r.log, r.cfg, start)
+
+	if err := r.serveMetrics(streamCtx, g, pool); err != nil {
+		return err
+	}
+	g.Go(func() error { return r.runStream(streamCtx, gctx, start, batches) })
+	g.Go(func() error { return ignoreCanceled(worker.Run(streamCtx)) })
+	g.Go(func() error { r.pumpStats(streamCtx, worker); return nil })
+	g.Go(func() error { gt.sweep(streamCtx, 30*time.Second); return nil })
+	g.Go(func() error { return r.route.run(gctx, ctx.Done(), batches, chunks) })
+	g.Go(func() error { return w.run(gctx, chunks, com) })
+	g.Go(func() error {
+		defer stopStream() // the final checkpoint is confirmed: the stream may close
+		return com.run(gctx)
+	})
+	err = g.Wait()
+	if cause := context.Cause(pctx); errors.Is(cause, ErrDrainTimeout) {
+		return fmt.Errorf("%w after %s: the events not yet confirmed will be sent again on the next start",
+			ErrDrainTimeout, r.cfg.ShutdownTimeout)
+	}
+	if err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		r.log.Info("stopped", "checkpoint", com.saved.String())
+		return ctx.Err()
+	}
+	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
+}
+
+// open resolves where to start and loads the gate, waiting for Postgres if it
+// is down or restarting (a host reboot starts both). What needs an operator
+// (no slot, no table, a bad password) fails at once.
+func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *checkpoint.Store, *retry.Store, *gate, error) {
+	store := checkpoint.New(pool, r.cfg.CheckpointTable)
 	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
 	if err != nil {
-		return fmt.Errorf("retry table: %w", err)
+		return 0, nil, nil, nil, fmt.Errorf("retry table: %w", err)
 	}
-	r.gate = &gate{store: rstore, log: r.log}
-	// Postgres may be down or restarting when the relay starts (a host
-	// reboot starts both): wait for it, as the stream does later. What needs
-	// an operator (no slot, no table, a bad password) fails at once.
+	gt := &gate{store: rstore, log: r.log}
 	var start pglogrepl.LSN
 	err = retryIf(ctx, r.log, "postgres unreachable at start-up", unreachable, func() error {
 		var err error
@@ -169,103 +217,69 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			r.log.Warn("cannot upgrade the retry table: run \"outbox-relay setup\" as its owner", "table", r.cfg.RetryTable, "err", err)
 		}
-		return r.gate.load(ctx)
+		return gt.load(ctx)
 	})
-	if err != nil {
-		return err
-	}
-	// The worker writes to Kafka beside the pipeline: a sink and a router of
-	// its own, as neither is safe for concurrent use. Per-aggregate order
-	// holds because the pipeline writes no event of an aggregate the worker
-	// has rows of (the gate).
+	return start, store, rstore, gt, err
+}
+
+// retryWorker builds the retry worker. It writes to Kafka beside the
+// pipeline: a sink and a router of its own, as neither is safe for concurrent
+// use. Per-aggregate order holds because the pipeline writes no event of a
+// lane the worker has rows of (the gate), which the worker releases.
+func (r *Relay) retryWorker(rstore *retry.Store, gt *gate) (*retry.Worker, *sink.Kafka, error) {
 	wsink, err := sink.New(r.cfg.Sink)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer wsink.Close()
 	wrouter, err := router.New(r.cfg.Router)
 	if err != nil {
-		return err
+		wsink.Close()
+		return nil, nil, err
 	}
-
-	// The pipeline outlives ctx by the drain: it runs on a context of its own
-	// that only a failure or the drain deadline cancels.
-	pctx, fail := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer fail(nil)
-	stopDeadline := context.AfterFunc(ctx, func() {
-		r.log.Info("shutdown requested: draining", "timeout", r.cfg.ShutdownTimeout.String())
-		t := time.AfterFunc(r.cfg.ShutdownTimeout, func() { fail(ErrDrainTimeout) })
-		context.AfterFunc(pctx, func() { t.Stop() })
-	})
-	defer stopDeadline()
-
-	g, gctx := errgroup.WithContext(pctx)
-	streamCtx, stopStream := context.WithCancel(gctx)
-	defer stopStream()
-	// Batches in these channels are outside the window (it is taken when a
-	// batch is routed): keep them short, they only smooth hand-overs.
-	batches := make(chan replication.Batch, 4)
-	chunks := make(chan *chunk, 4)
-	com := &committer{
-		store: store, stream: r.stream, win: r.win, log: r.log, m: r.m,
-		slot: r.cfg.Replication.Slot, interval: r.cfg.CheckpointInterval,
-		urgent: r.cfg.MaxInFlightEvents / 2, saved: start,
-		notify: make(chan struct{}, 1), health: r.health,
-	}
-
-	if r.m != nil {
-		sampler, err := metrics.NewSampler(r.m, pool, metrics.SamplerConfig{
-			Slot: r.cfg.Replication.Slot, RetryTable: r.cfg.RetryTable, Logger: r.log})
-		if err != nil {
-			return fmt.Errorf("metrics sampler: %w", err)
-		}
-		// These live as long as the stream: until the final checkpoint.
-		g.Go(func() error { return ignoreCanceled(sampler.Run(streamCtx)) })
-		g.Go(func() error { return ignoreCanceled(r.m.Serve(streamCtx, r.cfg.MetricsListen, r.Ready)) })
-	}
-	g.Go(func() error {
-		err := r.stream.Run(streamCtx, start, batches)
-		var de *replication.DecodeError
-		if errors.As(err, &de) {
-			r.m.DecodeError()
-		}
-		if streamCtx.Err() != nil && gctx.Err() == nil {
-			return nil // stopped by us after the final checkpoint
-		}
-		return err
-	})
 	wcfg := r.cfg.Retry
 	wcfg.Store, wcfg.Sink, wcfg.Topic, wcfg.Logger = rstore, wsink, wrouter.Topic, r.log.With("component", "retry")
-	wcfg.Delivered = func(agg string) { r.gate.release(streamCtx, []string{agg}) }
+	wcfg.Delivered = func(agg string) {
+		// Called from the worker's goroutine while it runs: bounded, as a
+		// hung query must not hold up the worker.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		gt.release(ctx, []string{agg})
+	}
 	worker, err := retry.NewWorker(wcfg)
 	if err != nil {
-		return err
+		wsink.Close()
+		return nil, nil, err
 	}
-	g.Go(func() error { return ignoreCanceled(worker.Run(streamCtx)) })
-	g.Go(func() error { r.pumpStats(streamCtx, worker); return nil })
-	g.Go(func() error { r.gate.sweep(streamCtx, 30*time.Second); return nil })
-	g.Go(func() error { return r.route(ctx.Done(), gctx, batches, chunks) })
-	g.Go(func() error { return r.write(gctx, chunks, com) })
-	g.Go(func() error {
-		err := com.run(gctx)
-		// The final checkpoint is saved and confirmed: now the stream may send
-		// its last status update and close.
-		stopStream()
-		return err
-	})
-	err = g.Wait()
-	if cause := context.Cause(pctx); errors.Is(cause, ErrDrainTimeout) {
-		return fmt.Errorf("%w after %s: the events not yet confirmed will be sent again on the next start",
-			ErrDrainTimeout, r.cfg.ShutdownTimeout)
+	return worker, wsink, nil
+}
+
+// runStream runs the replication stream until streamCtx ends; stopped by the
+// committer after the final checkpoint (gctx still live), that is no error.
+func (r *Relay) runStream(streamCtx, gctx context.Context, start pglogrepl.LSN, out chan<- replication.Batch) error {
+	err := r.stream.Run(streamCtx, start, out)
+	var de *replication.DecodeError
+	if errors.As(err, &de) {
+		r.m.DecodeError()
 	}
+	if streamCtx.Err() != nil && gctx.Err() == nil {
+		return nil
+	}
+	return err
+}
+
+// serveMetrics starts the metrics sampler and server, when metrics are on.
+func (r *Relay) serveMetrics(ctx context.Context, g *errgroup.Group, pool *pgxpool.Pool) error {
+	if r.m == nil {
+		return nil
+	}
+	sampler, err := metrics.NewSampler(r.m, pool, metrics.SamplerConfig{
+		Slot: r.cfg.Replication.Slot, RetryTable: r.cfg.RetryTable, Logger: r.log})
 	if err != nil {
-		return err
+		return fmt.Errorf("metrics sampler: %w", err)
 	}
-	if ctx.Err() != nil {
-		r.log.Info("stopped", "checkpoint", com.saved.String())
-		return ctx.Err()
-	}
-	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
+	g.Go(func() error { return ignoreCanceled(sampler.Run(ctx)) })
+	g.Go(func() error { return ignoreCanceled(r.m.Serve(ctx, r.cfg.MetricsListen, r.Ready)) })
+	return nil
 }
 
 // Ready reports whether the relay is streaming and delivering: what /readyz
@@ -390,394 +404,6 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	r.log.Info("resuming", "start_lsn", start.String(), "checkpoint", cp.LSN.String(),
 		"slot_confirmed_flush_lsn", slotLSN.String())
 	return start, nil
-}
-
-// A chunk is what the route stage hands the writer: messages in commit order
-// and what their acknowledgement allows to confirm.
-type chunk struct {
-	msgs  []kafka.Message // what the sink writes
-	evs   []event         // the envelope of each of msgs, same index
-	bytes int             // window bytes held by these messages
-
-	endLSN     pglogrepl.LSN // end of the last transaction completed in this chunk, 0 if none
-	commitTime time.Time     // its commit time
-	covered    int           // events up to and including that transaction
-	trailing   int           // events after it (a transaction still open at the end of the chunk)
-
-	commits []commitRun    // commit of each run of msgs: latency histogram
-	fails   []routeFailure // events the router refused, in order
-}
-
-// An event is what the pipeline knows of a routed event beyond its Kafka
-// message: its identity from its row and its place in the WAL. The retry
-// table is written from it, never from the message's headers.
-type event struct {
-	msg router.Message
-	lsn pglogrepl.LSN // commit LSN of its transaction
-	at  time.Time     // commit time
-	n   int           // its position in the transaction: with lsn, its unique key
-}
-
-// A commitRun is n consecutive messages of one transaction.
-type commitRun struct {
-	at  time.Time
-	lsn pglogrepl.LSN
-	n   int
-}
-
-func (c *chunk) addCommit(lsn pglogrepl.LSN, at time.Time) {
-	if n := len(c.commits); n > 0 && c.commits[n-1].lsn == lsn {
-		c.commits[n-1].n++
-		return
-	}
-	c.commits = append(c.commits, commitRun{at: at, lsn: lsn, n: 1})
-}
-
-func (c *chunk) empty() bool {
-	return len(c.msgs) == 0 && len(c.fails) == 0 && c.endLSN == 0 && c.covered+c.trailing == 0
-}
-
-// route turns batches into chunks of Kafka messages. It stops reading when stop
-// is closed, but only at a transaction boundary, so a clean shutdown leaves no
-// transaction half-delivered.
-func (r *Relay) route(stop <-chan struct{}, ctx context.Context, in <-chan replication.Batch, out chan<- *chunk) error {
-	defer close(out)
-	maxMsgs := r.cfg.Sink.BatchSize
-	maxBytes := 4 * int(r.cfg.Sink.BatchBytes)
-	newChunk := func() *chunk {
-		n := min(maxMsgs, 1024)
-		return &chunk{msgs: make([]kafka.Message, 0, n), evs: make([]event, 0, n)}
-	}
-	cur := newChunk()
-	flush := func() error {
-		if cur.empty() {
-			return nil
-		}
-		select {
-		case out <- cur:
-			cur = newChunk()
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	inTxn := false
-	var txnRow int // position of the next row in its transaction, for retry keys
-	for {
-		stopCh := stop
-		if inTxn {
-			stopCh = nil // finish the open transaction first
-		}
-		var b replication.Batch
-		select {
-		case b = <-in:
-		case <-stopCh:
-			return flush()
-		case <-ctx.Done():
-			return ctx.Err()
-		default:
-			// Nothing is waiting: hand on what we have rather than sit on it.
-			if err := flush(); err != nil {
-				return err
-			}
-			select {
-			case b = <-in:
-			case <-stopCh:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-
-		if !r.win.tryTake(len(b.Rows), b.Bytes, inTxn) {
-			// What we hold counts against the window: hand it on before waiting.
-			if err := flush(); err != nil {
-				return err
-			}
-			if err := r.win.take(ctx, len(b.Rows), b.Bytes, inTxn); err != nil {
-				return err
-			}
-		}
-		if !inTxn {
-			txnRow = 0
-		}
-		routed := 0
-		for i := range b.Rows {
-			row := &b.Rows[i]
-			cur.trailing++
-			cur.bytes += rowBytes(row)
-			txnRow++
-			if !r.outbox(row.Relation) {
-				continue
-			}
-			routed++
-			m, err := r.router.Route(*row)
-			r.headerTrouble(&m)
-			if err != nil {
-				var re *router.RouteError
-				if !errors.As(err, &re) {
-					var se *router.SchemaError
-					if errors.As(err, &se) {
-						r.m.SchemaStop()
-						return fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
-							txnRow, b.CommitLSN, err)
-					}
-					return fmt.Errorf("route event of transaction %d committed at %s: %w", b.Xid, b.CommitLSN, err)
-				}
-				// Not this relay's to drop nor to stop for: the event goes
-				// to the retry table, in its place.
-				cur.fails = append(cur.fails, routeFailure{before: len(cur.msgs), ev: event{msg: m, lsn: b.CommitLSN, at: b.CommitTime, n: txnRow}, err: err})
-				continue
-			}
-			cur.msgs = append(cur.msgs, toKafka(m))
-			cur.evs = append(cur.evs, event{msg: m, lsn: b.CommitLSN, at: b.CommitTime, n: txnRow})
-			cur.addCommit(b.CommitLSN, b.CommitTime)
-			if len(cur.msgs) >= maxMsgs || cur.bytes >= maxBytes {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-		}
-		r.tableM.Received(routed)
-		inTxn = !b.Last
-		if b.Last {
-			cur.endLSN = b.EndLSN
-			cur.commitTime = b.CommitTime
-			cur.covered += cur.trailing
-			cur.trailing = 0
-		}
-	}
-}
-
-// outbox reports whether rel is the configured outbox table. The publication
-// should cover only that table; inserts into any other are not events.
-func (r *Relay) outbox(rel *replication.Relation) bool {
-	is, ok := r.isOutbox[rel]
-	if !ok {
-		is = rel.Namespace == r.schema && rel.Name == r.table
-		r.isOutbox[rel] = is
-		if !is {
-			r.log.Warn("publication covers a table that is not the outbox: its inserts are ignored",
-				"table", rel.Namespace+"."+rel.Name, "outbox_table", r.cfg.Table)
-		}
-	}
-	return is
-}
-
-// headerTrouble counts what the router left out of an event's headers and
-// warns about a headers value it ignored, at most once every ten seconds:
-// the event is delivered all the same, so a line per event would only flood
-// the log.
-func (r *Relay) headerTrouble(m *router.Message) {
-	if m.DroppedHeaders > 0 {
-		r.m.HeadersDropped(m.DroppedHeaders)
-	}
-	if m.BadHeaders == "" {
-		return
-	}
-	r.m.HeadersInvalid()
-	if now := time.Now(); now.Sub(r.lastBadHeaders) >= 10*time.Second {
-		r.lastBadHeaders = now
-		r.log.Warn("headers column ignored: event delivered without its extra headers",
-			"event_id", m.EventID, "aggregate_type", m.AggregateType, "reason", m.BadHeaders)
-	}
-}
-
-func rowBytes(row *replication.Row) int {
-	n := 0
-	for _, v := range row.Values {
-		n += len(v)
-	}
-	return n
-}
-
-func toKafka(m router.Message) kafka.Message {
-	hs := make([]kafka.Header, len(m.Headers))
-	for i, h := range m.Headers {
-		hs[i] = kafka.Header{Key: h.Key, Value: h.Value}
-	}
-	return kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
-}
-
-// write sends chunks to Kafka in order and reports what was acknowledged.
-func (r *Relay) write(ctx context.Context, in <-chan *chunk, com *committer) error {
-	for c := range in {
-		send, sendAt := c.msgs, []int(nil) // sendAt nil: send is c.msgs
-		var parked []diverted
-		r.gate.mu.Lock()
-		anyBlocked := len(r.gate.blocked) > 0
-		r.gate.mu.Unlock()
-		if anyBlocked || len(c.fails) > 0 {
-			send, sendAt, parked = r.divert(c)
-		}
-		if len(send) > 0 {
-			r.health.waitFor(fmt.Sprintf("Kafka to acknowledge %d events", len(send)))
-			if err := r.sink.Write(ctx, send); err != nil {
-				var we *sink.WriteError
-				if !errors.As(err, &we) {
-					return fmt.Errorf("write to kafka: %w", err)
-				}
-				parked = append(parked, refused(we, c, send, sendAt)...)
-				send = acknowledged(send, we)
-			}
-		}
-		if len(parked) > 0 {
-			// Durable in the retry table before the chunk's LSN can be
-			// confirmed: the table is where these events now live.
-			r.health.waitFor(fmt.Sprintf("the retry table to store %d events (first: %s)", len(parked), parked[0].ev.EventKey))
-			if err := r.park(ctx, parked); err != nil {
-				return err
-			}
-		}
-		r.health.waitFor("")
-		r.win.giveBytes(c.bytes)
-		com.ack(c)
-		r.health.progress()
-		if r.m != nil && len(send) > 0 {
-			r.observe(c, send, len(parked))
-		}
-	}
-	com.close()
-	return nil
-}
-
-// observe records an acknowledged chunk: per-topic counts, batch size and
-// commit-to-ack latency. Per chunk, not per event, except for counting.
-// acknowledged returns the messages of send that we does not list.
-func acknowledged(send []kafka.Message, we *sink.WriteError) []kafka.Message {
-	out := make([]kafka.Message, 0, len(send)-len(we.Failures))
-	f := 0
-	for i := range send {
-		if f < len(we.Failures) && we.Failures[f].Index == i {
-			f++
-			continue
-		}
-		out = append(out, send[i])
-	}
-	return out
-}
-
-func (r *Relay) observe(c *chunk, sent []kafka.Message, parked int) {
-	now := time.Now()
-	r.m.ObserveBatch(len(sent))
-	if parked == 0 {
-		// The latency of events that went to the retry table is not a
-		// delivery latency; only a clean chunk is observed run by run.
-		for _, run := range c.commits {
-			r.m.ObserveDelivery(run.at, now, run.n)
-		}
-	}
-	for i := 0; i < len(sent); {
-		topic := sent[i].Topic
-		j := i + 1
-		for j < len(sent) && sent[j].Topic == topic {
-			j++
-		}
-		r.m.Topic(topic).Delivered(j - i)
-		i = j
-	}
-	r.m.SetInFlight(r.win.usage())
-}
-
-// committer saves the highest acknowledged transaction end LSN as the
-// checkpoint and then confirms it to the stream. Saves are paced by interval,
-// unless the events waiting for one pass urgent (half the window).
-type committer struct {
-	store    *checkpoint.Store
-	stream   *replication.Stream
-	m        *metrics.Metrics
-	win      *window
-	log      *slog.Logger
-	slot     string
-	interval time.Duration
-	urgent   int
-	health   *health
-
-	mu         sync.Mutex
-	acked      pglogrepl.LSN
-	commitTime time.Time
-	covered    int // acknowledged events covered by acked, not yet saved
-	trailing   int // acknowledged events of a transaction not yet complete
-	closed     bool
-	notify     chan struct{}
-
-	saved pglogrepl.LSN // run's goroutine only (read after run returns)
-}
-
-func (c *committer) ack(ch *chunk) {
-	c.mu.Lock()
-	if ch.endLSN != 0 {
-		c.acked, c.commitTime = ch.endLSN, ch.commitTime
-		c.covered += c.trailing + ch.covered
-		c.trailing = 0
-	}
-	c.trailing += ch.trailing
-	c.mu.Unlock()
-	c.poke()
-}
-
-func (c *committer) close() {
-	c.mu.Lock()
-	c.closed = true
-	c.mu.Unlock()
-	c.poke()
-}
-
-func (c *committer) poke() {
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (c *committer) run(ctx context.Context) error {
-	var lastSave time.Time
-	for {
-		select {
-		case <-c.notify:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		c.mu.Lock()
-		closed, covered := c.closed, c.covered
-		c.mu.Unlock()
-		if wait := c.interval - time.Since(lastSave); wait > 0 && !closed && covered < c.urgent {
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			}
-		}
-		c.mu.Lock()
-		lsn, commitTime, events := c.acked, c.commitTime, c.covered
-		c.covered = 0
-		closed = c.closed
-		c.mu.Unlock()
-		if lsn > c.saved {
-			if err := c.save(ctx, lsn, commitTime); err != nil {
-				return err
-			}
-			c.saved = lsn
-			lastSave = time.Now()
-			c.stream.Confirm(lsn)
-			c.health.progress()
-			c.m.SetConfirmedLSN(lsn)
-		}
-		c.win.giveEvents(events)
-		if closed {
-			return nil
-		}
-	}
-}
-
-// save retries until the checkpoint is durable or ctx is done: Postgres may be
-// restarting, and the stream will be waiting for it too.
-func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
-	return persist(ctx, c.log, "save checkpoint "+lsn.String(), c.health.watch("checkpoint", func() error {
-		return c.store.Save(ctx, c.slot, lsn, commitTime)
-	}))
 }
 
 // persist runs write until it succeeds or ctx is done, with capped

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	ev "github.com/outbox-relay/outbox-relay/internal/event"
 	"slices"
 	"strings"
 	"testing"
@@ -53,7 +54,7 @@ func TestInsertLongAggregate(t *testing.T) {
 	var events []retry.Event
 	for i := range 3 {
 		e := event("orders", key, fmt.Sprintf("long-%d", i))
-		e.EventKey = retry.PositionKey(0x100, i)
+		e.EventKey = ev.PositionKey(0x100, i)
 		e.Waiting = i > 0
 		events = append(events, e)
 	}
@@ -61,7 +62,7 @@ func TestInsertLongAggregate(t *testing.T) {
 	if err := s.Insert(ctx, events); err != nil {
 		t.Fatalf("Insert of a %d-byte aggregate: %v", len(events[0].Aggregate), err)
 	}
-	long := retry.Aggregate("orders", []byte(key))
+	long := ev.Lane{Topic: "orders", Key: key}.String()
 	aggs, err := s.Aggregates(ctx)
 	if err != nil {
 		t.Fatal(err)

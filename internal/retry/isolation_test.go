@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	ev "github.com/outbox-relay/outbox-relay/internal/event"
 	"slices"
 	"strings"
 	"sync"
@@ -134,11 +135,11 @@ type fakeSink struct {
 	pingErr error
 
 	mu      sync.Mutex
-	written []kafka.Message
+	written []ev.Event
 	pings   int
 }
 
-func (f *fakeSink) Write(ctx context.Context, msgs []kafka.Message) error {
+func (f *fakeSink) Write(ctx context.Context, msgs []ev.Event) error {
 	for _, m := range msgs {
 		if m.Topic == f.stuck {
 			<-ctx.Done()
@@ -319,7 +320,7 @@ func TestWorkerRefusesWhatTheRouterRefuses(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
 	noKey := event("orders", "", "A-1")
-	noKey.Aggregate = retry.UnroutableAggregate("Order", "")
+	noKey.Aggregate = ev.UnroutableLane("Order", "").String()
 	noKey.Permanent = true
 	if err := s.Insert(ctx, []retry.Event{noKey, event("orders", "B", "B-1")}); err != nil {
 		t.Fatal(err)

@@ -9,13 +9,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -28,12 +28,8 @@ const (
 	StatusDead    Status = "dead"
 )
 
-// A Header is a Kafka header of a stored event. It has the same fields as
-// router.Header and kafka.Header, so conversions between them are free.
-type Header struct {
-	Key   string
-	Value []byte
-}
+// A Header is a Kafka header of a stored event: the envelope's.
+type Header = event.Header
 
 // An Event is what the pipeline diverts to the retry table. Empty strings,
 // a zero SourceLSN and a zero CommitTime are stored as NULL.
@@ -43,15 +39,15 @@ type Header struct {
 // EventType and AggregateType with router.Headers, which also drops extra
 // entries of those names.
 type Event struct {
-	EventKey      string // unique and deterministic: see PositionKey
+	EventKey      string // unique and deterministic: event.PositionKey
 	EventID       string // sent as header id; the relay's own headers come from these three fields
-	Aggregate     string // blocking identity: see Aggregate and UnroutableAggregate
+	Aggregate     string // blocking identity: the event's event.Lane, as a string
 	AggregateType string // sent as header aggregate_type
 	AggregateID   string
 	EventType     string // sent as header event_type
 	Topic         string // "" when the event could not be routed
 	Key, Value    []byte
-	Headers       []Header      // extra headers only (router.Message.Extra), any bytes: see below
+	Headers       []Header      // extra headers only (event.Event.Extra), any bytes
 	SourceLSN     pglogrepl.LSN // end LSN of the transaction that inserted the event
 	CommitTime    time.Time
 	Reason        string // what is wrong and how to fix it, in plain words
@@ -59,46 +55,25 @@ type Event struct {
 	Waiting       bool   // diverted only because an earlier event of the aggregate is in the table
 }
 
-// PositionKey returns the key that identifies an event in the retry table:
-// the commit LSN of its transaction and the event's position n in it, which a
-// resend after a crash reproduces. It is short whatever the event holds, so
-// the table's unique index on it cannot refuse it (an event id can be any
-// text).
-func PositionKey(commitLSN pglogrepl.LSN, n int) string {
-	return fmt.Sprintf("lsn:%s:%d", commitLSN, n)
-}
-
-// EventKey returns the event id, or PositionKey when the id is NULL.
-//
-// Deprecated: use PositionKey; an event id can be longer than the table's
-// unique index accepts (such an event is then stored as a last-resort record).
-func EventKey(eventID string, commitLSN pglogrepl.LSN, n int) string {
-	if eventID != "" {
-		return eventID
+// NewEvent is the retry row of the envelope e in the ordering lane lane
+// (e.Lane(), or the lane of a failure that has no topic): keyed by its place
+// in the WAL, never by its data, with its extra headers only (the Worker adds
+// the relay's own from the row's columns, as the router does).
+func NewEvent(e *event.Event, lane event.Lane) Event {
+	return Event{
+		EventKey:      e.PositionKey(),
+		EventID:       e.ID,
+		Aggregate:     lane.String(),
+		AggregateType: e.AggregateType,
+		AggregateID:   e.AggregateID,
+		EventType:     e.Type,
+		Topic:         e.Topic,
+		Key:           e.Key,
+		Value:         e.Value,
+		Headers:       e.Extra,
+		SourceLSN:     e.CommitLSN,
+		CommitTime:    e.CommitTime,
 	}
-	return PositionKey(commitLSN, n)
-}
-
-// Aggregate returns the blocking identity of a routed event: its topic and
-// Kafka key, which together decide its partition and so its order. Topic
-// names cannot hold '/' or '#', so the result is unambiguous; a key that is
-// not valid UTF-8 (Postgres text cannot hold it) is written in hex after '#'.
-func Aggregate(topic string, key []byte) string {
-	if utf8.Valid(key) && !strings.ContainsRune(string(key), 0) {
-		return topic + "/" + string(key)
-	}
-	return topic + "#" + hex.EncodeToString(key)
-}
-
-// UnroutableAggregate returns the blocking identity of an event that has no
-// topic. It cannot collide with Aggregate's: ':' is not legal in a topic.
-// Invalid UTF-8 and NUL bytes, which Postgres text cannot hold, become
-// U+FFFD.
-func UnroutableAggregate(aggregateType, aggregateID string) string {
-	clean := func(s string) string {
-		return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-	}
-	return "unroutable:" + clean(aggregateType) + "/" + clean(aggregateID)
 }
 
 // An Entry is a row of the retry table.

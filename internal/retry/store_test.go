@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	ev "github.com/outbox-relay/outbox-relay/internal/event"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -37,7 +37,7 @@ func event(topic, key, id string) retry.Event {
 	return retry.Event{
 		EventKey:      id,
 		EventID:       id,
-		Aggregate:     retry.Aggregate(topic, []byte(key)),
+		Aggregate:     ev.Lane{Topic: topic, Key: key}.String(),
 		AggregateType: "Order",
 		AggregateID:   key,
 		EventType:     "Created",
@@ -127,67 +127,6 @@ func TestInsertOrderAndIdempotence(t *testing.T) {
 	}
 }
 
-func TestEventKey(t *testing.T) {
-	tests := []struct {
-		id   string
-		lsn  pglogrepl.LSN
-		n    int
-		want string
-	}{
-		{"0b9d7a3e-1", 0x16B3748, 3, "0b9d7a3e-1"},
-		{"", 0x16B3748, 3, "lsn:0/16B3748:3"},
-		{"", 0x1_0000_0000, 0, "lsn:1/0:0"},
-	}
-	for _, tt := range tests {
-		if got := retry.EventKey(tt.id, tt.lsn, tt.n); got != tt.want {
-			t.Errorf("EventKey(%q, %s, %d) = %q; want %q", tt.id, tt.lsn, tt.n, got, tt.want)
-		}
-	}
-}
-
-func TestPositionKey(t *testing.T) {
-	tests := []struct {
-		lsn  pglogrepl.LSN
-		n    int
-		want string
-	}{
-		{0x16B3748, 3, "lsn:0/16B3748:3"},
-		{0x1_0000_0000, 0, "lsn:1/0:0"},
-		{0xFFFFFFFF_FFFFFFFF, 1<<31 - 1, "lsn:FFFFFFFF/FFFFFFFF:2147483647"},
-	}
-	for _, tt := range tests {
-		if got := retry.PositionKey(tt.lsn, tt.n); got != tt.want {
-			t.Errorf("PositionKey(%s, %d) = %q; want %q", tt.lsn, tt.n, got, tt.want)
-		}
-	}
-}
-
-func TestAggregate(t *testing.T) {
-	tests := []struct {
-		topic string
-		key   []byte
-		want  string
-	}{
-		{"orders", []byte("A-1"), "orders/A-1"},
-		{"orders", []byte("x/y"), "orders/x/y"},
-		{"orders", []byte{0xff, 0x00}, "orders#ff00"},
-		{"orders", nil, "orders/"},
-	}
-	for _, tt := range tests {
-		if got := retry.Aggregate(tt.topic, tt.key); got != tt.want {
-			t.Errorf("Aggregate(%q, %q) = %q; want %q", tt.topic, tt.key, got, tt.want)
-		}
-	}
-	for _, tt := range []struct{ typ, id, want string }{
-		{"Or der", "7", "unroutable:Or der/7"},
-		{"A\x00B", "\xff", "unroutable:A\uFFFDB/\uFFFD"},
-	} {
-		if got := retry.UnroutableAggregate(tt.typ, tt.id); got != tt.want {
-			t.Errorf("UnroutableAggregate(%q, %q) = %q; want %q", tt.typ, tt.id, got, tt.want)
-		}
-	}
-}
-
 func TestGetRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
@@ -196,7 +135,7 @@ func TestGetRoundTrip(t *testing.T) {
 	e.Value = []byte{0x00, 0xff, 'x'}
 	e.SourceLSN = 0x16B3748
 	e.CommitTime = commit
-	noID := retry.Event{EventKey: retry.PositionKey(0x16B3748, 1), Aggregate: retry.UnroutableAggregate("", "9"),
+	noID := retry.Event{EventKey: ev.PositionKey(0x16B3748, 1), Aggregate: ev.UnroutableLane("", "9").String(),
 		AggregateID: "9", Reason: "the aggregate type is NULL", Permanent: true}
 	if err := s.Insert(ctx, []retry.Event{e, noID}); err != nil {
 		t.Fatal(err)

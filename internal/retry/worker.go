@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -26,7 +26,7 @@ import (
 // met a broker outage or trouble of its own messages. The Worker calls both
 // from one goroutine.
 type Sink interface {
-	Write(ctx context.Context, msgs []kafka.Message) error
+	Write(ctx context.Context, events []event.Event) error
 	Ping(ctx context.Context) error
 }
 
@@ -274,7 +274,7 @@ type failure struct {
 // the outcome in d: acknowledged rows before the first failure are delivered,
 // the first failure is recorded, and the rest stays.
 func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
-	msgs := make([]kafka.Message, 0, len(rows))
+	msgs := make([]event.Event, 0, len(rows))
 	var refuse *failure
 	for _, e := range rows {
 		if reason := undeliverable(&e); reason != "" {
@@ -291,7 +291,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			refuse = &failure{row: e, reason: routeReason(tr.err), permanent: true}
 			break
 		}
-		msgs = append(msgs, kafka.Message{Topic: tr.topic, Key: e.Key, Value: e.Value, Headers: headers(&e)})
+		msgs = append(msgs, e.event(tr.topic))
 	}
 	if len(msgs) > 0 {
 		actx, cancel := context.WithTimeout(ctx, d.w.cfg.AttemptTimeout)
@@ -327,7 +327,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			}
 			d.outageOver()
 			d.attempted += len(msgs)
-			d.failed = &failure{row: rows[0], reason: timeoutReason(d.w.cfg.AttemptTimeout, msgs[0])}
+			d.failed = &failure{row: rows[0], reason: timeoutReason(d.w.cfg.AttemptTimeout, msgs[0].Topic)}
 			return sendFailed
 		case errors.As(err, &we) && len(we.Failures) > 0:
 			d.outageOver()
@@ -340,7 +340,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 					"aggregate", rows[0].Aggregate, "events", acked)
 			}
 			d.attempted += first.Index + 1
-			d.failed = &failure{row: rows[first.Index], reason: SinkReason(first.Err, msgs[first.Index]),
+			d.failed = &failure{row: rows[first.Index], reason: sink.Reason(first.Err, &msgs[first.Index]),
 				permanent: sink.Permanent(first.Err)}
 			return sendFailed
 		default:
@@ -361,21 +361,17 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 	return sendDelivered
 }
 
-// headers are e's Kafka headers, built as the pipeline builds them: the
-// relay's own from the row's columns, then the stored extra headers. Rows of
-// earlier versions stored the relay's own headers too; router.Headers drops
-// them, so they are not sent twice.
-func headers(e *Entry) []kafka.Header {
-	extra := make([]router.Header, len(e.Headers))
-	for i, h := range e.Headers {
-		extra[i] = router.Header(h)
+// event is the envelope of e for topic. Its headers are built as the
+// pipeline builds them: the relay's own from the row's columns, then the
+// stored extra headers. Rows of earlier versions stored the relay's own
+// headers too; router.Headers drops them, so they are not sent twice.
+func (e *Entry) event(topic string) event.Event {
+	hs, _ := router.Headers([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Headers)
+	return event.Event{
+		ID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
+		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Headers,
+		CommitLSN: e.SourceLSN, CommitTime: e.CommitTime,
 	}
-	hs, _ := router.Headers([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), extra)
-	out := make([]kafka.Header, len(hs))
-	for i, h := range hs {
-		out[i] = kafka.Header(h)
-	}
-	return out
 }
 
 // undeliverable says why the Worker must not send e at all, or "".
@@ -405,11 +401,11 @@ func undeliverable(e *Entry) string {
 
 // timeoutReason says why an attempt that ran out of time while Kafka
 // answered is the row's own failure.
-func timeoutReason(timeout time.Duration, msg kafka.Message) string {
+func timeoutReason(timeout time.Duration, topic string) string {
 	return fmt.Sprintf("writing to topic %q did not finish within %s although Kafka answers: the topic may be unusable "+
 		"(a name that collides with an existing topic's, such as one differing only in '.' and '_'; partitions without a leader; "+
 		"too few in-sync replicas): check it with the Kafka tools and fix it or the topic config; retried with backoff",
-		msg.Topic, timeout)
+		topic, timeout)
 }
 
 func (d *delivery) outageOver() {
@@ -492,25 +488,6 @@ func routeReason(err error) string {
 		return "cannot route the event: " + re.Reason + "; fix the topic config and requeue it"
 	}
 	return "cannot route the event: " + err.Error() + "; fix the topic config and requeue it"
-}
-
-// SinkReason says in plain words why Kafka refused msg, and what fixes it:
-// the last_error of a retry row.
-func SinkReason(err error, msg kafka.Message) string {
-	var tooLarge kafka.MessageTooLargeError
-	switch {
-	case errors.As(err, &tooLarge), errors.Is(err, kafka.MessageSizeTooLarge), errors.Is(err, kafka.RecordListTooLarge):
-		return fmt.Sprintf("the message (%d bytes) is larger than Kafka accepts for topic %q: raise the topic's max.message.bytes (and kafka.batch_bytes) and requeue it, or drop it (%v)",
-			len(msg.Key)+len(msg.Value), msg.Topic, err)
-	case errors.Is(err, kafka.UnknownTopicOrPartition):
-		return fmt.Sprintf("topic %q does not exist and the relay does not create topics: create it (or set kafka.allow_auto_topic_creation); retried with backoff (%v)",
-			msg.Topic, err)
-	case errors.Is(err, kafka.TopicAuthorizationFailed):
-		return fmt.Sprintf("the relay's Kafka user may not write to topic %q: grant it and requeue (%v)", msg.Topic, err)
-	case errors.Is(err, kafka.InvalidTopic):
-		return fmt.Sprintf("%q is not a valid topic name: fix the topic config and requeue (%v)", msg.Topic, err)
-	}
-	return fmt.Sprintf("Kafka refused the message for topic %q: %v", msg.Topic, err)
 }
 
 // storableText makes a reason storable in last_error whatever Kafka or the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	ev "github.com/outbox-relay/outbox-relay/internal/event"
 	"slices"
 	"strings"
 	"sync"
@@ -187,7 +188,7 @@ func TestWorkerMissingTopic(t *testing.T) {
 	if got, want := ids(kc.ReadAll(t, topic), "A"), []string{"A-1", "A-2", "A-3", "A-4", "A-5"}; !slices.Equal(got, want) {
 		t.Errorf("topic holds %q; want %q in order", got, want)
 	}
-	if agg := retry.Aggregate(topic, []byte("A")); !dl.has(agg) {
+	if agg := (ev.Lane{Topic: topic, Key: "A"}).String(); !dl.has(agg) {
 		t.Errorf("Delivered calls = %q; want %q", dl.aggs, agg)
 	}
 	st := w.Stats()

@@ -1,0 +1,123 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+)
+
+// committer saves the highest acknowledged transaction end LSN as the
+// checkpoint and then confirms it to the stream. Saves are paced by interval,
+// unless the events waiting for one pass urgent (half the window).
+type committer struct {
+	store    checkpointSaver
+	stream   confirmer
+	m        *metrics.Metrics
+	win      *window
+	log      *slog.Logger
+	slot     string
+	interval time.Duration
+	urgent   int
+	health   *health
+
+	mu         sync.Mutex
+	acked      pglogrepl.LSN
+	commitTime time.Time
+	covered    int // acknowledged events covered by acked, not yet saved
+	trailing   int // acknowledged events of a transaction not yet complete
+	closed     bool
+	notify     chan struct{}
+
+	saved pglogrepl.LSN // run's goroutine only (read after run returns)
+}
+
+func newCommitter(store checkpointSaver, stream confirmer, win *window, h *health, m *metrics.Metrics, log *slog.Logger, cfg Config, start pglogrepl.LSN) *committer {
+	return &committer{
+		store: store, stream: stream, win: win, health: h, m: m, log: log,
+		slot: cfg.Replication.Slot, interval: cfg.CheckpointInterval,
+		urgent: cfg.MaxInFlightEvents / 2, saved: start,
+		notify: make(chan struct{}, 1),
+	}
+}
+
+// ack records that every event of ch is acknowledged or stored.
+func (c *committer) ack(ch *chunk) {
+	c.mu.Lock()
+	if ch.endLSN != 0 {
+		c.acked, c.commitTime = ch.endLSN, ch.commitTime
+		c.covered += c.trailing + ch.covered
+		c.trailing = 0
+	}
+	c.trailing += ch.trailing
+	c.mu.Unlock()
+	c.poke()
+}
+
+func (c *committer) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.poke()
+}
+
+func (c *committer) poke() {
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (c *committer) run(ctx context.Context) error {
+	var lastSave time.Time
+	for {
+		select {
+		case <-c.notify:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.mu.Lock()
+		closed, covered := c.closed, c.covered
+		c.mu.Unlock()
+		if wait := c.interval - time.Since(lastSave); wait > 0 && !closed && covered < c.urgent {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
+		}
+		c.mu.Lock()
+		lsn, commitTime, events := c.acked, c.commitTime, c.covered
+		c.covered = 0
+		closed = c.closed
+		c.mu.Unlock()
+		if lsn > c.saved {
+			if err := c.save(ctx, lsn, commitTime); err != nil {
+				return err
+			}
+			c.saved = lsn
+			lastSave = time.Now()
+			c.stream.Confirm(lsn)
+			c.health.progress()
+			c.m.SetConfirmedLSN(lsn)
+		}
+		c.win.giveEvents(events)
+		if closed {
+			return nil
+		}
+	}
+}
+
+// save retries until the checkpoint is durable or ctx is done: Postgres may be
+// restarting, and the stream will be waiting for it too.
+func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
+	return persist(ctx, c.log, "save checkpoint "+lsn.String(), c.health.watch("checkpoint", func() error {
+		return c.store.Save(ctx, c.slot, lsn, commitTime)
+	}))
+}

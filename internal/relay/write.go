@@ -1,0 +1,252 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// A writer sends chunks to Kafka in order, diverts to the retry table what
+// must not or could not go (route failures, events of blocked lanes, events
+// Kafka refused), and hands every chunk to the committer once each of its
+// events is acknowledged or stored. One writer, writing chunks in order, is
+// what keeps the acknowledged prefix contiguous.
+type writer struct {
+	sink   eventSink
+	gate   *gate
+	win    *window
+	health *health
+	log    *slog.Logger
+	m      *metrics.Metrics
+}
+
+// run writes the chunks of in until it is closed, then closes com. It
+// returns ctx's error, or an error that is not one event's (the caller
+// stops).
+func (r *writer) run(ctx context.Context, in <-chan *chunk, com *committer) error {
+	for c := range in {
+		send, sendAt := c.evs, []int(nil) // sendAt nil: send is c.evs
+		var parked []diverted
+		r.gate.mu.Lock()
+		anyBlocked := len(r.gate.blocked) > 0
+		r.gate.mu.Unlock()
+		if anyBlocked || len(c.fails) > 0 {
+			send, sendAt, parked = r.divert(c)
+		}
+		if len(send) > 0 {
+			r.health.waitFor(fmt.Sprintf("Kafka to acknowledge %d events", len(send)))
+			if err := r.sink.Write(ctx, send); err != nil {
+				var we *sink.WriteError
+				if !errors.As(err, &we) {
+					return fmt.Errorf("write to kafka: %w", err)
+				}
+				parked = append(parked, refused(we, send, sendAt)...)
+				send = acknowledged(send, we)
+			}
+		}
+		if len(parked) > 0 {
+			// Durable in the retry table before the chunk's LSN can be
+			// confirmed: the table is where these events now live.
+			r.health.waitFor(fmt.Sprintf("the retry table to store %d events (first: %s)", len(parked), parked[0].ev.EventKey))
+			if err := r.park(ctx, parked); err != nil {
+				return err
+			}
+		}
+		r.health.waitFor("")
+		r.win.giveBytes(c.bytes)
+		com.ack(c)
+		r.health.progress()
+		if r.m != nil && len(send) > 0 {
+			r.observe(c, send, len(parked))
+		}
+	}
+	com.close()
+	return nil
+}
+
+// acknowledged returns the events of send that we does not list.
+func acknowledged(send []event.Event, we *sink.WriteError) []event.Event {
+	out := make([]event.Event, 0, len(send)-len(we.Failures))
+	f := 0
+	for i := range send {
+		if f < len(we.Failures) && we.Failures[f].Index == i {
+			f++
+			continue
+		}
+		out = append(out, send[i])
+	}
+	return out
+}
+
+// observe records an acknowledged chunk: per-topic counts, batch size and
+// commit-to-ack latency. Per chunk, not per event, except for counting.
+func (r *writer) observe(c *chunk, sent []event.Event, parked int) {
+	now := time.Now()
+	r.m.ObserveBatch(len(sent))
+	if parked == 0 {
+		// The latency of events that went to the retry table is not a
+		// delivery latency; only a clean chunk is observed run by run.
+		for _, run := range c.commits {
+			r.m.ObserveDelivery(run.at, now, run.n)
+		}
+	}
+	for i := 0; i < len(sent); {
+		topic := sent[i].Topic
+		j := i + 1
+		for j < len(sent) && sent[j].Topic == topic {
+			j++
+		}
+		r.m.Topic(topic).Delivered(j - i)
+		i = j
+	}
+	r.m.SetInFlight(r.win.usage())
+}
+
+// diverted is an event bound for the retry table, with its place in the chunk.
+type diverted struct {
+	place int // 2*i+1 for c.msgs[i]; 2*before for a route failure
+	ev    retry.Event
+}
+
+// divert splits c into the messages to write now and the events that go to
+// the retry table: route failures, and every event of an aggregate that is
+// blocked (before this chunk, or by a route failure earlier in it). It returns
+// the index in c.msgs of every message to write.
+func (r *writer) divert(c *chunk) (send []event.Event, sendAt []int, out []diverted) {
+	local := map[string]struct{}{}
+	r.gate.mu.Lock()
+	defer r.gate.mu.Unlock()
+	blocked := func(agg string) bool {
+		if _, ok := r.gate.blocked[agg]; ok {
+			return true
+		}
+		_, ok := local[agg]
+		return ok
+	}
+	fi := 0
+	takeFailures := func(upTo int) {
+		for ; fi < len(c.fails) && c.fails[fi].before <= upTo; fi++ {
+			f := &c.fails[fi]
+			ev := failureEvent(f)
+			local[ev.Aggregate] = struct{}{}
+			out = append(out, diverted{place: 2 * f.before, ev: ev})
+		}
+	}
+	for i := range c.evs {
+		takeFailures(i)
+		m := &c.evs[i]
+		agg := m.Lane().String()
+		if blocked(agg) {
+			ev := retry.NewEvent(m, m.Lane())
+			ev.Waiting = true
+			ev.Reason = "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order"
+			out = append(out, diverted{place: 2*i + 1, ev: ev})
+			continue
+		}
+		send = append(send, *m)
+		sendAt = append(sendAt, i)
+	}
+	takeFailures(len(c.evs))
+	return send, sendAt, out
+}
+
+// failureEvent is the retry row of an event the router refused. Routing
+// failures are permanent: the row goes dead at once, for an operator to fix
+// the routing config (the worker routes again) or the data, and requeue.
+func failureEvent(f *routeFailure) retry.Event {
+	ev := retry.NewEvent(&f.ev, f.ev.Lane())
+	reason := f.err.Error()
+	var re *router.RouteError
+	if errors.As(f.err, &re) && re.Reason != "" {
+		reason = re.Reason
+	}
+	ev.Reason = "cannot route the event: " + reason + "; then requeue it"
+	ev.Permanent = true
+	return ev
+}
+
+// refused turns the sink's per-event failures into retry rows. sendAt maps
+// send to the chunk's events; nil when send is all of them.
+func refused(we *sink.WriteError, send []event.Event, sendAt []int) []diverted {
+	out := make([]diverted, 0, len(we.Failures))
+	for _, f := range we.Failures {
+		i := f.Index
+		if sendAt != nil {
+			i = sendAt[f.Index]
+		}
+		e := &send[f.Index]
+		ev := retry.NewEvent(e, e.Lane())
+		if errors.Is(f.Err, sink.ErrBehind) {
+			ev.Waiting = true
+			ev.Reason = "waiting behind an earlier event of the same aggregate that Kafka refused; delivered after it, in order"
+		} else {
+			ev.Reason = sink.Reason(f.Err, e)
+			ev.Permanent = sink.Permanent(f.Err)
+		}
+		out = append(out, diverted{place: 2*i + 1, ev: ev})
+	}
+	return out
+}
+
+// park writes the diverted events to the retry table, in chunk order, and
+// blocks their aggregates. It retries until the rows are durable or ctx is
+// done: their LSN must not be confirmed before.
+func (r *writer) park(ctx context.Context, ds []diverted) error {
+	slices.SortFunc(ds, func(a, b diverted) int { return cmp.Compare(a.place, b.place) })
+	evs := make([]retry.Event, len(ds))
+	for i, d := range ds {
+		evs[i] = d.ev
+	}
+	err := persist(ctx, r.log, fmt.Sprintf("write %d events to the retry table (nothing after them is confirmed until they are stored)", len(evs)), r.health.watch("retry_table", func() error {
+		r.gate.mu.Lock()
+		defer r.gate.mu.Unlock()
+		if err := r.gate.store.Insert(ctx, evs); err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			r.gate.blocked[ev.Aggregate] = struct{}{}
+		}
+		return nil
+	}))
+	if err != nil {
+		return err
+	}
+	r.logParked(evs)
+	return nil
+}
+
+// logParked logs failures (not waiting events) once per chunk, with the first
+// reason: a line per failed event would flood the log on a bad deploy.
+func (r *writer) logParked(evs []retry.Event) {
+	failed, first := 0, -1
+	for i, ev := range evs {
+		if !ev.Waiting {
+			failed++
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	if failed == 0 {
+		return
+	}
+	for _, ev := range evs {
+		if !ev.Waiting {
+			r.m.Topic(ev.Topic).Failed(1)
+		}
+	}
+	ev := evs[first]
+	r.log.Warn("events could not be delivered: written to the retry table",
+		"failed", failed, "waiting_behind", len(evs)-failed, "first_event_id", ev.EventID,
+		"first_aggregate", ev.Aggregate, "first_reason", ev.Reason, "dead_at_once", ev.Permanent)
+}
