@@ -157,14 +157,14 @@ func TestKafkaPingAndOutageWhilePaused(t *testing.T) {
 	k := newSink(t, sink.Config{Brokers: kc.Brokers, WriteTimeout: time.Second,
 		RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond})
 
-	ping := func(timeout time.Duration) (error, time.Duration) {
+	ping := func(timeout time.Duration) (time.Duration, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		start := time.Now()
 		err := k.Ping(ctx)
-		return err, time.Since(start)
+		return time.Since(start), err
 	}
-	if err, _ := ping(5 * time.Second); err != nil {
+	if _, err := ping(5 * time.Second); err != nil {
 		t.Fatalf("Ping = %v; want nil", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -183,7 +183,7 @@ func TestKafkaPingAndOutageWhilePaused(t *testing.T) {
 			testenv.ResumeKafka(t)
 		}
 	})
-	if err, d := ping(time.Second); err == nil || d > 2*time.Second {
+	if d, err := ping(time.Second); err == nil || d > 2*time.Second {
 		t.Errorf("Ping(frozen broker, 1s) = %v after %s; want an error within about 1s", err, d)
 	}
 
@@ -216,7 +216,7 @@ func TestKafkaPingAndOutageWhilePaused(t *testing.T) {
 	if since, cause := k.Outage(); !since.IsZero() {
 		t.Errorf("Outage() = %s, %v after the Write was acknowledged; want none", since, cause)
 	}
-	if err, _ := ping(5 * time.Second); err != nil {
+	if _, err := ping(5 * time.Second); err != nil {
 		t.Errorf("Ping after resume = %v; want nil", err)
 	}
 	t.Logf("outage seen from %s, cause %v", since.Format(time.RFC3339Nano), cause)

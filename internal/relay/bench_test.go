@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"runtime"
 	"testing"
@@ -50,5 +49,5 @@ func BenchmarkDrain(b *testing.B) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	b.ReportMetric(float64(ms.Sys)/(1<<20), "sys-MiB")
-	b.Log(fmt.Sprintf("%d events in %s", b.N, el.Round(time.Millisecond)))
+	b.Logf("%d events in %s", b.N, el.Round(time.Millisecond))
 }

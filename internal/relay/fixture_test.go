@@ -490,13 +490,6 @@ func (f *fixture) check(t testing.TB, got []delivered) report {
 	return rep
 }
 
-func lsnList(ls []pglogrepl.LSN) string {
-	s := make([]string, len(ls))
-	for i, l := range ls {
-		s[i] = l.String()
-	}
-	return strings.Join(s, ",")
-}
 
 func mustLSN(t testing.TB, s string) pglogrepl.LSN {
 	t.Helper()

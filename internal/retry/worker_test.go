@@ -28,11 +28,6 @@ type topicOf struct {
 	err   error
 }
 
-func (r *topicOf) set(topic string, err error) {
-	r.mu.Lock()
-	r.topic, r.err = topic, err
-	r.mu.Unlock()
-}
 
 func (r *topicOf) Topic(aggregateType, eventType string) (string, error) {
 	r.mu.Lock()
