@@ -76,6 +76,15 @@ const (
 // the real retrying, with backoff, until the context is done.
 const maxAttempts = 3
 
+// Defaults of Config's zero values, exported for the CLI's key table.
+const (
+	DefaultClientID     = "outbox-relay"
+	DefaultBatchSize    = 10000
+	DefaultBatchBytes   = 1 << 20
+	DefaultBatchTimeout = 2 * time.Millisecond
+	DefaultWriteTimeout = 10 * time.Second
+)
+
 // validate fills defaults and rejects bad values with a message saying how to
 // fix them.
 func (c *Config) validate() error {
@@ -88,16 +97,16 @@ func (c *Config) validate() error {
 		}
 	}
 	if c.ClientID == "" {
-		c.ClientID = "outbox-relay"
+		c.ClientID = DefaultClientID
 	}
 	if c.BatchTimeout < 0 || c.WriteTimeout < 0 || c.RetryMin < 0 || c.RetryMax < 0 || c.TopicWait < 0 {
 		return errors.New("negative timeout or retry backoff: use 0 for the default")
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 10000
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.BatchBytes == 0 {
-		c.BatchBytes = 1048576
+		c.BatchBytes = DefaultBatchBytes
 	}
 	// BatchSize bounds one produce call and the Writer's per-partition
 	// buffers. Above a million a call never fills by count anyway (BatchBytes
@@ -117,10 +126,10 @@ func (c *Config) validate() error {
 		c.TopicWait = defaultTopicWait
 	}
 	if c.BatchTimeout == 0 {
-		c.BatchTimeout = 2 * time.Millisecond
+		c.BatchTimeout = DefaultBatchTimeout
 	}
 	if c.WriteTimeout == 0 {
-		c.WriteTimeout = 10 * time.Second
+		c.WriteTimeout = DefaultWriteTimeout
 	}
 	if c.RetryMin == 0 {
 		c.RetryMin = 100 * time.Millisecond

@@ -16,6 +16,15 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
+// Defaults of Config's zero values, exported for the CLI's key table.
+const (
+	DefaultMaxInFlightEvents  = 50000
+	DefaultMaxInFlightBytes   = 8 << 20
+	DefaultShutdownTimeout    = 30 * time.Second
+	DefaultStallAfter         = time.Minute
+	DefaultCheckpointInterval = 200 * time.Millisecond
+)
+
 // Bounds of the in-flight window (Config.MaxInFlightEvents, MaxInFlightBytes).
 const (
 	MaxInFlightEventsLimit = 10_000_000
@@ -87,19 +96,19 @@ func (c *Config) validate() error {
 		c.CheckpointTable = "outbox_relay_checkpoint"
 	}
 	if c.CheckpointInterval <= 0 {
-		c.CheckpointInterval = 200 * time.Millisecond
+		c.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if c.MaxInFlightEvents <= 0 {
-		c.MaxInFlightEvents = 50000
+		c.MaxInFlightEvents = DefaultMaxInFlightEvents
 	}
 	if c.MaxInFlightBytes <= 0 {
-		c.MaxInFlightBytes = 8 << 20
+		c.MaxInFlightBytes = DefaultMaxInFlightBytes
 	}
 	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 30 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if c.StallAfter <= 0 {
-		c.StallAfter = time.Minute
+		c.StallAfter = DefaultStallAfter
 	}
 	// The window is memory: bounds that a typo cannot pass (2^63 bytes
 	// overflowed the soft memory limit derived from it).

@@ -30,6 +30,14 @@ type Sink interface {
 	Ping(ctx context.Context) error
 }
 
+// Defaults of WorkerConfig's zero values, exported for the CLI's key table.
+const (
+	DefaultBackoffMin   = time.Second
+	DefaultBackoffMax   = 5 * time.Minute
+	DefaultMaxAge       = 24 * time.Hour
+	DefaultPollInterval = time.Second
+)
+
 // WorkerConfig configures a Worker. Zero durations mean the documented
 // defaults.
 type WorkerConfig struct {
@@ -70,10 +78,10 @@ func (c *WorkerConfig) validate() error {
 			*d = v
 		}
 	}
-	def(&c.BackoffMin, time.Second)
-	def(&c.BackoffMax, 5*time.Minute)
-	def(&c.MaxAge, 24*time.Hour)
-	def(&c.PollInterval, time.Second)
+	def(&c.BackoffMin, DefaultBackoffMin)
+	def(&c.BackoffMax, DefaultBackoffMax)
+	def(&c.MaxAge, DefaultMaxAge)
+	def(&c.PollInterval, DefaultPollInterval)
 	def(&c.AttemptTimeout, 30*time.Second)
 	if c.BatchSize == 0 {
 		c.BatchSize = 100
