@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // Defaults of Config's zero values, exported for the CLI's key table.
@@ -81,19 +82,19 @@ func (c *Config) validate() error {
 		return errors.New("postgres.dsn is empty: set it in the config file or RELAY_POSTGRES_DSN")
 	}
 	if c.Replication.Slot == "" {
-		c.Replication.Slot = "outbox_relay"
+		c.Replication.Slot = sql.DefaultSlot
 	}
 	if c.Replication.Publication == "" {
-		c.Replication.Publication = "outbox_relay"
+		c.Replication.Publication = sql.DefaultPublication
 	}
 	if c.Table == "" {
-		c.Table = "public.outbox"
+		c.Table = sql.DefaultOutboxTable
 	}
 	if !strings.Contains(c.Table, ".") {
 		c.Table = "public." + c.Table
 	}
 	if c.CheckpointTable == "" {
-		c.CheckpointTable = "outbox_relay_checkpoint"
+		c.CheckpointTable = sql.DefaultCheckpointTable
 	}
 	if c.CheckpointInterval <= 0 {
 		c.CheckpointInterval = DefaultCheckpointInterval
@@ -125,7 +126,7 @@ func (c *Config) validate() error {
 		c.Sink.BatchBytes = 1 << 20
 	}
 	if c.RetryTable == "" {
-		c.RetryTable = "outbox_relay_retry"
+		c.RetryTable = sql.DefaultRetryTable
 	}
 	if c.MetricsListen != "" && c.Metrics == nil {
 		c.Metrics = metrics.New()
