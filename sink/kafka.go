@@ -233,16 +233,17 @@ func New(cfg Config) (*Kafka, error) {
 	return &Kafka{cfg: cfg, w: w, transport: transport, log: cfg.Logger}, nil
 }
 
-// Write blocks until every message is acknowledged by Kafka with acks=all, or
-// has failed for a reason of its own. Broker-wide failures
-// (unreachable, not enough replicas, leader not available, timeouts) are
-// retried with backoff until ctx is done: the caller must hold its LSN
-// meanwhile, nothing is dropped. It returns nil, ctx's error, or a *WriteError
-// listing the messages that failed on their own; every message not listed
-// was acknowledged. Not safe for concurrent use (one writer keeps
-// per-partition order).
+// Write produces each event as a record (topic, key, value, headers) and
+// blocks until every one is acknowledged by Kafka with acks=all, or has
+// failed for a reason of its own. Broker-wide failures (unreachable, not
+// enough replicas, leader not available, timeouts) are retried with backoff
+// until ctx is done: the caller must hold its LSN meanwhile, nothing is
+// dropped. It returns nil, ctx's error, or a *WriteError listing, by index in
+// events, the events that failed on their own; every event not listed was
+// acknowledged. Not safe for concurrent use (one writer keeps per-partition
+// order).
 //
-// Every message must have its Topic set. msgs is not modified, and its bytes
+// Every event must have its Topic set. events is not modified, and its bytes
 // must not be modified until Write returns.
 func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
 	msgs := records(events)
