@@ -66,13 +66,30 @@ func terminateContainers() {
 	containers.terminateAll = nil
 }
 
+// skipUnlessServers skips t under `go test -short` when an environment variable of
+// envs is unset: a unit run needs no servers and starts no containers. Without -short
+// (`make test`, CI) it does nothing, and a missing server is a failure.
+func skipUnlessServers(t testing.TB, envs ...string) {
+	t.Helper()
+	if !testing.Short() {
+		return
+	}
+	for _, env := range envs {
+		if os.Getenv(env) == "" {
+			t.Skipf("testenv: integration test skipped under -short: %s is not set; %s", env, howToRun)
+		}
+	}
+}
+
 // postgresAdminDSN returns the DSN of the server's default database, from the
-// environment or a container, and fails the test when there is neither.
+// environment or a container, and fails the test when there is neither (skips it
+// under -short).
 func postgresAdminDSN(t testing.TB) string {
 	t.Helper()
 	if dsn := os.Getenv(envPostgresDSN); dsn != "" {
 		return dsn
 	}
+	skipUnlessServers(t, envPostgresDSN)
 	if !dockerAvailable() {
 		t.Fatalf("testenv: no Postgres: %s is not set and no Docker engine answers; %s", envPostgresDSN, howToStart)
 	}
@@ -86,7 +103,7 @@ func postgresAdminDSN(t testing.TB) string {
 }
 
 // kafkaBrokers returns the brokers, from the environment or a container, and fails
-// the test when there is neither.
+// the test when there is neither (skips it under -short).
 func kafkaBrokers(t testing.TB) []string {
 	t.Helper()
 	if v := os.Getenv(envKafkaBrokers); v != "" {
@@ -100,6 +117,7 @@ func kafkaBrokers(t testing.TB) []string {
 			return out
 		}
 	}
+	skipUnlessServers(t, envKafkaBrokers)
 	if !dockerAvailable() {
 		t.Fatalf("testenv: no Kafka: %s is not set and no Docker engine answers; %s", envKafkaBrokers, howToStart)
 	}

@@ -144,6 +144,7 @@ func TestFaultLock(t *testing.T) {
 }
 
 func TestPostgres(t *testing.T) {
+	skipUnlessServers(t, envPostgresDSN) // the subtest's skip would not end this test
 	t.Parallel()
 	var dbName, slot string
 	admin := ""
