@@ -33,37 +33,10 @@ var containers struct {
 	pgErr    error
 	postgres testcontainers.Container
 
-	kafkaOnce    sync.Once
-	kafkaAddrs   []string
-	kafkaErr     error
-	kafka        testcontainers.Container
-	terminateMu  sync.Mutex
-	terminateAll []testcontainers.Container
-}
-
-// Main runs the tests and then terminates the containers this binary started, for a
-// package that wants them gone before the process exits:
-//
-//	func TestMain(m *testing.M) { testenv.Main(m) }
-//
-// Without it the testcontainers reaper removes them when the binary exits.
-func Main(m *testing.M) {
-	code := m.Run()
-	terminateContainers()
-	os.Exit(code)
-}
-
-func terminateContainers() {
-	containers.terminateMu.Lock()
-	defer containers.terminateMu.Unlock()
-	for _, c := range containers.terminateAll {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		if err := testcontainers.TerminateContainer(c, testcontainers.StopContext(ctx)); err != nil {
-			fmt.Fprintf(os.Stderr, "testenv: terminate container: %v\n", err)
-		}
-		cancel()
-	}
-	containers.terminateAll = nil
+	kafkaOnce  sync.Once
+	kafkaAddrs []string
+	kafkaErr   error
+	kafka      testcontainers.Container
 }
 
 // skipUnlessServers skips t under `go test -short` when an environment variable of
@@ -174,12 +147,6 @@ func bindPort(containerPort nat.Port, hostPort string) testcontainers.CustomizeR
 	})
 }
 
-func track(c testcontainers.Container) {
-	containers.terminateMu.Lock()
-	containers.terminateAll = append(containers.terminateAll, c)
-	containers.terminateMu.Unlock()
-}
-
 func startPostgresContainer() (string, testcontainers.Container, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -196,9 +163,6 @@ func startPostgresContainer() (string, testcontainers.Container, error) {
 		bindPort("5432/tcp", port),
 		tcpostgres.BasicWaitStrategies(),
 	)
-	if c != nil {
-		track(c)
-	}
 	if err != nil {
 		return "", nil, err
 	}
@@ -223,9 +187,6 @@ func startKafkaContainer() ([]string, testcontainers.Container, error) {
 		}),
 		bindPort("9093/tcp", port),
 	)
-	if c != nil {
-		track(c)
-	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -12,8 +12,8 @@
 //  2. Otherwise testcontainers-go, when a Docker engine answers: one Postgres 15
 //     (wal_level=logical) and one Kafka container per test binary, started on first
 //     use on fixed loopback ports (so addresses survive a container restart) and
-//     terminated by Main or, without it, by the testcontainers reaper when the binary
-//     exits. The fault helpers stop and start those containers.
+//     removed by the testcontainers reaper when the binary exits. The fault helpers
+//     stop and start those containers.
 //  3. Otherwise the test fails, naming `make dev-up` and `eval "$(make -s dev-env)"`.
 //     Without -short integration tests never skip: a missing server is a failure.
 //
