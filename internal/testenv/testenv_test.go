@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,19 +87,23 @@ func TestFaultLock(t *testing.T) {
 			return
 		}
 		got <- "exclusive"
+		// The behaviour under test: C, queued behind this fault test, must not get in
+		// while it holds the lock. Hold it long enough for a wrong grant to show.
 		time.Sleep(100 * time.Millisecond)
 		got <- "exclusive released"
 		rel()
 	}()
+	waitFor(t, "the fault test to hold the intent file (waiting for the lock)", func() bool { return intentHeld(t, path) })
+	// The behaviour under test: it waits while process a holds the lock shared. Give a
+	// wrong grant the time to show.
 	select {
 	case s := <-got:
 		t.Fatalf("exclusive() = %q while another process holds the lock shared; want it to wait", s)
-	case <-time.After(200 * time.Millisecond):
+	case <-time.After(100 * time.Millisecond):
 	}
 
 	// A new user of process a waits behind the waiting fault test (no starvation).
 	go func() {
-		time.Sleep(50 * time.Millisecond)
 		rel, err := a.shared("TestC")
 		if err != nil {
 			got <- "error: " + err.Error()
@@ -106,7 +112,11 @@ func TestFaultLock(t *testing.T) {
 		got <- "shared C"
 		rel()
 	}()
-	time.Sleep(150 * time.Millisecond)
+	waitFor(t, "TestC to queue behind the fault test", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.readersQueued == 1
+	})
 	relA2()
 	relA()
 
@@ -141,6 +151,38 @@ func TestFaultLock(t *testing.T) {
 		t.Errorf("exclusive() after shared() in the same test = nil error; want an error")
 	}
 	relE()
+}
+
+// waitFor polls cond until it holds, failing the test after 5s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 5s for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// intentHeld reports whether another open file holds the intent lock of the fault lock
+// at path exclusively, as a waiting fault test does.
+func intentHeld(t *testing.T, path string) bool {
+	t.Helper()
+	f, err := os.OpenFile(path+".intent", os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+	if err == nil {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		return false
+	}
+	if err != syscall.EWOULDBLOCK && err != syscall.EINTR {
+		t.Fatalf("flock %s.intent: %v", path, err)
+	}
+	return err == syscall.EWOULDBLOCK
 }
 
 func TestPostgres(t *testing.T) {
