@@ -58,4 +58,4 @@ lint:
 	$(GO) vet ./...
 
 clean:
-	rm -rf bin results/tmp
+	rm -rf bin docs/bench/tmp
