@@ -49,8 +49,13 @@ dev-env:
 demo:
 	@scripts/demo.sh
 
-bench: dev-up build
-	$(WITH_DEV_ENV) $(GO) run ./cmd/outbox-bench $(BENCH_ARGS)
+# Reports go to docs/bench/<time>/. The bench holds the dev servers shared for its whole
+# run, as testenv's tests do (.dev/fault.lock): it waits while a fault test of a concurrent
+# `go test` has a server stopped on purpose (dev-up would restart it), and no fault test
+# stops one under it. -o: a server that `up` starts must not inherit the lock.
+bench: build
+	@mkdir -p .dev
+	flock -o -s .dev/fault.lock bash -c '$(DEV) up && $(WITH_DEV_ENV) $(GO) run ./cmd/outbox-bench $(BENCH_ARGS)'
 
 lint:
 	@files=$$(gofmt -l $$(git ls-files '*.go')); \
