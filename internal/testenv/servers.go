@@ -39,12 +39,15 @@ var containers struct {
 	kafka      testcontainers.Container
 }
 
+// short is testing.Short, replaced by TestSkipUnlessServers.
+var short = testing.Short
+
 // skipUnlessServers skips t under `go test -short` when an environment variable of
 // envs is unset: a unit run needs no servers and starts no containers. Without -short
 // (`make test`, CI) it does nothing, and a missing server is a failure.
 func skipUnlessServers(t testing.TB, envs ...string) {
 	t.Helper()
-	if !testing.Short() {
+	if !short() {
 		return
 	}
 	for _, env := range envs {

@@ -385,6 +385,52 @@ func TestPostgresStopAndStart(t *testing.T) {
 	}
 }
 
+func TestSkipUnlessServers(t *testing.T) {
+	defer func(f func() bool) { short = f }(short)
+	tests := []struct {
+		name     string
+		short    bool
+		dsn      string
+		wantSkip bool
+	}{
+		{"not short, no server: no skip (the caller fails)", false, "", false},
+		{"short, no server", true, "", true},
+		{"short, server set", true, "postgres://127.0.0.1:1/x", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			short = func() bool { return tt.short }
+			t.Setenv(envPostgresDSN, tt.dsn)
+			r := &skipRecorder{TB: t}
+			func() {
+				defer func() { _ = recover() }()
+				skipUnlessServers(r, envPostgresDSN)
+			}()
+			if r.skipped != tt.wantSkip {
+				t.Fatalf("skipUnlessServers(short=%v, %s=%q) skipped = %v; want %v", tt.short, envPostgresDSN, tt.dsn, r.skipped, tt.wantSkip)
+			}
+			if r.skipped && (!strings.Contains(r.msg, "make dev-up") || !strings.Contains(r.msg, envPostgresDSN)) {
+				t.Errorf("skip message %q; want it to name %s and `make dev-up`", r.msg, envPostgresDSN)
+			}
+		})
+	}
+}
+
+// skipRecorder records Skipf instead of ending the test.
+type skipRecorder struct {
+	testing.TB
+	skipped bool
+	msg     string
+}
+
+func (s *skipRecorder) Skipf(format string, args ...any) {
+	s.skipped = true
+	s.msg = fmt.Sprintf(format, args...)
+	panic(errFatal)
+}
+
+func (s *skipRecorder) Helper() {}
+
 func TestFaultHelpersNeedExclusive(t *testing.T) {
 	// requireExclusive is what keeps a careless test from stopping servers under others.
 	ft := &fatalRecorder{TB: t}
