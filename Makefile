@@ -10,7 +10,7 @@ LDFLAGS := -X main.version=$(VERSION)
 # Exports RELAY_POSTGRES_DSN, RELAY_KAFKA_BROKERS and the RELAY_TEST_* twins for a recipe.
 WITH_DEV_ENV := eval "$$($(DEV) env)" &&
 
-.PHONY: all build test test-faults dev-up dev-down dev-clean dev-env demo bench lint clean
+.PHONY: all build test test-short test-faults dev-up dev-down dev-clean dev-env demo bench lint clean
 
 all: build
 
@@ -20,6 +20,11 @@ build:
 # The integration tests need the dev servers: start them (a no-op when they run).
 test: dev-up
 	$(WITH_DEV_ENV) $(GO) test -race -count=1 -timeout 40m ./...
+
+# Unit tests only, in well under a minute: no servers and no Docker. Integration tests
+# skip, naming `make dev-up` (testenv, under -short with no RELAY_TEST_* servers).
+test-short:
+	env -u RELAY_TEST_POSTGRES_DSN -u RELAY_TEST_KAFKA_BROKERS $(GO) test -short -count=1 ./...
 
 # The fault-injection suite and the randomized hostile-data run in their full forms
 # (`make test` runs reduced ones): the fault suite kills and pauses the dev servers, so it
@@ -44,8 +49,13 @@ dev-env:
 demo:
 	@scripts/demo.sh
 
-bench: dev-up build
-	$(WITH_DEV_ENV) $(GO) run ./cmd/outbox-bench $(BENCH_ARGS)
+# Reports go to docs/bench/<time>/. The bench holds the dev servers shared for its whole
+# run, as testenv's tests do (.dev/fault.lock): it waits while a fault test of a concurrent
+# `go test` has a server stopped on purpose (dev-up would restart it), and no fault test
+# stops one under it. -o: a server that `up` starts must not inherit the lock.
+bench: build
+	@mkdir -p .dev
+	flock -o -s .dev/fault.lock bash -c '$(DEV) up && $(WITH_DEV_ENV) $(GO) run ./cmd/outbox-bench $(BENCH_ARGS)'
 
 lint:
 	@files=$$(gofmt -l $$(git ls-files '*.go')); \
@@ -53,4 +63,4 @@ lint:
 	$(GO) vet ./...
 
 clean:
-	rm -rf bin results/tmp
+	rm -rf bin docs/bench/tmp

@@ -58,7 +58,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.Quick, "quick", false, "smoke run: 20k events, 5 s at 2k events/s, 1 run (explicit flags win)")
 	fs.StringVar(&o.RelayBin, "relay", "bin/outbox-relay", "outbox-relay binary")
 	fs.StringVar(&o.RecvBin, "pg-recvlogical", "/usr/lib/postgresql/15/bin/pg_recvlogical", "pg_recvlogical binary")
-	fs.StringVar(&o.OutDir, "out", "results", "results directory")
+	fs.StringVar(&o.OutDir, "out", "docs/bench", "reports directory: each invocation writes <out>/<time>/ and links <out>/latest")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "longest wait for one drain or one process")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -219,15 +219,6 @@ func (m *Metrics) ObserveBatch(messages int) {
 	}
 }
 
-// AddInFlight adjusts the in-flight gauges: positive when events are read,
-// negative when they are acknowledged or covered by a checkpoint.
-func (m *Metrics) AddInFlight(events, bytes int) {
-	if m != nil {
-		m.inFlightEvents.Add(float64(events))
-		m.inFlightBytes.Add(float64(bytes))
-	}
-}
-
 // SetInFlight sets the in-flight gauges to absolute values.
 func (m *Metrics) SetInFlight(events, bytes int) {
 	if m != nil {

@@ -22,9 +22,12 @@ func postgresDSN(t *testing.T) string {
 }
 
 func TestSampler(t *testing.T) {
+	// The DSN first: testenv.Postgres may wait for a fault test of another package,
+	// which must not use up the test's own time.
+	dsn := postgresDSN(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, postgresDSN(t))
+	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatalf("pgxpool.New: %v", err)
 	}
@@ -78,7 +81,13 @@ func TestSampler(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(runCtx) }()
-	time.Sleep(100 * time.Millisecond)
+	// Wait until Run has sampled the retry table written above (the assertions below
+	// say what is missing if it never does).
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, body := get(t, m.Handler(nil), "/metrics"); strings.Contains(body, "outbox_relay_retry_dead_events 1\n") {
+			break
+		}
+	}
 	stop()
 	if err := <-done; err != nil {
 		t.Errorf("Run after cancel = %v; want nil", err)

@@ -87,7 +87,7 @@ func TestSIGTERMMidStream(t *testing.T) {
 	f := newFixture(t)
 	p := f.startProcess(t)
 	total := f.produce(t, 30, 200, 0)
-	time.Sleep(300 * time.Millisecond)
+	f.waitCount(t, 1, time.Minute) // streaming: it has delivered something
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.done:

@@ -31,6 +31,7 @@ type faultLock struct {
 	holders       map[string]int // shared holds by test name
 	writer        string         // test holding the exclusive lock, "" if none
 	writerWaiting int
+	readersQueued int // shared calls waiting behind a fault test (TestFaultLock waits for it)
 }
 
 func newFaultLock(path string) *faultLock {
@@ -89,8 +90,21 @@ func (l *faultLock) shared(name string) (release func(), err error) {
 			break
 		}
 	}
+	queued := false
+	queue := func() {
+		if !queued {
+			queued = true
+			l.readersQueued++
+		}
+	}
+	defer func() { // runs before the deferred Unlock
+		if queued {
+			l.readersQueued--
+		}
+	}()
 	for !reentrant {
 		if l.writer != "" || l.writerWaiting > 0 {
+			queue()
 			l.cond.Wait()
 			continue
 		}
@@ -101,6 +115,7 @@ func (l *faultLock) shared(name string) (release func(), err error) {
 		// it, polling so that this process's holders can still release meanwhile.
 		err := flock(l.intentFile, syscall.LOCK_SH|syscall.LOCK_NB)
 		if err == syscall.EWOULDBLOCK {
+			queue()
 			l.mu.Unlock()
 			time.Sleep(50 * time.Millisecond)
 			l.mu.Lock()

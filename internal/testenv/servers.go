@@ -33,46 +33,39 @@ var containers struct {
 	pgErr    error
 	postgres testcontainers.Container
 
-	kafkaOnce    sync.Once
-	kafkaAddrs   []string
-	kafkaErr     error
-	kafka        testcontainers.Container
-	terminateMu  sync.Mutex
-	terminateAll []testcontainers.Container
+	kafkaOnce  sync.Once
+	kafkaAddrs []string
+	kafkaErr   error
+	kafka      testcontainers.Container
 }
 
-// Main runs the tests and then terminates the containers this binary started, for a
-// package that wants them gone before the process exits:
-//
-//	func TestMain(m *testing.M) { testenv.Main(m) }
-//
-// Without it the testcontainers reaper removes them when the binary exits.
-func Main(m *testing.M) {
-	code := m.Run()
-	terminateContainers()
-	os.Exit(code)
-}
+// short is testing.Short, replaced by TestSkipUnlessServers.
+var short = testing.Short
 
-func terminateContainers() {
-	containers.terminateMu.Lock()
-	defer containers.terminateMu.Unlock()
-	for _, c := range containers.terminateAll {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		if err := testcontainers.TerminateContainer(c, testcontainers.StopContext(ctx)); err != nil {
-			fmt.Fprintf(os.Stderr, "testenv: terminate container: %v\n", err)
-		}
-		cancel()
+// skipUnlessServers skips t under `go test -short` when an environment variable of
+// envs is unset: a unit run needs no servers and starts no containers. Without -short
+// (`make test`, CI) it does nothing, and a missing server is a failure.
+func skipUnlessServers(t testing.TB, envs ...string) {
+	t.Helper()
+	if !short() {
+		return
 	}
-	containers.terminateAll = nil
+	for _, env := range envs {
+		if os.Getenv(env) == "" {
+			t.Skipf("testenv: integration test skipped under -short: %s is not set; %s", env, howToRun)
+		}
+	}
 }
 
 // postgresAdminDSN returns the DSN of the server's default database, from the
-// environment or a container, and fails the test when there is neither.
+// environment or a container, and fails the test when there is neither (skips it
+// under -short).
 func postgresAdminDSN(t testing.TB) string {
 	t.Helper()
 	if dsn := os.Getenv(envPostgresDSN); dsn != "" {
 		return dsn
 	}
+	skipUnlessServers(t, envPostgresDSN)
 	if !dockerAvailable() {
 		t.Fatalf("testenv: no Postgres: %s is not set and no Docker engine answers; %s", envPostgresDSN, howToStart)
 	}
@@ -86,7 +79,7 @@ func postgresAdminDSN(t testing.TB) string {
 }
 
 // kafkaBrokers returns the brokers, from the environment or a container, and fails
-// the test when there is neither.
+// the test when there is neither (skips it under -short).
 func kafkaBrokers(t testing.TB) []string {
 	t.Helper()
 	if v := os.Getenv(envKafkaBrokers); v != "" {
@@ -100,6 +93,7 @@ func kafkaBrokers(t testing.TB) []string {
 			return out
 		}
 	}
+	skipUnlessServers(t, envKafkaBrokers)
 	if !dockerAvailable() {
 		t.Fatalf("testenv: no Kafka: %s is not set and no Docker engine answers; %s", envKafkaBrokers, howToStart)
 	}
@@ -156,12 +150,6 @@ func bindPort(containerPort nat.Port, hostPort string) testcontainers.CustomizeR
 	})
 }
 
-func track(c testcontainers.Container) {
-	containers.terminateMu.Lock()
-	containers.terminateAll = append(containers.terminateAll, c)
-	containers.terminateMu.Unlock()
-}
-
 func startPostgresContainer() (string, testcontainers.Container, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -178,9 +166,6 @@ func startPostgresContainer() (string, testcontainers.Container, error) {
 		bindPort("5432/tcp", port),
 		tcpostgres.BasicWaitStrategies(),
 	)
-	if c != nil {
-		track(c)
-	}
 	if err != nil {
 		return "", nil, err
 	}
@@ -205,9 +190,6 @@ func startKafkaContainer() ([]string, testcontainers.Container, error) {
 		}),
 		bindPort("9093/tcp", port),
 	)
-	if c != nil {
-		track(c)
-	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -12,10 +12,15 @@
 //  2. Otherwise testcontainers-go, when a Docker engine answers: one Postgres 15
 //     (wal_level=logical) and one Kafka container per test binary, started on first
 //     use on fixed loopback ports (so addresses survive a container restart) and
-//     terminated by Main or, without it, by the testcontainers reaper when the binary
-//     exits. The fault helpers stop and start those containers.
+//     removed by the testcontainers reaper when the binary exits. The fault helpers
+//     stop and start those containers.
 //  3. Otherwise the test fails, naming `make dev-up` and `eval "$(make -s dev-env)"`.
-//     Integration tests never skip: a missing server is a failure, with or without CI.
+//     Without -short integration tests never skip: a missing server is a failure.
+//
+// Under `go test -short` (`make test-short`) step 2 is left out: when the variable a
+// test needs is unset, Postgres, Kafka and Exclusive skip the test at once, naming
+// `make dev-up`, so a unit run needs no servers and no Docker. `make test` and CI do
+// not pass -short and never skip.
 //
 // Isolation: Postgres gives each test its own database (dropped at cleanup together
 // with its replication slots) and UniqueName gives unique topic, slot and publication
@@ -65,6 +70,8 @@ const (
 
 	howToStart = "start the dev servers with `make dev-up` and export them with " +
 		"`eval \"$(make -s dev-env)\"` (or run `make test`), or make a Docker engine available"
+	howToRun = "to run it, start the dev servers with `make dev-up` and export them with " +
+		"`eval \"$(make -s dev-env)\"`, or run `make test`"
 )
 
 // PG is a database of its own for one test.
@@ -137,6 +144,11 @@ func useServers(t testing.TB) {
 // servers.
 func Exclusive(t testing.TB) {
 	t.Helper()
+	// Under -short with no servers at all, skip before waiting for the lock; with one
+	// of them, Postgres or Kafka skips when the test asks for the other.
+	if os.Getenv(envPostgresDSN) == "" && os.Getenv(envKafkaBrokers) == "" {
+		skipUnlessServers(t, envPostgresDSN)
+	}
 	release, err := faultLocker().exclusive(t.Name())
 	if err != nil {
 		t.Fatalf("testenv: Exclusive: %v", err)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,19 +87,23 @@ func TestFaultLock(t *testing.T) {
 			return
 		}
 		got <- "exclusive"
+		// The behaviour under test: C, queued behind this fault test, must not get in
+		// while it holds the lock. Hold it long enough for a wrong grant to show.
 		time.Sleep(100 * time.Millisecond)
 		got <- "exclusive released"
 		rel()
 	}()
+	waitFor(t, "the fault test to hold the intent file (waiting for the lock)", func() bool { return intentHeld(t, path) })
+	// The behaviour under test: it waits while process a holds the lock shared. Give a
+	// wrong grant the time to show.
 	select {
 	case s := <-got:
 		t.Fatalf("exclusive() = %q while another process holds the lock shared; want it to wait", s)
-	case <-time.After(200 * time.Millisecond):
+	case <-time.After(100 * time.Millisecond):
 	}
 
 	// A new user of process a waits behind the waiting fault test (no starvation).
 	go func() {
-		time.Sleep(50 * time.Millisecond)
 		rel, err := a.shared("TestC")
 		if err != nil {
 			got <- "error: " + err.Error()
@@ -106,7 +112,11 @@ func TestFaultLock(t *testing.T) {
 		got <- "shared C"
 		rel()
 	}()
-	time.Sleep(150 * time.Millisecond)
+	waitFor(t, "TestC to queue behind the fault test", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.readersQueued == 1
+	})
 	relA2()
 	relA()
 
@@ -143,7 +153,40 @@ func TestFaultLock(t *testing.T) {
 	relE()
 }
 
+// waitFor polls cond until it holds, failing the test after 5s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 5s for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// intentHeld reports whether another open file holds the intent lock of the fault lock
+// at path exclusively, as a waiting fault test does.
+func intentHeld(t *testing.T, path string) bool {
+	t.Helper()
+	f, err := os.OpenFile(path+".intent", os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+	if err == nil {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		return false
+	}
+	if err != syscall.EWOULDBLOCK && err != syscall.EINTR {
+		t.Fatalf("flock %s.intent: %v", path, err)
+	}
+	return err == syscall.EWOULDBLOCK
+}
+
 func TestPostgres(t *testing.T) {
+	skipUnlessServers(t, envPostgresDSN) // the subtest's skip would not end this test
 	t.Parallel()
 	var dbName, slot string
 	admin := ""
@@ -341,6 +384,52 @@ func TestPostgresStopAndStart(t *testing.T) {
 		t.Errorf("SELECT v after restart = %d, %v; want 42 (committed before the crash)", v, err)
 	}
 }
+
+func TestSkipUnlessServers(t *testing.T) {
+	defer func(f func() bool) { short = f }(short)
+	tests := []struct {
+		name     string
+		short    bool
+		dsn      string
+		wantSkip bool
+	}{
+		{"not short, no server: no skip (the caller fails)", false, "", false},
+		{"short, no server", true, "", true},
+		{"short, server set", true, "postgres://127.0.0.1:1/x", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			short = func() bool { return tt.short }
+			t.Setenv(envPostgresDSN, tt.dsn)
+			r := &skipRecorder{TB: t}
+			func() {
+				defer func() { _ = recover() }()
+				skipUnlessServers(r, envPostgresDSN)
+			}()
+			if r.skipped != tt.wantSkip {
+				t.Fatalf("skipUnlessServers(short=%v, %s=%q) skipped = %v; want %v", tt.short, envPostgresDSN, tt.dsn, r.skipped, tt.wantSkip)
+			}
+			if r.skipped && (!strings.Contains(r.msg, "make dev-up") || !strings.Contains(r.msg, envPostgresDSN)) {
+				t.Errorf("skip message %q; want it to name %s and `make dev-up`", r.msg, envPostgresDSN)
+			}
+		})
+	}
+}
+
+// skipRecorder records Skipf instead of ending the test.
+type skipRecorder struct {
+	testing.TB
+	skipped bool
+	msg     string
+}
+
+func (s *skipRecorder) Skipf(format string, args ...any) {
+	s.skipped = true
+	s.msg = fmt.Sprintf(format, args...)
+	panic(errFatal)
+}
+
+func (s *skipRecorder) Helper() {}
 
 func TestFaultHelpersNeedExclusive(t *testing.T) {
 	// requireExclusive is what keeps a careless test from stopping servers under others.
