@@ -124,10 +124,10 @@ func TestSIGKILLMidStream(t *testing.T) {
 		<-p.done
 	}
 	f.startProcess(t)
-	got := f.waitCount(t, total, 3*time.Minute)
+	f.waitCount(t, total, 3*time.Minute)
 	ends := f.commitEnds(t)
 	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
-	got = f.readAll(t)
+	got := f.readAll(t)
 	rep := f.check(t, got)
 	if rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
 		t.Fatalf("after %d SIGKILLs: lost %d, order violations %d, mismatches %d; want 0: %s",
