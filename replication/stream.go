@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 )
 
 // A Stream is one logical replication connection to Postgres with pgoutput
@@ -109,7 +110,8 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 	log := s.cfg.Logger
 	asm := newAssembler(s.cfg, start, &s.stats)
 	defer asm.logSkips()
-	bo := backoff{min: s.cfg.ReconnectMin, max: s.cfg.ReconnectMax}
+	// Jittered, so that many relays do not reconnect in step.
+	bo := backoff.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	var activeSince time.Time
 	for {
 		streamed, err := s.session(ctx, asm, out)
@@ -133,9 +135,9 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 			activeSince = time.Time{}
 		}
 		if streamed {
-			bo.reset()
+			bo.Reset()
 		}
-		delay := bo.next()
+		delay := bo.Next()
 		s.stats.reconnects.Add(1)
 		log.Warn("replication connection lost, reconnecting", "error", err, "retry_in", delay,
 			"slot", s.cfg.Slot, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String())
@@ -481,22 +483,4 @@ func (s *Stream) emit(ctx context.Context, conn *pgconn.PgConn, asm *assembler, 
 		case <-t.C:
 		}
 	}
-}
-
-// backoff is exponential with equal jitter: a delay in [d/2, d], d doubling
-// from min to max, so that many relays do not reconnect in step.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	half := b.cur / 2
-	return half + rand.N(b.cur-half+1)
 }
