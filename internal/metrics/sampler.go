@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
 
 // sampled holds the values read from Postgres and exports only those known,
@@ -145,7 +146,7 @@ func (s *Sampler) Run(ctx context.Context) error {
 func (s *Sampler) Sample(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	slot, slotErr := ops.QuerySlotLag(qctx, s.pool, s.cfg.Slot)
+	slot, slotErr := pgslot.Read(qctx, s.pool, s.cfg.Slot)
 	retry, retryErr := ops.QueryRetry(qctx, s.pool, s.cfg.RetryTable)
 	if err := ctx.Err(); err != nil {
 		return err // shutting down: the values read so far stay as they were
@@ -153,7 +154,8 @@ func (s *Sampler) Sample(ctx context.Context) error {
 	s.m.sampled.mu.Lock()
 	s.m.sampled.slot, s.m.sampled.retry = nil, retry
 	if slotErr == nil {
-		s.m.sampled.slot = &slot
+		s.m.sampled.slot = &ops.SlotLag{Active: slot.Active, LagBytes: slot.LagBytes,
+			RetainedWALBytes: slot.RetainedWALBytes, SafeWALSizeBytes: slot.SafeWALSizeBytes}
 	}
 	s.m.sampled.mu.Unlock()
 	if err := errors.Join(slotErr, retryErr); err != nil {

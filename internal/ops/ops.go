@@ -11,12 +11,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// ErrSlotNotFound is returned by Lag and Status when the configured replication
-// slot does not exist.
-var ErrSlotNotFound = errors.New("replication slot not found (create it with `outbox-relay setup`)")
+// ErrSlotNotFound is wrapped by the error of Lag and Status when the
+// configured replication slot does not exist. It is pgslot.ErrNotFound: every
+// reader of the slot reports a missing one alike.
+var ErrSlotNotFound = pgslot.ErrNotFound
 
 // A Querier runs one query returning at most one row. *pgx.Conn, *pgxpool.Pool
 // and pgx.Tx satisfy it. Lag and Status issue several queries in sequence and
@@ -165,23 +167,6 @@ type StatusReport struct {
 	Checkpoint *Checkpoint `json:"checkpoint"`
 }
 
-// slotQuery reads the slot and, through active_pid, its walsender. The LEFT
-// JOIN keeps the slot when nobody holds it. Without pg_read_all_stats (or
-// pg_monitor) the walsender's client_addr and backend_start of another role
-// read as NULL, which is reported as absent rather than failing.
-const slotQuery = `
-SELECT s.active, s.active_pid, r.application_name, host(r.client_addr), r.backend_start, r.state,
-       s.confirmed_flush_lsn::text, s.restart_lsn::text, s.wal_status, s.safe_wal_size,
-       pg_current_wal_lsn()::text,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
-       now(), (r.pid IS NOT NULL),
-       current_setting('max_slot_wal_keep_size'),
-       (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings WHERE name = 'max_slot_wal_keep_size')
-FROM pg_replication_slots s
-LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
-WHERE s.slot_name = $1`
-
 type slotRow struct {
 	slot          Slot
 	currentLSN    string
@@ -193,18 +178,35 @@ type slotRow struct {
 }
 
 func querySlot(ctx context.Context, q Querier, slot string) (slotRow, error) {
-	var r slotRow
-	s := &r.slot
-	var keepSetting *string
-	err := q.QueryRow(ctx, slotQuery, slot).Scan(&s.Active, &s.ActivePID, &s.ApplicationName,
-		&s.ClientAddr, &s.BackendStart, &s.WalsenderState, &s.ConfirmedFlushLSN, &s.RestartLSN,
-		&s.WALStatus, &s.SafeWALSizeBytes, &r.currentLSN, &r.lag, &r.retained, &r.now, &r.walsender,
-		&r.keepSize, &keepSetting)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return r, fmt.Errorf("slot %q: %w", slot, ErrSlotNotFound)
-	}
+	ps, err := pgslot.Read(ctx, q, slot)
 	if err != nil {
-		return r, fmt.Errorf("query slot %q: %w", slot, err)
+		return slotRow{}, err
+	}
+	r := slotRow{
+		slot: Slot{
+			Active:            ps.Active,
+			ActivePID:         ps.ActivePID,
+			ConfirmedFlushLSN: ps.ConfirmedFlushLSN,
+			RestartLSN:        ps.RestartLSN,
+			WALStatus:         ps.WALStatus,
+			SafeWALSizeBytes:  ps.SafeWALSizeBytes,
+		},
+		currentLSN: ps.CurrentWALLSN,
+		lag:        ps.LagBytes,
+		retained:   ps.RetainedWALBytes,
+		now:        ps.Now,
+		walsender:  ps.Walsender != nil,
+	}
+	if w := ps.Walsender; w != nil {
+		r.slot.ApplicationName, r.slot.ClientAddr, r.slot.BackendStart, r.slot.WalsenderState =
+			w.ApplicationName, w.ClientAddr, w.BackendStart, w.State
+	}
+	var keepSetting *string
+	err = q.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size'),
+       (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings WHERE name = 'max_slot_wal_keep_size')`).
+		Scan(&r.keepSize, &keepSetting)
+	if err != nil {
+		return r, fmt.Errorf("read max_slot_wal_keep_size: %w", err)
 	}
 	if keepSetting != nil {
 		if r.keepSizeBytes, err = settingBytes(*keepSetting); err != nil {
@@ -394,23 +396,14 @@ func QueryRetry(ctx context.Context, q Querier, table string) (*Retry, error) {
 	return &r, nil
 }
 
-// SlotLag is what the metrics sampler needs of a slot: lag and retained WAL in
-// bytes, and safe_wal_size (nil when unlimited).
+// SlotLag is what the metrics sampler exports of a slot (read with
+// pgslot.Read): lag and retained WAL in bytes, and safe_wal_size (nil when
+// unlimited).
 type SlotLag struct {
 	Active           bool
 	LagBytes         *int64
 	RetainedWALBytes *int64
 	SafeWALSizeBytes *int64
-}
-
-// QuerySlotLag reads the slot's lag in one cheap statement. It returns an error
-// wrapping ErrSlotNotFound when the slot does not exist.
-func QuerySlotLag(ctx context.Context, q Querier, slot string) (SlotLag, error) {
-	sr, err := querySlot(ctx, q, slot)
-	if err != nil {
-		return SlotLag{}, err
-	}
-	return SlotLag{Active: sr.slot.Active, LagBytes: sr.lag, RetainedWALBytes: sr.retained, SafeWALSizeBytes: sr.slot.SafeWALSizeBytes}, nil
 }
 
 // Status reports whether a relay is streaming cfg.Slot now and its last saved
