@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 )
 
 // cleanEnv unsets every RELAY_* config variable for the test, so that the
@@ -395,8 +397,8 @@ func TestConfigErrorHidesPassword(t *testing.T) {
 	t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
 	var stdout, stderr bytes.Buffer
 	code := execute([]string{"run"}, &stdout, &stderr)
-	if code != exitConfig {
-		t.Errorf("execute(run) = %d; want %d", code, exitConfig)
+	if code != exitcode.Usage {
+		t.Errorf("execute(run) = %d; want %d", code, exitcode.Usage)
 	}
 	if !strings.Contains(stderr.String(), "postgres.dsn") || strings.Contains(stderr.String(), "hunter2") {
 		t.Errorf("stderr = %q; want postgres.dsn named and no password", stderr.String())

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 )
 
@@ -173,7 +174,7 @@ func signalContext(parent context.Context, e *env) (ctx context.Context, stop fu
 					continue
 				}
 				e.log.Warn("exiting at once without draining; unconfirmed events will be delivered again on the next start", "signal", sig.String())
-				os.Exit(exitFail)
+				os.Exit(exitcode.Failure)
 			case <-done:
 				return
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -140,7 +141,7 @@ func (s Slot) atRisk() bool {
 // SlotLostError is RunLag's error for a lost slot (wal_status lost): the
 // server removed WAL the slot needed, so no relay can stream it again and
 // events after its confirmed position were never delivered by it. It maps to
-// ExitError (1), the code of a missing slot, which is what a lost slot
+// exitcode.Failure (1), the code of a missing slot, which is what a lost slot
 // amounts to: recreate it (see the README's "When the slot is at risk").
 type SlotLostError struct {
 	Slot               string
@@ -154,8 +155,8 @@ func (e *SlotLostError) Error() string {
 		"by it: recreate it (see \"When the slot is at risk\" in the README)", e.Slot, e.MaxSlotWALKeepSize, e.ConfirmedFlushLSN)
 }
 
-// ExitCode is ExitError: see the type's doc.
-func (e *SlotLostError) ExitCode() int { return ExitError }
+// ExitCode is exitcode.Failure: see the type's doc.
+func (e *SlotLostError) ExitCode() int { return exitcode.Failure }
 
 // StatusReport is the answer of Status. Its JSON form is documented in the package doc.
 type StatusReport struct {
