@@ -421,3 +421,18 @@ func TestEditDistanceSuggestions(t *testing.T) {
 		t.Error("defaults lacks kafka.sasl.password")
 	}
 }
+
+func TestDurationText(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		want string
+	}{
+		{2 * time.Millisecond, "2ms"}, {10 * time.Second, "10s"}, {5 * time.Minute, "5m"},
+		{24 * time.Hour, "24h"}, {90 * time.Minute, "1h30m"}, {61 * time.Second, "1m1s"},
+	}
+	for _, tt := range tests {
+		if got := durationText(tt.d); got != tt.want {
+			t.Errorf("durationText(%s) = %q; want %q", tt.d, got, tt.want)
+		}
+	}
+}

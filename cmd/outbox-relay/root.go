@@ -102,13 +102,13 @@ comma-separated), then flags, each overriding the one before.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&configFile, "config", "", "YAML config file")
 	pf.String("postgres-dsn", "", "Postgres DSN (postgres.dsn); prefer RELAY_POSTGRES_DSN, flags show in ps")
-	pf.String("slot", "", "replication slot (postgres.slot, default outbox_relay)")
-	pf.String("publication", "", "publication (postgres.publication, default outbox_relay)")
-	pf.String("outbox-table", "", "outbox table, table or schema.table (outbox.table, default public.outbox)")
+	pf.String("slot", "", "replication slot (postgres.slot, default "+defaults["postgres.slot"]+")")
+	pf.String("publication", "", "publication (postgres.publication, default "+defaults["postgres.publication"]+")")
+	pf.String("outbox-table", "", "outbox table, table or schema.table (outbox.table, default "+defaults["outbox.table"]+")")
 	pf.String("kafka-brokers", "", "comma-separated host:port list (kafka.brokers)")
-	pf.String("metrics-listen", "", `metrics address (metrics.listen, default 127.0.0.1:9187; "" disables)`)
-	pf.String("log-level", "", "debug, info, warn or error (log.level, default info)")
-	pf.String("log-format", "", "text or json (log.format, default text)")
+	pf.String("metrics-listen", "", "metrics address (metrics.listen, default "+defaults["metrics.listen"]+`; "" disables)`)
+	pf.String("log-level", "", "debug, info, warn or error (log.level, default "+defaults["log.level"]+")")
+	pf.String("log-format", "", "text or json (log.format, default "+defaults["log.format"]+")")
 
 	// load reads the configuration for a command that needs it; a command
 	// that does not (version) never calls it.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // sampled holds the values read from Postgres and exports only those known,
@@ -75,7 +76,7 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 // means its documented default.
 type SamplerConfig struct {
 	Slot       string        // replication slot; required
-	RetryTable string        // default "outbox_relay_retry"
+	RetryTable string        // default sql.DefaultRetryTable
 	Interval   time.Duration // default 10s
 	Timeout    time.Duration // per sample, default 5s
 	Logger     *slog.Logger  // default discards
@@ -99,7 +100,7 @@ func NewSampler(m *Metrics, pool *pgxpool.Pool, cfg SamplerConfig) (*Sampler, er
 		return nil, errors.New("metrics sampler: slot name is empty")
 	}
 	if cfg.RetryTable == "" {
-		cfg.RetryTable = "outbox_relay_retry"
+		cfg.RetryTable = sql.DefaultRetryTable
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = 10 * time.Second

@@ -32,10 +32,10 @@ type Querier interface {
 // its documented default.
 type Config struct {
 	Slot            string // replication slot; required
-	Table           string // outbox table, default "public.outbox"
+	Table           string // outbox table, default sql.DefaultOutboxTable
 	CreatedAtColumn string // default "created_at"
-	CheckpointTable string // default "outbox_relay_checkpoint"
-	RetryTable      string // default "outbox_relay_retry"
+	CheckpointTable string // default sql.DefaultCheckpointTable
+	RetryTable      string // default sql.DefaultRetryTable
 }
 
 func (c *Config) validate() error {
@@ -43,16 +43,16 @@ func (c *Config) validate() error {
 		return errors.New("slot name is empty: set the replication slot in the config")
 	}
 	if c.Table == "" {
-		c.Table = "public.outbox"
+		c.Table = sql.DefaultOutboxTable
 	}
 	if c.CreatedAtColumn == "" {
 		c.CreatedAtColumn = "created_at"
 	}
 	if c.CheckpointTable == "" {
-		c.CheckpointTable = "outbox_relay_checkpoint"
+		c.CheckpointTable = sql.DefaultCheckpointTable
 	}
 	if c.RetryTable == "" {
-		c.RetryTable = "outbox_relay_retry"
+		c.RetryTable = sql.DefaultRetryTable
 	}
 	return nil
 }
