@@ -1,10 +1,12 @@
 // Package sql holds the DDL outbox-relay needs: the outbox table, the
 // checkpoint table, the publication and the replication slot.
 //
-// The embedded .sql files are the documented defaults, readable and runnable by
-// psql as they are (for example as docker-entrypoint-initdb.d scripts). The
-// functions here build the same statements for configured names; a test runs
-// both and compares the resulting catalogs, so the two cannot drift apart.
+// The DDL is written once, in the functions here, which build the statements
+// for configured names. The embedded .sql files are generated from them with
+// the default names (go generate ./sql; a test fails when they differ), as
+// documented defaults readable and runnable by psql (for example as
+// docker-entrypoint-initdb.d scripts); another test runs both and compares
+// the resulting catalogs.
 //
 // Invariants:
 //   - Every statement is idempotent (IF NOT EXISTS, or guarded by a catalog
@@ -22,8 +24,9 @@ import (
 )
 
 // Files holds the default DDL, in the order to run it: 001_outbox.sql,
-// 002_relay.sql, 003_slot.sql.
+// 002_relay.sql, 003_slot.sql, 004_retry.sql.
 //
+//go:generate go test -run ^TestFilesGenerated$ -update .
 //go:embed *.sql
 var Files embed.FS
 
