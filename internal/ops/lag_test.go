@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
 
 func mustLSN(t *testing.T, s *string) pglogrepl.LSN {
@@ -132,16 +133,16 @@ func TestLagMissingSlot(t *testing.T) {
 	cfg := f.cfg
 	cfg.Slot = f.cfg.Slot + "_missing"
 	_, err := ops.Lag(context.Background(), f.conn, cfg)
-	if !errors.Is(err, ops.ErrSlotNotFound) {
-		t.Fatalf("Lag(missing slot) error = %v; want ErrSlotNotFound", err)
+	if !errors.Is(err, pgslot.ErrNotFound) {
+		t.Fatalf("Lag(missing slot) error = %v; want pgslot.ErrNotFound", err)
 	}
 	for _, want := range []string{cfg.Slot, "outbox-relay setup"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Lag(missing slot) error = %q; want it to name %q", err, want)
 		}
 	}
-	if _, err := ops.Status(context.Background(), f.conn, cfg); !errors.Is(err, ops.ErrSlotNotFound) {
-		t.Errorf("Status(missing slot) error = %v; want ErrSlotNotFound", err)
+	if _, err := ops.Status(context.Background(), f.conn, cfg); !errors.Is(err, pgslot.ErrNotFound) {
+		t.Errorf("Status(missing slot) error = %v; want pgslot.ErrNotFound", err)
 	}
 }
 

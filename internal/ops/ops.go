@@ -16,11 +16,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// ErrSlotNotFound is wrapped by the error of Lag and Status when the
-// configured replication slot does not exist. It is pgslot.ErrNotFound: every
-// reader of the slot reports a missing one alike.
-var ErrSlotNotFound = pgslot.ErrNotFound
-
 // A Querier runs one query returning at most one row. *pgx.Conn, *pgxpool.Pool
 // and pgx.Tx satisfy it. Lag and Status issue several queries in sequence and
 // never concurrently.
@@ -294,7 +289,7 @@ func queryCheckpoint(ctx context.Context, q Querier, table, slot string) (*Check
 }
 
 // Lag reports how far the relay of cfg.Slot is behind. It works whether or not
-// a relay is running. It returns an error wrapping ErrSlotNotFound when the
+// a relay is running. It returns an error wrapping pgslot.ErrNotFound when the
 // slot does not exist.
 func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	if err := cfg.validate(); err != nil {
@@ -408,7 +403,7 @@ type SlotLag struct {
 }
 
 // Status reports whether a relay is streaming cfg.Slot now and its last saved
-// checkpoint. It returns an error wrapping ErrSlotNotFound when the slot does
+// checkpoint. It returns an error wrapping pgslot.ErrNotFound when the slot does
 // not exist.
 func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 	if err := cfg.validate(); err != nil {
@@ -425,7 +420,7 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 		Slot:      sr.slot,
 	}
 	if sr.slot.ApplicationName != nil {
-		r.Version = Version(*sr.slot.ApplicationName)
+		r.Version = relayVersion(*sr.slot.ApplicationName)
 	}
 	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
 		return nil, err
@@ -433,10 +428,10 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 	return r, nil
 }
 
-// Version extracts the relay version from an application_name of the form
+// relayVersion extracts the relay version from an application_name of the form
 // "outbox-relay/<version>". It returns nil for any other name, such as the
 // bare default "outbox-relay" or another program holding the slot.
-func Version(applicationName string) *string {
+func relayVersion(applicationName string) *string {
 	v, ok := strings.CutPrefix(applicationName, "outbox-relay/")
 	if !ok || v == "" {
 		return nil

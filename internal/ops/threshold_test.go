@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
 
 func TestThresholdsCheck(t *testing.T) {
@@ -48,7 +49,7 @@ func TestExitCode(t *testing.T) {
 	}{
 		{nil, exitcode.OK},
 		{errors.New("connection refused"), exitcode.Failure},
-		{fmt.Errorf("slot %q: %w", "s", ops.ErrSlotNotFound), exitcode.Failure},
+		{fmt.Errorf("slot %q: %w", "s", pgslot.ErrNotFound), exitcode.Failure},
 		{fmt.Errorf("lag: %w", &ops.ThresholdError{Exceeded: []string{"x"}}), exitcode.Threshold},
 	}
 	for _, tt := range tests {
