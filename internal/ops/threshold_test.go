@@ -1,7 +1,6 @@
 package ops_test
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -42,24 +41,20 @@ func TestThresholdsCheck(t *testing.T) {
 	}
 }
 
-func TestExitCode(t *testing.T) {
+// TestExitCodes checks the codes ops's errors carry to main, which maps any
+// error through exitcode.Of.
+func TestExitCodes(t *testing.T) {
 	tests := []struct {
 		err  error
 		want int
 	}{
-		{nil, exitcode.OK},
-		{errors.New("connection refused"), exitcode.Failure},
 		{fmt.Errorf("slot %q: %w", "s", pgslot.ErrNotFound), exitcode.Failure},
 		{fmt.Errorf("lag: %w", &ops.ThresholdError{Exceeded: []string{"x"}}), exitcode.Threshold},
+		{fmt.Errorf("lag: %w", &ops.SlotLostError{Slot: "s"}), exitcode.Failure},
 	}
 	for _, tt := range tests {
 		if got := exitcode.Of(tt.err); got != tt.want {
 			t.Errorf("exitcode.Of(%v) = %d; want %d", tt.err, got, tt.want)
 		}
-	}
-	// main maps errors through this method without importing ops.
-	var coder interface{ ExitCode() int }
-	if !errors.As(fmt.Errorf("wrapped: %w", &ops.ThresholdError{}), &coder) || coder.ExitCode() != exitcode.Threshold {
-		t.Errorf("ThresholdError.ExitCode() not reachable through errors.As; want %d", exitcode.Threshold)
 	}
 }
