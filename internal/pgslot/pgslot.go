@@ -56,7 +56,8 @@ type Slot struct {
 	SafeWALSizeBytes  *int64  // nil when max_slot_wal_keep_size is unlimited
 
 	// Positions relative to the server's current WAL position (the replay
-	// position on a standby), read in the same statement.
+	// position on a standby; "" and nil on a standby that has replayed
+	// nothing yet), read in the same statement.
 	CurrentWALLSN    string
 	LagBytes         *int64 // current WAL position minus confirmed_flush_lsn
 	RetainedWALBytes *int64 // current WAL position minus restart_lsn: WAL kept for the slot
@@ -96,7 +97,7 @@ func (s Slot) Confirmed() (pglogrepl.LSN, error) {
 // binary (pg_lsn, xid) are read as text.
 const query = `SELECT s.slot_type, coalesce(s.plugin, ''), coalesce(s.database, ''), current_database(),
        s.active, s.active_pid, s.catalog_xmin::text, s.restart_lsn::text, s.confirmed_flush_lsn::text,
-       s.wal_status, s.safe_wal_size, w.cur::text,
+       s.wal_status, s.safe_wal_size, coalesce(w.cur::text, ''),
        pg_wal_lsn_diff(w.cur, s.confirmed_flush_lsn)::bigint,
        pg_wal_lsn_diff(w.cur, s.restart_lsn)::bigint,
        now(), r.pid IS NOT NULL, r.application_name, host(r.client_addr), r.backend_start, r.state
