@@ -30,40 +30,43 @@ type Config struct {
 	Logger *slog.Logger // default discards
 }
 
-// Defaults of Config.
+// DefaultStatusInterval is Config.StatusInterval's default, and the CLI's
+// (postgres.status_interval): well below wal_sender_timeout's default 60s.
+const DefaultStatusInterval = 10 * time.Second
+
+// Defaults of the other fields of Config, as documented there.
 const (
-	DefaultApplicationName   = "outbox-relay"
-	DefaultStatusInterval    = 10 * time.Second
-	DefaultMaxBatchRows      = 1000
-	DefaultMaxBatchBytes     = 1 << 20
-	DefaultReconnectMin      = 100 * time.Millisecond
-	DefaultReconnectMax      = 10 * time.Second
-	DefaultSlotActiveTimeout = 90 * time.Second
+	defaultApplicationName   = "outbox-relay"
+	defaultMaxBatchRows      = 1000
+	defaultMaxBatchBytes     = 1 << 20
+	defaultReconnectMin      = 100 * time.Millisecond
+	defaultReconnectMax      = 10 * time.Second
+	defaultSlotActiveTimeout = 90 * time.Second
 )
 
 // withDefaults returns cfg with every zero field set to its default. It never
 // fails, so that New needs no error; validate reports what cannot be defaulted.
 func (cfg Config) withDefaults() Config {
 	if cfg.ApplicationName == "" {
-		cfg.ApplicationName = DefaultApplicationName
+		cfg.ApplicationName = defaultApplicationName
 	}
 	if cfg.StatusInterval == 0 {
 		cfg.StatusInterval = DefaultStatusInterval
 	}
 	if cfg.MaxBatchRows == 0 {
-		cfg.MaxBatchRows = DefaultMaxBatchRows
+		cfg.MaxBatchRows = defaultMaxBatchRows
 	}
 	if cfg.MaxBatchBytes == 0 {
-		cfg.MaxBatchBytes = DefaultMaxBatchBytes
+		cfg.MaxBatchBytes = defaultMaxBatchBytes
 	}
 	if cfg.ReconnectMin == 0 {
-		cfg.ReconnectMin = DefaultReconnectMin
+		cfg.ReconnectMin = defaultReconnectMin
 	}
 	if cfg.ReconnectMax == 0 {
-		cfg.ReconnectMax = DefaultReconnectMax
+		cfg.ReconnectMax = defaultReconnectMax
 	}
 	if cfg.SlotActiveTimeout == 0 {
-		cfg.SlotActiveTimeout = DefaultSlotActiveTimeout
+		cfg.SlotActiveTimeout = defaultSlotActiveTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

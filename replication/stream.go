@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
 
 // A Stream is one logical replication connection to Postgres with pgoutput
@@ -109,7 +111,8 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 	log := s.cfg.Logger
 	asm := newAssembler(s.cfg, start, &s.stats)
 	defer asm.logSkips()
-	bo := backoff{min: s.cfg.ReconnectMin, max: s.cfg.ReconnectMax}
+	// Jittered, so that many relays do not reconnect in step.
+	bo := backoff.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	var activeSince time.Time
 	for {
 		streamed, err := s.session(ctx, asm, out)
@@ -133,9 +136,9 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 			activeSince = time.Time{}
 		}
 		if streamed {
-			bo.reset()
+			bo.Reset()
 		}
-		delay := bo.next()
+		delay := bo.Next()
 		s.stats.reconnects.Add(1)
 		log.Warn("replication connection lost, reconnecting", "error", err, "retry_in", delay,
 			"slot", s.cfg.Slot, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String())
@@ -220,36 +223,29 @@ func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
 // checkSlot checks before START_REPLICATION what would otherwise fail later or
 // obscurely, and returns the slot's confirmed_flush_lsn.
 func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
-	// A walsender accepts only the simple query protocol: literals, not parameters.
-	q := `SELECT s.plugin, s.database, current_database(), s.confirmed_flush_lsn,
-	 EXISTS (SELECT 1 FROM pg_publication WHERE pubname = ` + quoteLiteral(s.cfg.Publication) + `)
-	FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots s ON s.slot_name = ` + quoteLiteral(s.cfg.Slot)
-	res, err := conn.Exec(ctx, q).ReadAll()
-	if err != nil {
-		return 0, s.classify("check slot", err)
-	}
-	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 5 {
-		return 0, errors.New("check slot: unexpected result shape")
-	}
-	row := res[0].Rows[0]
-	plugin, slotDB, db, lsnText, pubExists := row[0], string(row[1]), string(row[2]), row[3], string(row[4])
+	slot, err := pgslot.Read(ctx, pgslot.ReplicationConn(conn), s.cfg.Slot)
 	switch {
-	case plugin == nil:
-		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q does not exist: run \"outbox-relay setup\"", s.cfg.Slot), sentinel: ErrSlotMissing}
-	case string(plugin) != "pgoutput":
-		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or configure another slot", s.cfg.Slot, plugin), sentinel: ErrSlotPlugin}
-	case slotDB != db:
-		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: fix the DSN's database or the slot name", s.cfg.Slot, slotDB, db), sentinel: ErrSlotDatabase}
-	case pubExists != "t":
-		return 0, &fatalError{msg: fmt.Sprintf("publication %q does not exist in database %q: create it with \"outbox-relay setup\", then run \"outbox-relay check\": "+
-			"a publication created after the slot's position cannot decode what was written before it, and check then prints how to start past that point", s.cfg.Publication, db), sentinel: ErrPublicationMissing}
+	case errors.Is(err, pgslot.ErrNotFound):
+		return 0, &fatalError{msg: err.Error(), sentinel: ErrSlotMissing}
+	case err != nil:
+		return 0, s.classify("check slot", err)
+	case slot.Plugin != "pgoutput":
+		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or configure another slot", s.cfg.Slot, slot.Plugin), sentinel: ErrSlotPlugin}
+	case slot.Database != slot.CurrentDatabase:
+		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: fix the DSN's database or the slot name", s.cfg.Slot, slot.Database, slot.CurrentDatabase), sentinel: ErrSlotDatabase}
 	}
-	if lsnText == nil {
-		return 0, nil
-	}
-	lsn, err := pglogrepl.ParseLSN(string(lsnText))
+	// A walsender accepts only the simple query protocol: literals, not parameters.
+	res, err := conn.Exec(ctx, `SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = `+quoteLiteral(s.cfg.Publication)).ReadAll()
 	if err != nil {
-		return 0, fmt.Errorf("check slot: confirmed_flush_lsn: %w", err)
+		return 0, s.classify("check publication", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 {
+		return 0, &fatalError{msg: fmt.Sprintf("publication %q does not exist in database %q: create it with \"outbox-relay setup\", then run \"outbox-relay check\": "+
+			"a publication created after the slot's position cannot decode what was written before it, and check then prints how to start past that point", s.cfg.Publication, slot.CurrentDatabase), sentinel: ErrPublicationMissing}
+	}
+	lsn, err := slot.Confirmed()
+	if err != nil {
+		return 0, fmt.Errorf("check slot: %w", err)
 	}
 	return lsn, nil
 }
@@ -481,22 +477,4 @@ func (s *Stream) emit(ctx context.Context, conn *pgconn.PgConn, asm *assembler, 
 		case <-t.C:
 		}
 	}
-}
-
-// backoff is exponential with equal jitter: a delay in [d/2, d], d doubling
-// from min to max, so that many relays do not reconnect in step.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	half := b.cur / 2
-	return half + rand.N(b.cur-half+1)
 }

@@ -71,21 +71,6 @@ func TestRunInvalidConfig(t *testing.T) {
 	}
 }
 
-func TestBackoff(t *testing.T) {
-	b := backoff{min: 100 * time.Millisecond, max: time.Second}
-	wantCaps := []time.Duration{100, 200, 400, 800, 1000, 1000}
-	for i, c := range wantCaps {
-		c *= time.Millisecond
-		if d := b.next(); d < c/2 || d > c {
-			t.Errorf("attempt %d: next() = %s; want within [%s, %s]", i, d, c/2, c)
-		}
-	}
-	b.reset()
-	if d := b.next(); d > 100*time.Millisecond {
-		t.Errorf("next() after reset = %s; want <= 100ms", d)
-	}
-}
-
 func TestConfirmNeverMovesBack(t *testing.T) {
 	s := New(Config{})
 	for _, lsn := range []uint64{10, 30, 20, 0} {

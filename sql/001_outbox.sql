@@ -12,6 +12,8 @@
 --
 -- Idempotent: safe to run again. `outbox-relay setup --create-outbox-table`
 -- runs the same statements with the configured names.
+--
+-- Generated from package sql's builders (go generate ./sql): edit those.
 
 CREATE TABLE IF NOT EXISTS "public"."outbox" (
     "id" uuid PRIMARY KEY,

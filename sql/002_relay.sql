@@ -3,6 +3,8 @@
 -- publication names the table). Idempotent: safe to run again.
 -- `outbox-relay setup` does the same with the configured names and also creates
 -- the replication slot (003_slot.sql).
+--
+-- Generated from package sql's builders (go generate ./sql): edit those.
 
 -- The relay's own record of the last transaction delivered to Kafka, one row
 -- per slot. It never moves backwards, unlike a slot's confirmed_flush_lsn,

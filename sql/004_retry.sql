@@ -31,6 +31,8 @@
 -- Idempotent: safe to run again, and upgrades a table made by an earlier
 -- version. `outbox-relay setup` runs the same statements with the configured
 -- name (retry.table). Run after 002_relay.sql.
+--
+-- Generated from package sql's builders (go generate ./sql): edit those.
 
 CREATE TABLE IF NOT EXISTS "outbox_relay_retry" (
     "seq" bigserial PRIMARY KEY,

@@ -44,12 +44,14 @@ func RetryTable(t Table) []string {
     "last_resort" bytea
 )`, t.Quoted()),
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "last_resort" bytea`, t.Quoted()),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("status", "next_attempt_at")`,
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s
+    ON %s ("status", "next_attempt_at")`,
 			Ident(indexName(t.Name, "status_next_attempt_at_idx")), t.Quoted()),
 		// An index lives in its table's schema: qualify the old one's name
 		// the same way, so that the right one is dropped.
 		fmt.Sprintf(`DROP INDEX IF EXISTS %s`, Table{Schema: t.Schema, Name: old}.Quoted()),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (md5("aggregate"), "seq")`, Ident(current), t.Quoted()),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s
+    ON %s (md5("aggregate"), "seq")`, Ident(current), t.Quoted()),
 	}
 }
 

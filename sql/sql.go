@@ -1,10 +1,12 @@
 // Package sql holds the DDL outbox-relay needs: the outbox table, the
 // checkpoint table, the publication and the replication slot.
 //
-// The embedded .sql files are the documented defaults, readable and runnable by
-// psql as they are (for example as docker-entrypoint-initdb.d scripts). The
-// functions here build the same statements for configured names; a test runs
-// both and compares the resulting catalogs, so the two cannot drift apart.
+// The DDL is written once, in the functions here, which build the statements
+// for configured names. The embedded .sql files are generated from them with
+// the default names (go generate ./sql; a test fails when they differ), as
+// documented defaults readable and runnable by psql (for example as
+// docker-entrypoint-initdb.d scripts); another test runs both and compares
+// the resulting catalogs.
 //
 // Invariants:
 //   - Every statement is idempotent (IF NOT EXISTS, or guarded by a catalog
@@ -22,8 +24,9 @@ import (
 )
 
 // Files holds the default DDL, in the order to run it: 001_outbox.sql,
-// 002_relay.sql, 003_slot.sql.
+// 002_relay.sql, 003_slot.sql, 004_retry.sql.
 //
+//go:generate go test -run ^TestFilesGenerated$ -update .
 //go:embed *.sql
 var Files embed.FS
 
@@ -87,9 +90,10 @@ func Ident(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"
 // default since PostgreSQL 9.1) make doubling the quotes sufficient.
 func Literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-// Columns names the outbox table's columns. Empty fields take the defaults:
-// id, aggregate_type, aggregate_id, event_type, payload, headers. Headers "-"
-// means no headers column (as in router.Columns, whose fields these mirror).
+// Columns names the outbox table's columns. Empty fields take the
+// DefaultColumns. Headers "-" (NoHeaders) means the table has no headers
+// column. router.Columns has the same fields: convert with
+// sql.Columns(routerColumns).
 type Columns struct {
 	ID            string
 	AggregateType string
@@ -102,25 +106,40 @@ type Columns struct {
 // NoHeaders as Columns.Headers means the table has no headers column.
 const NoHeaders = "-"
 
-func (c Columns) withDefaults() Columns {
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
+// DefaultColumns returns the default column names of the outbox table, as in
+// 001_outbox.sql: id, aggregate_type, aggregate_id, event_type, payload,
+// headers. They are the one definition of these names (the router and the
+// CLI take them from here). Debezium's own defaults differ (aggregatetype,
+// aggregateid, type): configure those to share a Debezium table.
+func DefaultColumns() Columns {
+	return Columns{
+		ID:            "id",
+		AggregateType: "aggregate_type",
+		AggregateID:   "aggregate_id",
+		EventType:     "event_type",
+		Payload:       "payload",
+		Headers:       "headers",
+	}
+}
+
+// WithDefaults returns c with every empty field set from DefaultColumns.
+func (c Columns) WithDefaults() Columns {
+	d := DefaultColumns()
+	for _, f := range []struct{ field, def *string }{
+		{&c.ID, &d.ID}, {&c.AggregateType, &d.AggregateType}, {&c.AggregateID, &d.AggregateID},
+		{&c.EventType, &d.EventType}, {&c.Payload, &d.Payload}, {&c.Headers, &d.Headers},
+	} {
+		if *f.field == "" {
+			*f.field = *f.def
 		}
 	}
-	def(&c.ID, "id")
-	def(&c.AggregateType, "aggregate_type")
-	def(&c.AggregateID, "aggregate_id")
-	def(&c.EventType, "event_type")
-	def(&c.Payload, "payload")
-	def(&c.Headers, "headers")
 	return c
 }
 
 // OutboxTable returns the statements creating the outbox table (with
 // Debezium-compatible column types) and its created_at index, if missing.
 func OutboxTable(t Table, c Columns) []string {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	headers := ""
 	if c.Headers != NoHeaders {
 		headers = fmt.Sprintf("\n    %s jsonb,", Ident(c.Headers))

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 )
 
 // buildBinary builds the command as users get it.
@@ -71,8 +73,8 @@ func TestBinary(t *testing.T) {
 		start := time.Now()
 		err = cmd.Run()
 		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != exitConfig {
-			t.Errorf("outbox-relay run with a bad config: %v; want exit code %d", err, exitConfig)
+		if !errors.As(err, &exit) || exit.ExitCode() != exitcode.Usage {
+			t.Errorf("outbox-relay run with a bad config: %v; want exit code %d", err, exitcode.Usage)
 		}
 		if !strings.Contains(stderr.String(), "kafka.compression") {
 			t.Errorf("stderr = %q; want it to name kafka.compression", stderr.String())
@@ -93,7 +95,7 @@ func TestBinary(t *testing.T) {
 		dbEnv(t) // the binary inherits the test's environment
 		t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
 		t.Setenv("RELAY_METRICS_LISTEN", "")
-		if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitOK {
+		if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitcode.OK {
 			t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
 		}
 		cmd := exec.Command(bin, "run")
@@ -127,8 +129,8 @@ func TestBinary(t *testing.T) {
 		cmd.Env = append(cmd.Environ(), "RELAY_POSTGRES_DSN=postgres://relay@127.0.0.1:9/app", "RELAY_KAFKA_BROKERS=127.0.0.1:9")
 		out, err := cmd.CombinedOutput()
 		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != exitConfig || !strings.Contains(string(out), "--start-lsn") {
-			t.Errorf("run --start-lsn nonsense = %v, %q; want exit %d naming --start-lsn", err, out, exitConfig)
+		if !errors.As(err, &exit) || exit.ExitCode() != exitcode.Usage || !strings.Contains(string(out), "--start-lsn") {
+			t.Errorf("run --start-lsn nonsense = %v, %q; want exit %d naming --start-lsn", err, out, exitcode.Usage)
 		}
 	})
 }

@@ -3,16 +3,18 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 )
 
 func TestCheckGood(t *testing.T) {
 	_, slot := dbEnv(t)
 	t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
-	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitOK {
+	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitcode.OK {
 		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut := run(t, "check")
-	if code != exitOK {
+	if code != exitcode.OK {
 		t.Fatalf("check on a set-up database: exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 	wantLines(t, "check", out,
@@ -89,8 +91,8 @@ func TestCheckBroken(t *testing.T) {
 			}
 			execSQL(t, dsn, tt.setup...)
 			code, out, _ := run(t, "check")
-			if code != exitFail {
-				t.Errorf("check exit = %d; want %d", code, exitFail)
+			if code != exitcode.Failure {
+				t.Errorf("check exit = %d; want %d", code, exitcode.Failure)
 			}
 			for _, w := range tt.want {
 				wantLines(t, "check", out, strings.ReplaceAll(w, "%SLOT%", slot))
@@ -104,8 +106,8 @@ func TestCheckUnreachablePostgres(t *testing.T) {
 	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay:hunter2@127.0.0.1:9/app?connect_timeout=5")
 	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9")
 	code, out, errOut := run(t, "check")
-	if code != exitFail {
-		t.Errorf("check exit = %d; want %d", code, exitFail)
+	if code != exitcode.Failure {
+		t.Errorf("check exit = %d; want %d", code, exitcode.Failure)
 	}
 	wantLines(t, "check", out, "FAIL  postgres: connect to postgres postgres://relay:xxxxx@127.0.0.1:9/app", "FAIL  kafka: ")
 	if strings.Contains(out+errOut, "hunter2") {

@@ -25,29 +25,35 @@ import (
 )
 
 // defaults lists every scalar config key with its default ("" for none). It
-// is the one list of keys: env binding, unknown-key detection and the test of
-// config.example.yaml all read it. topics.overrides, a map, is handled apart.
+// is the one list of keys: env binding, unknown-key detection, the flags'
+// help and the test of config.example.yaml all read it. topics.overrides, a
+// map, is handled apart.
+//
+// A default owned by a package is taken from that package's exported
+// constant; the CLI's own (metrics, log, the auto-creation choice) are
+// defined here. TODO(defaults) marks a literal whose package does not export
+// it yet: replace it with the named constant once it exists.
 var defaults = map[string]string{
 	"postgres.dsn":                    "",
 	"postgres.slot":                   sql.DefaultSlot,
 	"postgres.publication":            sql.DefaultPublication,
-	"postgres.status_interval":        "10s",
+	"postgres.status_interval":        durationText(replication.DefaultStatusInterval),
 	"outbox.table":                    sql.DefaultOutboxTable,
-	"outbox.columns.id":               "id",
-	"outbox.columns.aggregate_type":   "aggregate_type",
-	"outbox.columns.aggregate_id":     "aggregate_id",
-	"outbox.columns.event_type":       "event_type",
-	"outbox.columns.payload":          "payload",
-	"outbox.columns.headers":          "headers",
+	"outbox.columns.id":               sql.DefaultColumns().ID,
+	"outbox.columns.aggregate_type":   sql.DefaultColumns().AggregateType,
+	"outbox.columns.aggregate_id":     sql.DefaultColumns().AggregateID,
+	"outbox.columns.event_type":       sql.DefaultColumns().EventType,
+	"outbox.columns.payload":          sql.DefaultColumns().Payload,
+	"outbox.columns.headers":          sql.DefaultColumns().Headers,
 	"topics.template":                 router.DefaultTopic,
 	"kafka.brokers":                   "",
-	"kafka.client_id":                 "outbox-relay",
-	"kafka.batch_size":                "10000",
-	"kafka.batch_bytes":               "1048576",
-	"kafka.batch_timeout":             "2ms",
-	"kafka.write_timeout":             "10s",
-	"kafka.compression":               "none",
-	"kafka.allow_auto_topic_creation": "true",
+	"kafka.client_id":                 "outbox-relay", // TODO(defaults): sink.DefaultClientID
+	"kafka.batch_size":                "10000",        // TODO(defaults): sink.DefaultBatchSize
+	"kafka.batch_bytes":               "1048576",      // TODO(defaults): sink.DefaultBatchBytes
+	"kafka.batch_timeout":             "2ms",          // TODO(defaults): sink.DefaultBatchTimeout
+	"kafka.write_timeout":             "10s",          // TODO(defaults): sink.DefaultWriteTimeout
+	"kafka.compression":               "none",         // TODO(defaults): sink.DefaultCompression
+	"kafka.allow_auto_topic_creation": strconv.FormatBool(defaultAllowAutoTopicCreation),
 	"kafka.tls.enabled":               "false",
 	"kafka.tls.ca_file":               "",
 	"kafka.tls.cert_file":             "",
@@ -57,21 +63,45 @@ var defaults = map[string]string{
 	"kafka.sasl.mechanism":            "",
 	"kafka.sasl.username":             "",
 	"kafka.sasl.password":             "",
-	"pipeline.max_in_flight_events":   "50000",
-	"pipeline.max_in_flight_bytes":    "8388608",
-	"pipeline.shutdown_timeout":       "30s",
-	"health.stall_after":              "60s",
+	"pipeline.max_in_flight_events":   "50000",   // TODO(defaults): relay.DefaultMaxInFlightEvents
+	"pipeline.max_in_flight_bytes":    "8388608", // TODO(defaults): relay.DefaultMaxInFlightBytes
+	"pipeline.shutdown_timeout":       "30s",     // TODO(defaults): relay.DefaultShutdownTimeout
+	"health.stall_after":              "60s",     // TODO(defaults): relay.DefaultStallAfter
 	"checkpoint.table":                sql.DefaultCheckpointTable,
-	"checkpoint.interval":             "200ms",
+	"checkpoint.interval":             "200ms", // TODO(defaults): relay.DefaultCheckpointInterval
 	"retry.table":                     sql.DefaultRetryTable,
-	"retry.backoff_min":               "1s",
-	"retry.backoff_max":               "5m",
-	"retry.max_age":                   "24h",
-	"retry.max_attempts":              "0",
-	"retry.poll_interval":             "1s",
+	"retry.backoff_min":               "1s",  // TODO(defaults): retry.DefaultBackoffMin
+	"retry.backoff_max":               "5m",  // TODO(defaults): retry.DefaultBackoffMax
+	"retry.max_age":                   "24h", // TODO(defaults): retry.DefaultMaxAge
+	"retry.max_attempts":              "0",   // no limit: retry.WorkerConfig's zero value
+	"retry.poll_interval":             "1s",  // TODO(defaults): retry.DefaultPollInterval
 	"metrics.listen":                  "127.0.0.1:9187",
 	"log.level":                       "info",
 	"log.format":                      "text",
+}
+
+// defaultAllowAutoTopicCreation is the operator's default for
+// kafka.allow_auto_topic_creation: true, as Debezium's producer does, so that
+// a relay pointed at a broker with auto.create.topics.enable (the demo, the
+// compose file, most development clusters) delivers without anyone creating
+// topics first. sink.Config's zero value is false, and its doc gives the
+// reason to choose false in production: a topic auto-created with the
+// broker's defaults (often one partition) silently loses the partitioning
+// consumers expect. Operators who create their topics set it to false, and
+// then a missing topic waits in the retry table instead.
+const defaultAllowAutoTopicCreation = true
+
+// durationText writes d as an operator would in the config file: 10s, 5m,
+// 24h, 1h30m (time.Duration's String adds "0s" and "0m").
+func durationText(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 const overridesKey = "topics.overrides"

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 )
 
 // cleanEnv unsets every RELAY_* config variable for the test, so that the
@@ -395,8 +397,8 @@ func TestConfigErrorHidesPassword(t *testing.T) {
 	t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
 	var stdout, stderr bytes.Buffer
 	code := execute([]string{"run"}, &stdout, &stderr)
-	if code != exitConfig {
-		t.Errorf("execute(run) = %d; want %d", code, exitConfig)
+	if code != exitcode.Usage {
+		t.Errorf("execute(run) = %d; want %d", code, exitcode.Usage)
 	}
 	if !strings.Contains(stderr.String(), "postgres.dsn") || strings.Contains(stderr.String(), "hunter2") {
 		t.Errorf("stderr = %q; want postgres.dsn named and no password", stderr.String())
@@ -417,5 +419,20 @@ func TestEditDistanceSuggestions(t *testing.T) {
 	}
 	if !slices.Contains(slices.Collect(maps.Keys(defaults)), "kafka.sasl.password") {
 		t.Error("defaults lacks kafka.sasl.password")
+	}
+}
+
+func TestDurationText(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		want string
+	}{
+		{2 * time.Millisecond, "2ms"}, {10 * time.Second, "10s"}, {5 * time.Minute, "5m"},
+		{24 * time.Hour, "24h"}, {90 * time.Minute, "1h30m"}, {61 * time.Second, "1m1s"},
+	}
+	for _, tt := range tests {
+		if got := durationText(tt.d); got != tt.want {
+			t.Errorf("durationText(%s) = %q; want %q", tt.d, got, tt.want)
+		}
 	}
 }

@@ -162,6 +162,7 @@ func (e *env) opsConfig() ops.Config {
 		Slot:            e.cfg.Postgres.Slot,
 		Table:           e.cfg.Outbox.Table,
 		CheckpointTable: e.cfg.Checkpoint.Table,
+		RetryTable:      e.cfg.Retry.Table,
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -60,8 +61,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"setup", "--create-outbox-table=perhaps"},
 	} {
 		code, out, errOut := run(t, args...)
-		if code != exitConfig {
-			t.Errorf("outbox-relay %s = exit %d; want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, exitConfig, out, errOut)
+		if code != exitcode.Usage {
+			t.Errorf("outbox-relay %s = exit %d; want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, exitcode.Usage, out, errOut)
 		}
 	}
 	_, _, errOut := run(t, "lag", "--watch", "0.001")
@@ -73,7 +74,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		t.Errorf("run --start-lsn 1/2/3: stderr %q; want the accepted form", errOut)
 	}
 	// Help is not an error.
-	if code, _, _ := run(t, "retries"); code != exitOK {
+	if code, _, _ := run(t, "retries"); code != exitcode.OK {
 		t.Errorf("outbox-relay retries = exit %d; want help and 0", code)
 	}
 }
@@ -84,13 +85,13 @@ func TestUsageErrorsExit2(t *testing.T) {
 func TestStartLSNBeyondWAL(t *testing.T) {
 	dsn, _ := dbEnv(t)
 	t.Setenv("RELAY_METRICS_LISTEN", "")
-	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitOK {
+	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitcode.OK {
 		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
 	}
 	current := queryString(t, dsn, "SELECT pg_current_wal_lsn()::text")
 	code, _, errOut := run(t, "run", "--start-lsn", "FFFFFFFF/0")
-	if code != exitConfig || !strings.Contains(errOut, "beyond the server's current WAL position") || !strings.Contains(errOut, "--force") {
-		t.Errorf("run --start-lsn FFFFFFFF/0 = exit %d, %q; want %d refusing it and naming --force", code, errOut, exitConfig)
+	if code != exitcode.Usage || !strings.Contains(errOut, "beyond the server's current WAL position") || !strings.Contains(errOut, "--force") {
+		t.Errorf("run --start-lsn FFFFFFFF/0 = exit %d, %q; want %d refusing it and naming --force", code, errOut, exitcode.Usage)
 	}
 	if !strings.Contains(errOut, strings.SplitN(current, "/", 2)[0]+"/") {
 		t.Errorf("run --start-lsn FFFFFFFF/0: %q; want the current WAL position (about %s)", errOut, current)
@@ -113,8 +114,8 @@ func TestInFlightBounds(t *testing.T) {
 		t.Run(tt.key+"="+tt.value, func(t *testing.T) {
 			t.Setenv(tt.key, tt.value)
 			code, _, errOut := run(t, "run")
-			if code != exitConfig || !strings.Contains(errOut, tt.want) {
-				t.Errorf("run with %s=%s = exit %d, %q; want %d and %q", tt.key, tt.value, code, errOut, exitConfig, tt.want)
+			if code != exitcode.Usage || !strings.Contains(errOut, tt.want) {
+				t.Errorf("run with %s=%s = exit %d, %q; want %d and %q", tt.key, tt.value, code, errOut, exitcode.Usage, tt.want)
 			}
 		})
 	}
@@ -159,7 +160,7 @@ func TestRetriesEscapeControls(t *testing.T) {
 	}
 	for _, args := range [][]string{{"list"}, {"show", "1"}} {
 		code, out, errOut := run(t, append([]string{"retries"}, args...)...)
-		if code != exitOK {
+		if code != exitcode.OK {
 			t.Fatalf("retries %v = exit %d, %s", args, code, errOut)
 		}
 		if strings.ContainsAny(out, "\x1b\r\a") {
@@ -185,7 +186,7 @@ func TestRetriesEscapeControls(t *testing.T) {
 func TestPublicationRecreatedAfterSlot(t *testing.T) {
 	dsn, slot := dbEnv(t)
 	t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
-	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitOK {
+	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitcode.OK {
 		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
 	}
 	insert := `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES (gen_random_uuid(), 'Order', '1', 'Created', '{}')`
@@ -194,7 +195,7 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 	// Nothing written while it was missing: the slot decodes fine.
 	execSQL(t, dsn, recreate...)
 	execSQL(t, dsn, insert)
-	if code, out, _ := run(t, "check"); code != exitOK || !strings.Contains(out, "ok    slot decoding: "+slot+" can decode with publication outbox_relay") {
+	if code, out, _ := run(t, "check"); code != exitcode.OK || !strings.Contains(out, "ok    slot decoding: "+slot+" can decode with publication outbox_relay") {
 		t.Errorf("check after a harmless recreation = exit %d; want 0\n%s", code, out)
 	}
 
@@ -203,8 +204,8 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 	before := mustParseLSN(t, queryString(t, dsn, "SELECT pg_current_wal_lsn()::text"))
 	code, out, _ := run(t, "check")
 	after := mustParseLSN(t, queryString(t, dsn, "SELECT pg_current_wal_lsn()::text"))
-	if code != exitFail {
-		t.Errorf("check = exit %d; want %d", code, exitFail)
+	if code != exitcode.Failure {
+		t.Errorf("check = exit %d; want %d", code, exitcode.Failure)
 	}
 	// The server's WAL moves meanwhile (other tests share it): the position
 	// printed is the one check read, between before and after.
@@ -221,8 +222,8 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 		"events committed in between are skipped: re-insert or replay them",
 		"pg_drop_replication_slot('"+slot+"')")
 	code, out, _ = run(t, "setup")
-	if code != exitFail || !strings.Contains(out, "slot "+slot+": publication outbox_relay was created after the position of slot") {
-		t.Errorf("setup = exit %d; want %d reporting the publication at the slot's position\n%s", code, exitFail, out)
+	if code != exitcode.Failure || !strings.Contains(out, "slot "+slot+": publication outbox_relay was created after the position of slot") {
+		t.Errorf("setup = exit %d; want %d reporting the publication at the slot's position\n%s", code, exitcode.Failure, out)
 	}
 	// Checking changed nothing: the slot still stands where it stood.
 	if got := queryString(t, dsn, "SELECT active::text FROM pg_replication_slots WHERE slot_name = $1", slot); got != "false" {

@@ -163,7 +163,7 @@ func writeRetryEntries(w io.Writer, entries []retry.Entry, now time.Time) {
 		next := "-" // dead: not until requeued
 		if en.Status == retry.StatusPending {
 			if d := en.NextAttemptAt.Sub(now); d > 0 {
-				next = "in " + roughDuration(d)
+				next = "in " + ops.RoughDuration(d)
 			} else {
 				next = "due"
 			}
@@ -172,7 +172,7 @@ func writeRetryEntries(w io.Writer, entries []retry.Entry, now time.Time) {
 		// no control character reaches the operator's terminal.
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", en.Seq, ops.Printable(dashIfEmpty(en.EventID)),
 			ops.Printable(truncateRunes(en.Aggregate, 40)), ops.Printable(dashIfEmpty(en.Topic)), retryStatus(en), en.Attempts, next,
-			roughDuration(now.Sub(en.CreatedAt)), ops.Printable(truncateRunes(singleLine(en.LastError), 60)))
+			ops.RoughDuration(now.Sub(en.CreatedAt)), ops.Printable(truncateRunes(singleLine(en.LastError), 60)))
 	}
 	tw.Flush()
 }
@@ -336,13 +336,13 @@ func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 	case en.Status == retry.StatusDead:
 		row("next attempt", "none until requeued (outbox-relay retries requeue %d)", en.Seq)
 	case en.NextAttemptAt.After(now):
-		row("next attempt", "%s (in %s)", en.NextAttemptAt.Format(time.RFC3339), roughDuration(en.NextAttemptAt.Sub(now)))
+		row("next attempt", "%s (in %s)", en.NextAttemptAt.Format(time.RFC3339), ops.RoughDuration(en.NextAttemptAt.Sub(now)))
 	default:
 		row("next attempt", "due")
 	}
 	row("last error", "%s", dashIfEmpty(en.LastError))
-	row("first failed", "%s (%s ago)", en.FirstFailedAt.Format(time.RFC3339), roughDuration(now.Sub(en.FirstFailedAt)))
-	row("in table since", "%s (%s ago)", en.CreatedAt.Format(time.RFC3339), roughDuration(now.Sub(en.CreatedAt)))
+	row("first failed", "%s (%s ago)", en.FirstFailedAt.Format(time.RFC3339), ops.RoughDuration(now.Sub(en.FirstFailedAt)))
+	row("in table since", "%s (%s ago)", en.CreatedAt.Format(time.RFC3339), ops.RoughDuration(now.Sub(en.CreatedAt)))
 	row("updated", "%s", en.UpdatedAt.Format(time.RFC3339))
 	if en.SourceLSN != 0 {
 		row("source lsn", "%s", en.SourceLSN.String())
@@ -475,19 +475,4 @@ func truncateRunes(s string, n int) string {
 	}
 	r := []rune(s)
 	return string(r[:n-1]) + "…"
-}
-
-// shortDuration rounds d for humans: 45s, 12m, 3h, 2d.
-func roughDuration(d time.Duration) string {
-	switch {
-	case d < time.Second:
-		return "0s"
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d/time.Second))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm", int(d/time.Minute))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh", int(d/time.Hour))
-	}
-	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
 }

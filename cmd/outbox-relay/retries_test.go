@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -41,11 +42,11 @@ func runRetries(t *testing.T, args ...string) (code int, stdout, stderr string) 
 	err := root.ExecuteContext(context.Background())
 	switch {
 	case err == nil:
-		code = exitOK
+		code = exitcode.OK
 	case errors.Is(err, errConfig):
-		code = exitConfig
+		code = exitcode.Usage
 	default:
-		code = exitFail
+		code = exitcode.Failure
 	}
 	if err != nil && !errors.Is(err, errReported) {
 		fmt.Fprintf(&e, "outbox-relay: %v\n", err)
@@ -91,7 +92,7 @@ func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 func TestRetriesList(t *testing.T) {
 	_, rows := retriesEnv(t)
 	code, out, errOut := runRetries(t, "list")
-	if code != exitOK {
+	if code != exitcode.OK {
 		t.Fatalf("retries list exit %d; stderr %s", code, errOut)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -109,22 +110,22 @@ func TestRetriesList(t *testing.T) {
 
 	code, out, _ = runRetries(t, "list", "--status", "dead", "--json")
 	var got []map[string]any
-	if err := json.Unmarshal([]byte(out), &got); code != exitOK || err != nil {
+	if err := json.Unmarshal([]byte(out), &got); code != exitcode.OK || err != nil {
 		t.Fatalf("retries list --status dead --json = exit %d, %v:\n%s", code, err, out)
 	}
 	if len(got) != 1 || got[0]["event_id"] != "ev-b1" || got[0]["status"] != "dead" || got[0]["seq"] != float64(rows[2].Seq) {
 		t.Errorf("retries list --status dead --json = %v; want ev-b1 only, dead", got)
 	}
 
-	if code, _, errOut := runRetries(t, "list", "--status", "stuck"); code != exitConfig || !strings.Contains(errOut, "pending or dead") {
-		t.Errorf("retries list --status stuck = exit %d, %q; want %d naming the choices", code, errOut, exitConfig)
+	if code, _, errOut := runRetries(t, "list", "--status", "stuck"); code != exitcode.Usage || !strings.Contains(errOut, "pending or dead") {
+		t.Errorf("retries list --status stuck = exit %d, %q; want %d naming the choices", code, errOut, exitcode.Usage)
 	}
 }
 
 func TestRetriesShow(t *testing.T) {
 	_, rows := retriesEnv(t)
 	code, out, errOut := runRetries(t, "show", "ev-a1")
-	if code != exitOK {
+	if code != exitcode.OK {
 		t.Fatalf("retries show exit %d; stderr %s", code, errOut)
 	}
 	wantLines(t, "retries show", squeeze(out), fmt.Sprintf("seq: %d", rows[0].Seq), "status: pending",
@@ -133,12 +134,12 @@ func TestRetriesShow(t *testing.T) {
 	code, out, _ = runRetries(t, "show", fmt.Sprint(rows[2].Seq))
 	wantLines(t, "retries show of a binary value", squeeze(out), "value: (3 bytes, not UTF-8, hex) ff0001", "status: dead",
 		"next attempt: none until requeued")
-	if code != exitOK {
+	if code != exitcode.OK {
 		t.Errorf("retries show %d exit %d; want 0", rows[2].Seq, code)
 	}
 
 	code, _, errOut = runRetries(t, "show", "nope")
-	if code != exitFail || !strings.Contains(errOut, "no event in the retry table with id nope") {
+	if code != exitcode.Failure || !strings.Contains(errOut, "no event in the retry table with id nope") {
 		t.Errorf("retries show nope = exit %d, %q; want 1 saying it does not exist", code, errOut)
 	}
 }
@@ -149,7 +150,7 @@ func TestRetriesRequeueDrop(t *testing.T) {
 	seq := func(i int) string { return fmt.Sprint(rows[i].Seq) }
 
 	code, _, errOut := runRetries(t, "requeue", "ev-b1", "999999")
-	if code != exitFail || !strings.Contains(errOut, "999999") {
+	if code != exitcode.Failure || !strings.Contains(errOut, "999999") {
 		t.Errorf("retries requeue with a missing id = exit %d, %q; want 1 naming it", code, errOut)
 	}
 	if e, _ := s.Get(ctx, "ev-b1"); e.Status != retry.StatusDead {
@@ -157,36 +158,36 @@ func TestRetriesRequeueDrop(t *testing.T) {
 	}
 
 	code, out, errOut := runRetries(t, "requeue", "--all-dead")
-	if want := "requeued 1 event: " + seq(2) + "\n"; code != exitOK || out != want {
+	if want := "requeued 1 event: " + seq(2) + "\n"; code != exitcode.OK || out != want {
 		t.Errorf("retries requeue --all-dead = exit %d, %q (%s); want %q", code, out, errOut, want)
 	}
 	code, out, _ = runRetries(t, "requeue", "--all-dead")
-	if code != exitOK || out != "no dead events to requeue\n" {
+	if code != exitcode.OK || out != "no dead events to requeue\n" {
 		t.Errorf("second retries requeue --all-dead = exit %d, %q; want none", code, out)
 	}
 	code, out, _ = runRetries(t, "requeue", seq(0), "ev-b1")
-	if want := fmt.Sprintf("requeued 2 events: %s, %s\n", seq(0), seq(2)); code != exitOK || out != want {
+	if want := fmt.Sprintf("requeued 2 events: %s, %s\n", seq(0), seq(2)); code != exitcode.OK || out != want {
 		t.Errorf("retries requeue = exit %d, %q; want %q", code, out, want)
 	}
-	if code, _, _ := runRetries(t, "requeue"); code != exitConfig {
-		t.Errorf("retries requeue without ids = exit %d; want %d", code, exitConfig)
+	if code, _, _ := runRetries(t, "requeue"); code != exitcode.Usage {
+		t.Errorf("retries requeue without ids = exit %d; want %d", code, exitcode.Usage)
 	}
 
 	code, out, errOut = runRetries(t, "drop", "ev-a2")
-	if code != exitFail || out != "" || !strings.Contains(errOut, "lost") || !strings.Contains(errOut, "--yes") {
+	if code != exitcode.Failure || out != "" || !strings.Contains(errOut, "lost") || !strings.Contains(errOut, "--yes") {
 		t.Errorf("retries drop without --yes = exit %d, %q, %q; want 1 explaining the loss and --yes", code, out, errOut)
 	}
 	if _, err := s.Get(ctx, "ev-a2"); err != nil {
 		t.Errorf("drop without --yes removed ev-a2: %v", err)
 	}
 	code, out, errOut = runRetries(t, "drop", "ev-a2", "--yes")
-	if want := "dropped 1 event: " + seq(1) + "\n"; code != exitOK || out != want {
+	if want := "dropped 1 event: " + seq(1) + "\n"; code != exitcode.OK || out != want {
 		t.Errorf("retries drop --yes = exit %d, %q (%s); want %q", code, out, errOut, want)
 	}
 	if _, err := s.Get(ctx, "ev-a2"); !errors.Is(err, retry.ErrNotFound) {
 		t.Errorf("after drop Get(ev-a2) error = %v; want ErrNotFound", err)
 	}
-	if code, _, errOut := runRetries(t, "drop", "ev-a2", "--yes"); code != exitFail || !strings.Contains(errOut, "ev-a2") {
+	if code, _, errOut := runRetries(t, "drop", "ev-a2", "--yes"); code != exitcode.Failure || !strings.Contains(errOut, "ev-a2") {
 		t.Errorf("dropping ev-a2 again = exit %d, %q; want 1 naming it", code, errOut)
 	}
 }
@@ -195,7 +196,7 @@ func TestRetriesNoTable(t *testing.T) {
 	dbEnv(t)
 	unsetenv(t, "RELAY_KAFKA_BROKERS") // not needed by retries
 	code, _, errOut := runRetries(t, "list")
-	if code != exitFail || !strings.Contains(errOut, "outbox-relay setup") {
+	if code != exitcode.Failure || !strings.Contains(errOut, "outbox-relay setup") {
 		t.Errorf("retries list without the table = exit %d, %q; want 1 pointing at setup", code, errOut)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 )
 
@@ -27,13 +28,6 @@ var flagKeys = map[string]string{
 	"log.level":            "log-level",
 	"log.format":           "log-format",
 }
-
-// Exit codes.
-const (
-	exitOK     = 0
-	exitFail   = 1 // a command failed, or check found a problem
-	exitConfig = 2 // bad flags or configuration: nothing was started
-)
 
 // errConfig marks configuration errors, for the exit code.
 var errConfig = errors.New("configuration")
@@ -69,25 +63,22 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	cmd, err := root.ExecuteContextC(context.Background())
 	switch {
 	case err == nil:
-		return exitOK
+		return exitcode.OK
 	case errors.Is(err, errReported):
-		return exitFail
+		return exitcode.Failure
 	}
 	fmt.Fprintf(stderr, "outbox-relay: %s\n", ops.PrintableText(err.Error()))
 	if !parsed {
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
-		return exitConfig
+		return exitcode.Usage
 	}
 	// lag's threshold breach has a code of its own (3), so probes can tell
 	// "behind" from "set up wrong" (2) and "failed" (1).
-	var coded interface{ ExitCode() int }
-	if errors.As(err, &coded) {
-		return coded.ExitCode()
+	var coded exitcode.Coder
+	if !errors.As(err, &coded) && errors.Is(err, errConfig) {
+		return exitcode.Usage
 	}
-	if errors.Is(err, errConfig) {
-		return exitConfig
-	}
-	return exitFail
+	return exitcode.Of(err)
 }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -111,13 +102,13 @@ comma-separated), then flags, each overriding the one before.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&configFile, "config", "", "YAML config file")
 	pf.String("postgres-dsn", "", "Postgres DSN (postgres.dsn); prefer RELAY_POSTGRES_DSN, flags show in ps")
-	pf.String("slot", "", "replication slot (postgres.slot, default outbox_relay)")
-	pf.String("publication", "", "publication (postgres.publication, default outbox_relay)")
-	pf.String("outbox-table", "", "outbox table, table or schema.table (outbox.table, default public.outbox)")
+	pf.String("slot", "", "replication slot (postgres.slot, default "+defaults["postgres.slot"]+")")
+	pf.String("publication", "", "publication (postgres.publication, default "+defaults["postgres.publication"]+")")
+	pf.String("outbox-table", "", "outbox table, table or schema.table (outbox.table, default "+defaults["outbox.table"]+")")
 	pf.String("kafka-brokers", "", "comma-separated host:port list (kafka.brokers)")
-	pf.String("metrics-listen", "", `metrics address (metrics.listen, default 127.0.0.1:9187; "" disables)`)
-	pf.String("log-level", "", "debug, info, warn or error (log.level, default info)")
-	pf.String("log-format", "", "text or json (log.format, default text)")
+	pf.String("metrics-listen", "", "metrics address (metrics.listen, default "+defaults["metrics.listen"]+`; "" disables)`)
+	pf.String("log-level", "", "debug, info, warn or error (log.level, default "+defaults["log.level"]+")")
+	pf.String("log-format", "", "text or json (log.format, default "+defaults["log.format"]+")")
 
 	// load reads the configuration for a command that needs it; a command
 	// that does not (version) never calls it.

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 )
 
@@ -119,8 +121,9 @@ func isHex8(s string) bool {
 func checkStartLSN(ctx context.Context, e *env, lsn pglogrepl.LSN, force bool) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := connect(cctx, e)
+	conn, err := pgx.Connect(cctx, e.cfg.Postgres.DSN)
 	if err != nil {
+		err = fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
 		e.log.Warn("cannot check --start-lsn against the server's WAL position now; the relay checks it when it connects", "error", err)
 		return nil
 	}
@@ -171,7 +174,7 @@ func signalContext(parent context.Context, e *env) (ctx context.Context, stop fu
 					continue
 				}
 				e.log.Warn("exiting at once without draining; unconfirmed events will be delivered again on the next start", "signal", sig.String())
-				os.Exit(exitFail)
+				os.Exit(exitcode.Failure)
 			case <-done:
 				return
 			}

@@ -1,13 +1,9 @@
 package main
 
 import (
-	"context"
-	"fmt"
-
 	"github.com/spf13/cobra"
 
-	"github.com/outbox-relay/outbox-relay/internal/ops"
-	"github.com/outbox-relay/outbox-relay/sql"
+	"github.com/outbox-relay/outbox-relay/internal/admin"
 )
 
 func newSetupCmd(wrap wrapFunc) *cobra.Command {
@@ -25,150 +21,9 @@ The slot retains WAL from the moment it exists until the relay confirms it:
 run setup where the relay is about to run.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
-			return setup(cmd.Context(), e, createOutbox)
+			return admin.Setup(cmd.Context(), e.adminConfig(), createOutbox, e.stdout)
 		}),
 	}
 	cmd.Flags().BoolVar(&createOutbox, "create-outbox-table", false, "also create the outbox table (Debezium-compatible layout) if missing")
 	return cmd
-}
-
-func setup(ctx context.Context, e *env, createOutbox bool) error {
-	conn, err := connect(ctx, e)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	cfg := e.cfg
-	// say prints one line; escaped, since names come from the config and
-	// the catalog and may hold control characters.
-	say := func(format string, args ...any) {
-		fmt.Fprintln(e.stdout, ops.Printable(fmt.Sprintf(format, args...)))
-	}
-	problems := 0
-	problem := func(format string, args ...any) {
-		problems++
-		say(format, args...)
-	}
-
-	outbox, _ := sql.ParseTable(cfg.Outbox.Table) // validated
-	oid, err := tableOID(ctx, conn, outbox)
-	if err != nil {
-		return err
-	}
-	switch {
-	case oid != 0:
-		say("outbox table %s: already exists", outbox)
-	case createOutbox:
-		for _, stmt := range sql.OutboxTable(outbox, sql.Columns(cfg.Outbox.Columns)) {
-			if _, err := conn.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("create outbox table %s: %w", outbox, err)
-			}
-		}
-		if oid, err = tableOID(ctx, conn, outbox); err != nil {
-			return err
-		}
-		say("outbox table %s: created", outbox)
-	default:
-		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
-	}
-
-	checkpoint, _ := sql.ParseTable(cfg.Checkpoint.Table)
-	cpOID, err := tableOID(ctx, conn, checkpoint)
-	if err != nil {
-		return err
-	}
-	if cpOID != 0 {
-		say("checkpoint table %s: already exists", checkpoint)
-	} else {
-		if _, err := conn.Exec(ctx, sql.CheckpointTable(checkpoint)); err != nil {
-			return fmt.Errorf("create checkpoint table %s: %w", checkpoint, err)
-		}
-		say("checkpoint table %s: created", checkpoint)
-	}
-
-	retryTable, _ := sql.ParseTable(cfg.Retry.Table)
-	rOID, err := tableOID(ctx, conn, retryTable)
-	if err != nil {
-		return err
-	}
-	// The statements are idempotent and also upgrade a table made by an
-	// earlier version (what lets it store every event): run them either way.
-	for _, stmt := range sql.RetryTable(retryTable) {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("create or upgrade retry table %s: %w", retryTable, err)
-		}
-	}
-	if rOID != 0 {
-		say("retry table %s: already exists (upgraded if an earlier version made it)", retryTable)
-	} else {
-		say("retry table %s: created", retryTable)
-	}
-
-	pubName := cfg.Postgres.Publication
-	pub, err := publication(ctx, conn, pubName, oid)
-	if err != nil {
-		return err
-	}
-	switch {
-	case !pub.Exists && oid == 0:
-		problem("publication %s: not created: the outbox table is missing", pubName)
-	case !pub.Exists:
-		if _, err := conn.Exec(ctx, sql.CreatePublication(pubName, outbox)); err != nil {
-			return fmt.Errorf("create publication %s: %w", pubName, err)
-		}
-		say("publication %s: created for %s, inserts only", pubName, outbox)
-	case oid == 0:
-		say("publication %s: already exists", pubName)
-	case !pub.Covers:
-		problem("publication %s: already exists but does not cover %s (it covers %s); fix: ALTER PUBLICATION %s ADD TABLE %s, or set postgres.publication to another name",
-			pubName, outbox, publicationTables(pub), sql.Ident(pubName), outbox.Quoted())
-	case !pub.Insert:
-		problem("publication %s: already exists but does not publish inserts; fix: ALTER PUBLICATION %s SET (publish = 'insert')",
-			pubName, sql.Ident(pubName))
-	default:
-		say("publication %s: already exists, covers %s", pubName, outbox)
-	}
-
-	slotName := cfg.Postgres.Slot
-	s, err := slot(ctx, conn, slotName)
-	if err != nil {
-		return err
-	}
-	switch {
-	case s.Exists:
-		if p := s.problem(slotName); p != "" {
-			problem("slot %s: already exists but %s", slotName, p)
-			break
-		}
-		say("slot %s: already exists (pgoutput)", slotName)
-		// An existing slot and a publication created (now or earlier) after
-		// its position: each looks fine, together they fail every start.
-		if pub.Exists || oid != 0 {
-			p, err := publicationAtSlot(ctx, conn, pubName, slotName)
-			if err != nil {
-				return err
-			}
-			if p != "" {
-				problem("slot %s: %s", slotName, p)
-			}
-		}
-	case problems > 0:
-		// A slot holds WAL back from the moment it exists: not before the
-		// relay can use it.
-		problem("slot %s: not created until the problems above are fixed", slotName)
-	default:
-		if _, err := conn.Exec(ctx, sql.CreateSlot(slotName)); err != nil {
-			return fmt.Errorf("create slot %s: %w", slotName, err)
-		}
-		s, err := slot(ctx, conn, slotName)
-		if err != nil {
-			return err
-		}
-		say("slot %s: created (pgoutput) at %s", slotName, deref(s.Confirmed))
-	}
-
-	if problems > 0 {
-		return fmt.Errorf("setup incomplete: %d problem(s) above", problems)
-	}
-	return nil
 }

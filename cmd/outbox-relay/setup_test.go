@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 )
 
 // dbEnv points the relay's config at a fresh database and a unique slot.
@@ -72,7 +74,7 @@ func TestSetupTwice(t *testing.T) {
 	dsn, slot := dbEnv(t)
 
 	code, out, errOut := run(t, "setup", "--create-outbox-table")
-	if code != exitOK {
+	if code != exitcode.OK {
 		t.Fatalf("first setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 	wantLines(t, "first setup", out,
@@ -82,7 +84,7 @@ func TestSetupTwice(t *testing.T) {
 		"slot "+slot+": created (pgoutput) at ")
 
 	code, out, errOut = run(t, "setup", "--create-outbox-table")
-	if code != exitOK {
+	if code != exitcode.OK {
 		t.Fatalf("second setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 	wantLines(t, "second setup", out,
@@ -111,8 +113,8 @@ func TestSetupTwice(t *testing.T) {
 func TestSetupMissingOutbox(t *testing.T) {
 	dsn, slot := dbEnv(t)
 	code, out, _ := run(t, "setup")
-	if code != exitFail {
-		t.Errorf("setup without the outbox table: exit = %d; want %d", code, exitFail)
+	if code != exitcode.Failure {
+		t.Errorf("setup without the outbox table: exit = %d; want %d", code, exitcode.Failure)
 	}
 	wantLines(t, "setup", out,
 		"outbox table public.outbox: missing; create it with `outbox-relay setup --create-outbox-table`",
@@ -131,8 +133,8 @@ func TestSetupPublicationOfOtherTable(t *testing.T) {
 		`CREATE TABLE other (id int)`,
 		`CREATE PUBLICATION outbox_relay FOR TABLE other`)
 	code, out, _ := run(t, "setup", "--create-outbox-table")
-	if code != exitFail {
-		t.Errorf("setup with a publication of another table: exit = %d; want %d", code, exitFail)
+	if code != exitcode.Failure {
+		t.Errorf("setup with a publication of another table: exit = %d; want %d", code, exitcode.Failure)
 	}
 	wantLines(t, "setup", out,
 		"publication outbox_relay: already exists but does not cover public.outbox (it covers public.other); fix: ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"public\".\"outbox\"")
@@ -150,7 +152,7 @@ func TestSetupConfiguredNames(t *testing.T) {
 	t.Setenv("RELAY_POSTGRES_PUBLICATION", "Events Pub")
 	t.Setenv("RELAY_OUTBOX_COLUMNS_PAYLOAD", "body")
 	code, out, errOut := run(t, "setup", "--create-outbox-table")
-	if code != exitOK {
+	if code != exitcode.OK {
 		t.Fatalf("setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 	wantLines(t, "setup", out,

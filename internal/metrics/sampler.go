@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // sampled holds the values read from Postgres and exports only those known,
@@ -74,7 +76,7 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 // means its documented default.
 type SamplerConfig struct {
 	Slot       string        // replication slot; required
-	RetryTable string        // default "outbox_relay_retry"
+	RetryTable string        // default sql.DefaultRetryTable
 	Interval   time.Duration // default 10s
 	Timeout    time.Duration // per sample, default 5s
 	Logger     *slog.Logger  // default discards
@@ -98,7 +100,7 @@ func NewSampler(m *Metrics, pool *pgxpool.Pool, cfg SamplerConfig) (*Sampler, er
 		return nil, errors.New("metrics sampler: slot name is empty")
 	}
 	if cfg.RetryTable == "" {
-		cfg.RetryTable = "outbox_relay_retry"
+		cfg.RetryTable = sql.DefaultRetryTable
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = 10 * time.Second
@@ -145,7 +147,7 @@ func (s *Sampler) Run(ctx context.Context) error {
 func (s *Sampler) Sample(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	slot, slotErr := ops.QuerySlotLag(qctx, s.pool, s.cfg.Slot)
+	slot, slotErr := pgslot.Read(qctx, s.pool, s.cfg.Slot)
 	retry, retryErr := ops.QueryRetry(qctx, s.pool, s.cfg.RetryTable)
 	if err := ctx.Err(); err != nil {
 		return err // shutting down: the values read so far stay as they were
@@ -153,7 +155,8 @@ func (s *Sampler) Sample(ctx context.Context) error {
 	s.m.sampled.mu.Lock()
 	s.m.sampled.slot, s.m.sampled.retry = nil, retry
 	if slotErr == nil {
-		s.m.sampled.slot = &slot
+		s.m.sampled.slot = &ops.SlotLag{Active: slot.Active, LagBytes: slot.LagBytes,
+			RetainedWALBytes: slot.RetainedWALBytes, SafeWALSizeBytes: slot.SafeWALSizeBytes}
 	}
 	s.m.sampled.mu.Unlock()
 	if err := errors.Join(slotErr, retryErr); err != nil {

@@ -11,7 +11,7 @@
 //   - Ages are computed from the server's clock (now() in the same statement
 //     that reads created_at and commit times), so a skewed client clock does
 //     not distort them.
-//   - A missing slot is ErrSlotNotFound (run `outbox-relay setup`); a missing
+//   - A missing slot is an error wrapping pgslot.ErrNotFound (run `outbox-relay setup`); a missing
 //     checkpoint or retry table is not an error: those figures are reported as
 //     absent (JSON null).
 //

@@ -10,7 +10,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
 
 func mustLSN(t *testing.T, s *string) pglogrepl.LSN {
@@ -131,16 +133,16 @@ func TestLagMissingSlot(t *testing.T) {
 	cfg := f.cfg
 	cfg.Slot = f.cfg.Slot + "_missing"
 	_, err := ops.Lag(context.Background(), f.conn, cfg)
-	if !errors.Is(err, ops.ErrSlotNotFound) {
-		t.Fatalf("Lag(missing slot) error = %v; want ErrSlotNotFound", err)
+	if !errors.Is(err, pgslot.ErrNotFound) {
+		t.Fatalf("Lag(missing slot) error = %v; want pgslot.ErrNotFound", err)
 	}
 	for _, want := range []string{cfg.Slot, "outbox-relay setup"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Lag(missing slot) error = %q; want it to name %q", err, want)
 		}
 	}
-	if _, err := ops.Status(context.Background(), f.conn, cfg); !errors.Is(err, ops.ErrSlotNotFound) {
-		t.Errorf("Status(missing slot) error = %v; want ErrSlotNotFound", err)
+	if _, err := ops.Status(context.Background(), f.conn, cfg); !errors.Is(err, pgslot.ErrNotFound) {
+		t.Errorf("Status(missing slot) error = %v; want pgslot.ErrNotFound", err)
 	}
 }
 
@@ -162,18 +164,18 @@ func TestRunLagThresholds(t *testing.T) {
 		th   ops.Thresholds
 		want int
 	}{
-		{"none", ops.Thresholds{}, ops.ExitOK},
-		{"bytes under", ops.Thresholds{MaxBytes: 1 << 40}, ops.ExitOK},
-		{"bytes over", ops.Thresholds{MaxBytes: 1}, ops.ExitThreshold},
-		{"seconds under", ops.Thresholds{MaxSeconds: 3600}, ops.ExitOK},
-		{"seconds over", ops.Thresholds{MaxSeconds: 10}, ops.ExitThreshold},
+		{"none", ops.Thresholds{}, exitcode.OK},
+		{"bytes under", ops.Thresholds{MaxBytes: 1 << 40}, exitcode.OK},
+		{"bytes over", ops.Thresholds{MaxBytes: 1}, exitcode.Threshold},
+		{"seconds under", ops.Thresholds{MaxSeconds: 3600}, exitcode.OK},
+		{"seconds over", ops.Thresholds{MaxSeconds: 10}, exitcode.Threshold},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out strings.Builder
 			err := ops.RunLag(context.Background(), f.conn, f.cfg, &out, ops.LagOptions{Thresholds: tt.th})
-			if got := ops.ExitCode(err); got != tt.want {
-				t.Errorf("ExitCode(RunLag(%+v)) = %d (%v); want %d", tt.th, got, err, tt.want)
+			if got := exitcode.Of(err); got != tt.want {
+				t.Errorf("exitcode.Of(RunLag(%+v)) = %d (%v); want %d", tt.th, got, err, tt.want)
 			}
 			if !strings.Contains(out.String(), f.cfg.Slot) {
 				t.Errorf("RunLag(%+v) printed %q; want the report", tt.th, out.String())
@@ -182,8 +184,8 @@ func TestRunLagThresholds(t *testing.T) {
 	}
 	cfg := f.cfg
 	cfg.Slot += "_missing"
-	if got := ops.ExitCode(ops.RunLag(context.Background(), f.conn, cfg, new(strings.Builder), ops.LagOptions{})); got != ops.ExitError {
-		t.Errorf("ExitCode(RunLag(missing slot)) = %d; want %d", got, ops.ExitError)
+	if got := exitcode.Of(ops.RunLag(context.Background(), f.conn, cfg, new(strings.Builder), ops.LagOptions{})); got != exitcode.Failure {
+		t.Errorf("exitcode.Of(RunLag(missing slot)) = %d; want %d", got, exitcode.Failure)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -127,8 +128,8 @@ func TestLagLostSlot(t *testing.T) {
 	var out bytes.Buffer
 	err = ops.RunLag(ctx, f.conn, f.cfg, &out, ops.LagOptions{})
 	var lost *ops.SlotLostError
-	if !errors.As(err, &lost) || ops.ExitCode(err) != ops.ExitError {
-		t.Errorf("RunLag on a lost slot = %v (exit %d); want a *SlotLostError, exit %d", err, ops.ExitCode(err), ops.ExitError)
+	if !errors.As(err, &lost) || exitcode.Of(err) != exitcode.Failure {
+		t.Errorf("RunLag on a lost slot = %v (exit %d); want a *SlotLostError, exit %d", err, exitcode.Of(err), exitcode.Failure)
 	}
 	text := out.String()
 	for _, want := range []string{"wal status       lost", "max_slot_wal_keep_size = 1MB", "LOST"} {

@@ -11,12 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
-
-// ErrSlotNotFound is returned by Lag and Status when the configured replication
-// slot does not exist.
-var ErrSlotNotFound = errors.New("replication slot not found (create it with `outbox-relay setup`)")
 
 // A Querier runs one query returning at most one row. *pgx.Conn, *pgxpool.Pool
 // and pgx.Tx satisfy it. Lag and Status issue several queries in sequence and
@@ -29,10 +27,10 @@ type Querier interface {
 // its documented default.
 type Config struct {
 	Slot            string // replication slot; required
-	Table           string // outbox table, default "public.outbox"
+	Table           string // outbox table, default sql.DefaultOutboxTable
 	CreatedAtColumn string // default "created_at"
-	CheckpointTable string // default "outbox_relay_checkpoint"
-	RetryTable      string // default "outbox_relay_retry"
+	CheckpointTable string // default sql.DefaultCheckpointTable
+	RetryTable      string // default sql.DefaultRetryTable
 }
 
 func (c *Config) validate() error {
@@ -40,16 +38,16 @@ func (c *Config) validate() error {
 		return errors.New("slot name is empty: set the replication slot in the config")
 	}
 	if c.Table == "" {
-		c.Table = "public.outbox"
+		c.Table = sql.DefaultOutboxTable
 	}
 	if c.CreatedAtColumn == "" {
 		c.CreatedAtColumn = "created_at"
 	}
 	if c.CheckpointTable == "" {
-		c.CheckpointTable = "outbox_relay_checkpoint"
+		c.CheckpointTable = sql.DefaultCheckpointTable
 	}
 	if c.RetryTable == "" {
-		c.RetryTable = "outbox_relay_retry"
+		c.RetryTable = sql.DefaultRetryTable
 	}
 	return nil
 }
@@ -138,7 +136,7 @@ func (s Slot) atRisk() bool {
 // SlotLostError is RunLag's error for a lost slot (wal_status lost): the
 // server removed WAL the slot needed, so no relay can stream it again and
 // events after its confirmed position were never delivered by it. It maps to
-// ExitError (1), the code of a missing slot, which is what a lost slot
+// exitcode.Failure (1), the code of a missing slot, which is what a lost slot
 // amounts to: recreate it (see the README's "When the slot is at risk").
 type SlotLostError struct {
 	Slot               string
@@ -152,8 +150,8 @@ func (e *SlotLostError) Error() string {
 		"by it: recreate it (see \"When the slot is at risk\" in the README)", e.Slot, e.MaxSlotWALKeepSize, e.ConfirmedFlushLSN)
 }
 
-// ExitCode is ExitError: see the type's doc.
-func (e *SlotLostError) ExitCode() int { return ExitError }
+// ExitCode is exitcode.Failure: see the type's doc.
+func (e *SlotLostError) ExitCode() int { return exitcode.Failure }
 
 // StatusReport is the answer of Status. Its JSON form is documented in the package doc.
 type StatusReport struct {
@@ -164,23 +162,6 @@ type StatusReport struct {
 	Slot       Slot        `json:"slot"`
 	Checkpoint *Checkpoint `json:"checkpoint"`
 }
-
-// slotQuery reads the slot and, through active_pid, its walsender. The LEFT
-// JOIN keeps the slot when nobody holds it. Without pg_read_all_stats (or
-// pg_monitor) the walsender's client_addr and backend_start of another role
-// read as NULL, which is reported as absent rather than failing.
-const slotQuery = `
-SELECT s.active, s.active_pid, r.application_name, host(r.client_addr), r.backend_start, r.state,
-       s.confirmed_flush_lsn::text, s.restart_lsn::text, s.wal_status, s.safe_wal_size,
-       pg_current_wal_lsn()::text,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
-       now(), (r.pid IS NOT NULL),
-       current_setting('max_slot_wal_keep_size'),
-       (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings WHERE name = 'max_slot_wal_keep_size')
-FROM pg_replication_slots s
-LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
-WHERE s.slot_name = $1`
 
 type slotRow struct {
 	slot          Slot
@@ -193,18 +174,35 @@ type slotRow struct {
 }
 
 func querySlot(ctx context.Context, q Querier, slot string) (slotRow, error) {
-	var r slotRow
-	s := &r.slot
-	var keepSetting *string
-	err := q.QueryRow(ctx, slotQuery, slot).Scan(&s.Active, &s.ActivePID, &s.ApplicationName,
-		&s.ClientAddr, &s.BackendStart, &s.WalsenderState, &s.ConfirmedFlushLSN, &s.RestartLSN,
-		&s.WALStatus, &s.SafeWALSizeBytes, &r.currentLSN, &r.lag, &r.retained, &r.now, &r.walsender,
-		&r.keepSize, &keepSetting)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return r, fmt.Errorf("slot %q: %w", slot, ErrSlotNotFound)
-	}
+	ps, err := pgslot.Read(ctx, q, slot)
 	if err != nil {
-		return r, fmt.Errorf("query slot %q: %w", slot, err)
+		return slotRow{}, err
+	}
+	r := slotRow{
+		slot: Slot{
+			Active:            ps.Active,
+			ActivePID:         ps.ActivePID,
+			ConfirmedFlushLSN: ps.ConfirmedFlushLSN,
+			RestartLSN:        ps.RestartLSN,
+			WALStatus:         ps.WALStatus,
+			SafeWALSizeBytes:  ps.SafeWALSizeBytes,
+		},
+		currentLSN: ps.CurrentWALLSN,
+		lag:        ps.LagBytes,
+		retained:   ps.RetainedWALBytes,
+		now:        ps.Now,
+		walsender:  ps.Walsender != nil,
+	}
+	if w := ps.Walsender; w != nil {
+		r.slot.ApplicationName, r.slot.ClientAddr, r.slot.BackendStart, r.slot.WalsenderState =
+			w.ApplicationName, w.ClientAddr, w.BackendStart, w.State
+	}
+	var keepSetting *string
+	err = q.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size'),
+       (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings WHERE name = 'max_slot_wal_keep_size')`).
+		Scan(&r.keepSize, &keepSetting)
+	if err != nil {
+		return r, fmt.Errorf("read max_slot_wal_keep_size: %w", err)
 	}
 	if keepSetting != nil {
 		if r.keepSizeBytes, err = settingBytes(*keepSetting); err != nil {
@@ -291,7 +289,7 @@ func queryCheckpoint(ctx context.Context, q Querier, table, slot string) (*Check
 }
 
 // Lag reports how far the relay of cfg.Slot is behind. It works whether or not
-// a relay is running. It returns an error wrapping ErrSlotNotFound when the
+// a relay is running. It returns an error wrapping pgslot.ErrNotFound when the
 // slot does not exist.
 func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	if err := cfg.validate(); err != nil {
@@ -394,8 +392,9 @@ func QueryRetry(ctx context.Context, q Querier, table string) (*Retry, error) {
 	return &r, nil
 }
 
-// SlotLag is what the metrics sampler needs of a slot: lag and retained WAL in
-// bytes, and safe_wal_size (nil when unlimited).
+// SlotLag is what the metrics sampler exports of a slot (read with
+// pgslot.Read): lag and retained WAL in bytes, and safe_wal_size (nil when
+// unlimited).
 type SlotLag struct {
 	Active           bool
 	LagBytes         *int64
@@ -403,18 +402,8 @@ type SlotLag struct {
 	SafeWALSizeBytes *int64
 }
 
-// QuerySlotLag reads the slot's lag in one cheap statement. It returns an error
-// wrapping ErrSlotNotFound when the slot does not exist.
-func QuerySlotLag(ctx context.Context, q Querier, slot string) (SlotLag, error) {
-	sr, err := querySlot(ctx, q, slot)
-	if err != nil {
-		return SlotLag{}, err
-	}
-	return SlotLag{Active: sr.slot.Active, LagBytes: sr.lag, RetainedWALBytes: sr.retained, SafeWALSizeBytes: sr.slot.SafeWALSizeBytes}, nil
-}
-
 // Status reports whether a relay is streaming cfg.Slot now and its last saved
-// checkpoint. It returns an error wrapping ErrSlotNotFound when the slot does
+// checkpoint. It returns an error wrapping pgslot.ErrNotFound when the slot does
 // not exist.
 func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 	if err := cfg.validate(); err != nil {
@@ -431,7 +420,7 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 		Slot:      sr.slot,
 	}
 	if sr.slot.ApplicationName != nil {
-		r.Version = Version(*sr.slot.ApplicationName)
+		r.Version = relayVersion(*sr.slot.ApplicationName)
 	}
 	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
 		return nil, err
@@ -439,10 +428,10 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 	return r, nil
 }
 
-// Version extracts the relay version from an application_name of the form
+// relayVersion extracts the relay version from an application_name of the form
 // "outbox-relay/<version>". It returns nil for any other name, such as the
 // bare default "outbox-relay" or another program holding the slot.
-func Version(applicationName string) *string {
+func relayVersion(applicationName string) *string {
 	v, ok := strings.CutPrefix(applicationName, "outbox-relay/")
 	if !ok || v == "" {
 		return nil

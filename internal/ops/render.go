@@ -31,8 +31,8 @@ func (r *LagReport) WriteText(w io.Writer) error {
 	row("slot", r.SlotName+" ("+holder(r.Slot, r.CheckedAt)+")")
 	row("wal status", walStatus(r))
 	row("current WAL", r.CurrentWALLSN)
-	row("confirmed flush", orNA(r.Slot.ConfirmedFlushLSN)+"  lag "+bytesOrNA(r.LagBytes))
-	row("restart", orNA(r.Slot.RestartLSN)+"  retained "+bytesOrNA(r.RetainedWALBytes))
+	row("confirmed flush", orNA(r.Slot.ConfirmedFlushLSN)+"  lag "+BytesOrNA(r.LagBytes))
+	row("restart", orNA(r.Slot.RestartLSN)+"  retained "+BytesOrNA(r.RetainedWALBytes))
 	if c := r.Checkpoint; c != nil {
 		row("checkpoint", c.LSN+"  saved "+timeAgo(c.SavedAt, r.CheckedAt))
 	} else {
@@ -123,7 +123,7 @@ func walStatus(r *LagReport) string {
 	case s.Lost():
 		safe = "none: the slot was invalidated, the WAL it needed is gone"
 	case s.SafeWALSizeBytes != nil:
-		safe = formatBytes(*s.SafeWALSizeBytes)
+		safe = Bytes(*s.SafeWALSizeBytes)
 	case r.MaxSlotWALKeepSizeBytes == nil && r.MaxSlotWALKeepSize != "":
 		safe = "unlimited"
 	default:
@@ -172,16 +172,18 @@ func orNA(s *string) string {
 	return *s
 }
 
-func bytesOrNA(n *int64) string {
+// BytesOrNA is Bytes, or "n/a" for nil (an SQL NULL).
+func BytesOrNA(n *int64) string {
 	if n == nil {
 		return "n/a"
 	}
-	return formatBytes(*n)
+	return Bytes(*n)
 }
 
-// formatBytes prints a byte count in binary units, keeping the exact number
-// for small values where the unit would hide it.
-func formatBytes(n int64) string {
+// Bytes renders a byte count for people in binary units, keeping the exact
+// number for small values where the unit would hide it: 512 B, 16.0 MiB. It
+// is the one rendering of sizes in human output (lag, status, check).
+func Bytes(n int64) string {
 	const unit = 1024
 	if n < unit && n > -unit {
 		return fmt.Sprintf("%d B", n)
@@ -210,4 +212,20 @@ func seconds(s float64) string {
 		return d.Round(time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
+}
+
+// RoughDuration renders d coarsely, for columns and ages where the second
+// does not matter: 0s, 45s, 12m, 3h (below two days), 2d.
+func RoughDuration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
 }

@@ -23,7 +23,7 @@ const clearScreen = "\x1b[H\x1b[2J"
 // RunLag checks once, or redraws every opts.Watch until ctx is done, writing
 // to w. Checking once, it returns the error of Lag, a *SlotLostError when the
 // slot is lost, or a *ThresholdError when a threshold is exceeded (map it
-// with ExitCode). Watching, a failed check or
+// with exitcode.Of). Watching, a failed check or
 // an exceeded threshold is shown in the redraw instead, so that a passing
 // outage does not end the watch; it returns nil when ctx is done.
 func RunLag(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOptions) error {

@@ -1,18 +1,10 @@
 package ops
 
 import (
-	"errors"
 	"fmt"
 	"strings"
-)
 
-// Exit codes of `outbox-relay lag`, for cron jobs and probes. 2 is left to the
-// CLI's "bad flags or configuration", so that a probe can tell a broken setup
-// from a relay that is behind.
-const (
-	ExitOK        = 0 // nothing exceeded
-	ExitError     = 1 // the check itself failed
-	ExitThreshold = 3 // a --max-bytes or --max-seconds threshold was exceeded
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 )
 
 // Thresholds are the limits of `lag --max-bytes` and `--max-seconds`. A zero
@@ -31,9 +23,10 @@ func (e *ThresholdError) Error() string {
 	return "lag threshold exceeded: " + strings.Join(e.Exceeded, "; ")
 }
 
-// ExitCode is the process exit code for this error: ExitThreshold. The CLI's
-// main maps any error with an ExitCode method to that code.
-func (e *ThresholdError) ExitCode() int { return ExitThreshold }
+// ExitCode is the process exit code for this error: exitcode.Threshold (3),
+// so that a probe can tell a relay that is behind from a failed check (1) and
+// a broken setup (2).
+func (e *ThresholdError) ExitCode() int { return exitcode.Threshold }
 
 // Check returns a *ThresholdError when r exceeds t, else nil. The time lag is
 // checked only when it is known: an "unknown" time lag (empty outbox table)
@@ -50,18 +43,4 @@ func (t Thresholds) Check(r *LagReport) error {
 		return nil
 	}
 	return &ThresholdError{Exceeded: ex}
-}
-
-// ExitCode maps the error of a lag check to the documented exit code: nil is
-// ExitOK, a *ThresholdError is ExitThreshold, anything else ExitError.
-func ExitCode(err error) int {
-	var te *ThresholdError
-	switch {
-	case err == nil:
-		return ExitOK
-	case errors.As(err, &te):
-		return ExitThreshold
-	default:
-		return ExitError
-	}
 }

@@ -1,12 +1,13 @@
 package ops_test
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
 
 func TestThresholdsCheck(t *testing.T) {
@@ -19,19 +20,19 @@ func TestThresholdsCheck(t *testing.T) {
 		want int
 		says string
 	}{
-		{"no thresholds", ops.Thresholds{}, behind, ops.ExitOK, ""},
-		{"bytes equal is not over", ops.Thresholds{MaxBytes: 1000}, behind, ops.ExitOK, ""},
-		{"bytes over", ops.Thresholds{MaxBytes: 999}, behind, ops.ExitThreshold, "lag_bytes 1000 > 999"},
-		{"seconds over", ops.Thresholds{MaxSeconds: 29.5}, behind, ops.ExitThreshold, "time_lag.seconds 30.000 > 29.5"},
-		{"both over", ops.Thresholds{MaxBytes: 1, MaxSeconds: 1}, behind, ops.ExitThreshold, "lag_bytes 1000 > 1; time_lag.seconds"},
-		{"unknown time lag is not checked", ops.Thresholds{MaxSeconds: 1}, unknown, ops.ExitOK, ""},
-		{"unknown time lag, bytes still checked", ops.Thresholds{MaxSeconds: 1, MaxBytes: 10}, unknown, ops.ExitThreshold, "lag_bytes"},
+		{"no thresholds", ops.Thresholds{}, behind, exitcode.OK, ""},
+		{"bytes equal is not over", ops.Thresholds{MaxBytes: 1000}, behind, exitcode.OK, ""},
+		{"bytes over", ops.Thresholds{MaxBytes: 999}, behind, exitcode.Threshold, "lag_bytes 1000 > 999"},
+		{"seconds over", ops.Thresholds{MaxSeconds: 29.5}, behind, exitcode.Threshold, "time_lag.seconds 30.000 > 29.5"},
+		{"both over", ops.Thresholds{MaxBytes: 1, MaxSeconds: 1}, behind, exitcode.Threshold, "lag_bytes 1000 > 1; time_lag.seconds"},
+		{"unknown time lag is not checked", ops.Thresholds{MaxSeconds: 1}, unknown, exitcode.OK, ""},
+		{"unknown time lag, bytes still checked", ops.Thresholds{MaxSeconds: 1, MaxBytes: 10}, unknown, exitcode.Threshold, "lag_bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.th.Check(tt.r)
-			if got := ops.ExitCode(err); got != tt.want {
-				t.Errorf("ExitCode(%+v.Check()) = %d (%v); want %d", tt.th, got, err, tt.want)
+			if got := exitcode.Of(err); got != tt.want {
+				t.Errorf("exitcode.Of(%+v.Check()) = %d (%v); want %d", tt.th, got, err, tt.want)
 			}
 			if err != nil && !strings.Contains(err.Error(), tt.says) {
 				t.Errorf("%+v.Check() = %q; want it to say %q", tt.th, err, tt.says)
@@ -40,24 +41,20 @@ func TestThresholdsCheck(t *testing.T) {
 	}
 }
 
-func TestExitCode(t *testing.T) {
+// TestExitCodes checks the codes ops's errors carry to main, which maps any
+// error through exitcode.Of.
+func TestExitCodes(t *testing.T) {
 	tests := []struct {
 		err  error
 		want int
 	}{
-		{nil, ops.ExitOK},
-		{errors.New("connection refused"), ops.ExitError},
-		{fmt.Errorf("slot %q: %w", "s", ops.ErrSlotNotFound), ops.ExitError},
-		{fmt.Errorf("lag: %w", &ops.ThresholdError{Exceeded: []string{"x"}}), ops.ExitThreshold},
+		{fmt.Errorf("slot %q: %w", "s", pgslot.ErrNotFound), exitcode.Failure},
+		{fmt.Errorf("lag: %w", &ops.ThresholdError{Exceeded: []string{"x"}}), exitcode.Threshold},
+		{fmt.Errorf("lag: %w", &ops.SlotLostError{Slot: "s"}), exitcode.Failure},
 	}
 	for _, tt := range tests {
-		if got := ops.ExitCode(tt.err); got != tt.want {
-			t.Errorf("ExitCode(%v) = %d; want %d", tt.err, got, tt.want)
+		if got := exitcode.Of(tt.err); got != tt.want {
+			t.Errorf("exitcode.Of(%v) = %d; want %d", tt.err, got, tt.want)
 		}
-	}
-	// main maps errors through this method without importing ops.
-	var coder interface{ ExitCode() int }
-	if !errors.As(fmt.Errorf("wrapped: %w", &ops.ThresholdError{}), &coder) || coder.ExitCode() != ops.ExitThreshold {
-		t.Errorf("ThresholdError.ExitCode() not reachable through errors.As; want %d", ops.ExitThreshold)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package admin
 
 import (
 	"context"
@@ -10,19 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// Catalog lookups shared by setup and check. Names travel as query
-// parameters; only DDL built by package sql puts them into SQL text.
-
-func connect(ctx context.Context, e *env) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, e.cfg.Postgres.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
-	}
-	return conn, nil
-}
+// Catalog lookups shared by Setup and Check.
 
 // tableOID returns the table's oid, or 0 if it does not exist. An unqualified
 // name is looked up on the search_path, as the server would.
@@ -35,17 +27,6 @@ func tableOID(ctx context.Context, conn *pgx.Conn, t sql.Table) (uint32, error) 
 		return 0, nil
 	}
 	return *oid, nil
-}
-
-// qualifiedName returns schema.table of an existing table.
-func qualifiedName(ctx context.Context, conn *pgx.Conn, oid uint32) (string, error) {
-	var name string
-	err := conn.QueryRow(ctx, `SELECT n.nspname || '.' || c.relname FROM pg_class c
-JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&name)
-	if err != nil {
-		return "", fmt.Errorf("look up table %d: %w", oid, err)
-	}
-	return name, nil
 }
 
 // columnTypes maps the table's column names to their base types (domains
@@ -100,33 +81,18 @@ WHERE pt.pubname = $1`, name, outboxOID).Scan(&p.Tables, &p.Covers)
 	return p, nil
 }
 
-type slotInfo struct {
-	Exists    bool
-	Plugin    string
-	Type      string
-	Database  string
-	Current   string // the database we are connected to
-	Active    bool
-	PID       *int32
-	Confirmed *string // confirmed_flush_lsn
-	WALStatus *string // reserved, extended, unreserved, lost
-	Retained  *string // WAL the slot holds back, pretty-printed
-}
-
-func slot(ctx context.Context, conn *pgx.Conn, name string) (slotInfo, error) {
-	s := slotInfo{Exists: true}
-	err := conn.QueryRow(ctx, `SELECT coalesce(plugin, ''), slot_type, coalesce(database, ''), current_database(),
-       active, active_pid, confirmed_flush_lsn::text, wal_status,
-       pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn))
-FROM pg_replication_slots WHERE slot_name = $1`, name).
-		Scan(&s.Plugin, &s.Type, &s.Database, &s.Current, &s.Active, &s.PID, &s.Confirmed, &s.WALStatus, &s.Retained)
-	if errors.Is(err, pgx.ErrNoRows) {
+// readSlot returns the slot, or Exists false when there is none.
+func readSlot(ctx context.Context, conn *pgx.Conn, name string) (slotInfo, error) {
+	s, err := pgslot.Read(ctx, conn, name)
+	if errors.Is(err, pgslot.ErrNotFound) {
 		return slotInfo{}, nil
 	}
-	if err != nil {
-		return s, fmt.Errorf("look up slot %q: %w", name, err)
-	}
-	return s, nil
+	return slotInfo{Slot: s, Exists: err == nil}, err
+}
+
+type slotInfo struct {
+	pgslot.Slot
+	Exists bool
 }
 
 // problem describes what is wrong with an existing slot for this relay, or "".
@@ -135,12 +101,12 @@ func (s slotInfo) problem(name string) string {
 	case s.Type != "logical":
 		return fmt.Sprintf("is a %s slot; drop it (SELECT pg_drop_replication_slot(%s)) or set postgres.slot to another name",
 			s.Type, sql.Literal(name))
-	case s.Database != s.Current:
-		return fmt.Sprintf("belongs to database %q, not %q; set postgres.slot to another name", s.Database, s.Current)
+	case s.Database != s.CurrentDatabase:
+		return fmt.Sprintf("belongs to database %q, not %q; set postgres.slot to another name", s.Database, s.CurrentDatabase)
 	case s.Plugin != "pgoutput":
 		return fmt.Sprintf("uses plugin %q, not pgoutput; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, or set postgres.slot to another name",
 			s.Plugin, sql.Literal(name))
-	case s.WALStatus != nil && *s.WALStatus == "lost":
+	case s.Lost():
 		return fmt.Sprintf("has lost WAL it needed (wal_status lost, max_slot_wal_keep_size exceeded) and cannot stream; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, then re-insert the events since its last confirmed position",
 			sql.Literal(name))
 	}
@@ -181,19 +147,21 @@ const peekTimeout = 10 * time.Second
 // asked for real: its changes up to now are decoded with
 // pg_logical_slot_peek_binary_changes, which confirms nothing and so changes
 // nothing, within peekTimeout.
-func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub, slotName string) (string, error) {
-	var active, younger bool
-	var confirmed *string
-	err := conn.QueryRow(ctx, `SELECT s.active, coalesce(age(p.xmin) < age(s.catalog_xmin), false), s.confirmed_flush_lsn::text
-FROM pg_publication p, pg_replication_slots s
-WHERE p.pubname = $1 AND s.slot_name = $2 AND s.database = current_database() AND s.plugin = 'pgoutput'`,
-		pub, slotName).Scan(&active, &younger, &confirmed)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (active || !younger)) {
-		return "", nil // missing pieces are reported on their own
+func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub string, s slotInfo) (string, error) {
+	slotName := s.Name
+	if !s.Exists || s.Active || s.Plugin != "pgoutput" || s.Database != s.CurrentDatabase || s.CatalogXmin == nil {
+		return "", nil // missing or unusable pieces are reported on their own
+	}
+	var younger bool
+	err := conn.QueryRow(ctx, `SELECT coalesce(age(xmin) < age($2::xid), false) FROM pg_publication WHERE pubname = $1`,
+		pub, *s.CatalogXmin).Scan(&younger)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !younger) {
+		return "", nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("compare publication %q with slot %q: %w", pub, slotName, err)
 	}
+	confirmed := s.ConfirmedFlushLSN
 	peekErr := peekSlot(ctx, conn, pub, slotName)
 	var current string
 	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&current); err != nil {

@@ -1,0 +1,55 @@
+// Package admin prepares and examines what the relay needs in Postgres and
+// Kafka: Setup creates what is missing (the `outbox-relay setup` command) and
+// Check runs the preflight checks (`outbox-relay check`). Both write one line
+// per finding for people and take their names from a Config; the CLI only
+// loads the configuration and calls them.
+//
+// Names travel to the catalog as query parameters; only DDL built by package
+// sql puts them into SQL text. Every line written is escaped
+// (ops.Printable): names from the configuration and the catalog, and server
+// messages, may hold control characters.
+package admin
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// Config names what Setup creates and Check examines. Names are validated by
+// the caller (the CLI's configuration); empty names are errors, not defaults.
+type Config struct {
+	DSN             string
+	Slot            string
+	Publication     string
+	OutboxTable     sql.Table
+	Columns         sql.Columns // empty fields: sql.DefaultColumns
+	CheckpointTable sql.Table
+	RetryTable      sql.Table
+	Kafka           sink.Config // Check pings the brokers with it
+
+	// RedactedDSN is DSN without its password, for messages.
+	RedactedDSN string
+	// Scrub removes secrets from an error's text before it is written or
+	// returned (libraries echo what they were given). Default: unchanged.
+	Scrub func(error) error
+}
+
+func (c *Config) scrub(err error) error {
+	if c.Scrub == nil || err == nil {
+		return err
+	}
+	return c.Scrub(err)
+}
+
+func (c *Config) connect(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres %s: %w", c.RedactedDSN, err)
+	}
+	return conn, nil
+}

@@ -1,0 +1,295 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// Check runs the preflight checks, in the order an operator would fix what
+// they find, writes one line per check ("ok" or "FAIL" with what to do) and a
+// final count of failures, and returns the number that failed. It changes
+// nothing.
+func Check(ctx context.Context, cfg Config, w io.Writer) (failed int) {
+	c := &checker{out: w}
+	checkPostgres(ctx, &cfg, c)
+	checkKafka(ctx, &cfg, c)
+	if c.failed > 0 {
+		fmt.Fprintf(w, "%d check(s) failed\n", c.failed)
+	}
+	return c.failed
+}
+
+type checker struct {
+	out    io.Writer
+	failed int
+}
+
+// ok and fail escape the whole line: names from the catalog and server
+// messages may hold control characters.
+func (c *checker) ok(name, format string, args ...any) {
+	fmt.Fprintf(c.out, "ok    %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
+}
+
+func (c *checker) fail(name, format string, args ...any) {
+	c.failed++
+	fmt.Fprintf(c.out, "FAIL  %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
+}
+
+// checkPostgres checks, in the order an operator would fix them, what the
+// relay needs from the server and the database.
+func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := cfg.connect(cctx)
+	if err != nil {
+		c.fail("postgres", "%v; check postgres.dsn and that the server is reachable", cfg.scrub(err))
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	c.ok("postgres", "connected to %s", cfg.RedactedDSN)
+
+	// Server settings.
+	var walLevel string
+	var maxSlots, usedSlots, maxSenders, usedSenders int
+	err = conn.QueryRow(ctx, `SELECT current_setting('wal_level'),
+       current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots)::int,
+       current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_replication)::int`).
+		Scan(&walLevel, &maxSlots, &usedSlots, &maxSenders, &usedSenders)
+	if err != nil {
+		c.fail("postgres settings", "cannot read them: %v", cfg.scrub(err))
+		return
+	}
+	if walLevel == "logical" {
+		c.ok("wal_level", "logical")
+	} else {
+		c.fail("wal_level", "%s; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
+	}
+	sl, err := readSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		c.fail("slot", "%v", cfg.scrub(err))
+		return
+	}
+	switch {
+	case sl.Exists:
+		c.ok("max_replication_slots", "%d of %d in use, including %s", usedSlots, maxSlots, cfg.Slot)
+	case usedSlots < maxSlots:
+		c.ok("max_replication_slots", "%d of %d in use; room for %s", usedSlots, maxSlots, cfg.Slot)
+	default:
+		c.fail("max_replication_slots", "all %d in use; raise max_replication_slots (restart needed) or drop an unused slot (SELECT slot_name, active FROM pg_replication_slots)", maxSlots)
+	}
+	// The relay's own sender counts when the slot is active.
+	if usedSenders < maxSenders || sl.Active {
+		c.ok("max_wal_senders", "%d of %d in use", usedSenders, maxSenders)
+	} else {
+		c.fail("max_wal_senders", "all %d in use; raise max_wal_senders (restart needed)", maxSenders)
+	}
+
+	// Privileges, then the replication connection itself (pg_hba, limits).
+	var super, repl bool
+	var role string
+	err = conn.QueryRow(ctx, `SELECT rolname, rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user`).
+		Scan(&role, &super, &repl)
+	switch {
+	case err != nil:
+		c.fail("role", "cannot read it: %v", cfg.scrub(err))
+	case super:
+		c.ok("role", "%s is a superuser", role)
+	case repl:
+		c.ok("role", "%s has REPLICATION", role)
+	default:
+		c.fail("role", "%s has neither REPLICATION nor superuser; ALTER ROLE %s REPLICATION", role, sql.Ident(role))
+	}
+	checkReplicationConn(ctx, cfg, c)
+
+	// The outbox table and its columns.
+	outbox := cfg.OutboxTable
+	oid, err := tableOID(ctx, conn, outbox)
+	switch {
+	case err != nil:
+		c.fail("outbox table", "%v", cfg.scrub(err))
+	case oid == 0:
+		c.fail("outbox table", "%s does not exist; run `outbox-relay setup --create-outbox-table`, or set outbox.table", outbox)
+	default:
+		checkColumns(ctx, conn, oid, outbox, cfg.Columns, c)
+	}
+
+	// Publication.
+	pubName := cfg.Publication
+	pub, err := publication(ctx, conn, pubName, oid)
+	switch {
+	case err != nil:
+		c.fail("publication", "%v", cfg.scrub(err))
+	case !pub.Exists:
+		c.fail("publication", "%s does not exist; run `outbox-relay setup`", pubName)
+	case oid != 0 && !pub.Covers:
+		c.fail("publication", "%s does not cover %s (it covers %s); ALTER PUBLICATION %s ADD TABLE %s",
+			pubName, outbox, publicationTables(pub), sql.Ident(pubName), outbox.Quoted())
+	case !pub.Insert:
+		c.fail("publication", "%s does not publish inserts; ALTER PUBLICATION %s SET (publish = 'insert')", pubName, sql.Ident(pubName))
+	case oid == 0:
+		c.ok("publication", "%s exists (covers %s)", pubName, publicationTables(pub))
+	default:
+		c.ok("publication", "%s covers %s and publishes inserts", pubName, outbox)
+	}
+
+	// Slot.
+	slotName := cfg.Slot
+	switch {
+	case !sl.Exists:
+		c.fail("slot", "%s does not exist; run `outbox-relay setup`", slotName)
+	case sl.problem(slotName) != "":
+		c.fail("slot", "%s %s", slotName, sl.problem(slotName))
+	case sl.Active:
+		c.ok("slot", "%s uses pgoutput, confirmed up to %s, retains %s of WAL; active: held by PID %d (another relay, or a connection the server has not yet noticed is gone)",
+			slotName, deref(sl.ConfirmedFlushLSN), ops.BytesOrNA(sl.RetainedWALBytes), deref(sl.ActivePID))
+	default:
+		c.ok("slot", "%s uses pgoutput, confirmed up to %s, retains %s of WAL; inactive",
+			slotName, deref(sl.ConfirmedFlushLSN), ops.BytesOrNA(sl.RetainedWALBytes))
+	}
+	// Both may look fine and still not work together: a publication
+	// recreated after the slot's position fails every start of the relay.
+	if sl.Exists && sl.problem(slotName) == "" && pub.Exists {
+		switch p, err := publicationAtSlot(ctx, conn, pubName, sl); {
+		case err != nil:
+			c.fail("slot decoding", "%v", cfg.scrub(err))
+		case p != "":
+			c.fail("slot decoding", "%s", p)
+		case sl.Active:
+			c.ok("slot decoding", "not tried: a relay holds the slot")
+		default:
+			c.ok("slot decoding", "%s can decode with publication %s from its position", slotName, pubName)
+		}
+	}
+
+	// Checkpoint table.
+	cpTable := cfg.CheckpointTable
+	cpOID, err := tableOID(ctx, conn, cpTable)
+	switch {
+	case err != nil:
+		c.fail("checkpoint table", "%v", cfg.scrub(err))
+	case cpOID == 0:
+		c.fail("checkpoint table", "%s does not exist; run `outbox-relay setup`", cpTable)
+	default:
+		c.ok("checkpoint table", "%s exists; %s", cpTable, savedCheckpoint(ctx, conn, cpTable, slotName))
+	}
+}
+
+// savedCheckpoint describes the checkpoint row of slot, for information.
+func savedCheckpoint(ctx context.Context, conn *pgx.Conn, table sql.Table, slot string) string {
+	var lsn string
+	var saved time.Time
+	err := conn.QueryRow(ctx, `SELECT lsn::text, saved_at FROM `+table.Quoted()+` WHERE slot_name = $1`, slot).Scan(&lsn, &saved)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "nothing saved yet for " + slot
+	case err != nil:
+		return "cannot read it: " + err.Error()
+	}
+	return fmt.Sprintf("%s saved up to %s at %s", slot, lsn, saved.UTC().Format(time.RFC3339))
+}
+
+// Types the relay can read each column as; pgoutput sends every value in
+// text form, so anything with a faithful text form of the right kind works.
+var (
+	idTypes      = []string{"uuid", "text", "character varying", "character", "smallint", "integer", "bigint"}
+	nameTypes    = []string{"text", "character varying", "character"}
+	payloadTypes = []string{"jsonb", "json", "text", "bytea"}
+	headersTypes = []string{"jsonb", "json"}
+)
+
+func checkColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Table, cols sql.Columns, c *checker) {
+	have, err := columnTypes(ctx, conn, oid)
+	if err != nil {
+		c.fail("outbox table", "%v", err)
+		return
+	}
+	cols = cols.WithDefaults()
+	want := []struct {
+		key, col string
+		types    []string
+	}{
+		{"outbox.columns.id", cols.ID, idTypes},
+		{"outbox.columns.aggregate_type", cols.AggregateType, nameTypes},
+		{"outbox.columns.aggregate_id", cols.AggregateID, idTypes},
+		{"outbox.columns.event_type", cols.EventType, nameTypes},
+		{"outbox.columns.payload", cols.Payload, payloadTypes},
+		{"outbox.columns.headers", cols.Headers, headersTypes},
+	}
+	var problems []string
+	for _, w := range want {
+		if w.key == "outbox.columns.headers" && w.col == sql.NoHeaders {
+			continue
+		}
+		typ, ok := have[w.col]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("no column %q (%s)", w.col, w.key))
+		case !slices.Contains(w.types, typ):
+			problems = append(problems, fmt.Sprintf("column %q is %s, want one of %s", w.col, typ, strings.Join(w.types, ", ")))
+		}
+	}
+	if len(problems) > 0 {
+		c.fail("outbox table", "%s: %s; fix the table or the outbox.columns mapping", table, strings.Join(problems, "; "))
+		return
+	}
+	c.ok("outbox table", "%s has the mapped columns with usable types", table)
+}
+
+// checkReplicationConn opens a replication connection as the relay will:
+// pg_hba.conf and the role's connection limit are only tested this way.
+func checkReplicationConn(ctx context.Context, cfg *Config, c *checker) {
+	pc, err := pgconn.ParseConfig(cfg.DSN)
+	if err != nil {
+		c.fail("replication connection", "%v", cfg.scrub(err))
+		return
+	}
+	pc.RuntimeParams["replication"] = "database"
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(cctx, pc)
+	if err != nil {
+		c.fail("replication connection", "%v; allow it in pg_hba.conf (a line for this database, user and host) and check the role's privileges", cfg.scrub(err))
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	sys, err := pglogrepl.IdentifySystem(cctx, conn)
+	if err != nil {
+		c.fail("replication connection", "IDENTIFY_SYSTEM: %v", cfg.scrub(err))
+		return
+	}
+	c.ok("replication connection", "system %s, timeline %d, WAL at %s", sys.SystemID, sys.Timeline, sys.XLogPos)
+}
+
+func checkKafka(ctx context.Context, cfg *Config, c *checker) {
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := pingKafka(cctx, cfg.Kafka); err != nil {
+		c.fail("kafka", "%v; check kafka.brokers, TLS and SASL settings", cfg.scrub(err))
+		return
+	}
+	c.ok("kafka", "%s answered a metadata request", strings.Join(cfg.Kafka.Brokers, ","))
+}
+
+// pingKafka asks the brokers for metadata. sink.New neither dials nor starts
+// goroutines.
+func pingKafka(ctx context.Context, cfg sink.Config) error {
+	k, err := sink.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	return k.Ping(ctx)
+}

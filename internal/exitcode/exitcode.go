@@ -1,0 +1,33 @@
+// Package exitcode holds outbox-relay's process exit codes, the ones the
+// README documents, and maps a command's error to its code.
+package exitcode
+
+import "errors"
+
+// Exit codes. A probe or cron job can tell a broken setup (Usage) from a
+// failure (Failure) and from a relay that is merely behind (Threshold).
+const (
+	OK        = 0
+	Failure   = 1 // a command failed, check found a problem, lag's slot is lost
+	Usage     = 2 // bad flags, flag values, arguments or configuration: nothing was started
+	Threshold = 3 // lag: a --max-bytes or --max-seconds threshold was exceeded
+)
+
+// A Coder is an error that carries its exit code.
+type Coder interface {
+	error
+	ExitCode() int
+}
+
+// Of returns the exit code for err: OK for nil, the code of the first Coder
+// in its chain, else Failure.
+func Of(err error) int {
+	if err == nil {
+		return OK
+	}
+	var c Coder
+	if errors.As(err, &c) {
+		return c.ExitCode()
+	}
+	return Failure
+}

@@ -1,0 +1,4 @@
+package ops
+
+// Version is relayVersion, for the tests of package ops_test.
+var Version = relayVersion

@@ -1,0 +1,192 @@
+package sql_test
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+var update = flag.Bool("update", false, "rewrite the .sql files from the Go builders")
+
+// A block is some statements under a comment, written one after the other.
+type block struct {
+	comment string // without "-- "; "" for none
+	stmts   []string
+}
+
+// render writes a file: its header comment, then the blocks, each ended by
+// a semicolon and separated by a blank line.
+func render(header string, blocks ...block) string {
+	var b strings.Builder
+	b.WriteString(comment(header))
+	for _, bl := range blocks {
+		b.WriteString("\n")
+		if bl.comment != "" {
+			b.WriteString(comment(bl.comment))
+		}
+		for _, s := range bl.stmts {
+			b.WriteString(s + ";\n")
+		}
+	}
+	return b.String()
+}
+
+func comment(text string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		b.WriteString(strings.TrimRight("-- "+line, " ") + "\n")
+	}
+	return b.String()
+}
+
+// files renders the .sql files from the builders with the default names: the
+// DDL is written once, in Go, and the files (readable, runnable by psql,
+// used as docker-entrypoint-initdb.d scripts) are its output. Only what psql
+// needs and Go does by catalog lookups is added here: the guard around
+// CREATE PUBLICATION and CREATE_REPLICATION_SLOT.
+func files(t *testing.T) map[string]string {
+	outbox := must(sql.ParseTable(sql.DefaultOutboxTable))
+	checkpoint := must(sql.ParseTable(sql.DefaultCheckpointTable))
+	retry := must(sql.ParseTable(sql.DefaultRetryTable))
+	outboxStmts := sql.OutboxTable(outbox, sql.Columns{})
+	retryStmts := sql.RetryTable(retry)
+	if len(outboxStmts) != 2 || len(retryStmts) != 5 {
+		t.Fatalf("OutboxTable or RetryTable changed its statements: update the comments of files()")
+	}
+	return map[string]string{
+		"001_outbox.sql": render(header001,
+			block{"", outboxStmts[:1]},
+			block{"`outbox-relay lag` finds the oldest row with it, and applications that purge\nrelayed rows (DELETE ... WHERE created_at < ...) use it too.", outboxStmts[1:]}),
+		"002_relay.sql": render(header002,
+			block{comment002Checkpoint, []string{sql.CheckpointTable(checkpoint)}},
+			block{comment002Publication, []string{"DO $$\nBEGIN\n    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = " +
+				sql.Literal(sql.DefaultPublication) + ") THEN\n        " +
+				sql.CreatePublication(sql.DefaultPublication, outbox) + ";\n    END IF;\nEND\n$$"}}),
+		"003_slot.sql": render(header003,
+			block{"", []string{sql.CreateSlot(sql.DefaultSlot) +
+				"\nWHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = " + sql.Literal(sql.DefaultSlot) + ")"}}),
+		"004_retry.sql": render(header004,
+			block{"", retryStmts[:1]},
+			block{"Tables made before last-resort records existed.", retryStmts[1:2]},
+			block{"The retry worker polls for due rows with it.", retryStmts[2:3]},
+			block{comment004Aggregate, retryStmts[3:]}),
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// TestFilesGenerated fails when a committed .sql file differs from what the
+// builders make; go generate (go test -run TestFilesGenerated -update)
+// rewrites them.
+func TestFilesGenerated(t *testing.T) {
+	for name, want := range files(t) {
+		got, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) == want {
+			continue
+		}
+		if *update {
+			if err := os.WriteFile(name, []byte(want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		t.Errorf("%s differs from the Go builders' DDL: run go generate ./sql and commit it; want:\n%s", name, want)
+	}
+}
+
+const header001 = `The outbox table, with the default name (public.outbox) and column names.
+
+Applications insert one row per event inside their business transaction;
+outbox-relay reads the inserts from the WAL and produces them to Kafka.
+The layout matches the Debezium outbox event router, so consumers can move
+between the two unchanged:
+  aggregate_type  routes the event to a topic (outbox.event.<aggregate_type>)
+  aggregate_id    is the Kafka key, which keeps per-aggregate order
+  id              is sent as the Kafka header "id": the consumers' dedup key
+  payload         is the message value, the bytes as stored
+  headers         (a JSON object) adds Kafka headers
+
+Idempotent: safe to run again. ` + "`outbox-relay setup --create-outbox-table`" + `
+runs the same statements with the configured names.
+
+Generated from package sql's builders (go generate ./sql): edit those.`
+
+const header002 = `What outbox-relay itself needs, with the default names: its checkpoint table
+and the publication of the outbox table. Run after 001_outbox.sql (the
+publication names the table). Idempotent: safe to run again.
+` + "`outbox-relay setup`" + ` does the same with the configured names and also creates
+the replication slot (003_slot.sql).
+
+Generated from package sql's builders (go generate ./sql): edit those.`
+
+const comment002Checkpoint = `The relay's own record of the last transaction delivered to Kafka, one row
+per slot. It never moves backwards, unlike a slot's confirmed_flush_lsn,
+which the server persists only at checkpoints and may lose in a crash.`
+
+const comment002Publication = `Only INSERTs are published: an event is an insert, and applications that
+delete relayed rows (or update them) then cost no decoding bandwidth and no
+network traffic, because the walsender filters those changes out before
+they are sent. CREATE PUBLICATION has no IF NOT EXISTS, hence the DO block.`
+
+const header003 = `The logical replication slot, with the default name. Optional here:
+` + "`outbox-relay setup`" + ` creates it too. From the moment it exists the server
+keeps WAL for it until outbox-relay confirms it, so create it only where the
+relay will run (an unused slot fills the disk). Idempotent.
+
+Must not run inside a transaction that has written anything (psql's default
+autocommit is fine; docker-entrypoint-initdb.d runs files that way).
+
+Generated from package sql's builders (go generate ./sql): edit those.`
+
+const header004 = `The retry table, with its default name (outbox_relay_retry): events that
+could not be delivered to Kafka, and the events of the same aggregate that
+wait behind them so that per-aggregate order survives the failure.
+
+  seq              global order of failure, and the short id that
+                   ` + "`outbox-relay retries`" + ` takes
+  event_key        the event's position in the WAL, lsn:<commit_lsn>:<n>
+                   (older versions stored the event id); unique, so
+                   inserting again after a crash changes nothing. Short by
+                   construction: it is the only text under a btree index
+  aggregate        the blocking identity (topic/key, or
+                   unroutable:<aggregate_type>/<aggregate_id>): no row of an
+                   aggregate is delivered while a lower seq of it is here.
+                   Unbounded, so indexed by its md5 only
+  headers          the event's extra headers (from the outbox headers
+                   column), as [{"key":…,"value":…}]; a key or value that
+                   is not valid UTF-8 or holds a NUL byte (which jsonb
+                   cannot store) is in "key_b64"/"value_b64" instead. The
+                   relay's own headers (id, event_type, aggregate_type) are
+                   built from their columns at delivery
+  status           pending (retried with backoff) or dead (kept for the
+                   operator: requeue or drop it); a dead row still blocks
+                   its aggregate
+  waiting          true when the row is here only because an earlier event
+                   of its aggregate is, not because it failed itself
+  last_resort      NULL, except for an event the other columns refused
+                   (a data error): then the whole event as a JSON document
+                   (bytes in base64), the row is dead and the relay never
+                   delivers it; see ` + "`outbox-relay retries show`" + `
+
+Idempotent: safe to run again, and upgrades a table made by an earlier
+version. ` + "`outbox-relay setup`" + ` runs the same statements with the configured
+name (retry.table). Run after 002_relay.sql.
+
+Generated from package sql's builders (go generate ./sql): edit those.`
+
+const comment004Aggregate = `Finding the head of an aggregate, and the rows waiting behind it. On the
+md5 of the aggregate: a btree entry of the text itself fails above ~2.7 kB
+(and an insert failing there would stall the relay). Queries compare both
+md5(aggregate) and aggregate, so a collision costs a little speed only.
+Earlier versions indexed the text itself.`
