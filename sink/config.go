@@ -39,7 +39,9 @@ type Config struct {
 	// Failure naming the topic, for the operator to create it. With it on, an
 	// unknown topic is waited for up to TopicWait (the broker is creating it),
 	// then its messages fail like a missing topic's; other topics are not held
-	// up meanwhile beyond that wait.
+	// up meanwhile beyond that wait. The zero value is false; the CLI
+	// defaults to true (defaultAllowAutoTopicCreation in cmd/outbox-relay,
+	// which says why).
 	AllowAutoTopicCreation bool
 	// TopicWait bounds how long one Write waits for a topic that Kafka does
 	// not know yet but may be creating (auto-creation on, or a topic just
@@ -83,6 +85,7 @@ const (
 	DefaultBatchBytes   = 1 << 20
 	DefaultBatchTimeout = 2 * time.Millisecond
 	DefaultWriteTimeout = 10 * time.Second
+	DefaultCompression  = "none"
 )
 
 // validate fills defaults and rejects bad values with a message saying how to

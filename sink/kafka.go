@@ -62,7 +62,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -71,6 +70,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
@@ -538,13 +538,9 @@ func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
 	}
 	k.outage.cause = cause
 	k.outage.mu.Unlock()
-	d := k.cfg.RetryMin << min(attempt, 20)
-	if d > k.cfg.RetryMax || d <= 0 {
-		d = k.cfg.RetryMax
-	}
-	// Full jitter over the upper half: relays restarted together do not
-	// hammer a recovering cluster in step.
-	d = d/2 + rand.N(d/2+1)
+	// Jittered: relays restarted together do not hammer a recovering
+	// cluster in step.
+	d := backoff.Delay(k.cfg.RetryMin, k.cfg.RetryMax, attempt)
 	// The first failure and then every tenth: an outage is visible without a
 	// line per retry.
 	if attempt%10 == 0 {

@@ -31,8 +31,7 @@ import (
 //
 // A default owned by a package is taken from that package's exported
 // constant; the CLI's own (metrics, log, the auto-creation choice) are
-// defined here. TODO(defaults) marks a literal whose package does not export
-// it yet: replace it with the named constant once it exists.
+// defined here.
 var defaults = map[string]string{
 	"postgres.dsn":                    "",
 	"postgres.slot":                   sql.DefaultSlot,
@@ -47,12 +46,12 @@ var defaults = map[string]string{
 	"outbox.columns.headers":          sql.DefaultColumns().Headers,
 	"topics.template":                 router.DefaultTopic,
 	"kafka.brokers":                   "",
-	"kafka.client_id":                 "outbox-relay", // TODO(defaults): sink.DefaultClientID
-	"kafka.batch_size":                "10000",        // TODO(defaults): sink.DefaultBatchSize
-	"kafka.batch_bytes":               "1048576",      // TODO(defaults): sink.DefaultBatchBytes
-	"kafka.batch_timeout":             "2ms",          // TODO(defaults): sink.DefaultBatchTimeout
-	"kafka.write_timeout":             "10s",          // TODO(defaults): sink.DefaultWriteTimeout
-	"kafka.compression":               "none",         // TODO(defaults): sink.DefaultCompression
+	"kafka.client_id":                 sink.DefaultClientID,
+	"kafka.batch_size":                strconv.Itoa(sink.DefaultBatchSize),
+	"kafka.batch_bytes":               strconv.Itoa(sink.DefaultBatchBytes),
+	"kafka.batch_timeout":             durationText(sink.DefaultBatchTimeout),
+	"kafka.write_timeout":             durationText(sink.DefaultWriteTimeout),
+	"kafka.compression":               sink.DefaultCompression,
 	"kafka.allow_auto_topic_creation": strconv.FormatBool(defaultAllowAutoTopicCreation),
 	"kafka.tls.enabled":               "false",
 	"kafka.tls.ca_file":               "",
@@ -63,18 +62,18 @@ var defaults = map[string]string{
 	"kafka.sasl.mechanism":            "",
 	"kafka.sasl.username":             "",
 	"kafka.sasl.password":             "",
-	"pipeline.max_in_flight_events":   "50000",   // TODO(defaults): relay.DefaultMaxInFlightEvents
-	"pipeline.max_in_flight_bytes":    "8388608", // TODO(defaults): relay.DefaultMaxInFlightBytes
-	"pipeline.shutdown_timeout":       "30s",     // TODO(defaults): relay.DefaultShutdownTimeout
-	"health.stall_after":              "60s",     // TODO(defaults): relay.DefaultStallAfter
+	"pipeline.max_in_flight_events":   strconv.Itoa(relay.DefaultMaxInFlightEvents),
+	"pipeline.max_in_flight_bytes":    strconv.Itoa(relay.DefaultMaxInFlightBytes),
+	"pipeline.shutdown_timeout":       durationText(relay.DefaultShutdownTimeout),
+	"health.stall_after":              durationText(relay.DefaultStallAfter),
 	"checkpoint.table":                sql.DefaultCheckpointTable,
-	"checkpoint.interval":             "200ms", // TODO(defaults): relay.DefaultCheckpointInterval
+	"checkpoint.interval":             durationText(relay.DefaultCheckpointInterval),
 	"retry.table":                     sql.DefaultRetryTable,
-	"retry.backoff_min":               "1s",  // TODO(defaults): retry.DefaultBackoffMin
-	"retry.backoff_max":               "5m",  // TODO(defaults): retry.DefaultBackoffMax
-	"retry.max_age":                   "24h", // TODO(defaults): retry.DefaultMaxAge
-	"retry.max_attempts":              "0",   // no limit: retry.WorkerConfig's zero value
-	"retry.poll_interval":             "1s",  // TODO(defaults): retry.DefaultPollInterval
+	"retry.backoff_min":               durationText(retry.DefaultBackoffMin),
+	"retry.backoff_max":               durationText(retry.DefaultBackoffMax),
+	"retry.max_age":                   durationText(retry.DefaultMaxAge),
+	"retry.max_attempts":              "0", // no limit: retry.WorkerConfig's zero value
+	"retry.poll_interval":             durationText(retry.DefaultPollInterval),
 	"metrics.listen":                  "127.0.0.1:9187",
 	"log.level":                       "info",
 	"log.format":                      "text",

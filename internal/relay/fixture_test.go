@@ -490,7 +490,6 @@ func (f *fixture) check(t testing.TB, got []delivered) report {
 	return rep
 }
 
-
 func mustLSN(t testing.TB, s string) pglogrepl.LSN {
 	t.Helper()
 	l, err := pglogrepl.ParseLSN(s)

@@ -44,19 +44,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -356,21 +356,19 @@ func ignoreCanceled(err error) error {
 // slot's confirmed_flush_lsn), or the operator's StartLSN if it is ahead.
 func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *checkpoint.Store) (pglogrepl.LSN, error) {
 	slot := r.cfg.Replication.Slot
-	var plugin, confirmed string
-	err := pool.QueryRow(ctx, `SELECT coalesce(plugin, ''), coalesce(confirmed_flush_lsn::text, '0/0')
-		FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&plugin, &confirmed)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("replication slot %q does not exist in this database: run \"outbox-relay setup\" to create it", slot)
-	}
+	sl, err := pgslot.Read(ctx, pool, slot)
 	if err != nil {
-		return 0, fmt.Errorf("read replication slot %q: %w", slot, err)
+		return 0, err // a missing slot says to run setup
 	}
-	if plugin != "pgoutput" {
-		return 0, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, plugin)
+	if sl.Plugin != "pgoutput" {
+		return 0, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, sl.Plugin)
 	}
-	slotLSN, err := pglogrepl.ParseLSN(confirmed)
+	if sl.Database != sl.CurrentDatabase {
+		return 0, fmt.Errorf("replication slot %q belongs to database %q, not %q: set postgres.dsn to that database, or postgres.slot to a slot of this one (\"outbox-relay setup\" creates it)", slot, sl.Database, sl.CurrentDatabase)
+	}
+	slotLSN, err := sl.Confirmed()
 	if err != nil {
-		return 0, fmt.Errorf("parse confirmed_flush_lsn %q of slot %q: %w", confirmed, slot, err)
+		return 0, err
 	}
 	cp, err := store.Load(ctx, slot)
 	if err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
@@ -383,13 +381,9 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	if r.cfg.StartLSN != 0 {
 		// A position the WAL has not reached yet would skip every event
 		// committed until it does, silently: refuse it unless forced.
-		var current string
-		if err := pool.QueryRow(ctx, `SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text`).Scan(&current); err != nil {
-			return 0, fmt.Errorf("read the current WAL position: %w", err)
-		}
-		cur, err := pglogrepl.ParseLSN(current)
+		cur, err := pglogrepl.ParseLSN(sl.CurrentWALLSN)
 		if err != nil {
-			return 0, fmt.Errorf("parse the current WAL position %q: %w", current, err)
+			return 0, fmt.Errorf("parse the current WAL position %q: %w", sl.CurrentWALLSN, err)
 		}
 		if r.cfg.StartLSN > cur {
 			if !r.cfg.StartLSNForce {
@@ -436,7 +430,7 @@ func unreachable(err error) bool {
 // retryable does not accept (nil accepts all), with capped exponential
 // backoff and jitter, logging the first failure and every tenth.
 func retryIf(ctx context.Context, log *slog.Logger, what string, retryable func(error) bool, fn func() error) error {
-	backoff := 100 * time.Millisecond
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for attempt := 1; ; attempt++ {
 		err := fn()
 		if err == nil {
@@ -454,13 +448,12 @@ func retryIf(ctx context.Context, log *slog.Logger, what string, retryable func(
 		if attempt == 1 || attempt%10 == 0 {
 			log.Warn(what+": failed, retrying", "attempt", attempt, "err", err)
 		}
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		t := time.NewTimer(bo.Next())
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("%s: %w", what, ctx.Err())
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }

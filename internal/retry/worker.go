@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -481,12 +481,7 @@ WHERE seq = $1 RETURNING status, attempts`, s.table),
 // from BackoffMin, capped at BackoffMax, jittered into its upper half so that
 // rows that failed together spread out.
 func (w *Worker) backoff(attempts int) time.Duration {
-	d := w.cfg.BackoffMin
-	for i := 1; i < attempts && d < w.cfg.BackoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, w.cfg.BackoffMax)
-	return d/2 + rand.N(d/2+1)
+	return backoff.Delay(w.cfg.BackoffMin, w.cfg.BackoffMax, attempts-1)
 }
 
 // routeReason says why an event has no topic.

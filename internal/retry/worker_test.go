@@ -28,7 +28,6 @@ type topicOf struct {
 	err   error
 }
 
-
 func (r *topicOf) Topic(aggregateType, eventType string) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
