@@ -4,27 +4,21 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// Columns names the outbox table's columns. Empty fields take the
-// Debezium-compatible defaults: id, aggregate_type, aggregate_id, event_type,
-// payload, headers.
+// Columns names the outbox table's columns (sql.Columns: one definition,
+// with the defaults in sql.DefaultColumns). Empty fields take the defaults.
 //
-// Headers is the only optional column: set it to "-" when the table has no
-// headers column. An empty Headers means the default "headers", and a table
-// without that column then fails to route with an error saying so, rather
-// than silently dropping headers someone expected.
-type Columns struct {
-	ID            string
-	AggregateType string
-	AggregateID   string
-	EventType     string
-	Payload       string
-	Headers       string
-}
+// Headers is the only optional column: set it to NoHeaders ("-") when the
+// table has no headers column. An empty Headers means the default "headers",
+// and a table without that column then stops the relay with an error saying
+// so, rather than silently dropping headers someone expected.
+type Columns = sql.Columns
 
 // NoHeaders as Columns.Headers means the table has no headers column.
-const NoHeaders = "-"
+const NoHeaders = sql.NoHeaders
 
 // DefaultTopic is the topic template used when Config.Topic is empty: the
 // Debezium outbox event router's default, so consumers can move over unchanged.
@@ -52,9 +46,10 @@ const (
 // validate fills defaults and rejects bad values with a message that says how
 // to fix them. It returns the parsed template.
 func (c *Config) validate() (template, error) {
+	c.Columns = c.Columns.WithDefaults()
 	cols := []struct {
 		field *string
-		def   string
+		key   string // after outbox.columns.
 	}{
 		{&c.Columns.ID, "id"},
 		{&c.Columns.AggregateType, "aggregate_type"},
@@ -65,20 +60,17 @@ func (c *Config) validate() (template, error) {
 	}
 	seen := make(map[string]string, len(cols))
 	for _, col := range cols {
-		if *col.field == "" {
-			*col.field = col.def
-		}
 		name := *col.field
 		if name == NoHeaders {
-			if col.def != "headers" {
-				return template{}, fmt.Errorf("%s%s is %q: only the headers column may be disabled with %q", keyColumns, col.def, name, NoHeaders)
+			if col.key != "headers" {
+				return template{}, fmt.Errorf("%s%s is %q: only the headers column may be disabled with %q", keyColumns, col.key, name, NoHeaders)
 			}
 			continue
 		}
 		if other, dup := seen[name]; dup {
-			return template{}, fmt.Errorf("%s%s and %s%s both name column %q: map each to its own column", keyColumns, other, keyColumns, col.def, name)
+			return template{}, fmt.Errorf("%s%s and %s%s both name column %q: map each to its own column", keyColumns, other, keyColumns, col.key, name)
 		}
-		seen[name] = col.def
+		seen[name] = col.key
 	}
 
 	if c.Topic == "" {
