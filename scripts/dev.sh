@@ -493,8 +493,18 @@ EOF
 
 cmd_up() {
 	mkdir -p "$DEV_DIR"
+	# Shared: wait while a fault test holds the servers (it may have stopped
+	# one on purpose and will restart it itself); starting it here meanwhile
+	# would race its restart.
+	if [ -z "${RELAY_FAULT_LOCK_HELD:-}" ]; then
+		exec 8>>"$DEV_DIR/fault.lock"
+		flock -s 8
+	fi
 	pg_up
 	kafka_start
+	if [ -z "${RELAY_FAULT_LOCK_HELD:-}" ]; then
+		flock -u 8
+	fi
 	print_info
 }
 
