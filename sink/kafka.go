@@ -709,11 +709,10 @@ func (k *Kafka) Close() error {
 // Reason says in plain words why Kafka refused e with err, a Failure's error,
 // and what fixes it: the last_error of a retry-table row.
 func Reason(err error, e *event.Event) string {
-	var te *TopicError
+	// Each case appends err: for a *TopicError its text holds Kafka's own
+	// words (a collision's, a policy's).
 	var tooLarge kafka.MessageTooLargeError
 	switch {
-	case errors.As(err, &te) && te.Reason != "":
-		return te.Reason
 	case errors.As(err, &tooLarge), errors.Is(err, kafka.MessageSizeTooLarge), errors.Is(err, kafka.RecordListTooLarge):
 		return fmt.Sprintf("the message (%d bytes) is larger than Kafka accepts for topic %q: raise the topic's max.message.bytes (and kafka.batch_bytes) and requeue it, or drop it (%v)",
 			len(e.Key)+len(e.Value), e.Topic, err)
