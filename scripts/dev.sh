@@ -28,6 +28,10 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV_DIR=${RELAY_DEV_DIR:-$ROOT/.dev}
+# The physical path: the broker is recognised by the path in its command line, and a
+# worktree whose .dev is a link to this one must find the same broker, not start a
+# second one on the same data (which corrupts its metadata log).
+if [ -d "$DEV_DIR" ]; then DEV_DIR=$(cd -P "$DEV_DIR" && pwd); fi
 PG_PORT=${RELAY_DEV_PG_PORT:-54329}
 KAFKA_PORT=${RELAY_DEV_KAFKA_PORT:-19092}
 KAFKA_CTRL_PORT=${RELAY_DEV_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
@@ -380,6 +384,11 @@ kafka_start() {
 	if kafka_pid >/dev/null; then
 		kafka_wait_ready
 		return 0
+	fi
+	# Something already answers on the port but is not our broker (another checkout's,
+	# or one whose PID file is gone): never start a second one on the same data.
+	if (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null; then
+		die "127.0.0.1:$KAFKA_PORT already answers but is not the broker of $KAFKA_HOME: stop it (or set RELAY_DEV_KAFKA_PORT) rather than start a second broker"
 	fi
 	ensure_java_installed
 	command -v kcat >/dev/null || apt_install kcat || log "kcat missing: readiness is checked by TCP only"
