@@ -1,10 +1,11 @@
 // Package relay wires replication, router, sink and checkpoint into the
 // streaming pipeline of outbox-relay:
 //
-//	replication.Stream ─batches→ route ─chunks→ write (sink.Kafka) ─acks→ commit (checkpoint.Store, Stream.Confirm)
+//	replication.Stream ─batches→ routeStage ─chunks→ writer (sink.Kafka, gate, retry table) ─acks→ committer (checkpoint.Store, Stream.Confirm)
 //
-// Each stage runs on its own goroutine, so decoding, routing and Kafka writes
-// overlap. Invariants enforced here:
+// Each stage is a type that owns its state and runs on its own goroutine, so
+// decoding, routing and Kafka writes overlap; they meet only through channels
+// and the small interfaces of pipeline.go. Invariants enforced here:
 //
 //   - Ack after confirm: a transaction's end LSN is saved as the checkpoint and
 //     then confirmed to Postgres only after Kafka has acknowledged every event in
@@ -28,7 +29,7 @@
 //     retried, and reported by Ready, until it succeeds.
 //   - An event's identity is its row's id column and its place in the WAL
 //     (commit LSN, position in the transaction), carried in its envelope
-//     (event) from the router to the retry table; it is never read back from
+//     (event.Event) from the router to the retry table; it is never read back from
 //     Kafka headers.
 //   - A change of the outbox table that leaves a mapped column missing stops
 //     the relay before the first event it affects is confirmed
