@@ -10,23 +10,13 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // newStore returns a Store on a fresh retry table in a database of the
 // test's own: the one place that knows where the test server is.
 func newStore(t *testing.T) *retry.Store {
 	t.Helper()
-	pg := testenv.Postgres(t)
-	table, _ := sql.ParseTable(sql.DefaultRetryTable)
-	for _, s := range sql.RetryTable(table) {
-		pg.Exec(t, s)
-	}
-	s, err := retry.NewStore(pg.Pool(t), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _ := newStoreIn(t)
 	return s
 }
 
