@@ -114,14 +114,14 @@ func (r *writer) observe(c *chunk, sent []event.Event, parked int) {
 
 // diverted is an event bound for the retry table, with its place in the chunk.
 type diverted struct {
-	place int // 2*i+1 for c.msgs[i]; 2*before for a route failure
+	place int // 2*i+1 for c.evs[i]; 2*before for a route failure
 	ev    retry.Event
 }
 
-// divert splits c into the messages to write now and the events that go to
+// divert splits c into the events to write now and the events that go to
 // the retry table: route failures, and every event of an aggregate that is
 // blocked (before this chunk, or by a route failure earlier in it). It returns
-// the index in c.msgs of every message to write.
+// the index in c.evs of every event to write.
 func (r *writer) divert(c *chunk) (send []event.Event, sendAt []int, out []diverted) {
 	local := map[string]struct{}{}
 	r.gate.mu.Lock()
@@ -145,9 +145,8 @@ func (r *writer) divert(c *chunk) (send []event.Event, sendAt []int, out []diver
 	for i := range c.evs {
 		takeFailures(i)
 		m := &c.evs[i]
-		agg := m.Lane().String()
-		if blocked(agg) {
-			ev := retry.NewEvent(m, m.Lane())
+		if blocked(m.Lane().String()) {
+			ev := retry.NewEvent(m)
 			ev.Waiting = true
 			ev.Reason = "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order"
 			out = append(out, diverted{place: 2*i + 1, ev: ev})
@@ -164,7 +163,7 @@ func (r *writer) divert(c *chunk) (send []event.Event, sendAt []int, out []diver
 // failures are permanent: the row goes dead at once, for an operator to fix
 // the routing config (the worker routes again) or the data, and requeue.
 func failureEvent(f *routeFailure) retry.Event {
-	ev := retry.NewEvent(&f.ev, f.ev.Lane())
+	ev := retry.NewEvent(&f.ev)
 	reason := f.err.Error()
 	var re *router.RouteError
 	if errors.As(f.err, &re) && re.Reason != "" {
@@ -185,7 +184,7 @@ func refused(we *sink.WriteError, send []event.Event, sendAt []int) []diverted {
 			i = sendAt[f.Index]
 		}
 		e := &send[f.Index]
-		ev := retry.NewEvent(e, e.Lane())
+		ev := retry.NewEvent(e)
 		if errors.Is(f.Err, sink.ErrBehind) {
 			ev.Waiting = true
 			ev.Reason = "waiting behind an earlier event of the same aggregate that Kafka refused; delivered after it, in order"

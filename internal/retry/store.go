@@ -55,15 +55,15 @@ type Event struct {
 	Waiting       bool   // diverted only because an earlier event of the aggregate is in the table
 }
 
-// NewEvent is the retry row of the envelope e in the ordering lane lane
-// (e.Lane(), or the lane of a failure that has no topic): keyed by its place
-// in the WAL, never by its data, with its extra headers only (the Worker adds
-// the relay's own from the row's columns, as the router does).
-func NewEvent(e *event.Event, lane event.Lane) Event {
+// NewEvent is the retry row of the envelope e, in e's ordering lane: keyed
+// by its place in the WAL, never by its data, with its extra headers only
+// (the Worker adds the relay's own from the row's columns, as the router
+// does).
+func NewEvent(e *event.Event) Event {
 	return Event{
 		EventKey:      e.PositionKey(),
 		EventID:       e.ID,
-		Aggregate:     lane.String(),
+		Aggregate:     e.Lane().String(),
 		AggregateType: e.AggregateType,
 		AggregateID:   e.AggregateID,
 		EventType:     e.Type,
