@@ -28,7 +28,8 @@ type health struct {
 	lastOK    time.Time          // last time the pipeline progressed or was caught up
 	confirmed pglogrepl.LSN      // last sampled confirmed LSN
 	walEnd    pglogrepl.LSN      // last sampled server WAL end
-	doing     string             // what the writer waits for, "" when idle
+	doing     string             // what the writer waits for, a format with one %d; "" when idle
+	doingN    int                // the %d
 	doingAt   time.Time
 	warnedAt  time.Time
 }
@@ -67,17 +68,19 @@ func (h *health) watch(check string, write func() error) func() error {
 	}
 }
 
-// progress records that the pipeline moved events on.
+// progress records that the pipeline moved events on, and that the writer
+// waits for nothing now.
 func (h *health) progress() {
 	h.mu.Lock()
-	h.lastOK = time.Now()
+	h.lastOK, h.doing = time.Now(), ""
 	h.mu.Unlock()
 }
 
-// waitFor records what the writer waits for; "" when it is done.
-func (h *health) waitFor(what string) {
+// waitFor records what the writer waits for: format (a constant with one %d)
+// and n, put together only when reported, as it is set for every chunk.
+func (h *health) waitFor(format string, n int) {
 	h.mu.Lock()
-	h.doing, h.doingAt = what, time.Now()
+	h.doing, h.doingN, h.doingAt = format, n, time.Now()
 	h.mu.Unlock()
 }
 
@@ -133,7 +136,7 @@ func (h *health) failing(now time.Time, streaming bool, outageSince time.Time, o
 		failing["stalled"] = true
 		msg := fmt.Sprintf("stalled: WAL at %s, confirmed %s, no progress for %s", h.walEnd, h.confirmed, d.Round(time.Second))
 		if h.doing != "" {
-			msg += fmt.Sprintf("; waiting %s for: %s", now.Sub(h.doingAt).Round(time.Second), h.doing)
+			msg += fmt.Sprintf("; waiting %s for: "+h.doing, now.Sub(h.doingAt).Round(time.Second), h.doingN)
 		}
 		why = append(why, msg)
 	}

@@ -44,7 +44,7 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com *committer) erro
 			send, sendAt, parked = r.divert(c)
 		}
 		if len(send) > 0 {
-			r.health.waitFor(fmt.Sprintf("Kafka to acknowledge %d events", len(send)))
+			r.health.waitFor("Kafka to acknowledge %d events", len(send))
 			if err := r.sink.Write(ctx, send); err != nil {
 				var we *sink.WriteError
 				if !errors.As(err, &we) {
@@ -57,12 +57,11 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com *committer) erro
 		if len(parked) > 0 {
 			// Durable in the retry table before the chunk's LSN can be
 			// confirmed: the table is where these events now live.
-			r.health.waitFor(fmt.Sprintf("the retry table to store %d events (first: %s)", len(parked), parked[0].ev.EventKey))
+			r.health.waitFor("the retry table to store %d events", len(parked))
 			if err := r.park(ctx, parked); err != nil {
 				return err
 			}
 		}
-		r.health.waitFor("")
 		r.win.giveBytes(c.bytes)
 		com.ack(c)
 		r.health.progress()
