@@ -106,6 +106,7 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 			routed++
 			m, err := r.router.Route(*row)
 			r.headerTrouble(&m)
+			m.CommitLSN, m.CommitTime, m.Pos = b.CommitLSN, b.CommitTime, txnRow
 			if err != nil {
 				var re *router.RouteError
 				if !errors.As(err, &re) {
@@ -119,11 +120,9 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 				}
 				// Not this relay's to drop nor to stop for: the event goes
 				// to the retry table, in its place.
-				m.CommitLSN, m.CommitTime, m.Pos = b.CommitLSN, b.CommitTime, txnRow
 				cur.fails = append(cur.fails, routeFailure{before: len(cur.evs), ev: m.Event, err: err})
 				continue
 			}
-			m.CommitLSN, m.CommitTime, m.Pos = b.CommitLSN, b.CommitTime, txnRow
 			cur.evs = append(cur.evs, m.Event)
 			cur.addCommit(b.CommitLSN, b.CommitTime)
 			if len(cur.evs) >= maxMsgs || cur.bytes >= maxBytes {
