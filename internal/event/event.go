@@ -81,8 +81,17 @@ type Lane struct {
 // no aggregate id. Its String cannot be equal to a routed lane's (':' is not
 // legal in a topic name).
 func UnroutableLane(aggregateType, aggregateID string) Lane {
-	clean := func(s string) string { return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD") }
-	return Lane{Key: "unroutable:" + clean(aggregateType) + "/" + clean(aggregateID)}
+	return Lane{Key: "unroutable:" + PlainText(aggregateType) + "/" + PlainText(aggregateID)}
+}
+
+// IsPlainText reports whether a Postgres text column (or a jsonb string) can
+// hold s unchanged: valid UTF-8 without NUL bytes.
+func IsPlainText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
+// PlainText returns s with invalid UTF-8 and NUL bytes replaced by U+FFFD:
+// text that any Postgres text column holds.
+func PlainText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // String is the lane as the retry table's aggregate column stores it:
@@ -93,7 +102,7 @@ func (l Lane) String() string {
 	if l.Topic == "" {
 		return l.Key
 	}
-	if utf8.ValidString(l.Key) && !strings.ContainsRune(l.Key, 0) {
+	if IsPlainText(l.Key) {
 		return l.Topic + "/" + l.Key
 	}
 	return l.Topic + "#" + hex.EncodeToString([]byte(l.Key))

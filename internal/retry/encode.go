@@ -10,15 +10,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
 // storable reports whether s can be stored in a Postgres text column (or a
-// jsonb string) unchanged: valid UTF-8 without NUL bytes. A database whose
-// encoding is not UTF-8 may still refuse some characters; Insert's
-// last-resort record covers that.
-func storable(s string) bool {
-	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
-}
+// jsonb string) unchanged. A database whose encoding is not UTF-8 may still
+// refuse some characters; Insert's last-resort record covers that.
+func storable(s string) bool { return event.IsPlainText(s) }
 
 // headerJSON is one entry of the headers column. A key or value that jsonb
 // cannot hold as a string (invalid UTF-8, or a NUL byte: jsonb refuses

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -444,6 +443,8 @@ func (d *delivery) finish(dbctx, ctx context.Context) error {
 			maxAttempts = &w.cfg.MaxAttempts
 		}
 		var status string
+		// The reason is made plain text whatever Kafka or the router put in
+		// it: a failure must never fail to be recorded.
 		err := d.tx.QueryRow(dbctx, fmt.Sprintf(`UPDATE %s SET
     attempts = attempts + 1,
     last_error = $2,
@@ -454,7 +455,7 @@ func (d *delivery) finish(dbctx, ctx context.Context) error {
     waiting = false,
     updated_at = now()
 WHERE seq = $1 RETURNING status, attempts`, s.table),
-			f.row.Seq, storableText(f.reason), backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds()).Scan(&status, &attempts)
+			f.row.Seq, event.PlainText(f.reason), backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds()).Scan(&status, &attempts)
 		if err != nil {
 			return fmt.Errorf("record failure of row %d: %w", f.row.Seq, err)
 		}
@@ -491,10 +492,4 @@ func routeReason(err error) string {
 		return "cannot route the event: " + re.Reason + "; fix the topic config and requeue it"
 	}
 	return "cannot route the event: " + err.Error() + "; fix the topic config and requeue it"
-}
-
-// storableText makes a reason storable in last_error whatever Kafka or the
-// router put in it: a failure must never fail to be recorded.
-func storableText(s string) string {
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
