@@ -33,19 +33,117 @@ type Config struct {
 	Topic string
 	// Overrides maps an exact aggregate type to a topic, bypassing the template.
 	Overrides map[string]string
+	// TopicRegex and TopicReplacement route as Debezium's route.topic.regex
+	// and route.topic.replacement do: an aggregate type the regex matches
+	// whole goes to the expanded replacement ($1, ${name}), any other to the
+	// topic named as the aggregate type. Set, they replace the template.
+	TopicRegex, TopicReplacement string
+
+	// Headers names the relay's own headers (nil: DefaultHeaders, all
+	// three; empty: none). Debezium sends only id.
+	Headers []string
+	// Fields places more columns as headers or envelope fields (Debezium's
+	// table.fields.additional.placement).
+	Fields []Field
+	// Converter writes keys and values as a Kafka Connect converter would;
+	// default ConverterString.
+	Converter Converter
+	// TombstoneOnEmptyPayload sends a NULL or blank payload as a Kafka null
+	// value (a tombstone), as Debezium's route.tombstone.on.empty.payload.
+	TombstoneOnEmptyPayload bool
 }
 
 // Config keys as the operator sees them, used in error messages so that an
 // error says which setting to change.
 const (
-	keyColumns   = "outbox.columns."
-	keyTopic     = "topics.template"
-	keyOverrides = "topics.overrides"
+	keyColumns          = "outbox.columns."
+	keyTopic            = "topics.template"
+	keyOverrides        = "topics.overrides"
+	keyTopicRegex       = "topics.regex"
+	keyTopicReplacement = "topics.replacement"
+	keyHeaders          = "message.headers"
+	keyFields           = "message.fields"
+	keyConverter        = "message.converter"
 )
 
+// A routing is what validate makes of a Config: the parsed template or
+// regex, the header set, and the names other headers may not take.
+type routing struct {
+	tmpl     template
+	regex    *topicRegex
+	headers  HeaderSet
+	reserved map[string]bool // the header set's names and the header fields' aliases
+}
+
 // validate fills defaults and rejects bad values with a message that says how
-// to fix them. It returns the parsed template.
-func (c *Config) validate() (template, error) {
+// to fix them.
+func (c *Config) validate() (routing, error) {
+	rt, err := c.validateMessage()
+	if err != nil {
+		return routing{}, err
+	}
+	if rt.tmpl, err = c.validateTopics(); err != nil {
+		return routing{}, err
+	}
+	if c.TopicRegex != "" || c.TopicReplacement != "" {
+		if c.TopicRegex == "" || c.TopicReplacement == "" {
+			return routing{}, fmt.Errorf("%s and %s go together: set both (Debezium's route.topic.regex and route.topic.replacement), or neither to use %s", keyTopicRegex, keyTopicReplacement, keyTopic)
+		}
+		if c.Topic != DefaultTopic {
+			return routing{}, fmt.Errorf("%s %q and %s are both set: routing takes one of them; remove one", keyTopic, c.Topic, keyTopicRegex)
+		}
+		re, err := compileTopicRegex(c.TopicRegex, c.TopicReplacement)
+		if err != nil {
+			return routing{}, err
+		}
+		rt.regex = &re
+	}
+	return rt, nil
+}
+
+// validateMessage checks the headers, fields and converter settings.
+func (c *Config) validateMessage() (routing, error) {
+	var rt routing
+	var err error
+	if rt.headers, err = NewHeaderSet(c.Headers); err != nil {
+		return routing{}, err
+	}
+	switch c.Converter {
+	case "":
+		c.Converter = ConverterString
+	case ConverterString, ConverterJSON:
+	default:
+		return routing{}, fmt.Errorf("%s %q: use %q (Kafka Connect's StringConverter) or %q (JsonConverter with schemas.enable=false)", keyConverter, c.Converter, ConverterString, ConverterJSON)
+	}
+	rt.reserved = make(map[string]bool)
+	for _, n := range rt.headers.Names() {
+		rt.reserved[n] = true
+	}
+	envelope := map[string]bool{"payload": true}
+	for _, f := range c.Fields {
+		if f.Column == "" || f.Alias == "" {
+			return routing{}, fmt.Errorf("%s: an entry has an empty column or name: want column:placement[:alias]", keyFields)
+		}
+		switch f.Placement {
+		case PlaceHeader:
+			if rt.reserved[f.Alias] {
+				return routing{}, fmt.Errorf("%s: header %q of column %q is already a header of the relay (%s) or of another field: give it another alias (column:header:alias)", keyFields, f.Alias, f.Column, keyHeaders)
+			}
+			rt.reserved[f.Alias] = true
+		case PlaceEnvelope:
+			if envelope[f.Alias] {
+				return routing{}, fmt.Errorf("%s: envelope field %q of column %q is already in the envelope (payload is the payload's): give it another alias (column:envelope:alias)", keyFields, f.Alias, f.Column)
+			}
+			envelope[f.Alias] = true
+		default:
+			return routing{}, fmt.Errorf("%s: placement %q of column %q is not header or envelope", keyFields, f.Placement, f.Column)
+		}
+	}
+	return rt, nil
+}
+
+// validateTopics checks the columns, the template and the overrides.
+func (c *Config) validateTopics() (template, error) {
 	c.Columns = c.Columns.WithDefaults()
 	cols := []struct {
 		field *string
@@ -57,10 +155,14 @@ func (c *Config) validate() (template, error) {
 		{&c.Columns.EventType, "event_type"},
 		{&c.Columns.Payload, "payload"},
 		{&c.Columns.Headers, "headers"},
+		{&c.Columns.Timestamp, "timestamp"},
 	}
 	seen := make(map[string]string, len(cols))
 	for _, col := range cols {
 		name := *col.field
+		if col.key == "timestamp" && name == "" {
+			continue
+		}
 		if name == NoHeaders {
 			if col.key != "headers" {
 				return template{}, fmt.Errorf("%s%s is %q: only the headers column may be disabled with %q", keyColumns, col.key, name, NoHeaders)

@@ -36,6 +36,7 @@
 package router
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -61,32 +62,6 @@ type Message struct {
 	// BadHeaders, when not empty, says why the headers column's value was
 	// ignored (not a JSON object); the event is delivered without it.
 	BadHeaders string
-}
-
-// Reserved reports whether name is a header the relay sets itself, which
-// the headers column cannot override.
-func Reserved(name string) bool {
-	return name == HeaderID || name == HeaderEventType || name == HeaderAggregateType
-}
-
-// Headers returns an event's Kafka headers: the relay's own (id, event_type,
-// aggregate_type, in that order), then the entries of extra whose names are
-// not among those, in order. dropped counts the entries left out. The
-// pipeline and the retry worker both build headers here, so an event carries
-// the same headers whichever path delivers it.
-func Headers(id, eventType, aggregateType []byte, extra []Header) (hs []Header, dropped int) {
-	hs = make([]Header, 3, 3+len(extra))
-	hs[0] = Header{Key: HeaderID, Value: id}
-	hs[1] = Header{Key: HeaderEventType, Value: eventType}
-	hs[2] = Header{Key: HeaderAggregateType, Value: aggregateType}
-	for _, h := range extra {
-		if Reserved(h.Key) {
-			dropped++
-			continue
-		}
-		hs = append(hs, h)
-	}
-	return hs, dropped
 }
 
 // Header names set on every message; the names Debezium's outbox router uses
@@ -145,6 +120,10 @@ const maxTopicCache = 4096
 type Router struct {
 	cols      Columns
 	tmpl      template
+	rt        routing
+	fields    []Field
+	converter Converter
+	tombstone bool
 	overrides map[string]string
 
 	// Single-entry cache: one outbox table is the norm, and its Relation
@@ -157,28 +136,43 @@ type Router struct {
 
 type positions struct {
 	id, aggregateType, aggregateID, eventType, payload, headers int // headers -1: none
+	timestamp                                                   int // -1: none
 	payloadBytea                                                bool
-	max                                                         int // highest position used
+	payloadType, keyType, timestampType                         uint32
+	fields                                                      []fieldPos // as Router.fields
+	max                                                         int        // highest position used
 	err                                                         *SchemaError
+}
+
+// fieldPos is where an additional field's column is, and its type.
+type fieldPos struct {
+	pos int
+	typ uint32
 }
 
 // New validates cfg, fills its defaults and returns a Router. A bad template
 // or override is reported with the setting to change.
 func New(cfg Config) (*Router, error) {
-	tmpl, err := cfg.validate()
+	rt, err := cfg.validate()
 	if err != nil {
 		return nil, fmt.Errorf("router config: %w", err)
 	}
+	tmpl := rt.tmpl
 	overrides := make(map[string]string, len(cfg.Overrides))
 	for k, v := range cfg.Overrides {
 		overrides[k] = v
 	}
-	r := &Router{cols: cfg.Columns, tmpl: tmpl, overrides: overrides}
-	if !tmpl.useEventType {
+	r := &Router{cols: cfg.Columns, tmpl: tmpl, rt: rt, overrides: overrides,
+		fields: slices.Clone(cfg.Fields), converter: cfg.Converter, tombstone: cfg.TombstoneOnEmptyPayload}
+	if !tmpl.useEventType || rt.regex != nil {
 		r.topics = make(map[string]string)
 	}
 	return r, nil
 }
+
+// Headers returns the relay's own headers the Router sends: the retry
+// worker sends the same.
+func (r *Router) Headers() HeaderSet { return r.rt.headers }
 
 // Topic returns the topic for an event of the given aggregate and event type:
 // the override for aggregateType if there is one, else the expanded template.
@@ -202,13 +196,21 @@ func (r *Router) topic(aggregateType, eventType []byte) (string, string) {
 			return t, ""
 		}
 	}
-	if r.tmpl.constant {
+	if r.rt.regex == nil && r.tmpl.constant {
 		return r.tmpl.parts[0].lit, ""
 	}
 	if r.topics != nil {
 		if t, ok := r.topics[string(aggregateType)]; ok {
 			return t, ""
 		}
+	}
+	if r.rt.regex != nil {
+		topic := r.rt.regex.topic(aggregateType)
+		if why := invalidTopic(topic); why != "" {
+			return "", fmt.Sprintf("topic %q for aggregate type %q %s; add an override in %s or change %s", topic, aggregateType, why, keyOverrides, keyTopicReplacement)
+		}
+		r.cacheTopic(aggregateType, topic)
+		return topic, ""
 	}
 	if r.tmpl.useEventType && len(eventType) == 0 {
 		return "", fmt.Sprintf("the event type is NULL or empty but %s %q uses {event_type}: insert the event with an event type, or add an override in %s for aggregate type %q",
@@ -240,13 +242,18 @@ func (r *Router) topic(aggregateType, eventType []byte) (string, string) {
 	if why := invalidTopic(topic); why != "" {
 		return "", fmt.Sprintf("topic %q for aggregate type %q %s; add an override in %s or change %s", topic, aggregateType, why, keyOverrides, keyTopic)
 	}
-	if r.topics != nil {
-		if len(r.topics) >= maxTopicCache {
-			clear(r.topics)
-		}
-		r.topics[string(aggregateType)] = topic
-	}
+	r.cacheTopic(aggregateType, topic)
 	return topic, ""
+}
+
+func (r *Router) cacheTopic(aggregateType []byte, topic string) {
+	if r.topics == nil {
+		return
+	}
+	if len(r.topics) >= maxTopicCache {
+		clear(r.topics)
+	}
+	r.topics[string(aggregateType)] = topic
 }
 
 func (r *Router) tmplString() string {
@@ -291,10 +298,14 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 	m.ID = string(id)
 	m.AggregateType = string(row.Values[pos.aggregateType])
 	m.AggregateID = string(row.Values[pos.aggregateID])
-	m.Key = row.Values[pos.aggregateID]
+	m.Key = r.key(pos, row.Values[pos.aggregateID])
 	m.Type = string(row.Values[pos.eventType])
+	r.fieldHeaders(&m, pos, row.Values)
 	if pos.headers >= 0 {
 		r.extraHeaders(&m, row.Values[pos.headers])
+	}
+	if pos.timestamp >= 0 {
+		m.Time, _ = parseTimestamp(row.Values[pos.timestamp], pos.timestampType == timestamptzOID)
 	}
 	eventID := m.ID
 	aggType := row.Values[pos.aggregateType]
@@ -325,9 +336,85 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		}
 		value = v
 	}
-	m.Value = value
-	m.Headers, _ = Headers(id, eventType, aggType, m.Extra) // Extra holds no reserved name
+	m.Value = r.value(pos, value, row.Values)
+	m.Headers, _ = r.rt.headers.Build(id, eventType, aggType, m.Extra) // Extra holds no reserved name
 	return m, nil
+}
+
+// key is the Kafka key of an aggregate id as the converter writes it. An
+// empty id stays empty, so that Route can refuse it.
+func (r *Router) key(pos *positions, aggID []byte) []byte {
+	if r.converter != ConverterJSON || len(aggID) == 0 {
+		return aggID
+	}
+	return jsonValue(nil, pos.keyType, aggID)
+}
+
+// value is the Kafka value: the payload (decoded from bytea already), in the
+// converter's form, in an envelope when fields are placed there, or nil for
+// a tombstone.
+func (r *Router) value(pos *positions, payload []byte, row [][]byte) []byte {
+	if r.tombstone && (payload == nil || len(bytes.TrimSpace(payload)) == 0) {
+		return nil
+	}
+	envelope := false
+	for _, f := range r.fields {
+		envelope = envelope || f.Placement == PlaceEnvelope
+	}
+	raw := row[pos.payload] // the text form, as Debezium has it
+	switch {
+	case r.converter == ConverterJSON && !envelope:
+		return jsonValue(nil, pos.payloadType, raw)
+	case r.converter == ConverterJSON:
+		b := append(make([]byte, 0, len(raw)+64), `{"payload":`...)
+		b = jsonValue(b, pos.payloadType, raw)
+		for i, f := range r.fields {
+			if f.Placement == PlaceEnvelope {
+				b = append(jsonString(append(b, ','), []byte(f.Alias)), ':')
+				b = jsonValue(b, pos.fields[i].typ, row[pos.fields[i].pos])
+			}
+		}
+		return append(b, '}')
+	case envelope:
+		// Kafka Connect's Struct.toString, which StringConverter writes:
+		// Struct{name=value,...}, null fields left out.
+		b := append(make([]byte, 0, len(raw)+64), "Struct{"...)
+		first := true
+		add := func(name string, v []byte) {
+			if v == nil {
+				return
+			}
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = append(append(append(b, name...), '='), v...)
+		}
+		add("payload", columnText(pos.payloadType, raw))
+		for i, f := range r.fields {
+			if f.Placement == PlaceEnvelope {
+				add(f.Alias, columnText(pos.fields[i].typ, row[pos.fields[i].pos]))
+			}
+		}
+		return append(b, '}')
+	}
+	return payload
+}
+
+// fieldHeaders appends the header fields to m.Extra, in their order, as
+// Debezium's router adds them after id. A NULL column gives a header with a
+// null value, as Debezium's does.
+func (r *Router) fieldHeaders(m *Message, pos *positions, row [][]byte) {
+	for i, f := range r.fields {
+		if f.Placement != PlaceHeader {
+			continue
+		}
+		v := row[pos.fields[i].pos]
+		if v != nil {
+			v = columnText(pos.fields[i].typ, v)
+		}
+		m.Extra = append(m.Extra, Header{Key: f.Alias, Value: v})
+	}
 }
 
 // extraHeaders reads the headers column into m.Extra, leaving out reserved
@@ -338,13 +425,16 @@ func (r *Router) extraHeaders(m *Message, b []byte) {
 	if b == nil || string(b) == "null" { // SQL NULL, or JSON null: no extra headers
 		return
 	}
-	hs, err := appendJSONHeaders(make([]Header, 0, estimateHeaders(b)), b)
+	n := len(m.Extra) // the header fields come first
+	hs, err := appendJSONHeaders(slices.Grow(m.Extra, estimateHeaders(b)), b)
 	if err != nil {
+		m.Extra = m.Extra[:n]
 		m.BadHeaders = fmt.Sprintf("the headers column %q is not a JSON object of header names to values (%v): the event is delivered without its extra headers", r.cols.Headers, err)
 		return
 	}
-	m.Extra = slices.DeleteFunc(hs, func(h Header) bool { return Reserved(h.Key) })
-	m.DroppedHeaders = len(hs) - len(m.Extra)
+	kept := slices.DeleteFunc(hs[n:], func(h Header) bool { return r.rt.reserved[h.Key] })
+	m.DroppedHeaders = len(hs) - n - len(kept)
+	m.Extra = hs[:n+len(kept)]
 }
 
 // positions returns the cached column positions for rel, resolving them on
@@ -387,9 +477,10 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 		{&p.eventType, r.cols.EventType, "event_type"},
 		{&p.payload, r.cols.Payload, "payload"},
 		{&p.headers, r.cols.Headers, "headers"},
+		{&p.timestamp, r.cols.Timestamp, "timestamp"},
 	}
 	for _, c := range cols {
-		if c.name == NoHeaders {
+		if c.name == NoHeaders || c.key == "timestamp" && c.name == "" {
 			*c.dst = -1
 			continue
 		}
@@ -398,7 +489,22 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 		}
 		p.max = max(p.max, *c.dst)
 	}
-	p.payloadBytea = rel.Columns[p.payload].TypeOID == byteaOID
+	p.payloadType = rel.Columns[p.payload].TypeOID
+	p.payloadBytea = p.payloadType == byteaOID
+	p.keyType = rel.Columns[p.aggregateID].TypeOID
+	if p.timestamp >= 0 {
+		p.timestampType = rel.Columns[p.timestamp].TypeOID
+	}
+	for _, f := range r.fields {
+		i, err := find(f.Column, "")
+		if err != nil {
+			err.Reason = fmt.Sprintf("it has no column %q, which %s places as %s %q (dropped or renamed while the relay ran): restore the column or change %s, then restart the relay; no event from this change on was confirmed, so none is lost",
+				f.Column, keyFields, f.Placement, f.Alias, keyFields)
+			return positions{err: err}
+		}
+		p.fields = append(p.fields, fieldPos{pos: i, typ: rel.Columns[i].TypeOID})
+		p.max = max(p.max, i)
+	}
 	return p
 }
 

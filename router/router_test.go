@@ -368,7 +368,7 @@ func TestRouteErrorKeepsExtraHeaders(t *testing.T) {
 	if got := headersString(m.Extra); got != "trace=t-1" {
 		t.Errorf("Route(bad type).Extra = %q; want %q", got, "trace=t-1")
 	}
-	hs, dropped := router.Headers([]byte("e1"), []byte("Created"), []byte("Bad"), append(m.Extra, router.Header{Key: "id", Value: []byte("x")}))
+	hs, dropped := router.HeaderSet{}.Build([]byte("e1"), []byte("Created"), []byte("Bad"), append(m.Extra, router.Header{Key: "id", Value: []byte("x")}))
 	if got := headersString(hs); got != "id=e1 event_type=Created aggregate_type=Bad trace=t-1" || dropped != 1 {
 		t.Errorf("Headers(...) = %q, %d; want the relay's three, then trace, and 1 dropped", got, dropped)
 	}

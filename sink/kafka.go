@@ -331,7 +331,7 @@ func records(events []event.Event) []kafka.Message {
 		for j, x := range e.Headers {
 			h[j] = kafka.Header(x)
 		}
-		msgs[i] = kafka.Message{Topic: e.Topic, Key: e.Key, Value: e.Value, Headers: h}
+		msgs[i] = kafka.Message{Topic: e.Topic, Key: e.Key, Value: e.Value, Headers: h, Time: e.Time}
 	}
 	return msgs
 }

@@ -56,11 +56,13 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_retry" (
     "commit_time" timestamptz,
     "created_at" timestamptz NOT NULL DEFAULT now(),
     "updated_at" timestamptz NOT NULL DEFAULT now(),
-    "last_resort" bytea
+    "last_resort" bytea,
+    "message_time" timestamptz
 );
 
--- Tables made before last-resort records existed.
+-- Tables made before last-resort records and message timestamps existed.
 ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "last_resort" bytea;
+ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "message_time" timestamptz;
 
 -- The retry worker polls for due rows with it.
 CREATE INDEX IF NOT EXISTS "outbox_relay_retry_status_next_attempt_at_idx"

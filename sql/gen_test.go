@@ -51,9 +51,9 @@ func files(t *testing.T) map[string]string {
 	outbox := must(sql.ParseTable(sql.DefaultOutboxTable))
 	checkpoint := must(sql.ParseTable(sql.DefaultCheckpointTable))
 	retry := must(sql.ParseTable(sql.DefaultRetryTable))
-	outboxStmts := sql.OutboxTable(outbox, sql.Columns{})
+	outboxStmts := sql.OutboxTable(outbox, sql.Columns{}, sql.LayoutRelay)
 	retryStmts := sql.RetryTable(retry)
-	if len(outboxStmts) != 2 || len(retryStmts) != 5 {
+	if len(outboxStmts) != 2 || len(retryStmts) != 6 {
 		t.Fatalf("OutboxTable or RetryTable changed its statements: update the comments of files()")
 	}
 	return map[string]string{
@@ -70,9 +70,9 @@ func files(t *testing.T) map[string]string {
 				"\nWHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = " + sql.Literal(sql.DefaultSlot) + ")"}}),
 		"004_retry.sql": render(header004,
 			block{"", retryStmts[:1]},
-			block{"Tables made before last-resort records existed.", retryStmts[1:2]},
-			block{"The retry worker polls for due rows with it.", retryStmts[2:3]},
-			block{comment004Aggregate, retryStmts[3:]}),
+			block{"Tables made before last-resort records and message timestamps existed.", retryStmts[1:3]},
+			block{"The retry worker polls for due rows with it.", retryStmts[3:4]},
+			block{comment004Aggregate, retryStmts[4:]}),
 	}
 }
 

@@ -101,6 +101,48 @@ type Columns struct {
 	EventType     string
 	Payload       string
 	Headers       string
+	// Timestamp, when set, names a timestamp column whose value becomes the
+	// Kafka message's timestamp (Debezium's table.field.event.timestamp).
+	// It has no default: without it a message carries the time it was sent.
+	Timestamp string
+}
+
+// A Layout is a preset of outbox column names: the relay's own, or the one
+// Debezium's outbox event router expects by default, so that an existing
+// Debezium outbox table needs no column mapping.
+type Layout string
+
+const (
+	// LayoutRelay: id, aggregate_type, aggregate_id, event_type, payload,
+	// headers (jsonb). The default.
+	LayoutRelay Layout = "relay"
+	// LayoutDebezium: id, aggregatetype, aggregateid, type, payload, and no
+	// headers column, as in Debezium's documentation and EventRouter defaults
+	// (table.field.event.id, route.by.field, table.field.event.key,
+	// table.field.event.type, table.field.event.payload).
+	LayoutDebezium Layout = "debezium"
+)
+
+// Layouts lists the layouts in the order the documentation gives them.
+var Layouts = []Layout{LayoutRelay, LayoutDebezium}
+
+// Columns returns the layout's column names; an unknown layout gives an
+// error naming the valid ones.
+func (l Layout) Columns() (Columns, error) {
+	switch l {
+	case LayoutRelay, "":
+		return DefaultColumns(), nil
+	case LayoutDebezium:
+		return Columns{
+			ID:            "id",
+			AggregateType: "aggregatetype",
+			AggregateID:   "aggregateid",
+			EventType:     "type",
+			Payload:       "payload",
+			Headers:       NoHeaders,
+		}, nil
+	}
+	return Columns{}, fmt.Errorf("outbox.layout %q is not a layout: use %q (columns id, aggregate_type, aggregate_id, event_type, payload, headers) or %q (id, aggregatetype, aggregateid, type, payload, as Debezium's outbox event router)", string(l), LayoutRelay, LayoutDebezium)
 }
 
 // NoHeaders as Columns.Headers means the table has no headers column.
@@ -123,8 +165,11 @@ func DefaultColumns() Columns {
 }
 
 // WithDefaults returns c with every empty field set from DefaultColumns.
-func (c Columns) WithDefaults() Columns {
-	d := DefaultColumns()
+func (c Columns) WithDefaults() Columns { return c.Fill(DefaultColumns()) }
+
+// Fill returns c with every empty field but Timestamp set from d (a
+// layout's columns).
+func (c Columns) Fill(d Columns) Columns {
 	for _, f := range []struct{ field, def *string }{
 		{&c.ID, &d.ID}, {&c.AggregateType, &d.AggregateType}, {&c.AggregateID, &d.AggregateID},
 		{&c.EventType, &d.EventType}, {&c.Payload, &d.Payload}, {&c.Headers, &d.Headers},
@@ -136,24 +181,39 @@ func (c Columns) WithDefaults() Columns {
 	return c
 }
 
-// OutboxTable returns the statements creating the outbox table (with
-// Debezium-compatible column types) and its created_at index, if missing.
-func OutboxTable(t Table, c Columns) []string {
-	c = c.WithDefaults()
-	headers := ""
+// OutboxTable returns the statements creating the outbox table and its
+// created_at index, if missing. The Debezium layout gets the column types of
+// Debezium's documentation (varchar(255) names), the relay's gets text; both
+// have a uuid id and a jsonb payload, and a created_at column that Debezium
+// ignores. A Timestamp column is created as timestamp (without time zone),
+// the type Debezium's router accepts for table.field.event.timestamp.
+func OutboxTable(t Table, c Columns, l Layout) []string {
+	d, err := l.Columns()
+	if err != nil {
+		d = DefaultColumns()
+	}
+	c = c.Fill(d)
+	name := "text"
+	if l == LayoutDebezium {
+		name = "varchar(255)"
+	}
+	extra := ""
 	if c.Headers != NoHeaders {
-		headers = fmt.Sprintf("\n    %s jsonb,", Ident(c.Headers))
+		extra += fmt.Sprintf("\n    %s jsonb,", Ident(c.Headers))
+	}
+	if c.Timestamp != "" && c.Timestamp != "created_at" {
+		extra += fmt.Sprintf("\n    %s timestamp NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'),", Ident(c.Timestamp))
 	}
 	return []string{
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
     %s uuid PRIMARY KEY,
-    %s text NOT NULL,
-    %s text NOT NULL,
-    %s text NOT NULL,
+    %s %s NOT NULL,
+    %s %s NOT NULL,
+    %s %s NOT NULL,
     %s jsonb,%s
     "created_at" timestamptz NOT NULL DEFAULT now()
-)`, t.Quoted(), Ident(c.ID), Ident(c.AggregateType), Ident(c.AggregateID),
-			Ident(c.EventType), Ident(c.Payload), headers),
+)`, t.Quoted(), Ident(c.ID), Ident(c.AggregateType), name, Ident(c.AggregateID), name,
+			Ident(c.EventType), name, Ident(c.Payload), extra),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s ("created_at")`,
 			Ident(indexName(t.Name, "created_at_idx")), t.Quoted()),
 	}

@@ -100,7 +100,7 @@ func TestFilesMatchGo(t *testing.T) {
 
 	outbox, _ := sql.ParseTable(sql.DefaultOutboxTable)
 	checkpoint, _ := sql.ParseTable(sql.DefaultCheckpointTable)
-	stmts := sql.OutboxTable(outbox, sql.Columns{})
+	stmts := sql.OutboxTable(outbox, sql.Columns{}, sql.LayoutRelay)
 	stmts = append(stmts, sql.CheckpointTable(checkpoint),
 		sql.CreatePublication(sql.DefaultPublication, outbox))
 	for _, s := range stmts {
@@ -169,7 +169,7 @@ func TestConfiguredNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkpoint, _ := sql.ParseTable(`My App.relay checkpoint`)
-	stmts := sql.OutboxTable(outbox, sql.Columns{ID: "event_id", Payload: "Body"})
+	stmts := sql.OutboxTable(outbox, sql.Columns{ID: "event_id", Payload: "Body"}, sql.LayoutRelay)
 	stmts = append(stmts, sql.CheckpointTable(checkpoint), sql.CreatePublication("My Pub", outbox))
 	for range 2 {
 		for _, s := range stmts[:3] {

@@ -35,6 +35,7 @@ func (e *env) adminConfig() admin.Config {
 		Slot:            c.Postgres.Slot,
 		Publication:     c.Postgres.Publication,
 		OutboxTable:     outbox,
+		Layout:          c.Outbox.Layout,
 		Columns:         sql.Columns(c.Outbox.Columns),
 		CheckpointTable: checkpoint,
 		RetryTable:      retryTable,

@@ -33,50 +33,60 @@ import (
 // constant; the CLI's own (metrics, log, the auto-creation choice) are
 // defined here.
 var defaults = map[string]string{
-	"postgres.dsn":                    "",
-	"postgres.slot":                   sql.DefaultSlot,
-	"postgres.publication":            sql.DefaultPublication,
-	"postgres.status_interval":        durationText(replication.DefaultStatusInterval),
-	"outbox.table":                    sql.DefaultOutboxTable,
-	"outbox.columns.id":               sql.DefaultColumns().ID,
-	"outbox.columns.aggregate_type":   sql.DefaultColumns().AggregateType,
-	"outbox.columns.aggregate_id":     sql.DefaultColumns().AggregateID,
-	"outbox.columns.event_type":       sql.DefaultColumns().EventType,
-	"outbox.columns.payload":          sql.DefaultColumns().Payload,
-	"outbox.columns.headers":          sql.DefaultColumns().Headers,
-	"topics.template":                 router.DefaultTopic,
-	"kafka.brokers":                   "",
-	"kafka.client_id":                 sink.DefaultClientID,
-	"kafka.batch_size":                strconv.Itoa(sink.DefaultBatchSize),
-	"kafka.batch_bytes":               strconv.Itoa(sink.DefaultBatchBytes),
-	"kafka.batch_timeout":             durationText(sink.DefaultBatchTimeout),
-	"kafka.write_timeout":             durationText(sink.DefaultWriteTimeout),
-	"kafka.compression":               sink.DefaultCompression,
-	"kafka.allow_auto_topic_creation": strconv.FormatBool(defaultAllowAutoTopicCreation),
-	"kafka.tls.enabled":               "false",
-	"kafka.tls.ca_file":               "",
-	"kafka.tls.cert_file":             "",
-	"kafka.tls.key_file":              "",
-	"kafka.tls.insecure_skip_verify":  "false",
-	"kafka.tls.server_name":           "",
-	"kafka.sasl.mechanism":            "",
-	"kafka.sasl.username":             "",
-	"kafka.sasl.password":             "",
-	"pipeline.max_in_flight_events":   strconv.Itoa(relay.DefaultMaxInFlightEvents),
-	"pipeline.max_in_flight_bytes":    strconv.Itoa(relay.DefaultMaxInFlightBytes),
-	"pipeline.shutdown_timeout":       durationText(relay.DefaultShutdownTimeout),
-	"health.stall_after":              durationText(relay.DefaultStallAfter),
-	"checkpoint.table":                sql.DefaultCheckpointTable,
-	"checkpoint.interval":             durationText(relay.DefaultCheckpointInterval),
-	"retry.table":                     sql.DefaultRetryTable,
-	"retry.backoff_min":               durationText(retry.DefaultBackoffMin),
-	"retry.backoff_max":               durationText(retry.DefaultBackoffMax),
-	"retry.max_age":                   durationText(retry.DefaultMaxAge),
-	"retry.max_attempts":              "0", // no limit: retry.WorkerConfig's zero value
-	"retry.poll_interval":             durationText(retry.DefaultPollInterval),
-	"metrics.listen":                  "127.0.0.1:9187",
-	"log.level":                       "info",
-	"log.format":                      "text",
+	"postgres.dsn":             "",
+	"postgres.slot":            sql.DefaultSlot,
+	"postgres.publication":     sql.DefaultPublication,
+	"postgres.status_interval": durationText(replication.DefaultStatusInterval),
+	"outbox.table":             sql.DefaultOutboxTable,
+	"outbox.layout":            string(sql.LayoutRelay),
+	// The columns' defaults are the layout's (sql.Layout.Columns): empty
+	// here, filled in validate.
+	"outbox.columns.id":                  "",
+	"outbox.columns.aggregate_type":      "",
+	"outbox.columns.aggregate_id":        "",
+	"outbox.columns.event_type":          "",
+	"outbox.columns.payload":             "",
+	"outbox.columns.headers":             "",
+	"outbox.columns.timestamp":           "",
+	"message.headers":                    "", // the layout's: layoutHeaders
+	"message.fields":                     "",
+	"message.converter":                  string(router.ConverterString),
+	"message.tombstone_on_empty_payload": "false",
+	"topics.template":                    router.DefaultTopic,
+	"topics.regex":                       "",
+	"topics.replacement":                 "",
+	"kafka.brokers":                      "",
+	"kafka.client_id":                    sink.DefaultClientID,
+	"kafka.batch_size":                   strconv.Itoa(sink.DefaultBatchSize),
+	"kafka.batch_bytes":                  strconv.Itoa(sink.DefaultBatchBytes),
+	"kafka.batch_timeout":                durationText(sink.DefaultBatchTimeout),
+	"kafka.write_timeout":                durationText(sink.DefaultWriteTimeout),
+	"kafka.compression":                  sink.DefaultCompression,
+	"kafka.allow_auto_topic_creation":    strconv.FormatBool(defaultAllowAutoTopicCreation),
+	"kafka.tls.enabled":                  "false",
+	"kafka.tls.ca_file":                  "",
+	"kafka.tls.cert_file":                "",
+	"kafka.tls.key_file":                 "",
+	"kafka.tls.insecure_skip_verify":     "false",
+	"kafka.tls.server_name":              "",
+	"kafka.sasl.mechanism":               "",
+	"kafka.sasl.username":                "",
+	"kafka.sasl.password":                "",
+	"pipeline.max_in_flight_events":      strconv.Itoa(relay.DefaultMaxInFlightEvents),
+	"pipeline.max_in_flight_bytes":       strconv.Itoa(relay.DefaultMaxInFlightBytes),
+	"pipeline.shutdown_timeout":          durationText(relay.DefaultShutdownTimeout),
+	"health.stall_after":                 durationText(relay.DefaultStallAfter),
+	"checkpoint.table":                   sql.DefaultCheckpointTable,
+	"checkpoint.interval":                durationText(relay.DefaultCheckpointInterval),
+	"retry.table":                        sql.DefaultRetryTable,
+	"retry.backoff_min":                  durationText(retry.DefaultBackoffMin),
+	"retry.backoff_max":                  durationText(retry.DefaultBackoffMax),
+	"retry.max_age":                      durationText(retry.DefaultMaxAge),
+	"retry.max_attempts":                 "0", // no limit: retry.WorkerConfig's zero value
+	"retry.poll_interval":                durationText(retry.DefaultPollInterval),
+	"metrics.listen":                     "127.0.0.1:9187",
+	"log.level":                          "info",
+	"log.format":                         "text",
 }
 
 // defaultAllowAutoTopicCreation is the operator's default for
@@ -119,11 +129,18 @@ type config struct {
 	}
 	Outbox struct {
 		Table   string
-		Columns router.Columns
+		Layout  sql.Layout
+		Columns router.Columns // validate fills the empty ones from Layout
+	}
+	Message struct {
+		Headers   []string // nil: the layout's (layoutHeaders)
+		Fields    []router.Field
+		Converter router.Converter
+		Tombstone bool
 	}
 	Topics struct {
-		Template  string
-		Overrides map[string]string
+		Template, Regex, Replacement string
+		Overrides                    map[string]string
 	}
 	Kafka struct {
 		Brokers                    []string
@@ -222,8 +239,26 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		EventType:     l.str("outbox.columns.event_type"),
 		Payload:       l.str("outbox.columns.payload"),
 		Headers:       l.str("outbox.columns.headers"),
+		Timestamp:     l.str("outbox.columns.timestamp"),
 	}
+	c.Outbox.Layout = sql.Layout(l.str("outbox.layout"))
+	if h := l.str("message.headers"); h == "-" {
+		c.Message.Headers = []string{}
+	} else if h != "" {
+		c.Message.Headers = l.list("message.headers")
+	}
+	if f := l.str("message.fields"); f != "" {
+		fs, err := router.ParseFields(f)
+		if err != nil {
+			l.errs = append(l.errs, err)
+		}
+		c.Message.Fields = fs
+	}
+	c.Message.Converter = router.Converter(l.str("message.converter"))
+	c.Message.Tombstone = l.bool("message.tombstone_on_empty_payload")
 	c.Topics.Template = l.str("topics.template")
+	c.Topics.Regex = l.str("topics.regex")
+	c.Topics.Replacement = l.str("topics.replacement")
 	c.Topics.Overrides = overrides
 	c.Kafka.Brokers = l.list("kafka.brokers")
 	c.Kafka.ClientID = l.str("kafka.client_id")
@@ -515,6 +550,16 @@ func (c *config) validate() error {
 	if _, err := sql.ParseTable(c.Outbox.Table); err != nil {
 		bad("outbox.table", "%v", err)
 	}
+	def((*string)(&c.Outbox.Layout), "outbox.layout")
+	if cols, err := c.Outbox.Layout.Columns(); err != nil {
+		errs = append(errs, err)
+	} else {
+		c.Outbox.Columns = c.Outbox.Columns.Fill(cols)
+	}
+	if c.Message.Headers == nil {
+		c.Message.Headers = layoutHeaders(c.Outbox.Layout)
+	}
+	def((*string)(&c.Message.Converter), "message.converter")
 	def(&c.Topics.Template, "topics.template")
 	if _, err := router.New(c.routerConfig()); err != nil {
 		// The router names its settings outbox.topic and
@@ -632,7 +677,21 @@ func (c *config) validate() error {
 }
 
 func (c *config) routerConfig() router.Config {
-	return router.Config{Columns: c.Outbox.Columns, Topic: c.Topics.Template, Overrides: c.Topics.Overrides}
+	return router.Config{
+		Columns: c.Outbox.Columns, Topic: c.Topics.Template, Overrides: c.Topics.Overrides,
+		TopicRegex: c.Topics.Regex, TopicReplacement: c.Topics.Replacement,
+		Headers: c.Message.Headers, Fields: c.Message.Fields, Converter: c.Message.Converter,
+		TombstoneOnEmptyPayload: c.Message.Tombstone,
+	}
+}
+
+// layoutHeaders is message.headers' default: the relay's three headers for
+// its own layout, only id for Debezium's, as Debezium's router sends.
+func layoutHeaders(l sql.Layout) []string {
+	if l == sql.LayoutDebezium {
+		return []string{router.HeaderID}
+	}
+	return slices.Clone(router.DefaultHeaders)
 }
 
 func (c *config) sinkConfig(log *slog.Logger) sink.Config {

@@ -27,7 +27,8 @@ type Config struct {
 	Slot            string
 	Publication     string
 	OutboxTable     sql.Table
-	Columns         sql.Columns // empty fields: sql.DefaultColumns
+	Layout          sql.Layout  // the outbox.layout preset: setup's table types
+	Columns         sql.Columns // empty fields: the layout's
 	CheckpointTable sql.Table
 	RetryTable      sql.Table
 	Kafka           sink.Config // Check pings the brokers with it

@@ -123,7 +123,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	case oid == 0:
 		c.fail("outbox table", "%s does not exist; run `outbox-relay setup --create-outbox-table`, or set outbox.table", outbox)
 	default:
-		checkColumns(ctx, conn, oid, outbox, cfg.Columns, c)
+		checkColumns(ctx, conn, oid, outbox, cfg, c)
 	}
 
 	// Publication.
@@ -208,15 +208,22 @@ var (
 	nameTypes    = []string{"text", "character varying", "character"}
 	payloadTypes = []string{"jsonb", "json", "text", "bytea"}
 	headersTypes = []string{"jsonb", "json"}
+	timeTypes    = []string{"timestamp without time zone", "timestamp with time zone"}
 )
 
-func checkColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Table, cols sql.Columns, c *checker) {
+func checkColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Table, cfg *Config, c *checker) {
+	cols := cfg.Columns
 	have, err := columnTypes(ctx, conn, oid)
 	if err != nil {
 		c.fail("outbox table", "%v", err)
 		return
 	}
-	cols = cols.WithDefaults()
+	d, err := cfg.Layout.Columns()
+	if err != nil {
+		c.fail("outbox table", "%v", err)
+		return
+	}
+	cols = cols.Fill(d)
 	want := []struct {
 		key, col string
 		types    []string
@@ -227,25 +234,54 @@ func checkColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Tab
 		{"outbox.columns.event_type", cols.EventType, nameTypes},
 		{"outbox.columns.payload", cols.Payload, payloadTypes},
 		{"outbox.columns.headers", cols.Headers, headersTypes},
+		{"outbox.columns.timestamp", cols.Timestamp, timeTypes},
 	}
 	var problems []string
+	missing := 0
 	for _, w := range want {
-		if w.key == "outbox.columns.headers" && w.col == sql.NoHeaders {
+		if w.key == "outbox.columns.headers" && w.col == sql.NoHeaders || w.key == "outbox.columns.timestamp" && w.col == "" {
 			continue
 		}
 		typ, ok := have[w.col]
 		switch {
 		case !ok:
+			missing++
 			problems = append(problems, fmt.Sprintf("no column %q (%s)", w.col, w.key))
 		case !slices.Contains(w.types, typ):
 			problems = append(problems, fmt.Sprintf("column %q is %s, want one of %s", w.col, typ, strings.Join(w.types, ", ")))
 		}
 	}
 	if len(problems) > 0 {
-		c.fail("outbox table", "%s: %s; fix the table or the outbox.columns mapping", table, strings.Join(problems, "; "))
+		fix := "fix the table or the outbox.columns mapping"
+		// A table made for the other layout is the common case (a Debezium
+		// user's table, or ours under a Debezium config): name the one setting
+		// that fixes it.
+		if missing > 0 {
+			for _, l := range sql.Layouts {
+				lc, _ := l.Columns()
+				if l != layoutName(cfg.Layout) && hasColumns(have, lc) {
+					fix = fmt.Sprintf("the table has the %s layout's columns: set outbox.layout: %s (or map each column with outbox.columns.*)", l, l)
+				}
+			}
+		}
+		c.fail("outbox table", "%s: %s; %s", table, strings.Join(problems, "; "), fix)
 		return
 	}
 	c.ok("outbox table", "%s has the mapped columns with usable types", table)
+}
+
+// hasColumns reports whether every column of cols (but an absent headers
+// column) is in have.
+func hasColumns(have map[string]string, cols sql.Columns) bool {
+	for _, name := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload, cols.Headers} {
+		if name == sql.NoHeaders {
+			continue
+		}
+		if _, ok := have[name]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // checkReplicationConn opens a replication connection as the relay will:

@@ -47,7 +47,7 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 	case oid != 0:
 		say("outbox table %s: already exists", outbox)
 	case createOutbox:
-		for _, stmt := range sql.OutboxTable(outbox, cfg.Columns) {
+		for _, stmt := range sql.OutboxTable(outbox, cfg.Columns, cfg.Layout) {
 			if _, err := conn.Exec(ctx, stmt); err != nil {
 				return fmt.Errorf("create outbox table %s: %w", outbox, err)
 			}
@@ -55,7 +55,7 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		if oid, err = tableOID(ctx, conn, outbox); err != nil {
 			return err
 		}
-		say("outbox table %s: created", outbox)
+		say("outbox table %s: created (%s layout)", outbox, layoutName(cfg.Layout))
 	default:
 		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
 	}
@@ -159,4 +159,11 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		return fmt.Errorf("setup incomplete: %d problem(s) above", problems)
 	}
 	return nil
+}
+
+func layoutName(l sql.Layout) sql.Layout {
+	if l == "" {
+		return sql.LayoutRelay
+	}
+	return l
 }

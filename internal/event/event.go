@@ -47,6 +47,10 @@ type Event struct {
 	Headers []Header // what Kafka gets: the relay's own, then Extra
 	Extra   []Header // the headers column's entries the relay kept
 
+	// Time is the message's timestamp, from the outbox.columns.timestamp
+	// column; zero means the time Kafka receives it (the producer's now).
+	Time time.Time
+
 	CommitLSN  pglogrepl.LSN // commit LSN of its transaction
 	CommitTime time.Time
 	Pos        int // its position in the transaction, from 1

@@ -385,7 +385,7 @@ func (s *suite) topic(aggregateType string) string { return s.prefix + "." + agg
 func (s *suite) setupDatabase() {
 	outbox := outboxsql.Table{Schema: "public", Name: "outbox"}
 	retryTable := outboxsql.Table{Schema: "public", Name: outboxsql.DefaultRetryTable}
-	for _, stmt := range outboxsql.OutboxTable(outbox, outboxsql.Columns{}) {
+	for _, stmt := range outboxsql.OutboxTable(outbox, outboxsql.Columns{}, outboxsql.LayoutRelay) {
 		s.pg.Exec(s.t, stmt)
 	}
 	s.pg.Exec(s.t, outboxsql.CheckpointTable(outboxsql.Table{Schema: "public", Name: "outbox_relay_checkpoint"}))

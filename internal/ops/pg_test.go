@@ -65,7 +65,7 @@ func newFixture(t *testing.T) *fixture {
 		conn.Close(ctx)
 	})
 	stmts := []string{"CREATE SCHEMA " + sql.Ident(id)}
-	stmts = append(stmts, sql.OutboxTable(sql.Table{Schema: id, Name: "outbox"}, sql.Columns{})...)
+	stmts = append(stmts, sql.OutboxTable(sql.Table{Schema: id, Name: "outbox"}, sql.Columns{}, sql.LayoutRelay)...)
 	stmts = append(stmts, sql.CheckpointTable(sql.Table{Schema: id, Name: "outbox_relay_checkpoint"}))
 	// The publication must exist before the slot: pgoutput looks it up with
 	// the snapshot of the WAL it decodes, and fails on WAL older than it.

@@ -58,7 +58,7 @@ func newFixture(t testing.TB) *fixture {
 	f.pool = f.pg.Pool(t)
 	// The DDL that `outbox-relay setup` runs.
 	outbox := outboxsql.Table{Schema: "public", Name: "outbox"}
-	for _, stmt := range outboxsql.OutboxTable(outbox, outboxsql.Columns{}) {
+	for _, stmt := range outboxsql.OutboxTable(outbox, outboxsql.Columns{}, outboxsql.LayoutRelay) {
 		f.pg.Exec(t, stmt)
 	}
 	f.pg.Exec(t, outboxsql.CheckpointTable(outboxsql.Table{Schema: "public", Name: "outbox_relay_checkpoint"}))

@@ -239,6 +239,7 @@ func (r *Relay) retryWorker(rstore *retry.Store, gt *gate) (*retry.Worker, *sink
 	}
 	wcfg := r.cfg.Retry
 	wcfg.Store, wcfg.Sink, wcfg.Topic, wcfg.Logger = rstore, wsink, wrouter.Topic, r.log.With("component", "retry")
+	wcfg.Headers = wrouter.Headers()
 	wcfg.Delivered = func(agg string) {
 		// Called from the worker's goroutine while it runs: bounded, as a
 		// hung query must not hold up the worker.

@@ -50,9 +50,10 @@ type Event struct {
 	Headers       []Header      // extra headers only (event.Event.Extra), any bytes
 	SourceLSN     pglogrepl.LSN // end LSN of the transaction that inserted the event
 	CommitTime    time.Time
-	Reason        string // what is wrong and how to fix it, in plain words
-	Permanent     bool   // will fail the same way again: stored dead at once
-	Waiting       bool   // diverted only because an earlier event of the aggregate is in the table
+	MessageTime   time.Time // the message's timestamp (event.Event.Time); zero: when sent
+	Reason        string    // what is wrong and how to fix it, in plain words
+	Permanent     bool      // will fail the same way again: stored dead at once
+	Waiting       bool      // diverted only because an earlier event of the aggregate is in the table
 }
 
 // NewEvent is the retry row of the envelope e, in e's ordering lane: keyed
@@ -73,6 +74,7 @@ func NewEvent(e *event.Event) Event {
 		Headers:       e.Extra,
 		SourceLSN:     e.CommitLSN,
 		CommitTime:    e.CommitTime,
+		MessageTime:   e.Time,
 	}
 }
 
@@ -96,6 +98,7 @@ type Entry struct {
 	FirstFailedAt time.Time
 	SourceLSN     pglogrepl.LSN
 	CommitTime    time.Time // zero when unknown
+	MessageTime   time.Time // zero: the time it is sent
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 	// LastResort is true for a row that holds the event only as a document
@@ -248,7 +251,7 @@ func (s *Store) insertRows(ctx context.Context, db execer, events []Event) error
 		ids, types, aggIDs, evTypes, tps = make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
 		msgKeys, values                  = make([][]byte, n), make([][]byte, n)
 		headers, reasons, lsns           = make([]*string, n), make([]*string, n), make([]*string, n)
-		commitTimes                      = make([]*time.Time, n)
+		commitTimes, msgTimes            = make([]*time.Time, n), make([]*time.Time, n)
 		dead, waiting                    = make([]bool, n), make([]bool, n)
 	)
 	for i, e := range events {
@@ -268,20 +271,24 @@ func (s *Store) insertRows(ctx context.Context, db execer, events []Event) error
 			ct := e.CommitTime
 			commitTimes[i] = &ct
 		}
+		if !e.MessageTime.IsZero() {
+			mt := e.MessageTime
+			msgTimes[i] = &mt
+		}
 		dead[i], waiting[i] = e.Permanent, e.Waiting && !e.Permanent
 	}
 	// INSERT … SELECT … ORDER BY draws the serial in the order of the sorted
 	// rows, so seq follows the slice.
 	q := fmt.Sprintf(`INSERT INTO %s (event_key, event_id, aggregate, aggregate_type, aggregate_id, event_type,
-    topic, msg_key, value, headers, status, waiting, next_attempt_at, last_error, source_lsn, commit_time)
-SELECT k, id, agg, at, aid, et, tp, mk, v, h::jsonb, CASE WHEN d THEN 'dead' ELSE 'pending' END, w, now(), r, l::pg_lsn, ct
+    topic, msg_key, value, headers, status, waiting, next_attempt_at, last_error, source_lsn, commit_time, message_time)
+SELECT k, id, agg, at, aid, et, tp, mk, v, h::jsonb, CASE WHEN d THEN 'dead' ELSE 'pending' END, w, now(), r, l::pg_lsn, ct, mt
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-    $8::bytea[], $9::bytea[], $10::text[], $11::bool[], $12::bool[], $13::text[], $14::text[], $15::timestamptz[])
-    WITH ORDINALITY AS u(k, id, agg, at, aid, et, tp, mk, v, h, d, w, r, l, ct, ord)
+    $8::bytea[], $9::bytea[], $10::text[], $11::bool[], $12::bool[], $13::text[], $14::text[], $15::timestamptz[], $16::timestamptz[])
+    WITH ORDINALITY AS u(k, id, agg, at, aid, et, tp, mk, v, h, d, w, r, l, ct, mt, ord)
 ORDER BY ord
 ON CONFLICT (event_key) DO NOTHING`, s.table)
 	_, err := db.Exec(ctx, q, keys, ids, aggs, types, aggIDs, evTypes, tps,
-		msgKeys, values, headers, dead, waiting, reasons, lsns, commitTimes)
+		msgKeys, values, headers, dead, waiting, reasons, lsns, commitTimes, msgTimes)
 	return err
 }
 
@@ -514,7 +521,7 @@ func columns(body bool) string {
 	return `seq, event_key, coalesce(event_id, ''), aggregate, coalesce(aggregate_type, ''),
     coalesce(aggregate_id, ''), coalesce(event_type, ''), coalesce(topic, ''), msg_key, ` + value + `, headers,
     status, waiting, attempts, next_attempt_at, coalesce(last_error, ''), first_failed_at,
-    coalesce(source_lsn::text, ''), commit_time, created_at, updated_at, last_resort IS NOT NULL, ` + doc
+    coalesce(source_lsn::text, ''), commit_time, message_time, created_at, updated_at, last_resort IS NOT NULL, ` + doc
 }
 
 // scanEntry reads a row selected with columns. Stored content that cannot be
@@ -527,12 +534,12 @@ func scanEntry(row pgx.Row) (Entry, error) {
 		status  string
 		headers []byte
 		lsn     string
-		ct      *time.Time
+		ct, mt  *time.Time
 		doc     []byte
 	)
 	err := row.Scan(&e.Seq, &e.EventKey, &e.EventID, &e.Aggregate, &e.AggregateType, &e.AggregateID,
 		&e.EventType, &e.Topic, &e.Key, &e.Value, &headers, &status, &e.Waiting, &e.Attempts,
-		&e.NextAttemptAt, &e.LastError, &e.FirstFailedAt, &lsn, &ct, &e.CreatedAt, &e.UpdatedAt,
+		&e.NextAttemptAt, &e.LastError, &e.FirstFailedAt, &lsn, &ct, &mt, &e.CreatedAt, &e.UpdatedAt,
 		&e.LastResort, &doc)
 	if err != nil {
 		return Entry{}, err
@@ -540,6 +547,9 @@ func scanEntry(row pgx.Row) (Entry, error) {
 	e.Status = Status(status)
 	if ct != nil {
 		e.CommitTime = *ct
+	}
+	if mt != nil {
+		e.MessageTime = *mt
 	}
 	if lsn != "" {
 		if e.SourceLSN, err = pglogrepl.ParseLSN(lsn); err != nil {

@@ -65,7 +65,10 @@ type WorkerConfig struct {
 	// pipeline can stop diverting its events (after checking Undelivered:
 	// a new row may arrive meanwhile). It is called from Run's goroutine.
 	Delivered func(aggregate string)
-	Logger    *slog.Logger // default discards
+	// Headers is the relay's own headers, as the router sends them
+	// (message.headers); the zero value is all three.
+	Headers router.HeaderSet
+	Logger  *slog.Logger // default discards
 }
 
 func (c *WorkerConfig) validate() error {
@@ -298,7 +301,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			refuse = &failure{row: e, reason: routeReason(tr.err), permanent: true}
 			break
 		}
-		msgs = append(msgs, e.event(tr.topic))
+		msgs = append(msgs, e.event(tr.topic, d.w.cfg.Headers))
 	}
 	if len(msgs) > 0 {
 		actx, cancel := context.WithTimeout(ctx, d.w.cfg.AttemptTimeout)
@@ -370,13 +373,14 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 
 // event is the envelope of e for topic. Its headers are built as the
 // pipeline builds them: the relay's own from the row's columns, then the
-// stored extra headers. Rows of earlier versions stored the relay's own
-// headers too; router.Headers drops them, so they are not sent twice.
-func (e *Entry) event(topic string) event.Event {
-	hs, _ := router.Headers([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Headers)
+// stored extra headers (header fields and the headers column's). Rows of
+// earlier versions stored the relay's own
+// headers too; HeaderSet.Build drops them, so they are not sent twice.
+func (e *Entry) event(topic string, set router.HeaderSet) event.Event {
+	hs, _ := set.Build([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Headers)
 	return event.Event{
 		ID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
-		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Headers,
+		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Headers, Time: e.MessageTime,
 		CommitLSN: e.SourceLSN, CommitTime: e.CommitTime,
 	}
 }
