@@ -166,3 +166,39 @@ func TestSetupConfiguredNames(t *testing.T) {
 		t.Errorf("columns of app.Events = %q; want %q", got, want)
 	}
 }
+
+// A Debezium user's table: setup creates Debezium's documented layout, check
+// accepts it under outbox.layout: debezium, and under the relay's layout says
+// which one setting fixes it.
+func TestSetupDebeziumLayout(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
+	t.Setenv("RELAY_OUTBOX_LAYOUT", "debezium")
+	code, out, errOut := run(t, "setup", "--create-outbox-table")
+	if code != exitcode.OK {
+		t.Fatalf("setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	wantLines(t, "setup", out, "outbox table public.outbox: created (debezium layout)")
+	got := queryString(t, dsn, `SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ',' ORDER BY attnum) FROM pg_attribute
+	  WHERE attrelid = 'public.outbox'::regclass AND attnum > 0`)
+	want := "id uuid,aggregatetype character varying(255),aggregateid character varying(255),type character varying(255),payload jsonb,created_at timestamp with time zone"
+	if got != want {
+		t.Errorf("columns = %q; want %q (Debezium's documented table, and created_at)", got, want)
+	}
+	if code, out, errOut := run(t, "check"); code != exitcode.OK || !strings.Contains(out, "ok    outbox table: public.outbox has the mapped columns") {
+		t.Errorf("check with outbox.layout=debezium: exit %d\n%s%s", code, out, errOut)
+	}
+
+	t.Setenv("RELAY_OUTBOX_LAYOUT", "relay")
+	code, out, _ = run(t, "check")
+	if code != exitcode.Failure || !strings.Contains(out, `FAIL  outbox table: public.outbox: no column "aggregate_type" (outbox.columns.aggregate_type)`) ||
+		!strings.Contains(out, "the table has the debezium layout's columns: set outbox.layout: debezium") {
+		t.Errorf("check of a Debezium table with the relay layout: exit %d; want 1 naming outbox.layout: debezium\n%s", code, out)
+	}
+
+	t.Setenv("RELAY_OUTBOX_LAYOUT", "debezum")
+	code, _, errOut = run(t, "check")
+	if code != exitcode.Usage || !strings.Contains(errOut, `outbox.layout "debezum" is not a layout`) {
+		t.Errorf("check with a misspelt layout: exit %d; want 2 naming the layouts\n%s", code, errOut)
+	}
+}
