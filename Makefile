@@ -10,15 +10,17 @@ LDFLAGS := -X main.version=$(VERSION)
 # Exports RELAY_POSTGRES_DSN, RELAY_KAFKA_BROKERS and the RELAY_TEST_* twins for a recipe.
 WITH_DEV_ENV := eval "$$($(DEV) env)" &&
 
-.PHONY: all build test test-short test-faults dev-up dev-down dev-clean dev-env demo bench lint clean
+.PHONY: all build test test-short test-faults dev-up dev-down dev-clean dev-env debezium-libs demo bench lint clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/outbox-relay ./cmd/outbox-relay
 
-# The integration tests need the dev servers: start them (a no-op when they run).
+# The integration tests need the dev servers: start them (a no-op when they run), and
+# the Kafka Connect + Debezium jars that internal/testenv/debezium runs (cached).
 test: dev-up
+	@$(DEV) debezium-libs
 	$(WITH_DEV_ENV) $(GO) test -race -count=1 -timeout 40m ./...
 
 # Unit tests only, in well under a minute: no servers and no Docker. Integration tests
@@ -41,6 +43,9 @@ dev-down:
 
 dev-clean:
 	@$(DEV) clean
+
+debezium-libs:
+	@$(DEV) debezium-libs
 
 # Use as: eval "$(make -s dev-env)"
 dev-env:

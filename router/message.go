@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -345,9 +346,10 @@ func jsonValue(dst []byte, typ uint32, v []byte) []byte {
 }
 
 // jsonString appends s as a JSON string the way Jackson writes one (Kafka's
-// JsonConverter): only '"', '\\' and control characters escaped, \b \t \n
-// \f \r short, the others as \u00XX in upper-case hex; everything else,
-// including U+2028, U+2029 and '/', as it is. Go's encoding/json differs
+// JsonConverter): '"', '\\' and control characters escaped, \b \t \n \f \r
+// short, the others as \u00XX in upper-case hex; characters beyond U+FFFF
+// (emoji) as a surrogate pair \uD83D\uDE42; everything else, including
+// U+2028, U+2029 and '/', as it is. Go's encoding/json differs
 // (it escapes <, >, &, U+2028 and U+2029), which would change the bytes.
 func jsonString(dst, s []byte) []byte {
 	const hexDigits = "0123456789ABCDEF"
@@ -356,6 +358,22 @@ func jsonString(dst, s []byte) []byte {
 	start := 0
 	for i := 0; i < len(s); i++ {
 		c := s[i]
+		if c >= 0xF0 {
+			// A character beyond the BMP: Jackson (2.16 on, as in Kafka
+			// 3.9) writes it as an escaped UTF-16 surrogate pair.
+			r, size := utf8.DecodeRune(s[i:])
+			if r == utf8.RuneError || size != 4 {
+				continue
+			}
+			hi, lo := utf16.EncodeRune(r)
+			dst = append(dst, s[start:i]...)
+			for _, u := range [2]rune{hi, lo} {
+				dst = append(dst, '\\', 'u', hexDigits[u>>12&0xF], hexDigits[u>>8&0xF], hexDigits[u>>4&0xF], hexDigits[u&0xF])
+			}
+			i += size - 1
+			start = i + 1
+			continue
+		}
 		if c >= 0x20 && c != '"' && c != '\\' {
 			continue
 		}

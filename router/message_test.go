@@ -72,6 +72,8 @@ func TestRouteConverters(t *testing.T) {
 		{"json scalar", router.ConverterJSON, false, "A-1", `42`, `"A-1"`, `"42"`},
 		{"json quoting like Jackson", router.ConverterJSON, false, "k\"\\\n\x01</>\u2028é", `"\u0000"`,
 			`"k\"\\\n\u0001</>` + "\u2028" + `é"`, `"\"\\u0000\""`},
+		{"json emoji as surrogates", router.ConverterJSON, false, "Zoë-🙂", `{"e": "🙂x"}`,
+			`"Zoë-\uD83D\uDE42"`, `"{\"e\": \"\uD83D\uDE42x\"}"`},
 		{"json NULL tombstone", router.ConverterJSON, true, "A-1", "<nil>", `"A-1"`, "<nil>"},
 		{"string blank tombstone", router.ConverterString, true, "A-1", "  ", "A-1", "<nil>"},
 		{"string blank kept", router.ConverterString, false, "A-1", "  ", "A-1", "  "},

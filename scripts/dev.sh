@@ -8,6 +8,7 @@
 #   scripts/dev.sh env                print export lines for eval
 #   scripts/dev.sh status             show what runs
 #   scripts/dev.sh deps               install what is missing (apt), nothing else
+#   scripts/dev.sh debezium-libs      fetch Kafka Connect + Debezium jars (integration tests)
 #   scripts/dev.sh kafka-kill         kill -9 the broker, wait until it is gone
 #   scripts/dev.sh kafka-start        start the broker, wait until it answers metadata
 #   scripts/dev.sh kafka-pause        SIGSTOP the broker: connections hang (a partition)
@@ -16,7 +17,8 @@
 #   scripts/dev.sh pg-start           start Postgres, wait until it accepts connections
 #
 # State lives in .dev/ (git-ignored); the Kafka jars are cached outside the repo in
-# ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-3.9.1/libs (and Maven's ~/.m2).
+# ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-3.9.1/libs (and Maven's ~/.m2), the
+# Kafka Connect + Debezium jars of internal/testenv/debezium in .../debezium-3.1.3/libs.
 #
 # Fault helpers (kafka-kill, kafka-start, kafka-pause, kafka-resume, pg-stop-immediate,
 # pg-start) take an exclusive flock on .dev/fault.lock so that they wait for running
@@ -38,6 +40,9 @@ KAFKA_CTRL_PORT=${RELAY_DEV_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
 KAFKA_VERSION=3.9.1
 KAFKA_LIBS=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-$KAFKA_VERSION/libs
 KAFKA_HOME=$DEV_DIR/kafka
+# internal/testenv/debezium reads the jars from here: keep the two paths in step.
+DEBEZIUM_VERSION=3.1.3
+DEBEZIUM_LIBS=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/debezium-$DEBEZIUM_VERSION/libs
 PG_DB=outbox
 PG_USER=relay
 PG_PASSWORD=relay
@@ -298,6 +303,29 @@ kafka_libs() {
 	mv "$tmp" "$KAFKA_LIBS"
 }
 
+# debezium_libs resolves Kafka Connect and the Debezium Postgres connector, which the
+# integration tests run as a real Debezium to compare its output with the relay's. As
+# kafka_libs: into a temporary directory first, so an interrupted download never
+# leaves a directory with .complete and jars missing.
+debezium_libs() {
+	if [ -f "$DEBEZIUM_LIBS/.complete" ]; then
+		return 0
+	fi
+	ensure_java_installed
+	log "resolving Kafka Connect $KAFKA_VERSION + Debezium $DEBEZIUM_VERSION jars from Maven Central into $DEBEZIUM_LIBS"
+	local tmp
+	mkdir -p "$(dirname "$DEBEZIUM_LIBS")"
+	tmp=$(mktemp -d "$(dirname "$DEBEZIUM_LIBS")/.libs.XXXXXX")
+	if ! mvn -q -B -Dstyle.color=never -f "$ROOT/scripts/debezium/pom.xml" dependency:copy-dependencies \
+		-DoutputDirectory="$tmp" -DincludeScope=runtime >&2; then
+		rm -rf "$tmp"
+		die "maven could not resolve the Kafka Connect and Debezium jars"
+	fi
+	touch "$tmp/.complete"
+	rm -rf "$DEBEZIUM_LIBS"
+	mv "$tmp" "$DEBEZIUM_LIBS"
+}
+
 kafka_java() { # main class and args
 	java -Xmx512m -Xms128m -Djava.awt.headless=true \
 		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
@@ -542,6 +570,7 @@ clean)
 env) print_env ;;
 status) cmd_status ;;
 deps) deps ;;
+debezium-libs) debezium_libs ;;
 kafka-kill) with_fault_lock kafka_stop KILL ;;
 kafka-start) with_fault_lock kafka_start ;;
 kafka-pause) with_fault_lock kafka_pause ;;
@@ -549,7 +578,7 @@ kafka-resume) with_fault_lock kafka_resume ;;
 pg-stop-immediate) with_fault_lock pg_stop immediate ;;
 pg-start) with_fault_lock pg_up ;;
 *)
-	sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac

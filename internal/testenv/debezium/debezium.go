@@ -1,0 +1,665 @@
+// Package debezium runs the real Debezium against the test servers: the Postgres
+// connector (3.1.3.Final, pgoutput) with its outbox EventRouter, in a Kafka Connect
+// 3.9.1 standalone worker, as a child JVM of the test.
+//
+// The relay claims to be a drop-in for Debezium's outbox router. Tests prove that by
+// running both on the same rows and comparing what lands in Kafka byte for byte (keys,
+// values, headers under each converter), and test migrations by handing Debezium's
+// replication slot and offset file over to the relay. Neither can be checked against
+// a description of Debezium, only against Debezium itself.
+//
+// Start launches one worker and returns once it streams; Stop and Kill end it. Each
+// worker lives in t.TempDir(): worker.properties, connector.properties, the file
+// offset store (OffsetFile) and one log file (LogFile) with everything the JVM
+// prints, whose tail is logged when the test fails.
+//
+// The jars come from `scripts/dev.sh debezium-libs` (run by `make test`), cached in
+// ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/debezium-3.1.3/libs; without them
+// Start fails the test naming that command. Under `go test -short` with no
+// RELAY_TEST_* servers it skips, as testenv does; without -short it never skips.
+//
+// Start takes about 5 s on two cores (JVM start-up, then Debezium creating its
+// publication and slot), two workers at once included: start as few as a test needs.
+// Everything here is for tests only and fails the test (t.Fatalf) on error.
+package debezium
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// Version is the Debezium release Start runs; scripts/debezium/pom.xml pins it.
+const Version = "3.1.3.Final"
+
+const (
+	// libsDir is below os.UserCacheDir(); scripts/dev.sh writes it (DEBEZIUM_LIBS).
+	libsDir     = "outbox-relay/debezium-3.1.3/libs"
+	howToFetch  = "fetch them with `scripts/dev.sh debezium-libs` (or run `make test`)"
+	mainClass   = "org.apache.kafka.connect.cli.ConnectStandalone"
+	connectorCl = "io.debezium.connector.postgresql.PostgresConnector"
+	routerCl    = "io.debezium.transforms.outbox.EventRouter"
+
+	// startTimeout is generous: two JVMs (broker and worker) share two cores, and a
+	// parallel test run adds more.
+	startTimeout = 120 * time.Second
+	// stopTimeout bounds a graceful stop; Connect's own task shutdown timeout
+	// (task.shutdown.graceful.timeout.ms, set below) is well inside it.
+	stopTimeout = 60 * time.Second
+	tailLines   = 60
+)
+
+// Options configure one worker and its connector. The zero value of each field is
+// its documented default; only DSN is required.
+type Options struct {
+	// DSN is the test's database, as testenv.Postgres(t).DSN. Its host, port, user,
+	// password and database become the connector's database.* properties; it must
+	// name a TCP host, not a Unix socket directory. Required.
+	DSN string
+	// Slot is slot.name. Default: a testenv.UniqueName.
+	Slot string
+	// Publication is publication.name, created by Debezium for Table alone
+	// (publication.autocreate.mode=filtered) unless it exists. Default: a
+	// testenv.UniqueName.
+	Publication string
+	// Table is table.include.list. Default: "public.outbox".
+	Table string
+	// TopicPrefix is topic.prefix, which Debezium requires; the router's topics
+	// (route.topic.replacement, default "outbox.event.${routedByValue}") do not use
+	// it. Default: a testenv.UniqueName.
+	TopicPrefix string
+	// Name is the connector's name. Default: "outbox".
+	Name string
+	// Converter selects key.converter and value.converter: "string"
+	// (StringConverter) or "json" (JsonConverter, schemas.enable=false). The header
+	// converter is always Connect's default (SimpleHeaderConverter). Default: "string".
+	Converter string
+	// OffsetFlushInterval is offset.flush.interval.ms: how often Connect writes the
+	// offset file and then tells Debezium, which confirms the LSN to Postgres.
+	// Default: 1s.
+	OffsetFlushInterval time.Duration
+	// Props are added to the connector's properties last, overriding Start's: set
+	// transforms.outbox.* here.
+	Props map[string]string
+	// WorkerProps are added to the worker's properties last, overriding Start's.
+	WorkerProps map[string]string
+}
+
+// Connect is a running (or ended) Kafka Connect worker with one Debezium connector.
+// Its methods are safe for concurrent use.
+type Connect struct {
+	name        string
+	slot        string
+	publication string
+	url         string // REST base, http://127.0.0.1:port
+	logFile     string
+	offsetFile  string
+
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the JVM has exited
+	waitErr error         // set before done is closed
+
+	mu         sync.Mutex
+	tailLogged bool
+}
+
+// Start launches a worker running Debezium's Postgres connector with the outbox
+// EventRouter (transforms=outbox) and returns once the connector and its task are
+// RUNNING and Debezium's replication slot is active, so rows committed after Start
+// returns are captured (snapshot.mode=no_data: rows committed before it are not).
+// It fails the test when that takes longer than two minutes, with the log's tail.
+// The worker is killed at cleanup if it still runs.
+func Start(t testing.TB, opts Options) *Connect {
+	t.Helper()
+	skipUnlessServers(t)
+	libs := requireLibs(t)
+	kafka := testenv.Kafka(t)
+	o := opts.validate(t)
+	db, err := pgx.ParseConfig(o.DSN)
+	if err != nil {
+		t.Fatalf("debezium: parse Options.DSN: %v", err)
+	}
+	if strings.HasPrefix(db.Host, "/") {
+		t.Fatalf("debezium: Options.DSN names the Unix socket directory %s: Debezium (JDBC) needs a TCP host such as 127.0.0.1", db.Host)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("debezium: find a free port for the REST listener: %v", err)
+	}
+
+	dir := t.TempDir()
+	c := &Connect{
+		name:        o.Name,
+		slot:        o.Slot,
+		publication: o.Publication,
+		url:         "http://127.0.0.1:" + strconv.Itoa(port),
+		logFile:     filepath.Join(dir, "connect.log"),
+		offsetFile:  filepath.Join(dir, "offsets.dat"),
+		done:        make(chan struct{}),
+	}
+	workerFile := filepath.Join(dir, "worker.properties")
+	connectorFile := filepath.Join(dir, "connector.properties")
+	log4jFile := filepath.Join(dir, "log4j.properties")
+	writeProps(t, workerFile, o.workerProps(kafka.Brokers, c.offsetFile, port))
+	writeProps(t, connectorFile, o.connectorProps(db))
+	writeProps(t, log4jFile, log4jProps)
+
+	logf, err := os.Create(c.logFile)
+	if err != nil {
+		t.Fatalf("debezium: create log: %v", err)
+	}
+	defer logf.Close() // the child has its own descriptor
+	c.cmd = exec.Command("java",
+		// C1 only and the serial collector: a worker lives for seconds, so start-up
+		// time matters more than peak throughput, and two cores are shared.
+		"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms64m", "-Xmx512m",
+		"-Djava.awt.headless=true",
+		"-Dlog4j.configuration=file:"+log4jFile,
+		"-cp", filepath.Join(libs, "*"),
+		mainClass, workerFile, connectorFile)
+	c.cmd.Dir = dir
+	// log4j writes to stdout, so one file holds the log and whatever the JVM prints
+	// before logging starts or when it dies.
+	c.cmd.Stdout = logf
+	c.cmd.Stderr = logf
+	// Pdeathsig: a test binary that dies (a panic, a timeout) must not leave a JVM
+	// streaming from a slot. Setpgid: a ^C to `go test` reaches the worker only
+	// through the cleanup, which kills it, not by a half-handled SIGINT.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	began := time.Now()
+	if err := c.cmd.Start(); err != nil {
+		t.Fatalf("debezium: start java (Java 17 is needed; `scripts/dev.sh deps` installs it): %v", err)
+	}
+	go func() {
+		c.waitErr = c.cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		c.kill()
+		if t.Failed() {
+			c.logTail(t)
+		}
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := c.waitStreaming(ctx, o.DSN); err != nil {
+		c.kill()
+		c.mu.Lock()
+		c.tailLogged = true
+		c.mu.Unlock()
+		t.Fatalf("debezium: connector %s not streaming %s after %s: %v\nlast lines of %s:\n%s",
+			c.name, o.Table, time.Since(began).Round(time.Millisecond), err, c.logFile, tail(c.logFile, tailLines))
+	}
+	t.Logf("debezium: connector %s streaming from slot %s after %s (REST %s, log %s)",
+		c.name, c.slot, time.Since(began).Round(time.Millisecond), c.url, c.logFile)
+	return c
+}
+
+// Stop sends SIGTERM and waits until the JVM has exited. Connect stops the task
+// first, which writes its last source offsets to OffsetFile, so after Stop the file
+// holds what Debezium last handed to Connect. A worker that ignores SIGTERM for a
+// minute is killed and the test fails. Stop after Stop or Kill does nothing.
+func (c *Connect) Stop(t testing.TB) {
+	t.Helper()
+	if c.exited() {
+		return
+	}
+	began := time.Now()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("debezium: stop worker: %v", err)
+	}
+	select {
+	case <-c.done:
+		t.Logf("debezium: worker stopped after %s (%v)", time.Since(began).Round(time.Millisecond), c.waitErr)
+	case <-time.After(stopTimeout):
+		c.kill()
+		t.Errorf("debezium: worker ignored SIGTERM for %s: killed it (log %s)", stopTimeout, c.logFile)
+	}
+}
+
+// Kill sends SIGKILL and waits until the JVM has exited: offsets written since the
+// last flush (Options.OffsetFlushInterval) are lost, as in a crash. Kill after Stop
+// or Kill does nothing.
+func (c *Connect) Kill(t testing.TB) {
+	t.Helper()
+	c.kill()
+}
+
+func (c *Connect) kill() {
+	if c.exited() {
+		return
+	}
+	// An error means the process has just exited by itself: Wait reaps it either way.
+	_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	<-c.done
+}
+
+func (c *Connect) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// OffsetFile is the worker's offset store (offset.storage.file.filename): a Java
+// serialized HashMap of Connect's key/value byte arrays, which Connect rewrites
+// whole on every flush.
+func (c *Connect) OffsetFile() string { return c.offsetFile }
+
+// LogFile is everything the JVM printed: Connect's and Debezium's log (log4j,
+// INFO) and any JVM error.
+func (c *Connect) LogFile() string { return c.logFile }
+
+// Slot is the replication slot Debezium streams from (Options.Slot or its default).
+func (c *Connect) Slot() string { return c.slot }
+
+// Publication is the publication Debezium streams (Options.Publication or its default).
+func (c *Connect) Publication() string { return c.publication }
+
+// logTail logs the end of the log once per worker.
+func (c *Connect) logTail(t testing.TB) {
+	c.mu.Lock()
+	done := c.tailLogged
+	c.tailLogged = true
+	c.mu.Unlock()
+	if !done {
+		t.Logf("debezium: last lines of %s:\n%s", c.logFile, tail(c.logFile, tailLines))
+	}
+}
+
+// waitStreaming polls the REST status and the slot until both say Debezium streams,
+// and fails early when the JVM exits or the connector or task has FAILED.
+func (c *Connect) waitStreaming(ctx context.Context, dsn string) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	last := errors.New("no answer yet")
+	for {
+		select {
+		case <-c.done:
+			return fmt.Errorf("java exited: %v", c.waitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("%w; last: %v", ctx.Err(), last)
+		case <-time.After(250 * time.Millisecond):
+		}
+		st, err := c.status(ctx, client)
+		if err != nil {
+			last = err // the REST server is not up yet
+			continue
+		}
+		if err := st.failed(); err != nil {
+			return err
+		}
+		if !st.running() {
+			last = fmt.Errorf("status: %s", st)
+			continue
+		}
+		if conn == nil {
+			if conn, err = pgx.Connect(ctx, dsn); err != nil {
+				return fmt.Errorf("connect to the test database: %w", err)
+			}
+		}
+		// The task is RUNNING once its start() returned, which is before Debezium's
+		// streaming thread issues START_REPLICATION: only an active slot shows that
+		// rows committed from now on will be read.
+		var active bool
+		err = conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots
+			WHERE slot_name = $1 AND database = current_database()`, c.slot).Scan(&active)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			last = fmt.Errorf("status: %s; slot %s not created yet", st, c.slot)
+		case err != nil:
+			return fmt.Errorf("read slot %s: %w", c.slot, err)
+		case !active:
+			last = fmt.Errorf("status: %s; slot %s not active yet", st, c.slot)
+		default:
+			return nil
+		}
+	}
+}
+
+// connectorStatus is GET /connectors/{name}/status.
+type connectorStatus struct {
+	Connector struct {
+		State string `json:"state"`
+		Trace string `json:"trace"`
+	} `json:"connector"`
+	Tasks []struct {
+		ID    int    `json:"id"`
+		State string `json:"state"`
+		Trace string `json:"trace"`
+	} `json:"tasks"`
+}
+
+func (c *Connect) status(ctx context.Context, client *http.Client) (connectorStatus, error) {
+	var st connectorStatus
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url+"/connectors/"+c.name+"/status", nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return st, fmt.Errorf("get status: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return st, fmt.Errorf("get status: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		// 404 until the standalone worker has created the connector.
+		return st, fmt.Errorf("get status: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("decode status %q: %w", body, err)
+	}
+	return st, nil
+}
+
+func (s connectorStatus) running() bool {
+	if s.Connector.State != "RUNNING" || len(s.Tasks) == 0 {
+		return false
+	}
+	for _, task := range s.Tasks {
+		if task.State != "RUNNING" {
+			return false
+		}
+	}
+	return true
+}
+
+// failed reports a FAILED connector or task with its Java stack trace: a bad
+// property or a missing privilege never recovers, so waiting longer is pointless.
+func (s connectorStatus) failed() error {
+	if s.Connector.State == "FAILED" {
+		return fmt.Errorf("connector FAILED: %s", s.Connector.Trace)
+	}
+	for _, task := range s.Tasks {
+		if task.State == "FAILED" {
+			return fmt.Errorf("task %d FAILED: %s", task.ID, task.Trace)
+		}
+	}
+	return nil
+}
+
+func (s connectorStatus) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "connector %s", orNone(s.Connector.State))
+	for _, task := range s.Tasks {
+		fmt.Fprintf(&b, ", task %d %s", task.ID, task.State)
+	}
+	if len(s.Tasks) == 0 {
+		b.WriteString(", no task yet")
+	}
+	return b.String()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+// validate fills the defaults of a copy of o and fails the test on a bad value.
+func (o Options) validate(t testing.TB) Options {
+	t.Helper()
+	if o.DSN == "" {
+		t.Fatalf("debezium: Options.DSN is empty: pass the test database, testenv.Postgres(t).DSN")
+	}
+	if o.Slot == "" {
+		o.Slot = testenv.UniqueName(t, "dbz_slot")
+	}
+	if o.Publication == "" {
+		o.Publication = testenv.UniqueName(t, "dbz_pub")
+	}
+	if o.Table == "" {
+		o.Table = "public.outbox"
+	}
+	if o.TopicPrefix == "" {
+		o.TopicPrefix = testenv.UniqueName(t, "dbz")
+	}
+	if o.Name == "" {
+		o.Name = "outbox"
+	}
+	if o.Converter == "" {
+		o.Converter = "string"
+	}
+	if o.Converter != "string" && o.Converter != "json" {
+		t.Fatalf("debezium: Options.Converter = %q: use \"string\" or \"json\"", o.Converter)
+	}
+	if o.OffsetFlushInterval == 0 {
+		o.OffsetFlushInterval = time.Second
+	}
+	if o.OffsetFlushInterval < 0 {
+		t.Fatalf("debezium: Options.OffsetFlushInterval = %s: use a positive duration or 0 for 1s", o.OffsetFlushInterval)
+	}
+	return o
+}
+
+func (o Options) workerProps(brokers []string, offsetFile string, port int) map[string]string {
+	p := map[string]string{
+		"bootstrap.servers":                 strings.Join(brokers, ","),
+		"offset.storage.file.filename":      offsetFile,
+		"offset.flush.interval.ms":          strconv.FormatInt(o.OffsetFlushInterval.Milliseconds(), 10),
+		"listeners":                         "http://127.0.0.1:" + strconv.Itoa(port),
+		"rest.advertised.host.name":         "127.0.0.1",
+		"rest.advertised.port":              strconv.Itoa(port),
+		"task.shutdown.graceful.timeout.ms": "20000",
+		// The jars carry ServiceLoader manifests: reading them is seconds faster than
+		// scanning every class on the classpath (the default, hybrid_warn).
+		"plugin.discovery": "service_load",
+		// Kafka 3.9's default, stated so a test of latency does not depend on it.
+		"producer.linger.ms": "0",
+	}
+	switch o.Converter {
+	case "string":
+		p["key.converter"] = "org.apache.kafka.connect.storage.StringConverter"
+		p["value.converter"] = "org.apache.kafka.connect.storage.StringConverter"
+	case "json":
+		p["key.converter"] = "org.apache.kafka.connect.json.JsonConverter"
+		p["value.converter"] = "org.apache.kafka.connect.json.JsonConverter"
+		p["key.converter.schemas.enable"] = "false"
+		p["value.converter.schemas.enable"] = "false"
+	}
+	maps.Copy(p, o.WorkerProps)
+	return p
+}
+
+func (o Options) connectorProps(db *pgx.ConnConfig) map[string]string {
+	sslmode := "disable"
+	if db.TLSConfig != nil {
+		sslmode = "prefer"
+	}
+	p := map[string]string{
+		"name":                        o.Name,
+		"connector.class":             connectorCl,
+		"tasks.max":                   "1",
+		"plugin.name":                 "pgoutput",
+		"database.hostname":           db.Host,
+		"database.port":               strconv.Itoa(int(db.Port)),
+		"database.user":               db.User,
+		"database.password":           db.Password,
+		"database.dbname":             db.Database,
+		"database.sslmode":            sslmode,
+		"topic.prefix":                o.TopicPrefix,
+		"slot.name":                   o.Slot,
+		"publication.name":            o.Publication,
+		"publication.autocreate.mode": "filtered",
+		"table.include.list":          o.Table,
+		"snapshot.mode":               "no_data",
+		"transforms":                  "outbox",
+		"transforms.outbox.type":      routerCl,
+		// Latency only, not bytes: hand events to Connect every 50 ms (default 500)
+		// and send the slot's flush position every second (default 10 s), so a test
+		// sees confirmed_flush_lsn move soon after an offset flush.
+		"poll.interval.ms":          "50",
+		"status.update.interval.ms": "1000",
+	}
+	maps.Copy(p, o.Props)
+	return p
+}
+
+// log4jProps keep Connect's and Debezium's INFO lines (lifecycle, offsets, LSNs) and
+// quiet the clients' and REST server's dumps of every config value.
+var log4jProps = map[string]string{
+	"log4j.rootLogger":                                   "INFO, stdout",
+	"log4j.appender.stdout":                              "org.apache.log4j.ConsoleAppender",
+	"log4j.appender.stdout.layout":                       "org.apache.log4j.PatternLayout",
+	"log4j.appender.stdout.layout.ConversionPattern":     "[%d] %p %m (%c)%n",
+	"log4j.logger.org.apache.kafka.clients":              "WARN",
+	"log4j.logger.org.apache.kafka.common.config":        "WARN",
+	"log4j.logger.org.apache.kafka.common.utils":         "WARN",
+	"log4j.logger.org.apache.kafka.connect.runtime.rest": "WARN",
+	"log4j.logger.org.eclipse.jetty":                     "WARN",
+	"log4j.logger.org.reflections":                       "ERROR",
+}
+
+// writeProps writes a Java properties file, sorted so the file reads the same on every
+// run.
+func writeProps(t testing.TB, path string, props map[string]string) {
+	t.Helper()
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(props)) {
+		b.WriteString(escapeProp(k, true))
+		b.WriteByte('=')
+		b.WriteString(escapeProp(props[k], false))
+		b.WriteByte('\n')
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatalf("debezium: write %s: %v", path, err)
+	}
+}
+
+// escapeProp escapes s for java.util.Properties.load, which reads ISO-8859-1: a
+// password or DSN part with '\', '=', ':', '#', '!', a leading space or non-ASCII text
+// must reach Java unchanged.
+func escapeProp(s string, key bool) string {
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == ' ' && (key || i == 0):
+			b.WriteString(`\ `)
+		case key && (r == '=' || r == ':' || r == '#' || r == '!'):
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case !key && i == 0 && (r == '#' || r == '!'):
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r < 0x20 || r > 0x7e:
+			for _, u := range utf16(r) {
+				fmt.Fprintf(&b, `\u%04x`, u)
+			}
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func utf16(r rune) []rune {
+	if r < 0x10000 {
+		return []rune{r}
+	}
+	r -= 0x10000
+	return []rune{0xd800 + (r>>10)&0x3ff, 0xdc00 + r&0x3ff}
+}
+
+// skipUnlessServers skips under -short when a server is not configured, as testenv
+// does, before the jar check: `make test-short` needs neither servers nor jars.
+func skipUnlessServers(t testing.TB) {
+	t.Helper()
+	if !testing.Short() {
+		return
+	}
+	for _, env := range []string{"RELAY_TEST_POSTGRES_DSN", "RELAY_TEST_KAFKA_BROKERS"} {
+		if os.Getenv(env) == "" {
+			t.Skipf("debezium: integration test skipped under -short: %s is not set; "+
+				"start the dev servers with `make dev-up` and `eval \"$(make -s dev-env)\"`, or run `make test`", env)
+		}
+	}
+}
+
+// requireLibs returns the jar directory or fails the test naming how to fill it.
+func requireLibs(t testing.TB) string {
+	t.Helper()
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatalf("debezium: no cache directory for the Kafka Connect + Debezium jars: %v", err)
+	}
+	dir := filepath.Join(cache, libsDir)
+	// scripts/dev.sh writes .complete last: without it the download was cut short.
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
+		t.Fatalf("debezium: the Kafka Connect + Debezium %s jars are missing from %s: %s", Version, dir, howToFetch)
+	}
+	return dir
+}
+
+// freePort returns a loopback port that was free a moment ago; a worker that loses
+// the race to another process fails to bind and Start reports its log.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// tail returns the last n lines of the file at path, read from its last 64 KiB.
+func tail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Sprintf("(cannot read log: %v)", err)
+	}
+	defer f.Close()
+	const max = 64 << 10
+	if fi, err := f.Stat(); err == nil && fi.Size() > max {
+		if _, err := f.Seek(-max, io.SeekEnd); err != nil {
+			return fmt.Sprintf("(cannot read log: %v)", err)
+		}
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Sprintf("(cannot read log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
