@@ -146,6 +146,7 @@ comma-separated), then flags, each overriding the one before.`,
 		newLagCmd(wrap),
 		newStatusCmd(wrap),
 		newRetriesCmd(wrap),
+		newMigrateCmd(wrap),
 	)
 	return root
 }

@@ -113,6 +113,9 @@ type Connect struct {
 	url         string // REST base, http://127.0.0.1:port
 	logFile     string
 	offsetFile  string
+	// The properties files the worker runs with: what an operator would
+	// hand to `outbox-relay migrate debezium`.
+	workerFile, connectorFile string
 
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the JVM has exited
@@ -148,16 +151,17 @@ func Start(t testing.TB, opts Options) *Connect {
 
 	dir := t.TempDir()
 	c := &Connect{
-		name:        o.Name,
-		slot:        o.Slot,
-		publication: o.Publication,
-		url:         "http://127.0.0.1:" + strconv.Itoa(port),
-		logFile:     filepath.Join(dir, "connect.log"),
-		offsetFile:  filepath.Join(dir, "offsets.dat"),
-		done:        make(chan struct{}),
+		name:          o.Name,
+		slot:          o.Slot,
+		publication:   o.Publication,
+		url:           "http://127.0.0.1:" + strconv.Itoa(port),
+		logFile:       filepath.Join(dir, "connect.log"),
+		offsetFile:    filepath.Join(dir, "offsets.dat"),
+		workerFile:    filepath.Join(dir, "worker.properties"),
+		connectorFile: filepath.Join(dir, "connector.properties"),
+		done:          make(chan struct{}),
 	}
-	workerFile := filepath.Join(dir, "worker.properties")
-	connectorFile := filepath.Join(dir, "connector.properties")
+	workerFile, connectorFile := c.workerFile, c.connectorFile
 	log4jFile := filepath.Join(dir, "log4j.properties")
 	writeProps(t, workerFile, o.workerProps(kafka.Brokers, c.offsetFile, port))
 	writeProps(t, connectorFile, o.connectorProps(db))
@@ -262,6 +266,12 @@ func (c *Connect) exited() bool {
 		return false
 	}
 }
+
+// WorkerFile is the worker's properties file.
+func (c *Connect) WorkerFile() string { return c.workerFile }
+
+// ConnectorFile is the connector's properties file.
+func (c *Connect) ConnectorFile() string { return c.connectorFile }
 
 // OffsetFile is the worker's offset store (offset.storage.file.filename): a Java
 // serialized HashMap of Connect's key/value byte arrays, which Connect rewrites

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/admin"
+	"github.com/outbox-relay/outbox-relay/internal/debezium"
+	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+func newMigrateCmd(wrap wrapFunc) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Move from another outbox relay (Debezium) to this one",
+	}
+	cmd.AddCommand(newMigrateDebeziumCmd(wrap))
+	return cmd
+}
+
+func newMigrateDebeziumCmd(wrap wrapFunc) *cobra.Command {
+	var (
+		workerFile, offsetsFile, offsetsTopic string
+		takeover                              bool
+	)
+	cmd := &cobra.Command{
+		Use:   "debezium CONNECTOR.properties [--worker WORKER.properties] [--offsets FILE | --offsets-topic TOPIC --takeover]",
+		Short: "Print the relay config equivalent to a Debezium outbox connector, and take over its slot",
+		Long: `migrate debezium reads a Debezium PostgreSQL connector's properties (with
+the Outbox Event Router as a transform) and, with --worker, the Kafka Connect
+worker's (for bootstrap.servers and the converters). It prints the equivalent
+relay config as YAML on stdout, and on stderr every Debezium setting that has no
+equivalent, with what to do about it. It exits 1 when there is such a gap: the
+relay would not write what Debezium wrote.
+
+With --takeover (Debezium stopped first) it reads Debezium's last committed
+position from its offsets: the standalone worker's offset file (--offsets, its
+offset.storage.file.filename) or a distributed cluster's offsets topic
+(--offsets-topic, its offset.storage.topic, read with kafka.* of the relay's
+config). It creates the relay's checkpoint and retry tables (as setup does) and
+sets the relay's checkpoint for Debezium's slot to that position, so that
+"outbox-relay run" with the printed config starts where Debezium stopped: no event
+lost, and only the transaction Debezium was in when it stopped is sent again.
+--takeover needs the relay's config (--config, RELAY_POSTGRES_DSN with the
+password).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if takeover != (offsetsFile != "" || offsetsTopic != "") {
+				return usageErrorf("--takeover needs the offsets (--offsets FILE or --offsets-topic TOPIC), and they are read only for --takeover")
+			}
+			if offsetsFile != "" && offsetsTopic != "" {
+				return usageErrorf("--offsets and --offsets-topic: give one")
+			}
+			connector, err := readProperties(args[0])
+			if err != nil {
+				return err
+			}
+			var worker map[string]string
+			if workerFile != "" {
+				if worker, err = readProperties(workerFile); err != nil {
+					return err
+				}
+			}
+			plan, err := debezium.Convert(connector, worker)
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if !takeover {
+				return printPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], plan)
+			}
+			return wrap(func(cmd *cobra.Command, e *env, _ []string) error {
+				return takeOver(cmd.Context(), e, cmd.ErrOrStderr(), connector, offsetsFile, offsetsTopic)
+			})(cmd, args)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&workerFile, "worker", "", "the Kafka Connect worker's properties (bootstrap.servers, converters)")
+	f.StringVar(&offsetsFile, "offsets", "", "with --takeover: the standalone worker's offset file (offset.storage.file.filename)")
+	f.StringVar(&offsetsTopic, "offsets-topic", "", "with --takeover: a distributed cluster's offsets topic (offset.storage.topic)")
+	f.BoolVar(&takeover, "takeover", false, "set the relay's checkpoint of Debezium's slot to Debezium's last committed position (stop Debezium first)")
+	return cmd
+}
+
+func readProperties(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	props, err := debezium.ParseProperties(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return props, nil
+}
+
+// printPlan writes the plan's settings as a relay config file, commented
+// with the Debezium keys they come from, and its gaps on stderr.
+func printPlan(stdout, stderr io.Writer, source string, plan *debezium.Plan) error {
+	root := &yaml.Node{Kind: yaml.MappingNode}
+	doc := &yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{root},
+		HeadComment: "outbox-relay config from the Debezium connector " + source + "\n(outbox-relay migrate debezium). The password is not copied: set\nRELAY_POSTGRES_DSN with it, or add it here."}
+	for _, s := range plan.Settings {
+		parent := root
+		parts := strings.Split(s.Key, ".")
+		for _, p := range parts[:len(parts)-1] {
+			parent = child(parent, p)
+		}
+		k := &yaml.Node{Kind: yaml.ScalarNode, Value: parts[len(parts)-1]}
+		v := &yaml.Node{Kind: yaml.ScalarNode, Value: s.Value, Style: yaml.DoubleQuotedStyle}
+		if s.FromDebeziumKey != "" {
+			v.LineComment = "from " + s.FromDebeziumKey
+		}
+		parent.Content = append(parent.Content, k, v)
+	}
+	enc := yaml.NewEncoder(stdout)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return err
+	}
+	if err := enc.Close(); err != nil {
+		return err
+	}
+	for _, n := range plan.Notes {
+		fmt.Fprintf(stderr, "note: %s=%s: %s\n", ops.Printable(n.DebeziumKey), ops.Printable(n.Value), ops.Printable(n.Why))
+	}
+	if len(plan.Gaps) == 0 {
+		return nil
+	}
+	fmt.Fprintf(stderr, "%d Debezium setting(s) with no relay equivalent:\n", len(plan.Gaps))
+	for _, g := range plan.Gaps {
+		fmt.Fprintf(stderr, "  %s=%s: %s\n", ops.Printable(g.DebeziumKey), ops.Printable(g.Value), ops.Printable(g.Why))
+	}
+	return errReported
+}
+
+// child returns the mapping under key in parent, adding it when missing.
+func child(parent *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(parent.Content); i += 2 {
+		if parent.Content[i].Value == key {
+			return parent.Content[i+1]
+		}
+	}
+	m := &yaml.Node{Kind: yaml.MappingNode}
+	parent.Content = append(parent.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: key}, m)
+	return m
+}
+
+// takeOver finds Debezium's last committed position in its offsets, checks
+// the slot is Debezium's and idle, creates the relay's tables and sets the
+// relay's checkpoint there.
+func takeOver(ctx context.Context, e *env, w io.Writer, connector map[string]string, offsetsFile, offsetsTopic string) error {
+	name, server := connector["name"], connector["topic.prefix"]
+	var offsets []debezium.Offset
+	var err error
+	from := offsetsFile
+	if offsetsFile != "" {
+		offsets, err = debezium.ReadOffsetFile(offsetsFile)
+	} else {
+		from = "topic " + offsetsTopic
+		offsets, err = readOffsetsTopic(ctx, e, offsetsTopic)
+	}
+	if err != nil {
+		return err
+	}
+	var off *debezium.Offset
+	for i := range offsets {
+		o := &offsets[i]
+		if (name == "" || o.Connector == name) && (server == "" || o.Server == server) {
+			if off != nil {
+				return fmt.Errorf("%s holds several offsets for connector %q (server %q): pass the connector's own properties file", from, name, server)
+			}
+			off = o
+		}
+	}
+	if off == nil {
+		var have []string
+		for _, o := range offsets {
+			have = append(have, fmt.Sprintf("%q (server %q)", o.Connector, o.Server))
+		}
+		return fmt.Errorf("%s holds no offset of connector %q (topic.prefix %q); it has %s: pass that connector's properties, or check the worker's offset.storage setting",
+			from, name, server, orNoneText(strings.Join(have, ", ")))
+	}
+	lsn, why, err := off.ResumeLSN()
+	if err != nil {
+		return err
+	}
+
+	cfg := e.cfg
+	pool, err := pgxpool.New(ctx, cfg.Postgres.DSN)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	sl, err := pgslot.Read(ctx, pool, cfg.Postgres.Slot)
+	if err != nil {
+		return err
+	}
+	if sl.Plugin != "pgoutput" {
+		return fmt.Errorf("slot %q uses plugin %q: the relay reads pgoutput only; create a new slot (outbox-relay setup) and deliver what Debezium had not sent another way, or switch Debezium to plugin.name=pgoutput first", cfg.Postgres.Slot, sl.Plugin)
+	}
+	if sl.Active {
+		pid := "?"
+		if sl.ActivePID != nil {
+			pid = fmt.Sprint(*sl.ActivePID)
+		}
+		return fmt.Errorf("slot %q is in use (pid %s): stop Debezium's connector first, then run this again", cfg.Postgres.Slot, pid)
+	}
+	confirmed, err := sl.Confirmed()
+	if err != nil {
+		return err
+	}
+	start := pglogrepl.LSN(lsn)
+	fmt.Fprintf(w, "Debezium's offset (connector %q, %s): %s\n", off.Connector, from, ops.Printable(why))
+	if start < confirmed {
+		// Debezium confirms the slot only after Connect stored the offset:
+		// a slot ahead means these offsets are older than its last ones,
+		// and the slot's position is the later, still safe, point.
+		fmt.Fprintf(w, "the slot has confirmed up to %s, past the offset's %s (the offsets read are older than Debezium's last): starting at the slot's position\n", confirmed, start)
+		start = confirmed
+	}
+
+	if err := admin.Setup(ctx, e.adminConfig(), false, w); err != nil {
+		return err
+	}
+	store := checkpoint.New(pool, cfg.Checkpoint.Table)
+	cp, err := store.Load(ctx, cfg.Postgres.Slot)
+	switch {
+	case errors.Is(err, checkpoint.ErrNoCheckpoint):
+	case err != nil:
+		return err
+	case cp.LSN > start:
+		return fmt.Errorf("the relay's checkpoint of slot %q is already at %s, past Debezium's %s: a relay has run on this slot since; start it as it is (outbox-relay run)", cfg.Postgres.Slot, cp.LSN, start)
+	}
+	if err := store.Save(ctx, cfg.Postgres.Slot, start, time.Time{}); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "checkpoint of slot %s set to %s: start the relay with this config (outbox-relay run); it sends every transaction committed after Debezium's last\n", cfg.Postgres.Slot, start)
+	return nil
+}
+
+func orNoneText(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// readOffsetsTopic reads a Connect offsets topic with the relay's Kafka
+// settings; the latest record of each connector wins.
+func readOffsetsTopic(ctx context.Context, e *env, topic string) ([]debezium.Offset, error) {
+	var records []debezium.Record
+	err := sink.ReadTopic(ctx, e.cfg.sinkConfig(e.log), topic, func(key, value []byte) error {
+		records = append(records, debezium.Record{Key: key, Value: value})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read offsets topic %q: %w", topic, err)
+	}
+	return debezium.LatestOffsets(records)
+}
