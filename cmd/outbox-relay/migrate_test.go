@@ -1,0 +1,114 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// A Debezium outbox connector as its documentation shows one, with the
+// options users set.
+const dbzConnector = `name=outbox-connector
+connector.class=io.debezium.connector.postgresql.PostgresConnector
+plugin.name=pgoutput
+database.hostname=db.internal
+database.port=5432
+database.user=debezium
+database.password=s3cr3t-pw
+database.dbname=shop
+topic.prefix=shop
+slot.name=outbox_slot
+publication.name=outbox_pub
+table.include.list=public.outbox
+transforms=outbox
+transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+transforms.outbox.table.field.event.key=aggregate_id
+transforms.outbox.table.fields.additional.placement=type:header:eventType,tenant:envelope
+transforms.outbox.table.field.event.timestamp=occurred_at
+transforms.outbox.route.topic.replacement=events.${routedByValue}
+transforms.outbox.route.tombstone.on.empty.payload=true
+key.converter=org.apache.kafka.connect.json.JsonConverter
+key.converter.schemas.enable=false
+value.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter.schemas.enable=false
+`
+
+const dbzWorker = `bootstrap.servers=kafka-1:9092,kafka-2:9092
+key.converter=org.apache.kafka.connect.storage.StringConverter
+value.converter=org.apache.kafka.connect.storage.StringConverter
+offset.storage.file.filename=/var/lib/connect/offsets.dat
+`
+
+// The printed config is a relay config that loads, means what the Debezium
+// config meant, and holds no password.
+func TestMigrateDebeziumConfig(t *testing.T) {
+	cleanEnv(t)
+	conn, worker := writeFile(t, "c.properties", dbzConnector), writeFile(t, "w.properties", dbzWorker)
+	code, out, errOut := run(t, "migrate", "debezium", conn, "--worker", worker)
+	if code != exitcode.OK {
+		t.Fatalf("migrate debezium: exit %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if strings.Contains(out+errOut, "s3cr3t-pw") {
+		t.Errorf("the password is in migrate's output:\n%s%s", out, errOut)
+	}
+	if !strings.Contains(errOut, "database.password") || !strings.Contains(errOut, "RELAY_POSTGRES_DSN") {
+		t.Errorf("stderr does not say where the password goes:\n%s", errOut)
+	}
+	c, err := load(t, writeFile(t, "relay.yaml", out))
+	if err != nil {
+		t.Fatalf("the printed config does not load: %v\n%s", err, out)
+	}
+	if c.Outbox.Layout != sql.LayoutDebezium || c.Outbox.Columns.AggregateID != "aggregate_id" || c.Outbox.Columns.AggregateType != "aggregatetype" ||
+		c.Outbox.Columns.Timestamp != "occurred_at" {
+		t.Errorf("outbox = %+v; want the Debezium layout with aggregate_id and occurred_at", c.Outbox)
+	}
+	if got := router.FieldsString(c.Message.Fields); got != "type:header:eventType,tenant:envelope" {
+		t.Errorf("message.fields = %q", got)
+	}
+	if c.Message.Converter != router.ConverterJSON || !c.Message.Tombstone || strings.Join(c.Message.Headers, ",") != "id" {
+		t.Errorf("message = %+v; want json (the connector's override), tombstones, id only", c.Message)
+	}
+	if c.Topics.Replacement != "events.${routedByValue}" || c.Topics.Regex != "(?<routedByValue>.*)" {
+		t.Errorf("topics = %+v", c.Topics)
+	}
+	if c.Postgres.Slot != "outbox_slot" || c.Postgres.Publication != "outbox_pub" || !strings.HasPrefix(c.Postgres.DSN, "postgres://debezium@db.internal:5432/shop") {
+		t.Errorf("postgres = %+v", c.Postgres)
+	}
+	if strings.Join(c.Kafka.Brokers, ",") != "kafka-1:9092,kafka-2:9092" {
+		t.Errorf("kafka.brokers = %v", c.Kafka.Brokers)
+	}
+}
+
+func TestMigrateDebeziumRefuses(t *testing.T) {
+	cleanEnv(t)
+	worker := writeFile(t, "w.properties", dbzWorker)
+	tests := []struct {
+		name      string
+		connector string
+		args      []string
+		code      int
+		wantInErr string
+	}{
+		{"schema envelopes", strings.ReplaceAll(dbzConnector, "schemas.enable=false", "schemas.enable=true"), nil,
+			exitcode.Failure, "value.converter.schemas.enable"},
+		{"not an outbox connector", strings.ReplaceAll(dbzConnector, "transforms=outbox", "transforms="), nil,
+			exitcode.Failure, "not an outbox connector"},
+		{"takeover without offsets", dbzConnector, []string{"--takeover"}, exitcode.Usage, "--takeover needs the offsets"},
+		{"offsets without takeover", dbzConnector, []string{"--offsets", "x.dat"}, exitcode.Usage, "--takeover needs the offsets"},
+		{"missing file", "", nil, exitcode.Failure, "no such file"},
+	}
+	for _, tt := range tests {
+		conn := filepath.Join(t.TempDir(), "missing.properties")
+		if tt.connector != "" {
+			conn = writeFile(t, "c.properties", tt.connector)
+		}
+		code, _, errOut := run(t, append([]string{"migrate", "debezium", conn, "--worker", worker}, tt.args...)...)
+		if code != tt.code || !strings.Contains(errOut, tt.wantInErr) {
+			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit %d and %q", tt.name, code, errOut, tt.code, tt.wantInErr)
+		}
+	}
+}
