@@ -122,6 +122,7 @@ type Router struct {
 	tmpl      template
 	rt        routing
 	fields    []Field
+	envelope  bool // a field is placed in the envelope
 	converter Converter
 	tombstone bool
 	overrides map[string]string
@@ -164,6 +165,9 @@ func New(cfg Config) (*Router, error) {
 	}
 	r := &Router{cols: cfg.Columns, tmpl: tmpl, rt: rt, overrides: overrides,
 		fields: slices.Clone(cfg.Fields), converter: cfg.Converter, tombstone: cfg.TombstoneOnEmptyPayload}
+	for _, f := range r.fields {
+		r.envelope = r.envelope || f.Placement == PlaceEnvelope
+	}
 	if !tmpl.useEventType || rt.regex != nil {
 		r.topics = make(map[string]string)
 	}
@@ -357,9 +361,9 @@ func (r *Router) value(pos *positions, payload []byte, row [][]byte) []byte {
 	if r.tombstone && (payload == nil || len(bytes.TrimSpace(payload)) == 0) {
 		return nil
 	}
-	envelope := false
-	for _, f := range r.fields {
-		envelope = envelope || f.Placement == PlaceEnvelope
+	envelope := r.envelope
+	if r.converter == ConverterString && !envelope {
+		return payload // the common case: the payload's bytes as stored
 	}
 	raw := row[pos.payload] // the text form, as Debezium has it
 	switch {
