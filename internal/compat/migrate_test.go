@@ -100,13 +100,27 @@ func (p *producer) end() {
 	<-p.done
 }
 
-// TestMigrateFromDebezium: Debezium delivers part of a stream and is
-// stopped; `outbox-relay migrate debezium` turns its config into the relay's
-// and takes over its slot from its offsets; the relay delivers the rest, to
-// the same topics, while the application keeps writing. Nothing is lost,
-// per-aggregate order holds, and the only duplicates are of the one
-// transaction Debezium was in when it stopped.
+// TestMigrateFromDebezium: Debezium, in a standalone Kafka Connect worker,
+// delivers part of a stream and is stopped; `outbox-relay migrate debezium`
+// turns its config into the relay's and takes over its slot from its offset
+// file; the relay delivers the rest, to the same topics, while the
+// application keeps writing. Nothing is lost, per-aggregate order holds, and
+// the only duplicates are of the one transaction Debezium was in when it
+// stopped.
 func TestMigrateFromDebezium(t *testing.T) {
+	testMigrateFromDebezium(t, false)
+}
+
+// TestMigrateFromDebeziumDistributed is TestMigrateFromDebezium with Debezium
+// in a distributed Kafka Connect worker: the takeover reads its offsets topic
+// (--offsets-topic) with the brokers migrate took from the worker's
+// bootstrap.servers.
+func TestMigrateFromDebeziumDistributed(t *testing.T) {
+	testMigrateFromDebezium(t, true)
+}
+
+func testMigrateFromDebezium(t *testing.T, distributed bool) {
+	began := time.Now()
 	pg := testenv.Postgres(t)
 	k := testenv.Kafka(t)
 	pg.Exec(t, outboxDDL)
@@ -118,7 +132,7 @@ func TestMigrateFromDebezium(t *testing.T) {
 		topics = append(topics, prefix+a)
 		k.CreateTopic(t, prefix+a, partitions)
 	}
-	conn := debezium.Start(t, debezium.Options{DSN: pg.DSN, Props: map[string]string{
+	conn := debezium.Start(t, debezium.Options{DSN: pg.DSN, Distributed: distributed, Props: map[string]string{
 		"transforms.outbox.route.topic.replacement": prefix + "${routedByValue}",
 	}})
 
@@ -138,7 +152,7 @@ func TestMigrateFromDebezium(t *testing.T) {
 	cfg, notes := migrateConfig(t, env, conn.ConnectorFile(), conn.WorkerFile())
 	t.Logf("migrate debezium: stderr:\n%s", notes)
 	for _, want := range []string{`layout: "debezium"`, `slot: "` + conn.Slot() + `"`, `publication: "` + conn.Publication() + `"`,
-		`replacement: "` + prefix + `${routedByValue}"`} {
+		`replacement: "` + prefix + `${routedByValue}"`, `brokers: "` + strings.Join(k.Brokers, ",") + `"`} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("migrate's config lacks %q:\n%s", want, cfg)
 		}
@@ -147,9 +161,16 @@ func TestMigrateFromDebezium(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out := runRelay(t, env, "migrate", "debezium", conn.ConnectorFile(), "--worker", conn.WorkerFile(),
-		"--offsets", conn.OffsetFile(), "--takeover", "--config", cfgFile)
+	offsets, from := []string{"--offsets", conn.OffsetFile()}, conn.OffsetFile()
+	if distributed {
+		offsets, from = []string{"--offsets-topic", conn.OffsetsTopic()}, "topic "+conn.OffsetsTopic()
+	}
+	out := runRelay(t, env, append([]string{"migrate", "debezium", conn.ConnectorFile(), "--worker", conn.WorkerFile(),
+		"--takeover", "--config", cfgFile}, offsets...)...)
 	t.Logf("takeover:\n%s", out)
+	if !strings.Contains(out, "Debezium's offset (connector \"outbox\", "+from+"): ") {
+		t.Errorf("takeover output does not name the offsets it read (%s):\n%s", from, out)
+	}
 	if !strings.Contains(out, "checkpoint of slot "+conn.Slot()+" set to ") {
 		t.Errorf("takeover output does not say it set the checkpoint:\n%s", out)
 	}
@@ -165,8 +186,8 @@ func TestMigrateFromDebezium(t *testing.T) {
 	relay.stop(t)
 
 	lost, dups, disorder := check(t, k, topics, p.committed)
-	t.Logf("events committed %d; delivered by Debezium before the stop %d; lost %d; duplicates %d; order violations %d",
-		want, byDebezium, lost, dups, disorder)
+	t.Logf("events committed %d; delivered by Debezium before the stop %d; lost %d; duplicates %d; order violations %d (%s)",
+		want, byDebezium, lost, dups, disorder, time.Since(began).Round(time.Millisecond))
 	if lost != 0 || disorder != 0 {
 		t.Errorf("lost %d, order violations %d; want 0 and 0", lost, disorder)
 	}

@@ -1,17 +1,22 @@
 // Package debezium runs the real Debezium against the test servers: the Postgres
 // connector (3.1.3.Final, pgoutput) with its outbox EventRouter, in a Kafka Connect
-// 3.9.1 standalone worker, as a child JVM of the test.
+// 3.9.1 worker, standalone or distributed (Options.Distributed), as a child JVM of
+// the test.
 //
 // The relay claims to be a drop-in for Debezium's outbox router. Tests prove that by
 // running both on the same rows and comparing what lands in Kafka byte for byte (keys,
 // values, headers under each converter), and test migrations by handing Debezium's
-// replication slot and offset file over to the relay. Neither can be checked against
-// a description of Debezium, only against Debezium itself.
+// replication slot and offsets (a standalone worker's offset file or a distributed
+// cluster's offsets topic) over to the relay. Neither can be checked against a
+// description of Debezium, only against Debezium itself.
 //
 // Start launches one worker and returns once it streams; Stop and Kill end it. Each
 // worker lives in t.TempDir(): worker.properties, connector.properties, the file
-// offset store (OffsetFile) and one log file (LogFile) with everything the JVM
-// prints, whose tail is logged when the test fails.
+// offset store of a standalone worker (OffsetFile) and one log file (LogFile) with
+// everything the JVM prints, whose tail is logged when the test fails. A distributed
+// worker is a cluster of its own: its group and its config, offsets (OffsetsTopic)
+// and status topics are unique to the test, and it gets the connector through its
+// REST API.
 //
 // The jars come from `scripts/dev.sh debezium-libs` (run by `make test`), cached in
 // ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/debezium-3.1.3/libs; without them
@@ -19,11 +24,14 @@
 // RELAY_TEST_* servers it skips, as testenv does; without -short it never skips.
 //
 // Start takes about 5 s on two cores (JVM start-up, then Debezium creating its
-// publication and slot), two workers at once included: start as few as a test needs.
+// publication and slot), two workers at once included, and a distributed worker a
+// few seconds more (creating its topics, joining its group): start as few as a test
+// needs.
 // Everything here is for tests only and fails the test (t.Fatalf) on error.
 package debezium
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -53,11 +61,17 @@ const Version = "3.1.3.Final"
 
 const (
 	// libsDir is below os.UserCacheDir(); scripts/dev.sh writes it (DEBEZIUM_LIBS).
-	libsDir     = "outbox-relay/debezium-3.1.3/libs"
-	howToFetch  = "fetch them with `scripts/dev.sh debezium-libs` (or run `make test`)"
-	mainClass   = "org.apache.kafka.connect.cli.ConnectStandalone"
-	connectorCl = "io.debezium.connector.postgresql.PostgresConnector"
-	routerCl    = "io.debezium.transforms.outbox.EventRouter"
+	libsDir          = "outbox-relay/debezium-3.1.3/libs"
+	howToFetch       = "fetch them with `scripts/dev.sh debezium-libs` (or run `make test`)"
+	standaloneClass  = "org.apache.kafka.connect.cli.ConnectStandalone"
+	distributedClass = "org.apache.kafka.connect.cli.ConnectDistributed"
+	connectorCl      = "io.debezium.connector.postgresql.PostgresConnector"
+	routerCl         = "io.debezium.transforms.outbox.EventRouter"
+
+	// offsetsPartitions is a distributed worker's offset.storage.partitions (Kafka
+	// Connect's default is 25): more than one, so that a reader of the offsets topic
+	// must look in every partition for the connector's key.
+	offsetsPartitions = 3
 
 	// startTimeout is generous: two JVMs (broker and worker) share two cores, and a
 	// parallel test run adds more.
@@ -94,9 +108,16 @@ type Options struct {
 	// converter is always Connect's default (SimpleHeaderConverter). Default: "string".
 	Converter string
 	// OffsetFlushInterval is offset.flush.interval.ms: how often Connect writes the
-	// offset file and then tells Debezium, which confirms the LSN to Postgres.
-	// Default: 1s.
+	// offsets (to the file or topic) and then tells Debezium, which confirms the LSN
+	// to Postgres. Default: 1s.
 	OffsetFlushInterval time.Duration
+	// Distributed runs ConnectDistributed instead of ConnectStandalone: a
+	// one-worker cluster whose group.id and config, offsets and status topics are
+	// testenv.UniqueNames (replication factor 1, offset.storage.partitions 3), its
+	// offsets in OffsetsTopic instead of OffsetFile. Start creates the connector
+	// with POST /connectors, with the properties it writes to ConnectorFile.
+	// Default: false (standalone).
+	Distributed bool
 	// Props are added to the connector's properties last, overriding Start's: set
 	// transforms.outbox.* here.
 	Props map[string]string
@@ -112,7 +133,9 @@ type Connect struct {
 	publication string
 	url         string // REST base, http://127.0.0.1:port
 	logFile     string
-	offsetFile  string
+	offsetFile  string // standalone only
+	// offsetsTopic is a distributed worker's offset.storage.topic.
+	offsetsTopic string
 	// The properties files the worker runs with: what an operator would
 	// hand to `outbox-relay migrate debezium`.
 	workerFile, connectorFile string
@@ -126,7 +149,8 @@ type Connect struct {
 }
 
 // Start launches a worker running Debezium's Postgres connector with the outbox
-// EventRouter (transforms=outbox) and returns once the connector and its task are
+// EventRouter (transforms=outbox), creating the connector through the REST API when
+// Options.Distributed, and returns once the connector and its task are
 // RUNNING and Debezium's replication slot is active, so rows committed after Start
 // returns are captured (snapshot.mode=no_data: rows committed before it are not).
 // It fails the test when that takes longer than two minutes, with the log's tail.
@@ -156,15 +180,25 @@ func Start(t testing.TB, opts Options) *Connect {
 		publication:   o.Publication,
 		url:           "http://127.0.0.1:" + strconv.Itoa(port),
 		logFile:       filepath.Join(dir, "connect.log"),
-		offsetFile:    filepath.Join(dir, "offsets.dat"),
 		workerFile:    filepath.Join(dir, "worker.properties"),
 		connectorFile: filepath.Join(dir, "connector.properties"),
 		done:          make(chan struct{}),
 	}
 	workerFile, connectorFile := c.workerFile, c.connectorFile
 	log4jFile := filepath.Join(dir, "log4j.properties")
-	writeProps(t, workerFile, o.workerProps(kafka.Brokers, c.offsetFile, port))
-	writeProps(t, connectorFile, o.connectorProps(db))
+	var worker map[string]string
+	mainClass, args := standaloneClass, []string{workerFile, connectorFile}
+	if o.Distributed {
+		worker = o.distributedProps(kafka.Brokers, testenv.UniqueName(t, "dbz_connect"), port)
+		c.offsetsTopic = worker["offset.storage.topic"]
+		mainClass, args = distributedClass, []string{workerFile}
+	} else {
+		c.offsetFile = filepath.Join(dir, "offsets.dat")
+		worker = o.standaloneProps(kafka.Brokers, c.offsetFile, port)
+	}
+	connector := o.connectorProps(db)
+	writeProps(t, workerFile, worker)
+	writeProps(t, connectorFile, connector)
 	writeProps(t, log4jFile, log4jProps)
 
 	logf, err := os.Create(c.logFile)
@@ -172,14 +206,14 @@ func Start(t testing.TB, opts Options) *Connect {
 		t.Fatalf("debezium: create log: %v", err)
 	}
 	defer logf.Close() // the child has its own descriptor
-	c.cmd = exec.Command("java",
+	c.cmd = exec.Command("java", append([]string{
 		// C1 only and the serial collector: a worker lives for seconds, so start-up
 		// time matters more than peak throughput, and two cores are shared.
 		"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms64m", "-Xmx512m",
 		"-Djava.awt.headless=true",
-		"-Dlog4j.configuration=file:"+log4jFile,
+		"-Dlog4j.configuration=file:" + log4jFile,
 		"-cp", filepath.Join(libs, "*"),
-		mainClass, workerFile, connectorFile)
+		mainClass}, args...)...)
 	c.cmd.Dir = dir
 	// log4j writes to stdout, so one file holds the log and whatever the JVM prints
 	// before logging starts or when it dies.
@@ -206,7 +240,7 @@ func Start(t testing.TB, opts Options) *Connect {
 
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	if err := c.waitStreaming(ctx, o.DSN); err != nil {
+	if err := c.start(ctx, o, connector); err != nil {
 		c.kill()
 		c.mu.Lock()
 		c.tailLogged = true
@@ -219,9 +253,20 @@ func Start(t testing.TB, opts Options) *Connect {
 	return c
 }
 
+// start creates the connector of a distributed worker and waits until it streams.
+func (c *Connect) start(ctx context.Context, o Options, connector map[string]string) error {
+	if o.Distributed {
+		if err := c.createConnector(ctx, connector); err != nil {
+			return err
+		}
+	}
+	return c.waitStreaming(ctx, o.DSN)
+}
+
 // Stop sends SIGTERM and waits until the JVM has exited. Connect stops the task
-// first, which writes its last source offsets to OffsetFile, so after Stop the file
-// holds what Debezium last handed to Connect. A worker that ignores SIGTERM for a
+// first, which writes its last source offsets to OffsetFile (to OffsetsTopic,
+// waiting for the broker's acknowledgement, when distributed), so after Stop they
+// hold what Debezium last handed to Connect. A worker that ignores SIGTERM for a
 // minute is killed and the test fails. Stop after Stop or Kill does nothing.
 func (c *Connect) Stop(t testing.TB) {
 	t.Helper()
@@ -273,10 +318,15 @@ func (c *Connect) WorkerFile() string { return c.workerFile }
 // ConnectorFile is the connector's properties file.
 func (c *Connect) ConnectorFile() string { return c.connectorFile }
 
-// OffsetFile is the worker's offset store (offset.storage.file.filename): a Java
-// serialized HashMap of Connect's key/value byte arrays, which Connect rewrites
-// whole on every flush.
+// OffsetFile is a standalone worker's offset store (offset.storage.file.filename):
+// a Java serialized HashMap of Connect's key/value byte arrays, which Connect
+// rewrites whole on every flush. It is "" for a distributed worker.
 func (c *Connect) OffsetFile() string { return c.offsetFile }
+
+// OffsetsTopic is a distributed worker's offsets topic (offset.storage.topic): a
+// compacted topic of Connect's JSON keys and values, to which Connect appends on
+// every flush. It is "" for a standalone worker.
+func (c *Connect) OffsetsTopic() string { return c.offsetsTopic }
 
 // LogFile is everything the JVM printed: Connect's and Debezium's log (log4j,
 // INFO) and any JVM error.
@@ -296,6 +346,61 @@ func (c *Connect) logTail(t testing.TB) {
 	c.mu.Unlock()
 	if !done {
 		t.Logf("debezium: last lines of %s:\n%s", c.logFile, tail(c.logFile, tailLines))
+	}
+}
+
+// createConnector hands the connector's properties to a distributed worker (POST
+// /connectors). It retries while the REST server is not up or the worker has not
+// yet joined its group and read its config topic (409, 5xx), and fails at once on a
+// 400: Connect rejected the config, which no retry mends.
+func (c *Connect) createConnector(ctx context.Context, config map[string]string) error {
+	body, err := json.Marshal(struct {
+		Name   string            `json:"name"`
+		Config map[string]string `json:"config"`
+	}{c.name, config})
+	if err != nil {
+		return err
+	}
+	// The request validates the config, and Debezium's validation connects to
+	// Postgres: allow it more than a status poll.
+	client := &http.Client{Timeout: 30 * time.Second}
+	last := errors.New("no answer yet")
+	for {
+		select {
+		case <-c.done:
+			return fmt.Errorf("java exited: %v", c.waitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("create connector: %w; last: %v", ctx.Err(), last)
+		case <-time.After(250 * time.Millisecond):
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url+"/connectors", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			last = fmt.Errorf("post connector: %w", err)
+			continue
+		}
+		msg, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			last = fmt.Errorf("post connector: %w", err)
+			continue
+		}
+		switch {
+		case resp.StatusCode == http.StatusCreated:
+			return nil
+		case resp.StatusCode == http.StatusConflict && strings.Contains(string(msg), "already exists"):
+			// An earlier attempt created it but its answer was lost (the
+			// client's timeout).
+			return nil
+		case resp.StatusCode == http.StatusBadRequest:
+			return fmt.Errorf("post connector: %s: %s", resp.Status, strings.TrimSpace(string(msg)))
+		default:
+			last = fmt.Errorf("post connector: %s: %s", resp.Status, strings.TrimSpace(string(msg)))
+		}
 	}
 }
 
@@ -383,7 +488,7 @@ func (c *Connect) status(ctx context.Context, client *http.Client) (connectorSta
 		return st, fmt.Errorf("get status: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		// 404 until the standalone worker has created the connector.
+		// 404 until the worker has created the connector.
 		return st, fmt.Errorf("get status: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	if err := json.Unmarshal(body, &st); err != nil {
@@ -473,10 +578,35 @@ func (o Options) validate(t testing.TB) Options {
 	return o
 }
 
-func (o Options) workerProps(brokers []string, offsetFile string, port int) map[string]string {
+// standaloneProps are a standalone worker's properties, its offsets in offsetFile.
+func (o Options) standaloneProps(brokers []string, offsetFile string, port int) map[string]string {
+	return o.workerProps(brokers, port, map[string]string{
+		"offset.storage.file.filename": offsetFile,
+	})
+}
+
+// distributedProps are the properties of a distributed worker alone in group,
+// whose config, offsets and status topics are named after group. Connect creates
+// the topics (compacted) when it starts.
+func (o Options) distributedProps(brokers []string, group string, port int) map[string]string {
+	return o.workerProps(brokers, port, map[string]string{
+		"group.id":                          group,
+		"config.storage.topic":              group + ".config",
+		"offset.storage.topic":              group + ".offsets",
+		"status.storage.topic":              group + ".status",
+		"config.storage.replication.factor": "1",
+		"offset.storage.replication.factor": "1",
+		"status.storage.replication.factor": "1",
+		"offset.storage.partitions":         strconv.Itoa(offsetsPartitions),
+		"status.storage.partitions":         "1",
+	})
+}
+
+// workerProps are the properties both kinds of worker share, then mode's, then
+// Options.WorkerProps.
+func (o Options) workerProps(brokers []string, port int, mode map[string]string) map[string]string {
 	p := map[string]string{
 		"bootstrap.servers":                 strings.Join(brokers, ","),
-		"offset.storage.file.filename":      offsetFile,
 		"offset.flush.interval.ms":          strconv.FormatInt(o.OffsetFlushInterval.Milliseconds(), 10),
 		"listeners":                         "http://127.0.0.1:" + strconv.Itoa(port),
 		"rest.advertised.host.name":         "127.0.0.1",
@@ -498,6 +628,7 @@ func (o Options) workerProps(brokers []string, offsetFile string, port int) map[
 		p["key.converter.schemas.enable"] = "false"
 		p["value.converter.schemas.enable"] = "false"
 	}
+	maps.Copy(p, mode)
 	maps.Copy(p, o.WorkerProps)
 	return p
 }

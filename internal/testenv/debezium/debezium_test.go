@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
 
+	dbzoffset "github.com/outbox-relay/outbox-relay/internal/debezium"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv/debezium"
 )
@@ -194,6 +196,67 @@ func TestJSONConverter(t *testing.T) {
 		}
 	}
 	c.Stop(t)
+}
+
+// TestDistributed runs Debezium in a distributed worker created through the REST API
+// and checks that a graceful Stop stores its last position in the offsets topic:
+// with a flush interval longer than the test, only the commit on stop can write it.
+func TestDistributed(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	k := testenv.Kafka(t)
+	pg.Exec(t, outboxDDL)
+	orders := testenv.UniqueName(t, "order")
+	topic := "outbox.event." + orders
+	k.CreateTopic(t, topic, 1)
+	prefix := testenv.UniqueName(t, "dbz")
+
+	c := debezium.Start(t, debezium.Options{DSN: pg.DSN, Distributed: true, TopicPrefix: prefix,
+		OffsetFlushInterval: 10 * time.Minute})
+	if c.OffsetsTopic() == "" || c.OffsetFile() != "" {
+		t.Fatalf("OffsetsTopic() = %q, OffsetFile() = %q; want a topic and \"\"", c.OffsetsTopic(), c.OffsetFile())
+	}
+	if _, err := os.Stat(c.ConnectorFile()); err != nil {
+		t.Fatalf("connector file: %v", err)
+	}
+	evs := []*event{
+		{aggType: orders, aggID: "order-1", payloadIn: ptr(`{"n":1}`)},
+		{aggType: orders, aggID: "order-2", payloadIn: ptr(`{"n":2}`)},
+		{aggType: orders, aggID: "order-3", payloadIn: ptr(`{"n":3}`)},
+	}
+	insert(t, pg, evs)
+	waitMessages(t, k, topic, len(evs))
+	before := len(k.ReadAll(t, c.OffsetsTopic()))
+	c.Stop(t)
+
+	recs := k.ReadAll(t, c.OffsetsTopic())
+	t.Logf("offsets topic %s: %d records before Stop, %d after", c.OffsetsTopic(), before, len(recs))
+	var records []dbzoffset.Record
+	for _, m := range recs {
+		t.Logf("  %s/%d@%d key=%s value=%s", m.Topic, m.Partition, m.Offset, m.Key, m.Value)
+		records = append(records, dbzoffset.Record{Key: m.Key, Value: m.Value})
+	}
+	offsets, err := dbzoffset.LatestOffsets(records)
+	if err != nil {
+		t.Fatalf("LatestOffsets: %v", err)
+	}
+	if len(offsets) != 1 || offsets[0].Connector != "outbox" || offsets[0].Server != prefix {
+		t.Fatalf("offsets = %+v; want one of connector \"outbox\", server %q", offsets, prefix)
+	}
+	// The last record Debezium delivered is the last event's INSERT: its LSN lies
+	// after the commit before it and before the end of its own.
+	o := offsets[0]
+	prev, err := pglogrepl.ParseLSN(evs[len(evs)-2].lsnAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := pglogrepl.ParseLSN(evs[len(evs)-1].lsnAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lsn := pglogrepl.LSN(o.LSN); lsn < prev || lsn >= last || o.MessageType != "INSERT" {
+		t.Errorf("offset lsn %s (%s); want the last event's INSERT, in [%s, %s)", lsn, o.MessageType, prev, last)
+	}
 }
 
 // insert commits each event in a transaction of its own and fills in what Postgres
