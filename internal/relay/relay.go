@@ -172,7 +172,20 @@ func (r *Relay) Run(ctx context.Context) error {
 	g.Go(func() error { return ignoreCanceled(worker.Run(streamCtx)) })
 	g.Go(func() error { r.pumpStats(streamCtx, worker); return nil })
 	g.Go(func() error { gt.sweep(streamCtx, 30*time.Second); return nil })
-	g.Go(func() error { return r.route.run(gctx, ctx.Done(), batches, chunks) })
+	var schemaStop error
+	g.Go(func() error {
+		err := r.route.run(gctx, ctx.Done(), batches, chunks)
+		if se := (*router.SchemaError)(nil); errors.As(err, &se) {
+			// Not a failure of the pipeline: drain what came before the
+			// change and save its checkpoint, as at a clean stop, so that a
+			// restart resends nothing already delivered; then stop with it.
+			schemaStop = err
+			t := time.AfterFunc(r.cfg.ShutdownTimeout, func() { fail(ErrDrainTimeout) })
+			context.AfterFunc(pctx, func() { t.Stop() })
+			return nil
+		}
+		return err
+	})
 	g.Go(func() error { return w.run(gctx, chunks, com) })
 	g.Go(func() error {
 		defer stopStream() // the final checkpoint is confirmed: the stream may close
@@ -185,6 +198,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if err != nil {
 		return err
+	}
+	if schemaStop != nil {
+		r.log.Info("stopped", "checkpoint", com.saved.String())
+		return schemaStop
 	}
 	if ctx.Err() != nil {
 		r.log.Info("stopped", "checkpoint", com.saved.String())

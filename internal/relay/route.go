@@ -33,8 +33,9 @@ type routeStage struct {
 // run turns batches into chunks until in is closed, ctx is done, or stop is
 // closed; it stops reading on stop only at a transaction boundary, so a clean
 // shutdown leaves no transaction half-delivered. It closes out when it
-// returns. A *router.SchemaError stops it before the chunk holding the
-// event is handed on, so nothing from that event on is confirmed.
+// returns. A *router.SchemaError stops it before the event, after handing
+// on the chunk of what came before: nothing from that event on is
+// confirmed, and what came before can be.
 func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan replication.Batch, out chan<- *chunk) error {
 	defer close(out)
 	maxMsgs, maxBytes := r.maxMsgs, r.maxBytes
@@ -113,6 +114,13 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 					var se *router.SchemaError
 					if errors.As(err, &se) {
 						r.m.SchemaStop()
+						// Hand on what came before, so that the caller can
+						// drain and confirm it as at a clean stop: a restart
+						// then resends at most this transaction's earlier
+						// events.
+						if err := flush(); err != nil {
+							return err
+						}
 						return fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
 							txnRow, b.CommitLSN, err)
 					}
