@@ -147,6 +147,7 @@ comma-separated), then flags, each overriding the one before.`,
 		newStatusCmd(wrap),
 		newRetriesCmd(wrap),
 		newMigrateCmd(wrap),
+		newReplayCmd(wrap),
 	)
 	return root
 }

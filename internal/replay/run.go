@@ -1,0 +1,234 @@
+package replay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// page returns the query of the rows after the saved position.
+func (r *Replayer) page(limit int) (string, []any) {
+	q := query{where: slices.Clone(r.q.where), args: slices.Clone(r.q.args), order: r.q.order}
+	if len(r.state.Position) > 0 {
+		q.where = append(q.where, r.keysetCondition(&q, r.state.Position, false))
+	}
+	cols := make([]string, 0, len(r.cols)+len(q.order))
+	for _, c := range r.cols {
+		cols = append(cols, "o."+sql.Ident(c)+"::text")
+	}
+	for _, o := range q.order {
+		cols = append(cols, o+"::text")
+	}
+	text := fmt.Sprintf(`SELECT %s FROM %s AS o WHERE %s ORDER BY %s`, strings.Join(cols, ", "), r.cfg.Outbox.Quoted(),
+		strings.Join(q.where, " AND "), strings.Join(q.order, ", "))
+	if limit > 0 {
+		text += fmt.Sprintf(" LIMIT %d", limit)
+	}
+	return text, q.args
+}
+
+// Plan counts what the run has left to send (all of it for a new run).
+func (r *Replayer) Plan(ctx context.Context) (Plan, error) {
+	q := query{where: slices.Clone(r.q.where), args: slices.Clone(r.q.args), order: r.q.order}
+	if len(r.state.Position) > 0 {
+		q.where = append(q.where, r.keysetCondition(&q, r.state.Position, false))
+	}
+	p := r.q.plan
+	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), coalesce(sum(octet_length(o.%s::text)), 0) FROM %s AS o WHERE %s`,
+		sql.Ident(r.cfg.Columns.Payload), r.cfg.Outbox.Quoted(), strings.Join(q.where, " AND ")), q.args...).Scan(&p.Events, &p.Bytes)
+	if err != nil {
+		return Plan{}, fmt.Errorf("count the rows to replay: %w", err)
+	}
+	return p, nil
+}
+
+// Run sends the selection in pages, saving the position after each page
+// Kafka acknowledged, until it is done or ctx ends (the position is then
+// saved: the same id resumes). An event Kafka refuses stops the run with
+// an error naming it, the position just before it: a replay keeps order
+// rather than skip.
+func (r *Replayer) Run(ctx context.Context) error {
+	plan, err := r.Plan(ctx)
+	if err != nil {
+		return err
+	}
+	prog := Progress{Total: r.state.Sent + plan.Events, Sent: r.state.Sent, Skipped: r.state.Skipped,
+		Started: time.Now(), ResumedAfter: r.state.Sent}
+	if err := r.save(ctx, false); err != nil { // the run exists from its first start: its end is fixed
+		return err
+	}
+	replayHeader := router.Header{Key: HeaderReplayID, Value: []byte(r.cfg.ID)}
+	for {
+		text, args := r.page(r.cfg.BatchSize)
+		rows, err := r.pool.Query(ctx, text, args...)
+		if err != nil {
+			return r.stopped(ctx, fmt.Errorf("read the outbox table: %w", err))
+		}
+		var (
+			evs  []event.Event
+			keys [][]string // keyset position of each row
+			n    int
+		)
+		for rows.Next() {
+			vals := make([]*string, len(r.cols)+len(r.q.order))
+			ptrs := make([]any, len(vals))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				rows.Close()
+				return r.stopped(ctx, err)
+			}
+			n++
+			row := replication.Row{Relation: r.rel, Values: make([][]byte, len(r.cols))}
+			for i := range r.cols {
+				if vals[i] != nil {
+					row.Values[i] = []byte(*vals[i])
+				}
+			}
+			pos := make([]string, len(r.q.order))
+			for i := range pos {
+				pos[i] = *vals[len(r.cols)+i]
+			}
+			m, err := r.rt.Route(row)
+			if err != nil {
+				var se *router.SchemaError
+				if errors.As(err, &se) {
+					rows.Close()
+					return r.stopped(ctx, err)
+				}
+				// The live relay could not send it either (it went to the
+				// retry table): count it and go on.
+				prog.Skipped++
+				r.state.Skipped++
+				r.cfg.Log.Warn("replay: row skipped: the router refuses it", "error", err)
+				keys = append(keys, pos)
+				evs = append(evs, event.Event{}) // a hole, to keep keys aligned
+				continue
+			}
+			e := m.Event
+			if r.state.Topic != "" {
+				e.Topic = r.state.Topic
+			}
+			// The replay mark, in place of any headers-column entry of the
+			// same name.
+			e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == HeaderReplayID }), replayHeader)
+			prog.Bytes += int64(len(e.Value))
+			evs = append(evs, e)
+			keys = append(keys, pos)
+		}
+		if err := rows.Err(); err != nil {
+			return r.stopped(ctx, fmt.Errorf("read the outbox table: %w", err))
+		}
+		if n == 0 {
+			break
+		}
+		send := make([]event.Event, 0, len(evs))
+		idx := make([]int, 0, len(evs)) // position in evs of each sent event
+		for i := range evs {
+			if evs[i].Topic != "" {
+				send = append(send, evs[i])
+				idx = append(idx, i)
+			}
+		}
+		if err := r.sink.Write(ctx, send); err != nil {
+			var we *sink.WriteError
+			if !errors.As(err, &we) || len(we.Failures) == 0 {
+				return r.stopped(ctx, fmt.Errorf("write to Kafka: %w", err))
+			}
+			// Everything before the first failure was acknowledged (later
+			// events of other aggregates may have been too: resent on resume).
+			first := we.Failures[0]
+			bad := send[first.Index]
+			if i := idx[first.Index]; i > 0 {
+				r.state.Position = keys[i-1]
+				r.state.Sent += int64(first.Index)
+			}
+			_ = r.save(context.WithoutCancel(ctx), false)
+			return fmt.Errorf("replay stopped at event %s (topic %s): %v; fix the cause and run the replay again with --id %s: it resumes at this event",
+				bad.ID, bad.Topic, sink.Reason(first.Err, &bad), r.cfg.ID)
+		}
+		r.state.Position = keys[len(keys)-1]
+		r.state.Sent += int64(len(send))
+		prog.Sent, prog.SentThisRun = r.state.Sent, prog.SentThisRun+int64(len(send))
+		if err := r.save(ctx, false); err != nil {
+			return err
+		}
+		if r.cfg.Progress != nil {
+			r.cfg.Progress(prog)
+		}
+		if err := r.pace(ctx, prog); err != nil {
+			return r.stopped(ctx, err)
+		}
+		if n < r.cfg.BatchSize {
+			break
+		}
+	}
+	if err := r.save(ctx, true); err != nil {
+		return err
+	}
+	prog.Done, prog.Sent = true, r.state.Sent
+	if r.cfg.Progress != nil {
+		r.cfg.Progress(prog)
+	}
+	return nil
+}
+
+// pace sleeps so that the run keeps to Rate events per second.
+func (r *Replayer) pace(ctx context.Context, p Progress) error {
+	if r.cfg.Rate <= 0 {
+		return nil
+	}
+	due := p.Started.Add(time.Duration(float64(p.SentThisRun) / r.cfg.Rate * float64(time.Second)))
+	wait := time.Until(due)
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// stopped saves the position (already that of the last acknowledged page)
+// and returns err, saying how to resume.
+func (r *Replayer) stopped(ctx context.Context, err error) error {
+	if serr := r.save(context.WithoutCancel(ctx), false); serr != nil {
+		return errors.Join(err, serr)
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("replay %s interrupted after %d events: run it again with --id %s to continue: %w", r.cfg.ID, r.state.Sent, r.cfg.ID, err)
+	}
+	return fmt.Errorf("replay %s stopped after %d events (resume with --id %s): %w", r.cfg.ID, r.state.Sent, r.cfg.ID, err)
+}
+
+// save writes the run's state; finished marks it done.
+func (r *Replayer) save(ctx context.Context, finished bool) error {
+	if finished {
+		r.state.FinishedAt = time.Now().UTC()
+	}
+	raw, err := json.Marshal(r.state)
+	if err != nil {
+		return err
+	}
+	_, err = r.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (run_id, state, updated_at) VALUES ($1, $2, now())
+ON CONFLICT (run_id) DO UPDATE SET state = EXCLUDED.state, updated_at = now()`, ReplayTable(r.cfg.CheckpointTable).Quoted()), r.cfg.ID, raw)
+	if err != nil {
+		return fmt.Errorf("save the replay's position: %w", err)
+	}
+	return nil
+}
