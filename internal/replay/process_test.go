@@ -138,6 +138,8 @@ func TestReplayLarge(t *testing.T) {
 	}
 	f := newFixture(t)
 	ctx := context.Background()
+	env := f.relayEnv(t)
+	relay(t, env, "setup") // the live relay's slot, to compare with its drain of the same rows
 	// ~200-byte payloads, 1,000 aggregates.
 	if _, err := f.pg.Pool(t).Exec(ctx, `INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
 SELECT gen_random_uuid(), 'Order', 'A-' || (i % 1000), 'E', jsonb_build_object('n', i, 'pad', repeat('x', 180)), now() - interval '1 hour'
@@ -145,7 +147,10 @@ FROM generate_series(1, $1::int) i`, rows); err != nil {
 		t.Fatal(err)
 	}
 	f.pg.Exec(t, `ANALYZE public.outbox`)
-	env := f.relayEnv(t)
+	var walEnd string
+	if err := f.pg.Pool(t).QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&walEnd); err != nil {
+		t.Fatal(err)
+	}
 	began := time.Now()
 	out, ru := relay(t, env, "replay", "--id", "large", "--topic", f.prefix+"large", "--batch", "1000")
 	took := time.Since(began)
@@ -156,6 +161,34 @@ FROM generate_series(1, $1::int) i`, rows); err != nil {
 	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	t.Logf("replayed %d events in %s: %.0f events/s, peak RSS %.1f MiB, CPU %s (%.2f s per million)",
 		rows, took.Round(time.Millisecond), float64(rows)/took.Seconds(), rss, cpu.Round(time.Millisecond), cpu.Seconds()/float64(rows)*1e6)
+
+	// The live relay draining the same rows from its slot, in the same run.
+	live := exec.Command(testenv.RelayBinary(t), "run")
+	live.Env = env
+	var liveOut bytes.Buffer
+	live.Stdout, live.Stderr = &liveOut, &liveOut
+	began = time.Now()
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { live.Process.Kill(); live.Wait() }()
+	for {
+		var done bool
+		if err := f.pg.Pool(t).QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, f.slot, walEnd).Scan(&done); err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			break
+		}
+		if time.Since(began) > 15*time.Minute {
+			t.Fatalf("the live relay did not drain %d events in 15m\n%s", rows, liveOut.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	drain := time.Since(began)
+	t.Logf("the live relay drained the same %d events in %s: %.0f events/s; replay/live throughput %.2f",
+		rows, drain.Round(time.Millisecond), float64(rows)/drain.Seconds(), drain.Seconds()/took.Seconds())
+
 	// Pages of 1,000 small rows: the heap stays small whatever the selection.
 	if rss > 96 {
 		t.Errorf("peak RSS %.1f MiB; want at most 96 MiB: memory must not grow with the selection", rss)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -16,7 +18,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// page returns the query of the rows after the saved position.
+// page returns the query of the rows after the saved position, at most
+// limit of them (0: all).
 func (r *Replayer) page(limit int) (string, []any) {
 	q := query{where: slices.Clone(r.q.where), args: slices.Clone(r.q.args), order: r.q.order}
 	if len(r.state.Position) > 0 {
@@ -68,9 +71,29 @@ func (r *Replayer) Run(ctx context.Context) error {
 		return err
 	}
 	replayHeader := router.Header{Key: HeaderReplayID, Value: []byte(r.cfg.ID)}
+	// One cursor over the selection, read a page at a time: a keyset query
+	// per page would rescan every row sharing a created_at (one big
+	// transaction's thousands) for each page. The cursor's transaction is
+	// read-only and takes no xid, so it holds back no other transaction
+	// (only vacuum, for the run's duration); a resumed run opens a new one
+	// after the saved position.
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return r.stopped(ctx, fmt.Errorf("connect: %w", err))
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return r.stopped(ctx, fmt.Errorf("begin: %w", err))
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	text, args := r.page(0)
+	if _, err := tx.Exec(ctx, "DECLARE replay NO SCROLL CURSOR FOR "+text, args...); err != nil {
+		return r.stopped(ctx, fmt.Errorf("read the outbox table: %w", err))
+	}
+	fetch := fmt.Sprintf("FETCH FORWARD %d FROM replay", r.cfg.BatchSize)
 	for {
-		text, args := r.page(r.cfg.BatchSize)
-		rows, err := r.pool.Query(ctx, text, args...)
+		rows, err := tx.Query(ctx, fetch)
 		if err != nil {
 			return r.stopped(ctx, fmt.Errorf("read the outbox table: %w", err))
 		}
