@@ -248,6 +248,11 @@ func (p *progressWriter) update(pr replay.Progress) {
 		eta = (time.Duration(float64(pr.Total-pr.Sent)/rate) * time.Second).Round(time.Second).String()
 	}
 	if p.tty {
+		// A page can take a millisecond: redraw at most five times a second.
+		if !pr.Done && time.Since(p.lastLine) < 200*time.Millisecond {
+			return
+		}
+		p.lastLine = time.Now()
 		const width = 30
 		frac := 1.0
 		if pr.Total > 0 {
