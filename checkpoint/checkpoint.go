@@ -12,6 +12,38 @@
 //     already discarded that WAL for the slot.
 //
 // The caller confirms an LSN to Postgres only after Save of it returned nil.
+//
+// # The history, and what it proves
+//
+// Beside the one row per slot, the relay keeps a compact history of the
+// checkpoints it saved (sql.CheckpointHistoryTable, one row at most every
+// checkpoint.history_interval, written by Record): the checkpoint's LSN and
+// commit time, and a snapshot of the server taken when the row was written,
+// in one statement:
+//
+//	snapshot_xmin  pg_snapshot_xmin(pg_current_snapshot()): the oldest
+//	               transaction still running
+//	snapshot_lsn   pg_current_wal_insert_lsn(), read after that snapshot
+//	               (the statement's snapshot is taken before it runs)
+//
+// Every transaction with an xid older than snapshot_xmin had finished when
+// the row was written, so if it committed, its commit record lies before
+// snapshot_lsn. Hence once the relay's checkpoint is at or past snapshot_lsn,
+// every row inserted by a transaction older than snapshot_xmin has been
+// delivered (acknowledged by Kafka or stored in the retry table). Conversely,
+// every transaction that commits after some LSN X >= snapshot_lsn has an xid
+// >= snapshot_xmin: a transaction that stays open across many checkpoints
+// keeps its xid at or above the snapshot_xmin of every row written while it
+// is open. A subtransaction's xid is newer than its parent's, so the rule
+// holds for rows inserted under a savepoint too.
+//
+// Retention (package retention) deletes only rows older than the
+// snapshot_xmin of the Horizon: the newest history row whose snapshot_lsn the
+// covered position has reached. The covered position is the later of the
+// saved checkpoint and the slot's confirmed_flush_lsn, which is where a
+// relay resumes (Start): the relay confirms a position to the slot only
+// when everything before it is delivered, or when nothing is in flight and
+// the server has decoded everything before it.
 package checkpoint
 
 import (
@@ -42,9 +74,11 @@ type Checkpoint struct {
 // A Store keeps checkpoints in a Postgres table (see sql.CheckpointTable), one
 // row per slot. It is safe for concurrent use.
 type Store struct {
-	pool  *pgxpool.Pool
-	table string // quoted
-	err   error  // from parsing the table name, returned by every call
+	pool    *pgxpool.Pool
+	t       sql.Table
+	table   string // quoted
+	history string // quoted: sql.CheckpointHistoryName
+	err     error  // from parsing the table name, returned by every call
 }
 
 // New returns a Store using table ("table" or "schema.table"; an exact name,
@@ -55,7 +89,7 @@ func New(pool *pgxpool.Pool, table string) *Store {
 	if err != nil {
 		return &Store{err: fmt.Errorf("checkpoint table: %w", err)}
 	}
-	return &Store{pool: pool, table: t.Quoted()}
+	return &Store{pool: pool, t: t, table: t.Quoted(), history: sql.CheckpointHistoryName(t).Quoted()}
 }
 
 // Load returns the checkpoint saved for slot, or ErrNoCheckpoint.

@@ -1,6 +1,7 @@
--- What outbox-relay itself needs, with the default names: its checkpoint table
--- and the publication of the outbox table. Run after 001_outbox.sql (the
--- publication names the table). Idempotent: safe to run again.
+-- What outbox-relay itself needs, with the default names: its checkpoint table,
+-- the checkpoint history and the publication of the outbox table. Run after
+-- 001_outbox.sql (the publication names the table). Idempotent: safe to run
+-- again.
 -- `outbox-relay setup` does the same with the configured names and also creates
 -- the replication slot (003_slot.sql).
 --
@@ -15,6 +16,26 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "last_commit_time" timestamptz,
     "saved_at" timestamptz NOT NULL DEFAULT now()
 );
+
+-- A compact history of the checkpoints saved, one row at most every
+-- checkpoint.history_interval (1m) per slot, kept checkpoint.history_keep (30d).
+-- It maps a checkpoint's LSN to its commit time (replay), and says which outbox
+-- rows are delivered (retention): snapshot_xmin is the oldest transaction still
+-- running when the row was written and snapshot_lsn the WAL position read just
+-- after, so every transaction older than snapshot_xmin committed (if at all)
+-- before snapshot_lsn. Once the checkpoint reaches snapshot_lsn, every row those
+-- transactions inserted was delivered.
+CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint_history" (
+    "slot_name" text NOT NULL,
+    "lsn" pg_lsn NOT NULL,
+    "last_commit_time" timestamptz,
+    "saved_at" timestamptz NOT NULL DEFAULT now(),
+    "snapshot_xmin" xid8 NOT NULL,
+    "snapshot_lsn" pg_lsn NOT NULL,
+    PRIMARY KEY ("slot_name", "lsn")
+);
+CREATE INDEX IF NOT EXISTS "outbox_relay_checkpoint_history_snapshot_lsn_idx"
+    ON "outbox_relay_checkpoint_history" ("slot_name", "snapshot_lsn");
 
 -- Only INSERTs are published: an event is an insert, and applications that
 -- delete relayed rows (or update them) then cost no decoding bandwidth and no

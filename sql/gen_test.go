@@ -53,8 +53,9 @@ func files(t *testing.T) map[string]string {
 	retry := must(sql.ParseTable(sql.DefaultRetryTable))
 	outboxStmts := sql.OutboxTable(outbox, sql.Columns{}, sql.LayoutRelay)
 	retryStmts := sql.RetryTable(retry)
-	if len(outboxStmts) != 2 || len(retryStmts) != 6 {
-		t.Fatalf("OutboxTable or RetryTable changed its statements: update the comments of files()")
+	historyStmts := sql.CheckpointHistoryTable(checkpoint)
+	if len(outboxStmts) != 2 || len(retryStmts) != 6 || len(historyStmts) != 2 {
+		t.Fatalf("OutboxTable, RetryTable or CheckpointHistoryTable changed its statements: update the comments of files()")
 	}
 	return map[string]string{
 		"001_outbox.sql": render(header001,
@@ -62,6 +63,7 @@ func files(t *testing.T) map[string]string {
 			block{"`outbox-relay lag` finds the oldest row with it, and applications that purge\nrelayed rows (DELETE ... WHERE created_at < ...) use it too.", outboxStmts[1:]}),
 		"002_relay.sql": render(header002,
 			block{comment002Checkpoint, []string{sql.CheckpointTable(checkpoint)}},
+			block{comment002History, historyStmts},
 			block{comment002Publication, []string{"DO $$\nBEGIN\n    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = " +
 				sql.Literal(sql.DefaultPublication) + ") THEN\n        " +
 				sql.CreatePublication(sql.DefaultPublication, outbox) + ";\n    END IF;\nEND\n$$"}}),
@@ -122,9 +124,10 @@ runs the same statements with the configured names.
 
 Generated from package sql's builders (go generate ./sql): edit those.`
 
-const header002 = `What outbox-relay itself needs, with the default names: its checkpoint table
-and the publication of the outbox table. Run after 001_outbox.sql (the
-publication names the table). Idempotent: safe to run again.
+const header002 = `What outbox-relay itself needs, with the default names: its checkpoint table,
+the checkpoint history and the publication of the outbox table. Run after
+001_outbox.sql (the publication names the table). Idempotent: safe to run
+again.
 ` + "`outbox-relay setup`" + ` does the same with the configured names and also creates
 the replication slot (003_slot.sql).
 
@@ -133,6 +136,15 @@ Generated from package sql's builders (go generate ./sql): edit those.`
 const comment002Checkpoint = `The relay's own record of the last transaction delivered to Kafka, one row
 per slot. It never moves backwards, unlike a slot's confirmed_flush_lsn,
 which the server persists only at checkpoints and may lose in a crash.`
+
+const comment002History = `A compact history of the checkpoints saved, one row at most every
+checkpoint.history_interval (1m) per slot, kept checkpoint.history_keep (30d).
+It maps a checkpoint's LSN to its commit time (replay), and says which outbox
+rows are delivered (retention): snapshot_xmin is the oldest transaction still
+running when the row was written and snapshot_lsn the WAL position read just
+after, so every transaction older than snapshot_xmin committed (if at all)
+before snapshot_lsn. Once the checkpoint reaches snapshot_lsn, every row those
+transactions inserted was delivered.`
 
 const comment002Publication = `Only INSERTs are published: an event is an insert, and applications that
 delete relayed rows (or update them) then cost no decoding bandwidth and no

@@ -1,5 +1,6 @@
 // Package sql holds the DDL outbox-relay needs: the outbox table, the
-// checkpoint table, the publication and the replication slot.
+// checkpoint table and its history, the retry table, the publication and the
+// replication slot.
 //
 // The DDL is written once, in the functions here, which build the statements
 // for configured names. The embedded .sql files are generated from them with

@@ -101,8 +101,9 @@ func TestFilesMatchGo(t *testing.T) {
 	outbox, _ := sql.ParseTable(sql.DefaultOutboxTable)
 	checkpoint, _ := sql.ParseTable(sql.DefaultCheckpointTable)
 	stmts := sql.OutboxTable(outbox, sql.Columns{}, sql.LayoutRelay)
-	stmts = append(stmts, sql.CheckpointTable(checkpoint),
-		sql.CreatePublication(sql.DefaultPublication, outbox))
+	stmts = append(stmts, sql.CheckpointTable(checkpoint))
+	stmts = append(stmts, sql.CheckpointHistoryTable(checkpoint)...)
+	stmts = append(stmts, sql.CreatePublication(sql.DefaultPublication, outbox))
 	for _, s := range stmts {
 		if _, err := fromGo.Exec(ctx, s); err != nil {
 			t.Fatalf("exec %q: %v", s, err)
@@ -120,6 +121,9 @@ func TestFilesMatchGo(t *testing.T) {
 		`column public.outbox.id uuid not_null=t default=`,
 		`column public.outbox.payload jsonb not_null=f default=`,
 		`column public.outbox_relay_checkpoint.lsn pg_lsn not_null=t default=`,
+		`column public.outbox_relay_checkpoint_history.snapshot_xmin xid8 not_null=t default=`,
+		`index CREATE INDEX outbox_relay_checkpoint_history_snapshot_lsn_idx ON public.outbox_relay_checkpoint_history USING btree (slot_name, snapshot_lsn)`,
+		`index CREATE UNIQUE INDEX outbox_relay_checkpoint_history_pkey ON public.outbox_relay_checkpoint_history USING btree (slot_name, lsn)`,
 		`index CREATE INDEX outbox_created_at_idx ON public.outbox USING btree (created_at)`,
 		`publication outbox_relay insert=t update=f delete=f truncate=f all=f tables=public.outbox`,
 	} {

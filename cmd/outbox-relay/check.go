@@ -40,6 +40,7 @@ func (e *env) adminConfig() admin.Config {
 		CheckpointTable: checkpoint,
 		RetryTable:      retryTable,
 		Kafka:           c.sinkConfig(e.log),
+		Retention:       c.Outbox.Retention,
 		RedactedDSN:     redactDSN(c.Postgres.DSN),
 		Scrub:           e.scrub.Error,
 	}

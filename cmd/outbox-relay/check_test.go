@@ -29,6 +29,8 @@ func TestCheckGood(t *testing.T) {
 		"ok    slot: "+slot+" uses pgoutput, confirmed up to ",
 		"; inactive",
 		"ok    checkpoint table: outbox_relay_checkpoint exists; nothing saved yet for "+slot,
+		"ok    checkpoint history: outbox_relay_checkpoint_history exists; no rows yet for "+slot,
+		"ok    retention: off (outbox.retention)",
 		"ok    kafka: ")
 	if strings.Contains(out, "FAIL") {
 		t.Errorf("check printed a FAIL:\n%s", out)
@@ -50,6 +52,18 @@ func TestCheckBroken(t *testing.T) {
 				"FAIL  publication: outbox_relay does not exist; run `outbox-relay setup`",
 				"FAIL  slot: %SLOT% does not exist; run `outbox-relay setup`",
 				"FAIL  checkpoint table: outbox_relay_checkpoint does not exist; run `outbox-relay setup`",
+				"FAIL  checkpoint history: outbox_relay_checkpoint_history does not exist; run `outbox-relay setup`",
+			},
+		},
+		{
+			name: "retention without created_at",
+			setup: []string{
+				`CREATE TABLE outbox (id uuid, aggregate_type text, aggregate_id text, event_type text, payload jsonb, headers jsonb)`,
+			},
+			env: map[string]string{"RELAY_OUTBOX_RETENTION": "7d"},
+			want: []string{
+				"ok    outbox table: public.outbox has the mapped columns with usable types",
+				`FAIL  retention: outbox.retention is set, but the outbox table public.outbox has no "created_at" column`,
 			},
 		},
 		{

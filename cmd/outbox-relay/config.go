@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -39,6 +40,12 @@ var defaults = map[string]string{
 	"postgres.status_interval": durationText(replication.DefaultStatusInterval),
 	"outbox.table":             sql.DefaultOutboxTable,
 	"outbox.layout":            string(sql.LayoutRelay),
+	// Retention is off by default: deleting rows is the operator's choice.
+	"outbox.retention":                   "",
+	"outbox.retention_interval":          durationText(retention.DefaultInterval),
+	"outbox.retention_batch_size":        strconv.Itoa(retention.DefaultBatchSize),
+	"outbox.retention_pause":             durationText(retention.DefaultPause),
+	"outbox.retention_statement_timeout": durationText(retention.DefaultStatementTimeout),
 	// The columns' defaults are the layout's (sql.Layout.Columns): empty
 	// here, filled in validate.
 	"outbox.columns.id":                  "",
@@ -78,6 +85,8 @@ var defaults = map[string]string{
 	"health.stall_after":                 durationText(relay.DefaultStallAfter),
 	"checkpoint.table":                   sql.DefaultCheckpointTable,
 	"checkpoint.interval":                durationText(relay.DefaultCheckpointInterval),
+	"checkpoint.history_interval":        durationText(relay.DefaultHistoryInterval),
+	"checkpoint.history_keep":            daysText(relay.DefaultHistoryKeep),
 	"retry.table":                        sql.DefaultRetryTable,
 	"retry.backoff_min":                  durationText(retry.DefaultBackoffMin),
 	"retry.backoff_max":                  durationText(retry.DefaultBackoffMax),
@@ -113,6 +122,14 @@ func durationText(d time.Duration) string {
 	return s
 }
 
+// daysText writes a whole number of days as parseDuration reads it: 30d.
+func daysText(d time.Duration) string {
+	if d%day != 0 {
+		return durationText(d)
+	}
+	return strconv.FormatInt(int64(d/day), 10) + "d"
+}
+
 const overridesKey = "topics.overrides"
 
 // envName is the environment variable overriding key.
@@ -131,6 +148,10 @@ type config struct {
 		Table   string
 		Layout  sql.Layout
 		Columns router.Columns // validate fills the empty ones from Layout
+		// Retention 0 is off.
+		Retention, RetentionInterval              time.Duration
+		RetentionBatchSize                        int
+		RetentionPause, RetentionStatementTimeout time.Duration
 	}
 	Message struct {
 		Headers   []string // nil: the layout's (layoutHeaders)
@@ -158,8 +179,8 @@ type config struct {
 		ShutdownTimeout                     time.Duration
 	}
 	Checkpoint struct {
-		Table    string
-		Interval time.Duration
+		Table                                  string
+		Interval, HistoryInterval, HistoryKeep time.Duration
 	}
 	Retry struct {
 		Table                                     string
@@ -242,6 +263,13 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		Timestamp:     l.str("outbox.columns.timestamp"),
 	}
 	c.Outbox.Layout = sql.Layout(l.str("outbox.layout"))
+	if !strings.EqualFold(l.str("outbox.retention"), "off") {
+		c.Outbox.Retention = l.duration("outbox.retention")
+	}
+	c.Outbox.RetentionInterval = l.duration("outbox.retention_interval")
+	c.Outbox.RetentionBatchSize = l.int("outbox.retention_batch_size")
+	c.Outbox.RetentionPause = l.duration("outbox.retention_pause")
+	c.Outbox.RetentionStatementTimeout = l.duration("outbox.retention_statement_timeout")
 	if h := l.str("message.headers"); h == "-" {
 		c.Message.Headers = []string{}
 	} else if h != "" {
@@ -287,6 +315,8 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Health.StallAfter = l.duration("health.stall_after")
 	c.Checkpoint.Table = l.str("checkpoint.table")
 	c.Checkpoint.Interval = l.duration("checkpoint.interval")
+	c.Checkpoint.HistoryInterval = l.duration("checkpoint.history_interval")
+	c.Checkpoint.HistoryKeep = l.duration("checkpoint.history_keep")
 	c.Retry.Table = l.str("retry.table")
 	c.Retry.BackoffMin = l.duration("retry.backoff_min")
 	c.Retry.BackoffMax = l.duration("retry.backoff_max")
@@ -317,9 +347,9 @@ func (l *loader) duration(key string) time.Duration {
 	if s == "" {
 		return 0
 	}
-	d, err := time.ParseDuration(s)
+	d, err := parseDuration(s)
 	if err != nil {
-		l.errs = append(l.errs, fmt.Errorf("%s: %q is not a duration; write it like 10s, 250ms or 1m30s", key, s))
+		l.errs = append(l.errs, fmt.Errorf("%s: %w", key, err))
 	}
 	return d
 }
@@ -519,7 +549,7 @@ func (c *config) validate() error {
 	}
 	positive := func(d *time.Duration, key string) {
 		if *d == 0 {
-			*d, _ = time.ParseDuration(defaults[key])
+			*d, _ = parseDuration(defaults[key])
 		} else if *d < 0 {
 			bad(key, "%s is negative; use a positive duration such as %s", *d, defaults[key])
 		}
@@ -638,6 +668,24 @@ func (c *config) validate() error {
 		bad("checkpoint.table", "%v", err)
 	}
 	positive(&c.Checkpoint.Interval, "checkpoint.interval")
+	positive(&c.Checkpoint.HistoryInterval, "checkpoint.history_interval")
+	positive(&c.Checkpoint.HistoryKeep, "checkpoint.history_keep")
+	if c.Checkpoint.HistoryKeep > 0 && c.Checkpoint.HistoryKeep < c.Checkpoint.HistoryInterval {
+		bad("checkpoint.history_keep", "%s is shorter than checkpoint.history_interval (%s); keep at least one interval (the default keeps %s)",
+			c.Checkpoint.HistoryKeep, c.Checkpoint.HistoryInterval, defaults["checkpoint.history_keep"])
+	}
+	// Retention: 0 (or "", "off") is off; the other keys are checked
+	// either way, so that turning it on later does not reveal a typo.
+	if c.Outbox.Retention < 0 {
+		bad("outbox.retention", "%s is negative; use a period such as 7d or 12h, or \"\" for off", c.Outbox.Retention)
+	}
+	positive(&c.Outbox.RetentionInterval, "outbox.retention_interval")
+	positiveInt(&c.Outbox.RetentionBatchSize, "outbox.retention_batch_size")
+	if n := c.Outbox.RetentionBatchSize; n > retention.MaxBatchSize {
+		bad("outbox.retention_batch_size", "%d is out of range; allowed 1 to %d (default %s): each batch is one transaction, keep it short", n, retention.MaxBatchSize, defaults["outbox.retention_batch_size"])
+	}
+	positive(&c.Outbox.RetentionPause, "outbox.retention_pause")
+	positive(&c.Outbox.RetentionStatementTimeout, "outbox.retention_statement_timeout")
 	def(&c.Retry.Table, "retry.table")
 	if _, err := sql.ParseTable(c.Retry.Table); err != nil {
 		bad("retry.table", "%v", err)
@@ -727,6 +775,9 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 		Sink:               c.sinkConfig(log.With("component", "sink")),
 		CheckpointTable:    c.Checkpoint.Table,
 		CheckpointInterval: c.Checkpoint.Interval,
+		HistoryInterval:    c.Checkpoint.HistoryInterval,
+		HistoryKeep:        c.Checkpoint.HistoryKeep,
+		Retention:          c.retentionConfig(),
 		MaxInFlightEvents:  c.Pipeline.MaxInFlightEvents,
 		MaxInFlightBytes:   c.Pipeline.MaxInFlightBytes,
 		ShutdownTimeout:    c.Pipeline.ShutdownTimeout,
@@ -741,6 +792,21 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 			PollInterval: c.Retry.PollEvery,
 		},
 		Logger: log,
+	}
+}
+
+// retentionConfig is the retention the relay runs and prune runs once; its
+// Retention is 0 when off.
+func (c *config) retentionConfig() retention.Config {
+	return retention.Config{
+		Table:            c.Outbox.Table,
+		CheckpointTable:  c.Checkpoint.Table,
+		Slot:             c.Postgres.Slot,
+		Retention:        c.Outbox.Retention,
+		Interval:         c.Outbox.RetentionInterval,
+		BatchSize:        c.Outbox.RetentionBatchSize,
+		Pause:            c.Outbox.RetentionPause,
+		StatementTimeout: c.Outbox.RetentionStatementTimeout,
 	}
 }
 

@@ -148,6 +148,8 @@ comma-separated), then flags, each overriding the one before.`,
 		newRetriesCmd(wrap),
 		newMigrateCmd(wrap),
 		newReplayCmd(wrap),
+		newCheckpointCmd(wrap),
+		newPruneCmd(wrap),
 	)
 	return root
 }

@@ -80,6 +80,7 @@ func TestSetupTwice(t *testing.T) {
 	wantLines(t, "first setup", out,
 		"outbox table public.outbox: created",
 		"checkpoint table outbox_relay_checkpoint: created",
+		"checkpoint history table outbox_relay_checkpoint_history: created",
 		"publication outbox_relay: created for public.outbox, inserts only",
 		"slot "+slot+": created (pgoutput) at ")
 
@@ -90,6 +91,7 @@ func TestSetupTwice(t *testing.T) {
 	wantLines(t, "second setup", out,
 		"outbox table public.outbox: already exists",
 		"checkpoint table outbox_relay_checkpoint: already exists",
+		"checkpoint history table outbox_relay_checkpoint_history: already exists",
 		"publication outbox_relay: already exists, covers public.outbox",
 		"slot "+slot+": already exists (pgoutput)")
 	if strings.Contains(out, "created") {

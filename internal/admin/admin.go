@@ -13,6 +13,7 @@ package admin
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -32,6 +33,9 @@ type Config struct {
 	CheckpointTable sql.Table
 	RetryTable      sql.Table
 	Kafka           sink.Config // Check pings the brokers with it
+	// Retention is outbox.retention (0: off): Check then checks what it
+	// needs of the outbox table.
+	Retention time.Duration
 
 	// RedactedDSN is DSN without its password, for messages.
 	RedactedDSN string

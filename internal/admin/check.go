@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -185,6 +186,53 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	default:
 		c.ok("checkpoint table", "%s exists; %s", cpTable, savedCheckpoint(ctx, conn, cpTable, slotName))
 	}
+	history := sql.CheckpointHistoryName(cpTable)
+	hOID, err := tableOID(ctx, conn, history)
+	switch {
+	case err != nil:
+		c.fail("checkpoint history", "%v", cfg.scrub(err))
+	case hOID == 0:
+		c.fail("checkpoint history", "%s does not exist; run `outbox-relay setup` (a relay whose role may create tables there creates it at start); "+
+			"without it retention deletes nothing and replay cannot map an LSN to rows", history)
+	default:
+		c.ok("checkpoint history", "%s exists; %s", history, historySummary(ctx, conn, history, slotName))
+	}
+
+	// Retention, when on: what it needs of the outbox table.
+	switch {
+	case cfg.Retention <= 0:
+		c.ok("retention", "off (outbox.retention): the outbox table keeps every row")
+	case oid == 0:
+		c.fail("retention", "on, but the outbox table %s does not exist", outbox)
+	default:
+		if err := retention.CheckTable(ctx, conn, outbox.String()); err != nil {
+			c.fail("retention", "%v", cfg.scrub(err))
+		} else {
+			c.ok("retention", "rows of %s older than %s are deleted once delivered (created_at, DELETE allowed)", outbox, period(cfg.Retention))
+		}
+	}
+}
+
+// period writes a retention period as it is configured: 7d, 12h0m0s.
+func period(d time.Duration) string {
+	if day := 24 * time.Hour; d%day == 0 {
+		return fmt.Sprintf("%dd", d/day)
+	}
+	return d.String()
+}
+
+// historySummary describes the slot's checkpoint history, for information.
+func historySummary(ctx context.Context, conn *pgx.Conn, table sql.Table, slot string) string {
+	var n int64
+	var newest *time.Time
+	err := conn.QueryRow(ctx, `SELECT count(*), max(saved_at) FROM `+table.Quoted()+` WHERE slot_name = $1`, slot).Scan(&n, &newest)
+	switch {
+	case err != nil:
+		return "cannot read it: " + err.Error()
+	case newest == nil:
+		return "no rows yet for " + slot + " (a relay records one at most every checkpoint.history_interval)"
+	}
+	return fmt.Sprintf("%d rows for %s, the newest saved %s", n, slot, newest.UTC().Format(time.RFC3339))
 }
 
 // savedCheckpoint describes the checkpoint row of slot, for information.

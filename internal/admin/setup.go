@@ -9,8 +9,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// Setup creates what the relay needs and is missing: the checkpoint and retry
-// tables, the outbox table (with createOutbox), the publication of the outbox
+// Setup creates what the relay needs and is missing: the checkpoint table and
+// its history, the retry table, the outbox table (with createOutbox), the publication of the outbox
 // table (inserts only) and the pgoutput slot, and writes a line per object
 // saying what it found or did. It is idempotent and alters nothing that
 // exists, except a retry table of an earlier version, which it upgrades.
@@ -72,6 +72,24 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 			return fmt.Errorf("create checkpoint table %s: %w", checkpoint, err)
 		}
 		say("checkpoint table %s: created", checkpoint)
+	}
+
+	// The history of the checkpoint table: idempotent statements, run
+	// either way, so that a missing index is created too.
+	history := sql.CheckpointHistoryName(checkpoint)
+	hOID, err := tableOID(ctx, conn, history)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range sql.CheckpointHistoryTable(checkpoint) {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("create checkpoint history table %s: %w", history, err)
+		}
+	}
+	if hOID != 0 {
+		say("checkpoint history table %s: already exists", history)
+	} else {
+		say("checkpoint history table %s: created", history)
 	}
 
 	retryTable := cfg.RetryTable

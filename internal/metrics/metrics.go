@@ -44,6 +44,10 @@
 //	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
 //	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
 //	stalled_seconds                       gauge     how long the WAL has been ahead of the confirmed LSN without progress; 0 when not
+//	retention_deleted_total               counter   outbox rows deleted by retention (outbox.retention)
+//	retention_lag_seconds                 gauge     how long the oldest row older than the retention has been due for deletion, 0 when none (after each round)
+//	retention_last_round_timestamp_seconds gauge    when the last retention round ended (Unix time); 0 before the first
+//	retention_round_duration_seconds      gauge     how long the last retention round took
 package metrics
 
 import (
@@ -77,6 +81,9 @@ type Metrics struct {
 	ready, stalled              prometheus.Gauge
 	failing                     *prometheus.GaugeVec
 	sampled                     *sampled
+	retentionDeleted            prometheus.Counter
+	retentionLag                prometheus.Gauge
+	retentionLast, retentionDur prometheus.Gauge
 
 	topics sync.Map // topic name -> *Topic
 	tables sync.Map // table name -> *Table
@@ -126,11 +133,15 @@ func New() *Metrics {
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
 	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "health_failing",
 		Help: "1 while a health check fails, by check: replication, kafka, retry_table, checkpoint, stalled."}, []string{"check"})
+	m.retentionDeleted = counter("retention_deleted_total", "Outbox rows deleted by retention (outbox.retention).")
+	m.retentionLag = gauge("retention_lag_seconds", "How long the oldest outbox row older than outbox.retention has been due for deletion, as of the last retention round; 0 when there is none.")
+	m.retentionLast = gauge("retention_last_round_timestamp_seconds", "When the last retention round ended, as a Unix time; 0 before the first.")
+	m.retentionDur = gauge("retention_round_duration_seconds", "How long the last retention round took.")
 	m.sampled = &sampled{}
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops,
-		m.ready, m.stalled, m.failing,
+		m.ready, m.stalled, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -286,6 +297,23 @@ func (m *Metrics) HeadersInvalid() {
 func (m *Metrics) SchemaStop() {
 	if m != nil {
 		m.schemaStops.Inc()
+	}
+}
+
+// RetentionDeleted counts n outbox rows deleted by retention.
+func (m *Metrics) RetentionDeleted(n int64) {
+	if m != nil {
+		m.retentionDeleted.Add(float64(n))
+	}
+}
+
+// RetentionRound records a finished retention round: when it ended, how
+// long it took, and how long the oldest expired row left has been due.
+func (m *Metrics) RetentionRound(end time.Time, took, overdue time.Duration) {
+	if m != nil {
+		m.retentionLast.Set(float64(end.UnixNano()) / 1e9)
+		m.retentionDur.Set(took.Seconds())
+		m.retentionLag.Set(overdue.Seconds())
 	}
 }
 

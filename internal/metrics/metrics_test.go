@@ -237,6 +237,36 @@ func TestNilMetricsRecordsNothing(t *testing.T) {
 	m.Reconnected()
 	m.DecodeError()
 	m.IgnoredChange("update")
+	m.RetentionDeleted(1)
+	m.RetentionRound(time.Now(), time.Second, time.Second)
+}
+
+func TestRetentionMetrics(t *testing.T) {
+	m := New()
+	_, body := get(t, m.Handler(nil), "/metrics")
+	for _, want := range []string{
+		"outbox_relay_retention_deleted_total 0",
+		"outbox_relay_retention_lag_seconds 0",
+		"outbox_relay_retention_last_round_timestamp_seconds 0",
+	} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("GET /metrics before any round lacks %q", want)
+		}
+	}
+	m.RetentionDeleted(1000)
+	m.RetentionDeleted(234)
+	m.RetentionRound(time.Unix(1_800_000_000, 500_000_000), 1500*time.Millisecond, 90*time.Second)
+	_, body = get(t, m.Handler(nil), "/metrics")
+	for _, want := range []string{
+		"outbox_relay_retention_deleted_total 1234",
+		"outbox_relay_retention_lag_seconds 90",
+		"outbox_relay_retention_last_round_timestamp_seconds 1.8000000005e+09",
+		"outbox_relay_retention_round_duration_seconds 1.5",
+	} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("GET /metrics after a round lacks %q", want)
+		}
+	}
 }
 
 func TestServe(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package ops answers the operator's questions about a relay from Postgres
-// alone: how far behind is the slot (Lag) and is a relay streaming it now
-// (Status). It reads catalog views and the relay's own tables over an ordinary
+// alone: how far behind is the slot (Lag), is a relay streaming it now
+// (Status), and where is its checkpoint (CheckpointShow). It reads catalog views and the relay's own tables over an ordinary
 // connection and never opens a replication connection, so it works whether or
 // not a relay is running and never disturbs one that is.
 //
@@ -74,6 +74,26 @@
 // checked_at, streaming (bool: the slot is active and its backend is a
 // walsender in pg_stat_replication), version (from application_name
 // "outbox-relay/<version>", or null), and slot and checkpoint as above.
+//
+// `outbox-relay checkpoint show --json` prints one CheckpointReport object:
+//
+//	slot_name                      string  the replication slot
+//	checked_at                     string  server time of the check (RFC 3339)
+//	checkpoint                     object  as in lag (lsn, saved_at, last_commit_time), or null when none is saved
+//	slot                           object  the slot, or null when it does not exist
+//	slot.active                    bool    a backend streams it (a relay: stop it before checkpoint set)
+//	slot.confirmed_flush_lsn       string  the position confirmed to the server, or null
+//	resume_lsn                     string  where `run` starts: the later of checkpoint.lsn and
+//	                                       slot.confirmed_flush_lsn, or null when neither exists
+//	current_wal_lsn                string  pg_current_wal_lsn()
+//	history                        object  the checkpoint history of the slot, or null when its table does not exist
+//	history.table                  string  its name (checkpoint.table + "_history")
+//	history.count                  int     rows for this slot
+//	history.oldest, history.newest object  by LSN: {lsn, last_commit_time (null when unknown), saved_at}; null when no rows
+//	retention_horizon              object  the newest history row the checkpoint covers, or null:
+//	                                       {lsn, last_commit_time, saved_at, snapshot_xmin (int), snapshot_lsn};
+//	                                       rows of transactions older than snapshot_xmin are delivered
+//	retention_horizon_missing      string  why there is no horizon (retention then deletes nothing), or null
 //
 // # Exit codes of `outbox-relay lag`
 //

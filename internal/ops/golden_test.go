@@ -47,6 +47,8 @@ var volatile = map[string]string{
 	"safe_wal_size_bytes": "<bytes>", "seconds": "<seconds>", "last_delivered_age_seconds": "<seconds>",
 	"oldest_pending_age_seconds": "<seconds>",
 	"max_slot_wal_keep_size":     "<setting>", "max_slot_wal_keep_size_bytes": "<bytes>",
+	"resume_lsn": "<lsn>", "snapshot_lsn": "<lsn>", "snapshot_xmin": "<xid>",
+	"retention_horizon_missing": "<reason>", "table": "<table>",
 }
 
 func normalise(v any) any {

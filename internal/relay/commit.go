@@ -24,6 +24,7 @@ type committer struct {
 	interval time.Duration
 	urgent   int
 	health   *health
+	history  *historian // nil records no history
 
 	mu         sync.Mutex
 	acked      pglogrepl.LSN
@@ -104,6 +105,7 @@ func (c *committer) run(ctx context.Context) error {
 			c.saved = lsn
 			lastSave = time.Now()
 			c.stream.Confirm(lsn)
+			c.history.offer(lsn, commitTime)
 			c.health.progress()
 			c.m.SetConfirmedLSN(lsn)
 		}

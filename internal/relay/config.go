@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -24,6 +25,8 @@ const (
 	DefaultShutdownTimeout    = 30 * time.Second
 	DefaultStallAfter         = time.Minute
 	DefaultCheckpointInterval = 200 * time.Millisecond
+	DefaultHistoryInterval    = time.Minute
+	DefaultHistoryKeep        = 30 * 24 * time.Hour
 )
 
 // Bounds of the in-flight window (Config.MaxInFlightEvents, MaxInFlightBytes).
@@ -42,6 +45,18 @@ type Config struct {
 
 	CheckpointTable    string        // default "outbox_relay_checkpoint"
 	CheckpointInterval time.Duration // default 200ms: longest wait between checkpoint saves
+
+	// HistoryInterval is the least time between two rows of the checkpoint
+	// history (package checkpoint), default 1m; HistoryKeep how long they
+	// are kept, default 30 days. The history table is created at start when
+	// missing and the role may.
+	HistoryInterval, HistoryKeep time.Duration
+
+	// Retention, when Retention.Retention is set, deletes delivered outbox
+	// rows older than that every Retention.Interval (package retention). Its
+	// Table, CheckpointTable and Slot are the relay's own and are
+	// overwritten. The zero value is off.
+	Retention retention.Config
 
 	MaxInFlightEvents int // default 50000: events read but not yet covered by a saved checkpoint
 	MaxInFlightBytes  int // default 8 MiB: payload bytes read but not yet acknowledged by Kafka
@@ -98,6 +113,21 @@ func (c *Config) validate() error {
 	}
 	if c.CheckpointInterval <= 0 {
 		c.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if c.HistoryInterval <= 0 {
+		c.HistoryInterval = DefaultHistoryInterval
+	}
+	if c.HistoryKeep <= 0 {
+		c.HistoryKeep = DefaultHistoryKeep
+	}
+	if c.HistoryKeep < c.HistoryInterval {
+		return fmt.Errorf("checkpoint.history_keep (%s) is shorter than checkpoint.history_interval (%s): keep at least one interval of history; the default keeps 30 days", c.HistoryKeep, c.HistoryInterval)
+	}
+	if c.Retention.Retention > 0 {
+		c.Retention.Table, c.Retention.CheckpointTable, c.Retention.Slot = c.Table, c.CheckpointTable, c.Replication.Slot
+		if err := c.Retention.Validate(); err != nil {
+			return err
+		}
 	}
 	if c.MaxInFlightEvents <= 0 {
 		c.MaxInFlightEvents = DefaultMaxInFlightEvents

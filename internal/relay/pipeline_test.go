@@ -192,6 +192,7 @@ type pipeConfig struct {
 	sink              *fakeSink
 	maxInFlightEvents int
 	batchSize         int
+	history           historyRecorder // nil: no checkpoint history
 }
 
 func startPipe(t *testing.T, pc pipeConfig) *pipe {
@@ -228,6 +229,11 @@ func startPipe(t *testing.T, pc pipeConfig) *pipe {
 		log: log, isOutbox: map[*replication.Relation]bool{}}
 	w := &writer{sink: pc.sink, gate: gt, win: win, health: h, log: log}
 	com := newCommitter(l, l, win, h, nil, log, cfg, 0)
+	var hist *historian
+	if pc.history != nil {
+		hist = newHistorian(pc.history, log, cfg)
+		com.history = hist
+	}
 
 	p := &pipe{l: l, in: make(chan replication.Batch), stop: make(chan struct{}), done: make(chan error, 1), lsn: 0x1000}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -237,6 +243,9 @@ func startPipe(t *testing.T, pc pipeConfig) *pipe {
 	go func() { errs <- rs.run(ctx, p.stop, p.in, chunks) }()
 	go func() { errs <- w.run(ctx, chunks, com) }()
 	go func() { errs <- com.run(ctx) }()
+	if hist != nil {
+		go hist.run(ctx)
+	}
 	go func() {
 		var all []error
 		for range 3 {

@@ -34,6 +34,13 @@
 //   - A change of the outbox table that leaves a mapped column missing stops
 //     the relay before the first event it affects is confirmed
 //     (router.SchemaError): no event is stored or sent incomplete.
+//   - The checkpoint history (one row at most every HistoryInterval, for
+//     retention and replay) is written by its own goroutine from the latest
+//     saved checkpoint: a slow or failing history write never delays a
+//     confirmation, and is retried an interval later.
+//   - Retention, when on, runs beside the pipeline and never deletes an
+//     outbox row whose transaction the saved checkpoint does not cover
+//     (package retention); its failures are logged, never fatal.
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
@@ -58,6 +65,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -164,6 +172,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	batches, chunks := make(chan replication.Batch, 4), make(chan *chunk, 4)
 	w := &writer{sink: r.sink, gate: gt, win: r.win, health: r.health, log: r.log, m: r.m}
 	com := newCommitter(store, r.stream, r.win, r.health, r.m, r.log, r.cfg, start)
+	hist := newHistorian(store, r.log, r.cfg)
+	com.history = hist
 
 	if err := r.serveMetrics(streamCtx, g, pool); err != nil {
 		return err
@@ -172,6 +182,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	g.Go(func() error { return ignoreCanceled(worker.Run(streamCtx)) })
 	g.Go(func() error { r.pumpStats(streamCtx, worker); return nil })
 	g.Go(func() error { gt.sweep(streamCtx, 30*time.Second); return nil })
+	g.Go(func() error { hist.run(streamCtx); return nil })
+	if r.cfg.Retention.Retention > 0 {
+		g.Go(func() error { r.runRetention(streamCtx, pool); return nil })
+	}
 	var schemaStop error
 	g.Go(func() error {
 		err := r.route.run(gctx, ctx.Done(), batches, chunks)
@@ -234,6 +248,21 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *c
 				return err
 			}
 			r.log.Warn("cannot upgrade the retry table: run \"outbox-relay setup\" as its owner", "table", r.cfg.RetryTable, "err", err)
+		}
+		// Likewise the checkpoint history, new in a later version than the
+		// checkpoint table: delivery does not need it, retention does.
+		if err := store.MigrateHistory(ctx); err != nil {
+			if unreachable(err) {
+				return err
+			}
+			r.log.Warn("cannot create the checkpoint history table: run \"outbox-relay setup\" as its owner; until then no history is recorded and retention deletes nothing",
+				"table", store.HistoryTable(), "err", err)
+		}
+		// Retention that cannot work says so at start, not once a minute.
+		if r.cfg.Retention.Retention > 0 {
+			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
+				return err
+			}
 		}
 		return gt.load(ctx)
 	})

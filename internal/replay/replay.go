@@ -155,9 +155,7 @@ func ReplayTable(checkpoint sql.Table) sql.Table {
 
 // HistoryTable is the checkpoint history's name (see the checkpoint history
 // in setup).
-func HistoryTable(checkpoint sql.Table) sql.Table {
-	return sql.Table{Schema: checkpoint.Schema, Name: checkpoint.Name + "_history"}
-}
+func HistoryTable(checkpoint sql.Table) sql.Table { return sql.CheckpointHistoryName(checkpoint) }
 
 // New opens a run: it creates the replay table if missing, loads the run's
 // saved state when the id is known (the selection given must then be the

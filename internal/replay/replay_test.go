@@ -170,8 +170,9 @@ func TestReplayFromLSN(t *testing.T) {
 	created := time.Now().Add(-time.Hour)
 	f.insert(t, "Order", 1, 20, created)
 	hist := replay.HistoryTable(f.cp)
-	f.pg.Exec(t, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s ("slot_name" text NOT NULL, "lsn" pg_lsn NOT NULL, "last_commit_time" timestamptz,
-    "saved_at" timestamptz NOT NULL DEFAULT now(), "snapshot_xmin" xid8 NOT NULL, "snapshot_lsn" pg_lsn NOT NULL, PRIMARY KEY ("slot_name", "lsn"))`, hist.Quoted()))
+	for _, stmt := range sql.CheckpointHistoryTable(f.cp) {
+		f.pg.Exec(t, stmt)
+	}
 	// Whether another transaction ran (anywhere in the cluster: the
 	// snapshot's xmin is cluster-wide) when the history row was written:
 	// then the rows before the checkpoint may be selected too.

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/retention"
+)
+
+func newPruneCmd(wrap wrapFunc) *cobra.Command {
+	var (
+		dryRun bool
+		period string
+	)
+	cmd := &cobra.Command{
+		Annotations: map[string]string{"kafka": "optional"},
+		Use:         "prune [--dry-run] [--retention 7d]",
+		Short:       "Delete delivered outbox rows older than outbox.retention, once, now",
+		Long: `prune runs one retention round now, as a relay with outbox.retention does every
+outbox.retention_interval: it deletes the outbox rows older than the retention
+whose transactions the slot's checkpoint covers, in batches of
+outbox.retention_batch_size rows, each its own transaction with
+outbox.retention_statement_timeout, outbox.retention_pause apart. A row whose
+transaction is not yet covered is never deleted, however old.
+
+It prints how many rows it deleted, the horizon it used (the newest checkpoint
+history row the checkpoint covers), and why nothing was deleted when so.
+--dry-run counts instead and deletes nothing. --retention overrides
+outbox.retention for this run. A relay may be running. Exits 0 when the round
+ran, deleted or not; 1 when it failed.`,
+		Args: cobra.NoArgs,
+		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
+			rc := e.cfg.retentionConfig()
+			if period != "" {
+				d, err := parseDuration(period)
+				if err != nil || d <= 0 {
+					return usageErrorf("--retention %q: want a positive duration; %s", period, durationForm)
+				}
+				rc.Retention = d
+			}
+			if rc.Retention <= 0 {
+				return usageErrorf("outbox.retention is off: set it (in the config file, RELAY_OUTBOX_RETENTION=7d) or give --retention 7d")
+			}
+			rc.DryRun = dryRun
+			return prune(cmd.Context(), e, rc)
+		}),
+	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "count the rows a round would delete; delete nothing")
+	cmd.Flags().StringVar(&period, "retention", "", "delete rows older than this (7d, 12h) instead of outbox.retention")
+	return cmd
+}
+
+func prune(ctx context.Context, e *env, rc retention.Config) error {
+	cfg, err := pgx.ParseConfig(e.cfg.Postgres.DSN)
+	if err != nil {
+		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
+	}
+	cfg.RuntimeParams["application_name"] = "outbox-relay prune"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := retention.CheckTable(ctx, conn, rc.Table); err != nil {
+		return err
+	}
+	start := time.Now()
+	res, err := retention.Round(ctx, conn, rc)
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, ops.Printable(v)) }
+	age := daysText(rc.Retention)
+	if h := res.Horizon; h != nil {
+		commit := "commit time unknown"
+		if !h.Entry.LastCommitTime.IsZero() {
+			commit = "committed " + h.Entry.LastCommitTime.UTC().Format(time.RFC3339)
+		}
+		row("horizon", fmt.Sprintf("checkpoint %s (%s, recorded %s): outbox rows of transactions older than xid %d are delivered",
+			h.Entry.LSN, commit, h.Entry.SavedAt.UTC().Format(time.RFC3339), h.Entry.SnapshotXmin))
+	} else if err == nil {
+		row("horizon", "none: "+res.NoHorizon)
+	}
+	switch {
+	case rc.DryRun && res.Horizon != nil:
+		row("would delete", fmt.Sprintf("%d rows older than %s (dry run: nothing deleted)", res.Deleted, age))
+	case rc.DryRun:
+		row("would delete", "0 rows: nothing may be deleted without a horizon (dry run)")
+	case res.Horizon != nil || res.Deleted > 0:
+		batches := "batches"
+		if res.Batches == 1 {
+			batches = "batch"
+		}
+		row("deleted", fmt.Sprintf("%d rows older than %s in %d %s of at most %d, in %s",
+			res.Deleted, age, res.Batches, batches, rc.BatchSize, time.Since(start).Round(time.Millisecond)))
+	default:
+		row("deleted", "0 rows: nothing may be deleted without a horizon")
+	}
+	switch {
+	case err != nil:
+	case res.OldestExpired == nil:
+		row("oldest left", "no row older than "+age)
+	case rc.DryRun:
+		row("oldest expired", fmt.Sprintf("%s, older than %s by %s", res.OldestExpired.UTC().Format(time.RFC3339), age, ops.RoughDuration(res.Overdue)))
+	default:
+		row("oldest left", fmt.Sprintf("%s, older than %s by %s: its transaction is not covered yet, or a transaction older than it is still open on the server",
+			res.OldestExpired.UTC().Format(time.RFC3339), age, ops.RoughDuration(res.Overdue)))
+	}
+	if ferr := tw.Flush(); ferr != nil && err == nil {
+		err = fmt.Errorf("write: %w", ferr)
+	}
+	return err
+}

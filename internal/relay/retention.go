@@ -1,0 +1,57 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/retention"
+)
+
+// runRetention runs a retention round (package retention) every
+// Retention.Interval, counted from the end of the previous one, until ctx is
+// done. A failed round is logged and the next one tries again: cleaning up
+// can wait, delivery must not.
+func (r *Relay) runRetention(ctx context.Context, db retention.DB) {
+	cfg := r.cfg.Retention
+	cfg.Deleted = r.m.RetentionDeleted
+	log := r.log.With("component", "retention")
+	log.Info("retention on: deleting delivered outbox rows older than the retention",
+		"retention", cfg.Retention.String(), "interval", cfg.Interval.String(), "batch_size", cfg.BatchSize)
+	var lastReason checkpoint.NoHorizonKind
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		start := time.Now()
+		res, err := retention.Round(ctx, db, cfg)
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil:
+			log.Warn("retention round failed; the next round tries again", "deleted", res.Deleted,
+				"retry_in", cfg.Interval.String(), "err", err)
+		case res.Horizon == nil:
+			r.m.RetentionRound(time.Now(), time.Since(start), res.Overdue)
+			// Said once per reason: a relay that has just started, or a
+			// missing history table, would otherwise log every round.
+			if res.NoHorizonKind != lastReason {
+				log.Info("retention: nothing deleted", "reason", res.NoHorizon, "overdue", res.Overdue.String())
+			}
+			lastReason = res.NoHorizonKind
+		default:
+			r.m.RetentionRound(time.Now(), time.Since(start), res.Overdue)
+			lastReason = ""
+			if res.Deleted > 0 {
+				log.Info("retention: deleted expired outbox rows", "rows", res.Deleted, "batches", res.Batches,
+					"horizon_lsn", res.Horizon.Entry.LSN.String(), "took", time.Since(start).Round(time.Millisecond).String())
+			}
+		}
+		t.Reset(cfg.Interval)
+	}
+}

@@ -1,0 +1,335 @@
+// Package retention deletes delivered outbox rows older than a retention
+// period, in small batches that do not disturb the application: the relay
+// runs a Round every outbox.retention_interval, `outbox-relay prune` runs
+// one now.
+//
+// # The invariant
+//
+// A row whose transaction is not yet covered by the saved checkpoint is
+// never deleted, however old its created_at: that includes a row inserted by
+// a transaction that stayed open across many checkpoints (created_at is the
+// transaction's start, so such a row looks old when it commits). The WAL
+// still carries a deleted row's insert, so the relay would deliver it
+// anyway; what the rule protects is the operator's copy: replay, and
+// re-inserting what a lost slot never delivered, need the rows that are not
+// known to be delivered.
+//
+// A batch deletes only rows that satisfy both
+//
+//	created_at < now() - retention
+//	xmin older than H.snapshot_xmin
+//
+// where H is the slot's horizon (checkpoint.FindHorizon): the newest row of
+// the checkpoint history whose snapshot_lsn the covered position (the later
+// of the saved checkpoint and the slot's confirmed_flush_lsn) has reached.
+// Without such a row nothing is deleted, and the Result says why. By the
+// history's rule (package checkpoint), a transaction older than
+// H.snapshot_xmin committed, if at all, before H.snapshot_lsn, hence before
+// the covered position: its rows were delivered. A transaction still open,
+// or committed after H.snapshot_lsn, has an xid at or above H.snapshot_xmin,
+// and a savepoint's xid is above its parent's: their rows are kept.
+//
+// The price of the rule: snapshot_xmin is the oldest transaction running on
+// the whole server, in any database (any that was assigned an xid by
+// writing, and prepared transactions), so one left open holds back the
+// deletion of every row newer than it until it ends. Rows are kept longer,
+// never deleted early.
+//
+// # Comparing a row's xmin with snapshot_xmin
+//
+// xmin is a 32-bit xid that wraps around; snapshot_xmin is a 64-bit xid8.
+// They are compared as ages relative to the same "now" (age() is stable
+// within a transaction): age(xmin) > age(snapshot_xmin mod 2^32). This is
+// exact while both are less than 2^31 transactions old. For snapshot_xmin,
+// FindHorizon refuses a horizon older than checkpoint.MaxHorizonAge (a
+// running relay records a new one every minute). For xmin: a row not yet
+// covered has an xid at or above snapshot_xmin, so it is younger than that
+// too and its age is exact; VACUUM freezing it keeps its xmin (PostgreSQL
+// 9.4 and later mark frozen tuples with a flag). Only a frozen row more than
+// 2^31 transactions old can show a wrong age: negative (taken as old and
+// deleted: it is older than any horizon, so that is right) or, after 2^32
+// transactions, small (then it is kept: a leak, never a loss). A row whose
+// xmin reads as FrozenTransactionId (frozen before 9.4 and carried over by
+// pg_upgrade) has age 2^31-1 and is deleted: it predates any slot.
+//
+// # Disturbing the application as little as possible
+//
+// Each batch is its own transaction with SET LOCAL statement_timeout, deletes
+// at most BatchSize rows (oldest created_at first, through the created_at
+// index, by ctid), and is followed by a Pause. A round stops at the first
+// batch that deletes fewer rows than BatchSize. Only the outbox table is
+// touched: the retry table keeps its rows until they are delivered or dropped.
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// Defaults of Config's zero values, exported for the CLI's key table.
+const (
+	DefaultInterval         = time.Minute
+	DefaultBatchSize        = 1000
+	DefaultPause            = 100 * time.Millisecond
+	DefaultStatementTimeout = 5 * time.Second
+)
+
+// MaxBatchSize bounds Config.BatchSize: a batch is one short transaction.
+const MaxBatchSize = 100_000
+
+// CreatedAtColumn is the outbox table's column retention reads: the one
+// `outbox-relay setup --create-outbox-table` creates (timestamptz, default
+// now()) and `outbox-relay lag` reads.
+const CreatedAtColumn = "created_at"
+
+// Config configures a Round. Zero values mean the documented defaults.
+type Config struct {
+	Table           string        // the outbox table; default sql.DefaultOutboxTable
+	CheckpointTable string        // default sql.DefaultCheckpointTable; its history is beside it
+	Slot            string        // required: whose checkpoint covers the rows
+	Retention       time.Duration // required: rows younger than this are kept
+	// Interval is how often the relay starts a round (Round itself ignores
+	// it). Default 1m.
+	Interval         time.Duration
+	BatchSize        int           // rows per DELETE, default 1000
+	Pause            time.Duration // between batches, default 100ms
+	StatementTimeout time.Duration // per batch (SET LOCAL statement_timeout), default 5s
+
+	// DryRun counts what a round would delete, in one read-only statement
+	// (its timeout the larger of StatementTimeout and 60s), and deletes nothing.
+	DryRun bool
+	// Deleted, when set, is called after each committed batch with the
+	// number of rows it deleted.
+	Deleted func(n int64)
+}
+
+// Validate fills defaults and rejects what cannot work, saying how to fix it.
+// Round calls it; the relay calls it at start-up.
+func (c *Config) Validate() error {
+	if c.Slot == "" {
+		return errors.New("retention: slot name is empty")
+	}
+	if c.Retention <= 0 {
+		return errors.New("retention: the retention period is not set")
+	}
+	if c.Table == "" {
+		c.Table = sql.DefaultOutboxTable
+	}
+	if c.CheckpointTable == "" {
+		c.CheckpointTable = sql.DefaultCheckpointTable
+	}
+	if c.Interval <= 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchSize > MaxBatchSize {
+		return fmt.Errorf("outbox.retention_batch_size is %d, above %d: a batch is one transaction that should stay short", c.BatchSize, MaxBatchSize)
+	}
+	if c.Pause <= 0 {
+		c.Pause = DefaultPause
+	}
+	if c.StatementTimeout <= 0 {
+		c.StatementTimeout = DefaultStatementTimeout
+	}
+	return nil
+}
+
+// A DB runs the statements of a round: *pgx.Conn and *pgxpool.Pool satisfy
+// it. A round uses it from one goroutine.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Result is what a round did.
+type Result struct {
+	// Horizon is what the round deleted up to; nil when there is none, and
+	// then NoHorizon says why nothing was deleted.
+	Horizon       *checkpoint.Horizon
+	NoHorizon     string
+	NoHorizonKind checkpoint.NoHorizonKind
+	Deleted       int64 // rows deleted; with DryRun, rows that would be
+	Batches       int   // DELETE statements run
+	// Overdue is how long the oldest row older than the retention that is
+	// still in the table has been due (its age minus the retention), after
+	// the round; 0 when there is none. OldestExpired is its created_at.
+	Overdue       time.Duration
+	OldestExpired *time.Time
+}
+
+// Round deletes, in batches, the outbox rows older than cfg.Retention whose
+// transactions the slot's checkpoint covers (see the package doc), and
+// reports what it did. No horizon is not an error: Result.NoHorizon says why
+// nothing was deleted. An error from a batch ends the round; the batches
+// before it stay committed.
+func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
+	var res Result
+	if err := cfg.Validate(); err != nil {
+		return res, err
+	}
+	t, err := sql.ParseTable(cfg.Table)
+	if err != nil {
+		return res, fmt.Errorf("outbox table: %w", err)
+	}
+	h, err := checkpoint.FindHorizon(ctx, db, cfg.CheckpointTable, cfg.Slot)
+	var nh *checkpoint.NoHorizonError
+	switch {
+	case errors.As(err, &nh):
+		res.NoHorizon, res.NoHorizonKind = nh.Reason, nh.Kind
+	case err != nil:
+		return res, err
+	default:
+		res.Horizon = h
+		if cfg.DryRun {
+			res.Deleted, err = count(ctx, db, t, cfg, h)
+		} else {
+			err = deleteBatches(ctx, db, t, cfg, h, &res)
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+	res.OldestExpired, res.Overdue, err = overdue(ctx, db, t, cfg.Retention)
+	return res, err
+}
+
+// expired is the predicate of a deletable row: $1 the retention in seconds,
+// $2 the horizon's snapshot_xmin (xid8, as bigint). See the package doc for
+// the age comparison; age(xmin) < 0 is a frozen row more than 2^31
+// transactions old.
+func expired() string {
+	c := sql.Ident(CreatedAtColumn)
+	return c + ` < now() - make_interval(secs => $1)
+      AND (age(xmin) > age(($2::bigint % 4294967296)::text::xid) OR age(xmin) < 0)`
+}
+
+func deleteBatches(ctx context.Context, db DB, t sql.Table, cfg Config, h *checkpoint.Horizon, res *Result) error {
+	q := `DELETE FROM ` + t.Quoted() + ` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM ` + t.Quoted() + `
+    WHERE ` + expired() + `
+    ORDER BY ` + sql.Ident(CreatedAtColumn) + ` LIMIT $3))`
+	timeout := strconv.FormatInt(cfg.StatementTimeout.Milliseconds(), 10)
+	for {
+		n, err := batch(ctx, db, timeout, q, cfg.Retention.Seconds(), int64(h.Entry.SnapshotXmin), cfg.BatchSize)
+		if err != nil {
+			return fmt.Errorf("delete expired rows from %s (batch %d): %w", t, res.Batches+1, err)
+		}
+		res.Batches++
+		res.Deleted += n
+		if cfg.Deleted != nil {
+			cfg.Deleted(n)
+		}
+		if n < int64(cfg.BatchSize) {
+			return nil
+		}
+		tm := time.NewTimer(cfg.Pause)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// batch runs one DELETE in a transaction of its own, bounded by the
+// statement timeout, and returns the rows it deleted once committed.
+func batch(ctx context.Context, db DB, timeoutMillis, q string, args ...any) (int64, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, timeoutMillis); err != nil {
+		return 0, err
+	}
+	tag, err := tx.Exec(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func count(ctx context.Context, db DB, t sql.Table, cfg Config, h *checkpoint.Horizon) (int64, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	timeout := max(cfg.StatementTimeout, time.Minute)
+	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('transaction_read_only', 'on', true)`,
+		strconv.FormatInt(timeout.Milliseconds(), 10)); err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+t.Quoted()+` WHERE `+expired(),
+		cfg.Retention.Seconds(), int64(h.Entry.SnapshotXmin)).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count expired rows in %s: %w", t, err)
+	}
+	return n, nil
+}
+
+// overdue finds the oldest row older than the retention, through the
+// created_at index.
+func overdue(ctx context.Context, db DB, t sql.Table, retention time.Duration) (*time.Time, time.Duration, error) {
+	c := sql.Ident(CreatedAtColumn)
+	var oldest *time.Time
+	var secs *float64
+	err := db.QueryRow(ctx, `SELECT m, extract(epoch FROM (now() - make_interval(secs => $1)) - m)::float8
+FROM (SELECT min(`+c+`)::timestamptz AS m FROM `+t.Quoted()+` WHERE `+c+` < now() - make_interval(secs => $1)) s`,
+		retention.Seconds()).Scan(&oldest, &secs)
+	if err != nil {
+		return nil, 0, fmt.Errorf("find the oldest expired row in %s: %w", t, err)
+	}
+	if secs == nil || *secs < 0 {
+		return oldest, 0, nil
+	}
+	return oldest, time.Duration(*secs * float64(time.Second)), nil
+}
+
+// CheckTable reports whether retention can work on the outbox table: it
+// exists, has a created_at column of a timestamp type, and the role may
+// delete from it. The error says how to fix it.
+func CheckTable(ctx context.Context, q checkpoint.Querier, table string) error {
+	t, err := sql.ParseTable(table)
+	if err != nil {
+		return fmt.Errorf("outbox table: %w", err)
+	}
+	var exists, canDelete bool
+	var typ *string
+	err = q.QueryRow(ctx, `SELECT c.oid IS NOT NULL,
+       (SELECT format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a
+        WHERE a.attrelid = c.oid AND a.attname = $2 AND NOT a.attisdropped),
+       c.oid IS NOT NULL AND has_table_privilege(c.oid, 'DELETE')
+FROM (SELECT to_regclass($1)::oid AS oid) c`, t.Quoted(), CreatedAtColumn).Scan(&exists, &typ, &canDelete)
+	switch {
+	case err != nil:
+		return fmt.Errorf("look up outbox table %s: %w", t, err)
+	case !exists:
+		return fmt.Errorf("outbox table %s does not exist: check outbox.table, or run `outbox-relay setup --create-outbox-table`", t)
+	case typ == nil:
+		return fmt.Errorf("outbox.retention is set, but the outbox table %s has no %q column to tell a row's age: add it "+
+			"(ALTER TABLE %s ADD COLUMN %s timestamptz NOT NULL DEFAULT now(); existing rows get the time of the ALTER) "+
+			"and an index on it, or set outbox.retention to \"\" (off)", t, CreatedAtColumn, t.Quoted(), sql.Ident(CreatedAtColumn))
+	case *typ != "timestamp with time zone" && *typ != "timestamp without time zone":
+		return fmt.Errorf("outbox.retention is set, but %s.%s is %s, not a timestamp: retention cannot tell a row's age; set outbox.retention to \"\" (off)",
+			t, CreatedAtColumn, *typ)
+	case !canDelete:
+		return fmt.Errorf("outbox.retention is set, but the relay's role may not delete from %s: GRANT DELETE ON %s TO <the relay's role>, or set outbox.retention to \"\" (off)",
+			t, t.Quoted())
+	}
+	return nil
+}
