@@ -96,7 +96,7 @@ bytes would go and sends nothing. --rate limits events per second.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&id, "id", "", "the run's id: the same id resumes a stopped run (default: a new id, printed)")
-	f.StringVar(&from, "from", "", "rows whose created_at is at or after this time (RFC 3339, \"2006-01-02 15:04:05\" UTC, or a duration ago like 24h)")
+	f.StringVar(&from, "from", "", "rows whose created_at is at or after this time (RFC 3339, \"2006-01-02 15:04:05\" UTC, or a duration ago like 24h or 7d)")
 	f.StringVar(&fromLSN, "from-lsn", "", "rows of transactions committed after this checkpoint LSN (with the checkpoint history)")
 	f.StringVar(&fromEvent, "from-event", "", "the row with this event id, and every row after it")
 	f.StringVar(&to, "to", "", "rows whose created_at is before this time (default: when the run first started)")
@@ -122,7 +122,7 @@ type replayArgs struct {
 // parseWhen reads a time: RFC 3339, a UTC date-time, a date, or a duration
 // before now.
 func parseWhen(s string, now time.Time) (time.Time, error) {
-	if d, err := time.ParseDuration(s); err == nil {
+	if d, err := parseDuration(s); err == nil {
 		if d <= 0 {
 			return time.Time{}, fmt.Errorf("%q: a duration ago must be positive", s)
 		}
@@ -133,7 +133,7 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 			return t, nil
 		}
 	}
-	return time.Time{}, fmt.Errorf("%q is not a time: write 2026-11-21T09:00:00Z, \"2026-11-21 09:00:00\" (UTC), 2026-11-21, or a duration ago such as 24h", s)
+	return time.Time{}, fmt.Errorf("%q is not a time: write 2026-11-21T09:00:00Z, \"2026-11-21 09:00:00\" (UTC), 2026-11-21, or a duration ago such as 24h or 7d", s)
 }
 
 func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) error {
