@@ -408,22 +408,17 @@ func jsonString(dst, s []byte) []byte {
 }
 
 // parseTimestamp parses pgoutput's text of a timestamp (withZone false:
-// read as UTC, as Debezium reads it) or timestamptz.
+// read as UTC, as Debezium reads it) or timestamptz (Postgres writes the
+// offset as +HH, +HH:MM or +HH:MM:SS).
 func parseTimestamp(v []byte, withZone bool) (time.Time, bool) {
-	layout := "2006-01-02 15:04:05.999999"
+	layouts := []string{"2006-01-02 15:04:05.999999"}
 	if withZone {
-		layout = "2006-01-02 15:04:05.999999Z07:00:00"
-		// Postgres writes the offset as +HH, +HH:MM or +HH:MM:SS.
-		s := string(v)
-		if t, err := time.Parse("2006-01-02 15:04:05.999999Z07", s); err == nil {
-			return t, true
-		}
-		if t, err := time.Parse("2006-01-02 15:04:05.999999Z07:00", s); err == nil {
-			return t, true
-		}
-		t, err := time.Parse(layout, s)
-		return t, err == nil
+		layouts = []string{"2006-01-02 15:04:05.999999Z07", "2006-01-02 15:04:05.999999Z07:00", "2006-01-02 15:04:05.999999Z07:00:00"}
 	}
-	t, err := time.Parse(layout, string(v))
-	return t, err == nil
+	for _, layout := range layouts {
+		if t, err := time.Parse(layout, string(v)); err == nil {
+			return t, true
+		}
+	}
+	return time.Time{}, false
 }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/router"
 )
 
 // A Plan is what Convert makes of a Debezium connector's configuration: the
@@ -389,23 +391,13 @@ func (c *converter) fields(v string) {
 		if entry == "" {
 			continue
 		}
-		parts := strings.Split(entry, ":")
-		for i := range parts {
-			parts[i] = strings.TrimSpace(parts[i])
-		}
-		alias := ""
-		if len(parts) >= 1 {
-			alias = parts[0]
-		}
-		if len(parts) == 3 && parts[2] != "" {
-			alias = parts[2]
-		}
+		// The relay's own parser, entry by entry: what it refuses is a gap,
+		// the rest is kept.
+		fs, err := router.ParseFields(entry)
 		switch {
-		case len(parts) < 2 || len(parts) > 3:
-			c.gap(key, entry, "entry is not column:placement[:alias]: fix it in message.fields")
-		case strings.EqualFold(parts[1], "partition"):
-			c.gap(key, entry, "the partition placement is not supported: the relay sends each aggregate to the partition its key hashes to, which keeps its events in order; the entry is left out of message.fields")
-		case strings.EqualFold(parts[1], "header") && alias == "id":
+		case err != nil:
+			c.gap(key, entry, "%v; the entry is left out of message.fields", err)
+		case fs[0].Placement == router.PlaceHeader && fs[0].Alias == router.HeaderID:
 			c.gap(key, entry, "Debezium sends this header next to its own id header, two headers named id; the relay sends one (message.headers: id): the entry is left out of message.fields, give it another alias to keep it")
 		default:
 			keep = append(keep, entry)
