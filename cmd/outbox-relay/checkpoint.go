@@ -47,19 +47,7 @@ read-only connection. A relay may be running. --json prints one object with the
 fields listed in the README.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
-			conn, err := newOpsConn(e, "outbox-relay checkpoint show")
-			if err != nil {
-				return err
-			}
-			defer conn.Close(context.WithoutCancel(cmd.Context()))
-			r, err := ops.CheckpointShow(cmd.Context(), conn, e.opsConfig())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return ops.WriteJSON(e.stdout, r)
-			}
-			return r.WriteText(e.stdout)
+			return printReport(cmd.Context(), e, "outbox-relay checkpoint show", asJSON, ops.CheckpointShow)
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (field names in the README)")

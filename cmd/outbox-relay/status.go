@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 
 	"github.com/spf13/cobra"
 
@@ -22,21 +23,30 @@ not a relay is streaming (use --json and the "streaming" field in scripts), 1
 when the check fails (cannot connect, slot missing).`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
-			conn, err := newOpsConn(e, "outbox-relay status")
-			if err != nil {
-				return err
-			}
-			defer conn.Close(context.WithoutCancel(cmd.Context()))
-			r, err := ops.Status(cmd.Context(), conn, e.opsConfig())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return ops.WriteJSON(e.stdout, r)
-			}
-			return r.WriteText(e.stdout)
+			return printReport(cmd.Context(), e, "outbox-relay status", asJSON, ops.Status)
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (field names in the README)")
 	return cmd
+}
+
+// A report is a read-only view the CLI prints as text or, with --json, JSON.
+type report interface{ WriteText(io.Writer) error }
+
+// printReport reads a report over an ordinary read-only connection named
+// app and prints it.
+func printReport[R report](ctx context.Context, e *env, app string, asJSON bool, read func(context.Context, ops.Querier, ops.Config) (R, error)) error {
+	conn, err := newOpsConn(e, app)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	r, err := read(ctx, conn, e.opsConfig())
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return ops.WriteJSON(e.stdout, r)
+	}
+	return r.WriteText(e.stdout)
 }
