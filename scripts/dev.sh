@@ -284,46 +284,34 @@ pg_stop() { # mode
 
 # ---------------------------------------------------------------- kafka
 
-kafka_libs() {
-	if [ -f "$KAFKA_LIBS/.complete" ]; then
+# maven_libs POM DIR WHAT resolves POM's runtime dependencies into DIR (cached: a DIR
+# with .complete is left alone). Into a temporary directory first, so an interrupted
+# download never leaves a directory with .complete and jars missing.
+maven_libs() {
+	local pom=$1 dir=$2 what=$3 tmp
+	if [ -f "$dir/.complete" ]; then
 		return 0
 	fi
 	ensure_java_installed
-	log "resolving Kafka $KAFKA_VERSION jars from Maven Central into $KAFKA_LIBS"
-	local tmp
-	mkdir -p "$(dirname "$KAFKA_LIBS")"
-	tmp=$(mktemp -d "$(dirname "$KAFKA_LIBS")/.libs.XXXXXX")
-	if ! mvn -q -B -Dstyle.color=never -f "$ROOT/scripts/kafka/pom.xml" dependency:copy-dependencies \
+	log "resolving $what jars from Maven Central into $dir"
+	mkdir -p "$(dirname "$dir")"
+	tmp=$(mktemp -d "$(dirname "$dir")/.libs.XXXXXX")
+	if ! mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies \
 		-DoutputDirectory="$tmp" -DincludeScope=runtime >&2; then
 		rm -rf "$tmp"
-		die "maven could not resolve the Kafka jars"
+		die "maven could not resolve the $what jars"
 	fi
 	touch "$tmp/.complete"
-	rm -rf "$KAFKA_LIBS"
-	mv "$tmp" "$KAFKA_LIBS"
+	rm -rf "$dir"
+	mv "$tmp" "$dir"
 }
 
+kafka_libs() { maven_libs "$ROOT/scripts/kafka/pom.xml" "$KAFKA_LIBS" "Kafka $KAFKA_VERSION"; }
+
 # debezium_libs resolves Kafka Connect and the Debezium Postgres connector, which the
-# integration tests run as a real Debezium to compare its output with the relay's. As
-# kafka_libs: into a temporary directory first, so an interrupted download never
-# leaves a directory with .complete and jars missing.
+# integration tests run as a real Debezium to compare its output with the relay's.
 debezium_libs() {
-	if [ -f "$DEBEZIUM_LIBS/.complete" ]; then
-		return 0
-	fi
-	ensure_java_installed
-	log "resolving Kafka Connect $KAFKA_VERSION + Debezium $DEBEZIUM_VERSION jars from Maven Central into $DEBEZIUM_LIBS"
-	local tmp
-	mkdir -p "$(dirname "$DEBEZIUM_LIBS")"
-	tmp=$(mktemp -d "$(dirname "$DEBEZIUM_LIBS")/.libs.XXXXXX")
-	if ! mvn -q -B -Dstyle.color=never -f "$ROOT/scripts/debezium/pom.xml" dependency:copy-dependencies \
-		-DoutputDirectory="$tmp" -DincludeScope=runtime >&2; then
-		rm -rf "$tmp"
-		die "maven could not resolve the Kafka Connect and Debezium jars"
-	fi
-	touch "$tmp/.complete"
-	rm -rf "$DEBEZIUM_LIBS"
-	mv "$tmp" "$DEBEZIUM_LIBS"
+	maven_libs "$ROOT/scripts/debezium/pom.xml" "$DEBEZIUM_LIBS" "Kafka Connect $KAFKA_VERSION + Debezium $DEBEZIUM_VERSION"
 }
 
 kafka_java() { # main class and args
