@@ -21,11 +21,18 @@ type Config struct {
 	ReconnectMin    time.Duration // default 100ms
 	ReconnectMax    time.Duration // default 10s
 
-	// SlotActiveTimeout is how long Run keeps retrying while the slot is
-	// active for another process before it returns ErrSlotActive. Default 90s:
-	// the other process is often our own previous connection, which the server
-	// notices only after wal_sender_timeout (default 60s) when the network died.
-	SlotActiveTimeout time.Duration
+	// WalSenderTimeout is sent as wal_sender_timeout for this connection
+	// (Postgres 12 and later let a connection set it): the server ends a
+	// walsender whose client has not replied for that long, which frees the
+	// slot for a standby relay when this process freezes or loses its
+	// network. Default 10s; a negative value keeps the server's setting
+	// (60s by default). StatusInterval is capped at a third of it.
+	WalSenderTimeout time.Duration
+
+	// Started, if set, is called from Run's goroutine each time
+	// START_REPLICATION succeeded: this process holds the slot. A leader
+	// fences former leaders there, before anything is delivered.
+	Started func()
 
 	Logger *slog.Logger // default discards
 }
@@ -36,12 +43,12 @@ const DefaultStatusInterval = 10 * time.Second
 
 // Defaults of the other fields of Config, as documented there.
 const (
-	defaultApplicationName   = "outbox-relay"
-	defaultMaxBatchRows      = 1000
-	defaultMaxBatchBytes     = 1 << 20
-	defaultReconnectMin      = 100 * time.Millisecond
-	defaultReconnectMax      = 10 * time.Second
-	defaultSlotActiveTimeout = 90 * time.Second
+	defaultApplicationName  = "outbox-relay"
+	defaultMaxBatchRows     = 1000
+	defaultMaxBatchBytes    = 1 << 20
+	defaultReconnectMin     = 100 * time.Millisecond
+	defaultReconnectMax     = 10 * time.Second
+	defaultWalSenderTimeout = 10 * time.Second
 )
 
 // withDefaults returns cfg with every zero field set to its default. It never
@@ -65,8 +72,12 @@ func (cfg Config) withDefaults() Config {
 	if cfg.ReconnectMax == 0 {
 		cfg.ReconnectMax = defaultReconnectMax
 	}
-	if cfg.SlotActiveTimeout == 0 {
-		cfg.SlotActiveTimeout = defaultSlotActiveTimeout
+	if cfg.WalSenderTimeout == 0 {
+		cfg.WalSenderTimeout = defaultWalSenderTimeout
+	}
+	if cfg.WalSenderTimeout > 0 && cfg.StatusInterval > cfg.WalSenderTimeout/3 {
+		// A status update well inside the timeout, even if one is late.
+		cfg.StatusInterval = cfg.WalSenderTimeout / 3
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -88,11 +99,14 @@ func (cfg Config) validate() error {
 	if cfg.Publication == "" {
 		errs = append(errs, errors.New("replication: publication is empty: set the publication created by setup"))
 	}
-	if cfg.StatusInterval < 0 || cfg.ReconnectMin < 0 || cfg.ReconnectMax < 0 || cfg.SlotActiveTimeout < 0 {
+	if cfg.StatusInterval < 0 || cfg.ReconnectMin < 0 || cfg.ReconnectMax < 0 {
 		errs = append(errs, errors.New("replication: durations must not be negative"))
 	}
 	if cfg.ReconnectMax < cfg.ReconnectMin {
 		errs = append(errs, fmt.Errorf("replication: ReconnectMax %s is below ReconnectMin %s", cfg.ReconnectMax, cfg.ReconnectMin))
+	}
+	if cfg.WalSenderTimeout > 0 && cfg.WalSenderTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("replication: wal_sender_timeout %s is below 1s: Postgres counts it in milliseconds but a pause of the relay (GC, a slow disk) would end its connection", cfg.WalSenderTimeout))
 	}
 	if cfg.MaxBatchRows < 0 || cfg.MaxBatchBytes < 0 {
 		errs = append(errs, errors.New("replication: MaxBatchRows and MaxBatchBytes must not be negative"))

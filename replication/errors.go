@@ -16,8 +16,10 @@ var (
 	ErrSlotPlugin = errors.New("replication slot does not use pgoutput")
 	// ErrSlotDatabase: the slot was created in another database than the DSN's.
 	ErrSlotDatabase = errors.New("replication slot belongs to another database")
-	// ErrSlotActive: another process kept the slot busy for longer than
-	// Config.SlotActiveTimeout.
+	// ErrSlotActive: another process holds the slot (another relay leads,
+	// or the server has not yet noticed that this process's earlier
+	// connection died). Run returns it at once, not retrying: a relay waits
+	// as a standby until the slot is free.
 	ErrSlotActive = errors.New("replication slot is active for another process")
 	// ErrPublicationMissing: the publication does not exist (or did not yet
 	// exist at the slot's position).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,7 @@ type Stream struct {
 	confirmed atomic.Uint64 // highest LSN confirmed (by Confirm or idle advancement)
 	stats     counters
 	running   atomic.Bool
+	lastPID   atomic.Uint32 // backend pid of the walsender that last streamed for this Stream
 }
 
 // New returns a Stream for cfg. It neither connects nor starts goroutines;
@@ -113,7 +115,6 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 	defer asm.logSkips()
 	// Jittered, so that many relays do not reconnect in step.
 	bo := backoff.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
-	var activeSince time.Time
 	for {
 		streamed, err := s.session(ctx, asm, out)
 		s.stats.streaming.Store(false)
@@ -123,17 +124,16 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 		if isFatal(err) {
 			return err
 		}
-		if errors.Is(err, errSlotBusy) {
-			if activeSince.IsZero() {
-				activeSince = time.Now()
-			} else if time.Since(activeSince) > s.cfg.SlotActiveTimeout {
-				return &fatalError{
-					msg:      fmt.Sprintf("replication slot %q is active for another process for more than %s: stop the other relay or terminate its walsender", s.cfg.Slot, s.cfg.SlotActiveTimeout),
-					sentinel: ErrSlotActive, cause: err,
-				}
+		if errors.Is(err, errSlotBusy) && !errors.Is(err, errOwnWalsender) {
+			// Someone else holds the slot: a rival relay took over (or
+			// holds it since before this Run). This process does not
+			// lead now; the caller waits as a standby rather than
+			// reconnecting in a loop. (Our own earlier walsender, which
+			// the server ends after wal_sender_timeout, is waited for.)
+			return &fatalError{
+				msg:      fmt.Sprintf("replication slot %q is active for another process", s.cfg.Slot),
+				sentinel: ErrSlotActive, cause: err,
 			}
-		} else {
-			activeSince = time.Time{}
 		}
 		if streamed {
 			bo.Reset()
@@ -155,6 +155,11 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 
 // errSlotBusy: START_REPLICATION found the slot active for another process.
 var errSlotBusy = errors.New("replication slot is active for another process")
+
+// errOwnWalsender: the slot is held by the walsender of this Stream's
+// earlier connection, which the server has not yet seen die (a network cut
+// heals before wal_sender_timeout). Retried: it ends within that timeout.
+var errOwnWalsender = errors.New("replication slot is still held by this relay's previous connection")
 
 func isFatal(err error) bool {
 	var f *fatalError
@@ -195,9 +200,19 @@ func (s *Stream) session(ctx context.Context, asm *assembler, out chan<- Batch) 
 		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)},
 	})
 	if err != nil {
-		return false, s.classify("start replication", err)
+		err = s.classify("start replication", err)
+		if errors.Is(err, errSlotBusy) && s.lastPID.Load() != 0 {
+			// Taken between the check and the start: look again, which
+			// tells our own lingering walsender from a rival.
+			return false, fmt.Errorf("%w: %w", errOwnWalsender, err)
+		}
+		return false, err
 	}
 	s.stats.streaming.Store(true)
+	s.lastPID.Store(conn.PID())
+	if s.cfg.Started != nil {
+		s.cfg.Started()
+	}
 	s.cfg.Logger.Info("replication started", "slot", s.cfg.Slot, "publication", s.cfg.Publication, "start_lsn", from.String())
 	return true, s.stream(ctx, conn, asm, out, st)
 }
@@ -210,6 +225,9 @@ func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	}
 	pcfg.RuntimeParams["replication"] = "database"
 	pcfg.RuntimeParams["application_name"] = s.cfg.ApplicationName
+	if s.cfg.WalSenderTimeout > 0 {
+		pcfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(s.cfg.WalSenderTimeout.Milliseconds(), 10)
+	}
 	if pcfg.ConnectTimeout == 0 {
 		pcfg.ConnectTimeout = 10 * time.Second
 	}
@@ -233,6 +251,12 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or configure another slot", s.cfg.Slot, slot.Plugin), sentinel: ErrSlotPlugin}
 	case slot.Database != slot.CurrentDatabase:
 		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: fix the DSN's database or the slot name", s.cfg.Slot, slot.Database, slot.CurrentDatabase), sentinel: ErrSlotDatabase}
+	}
+	if slot.Active && slot.ActivePID != nil {
+		if own := s.lastPID.Load(); own != 0 && uint32(*slot.ActivePID) == own {
+			return 0, fmt.Errorf("check slot: %w: %w (walsender pid %d)", errSlotBusy, errOwnWalsender, own)
+		}
+		return 0, fmt.Errorf("check slot: %w (walsender pid %d)", errSlotBusy, *slot.ActivePID)
 	}
 	// A walsender accepts only the simple query protocol: literals, not parameters.
 	res, err := conn.Exec(ctx, `SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = `+quoteLiteral(s.cfg.Publication)).ReadAll()

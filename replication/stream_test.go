@@ -419,12 +419,17 @@ func TestStreamSlotActive(t *testing.T) {
 	db := outboxDB(t)
 	r := startStream(t, db, Config{}, 0)
 	eventually(t, "first stream active", 10*time.Second, func() (bool, string) { return r.s.Stats().Streaming, "not streaming" })
-	s := New(Config{DSN: db.dsn, Slot: "relay_slot", Publication: "relay_pub", SlotActiveTimeout: time.Second,
+	s := New(Config{DSN: db.dsn, Slot: "relay_slot", Publication: "relay_pub",
 		ReconnectMin: 100 * time.Millisecond, ReconnectMax: 200 * time.Millisecond, Logger: testLogger(t)})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	began := time.Now()
 	err := s.Run(ctx, 0, make(chan Batch))
 	if !errors.Is(err, ErrSlotActive) {
 		t.Errorf("second Run on an active slot = %v; want ErrSlotActive", err)
+	}
+	// At once: a standby relay decides what to do, not a reconnect loop.
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("second Run took %s to report the busy slot; want it at once", took)
 	}
 }

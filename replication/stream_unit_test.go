@@ -58,7 +58,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
-	if c.ApplicationName != "outbox-relay" || c.StatusInterval != 10*time.Second || c.MaxBatchRows != 1000 ||
+	if c.ApplicationName != "outbox-relay" || c.StatusInterval != 10*time.Second/3 || c.WalSenderTimeout != 10*time.Second || c.MaxBatchRows != 1000 ||
 		c.MaxBatchBytes != 1<<20 || c.ReconnectMin != 100*time.Millisecond || c.ReconnectMax != 10*time.Second || c.Logger == nil {
 		t.Errorf("Config{}.withDefaults() = %+v; want the documented defaults", c)
 	}

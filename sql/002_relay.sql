@@ -14,7 +14,10 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "slot_name" text PRIMARY KEY,
     "lsn" pg_lsn NOT NULL,
     "last_commit_time" timestamptz,
-    "saved_at" timestamptz NOT NULL DEFAULT now()
+    "saved_at" timestamptz NOT NULL DEFAULT now(),
+    "epoch" bigint NOT NULL DEFAULT 0,
+    "leader" text,
+    "leader_since" timestamptz
 );
 
 -- A compact history of the checkpoints saved, one row at most every

@@ -238,8 +238,19 @@ func CheckpointTable(t Table) string {
     "slot_name" text PRIMARY KEY,
     "lsn" pg_lsn NOT NULL,
     "last_commit_time" timestamptz,
-    "saved_at" timestamptz NOT NULL DEFAULT now()
+    "saved_at" timestamptz NOT NULL DEFAULT now(),
+    "epoch" bigint NOT NULL DEFAULT 0,
+    "leader" text,
+    "leader_since" timestamptz
 )`, t.Quoted())
+}
+
+// CheckpointLeaderColumns returns the statement that adds the leadership
+// columns (epoch, leader, leader_since) to a checkpoint table created before
+// they existed; a no-op on a current table.
+func CheckpointLeaderColumns(t Table) string {
+	return fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "epoch" bigint NOT NULL DEFAULT 0, `+
+		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz`, t.Quoted())
 }
 
 // CreatePublication returns the statement creating the publication of the

@@ -3,7 +3,6 @@ package faults
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -17,9 +16,10 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	cut   bool // also set for good when Serve returns
-	conns map[net.Conn]struct{}
+	mu       sync.Mutex
+	cut      bool // also set for good when Serve returns
+	conns    map[net.Conn]struct{}
+	released chan struct{} // nil: forwarding; else closed by Release
 }
 
 // Listen binds addr (use "127.0.0.1:0" for a free port) for a proxy to target. It
@@ -75,6 +75,39 @@ func (p *Proxy) Restore() {
 	p.cut = false
 }
 
+// Hold stops forwarding bytes on every connection without closing any, and
+// leaves new connections unanswered, until Release: a partition in which
+// packets are dropped, which neither end notices before its own timeouts
+// (for a walsender, wal_sender_timeout). Bytes read meanwhile are forwarded
+// after Release.
+func (p *Proxy) Hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.released == nil {
+		p.released = make(chan struct{})
+	}
+}
+
+// Release forwards again after Hold.
+func (p *Proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.released != nil {
+		close(p.released)
+		p.released = nil
+	}
+}
+
+// waitReleased blocks while the proxy is held.
+func (p *Proxy) waitReleased() {
+	p.mu.Lock()
+	c := p.released
+	p.mu.Unlock()
+	if c != nil {
+		<-c
+	}
+}
+
 func (p *Proxy) closeAllLocked() {
 	for c := range p.conns {
 		c.Close()
@@ -107,6 +140,7 @@ func (p *Proxy) forward(ctx context.Context, client net.Conn) {
 	if !p.track(client) {
 		return
 	}
+	p.waitReleased()
 	d := net.Dialer{Timeout: 5 * time.Second}
 	server, err := d.DialContext(ctx, "tcp", p.target)
 	if err != nil {
@@ -121,7 +155,19 @@ func (p *Proxy) forward(ctx context.Context, client net.Conn) {
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
 		// A cut and a peer's close end the connection alike: the error says nothing more.
-		io.Copy(dst, src)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				p.waitReleased()
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
 		done <- struct{}{}
 	}
 	go pipe(server, client)

@@ -46,6 +46,17 @@ type supervisor struct {
 	runs       int
 	unexpected []exit
 	lastTail   string
+	cur        *relayProc // the running relay, nil between runs
+}
+
+// Pid returns the running relay's process id, 0 between runs.
+func (s *supervisor) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return 0
+	}
+	return s.cur.cmd.Process.Pid
 }
 
 func (s *supervisor) Unexpected() []exit {
@@ -108,6 +119,7 @@ func (s *supervisor) finish(p *relayProc, err error, asked string) exit {
 	s.log.Write(p.out.Bytes())
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.cur = nil
 	e := exit{run: s.runs, err: err, asked: asked, tail: tailLines(p.out.String(), 8), uptime: time.Since(p.started)}
 	fmt.Fprintf(s.log, "=== run %d ended after %s: %v (asked: %q)\n", e.run, e.uptime.Round(time.Millisecond), err, asked)
 	s.lastTail = tailLines(p.out.String(), 40)
@@ -125,6 +137,9 @@ func (s *supervisor) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		s.mu.Lock()
+		s.cur = p
+		s.mu.Unlock()
 		var delay time.Duration
 		select {
 		case err := <-p.done:

@@ -41,6 +41,7 @@
 //	headers_dropped_total                 counter   headers-column entries dropped: named id, event_type or aggregate_type
 //	headers_invalid_total                 counter   events whose headers column was not a JSON object (delivered without it)
 //	schema_stops_total                    counter   stops because the outbox table lost a mapped column
+//	active                                gauge     1 while this relay leads the slot, 0 while it stands by
 //	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
 //	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
 //	stalled_seconds                       gauge     how long the WAL has been ahead of the confirmed LSN without progress; 0 when not
@@ -79,6 +80,7 @@ type Metrics struct {
 	headersInvalid              prometheus.Counter
 	schemaStops                 prometheus.Counter
 	ready, stalled              prometheus.Gauge
+	active                      prometheus.Gauge
 	failing                     *prometheus.GaugeVec
 	sampled                     *sampled
 	retentionDeleted            prometheus.Counter
@@ -129,6 +131,7 @@ func New() *Metrics {
 	m.headersDropped = counter("headers_dropped_total", "Entries of the headers column dropped because they used a header name the relay sets (id, event_type, aggregate_type).")
 	m.headersInvalid = counter("headers_invalid_total", "Events whose headers column held something other than a JSON object; they were delivered without extra headers.")
 	m.schemaStops = counter("schema_stops_total", "Times the relay stopped because the outbox table no longer has a mapped column.")
+	m.active = gauge("active", "1 while this relay leads (streams the slot and delivers), 0 while it stands by.")
 	m.ready = gauge("ready", "1 when every health check passes (what /readyz reports, less its live Kafka ping), else 0.")
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
 	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "health_failing",
@@ -141,7 +144,7 @@ func New() *Metrics {
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops,
-		m.ready, m.stalled, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
+		m.ready, m.stalled, m.active, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -338,4 +341,16 @@ func (m *Metrics) SetHealth(failing map[string]bool, stalled time.Duration) {
 	}
 	m.ready.Set(ready)
 	m.stalled.Set(stalled.Seconds())
+}
+
+// SetActive records whether this relay leads the slot (1) or stands by (0).
+func (m *Metrics) SetActive(leading bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if leading {
+		v = 1
+	}
+	m.active.Set(v)
 }

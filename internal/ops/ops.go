@@ -78,6 +78,11 @@ type Checkpoint struct {
 	LSN            string     `json:"lsn"`
 	SavedAt        *time.Time `json:"saved_at"`
 	LastCommitTime *time.Time `json:"last_commit_time"`
+	// The relay that last took the slot over (high availability): its epoch,
+	// how it named itself (host, pid, start) and when. Absent before any did.
+	LeaderEpoch *int64     `json:"leader_epoch,omitempty"`
+	Leader      *string    `json:"leader,omitempty"`
+	LeaderSince *time.Time `json:"leader_since,omitempty"`
 
 	lastDeliveredAge *float64 // server's now() - LastCommitTime, for TimeLag
 }
@@ -276,9 +281,18 @@ func queryCheckpoint(ctx context.Context, q Querier, table, slot string) (*Check
 		return nil, err
 	}
 	var c Checkpoint
+	// The leadership columns through to_jsonb: a table from before they
+	// existed reads as no leader, not as an error.
+	var epoch *int64
 	err = q.QueryRow(ctx, "SELECT lsn::text, saved_at, last_commit_time, "+
-		"extract(epoch FROM now() - last_commit_time)::float8 FROM "+t+" WHERE slot_name = $1", slot).
-		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge)
+		"extract(epoch FROM now() - last_commit_time)::float8, "+
+		"(to_jsonb(c)->>'epoch')::bigint, to_jsonb(c)->>'leader', (to_jsonb(c)->>'leader_since')::timestamptz FROM "+t+" c WHERE slot_name = $1", slot).
+		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge, &epoch, &c.Leader, &c.LeaderSince)
+	if epoch != nil && *epoch > 0 {
+		c.LeaderEpoch = epoch
+	} else {
+		c.Leader, c.LeaderSince = nil, nil
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -77,6 +77,11 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 	row("confirmed flush", orNA(r.Slot.ConfirmedFlushLSN))
 	if c := r.Checkpoint; c != nil {
 		row("checkpoint", c.LSN+"  saved "+timeAgo(c.SavedAt, r.CheckedAt))
+		if c.LeaderEpoch != nil {
+			// Standbys hold nothing a query could see: they log, and
+			// their outbox_relay_active metric is 0.
+			row("leader", fmt.Sprintf("epoch %d: %s, took over %s", *c.LeaderEpoch, orNA(c.Leader), timeAgo(c.LeaderSince, r.CheckedAt)))
+		}
 	} else {
 		row("checkpoint", "none saved")
 	}

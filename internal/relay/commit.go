@@ -2,12 +2,14 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 )
 
@@ -25,6 +27,7 @@ type committer struct {
 	urgent   int
 	health   *health
 	history  *historian // nil records no history
+	lease    *lease     // nil: saves are not fenced (tests of the stage alone)
 
 	mu         sync.Mutex
 	acked      pglogrepl.LSN
@@ -119,7 +122,28 @@ func (c *committer) run(ctx context.Context) error {
 // save retries until the checkpoint is durable or ctx is done: Postgres may be
 // restarting, and the stream will be waiting for it too.
 func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
-	return persist(ctx, c.log, "save checkpoint "+lsn.String(), c.health.watch("checkpoint", func() error {
-		return c.store.Save(ctx, c.slot, lsn, commitTime)
+	if c.lease == nil {
+		return persist(ctx, c.log, "save checkpoint "+lsn.String(), c.health.watch("checkpoint", func() error {
+			return c.store.Save(ctx, c.slot, lsn, commitTime)
+		}))
+	}
+	epoch, err := c.lease.wait(ctx)
+	if err != nil {
+		return err
+	}
+	// Fenced: a save that finds a newer epoch is not retried, it ends the
+	// term; one that succeeds proves leadership for the writers.
+	return retryIf(ctx, c.log, "save checkpoint "+lsn.String(), func(err error) bool {
+		return !errors.Is(err, checkpoint.ErrFenced)
+	}, c.health.watch("checkpoint", func() error {
+		at := time.Now()
+		if err := c.store.SaveFenced(ctx, c.slot, epoch, lsn, commitTime); err != nil {
+			return err
+		}
+		c.lease.proven(at)
+		// What the HA tests check across processes: saves of one epoch
+		// all begin before any save of a later one, and LSNs never fall.
+		c.log.Debug("checkpoint saved", "lsn", lsn.String(), "epoch", epoch, "began", at.UTC().Format(time.RFC3339Nano))
+		return nil
 	}))
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -85,6 +86,16 @@ type Config struct {
 	MetricsListen string
 	RetryTable    string // default "outbox_relay_retry"
 
+	// Identity is how this relay names itself as leader, in the checkpoint
+	// row (what standbys, status and the log show). Default
+	// "host <hostname> pid <pid> started <time>".
+	Identity string
+	// LeaseDuration (default 1s) is how long a proof of leadership lets a
+	// leader write, and how long a new leader waits after fencing the former
+	// ones before its first write (see lease.go). StandbyPoll (default
+	// 250ms) is how often a standby looks whether the slot is free.
+	LeaseDuration, StandbyPoll time.Duration
+
 	// Retry tunes the retry worker (backoff, maximum age and attempts, poll
 	// interval); its Store, Sink, Topic, Delivered and Logger are the
 	// relay's own and are overwritten.
@@ -160,6 +171,20 @@ func (c *Config) validate() error {
 	}
 	if c.MetricsListen != "" && c.Metrics == nil {
 		c.Metrics = metrics.New()
+	}
+	if c.Identity == "" {
+		host, _ := os.Hostname()
+		c.Identity = fmt.Sprintf("host %s pid %d started %s", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339))
+	}
+	if c.LeaseDuration <= 0 {
+		c.LeaseDuration = DefaultLeaseDuration
+	}
+	if c.StandbyPoll <= 0 {
+		c.StandbyPoll = DefaultStandbyPoll
+	}
+	if wst := c.Replication.WalSenderTimeout; wst > 0 && wst <= 2*c.LeaseDuration {
+		// A leader that froze must lose the slot only after its lease ran out.
+		return fmt.Errorf("postgres.wal_sender_timeout (%s) must be more than twice the leader lease (%s): a frozen leader would lose the slot while it may still write", wst, c.LeaseDuration)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -35,8 +35,10 @@ type retryTable interface {
 
 // A checkpointSaver persists the checkpoint: checkpoint.Store's contract.
 // Save is durable when it returns nil.
+// SaveFenced is Save for the leader of epoch (see lease.go).
 type checkpointSaver interface {
 	Save(ctx context.Context, slot string, lsn pglogrepl.LSN, commitTime time.Time) error
+	SaveFenced(ctx context.Context, slot string, epoch int64, lsn pglogrepl.LSN, commitTime time.Time) error
 }
 
 // A confirmer reports a position as handled to the server: the stream's

@@ -71,6 +71,10 @@ func (l *ledger) Confirm(lsn pglogrepl.LSN) {
 }
 
 // Save is the checkpoint store's side.
+func (l *ledger) SaveFenced(ctx context.Context, slot string, _ int64, lsn pglogrepl.LSN, commitTime time.Time) error {
+	return l.Save(ctx, slot, lsn, commitTime)
+}
+
 func (l *ledger) Save(ctx context.Context, slot string, lsn pglogrepl.LSN, commitTime time.Time) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

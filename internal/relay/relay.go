@@ -54,6 +54,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -92,11 +93,27 @@ func (e *FutureStartError) Error() string {
 type Relay struct {
 	cfg    Config
 	log    *slog.Logger
-	route  *routeStage
+	router *router.Router // validated config; each term routes with its own
 	sink   *sink.Kafka
+	m      *metrics.Metrics // nil records nothing
+	pool   *pgxpool.Pool    // set by Run
+
+	// Per term of leadership (see lead), built afresh by newTerm: the
+	// pipeline of a term that lost the slot is discarded whole.
+	route  *routeStage
 	stream *replication.Stream
 	win    *window
-	m      *metrics.Metrics // nil records nothing
+	health *health
+	lease  *lease
+
+	// live is what Ready reads: the current term's stream and health, nil
+	// while standing by.
+	live    atomic.Pointer[liveTerm]
+	standby atomic.Pointer[string] // who holds the slot, while standing by
+}
+
+type liveTerm struct {
+	stream *replication.Stream
 	health *health
 }
 
@@ -113,19 +130,28 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	r := &Relay{cfg: cfg, log: cfg.Logger, router: rt, sink: sk, m: cfg.Metrics}
+	r.newTerm()
+	return r, nil
+}
+
+// newTerm builds the state of one term of leadership.
+func (r *Relay) newTerm() {
+	cfg := r.cfg
 	schema, table, _ := strings.Cut(cfg.Table, ".")
-	win := newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
-	return &Relay{
-		cfg: cfg, log: cfg.Logger, sink: sk, win: win, m: cfg.Metrics,
-		stream: replication.New(cfg.Replication),
-		health: newHealth(cfg.StallAfter, cfg.Logger),
-		route: &routeStage{
-			router: rt, win: win, schema: schema, table: table,
-			maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
-			log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
-			isOutbox: make(map[*replication.Relation]bool),
-		},
-	}, nil
+	rt, _ := router.New(cfg.Router) // validated by New
+	r.win = newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
+	r.health = newHealth(cfg.StallAfter, cfg.Logger)
+	r.lease = newLease(cfg.Replication.Slot, cfg.Identity, cfg.LeaseDuration, cfg.Logger)
+	rcfg := cfg.Replication
+	rcfg.Started = r.lease.started
+	r.stream = replication.New(rcfg)
+	r.route = &routeStage{
+		router: rt, win: r.win, schema: schema, table: table,
+		maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
+		log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
+		isOutbox: make(map[*replication.Relation]bool),
+	}
 }
 
 // Run streams until ctx is cancelled or a non-retryable error occurs. Lost
@@ -135,19 +161,81 @@ func New(cfg Config) (*Relay, error) {
 // checkpoint, then returns an error that wraps context.Canceled, or one that
 // wraps ErrDrainTimeout if the drain took longer than ShutdownTimeout.
 //
-//	stream ─batches→ route ─chunks→ writer ─acks→ committer ─Confirm→ stream
-//	                                   └─ gate, retry table ←─ retry worker
-func (r *Relay) Run(ctx context.Context) error {
+// Any number of relays may Run on one slot: the one whose walsender holds
+// the slot leads (streams and delivers), the others stand by until the slot
+// is free and then race for it (see lead and standBy). A leader that finds
+// the slot taken or its epoch fenced (package checkpoint) drops its
+// pipeline, delivering and saving nothing more, and stands by again.
+func (r *Relay) Run(ctx context.Context) (err error) {
 	defer r.sink.Close()
+	// A TLS failure says what to change in postgres.dsn (see secure.go).
+	defer func() { err = explainTLS(err) }()
+	// Credentials or TLS settings Kafka refuses need an operator: stop before
+	// streaming (a *sink.AuthError names the key), rather than hold every event
+	// as a Kafka outage. An unreachable Kafka is no reason: the writer waits.
+	if err := r.sink.CheckAuth(ctx); err != nil {
+		return err
+	}
 	pool, err := pgxpool.New(ctx, r.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("connect to postgres: %w", err)
 	}
 	defer pool.Close()
+	r.pool = pool
+
+	// The metrics server serves both roles for the life of the process; a
+	// failure of it (the port taken) ends Run as a failure of the pipeline
+	// would.
+	rctx, failRun := context.WithCancelCause(ctx)
+	defer failRun(nil)
+	var served errgroup.Group
+	sctx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() { stopServing(); served.Wait() }()
+	if r.m != nil {
+		served.Go(func() error {
+			if err := ignoreCanceled(r.m.Serve(sctx, r.cfg.MetricsListen, r.Ready)); err != nil {
+				failRun(err)
+			}
+			return nil
+		})
+	}
+	for term := 0; ; term++ {
+		if term > 0 {
+			r.newTerm()
+		}
+		if err := r.standBy(rctx, pool); err != nil {
+			return runCause(rctx, err)
+		}
+		err := r.lead(rctx, sctx, pool)
+		if errors.Is(err, errStandBy) && rctx.Err() == nil {
+			r.log.Warn("no longer leading: standing by", "slot", r.cfg.Replication.Slot, "reason", err)
+			continue
+		}
+		return runCause(rctx, err)
+	}
+}
+
+// runCause prefers the reason Run was failed (the metrics server) to the
+// cancellation it caused.
+func runCause(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && errors.Is(err, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+// lead runs one term of leadership: the pipeline, from the checkpoint, until
+// ctx is cancelled (drain, final checkpoint), a failure, or the loss of the
+// slot (errStandBy: nothing drained, nothing more delivered or saved).
+//
+//	stream ─batches→ route ─chunks→ writer ─acks→ committer ─Confirm→ stream
+//	                                   └─ gate, retry table ←─ retry worker
+func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 	start, store, rstore, gt, err := r.open(ctx, pool)
 	if err != nil {
 		return err
 	}
+	r.lease.store = store
 	worker, wsink, err := r.retryWorker(rstore, gt)
 	if err != nil {
 		return err
@@ -170,14 +258,25 @@ func (r *Relay) Run(ctx context.Context) error {
 	// Batches in these channels are outside the window (it is taken when a
 	// batch is routed): keep them short, they only smooth hand-overs.
 	batches, chunks := make(chan replication.Batch, 4), make(chan *chunk, 4)
-	w := &writer{sink: r.sink, gate: gt, win: r.win, health: r.health, log: r.log, m: r.m}
+	w := &writer{sink: r.sink, gate: gt, win: r.win, health: r.health, log: r.log, m: r.m, lease: r.lease}
 	com := newCommitter(store, r.stream, r.win, r.health, r.m, r.log, r.cfg, start)
+	com.lease = r.lease
 	hist := newHistorian(store, r.log, r.cfg)
 	com.history = hist
 
-	if err := r.serveMetrics(streamCtx, g, pool); err != nil {
+	r.live.Store(&liveTerm{stream: r.stream, health: r.health})
+	defer r.live.Store(nil)
+	defer r.m.SetActive(false)
+	if err := r.sampleMetrics(streamCtx, g, pool); err != nil {
 		return err
 	}
+	g.Go(func() error {
+		if err := r.lease.take(streamCtx); err != nil {
+			return ignoreCanceled(err)
+		}
+		r.m.SetActive(true)
+		return nil
+	})
 	g.Go(func() error { return r.runStream(streamCtx, gctx, start, batches) })
 	g.Go(func() error { return ignoreCanceled(worker.Run(streamCtx)) })
 	g.Go(func() error { r.pumpStats(streamCtx, worker); return nil })
@@ -209,6 +308,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if cause := context.Cause(pctx); errors.Is(cause, ErrDrainTimeout) {
 		return fmt.Errorf("%w after %s: the events not yet confirmed will be sent again on the next start",
 			ErrDrainTimeout, r.cfg.ShutdownTimeout)
+	}
+	if errors.Is(err, replication.ErrSlotActive) || errors.Is(err, checkpoint.ErrFenced) {
+		return fmt.Errorf("%w: %w", errStandBy, err)
 	}
 	if err != nil {
 		return err
@@ -258,6 +360,12 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *c
 			r.log.Warn("cannot create the checkpoint history table: run \"outbox-relay setup\" as its owner; until then no history is recorded and retention deletes nothing",
 				"table", store.HistoryTable(), "err", err)
 		}
+		// Fencing needs the epoch column: a table from before it gets it
+		// (a no-op when current), and one this role cannot upgrade stops
+		// the relay, saying how to fix it.
+		if err := store.MigrateLeader(ctx); err != nil {
+			return err
+		}
 		// Retention that cannot work says so at start, not once a minute.
 		if r.cfg.Retention.Retention > 0 {
 			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
@@ -284,7 +392,8 @@ func (r *Relay) retryWorker(rstore *retry.Store, gt *gate) (*retry.Worker, *sink
 		return nil, nil, err
 	}
 	wcfg := r.cfg.Retry
-	wcfg.Store, wcfg.Sink, wcfg.Topic, wcfg.Logger = rstore, wsink, wrouter.Topic, r.log.With("component", "retry")
+	wcfg.Store, wcfg.Topic, wcfg.Logger = rstore, wrouter.Topic, r.log.With("component", "retry")
+	wcfg.Sink = guardedSink{lease: r.lease, sink: wsink}
 	wcfg.Headers = wrouter.Headers()
 	wcfg.Delivered = func(agg string) {
 		// Called from the worker's goroutine while it runs: bounded, as a
@@ -315,8 +424,8 @@ func (r *Relay) runStream(streamCtx, gctx context.Context, start pglogrepl.LSN, 
 	return err
 }
 
-// serveMetrics starts the metrics sampler and server, when metrics are on.
-func (r *Relay) serveMetrics(ctx context.Context, g *errgroup.Group, pool *pgxpool.Pool) error {
+// sampleMetrics starts the metrics sampler of a term, when metrics are on.
+func (r *Relay) sampleMetrics(ctx context.Context, g *errgroup.Group, pool *pgxpool.Pool) error {
 	if r.m == nil {
 		return nil
 	}
@@ -326,7 +435,6 @@ func (r *Relay) serveMetrics(ctx context.Context, g *errgroup.Group, pool *pgxpo
 		return fmt.Errorf("metrics sampler: %w", err)
 	}
 	g.Go(func() error { return ignoreCanceled(sampler.Run(ctx)) })
-	g.Go(func() error { return ignoreCanceled(r.m.Serve(ctx, r.cfg.MetricsListen, r.Ready)) })
 	return nil
 }
 
@@ -336,9 +444,23 @@ func (r *Relay) serveMetrics(ctx context.Context, g *errgroup.Group, pool *pgxpo
 // gets no answer), while the retry table or the checkpoint table refuses
 // writes, and while the pipeline is stalled (see health). The error lists
 // every failing check.
+//
+// A standby is ready while it reaches Postgres: it is doing its job, which is
+// to wait and to be able to take over. (A probe that failed a standby would
+// have Kubernetes restart the very replica meant to take over.)
 func (r *Relay) Ready(ctx context.Context) error {
+	t := r.live.Load()
+	if t == nil {
+		if r.pool == nil {
+			return errors.New("starting")
+		}
+		if err := r.pool.Ping(ctx); err != nil {
+			return fmt.Errorf("standby: postgres unreachable, so this relay could not take over: %w", err)
+		}
+		return nil
+	}
 	since, cause := r.sink.Outage()
-	_, why := r.health.failing(time.Now(), r.stream.Stats().Streaming, since, cause)
+	_, why := t.health.failing(time.Now(), t.stream.Stats().Streaming, since, cause)
 	if since.IsZero() {
 		if err := r.sink.Ping(ctx); err != nil {
 			why = append(why, fmt.Sprintf("kafka unreachable: %v", err))
@@ -348,6 +470,18 @@ func (r *Relay) Ready(ctx context.Context) error {
 		return errors.New(strings.Join(why, "; "))
 	}
 	return nil
+}
+
+// Role returns "leader" while this relay streams the slot, else "standby"
+// with who holds the slot.
+func (r *Relay) Role() string {
+	if r.live.Load() != nil {
+		return "leader"
+	}
+	if who := r.standby.Load(); who != nil {
+		return "standby: " + *who
+	}
+	return "standby"
 }
 
 // pumpStats turns the stream's and the retry worker's counters into metrics,
@@ -460,6 +594,9 @@ func persist(ctx context.Context, log *slog.Logger, what string, write func() er
 // may be soon: no connection, a connection lost, or the server shutting down
 // or starting up. Authentication and permission failures are not.
 func unreachable(err error) bool {
+	if tlsRefused(err) {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {

@@ -28,6 +28,7 @@ type writer struct {
 	health *health
 	log    *slog.Logger
 	m      *metrics.Metrics
+	lease  *lease // nil: writes are not fenced (tests of the stage alone)
 }
 
 // run writes the chunks of in until it is closed, then closes com. It
@@ -42,6 +43,13 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com *committer) erro
 		r.gate.mu.Unlock()
 		if anyBlocked || len(c.fails) > 0 {
 			send, sendAt, parked = r.divert(c)
+		}
+		if (len(send) > 0 || len(parked) > 0) && r.lease != nil {
+			// A write only while leading, proven within the lease: a
+			// former leader that wakes up learns here that it lost.
+			if err := r.lease.check(ctx); err != nil {
+				return err
+			}
 		}
 		if len(send) > 0 {
 			r.health.waitFor("Kafka to acknowledge %d events", len(send))

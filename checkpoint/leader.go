@@ -1,0 +1,172 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// # Leadership and fencing
+//
+// Several relays may run on one slot: the replication slot itself elects the
+// leader (Postgres lets one walsender hold it), and the others wait as
+// standbys. What the slot cannot do is stop a former leader that froze (or
+// lost its network) long enough for the server to drop its walsender and a
+// standby to take over, and then woke up with events in flight: its writes
+// to Postgres would still succeed. So the checkpoint row carries an epoch.
+// A relay that acquired the slot bumps it (TakeOver) before it delivers
+// anything, and every checkpoint it saves afterwards is conditional on the
+// row still holding its epoch (SaveFenced). A former leader's save then
+// fails with a *FencedError instead of moving the checkpoint, and Verify lets
+// it ask, before a Kafka write, whether it still leads.
+
+// ErrFenced is wrapped by a *FencedError.
+var ErrFenced = errors.New("checkpoint: another relay took over the slot")
+
+// A FencedError says that the slot's checkpoint row holds a newer epoch than
+// the caller's: another relay took the slot over.
+type FencedError struct {
+	Slot          string
+	Epoch, Newest int64
+	Leader        string // the leader that holds Newest, as it described itself
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("slot %q was taken over by another relay (epoch %d, ours %d; %s): this relay no longer leads and must not deliver or save anything",
+		e.Slot, e.Newest, e.Epoch, e.Leader)
+}
+
+func (e *FencedError) Unwrap() error { return ErrFenced }
+
+// Leader is the leadership recorded in a slot's checkpoint row.
+type Leader struct {
+	Epoch  int64     // 0: no relay has led the slot yet
+	Leader string    // how the leader described itself (host, pid, start time)
+	Since  time.Time // when it took over (database clock); zero with Epoch 0
+}
+
+// MigrateLeader adds the leadership columns to a checkpoint table made before
+// they existed. It changes nothing (and needs no ownership) when they exist.
+func (s *Store) MigrateLeader(ctx context.Context) error {
+	if s.err != nil {
+		return s.err
+	}
+	var have int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute
+WHERE attrelid = $1::regclass AND attname IN ('epoch', 'leader', 'leader_since') AND NOT attisdropped`,
+		s.table).Scan(&have); err != nil {
+		return fmt.Errorf("look up the leadership columns of checkpoint table %s: %w", s.table, err)
+	}
+	if have == 3 {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, sql.CheckpointLeaderColumns(s.t)); err != nil {
+		return fmt.Errorf("add the leadership columns (epoch, leader, leader_since) to checkpoint table %s: run \"outbox-relay setup\" as the table's owner, or run %q: %w",
+			s.table, sql.CheckpointLeaderColumns(s.t), err)
+	}
+	return nil
+}
+
+// TakeOver records that leader now leads slot and returns its epoch, one
+// above any epoch before. The caller must hold the slot (its walsender
+// streams it): the epoch fences every relay that led before, not rivals for
+// the slot. A slot without a checkpoint gets a row at LSN 0/0, which Start
+// treats as no checkpoint.
+func (s *Store) TakeOver(ctx context.Context, slot, leader string) (int64, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	var epoch int64
+	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, saved_at, epoch, leader, leader_since)
+VALUES ($1, '0/0', now(), 1, $2, now())
+ON CONFLICT (slot_name) DO UPDATE SET epoch = c.epoch + 1, leader = EXCLUDED.leader, leader_since = EXCLUDED.leader_since
+RETURNING epoch`, slot, leader).Scan(&epoch)
+	if err != nil {
+		return 0, fmt.Errorf("take over slot %q in checkpoint table %s: %w", slot, s.table, err)
+	}
+	return epoch, nil
+}
+
+// SaveFenced is Save for the leader of epoch: it moves the checkpoint forward
+// (never backwards) only while the row still holds epoch, and returns a
+// *FencedError, changing nothing, when another relay took over since.
+func (s *Store) SaveFenced(ctx context.Context, slot string, epoch int64, lsn pglogrepl.LSN, lastCommit time.Time) error {
+	if s.err != nil {
+		return s.err
+	}
+	var commit *time.Time
+	if !lastCommit.IsZero() {
+		commit = &lastCommit
+	}
+	// One statement: the row lock serialises it with a rival's TakeOver, so
+	// a save either lands before the takeover or sees the new epoch.
+	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` AS c SET
+    lsn = CASE WHEN c.lsn < $2::text::pg_lsn THEN $2::text::pg_lsn ELSE c.lsn END,
+    last_commit_time = CASE WHEN c.lsn < $2::text::pg_lsn THEN $3 ELSE c.last_commit_time END,
+    saved_at = CASE WHEN c.lsn < $2::text::pg_lsn THEN now() ELSE c.saved_at END
+WHERE c.slot_name = $1 AND c.epoch = $4`, slot, lsn.String(), commit, epoch)
+	if err != nil {
+		return fmt.Errorf("save checkpoint %q at %s: %w", slot, lsn, err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	return s.fenced(ctx, slot, epoch)
+}
+
+// Verify returns nil while the slot's row holds epoch, and a *FencedError
+// once another relay took over.
+func (s *Store) Verify(ctx context.Context, slot string, epoch int64) error {
+	if s.err != nil {
+		return s.err
+	}
+	l, err := s.Leader(ctx, slot)
+	if err != nil {
+		return err
+	}
+	if l.Epoch != epoch {
+		return &FencedError{Slot: slot, Epoch: epoch, Newest: l.Epoch, Leader: l.Leader}
+	}
+	return nil
+}
+
+func (s *Store) fenced(ctx context.Context, slot string, epoch int64) error {
+	l, err := s.Leader(ctx, slot)
+	if err != nil {
+		return fmt.Errorf("save checkpoint %q: the row no longer holds epoch %d: %w", slot, epoch, err)
+	}
+	return &FencedError{Slot: slot, Epoch: epoch, Newest: l.Epoch, Leader: l.Leader}
+}
+
+// Leader returns the leadership recorded for slot; Epoch 0 when none.
+func (s *Store) Leader(ctx context.Context, slot string) (Leader, error) {
+	if s.err != nil {
+		return Leader{}, s.err
+	}
+	var (
+		l      Leader
+		leader *string
+		since  *time.Time
+	)
+	err := s.pool.QueryRow(ctx, `SELECT epoch, leader, leader_since FROM `+s.table+` WHERE slot_name = $1`, slot).
+		Scan(&l.Epoch, &leader, &since)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Leader{}, nil
+	}
+	if err != nil {
+		return Leader{}, fmt.Errorf("read the leader of slot %q: %w", slot, err)
+	}
+	if leader != nil {
+		l.Leader = *leader
+	}
+	if since != nil {
+		l.Since = *since
+	}
+	return l, nil
+}

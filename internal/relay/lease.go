@@ -1,0 +1,262 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+)
+
+// High availability, in one place.
+//
+// Election: the replication slot. Postgres lets one walsender hold a slot
+// (pg_replication_slots.active_pid); START_REPLICATION on a held slot fails
+// at once. So the relay whose START_REPLICATION succeeds leads, and the
+// others stand by, polling the slot every StandbyPoll and racing for it when
+// it is free. Nothing else has to be kept in step with the slot (an advisory
+// lock or a lease row could say "leader" while another process streams).
+// The slot is freed when the leader's walsender ends: at once when the
+// leader's process dies (its sockets close), and after wal_sender_timeout
+// (replication.Config.WalSenderTimeout, 10s by default) of silence when the
+// leader freezes or loses its network.
+//
+// Fencing: a frozen leader may wake after a standby took over, with events
+// in flight. Postgres and Kafka would accept its writes. So:
+//
+//   - The new leader, holding the slot, bumps the epoch in the slot's
+//     checkpoint row (checkpoint.Store.TakeOver) and every checkpoint save is
+//     conditional on it (SaveFenced): a former leader can never move the
+//     checkpoint, and learns at its next save that it lost.
+//   - A leader starts a Kafka or retry-table write only within LeaseDuration
+//     of its last proof of leadership (a fenced save that succeeded, or a
+//     Verify), measured on the monotonic clock from before the proof's
+//     query. A process that froze wakes with an expired proof, asks the
+//     database first, and learns that it lost before it writes anything.
+//   - The new leader waits LeaseDuration after its TakeOver before its first
+//     write: by then any former leader's last proof (which came before the
+//     takeover) has expired, so the two never start writes in the same span.
+//
+// What is not fenced: a write the former leader started before its proof
+// expired and that Kafka appends only later (a produce request held in a
+// frozen process's socket buffer, or by a slow broker). Those are duplicates
+// of events the new leader sends too, at most a write's worth (one chunk, up
+// to kafka.batch_size events) per write path.
+
+// errStandBy wraps the reasons a leader stands by again: the slot is held
+// by another process, or the checkpoint row holds a newer epoch.
+var errStandBy = errors.New("relay: another relay leads the slot")
+
+// Defaults of the HA settings (Config.LeaseDuration, Config.StandbyPoll).
+const (
+	DefaultLeaseDuration = time.Second
+	DefaultStandbyPoll   = 250 * time.Millisecond
+)
+
+// leaderStore is the part of checkpoint.Store the lease needs.
+type leaderStore interface {
+	TakeOver(ctx context.Context, slot, leader string) (int64, error)
+	Verify(ctx context.Context, slot string, epoch int64) error
+}
+
+// A lease is one term's leadership: its epoch, once taken, and its last
+// proof. check is called by the writers before each write.
+type lease struct {
+	store leaderStore // set by lead before the term starts
+	slot  string
+	who   string
+	dur   time.Duration
+	log   *slog.Logger
+
+	startedOnce sync.Once
+	startedC    chan struct{} // closed when the stream first holds the slot
+	takenC      chan struct{} // closed when epoch is set and the wait is over
+
+	mu       sync.Mutex
+	epoch    int64
+	provenAt time.Time // zero: never proven
+}
+
+func newLease(slot, who string, dur time.Duration, log *slog.Logger) *lease {
+	return &lease{slot: slot, who: who, dur: dur, log: log,
+		startedC: make(chan struct{}), takenC: make(chan struct{})}
+}
+
+// started is the stream's Started hook: START_REPLICATION succeeded.
+func (l *lease) started() { l.startedOnce.Do(func() { close(l.startedC) }) }
+
+// take waits until the stream holds the slot, then fences every former
+// leader (a new epoch) and waits out their leases. Until it returns, check
+// blocks: nothing is written before it.
+func (l *lease) take(ctx context.Context) error {
+	select {
+	case <-l.startedC:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	var epoch int64
+	if err := persist(ctx, l.log, "take over the slot (new epoch)", func() error {
+		var err error
+		epoch, err = l.store.TakeOver(ctx, l.slot, l.who)
+		return err
+	}); err != nil {
+		return err
+	}
+	t := time.NewTimer(l.dur)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+		return ctx.Err()
+	}
+	l.mu.Lock()
+	l.epoch = epoch
+	l.mu.Unlock()
+	if err := l.verify(ctx); err != nil {
+		return err
+	}
+	l.log.Info("leading: holding the slot, former leaders fenced", "slot", l.slot, "epoch", epoch, "leader", l.who)
+	close(l.takenC)
+	return nil
+}
+
+// taken returns the epoch once take is done.
+func (l *lease) wait(ctx context.Context) (int64, error) {
+	select {
+	case <-l.takenC:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch, nil
+}
+
+// check returns nil when this relay may start a write now: it leads, proven
+// within the lease. Otherwise it asks the database (retrying while it is
+// unreachable) and returns an error wrapping checkpoint.ErrFenced when
+// another relay took over.
+func (l *lease) check(ctx context.Context) error {
+	if _, err := l.wait(ctx); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	fresh := time.Since(l.provenAt) < l.dur
+	l.mu.Unlock()
+	if fresh {
+		return nil
+	}
+	return l.verify(ctx)
+}
+
+func (l *lease) verify(ctx context.Context) error {
+	l.mu.Lock()
+	epoch := l.epoch
+	l.mu.Unlock()
+	return retryIf(ctx, l.log, "verify leadership before writing", func(err error) bool {
+		return !errors.Is(err, checkpoint.ErrFenced)
+	}, func() error {
+		at := time.Now()
+		if err := l.store.Verify(ctx, l.slot, epoch); err != nil {
+			return err
+		}
+		l.proven(at)
+		return nil
+	})
+}
+
+// proven records a proof of leadership obtained by a query sent at at.
+func (l *lease) proven(at time.Time) {
+	l.mu.Lock()
+	if at.After(l.provenAt) {
+		l.provenAt = at
+	}
+	l.mu.Unlock()
+}
+
+// standBy returns once the slot is free (no walsender holds it), waiting as
+// long as another process streams it, and saying who does: in the log (at
+// once, then every minute), in Role and in the active metric (0). A missing
+// slot or a slot of the wrong kind is an error for the operator.
+func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
+	r.m.SetActive(false)
+	defer r.standby.Store(nil)
+	var logged time.Time
+	for {
+		var sl pgslot.Slot
+		err := retryIf(ctx, r.log, "postgres unreachable while looking at the slot", unreachable, func() error {
+			var err error
+			sl, err = pgslot.Read(ctx, pool, r.cfg.Replication.Slot)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if !sl.Active {
+			return nil
+		}
+		who := r.holder(ctx, pool, sl)
+		r.standby.Store(&who)
+		if logged.IsZero() || time.Since(logged) >= time.Minute {
+			r.log.Info("standby: another process streams the slot; waiting to take over", "slot", sl.Name, "active", who)
+			logged = time.Now()
+		}
+		t := time.NewTimer(r.cfg.StandbyPoll)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// holder describes the process streaming the slot: its walsender, and the
+// leader the checkpoint row names (another relay's host, pid and start).
+func (r *Relay) holder(ctx context.Context, pool *pgxpool.Pool, sl pgslot.Slot) string {
+	var s string
+	if sl.ActivePID != nil {
+		s = fmt.Sprintf("walsender pid %d", *sl.ActivePID)
+	}
+	if w := sl.Walsender; w != nil {
+		if w.ApplicationName != nil {
+			s += fmt.Sprintf(", application %q", *w.ApplicationName)
+		}
+		if w.ClientAddr != nil {
+			s += ", from " + *w.ClientAddr
+		}
+		if w.BackendStart != nil {
+			s += ", since " + w.BackendStart.UTC().Format(time.RFC3339)
+		}
+	}
+	if l, err := checkpoint.New(pool, r.cfg.CheckpointTable).Leader(ctx, sl.Name); err == nil && l.Epoch > 0 {
+		s += fmt.Sprintf("; last relay to take over: %s (epoch %d, at %s)", l.Leader, l.Epoch, l.Since.UTC().Format(time.RFC3339))
+	}
+	return s
+}
+
+// guardedSink lets the retry worker write to Kafka only while this relay
+// leads, as the pipeline's writer does.
+type guardedSink struct {
+	lease *lease
+	sink  interface {
+		Write(ctx context.Context, events []event.Event) error
+		Ping(ctx context.Context) error
+	}
+}
+
+func (g guardedSink) Write(ctx context.Context, events []event.Event) error {
+	if err := g.lease.check(ctx); err != nil {
+		return err
+	}
+	return g.sink.Write(ctx, events)
+}
+
+func (g guardedSink) Ping(ctx context.Context) error { return g.sink.Ping(ctx) }
