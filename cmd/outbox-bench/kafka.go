@@ -216,9 +216,15 @@ func (s *latencySamples) resolve(commits *commitTimes) {
 	s.pending = nil
 }
 
+// A recorder takes each record the consumer reads, with the time it arrived.
+// It is called from one goroutine per partition.
+type recorder interface {
+	add(m kafka.Message, received time.Time, commits *commitTimes)
+}
+
 // consume reads every partition of topics from the start until ctx is done,
 // one kafka-go Reader per partition (no group: no rebalance delay to measure).
-func consume(ctx context.Context, brokers []string, topics []string, commits *commitTimes, out *latencySamples) error {
+func consume(ctx context.Context, brokers []string, topics []string, commits *commitTimes, out recorder) error {
 	g, ctx := errgroup.WithContext(ctx)
 	for _, t := range topics {
 		for p := range topicPartitions {

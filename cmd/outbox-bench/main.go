@@ -37,8 +37,10 @@ type options struct {
 	RecvBin     string
 	OutDir      string
 	PostgresDSN string
+	CleanupDSN  string // drops what the bench created; "" is PostgresDSN
 	Brokers     []string
 	Timeout     time.Duration
+	RateSet     bool // -rate given: the soak takes it instead of measuring capacity
 }
 
 func parseOptions(args []string, stderr io.Writer) (options, error) {
@@ -60,8 +62,23 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.RecvBin, "pg-recvlogical", "/usr/lib/postgresql/15/bin/pg_recvlogical", "pg_recvlogical binary")
 	fs.StringVar(&o.OutDir, "out", "docs/bench", "reports directory: each invocation writes <out>/<time>/ and links <out>/latest")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "longest wait for one drain or one process")
+	peers := fs.String("peers", "", "comma-separated peers to run beside pg_recvlogical and the relay: debezium "+
+		"(Kafka Connect standalone + Debezium "+dbzVersion+"; jars from `make debezium-libs`, Java 17)")
+	fs.DurationVar(&o.Soak, "soak", 0, "instead of the runs: measure drain capacity (or take -rate), then run the relay "+
+		"at half of it for this long, reporting RSS and p99 per minute (`make bench-soak`)")
+	fs.StringVar(&o.CleanupDSN, "cleanup-dsn", os.Getenv("RELAY_BENCH_CLEANUP_DSN"), "DSN that drops the bench's slots and "+
+		"databases, e.g. the dev superuser's (default $RELAY_BENCH_CLEANUP_DSN, else RELAY_POSTGRES_DSN)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	for p := range strings.SplitSeq(*peers, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			o.Peers = append(o.Peers, p)
+		}
+	}
+	fs.Visit(func(f *flag.Flag) { o.RateSet = o.RateSet || f.Name == "rate" })
+	if o.Soak > 0 {
+		o.Runs = 1
 	}
 	if o.Quick {
 		set := map[string]bool{}
@@ -100,9 +117,23 @@ func (o *options) validate() error {
 		return fmt.Errorf("-rate %d is below -sustained-per-txn %d: lower -sustained-per-txn", o.Rate, o.SustainedPerTxn)
 	case o.SkipDrain && o.SkipSustained:
 		return errors.New("-skip-drain and -skip-sustained together leave nothing to measure")
+	case o.Soak < 0 || (o.Soak > 0 && o.Soak < time.Minute):
+		return fmt.Errorf("-soak %s: give at least 1m (the soak reports per minute), or 0 for none", o.Soak)
+	case o.Soak > 0 && len(o.Peers) > 0:
+		return errors.New("-soak runs the relay alone: leave out -peers")
+	}
+	for _, p := range o.Peers {
+		if p != "debezium" {
+			return fmt.Errorf("-peers: unknown peer %q: the only peer is debezium", p)
+		}
 	}
 	if err := checkLoopbackDSN(o.PostgresDSN); err != nil {
 		return err
+	}
+	if o.CleanupDSN != "" {
+		if err := checkLoopbackDSN(o.CleanupDSN); err != nil {
+			return fmt.Errorf("-cleanup-dsn: %w", err)
+		}
 	}
 	for _, b := range o.Brokers {
 		host, _, err := net.SplitHostPort(b)
@@ -186,14 +217,34 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Warn("inactive slots of an earlier bench run retain WAL; drop them with pg_drop_replication_slot and their outbox_bench_* databases",
 			"slots", slots)
 	}
+	if dbs, err := leftoverDatabases(ctx, o.PostgresDSN); err == nil && len(dbs) > 0 {
+		log.Warn("databases of an earlier bench run were left behind; drop them as a superuser with DROP DATABASE … WITH (FORCE)",
+			"databases", strings.Join(dbs, ", "))
+	}
 	rep := &Report{
 		Started: started,
 		Host:    fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
 		Config:  o.Settings,
 		AckHist: NewHistogram(100*time.Microsecond, 100*time.Second, 10), ReceiptHist: NewHistogram(100*time.Microsecond, 100*time.Second, 10),
 	}
-	b := &bench{o: o, dir: dir, stamp: stamp, log: log, rep: rep}
-	for i := 1; i <= o.Runs && ctx.Err() == nil; i++ {
+	b := &bench{o: o, dir: dir, stamp: stamp, log: log, rep: rep, created: &created{}}
+	if b.debezium() {
+		if _, err := dbzLibs(); err != nil {
+			fmt.Fprintln(stderr, "outbox-bench:", err)
+			return 2
+		}
+		rep.DbzConfig = dbzConfigText()
+		rep.DbzAckHist = NewHistogram(100*time.Microsecond, 100*time.Second, 10)
+		rep.DbzReceiptHist = NewHistogram(100*time.Microsecond, 100*time.Second, 10)
+	}
+	if o.Soak > 0 {
+		log.Info("soak", "duration", o.Soak)
+		if err := b.soak(ctx); err != nil {
+			log.Error("soak failed", "err", err)
+			rep.Errors = append(rep.Errors, fmt.Sprintf("soak: %v", err))
+		}
+	}
+	for i := 1; o.Soak == 0 && i <= o.Runs && ctx.Err() == nil; i++ {
 		log.Info("run", "run", i, "of", o.Runs)
 		if err := b.runOnce(ctx, i); err != nil {
 			log.Error("run failed", "run", i, "err", err)
@@ -202,6 +253,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if ctx.Err() != nil {
 		rep.Errors = append(rep.Errors, "interrupted")
+	}
+	// Cleanup is best-effort on a shared server: say loudly what it missed.
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	left, err := b.created.leftBehind(lctx, o.PostgresDSN, b.kafka())
+	cancel()
+	if err != nil {
+		log.Warn("could not check for left-behind databases, slots and topics", "err", err)
+	}
+	rep.LeftBehind = left
+	if len(left) > 0 {
+		log.Warn("WARNING: the bench left these behind; remove them by hand", "left_behind", strings.Join(left, "; "))
 	}
 	rep.summarize()
 	if err := writeResults(rep, dir, o.OutDir); err != nil {
@@ -228,13 +290,25 @@ func writeResults(rep *Report, dir, out string) error {
 		return fmt.Errorf("encode results: %w", err)
 	}
 	var svg strings.Builder
-	if err := writeSVG(&svg, []histPanel{
-		{Title: "commit → Kafka ack", Hist: rep.AckHist, Lat: rep.Summary.Ack},
-		{Title: "commit → consumer receipt", Hist: rep.ReceiptHist, Lat: rep.Summary.Receipt},
-	}); err != nil {
+	panels := []histPanel{
+		{Title: "outbox-relay: commit → Kafka ack", Hist: rep.AckHist, Lat: rep.Summary.Ack},
+		{Title: "outbox-relay: commit → consumer receipt", Hist: rep.ReceiptHist, Lat: rep.Summary.Receipt},
+	}
+	if rep.DbzAckHist != nil {
+		panels = append(panels, histPanel{Title: "Debezium " + dbzVersion + ": commit → Kafka ack", Hist: rep.DbzAckHist, Lat: rep.Summary.DbzAck})
+	}
+	if err := writeSVG(&svg, panels, comparisonBars(rep)); err != nil {
 		return fmt.Errorf("render svg: %w", err)
 	}
-	for name, data := range map[string]string{"report.md": md.String(), "results.json": string(js) + "\n", "latency.svg": svg.String()} {
+	files := map[string]string{"report.md": md.String(), "results.json": string(js) + "\n", "latency.svg": svg.String()}
+	if rep.Soak != nil {
+		var soak strings.Builder
+		if err := writeSoakSVG(&soak, rep.Soak); err != nil {
+			return fmt.Errorf("render soak svg: %w", err)
+		}
+		files["soak.svg"] = soak.String()
+	}
+	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", name, err)
 		}

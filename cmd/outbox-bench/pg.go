@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // aggregateTypes are the five aggregate types events are spread over; each
@@ -51,12 +52,16 @@ const payloadOverhead = 72
 // benchDB is one fresh database holding the outbox, its publication and the
 // two slots of one run.
 type benchDB struct {
-	Name        string
-	AdminDSN    string // the database named by RELAY_POSTGRES_DSN
-	DSN         string // the fresh database
-	Publication string
-	RelaySlot   string
-	RecvSlot    string
+	Name             string
+	AdminDSN         string // the database named by RELAY_POSTGRES_DSN
+	CleanupDSN       string // drops slots and the database: -cleanup-dsn, else AdminDSN
+	DSN              string // the fresh database
+	Publication      string
+	RelaySlot        string
+	RecvSlot         string
+	DbzPublication   string // Debezium's own (publication.autocreate.mode=disabled)
+	DbzSlot          string // Debezium's drain slot
+	DbzSustainedSlot string // Debezium's sustained-phase slot, created after the drain
 }
 
 // withDatabase returns dsn (URL or key=value form) pointed at database name.
@@ -73,7 +78,7 @@ func withDatabase(dsn, name string) (string, error) {
 }
 
 // createDatabase creates the database; setupObjects fills it.
-func createDatabase(ctx context.Context, adminDSN, name string) (*benchDB, error) {
+func createDatabase(ctx context.Context, adminDSN, cleanupDSN, name string) (*benchDB, error) {
 	dsn, err := withDatabase(adminDSN, name)
 	if err != nil {
 		return nil, err
@@ -86,20 +91,27 @@ func createDatabase(ctx context.Context, adminDSN, name string) (*benchDB, error
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create database %q: %w", name, err)
 	}
+	if cleanupDSN == "" {
+		cleanupDSN = adminDSN
+	}
 	return &benchDB{
-		Name:        name,
-		AdminDSN:    adminDSN,
-		DSN:         dsn,
-		Publication: name + "_pub",
-		RelaySlot:   name + "_relay",
-		RecvSlot:    name + "_recv",
+		Name:             name,
+		AdminDSN:         adminDSN,
+		CleanupDSN:       cleanupDSN,
+		DSN:              dsn,
+		Publication:      name + "_pub",
+		RelaySlot:        name + "_relay",
+		RecvSlot:         name + "_recv",
+		DbzPublication:   name + "_dbzpub",
+		DbzSlot:          name + "_dbz",
+		DbzSustainedSlot: name + "_dbzs",
 	}, nil
 }
 
 // ensureObjects creates whatever `outbox-relay setup` did not: the outbox
 // table, the publication and both slots. Both slots exist before the first
 // insert, so both see the whole backlog.
-func (db *benchDB) ensureObjects(ctx context.Context, slots ...string) error {
+func (db *benchDB) ensureObjects(ctx context.Context, publications, slots []string) error {
 	conn, err := pgx.Connect(ctx, db.DSN)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -109,12 +121,15 @@ func (db *benchDB) ensureObjects(ctx context.Context, slots ...string) error {
 		return fmt.Errorf("create outbox table: %w", err)
 	}
 	var n int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1", db.Publication).Scan(&n); err != nil {
-		return fmt.Errorf("look up publication: %w", err)
-	}
-	if n == 0 {
-		if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{db.Publication}.Sanitize()+" FOR TABLE public.outbox WITH (publish = 'insert')"); err != nil {
-			return fmt.Errorf("create publication: %w", err)
+	for _, pub := range publications {
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1", pub).Scan(&n); err != nil {
+			return fmt.Errorf("look up publication: %w", err)
+		}
+		if n > 0 {
+			continue
+		}
+		if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{pub}.Sanitize()+" FOR TABLE public.outbox WITH (publish = 'insert')"); err != nil {
+			return fmt.Errorf("create publication %q: %w", pub, err)
 		}
 	}
 	for _, slot := range slots {
@@ -134,27 +149,91 @@ func (db *benchDB) ensureObjects(ctx context.Context, slots ...string) error {
 // drop removes the slots and the database. Slots first: a database with slots
 // cannot be dropped, and an inactive slot left behind would retain WAL forever.
 // It waits a little for a slot that is still active (a process just stopped).
+// It connects with CleanupDSN (-cleanup-dsn: the dev superuser if given).
 func (db *benchDB) drop(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, db.AdminDSN)
+	conn, err := pgx.Connect(ctx, db.CleanupDSN)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(ctx)
 	var errs []error
-	for _, slot := range []string{db.RelaySlot, db.RecvSlot} {
+	for _, slot := range db.slots() {
 		if err := dropSlot(ctx, conn, slot); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db.Name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		errs = append(errs, fmt.Errorf("drop database %q: %w", db.Name, err))
+	if err := dropDatabase(ctx, conn, db.Name); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
+// slots are every slot a run may create in db.
+func (db *benchDB) slots() []string {
+	return []string{db.RelaySlot, db.RecvSlot, db.DbzSlot, db.DbzSustainedSlot}
+}
+
+// dropRetryFor bounds dropDatabase's retries: an autovacuum worker that has
+// just started on a million-row table may take seconds to notice a cancel.
+const dropRetryFor = 45 * time.Second
+
+// dropDatabase drops the database as the connected role, also when it is not
+// a superuser. DROP DATABASE … WITH (FORCE) terminates every session in the
+// database and, as a non-superuser, refuses when one of them belongs to
+// another role ("must be a member of the role whose process is being
+// terminated or member of pg_signal_backend"): an autovacuum worker, which a
+// backlog of a million rows makes likely. A plain DROP DATABASE instead
+// cancels autovacuum workers itself and waits for them (up to 5 s), and
+// refuses only for sessions of real clients. So as a non-superuser the bench
+// ends its own sessions (a role may always signal its own backends), forbids
+// new ones, and drops without FORCE, retrying "being accessed by other users"
+// and privilege refusals until dropRetryFor; as a superuser it uses FORCE.
+func dropDatabase(ctx context.Context, conn *pgx.Conn, name string) error {
+	ident := pgx.Identifier{name}.Sanitize()
+	var super bool
+	if err := conn.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super); err != nil {
+		return fmt.Errorf("drop database %q: look up role: %w", name, err)
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return fmt.Errorf("drop database %q: %w", name, err)
+	}
+	if !exists {
+		return nil
+	}
+	// Owner or superuser may: a relay that is still restarting cannot reconnect.
+	_, _ = conn.Exec(ctx, "ALTER DATABASE "+ident+" WITH ALLOW_CONNECTIONS false")
+	stmt := "DROP DATABASE IF EXISTS " + ident
+	if super {
+		stmt += " WITH (FORCE)"
+	}
+	deadline := time.Now().Add(dropRetryFor)
+	for attempt := 1; ; attempt++ {
+		if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = $1 AND pid <> pg_backend_pid() AND usename = current_user`, name); err != nil {
+			return fmt.Errorf("drop database %q: end own sessions: %w", name, err)
+		}
+		_, err := conn.Exec(ctx, stmt)
+		if err == nil {
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		retry := errors.As(err, &pgErr) && (pgErr.Code == "55006" || pgErr.Code == "42501") // object_in_use, insufficient_privilege
+		if !retry || time.Now().After(deadline) {
+			return fmt.Errorf("drop database %q (attempt %d; run the bench with -cleanup-dsn set to a superuser DSN, "+
+				"or drop it by hand: DROP DATABASE %s WITH (FORCE)): %w", name, attempt, ident, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("drop database %q: %w", name, ctx.Err())
+		case <-time.After(min(time.Duration(attempt)*250*time.Millisecond, 2*time.Second)):
+		}
+	}
+}
+
 // dropSlot drops one slot now, so that it retains no WAL while the run goes on.
 func (db *benchDB) dropSlot(ctx context.Context, slot string) error {
-	conn, err := pgx.Connect(ctx, db.AdminDSN)
+	conn, err := pgx.Connect(ctx, db.CleanupDSN)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
@@ -300,6 +379,21 @@ func leftoverSlots(ctx context.Context, adminDSN string) ([]string, error) {
 	rows, err := conn.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'outbox\_bench\_%' AND NOT active ORDER BY 1`)
 	if err != nil {
 		return nil, fmt.Errorf("list slots: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// leftoverDatabases lists outbox_bench_* databases of earlier invocations that
+// their clean-up could not drop.
+func leftoverDatabases(ctx context.Context, adminDSN string) ([]string, error) {
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT datname::text FROM pg_database WHERE datname LIKE 'outbox\_bench\_%' ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("list databases: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

@@ -25,6 +25,9 @@ type proc struct {
 	done    chan struct{} // closed when the process has exited
 	ended   time.Time     // set before done is closed
 	waitErr error
+	// afterStop, when set, runs once after the process has exited in stop:
+	// Debezium's worker removes its properties files (they hold a password).
+	afterStop func()
 }
 
 // usage is what a finished child cost.
@@ -84,18 +87,21 @@ func (p *proc) peakRSS() (int64, error) {
 }
 
 // parseVmHWM reads the "VmHWM:  1234 kB" line of /proc/PID/status.
-func parseVmHWM(f io.Reader) (int64, error) {
+func parseVmHWM(f io.Reader) (int64, error) { return parseStatusKB(f, "VmHWM:") }
+
+// parseStatusKB reads the "<key>  1234 kB" line of /proc/PID/status in bytes.
+func parseStatusKB(f io.Reader, key string) (int64, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), key); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("parse VmHWM %q: %w", rest, err)
+				return 0, fmt.Errorf("parse %s %q: %w", key, rest, err)
 			}
 			return kb * 1024, nil
 		}
 	}
-	return 0, errors.New("no VmHWM in status")
+	return 0, fmt.Errorf("no %s in status", strings.TrimSuffix(key, ":"))
 }
 
 // wait blocks until the process exits on its own, ctx is done or timeout.
@@ -121,6 +127,10 @@ func (p *proc) stop(grace time.Duration) usage {
 			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 			<-p.done
 		}
+	}
+	if f := p.afterStop; f != nil {
+		p.afterStop = nil
+		f()
 	}
 	return p.usage()
 }
@@ -150,4 +160,54 @@ func (p *proc) logTail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times: 100 on every
+// Linux architecture the bench runs on (sysconf would need cgo).
+const clockTicks = 100
+
+// cpu returns the CPU time (user + system) the running process has used so
+// far, from /proc/PID/stat: a reading inside a phase, where rusage only gives
+// the total after exit.
+func (p *proc) cpu() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("read stat: %w", err)
+	}
+	return parseStatCPU(string(b))
+}
+
+// parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat
+// line. The command name (field 2) may hold spaces and parentheses, so fields
+// are counted from its closing parenthesis.
+func parseStatCPU(stat string) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("stat: no command name")
+	}
+	f := strings.Fields(stat[i+1:])
+	// f[0] is field 3 (state), so utime (14) is f[11] and stime (15) f[12].
+	if len(f) < 13 {
+		return 0, fmt.Errorf("stat: %d fields after the name; want at least 13", len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("stat: parse %q: %w", s, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
+
+// rss returns VmRSS of the running process in bytes: what it holds now, for
+// the soak's per-minute samples (VmHWM only ever grows).
+func (p *proc) rss() (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("read status: %w", err)
+	}
+	defer f.Close()
+	return parseStatusKB(f, "VmRSS:")
 }

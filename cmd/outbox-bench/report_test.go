@@ -86,6 +86,18 @@ func TestTargets(t *testing.T) {
 				r.Drain[i].Events = 20000
 			}
 		}, "drain peak RSS", true, "20,000 events"},
+		{"cpu fails above 3.5 s per million", nil, "drain CPU", false, ""},
+		{"cpu passes", func(r *Report) {
+			for i := range r.Drain {
+				r.Drain[i].RelayCPUSec = 3.5
+			}
+		}, "drain CPU", true, ""},
+		{"max passes", nil, "commit→ack max", true, ""},
+		{"max fails", func(r *Report) {
+			for i := range r.Sustained {
+				r.Sustained[i].Ack.Max = ms(150)
+			}
+		}, "commit→ack max", false, ""},
 		{"p99 passes", nil, "commit→ack p99", true, ""},
 		{"p99 fails", func(r *Report) {
 			for i := range r.Sustained {
@@ -161,7 +173,9 @@ func TestWriteMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"# outbox-relay benchmark, 2026-01-02 03:04:05 UTC",
 		"| drain throughput | ≥ 0.9 × pg_recvlogical | 0.92 × (92,000 vs 100,000 events/s) | PASS |",
-		"| drain peak RSS | ≤ 64 MiB draining 1,000,000 events | 42.0 MiB max (41.0 MiB median) | PASS |",
+		"| drain peak RSS | ≤ 48 MiB draining 1,000,000 events | 42.0 MiB max (41.0 MiB median) | PASS |",
+		"| drain CPU | ≤ 3.5 s per million events | 8.00 s per million events | FAIL |",
+		"| commit→ack max | ≤ 100ms at 10,000 events/s | 40ms at 9,990 events/s | PASS |",
 		"| commit→ack p99 | ≤ 20ms at 10,000 events/s | 13ms at 9,990 events/s | PASS |",
 		"| pg_recvlogical (one slot's ceiling) | 3 | 100,000 | 50.0 |",
 		"| commit → Kafka ack | 3ms | 8ms | 13ms | 40ms |",
@@ -223,8 +237,8 @@ func TestReportJSON(t *testing.T) {
 	if err := json.Unmarshal(js, &back); err != nil {
 		t.Fatal(err)
 	}
-	if back.Summary.Ratio != 0.92 || back.Summary.Ack.P99 != int64(ms(13)) || len(back.Targets) != 3 {
-		t.Errorf("results.json round trip = %+v; want ratio 0.92, ack p99 13ms, 3 targets", back)
+	if back.Summary.Ratio != 0.92 || back.Summary.Ack.P99 != int64(ms(13)) || len(back.Targets) != 5 {
+		t.Errorf("results.json round trip = %+v; want ratio 0.92, ack p99 13ms, 5 targets", back)
 	}
 }
 
@@ -248,7 +262,7 @@ func TestWriteSVG(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var b strings.Builder
-			if err := writeSVG(&b, tt.panels); err != nil {
+			if err := writeSVG(&b, tt.panels, nil); err != nil {
 				t.Fatal(err)
 			}
 			bars, colors, err := parseSVG(b.String())

@@ -33,9 +33,13 @@ const (
 // bars coloured by the percentile band they fall in, and the p50/p95/p99
 // positions marked. Only buckets between the first and last non-empty one are
 // drawn, so the chart zooms to the data.
-func writeSVG(w io.Writer, panels []histPanel) error {
+//
+// groups, when any, are drawn above the histograms as horizontal bars: the
+// side-by-side comparison of the relay and its peers.
+func writeSVG(w io.Writer, panels []histPanel, groups []barGroup) error {
 	var b strings.Builder
-	height := len(panels)*panelH + 40
+	barsH := barsHeight(groups)
+	height := len(panels)*panelH + 40 + barsH
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`+"\n",
 		svgWidth, height, svgWidth, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
@@ -44,8 +48,9 @@ func writeSVG(w io.Writer, panels []histPanel) error {
 		fmt.Fprintf(&b, `<rect x="%d" y="12" width="12" height="12" fill="%s"/><text x="%d" y="22">%s</text>`+"\n",
 			x, bandColors[i], x+16, html.EscapeString(name))
 	}
+	drawBars(&b, groups, 40)
 	for i, p := range panels {
-		drawPanel(&b, p, 40+i*panelH)
+		drawPanel(&b, p, 40+barsH+i*panelH)
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
@@ -171,4 +176,164 @@ func trimFloat(f float64) string {
 		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
 	}
 	return s
+}
+
+// A barGroup is one measure compared across the relay and its peers.
+type barGroup struct {
+	Title string
+	Bars  []bar
+}
+
+type bar struct {
+	Label string
+	Value float64
+	Text  string // printed after the bar
+}
+
+const (
+	barH      = 18
+	barLabelW = 190
+)
+
+func barsHeight(groups []barGroup) int {
+	h := 0
+	for _, g := range groups {
+		h += 28 + len(g.Bars)*(barH+4) + 10
+	}
+	return h
+}
+
+// drawBars draws each group's bars scaled to the group's largest value.
+func drawBars(b *strings.Builder, groups []barGroup, top int) {
+	y := top
+	plotW := float64(svgWidth - marginL - barLabelW - 150)
+	for _, g := range groups {
+		fmt.Fprintf(b, `<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>`+"\n", marginL, y+18, html.EscapeString(g.Title))
+		y += 28
+		peak := 0.0
+		for _, br := range g.Bars {
+			peak = math.Max(peak, br.Value)
+		}
+		for i, br := range g.Bars {
+			w := 0.0
+			if peak > 0 {
+				w = math.Max(br.Value/peak*plotW, 1)
+			}
+			x := float64(marginL + barLabelW)
+			fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="end">%s</text><rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"/><text x="%.1f" y="%d">%s</text>`+"\n",
+				x-6, y+13, html.EscapeString(br.Label), x, y, w, barH, bandColors[i%len(bandColors)], x+w+6, y+13, html.EscapeString(br.Text))
+			y += barH + 4
+		}
+		y += 10
+	}
+}
+
+// comparisonBars are the drain's events/s, peak RSS and CPU per event of
+// pg_recvlogical, the relay and Debezium, when a peer ran.
+func comparisonBars(r *Report) []barGroup {
+	s := r.Summary
+	if s.DbzRuns == 0 || s.RelayRuns == 0 {
+		return nil
+	}
+	dbz := "Debezium " + dbzVersion
+	rate := barGroup{Title: "drain, events/s (higher is better)"}
+	if s.RecvRuns > 0 {
+		rate.Bars = append(rate.Bars, bar{"pg_recvlogical", s.RecvRate, fmtRate(s.RecvRate)})
+	}
+	rate.Bars = append(rate.Bars,
+		bar{"outbox-relay", s.RelayRate, fmtRate(s.RelayRate)},
+		bar{dbz, s.DbzRate, fmt.Sprintf("%s (relay %.1f ×)", fmtRate(s.DbzRate), s.DbzRatio)})
+	return []barGroup{
+		rate,
+		{Title: "drain, peak RSS (lower is better)", Bars: []bar{
+			{"outbox-relay", float64(s.PeakRSSMax), fmtMB(s.PeakRSSMax)},
+			{dbz, float64(s.DbzPeakRSSMax), fmtMB(s.DbzPeakRSSMax)},
+		}},
+		{Title: "drain, CPU seconds per million events (lower is better)", Bars: []bar{
+			{"outbox-relay", s.CPUPerMillion, fmt.Sprintf("%.2f", s.CPUPerMillion)},
+			{dbz, s.DbzCPUPerMillion, fmt.Sprintf("%.2f", s.DbzCPUPerMillion)},
+		}},
+	}
+}
+
+// writeSoakSVG draws the soak's per-minute RSS and commit→ack p50/p99 as two
+// line charts over the minutes.
+func writeSoakSVG(w io.Writer, r *SoakResult) error {
+	var b strings.Builder
+	height := 2*panelH + 20
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`+"\n",
+		svgWidth, height, svgWidth, height)
+	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
+	xs := make([]float64, len(r.Minutes))
+	rss := make([]float64, len(r.Minutes))
+	p50 := make([]float64, len(r.Minutes))
+	p99 := make([]float64, len(r.Minutes))
+	for i, m := range r.Minutes {
+		xs[i] = float64(m.Minute)
+		rss[i] = float64(m.RSS) / (1 << 20)
+		p50[i] = float64(m.P50) / float64(time.Millisecond)
+		p99[i] = float64(m.P99) / float64(time.Millisecond)
+	}
+	drawLines(&b, fmt.Sprintf("relay RSS per minute, MiB (first %d min median %s, last %s)", r.Window, fmtMB(r.RSSFirst), fmtMB(r.RSSLast)),
+		xs, []line{{"RSS", bandColors[0], rss}}, 10)
+	drawLines(&b, fmt.Sprintf("commit → Kafka ack per minute, ms (p99: first %d min median %s, last %s)", r.Window, fmtDur(r.P99First), fmtDur(r.P99Last)),
+		xs, []line{{"p50", bandColors[0], p50}, {"p99", bandColors[3], p99}}, 10+panelH)
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+type line struct {
+	Name, Color string
+	Y           []float64
+}
+
+// drawLines draws lines over xs on a linear axis from 0 to the largest value.
+func drawLines(b *strings.Builder, title string, xs []float64, lines []line, top int) {
+	plotW := float64(svgWidth - marginL - marginR)
+	y0 := float64(top + marginTop + plotHeight)
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>`+"\n", marginL, top+marginTop-18, html.EscapeString(title))
+	fmt.Fprintf(b, `<line x1="%d" y1="%.0f" x2="%.0f" y2="%.0f" stroke="black"/><line x1="%d" y1="%.0f" x2="%d" y2="%.0f" stroke="black"/>`+"\n",
+		marginL, y0, float64(marginL)+plotW, y0, marginL, y0, marginL, y0-plotHeight)
+	if len(xs) == 0 {
+		fmt.Fprintf(b, `<text x="%d" y="%.0f">no samples</text>`+"\n", marginL+10, y0-plotHeight/2)
+		return
+	}
+	peak := 0.0
+	for _, l := range lines {
+		for _, v := range l.Y {
+			peak = math.Max(peak, v)
+		}
+	}
+	if peak == 0 {
+		peak = 1
+	}
+	peak *= 1.1
+	lo, hi := xs[0], xs[len(xs)-1]
+	px := func(x float64) float64 {
+		if hi == lo {
+			return float64(marginL) + plotW/2
+		}
+		return float64(marginL) + (x-lo)/(hi-lo)*plotW
+	}
+	py := func(v float64) float64 { return y0 - v/peak*plotHeight }
+	for k, l := range lines {
+		var pts strings.Builder
+		for i, v := range l.Y {
+			fmt.Fprintf(&pts, "%.1f,%.1f ", px(xs[i]), py(v))
+		}
+		fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", l.Color, strings.TrimSpace(pts.String()))
+		lx := float64(svgWidth-marginR-140) + float64(k*70)
+		fmt.Fprintf(b, `<rect x="%.0f" y="%d" width="12" height="3" fill="%s"/><text x="%.0f" y="%d">%s</text>`+"\n",
+			lx, top+marginTop-22, l.Color, lx+16, top+marginTop-17, html.EscapeString(l.Name))
+	}
+	for _, f := range []float64{0, 0.25, 0.5, 0.75, 1} {
+		v := f * peak / 1.1
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", marginL-4, py(v)+4, trimFloat(v))
+	}
+	step := max(1, len(xs)/10)
+	for i := 0; i < len(xs); i += step {
+		fmt.Fprintf(b, `<text x="%.1f" y="%.0f" text-anchor="middle">%g</text>`+"\n", px(xs[i]), y0+16, xs[i])
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%.0f" text-anchor="middle">minute</text>`+"\n", marginL+int(plotW)/2, y0+32)
 }
