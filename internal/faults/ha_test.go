@@ -186,8 +186,29 @@ func runHA(t *testing.T, bin string, run haRun) {
 		}
 	}()
 
-	if _, err := waitLeader(relays, -1, 60*time.Second); err != nil {
+	first, err := waitLeader(relays, -1, 60*time.Second)
+	if err != nil {
 		t.Fatalf("no relay leads within 60s of the start: %v", err)
+	}
+	// A standby is healthy and ready: probes must not have it restarted.
+	for _, r := range relays {
+		if r.n == first {
+			continue
+		}
+		if err := waitActive(r, false, 30*time.Second); err != nil {
+			t.Fatalf("standby: %v", err)
+		}
+		for _, path := range []string{"/healthz", "/readyz"} {
+			resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + r.metrics + path)
+			if err != nil {
+				t.Fatalf("standby relay %d %s: %v", r.n, path, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("standby relay %d %s = %d %q; want 200", r.n, path, resp.StatusCode, body)
+			}
+		}
 	}
 	var plan []haFault
 	for _, k := range []haFault{haKill, haStop, haHold} {

@@ -92,3 +92,34 @@ func TestProxyCutRestore(t *testing.T) {
 		t.Fatalf("Serve did not return within 10s of cancel")
 	}
 }
+
+// Hold drops nothing and closes nothing: bytes wait, and arrive after Release.
+func TestProxyHoldRelease(t *testing.T) {
+	p, err := Listen("127.0.0.1:0", echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Serve(ctx)
+	c, err := net.DialTimeout("tcp", p.Addr(), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !roundTrip(t, c) {
+		t.Fatalf("round trip before Hold failed")
+	}
+	p.Hold()
+	c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	c.Write([]byte("held\n"))
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("read %q while held; want nothing to come through", line)
+	}
+	p.Release()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if line, err := r.ReadString('\n'); err != nil || line != "held\n" {
+		t.Errorf("after Release read %q, %v; want the held line, on the same connection", line, err)
+	}
+}

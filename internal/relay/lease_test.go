@@ -1,0 +1,137 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+)
+
+// leaderBook is a leaderStore in memory: the checkpoint row's epoch.
+type leaderBook struct {
+	mu       sync.Mutex
+	epoch    int64
+	verifies int
+	fail     error // returned by Verify while set (an unreachable database)
+}
+
+func (b *leaderBook) TakeOver(_ context.Context, _, _ string) (int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.epoch++
+	return b.epoch, nil
+}
+
+func (b *leaderBook) Verify(_ context.Context, slot string, epoch int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.verifies++
+	if b.fail != nil {
+		return b.fail
+	}
+	if epoch != b.epoch {
+		return &checkpoint.FencedError{Slot: slot, Epoch: epoch, Newest: b.epoch}
+	}
+	return nil
+}
+
+func (b *leaderBook) count() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.verifies
+}
+
+func newTestLease(b *leaderBook, dur time.Duration) *lease {
+	l := newLease("s", "test", dur, slog.New(slog.DiscardHandler))
+	l.store = b
+	return l
+}
+
+// A lease writes nothing before the stream holds the slot and the former
+// leaders' leases ran out; then it writes without asking while its proof is
+// fresh, asks once it is stale, and fails (fenced) once another relay took
+// over.
+func TestLease(t *testing.T) {
+	ctx := t.Context()
+	book := &leaderBook{epoch: 4} // four leaders before
+	l := newTestLease(book, 200*time.Millisecond)
+	taken := make(chan error, 1)
+	go func() { taken <- l.take(ctx) }()
+
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if err := l.check(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("check before the stream holds the slot = %v; want it to wait", err)
+	}
+	cancel()
+
+	began := time.Now()
+	l.started()
+	if err := <-taken; err != nil {
+		t.Fatalf("take = %v", err)
+	}
+	if waited := time.Since(began); waited < 200*time.Millisecond {
+		t.Errorf("take returned after %s; want it to wait out the lease (200ms) after fencing", waited)
+	}
+	if epoch, _ := l.wait(ctx); epoch != 5 {
+		t.Errorf("epoch = %d; want 5 (one above the former leaders')", epoch)
+	}
+
+	n := book.count()
+	if err := l.check(ctx); err != nil {
+		t.Fatalf("check with a fresh proof = %v", err)
+	}
+	if book.count() != n {
+		t.Errorf("check with a fresh proof asked the database; want no query")
+	}
+
+	time.Sleep(250 * time.Millisecond) // the proof goes stale
+	if err := l.check(ctx); err != nil {
+		t.Fatalf("check with a stale proof, still leading = %v", err)
+	}
+	if book.count() != n+1 {
+		t.Errorf("check with a stale proof made %d queries; want 1", book.count()-n)
+	}
+
+	// A successful fenced save is a proof too.
+	time.Sleep(250 * time.Millisecond)
+	l.proven(time.Now())
+	n = book.count()
+	if err := l.check(ctx); err != nil || book.count() != n {
+		t.Errorf("check after a save's proof = %v with %d queries; want nil, 0", err, book.count()-n)
+	}
+
+	// Another relay takes over while this one is frozen.
+	book.TakeOver(ctx, "s", "rival")
+	time.Sleep(250 * time.Millisecond)
+	err := l.check(ctx)
+	var fe *checkpoint.FencedError
+	if !errors.As(err, &fe) || fe.Newest != 6 || fe.Epoch != 5 {
+		t.Errorf("check after a takeover = %v; want a *FencedError (ours 5, newest 6)", err)
+	}
+}
+
+// While the database cannot say, a stale lease waits: no write on hope.
+func TestLeaseUnreachable(t *testing.T) {
+	book := &leaderBook{}
+	l := newTestLease(book, 50*time.Millisecond)
+	l.started()
+	if err := l.take(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(60 * time.Millisecond)
+	book.mu.Lock()
+	book.fail = errors.New("connection refused")
+	book.mu.Unlock()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if err := l.check(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("check while the database is unreachable = %v; want it to keep waiting", err)
+	}
+	if book.count() < 2 {
+		t.Errorf("%d verify attempts; want retries", book.count())
+	}
+}
