@@ -24,8 +24,22 @@
 # pg-start) take an exclusive flock on .dev/fault.lock so that they wait for running
 # tests, which hold it shared (see internal/testenv). The Go harness already holds it and sets RELAY_FAULT_LOCK_HELD=1.
 #
+# Secure endpoints (issue 14), beside the plain ones every other test uses:
+#   - Postgres has ssl=on with a server certificate for 127.0.0.1 signed by a dev CA
+#     (.dev/tls, made by internal/testenv/certs/cmd/devcerts). The role relay_cert (a
+#     member of relay, with REPLICATION) logs in with its client certificate only, over
+#     TLS, also for replication (hostssl ... cert lines ahead of initdb's host lines).
+#   - Kafka has two more listeners: SASL_SSL (SCRAM-SHA-512; users relay and admin) and
+#     SSL with ssl.client.auth=required (mTLS; the principal is the certificate's CN).
+#     The StandardAuthorizer is on: ANONYMOUS (PLAINTEXT and the controller) and admin
+#     are super users; User:relay may only WRITE and DESCRIBE topics prefixed
+#     outbox.event. and DESCRIBE the cluster (the ACLs the README documents).
+#   `env` prints them as RELAY_TEST_POSTGRES_TLS_DSN, RELAY_TEST_KAFKA_SASL_BROKERS,
+#   RELAY_TEST_KAFKA_MTLS_BROKERS, RELAY_TEST_KAFKA_SASL_USER/_PASSWORD, RELAY_TEST_TLS_DIR.
+#
 # Environment: RELAY_DEV_PG_PORT (54329), RELAY_DEV_KAFKA_PORT (19092),
-# RELAY_DEV_KAFKA_CONTROLLER_PORT (Kafka port + 1), RELAY_DEV_DIR (<repo>/.dev).
+# RELAY_DEV_KAFKA_CONTROLLER_PORT (Kafka port + 1), RELAY_DEV_KAFKA_SASL_PORT (Kafka
+# port + 2), RELAY_DEV_KAFKA_MTLS_PORT (Kafka port + 3), RELAY_DEV_DIR (<repo>/.dev).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,6 +51,8 @@ if [ -d "$DEV_DIR" ]; then DEV_DIR=$(cd -P "$DEV_DIR" && pwd); fi
 PG_PORT=${RELAY_DEV_PG_PORT:-54329}
 KAFKA_PORT=${RELAY_DEV_KAFKA_PORT:-19092}
 KAFKA_CTRL_PORT=${RELAY_DEV_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
+KAFKA_SASL_PORT=${RELAY_DEV_KAFKA_SASL_PORT:-$((KAFKA_PORT + 2))}
+KAFKA_MTLS_PORT=${RELAY_DEV_KAFKA_MTLS_PORT:-$((KAFKA_PORT + 3))}
 KAFKA_VERSION=3.9.1
 KAFKA_LIBS=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-$KAFKA_VERSION/libs
 KAFKA_HOME=$DEV_DIR/kafka
@@ -49,7 +65,25 @@ PG_PASSWORD=relay
 WAIT_SECONDS=${RELAY_DEV_WAIT_SECONDS:-120}
 
 PG_DSN="postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
+# The cluster's superuser, for tests that create roles (a REPLICATION role needs one on
+# PostgreSQL 15): the least-privilege tests of cmd/outbox-relay. Dev servers only.
+PG_SUPER_PASSWORD=postgres
+PG_SUPER_DSN="postgres://postgres:$PG_SUPER_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
 KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT"
+
+# TLS material (internal/testenv/certs: keep the file names in step) and the secure
+# endpoints' users. Dev-only secrets: these servers listen on 127.0.0.1 only.
+TLS_DIR=$DEV_DIR/tls
+PG_CERT_USER=relay_cert
+KAFKA_SASL_USER=relay
+KAFKA_SASL_PASSWORD=relay-secret
+KAFKA_ADMIN_USER=admin
+KAFKA_ADMIN_PASSWORD=admin-secret
+# The relay's topics: User:relay may write these and nothing else.
+KAFKA_RELAY_TOPIC_PREFIX=outbox.event.
+PG_TLS_DSN="host=127.0.0.1 port=$PG_PORT dbname=$PG_DB user=$PG_CERT_USER sslmode=verify-full sslrootcert=$TLS_DIR/ca.pem sslcert=$TLS_DIR/pg-client.pem sslkey=$TLS_DIR/pg-client.key"
+KAFKA_SASL_BROKERS="127.0.0.1:$KAFKA_SASL_PORT"
+KAFKA_MTLS_BROKERS="127.0.0.1:$KAFKA_MTLS_PORT"
 
 log() { printf 'dev: %s\n' "$*" >&2; }
 die() {
@@ -135,6 +169,24 @@ with_fault_lock() {
 	flock -u 9
 }
 
+# ---------------------------------------------------------------- TLS material
+
+# tls_files makes .dev/tls hold a valid set (a no-op when it does). Go's crypto/x509
+# does the work: no openssl or keytool needed. The Go tool is only run when a file is
+# missing; it also renews a set that expires within 30 days.
+tls_files() {
+	local f missing=0
+	for f in ca.pem ca.key server.pem server.key server-key.pem pg-client.pem pg-client.key \
+		kafka-client.pem kafka-client.key other-ca.pem other-client.pem other-client.key; do
+		[ -s "$TLS_DIR/$f" ] || missing=1
+	done
+	[ $missing -eq 0 ] && return 0
+	command -v go >/dev/null || die "go is needed to generate the dev TLS files in $TLS_DIR"
+	log "generating TLS files in $TLS_DIR"
+	(cd "$ROOT" && go run ./internal/testenv/certs/cmd/devcerts "$TLS_DIR") >&2 ||
+		die "could not generate the TLS files in $TLS_DIR"
+}
+
 # ---------------------------------------------------------------- postgres
 
 # pg_home is the folder holding the cluster. As root the server runs as the postgres
@@ -186,10 +238,24 @@ pg_running() {
 	[ -f "$PG_DATA/PG_VERSION" ] && as_pg "$PG_BIN/pg_ctl" status -D "$PG_DATA" >/dev/null 2>&1
 }
 
+# pg_install SRC DEST installs SRC as DEST, owned by the cluster's owner with mode 0600
+# (Postgres refuses a key file others can read), when DEST differs; it sets PG_CHANGED.
+pg_install() {
+	if as_pg cmp -s - "$2" <"$1" 2>/dev/null; then
+		return 0
+	fi
+	as_pg sh -c 'umask 077 && cat >"$1.tmp" && mv -f "$1.tmp" "$1"' _ "$2" <"$1"
+	PG_CHANGED=1
+}
+
 pg_write_conf() {
-	# Rewritten on every start so that RELAY_DEV_PG_PORT is honoured.
-	as_pg tee "$PG_DATA/relay_dev.conf" >/dev/null <<EOF
-# Written by scripts/dev.sh on every start.
+	local tmp
+	tmp=$(mktemp)
+	# Rewritten on every up so that RELAY_DEV_PG_PORT is honoured (a port change needs
+	# a restart: `dev.sh down` with the old port first). The ssl settings take effect on
+	# a reload.
+	cat >"$tmp" <<EOF
+# Written by scripts/dev.sh.
 listen_addresses = '127.0.0.1'
 port = $PG_PORT
 unix_socket_directories = '$PG_SOCK'
@@ -200,7 +266,36 @@ max_connections = 200
 # Dev and test data only: a crashed server (not a crashed machine) loses nothing.
 fsync = off
 log_min_messages = warning
+# TLS with the dev CA's certificate for 127.0.0.1 (copies of .dev/tls, owned by the
+# server's user: Postgres wants its key readable by nobody else). Plain connections
+# stay allowed (pg_hba.conf's host lines): sslmode=disable keeps working.
+ssl = on
+ssl_cert_file = 'relay_dev_server.crt'
+ssl_key_file = 'relay_dev_server.key'
+ssl_ca_file = 'relay_dev_ca.crt'
 EOF
+	pg_install "$tmp" "$PG_DATA/relay_dev.conf"
+	rm -f "$tmp"
+}
+
+# pg_write_tls installs the server's certificate, key and CA, and puts the cert lines
+# for $PG_CERT_USER ahead of initdb's lines in pg_hba.conf (the first matching line
+# wins, and initdb's "host all all 127.0.0.1/32 scram-sha-256" also matches TLS).
+pg_write_tls() {
+	local tmp
+	pg_install "$TLS_DIR/server.pem" "$PG_DATA/relay_dev_server.crt"
+	pg_install "$TLS_DIR/server.key" "$PG_DATA/relay_dev_server.key"
+	pg_install "$TLS_DIR/ca.pem" "$PG_DATA/relay_dev_ca.crt"
+	tmp=$(mktemp)
+	{
+		echo "# relay_dev begin: written by scripts/dev.sh; client-certificate logins over TLS only"
+		echo "hostssl all         $PG_CERT_USER 127.0.0.1/32 cert"
+		echo "hostssl replication $PG_CERT_USER 127.0.0.1/32 cert"
+		echo "# relay_dev end"
+		as_pg cat "$PG_DATA/pg_hba.conf" | sed '/^# relay_dev begin/,/^# relay_dev end/d'
+	} >"$tmp"
+	pg_install "$tmp" "$PG_DATA/pg_hba.conf"
+	rm -f "$tmp"
 }
 
 pg_init() {
@@ -229,7 +324,6 @@ pg_start() {
 		touch "$PG_LOG" && chown postgres:postgres "$PG_LOG"
 	fi
 	as_pg mkdir -p "$PG_SOCK"
-	pg_write_conf
 	log "starting postgres on 127.0.0.1:$PG_PORT"
 	if ! as_pg "$PG_BIN/pg_ctl" start -w -t "$WAIT_SECONDS" -D "$PG_DATA" -l "$PG_LOG" >/dev/null; then
 		tail -n 30 "$PG_LOG" >&2 || true
@@ -251,6 +345,8 @@ pg_wait_ready() {
 
 pg_bootstrap() {
 	as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres >/dev/null <<EOF
+SET client_min_messages = warning;
+ALTER ROLE postgres PASSWORD '$PG_SUPER_PASSWORD';
 DO \$\$BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
     CREATE ROLE $PG_USER LOGIN PASSWORD '$PG_PASSWORD' REPLICATION CREATEDB;
@@ -258,6 +354,16 @@ DO \$\$BEGIN
     ALTER ROLE $PG_USER LOGIN PASSWORD '$PG_PASSWORD' REPLICATION CREATEDB;
   END IF;
 END\$\$;
+-- Logs in with its client certificate only (pg_hba.conf), also for replication; a
+-- member of $PG_USER, so it may use what tests create as $PG_USER.
+DO \$\$BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_CERT_USER') THEN
+    CREATE ROLE $PG_CERT_USER LOGIN REPLICATION;
+  ELSE
+    ALTER ROLE $PG_CERT_USER LOGIN REPLICATION PASSWORD NULL;
+  END IF;
+END\$\$;
+GRANT $PG_USER TO $PG_CERT_USER;
 SELECT 'CREATE DATABASE $PG_DB OWNER $PG_USER'
 WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$PG_DB')\gexec
 EOF
@@ -266,10 +372,38 @@ EOF
 pg_up() {
 	ensure_pg_installed
 	pg_setup_paths
+	tls_files
 	pg_init
-	pg_start
+	PG_CHANGED=0
+	pg_write_conf
+	pg_write_tls
+	if pg_running; then
+		# A server of an older dev.sh, or new certificates: the ssl settings and
+		# pg_hba.conf take effect on a reload, no restart needed.
+		if [ $PG_CHANGED -eq 1 ]; then
+			log "reloading postgres (ssl settings, certificates, pg_hba.conf)"
+			as_pg "$PG_BIN/pg_ctl" reload -D "$PG_DATA" >/dev/null
+		fi
+	else
+		pg_start
+	fi
 	pg_wait_ready
 	pg_bootstrap
+	pg_wait_ssl
+}
+
+# pg_wait_ssl waits until the server has TLS on (a reload is asynchronous) and fails
+# with the log when it does not: a bad key file only shows there.
+pg_wait_ssl() {
+	local i
+	for ((i = 0; i < 20; i++)); do
+		if [ "$(as_pg "$PG_BIN/psql" -X -At -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres -c 'SHOW ssl' 2>/dev/null)" = on ]; then
+			return 0
+		fi
+		sleep 0.25
+	done
+	tail -n 30 "$PG_LOG" >&2 || true
+	die "postgres did not turn ssl on (log: $PG_LOG)"
 }
 
 pg_stop() { # mode
@@ -277,6 +411,11 @@ pg_stop() { # mode
 	pg_setup_paths
 	if ! pg_running; then
 		return 0
+	fi
+	# The cluster of DEV_DIR must be the one on PG_PORT: a caller with another
+	# instance's port but not its RELAY_DEV_DIR would stop someone else's server.
+	if ! as_pg grep -qx "port = $PG_PORT" "$PG_DATA/relay_dev.conf" 2>/dev/null; then
+		die "the postgres of $DEV_DIR does not listen on $PG_PORT (RELAY_DEV_PG_PORT): not stopping it; set RELAY_DEV_DIR and RELAY_DEV_PG_PORT of the same instance (eval \"\$(scripts/dev.sh env)\" exports both)"
 	fi
 	log "stopping postgres (-m $1)"
 	as_pg "$PG_BIN/pg_ctl" stop -w -t "$WAIT_SECONDS" -m "$1" -D "$PG_DATA" >/dev/null
@@ -320,17 +459,23 @@ kafka_java() { # main class and args
 		-cp "$KAFKA_LIBS/*" "$@"
 }
 
+# kafka_write_conf writes the broker's configuration to FILE (default server.properties).
 kafka_write_conf() {
+	local out=${1:-$KAFKA_HOME/server.properties} tls_sum
 	mkdir -p "$KAFKA_HOME/data"
-	cat >"$KAFKA_HOME/server.properties" <<EOF
+	tls_files
+	# The broker reads its key store and trust store at start only: their checksum
+	# below makes new certificates a configuration change, which restarts it.
+	tls_sum=$(cat "$TLS_DIR/server-key.pem" "$TLS_DIR/ca.pem" | sha256sum | cut -c1-16)
+	cat >"$out" <<EOF
 # Written by scripts/dev.sh on every start.
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CTRL_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CTRL_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CTRL_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_MTLS_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_MTLS_PORT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$KAFKA_HOME/data
 num.partitions=4
@@ -345,6 +490,26 @@ auto.create.topics.enable=true
 # unfenced: keep that short so fault tests do not sit idle.
 broker.session.timeout.ms=3000
 broker.heartbeat.interval.ms=500
+
+# Authorization (KRaft): PLAINTEXT and the controller listener are ANONYMOUS, which
+# stays allowed everything (the plain listener every other test uses, and the broker's
+# own requests); admin too. Everyone else gets what the ACLs allow (dev.sh up adds them).
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:$KAFKA_ADMIN_USER
+allow.everyone.if.no.acl.found=false
+# SASL_SSL: SCRAM-SHA-512, credentials stored in the metadata log (kafka-configs).
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+# TLS for SASL_SSL and SSL: PEM files made by Go (internal/testenv/certs), no keytool.
+# tls files: $tls_sum
+ssl.keystore.type=PEM
+ssl.keystore.location=$TLS_DIR/server-key.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$TLS_DIR/ca.pem
+# SSL is the mTLS listener: a client certificate signed by the dev CA is required, and
+# its CN is the principal (CN=relay is User:relay).
+listener.name.ssl.ssl.client.auth=required
+ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/\$1/,RULE:^CN=([^,]+),.*$/\$1/,DEFAULT
 EOF
 	cat >"$KAFKA_HOME/log4j.properties" <<EOF
 log4j.rootLogger=WARN, file
@@ -354,6 +519,55 @@ log4j.appender.file.File=$KAFKA_HOME/server.log
 log4j.appender.file.layout=org.apache.log4j.PatternLayout
 log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 EOF
+}
+
+# kafka_reconfigure restarts a running broker whose configuration differs from what
+# kafka_write_conf writes now (an older dev.sh's, other ports, new certificates), and
+# leaves an unchanged one alone.
+kafka_reconfigure() {
+	kafka_pid >/dev/null || return 0
+	kafka_write_conf "$KAFKA_HOME/server.properties.new"
+	if cmp -s "$KAFKA_HOME/server.properties.new" "$KAFKA_HOME/server.properties"; then
+		rm -f "$KAFKA_HOME/server.properties.new"
+		return 0
+	fi
+	rm -f "$KAFKA_HOME/server.properties.new"
+	log "kafka's configuration changed: restarting the broker"
+	kafka_stop TERM
+}
+
+# kafka_security creates the SCRAM users and the relay's ACLs through the PLAINTEXT
+# listener (ANONYMOUS is a super user), with Kafka's own tools. Both live in the
+# metadata log under data/, like the marker that makes a second up skip the four JVM
+# starts: a reformatted data directory loses both together.
+kafka_security() {
+	local spec sum marker=$KAFKA_HOME/data/relay-security.sha256 out=$KAFKA_HOME/security.log
+	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; v1"
+	sum=$(printf '%s' "$spec" | sha256sum | cut -c1-64)
+	if [ "$(cat "$marker" 2>/dev/null)" = "$sum" ]; then
+		return 0
+	fi
+	log "creating the SCRAM users $KAFKA_SASL_USER and $KAFKA_ADMIN_USER and the ACLs of User:$KAFKA_SASL_USER"
+	: >"$out"
+	kafka_tool() {
+		kafka_java "$@" >>"$out" 2>&1 || {
+			cat "$out" >&2
+			die "kafka tool failed: $1 (log: $out)"
+		}
+	}
+	kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$KAFKA_BROKERS" --alter \
+		--add-config "SCRAM-SHA-512=[password=$KAFKA_SASL_PASSWORD]" --entity-type users --entity-name "$KAFKA_SASL_USER"
+	kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$KAFKA_BROKERS" --alter \
+		--add-config "SCRAM-SHA-512=[password=$KAFKA_ADMIN_PASSWORD]" --entity-type users --entity-name "$KAFKA_ADMIN_USER"
+	# The relay's ACLs, as the README documents them: write and describe its topics
+	# (prefixed), describe the cluster. No CREATE: with auto-creation a missing topic
+	# is then reported, not created. No IDEMPOTENT_WRITE: kafka-go does not use it.
+	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
+		--allow-principal "User:$KAFKA_SASL_USER" --operation Write --operation Describe \
+		--topic "$KAFKA_RELAY_TOPIC_PREFIX" --resource-pattern-type prefixed
+	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
+		--allow-principal "User:$KAFKA_SASL_USER" --operation Describe --cluster
+	echo "$sum" >"$marker"
 }
 
 kafka_format() {
@@ -366,6 +580,15 @@ kafka_format() {
 			cat "$KAFKA_HOME/format.log" >&2
 			die "kafka storage format failed"
 		}
+}
+
+# kafka_ours refuses to act on the broker of DEV_DIR when it is not the one on
+# KAFKA_PORT: a caller with another instance's port but not its RELAY_DEV_DIR would
+# kill, pause or resume someone else's broker.
+kafka_ours() {
+	[ -f "$KAFKA_HOME/server.properties" ] || return 0
+	grep -q "^listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT," "$KAFKA_HOME/server.properties" ||
+		die "the broker of $DEV_DIR does not listen on $KAFKA_PORT (RELAY_DEV_KAFKA_PORT): not touching it; set RELAY_DEV_DIR and RELAY_DEV_KAFKA_PORT of the same instance (eval \"\$(scripts/dev.sh env)\" exports both)"
 }
 
 # kafka_pid prints the broker's PID if the process in the PID file is our live broker.
@@ -411,7 +634,7 @@ kafka_start() {
 	kafka_libs
 	kafka_write_conf
 	kafka_format
-	log "starting kafka $KAFKA_VERSION on $KAFKA_BROKERS (controller 127.0.0.1:$KAFKA_CTRL_PORT)"
+	log "starting kafka $KAFKA_VERSION on $KAFKA_BROKERS (controller 127.0.0.1:$KAFKA_CTRL_PORT, SASL_SSL $KAFKA_SASL_BROKERS, mTLS $KAFKA_MTLS_BROKERS)"
 	: >"$KAFKA_HOME/stdout.log"
 	rm -f "$KAFKA_HOME/kafka.pid"
 	# setsid: the broker must outlive make and the shell that started it. The inner shell
@@ -459,6 +682,7 @@ kafka_wait_gone() { # pid
 kafka_stop() { # signal
 	local pid
 	pid=$(kafka_pid) || return 0
+	kafka_ours
 	log "stopping kafka (pid $pid, SIG$1)"
 	kill "-$1" "$pid" 2>/dev/null || true
 	if [ "$1" = TERM ]; then
@@ -482,6 +706,7 @@ kafka_stop() { # signal
 kafka_pause() {
 	local pid
 	pid=$(kafka_pid) || die "kafka is not running: nothing to pause"
+	kafka_ours
 	log "pausing kafka (pid $pid, SIGSTOP)"
 	kill -STOP "$pid"
 }
@@ -489,6 +714,7 @@ kafka_pause() {
 kafka_resume() {
 	local pid
 	pid=$(kafka_pid) || die "kafka is not running: nothing to resume"
+	kafka_ours
 	log "resuming kafka (pid $pid, SIGCONT)"
 	kill -CONT "$pid"
 	kafka_wait_ready
@@ -501,16 +727,29 @@ print_env() {
 export RELAY_POSTGRES_DSN='$PG_DSN'
 export RELAY_KAFKA_BROKERS='$KAFKA_BROKERS'
 export RELAY_TEST_POSTGRES_DSN='$PG_DSN'
+export RELAY_TEST_POSTGRES_SUPERUSER_DSN='$PG_SUPER_DSN'
 export RELAY_TEST_KAFKA_BROKERS='$KAFKA_BROKERS'
+export RELAY_DEV_DIR='$DEV_DIR'
 export RELAY_DEV_PG_PORT='$PG_PORT'
 export RELAY_DEV_KAFKA_PORT='$KAFKA_PORT'
+export RELAY_DEV_KAFKA_SASL_PORT='$KAFKA_SASL_PORT'
+export RELAY_DEV_KAFKA_MTLS_PORT='$KAFKA_MTLS_PORT'
+export RELAY_TEST_POSTGRES_TLS_DSN='$PG_TLS_DSN'
+export RELAY_TEST_KAFKA_SASL_BROKERS='$KAFKA_SASL_BROKERS'
+export RELAY_TEST_KAFKA_MTLS_BROKERS='$KAFKA_MTLS_BROKERS'
+export RELAY_TEST_KAFKA_SASL_USER='$KAFKA_SASL_USER'
+export RELAY_TEST_KAFKA_SASL_PASSWORD='$KAFKA_SASL_PASSWORD'
+export RELAY_TEST_KAFKA_TOPIC_PREFIX='$KAFKA_RELAY_TOPIC_PREFIX'
+export RELAY_TEST_TLS_DIR='$TLS_DIR'
 EOF
 }
 
 print_info() {
 	cat <<EOF
 Postgres: $PG_DSN
+          TLS: $PG_TLS_DSN
 Kafka:    $KAFKA_BROKERS
+          SASL_SSL (SCRAM-SHA-512, user $KAFKA_SASL_USER): $KAFKA_SASL_BROKERS; mTLS: $KAFKA_MTLS_BROKERS; CA: $TLS_DIR/ca.pem
 Use them: eval "\$(make -s dev-env)"
 Stop:     make dev-down
 EOF
@@ -526,7 +765,9 @@ cmd_up() {
 		flock -s 8
 	fi
 	pg_up
+	kafka_reconfigure
 	kafka_start
+	kafka_security
 	if [ -z "${RELAY_FAULT_LOCK_HELD:-}" ]; then
 		flock -u 8
 	fi
@@ -543,7 +784,7 @@ cmd_status() {
 	pg_setup_paths
 	if pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
 	local pid
-	if pid=$(kafka_pid); then echo "kafka: running (pid $pid) on $KAFKA_BROKERS"; else echo "kafka: stopped"; fi
+	if pid=$(kafka_pid); then echo "kafka: running (pid $pid) on $KAFKA_BROKERS, SASL_SSL $KAFKA_SASL_BROKERS, mTLS $KAFKA_MTLS_BROKERS"; else echo "kafka: stopped"; fi
 }
 
 case "${1:-}" in
