@@ -75,7 +75,48 @@ func files(t *testing.T) map[string]string {
 			block{"Tables made before last-resort records and message timestamps existed.", retryStmts[1:3]},
 			block{"The retry worker polls for due rows with it.", retryStmts[3:4]},
 			block{comment004Aggregate, retryStmts[4:]}),
+		"005_replay.sql": render(header005, block{"", []string{sql.ReplayTable(checkpoint)}}),
+		"006_grants.sql": render(header006, grantBlocks(sql.DefaultObjects(), sql.DefaultRole)...),
 	}
+}
+
+// grantBlocks is 006_grants.sql after its header: the role, CONNECT, then a
+// block per privilege saying which commands need it, and the DELETE that
+// retention adds, commented out.
+func grantBlocks(o sql.Objects, role string) []block {
+	blocks := []block{
+		{comment006Role, []string{sql.EnsureRole(role)}},
+		{"Every command connects to this database.", []string{sql.GrantConnect("", role)}},
+	}
+	for _, p := range sql.RelayPrivileges(o) {
+		blocks = append(blocks, block{wrap(p.What+": "+p.Why, 78), []string{p.Grant(role)}})
+	}
+	ret := o
+	ret.Retention = true
+	for _, p := range sql.TablePrivileges(ret) {
+		if p.What == "outbox table" {
+			blocks = append(blocks, block{"With outbox.retention on, the relay (and `outbox-relay prune`) deletes\ndelivered rows: uncomment.\n" +
+				p.Grant(role, "DELETE") + ";", nil})
+		}
+	}
+	return blocks
+}
+
+// wrap breaks text into lines of at most width bytes, at spaces.
+func wrap(text string, width int) string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(text) {
+		if line != "" && len(line)+1+len(w) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += w
+	}
+	return strings.Join(append(lines, line), "\n")
 }
 
 func must[T any](v T, err error) T {
@@ -202,3 +243,26 @@ md5 of the aggregate: a btree entry of the text itself fails above ~2.7 kB
 (and an insert failing there would stall the relay). Queries compare both
 md5(aggregate) and aggregate, so a collision costs a little speed only.
 Earlier versions indexed the text itself.`
+
+const header005 = `The replay table, with its default name (beside the checkpoint table):
+` + "`outbox-relay replay`" + ` keeps each run's selection and progress here, so that a
+run resumes by its --id. ` + "`outbox-relay setup`" + ` creates it too. Replay would create it
+itself, but only as a role that may create tables in the schema. Idempotent.
+
+Generated from package sql's builders (go generate ./sql): edit those.`
+
+const header006 = `The privileges of the relay's role, with the default names and the role
+outbox_relay: LOGIN and REPLICATION, never superuser, plus the grants below,
+which cover ` + "`outbox-relay run`" + ` (with its retry worker and checkpoint history) and
+the operator commands (lag, status, retries, checkpoint, prune, replay).
+Run after 001 to 005, as a superuser (creating a role with REPLICATION needs
+one). Idempotent. For other names, or another role, print the statements
+with ` + "`outbox-relay setup --print-sql [--role NAME]`" + `; ` + "`outbox-relay check`" + ` names
+any grant that is missing, with the statement that fixes it.
+
+Generated from package sql's builders (go generate ./sql): edit those.`
+
+const comment006Role = `The role, created if missing, without a password (set one: \password
+outbox_relay in psql), and given REPLICATION if it has neither that nor
+superuser. On a managed service grant its replication role instead (AWS RDS:
+GRANT rds_replication TO outbox_relay).`

@@ -22,7 +22,8 @@ func TestCheckGood(t *testing.T) {
 		"ok    wal_level: logical",
 		"ok    max_replication_slots: ",
 		"ok    max_wal_senders: ",
-		"ok    role: ", // a superuser, or (the dev servers' relay role) one with REPLICATION
+		"  role: ", // ok with REPLICATION (the dev servers' relay role), warn for a superuser
+		"info  TLS: ",
 		"ok    replication connection: system ",
 		"ok    outbox table: public.outbox has the mapped columns with usable types",
 		"ok    publication: outbox_relay covers public.outbox and publishes inserts",
@@ -30,6 +31,9 @@ func TestCheckGood(t *testing.T) {
 		"; inactive",
 		"ok    checkpoint table: outbox_relay_checkpoint exists; nothing saved yet for "+slot,
 		"ok    checkpoint history: outbox_relay_checkpoint_history exists; no rows yet for "+slot,
+		"ok    retry table: outbox_relay_retry exists",
+		"ok    replay table: outbox_relay_replay exists",
+		"ok    privileges: ",
 		"ok    retention: off (outbox.retention)",
 		"ok    kafka: ")
 	if strings.Contains(out, "FAIL") {

@@ -7,23 +7,42 @@ import (
 )
 
 func newSetupCmd(wrap wrapFunc) *cobra.Command {
-	var createOutbox bool
+	var (
+		createOutbox bool
+		printSQL     bool
+		role         string
+	)
 	cmd := &cobra.Command{
-		Use:   "setup",
-		Short: "Create the checkpoint and retry tables, publication and replication slot if missing",
+		Use:   "setup [--create-outbox-table] [--print-sql [--role NAME]]",
+		Short: "Create the checkpoint, retry and replay tables, publication and replication slot if missing",
 		Long: `setup creates what the relay needs and is missing, and says what it found:
-the checkpoint table, (with --create-outbox-table) the outbox table, the
-publication of the outbox table (inserts only) and the logical replication slot
-(pgoutput). It is safe to run again. It never alters what exists: a publication
-that does not cover the outbox table is reported with the statement to fix it.
+the checkpoint table and its history, the retry table, the replay table, (with
+--create-outbox-table) the outbox table, the publication of the outbox table
+(inserts only) and the logical replication slot (pgoutput). It is safe to run
+again. It never alters what exists: a publication that does not cover the
+outbox table is reported with the statement to fix it.
 
 The slot retains WAL from the moment it exists until the relay confirms it:
-run setup where the relay is about to run.`,
+run setup where the relay is about to run.
+
+--print-sql connects nowhere: it prints the same statements for the
+configured names, each idempotent, plus what the relay's role needs (LOGIN
+REPLICATION and the GRANTs; the role is the user of postgres.dsn, or --role),
+for a DBA to run as the tables' owner or a superuser. The relay then runs
+without superuser; "outbox-relay check" names any grant still missing.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
+			if role != "" && !printSQL {
+				return usageErrorf("--role only applies to --print-sql")
+			}
+			if printSQL {
+				return admin.PrintSQL(e.adminConfig(), role, createOutbox, e.stdout)
+			}
 			return admin.Setup(cmd.Context(), e.adminConfig(), createOutbox, e.stdout)
 		}),
 	}
 	cmd.Flags().BoolVar(&createOutbox, "create-outbox-table", false, "also create the outbox table (Debezium-compatible layout) if missing")
+	cmd.Flags().BoolVar(&printSQL, "print-sql", false, "print the statements (and the grants of the relay's role) for a DBA instead of running them; connects nowhere")
+	cmd.Flags().StringVar(&role, "role", "", "with --print-sql: the role to grant to (default: the user of postgres.dsn)")
 	return cmd
 }

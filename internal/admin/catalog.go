@@ -17,16 +17,74 @@ import (
 // Catalog lookups shared by Setup and Check.
 
 // tableOID returns the table's oid, or 0 if it does not exist. An unqualified
-// name is looked up on the search_path, as the server would.
+// name is looked up on the search_path, as the server would. It works
+// without USAGE on the table's schema (where to_regclass fails or finds
+// nothing), so that check can name that grant instead of calling the table
+// missing.
 func tableOID(ctx context.Context, conn *pgx.Conn, t sql.Table) (uint32, error) {
+	oid, _, err := locateTable(ctx, conn, t)
+	return oid, err
+}
+
+// locateTable returns the table's oid and schema, or 0 and "" if it does not
+// exist, from the catalog, which every role may read.
+func locateTable(ctx context.Context, conn *pgx.Conn, t sql.Table) (uint32, string, error) {
 	var oid *uint32
-	if err := conn.QueryRow(ctx, `SELECT to_regclass($1)::oid`, t.Quoted()).Scan(&oid); err != nil {
-		return 0, fmt.Errorf("look up table %s: %w", t, err)
+	var schema *string
+	var err error
+	if t.Schema != "" {
+		err = conn.QueryRow(ctx, `SELECT c.oid, n.nspname FROM pg_catalog.pg_namespace n
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = $2
+WHERE n.nspname = $1`, t.Schema, t.Name).Scan(&oid, &schema)
+	} else {
+		// to_regclass resolves as the server does, but skips the schemas
+		// the role may not use: then the search_path itself is read.
+		err = conn.QueryRow(ctx, `SELECT c.oid, n.nspname FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass($1)
+UNION ALL
+SELECT * FROM (
+    SELECT c.oid, n.nspname
+    FROM unnest(string_to_array(current_setting('search_path'), ',')) WITH ORDINALITY AS p(raw, ord)
+    CROSS JOIN LATERAL (SELECT btrim(p.raw) AS s) e
+    JOIN pg_catalog.pg_namespace n ON n.nspname = CASE
+        WHEN e.s IN ('$user', '"$user"') THEN current_user::text
+        WHEN e.s LIKE '"%"' THEN replace(substr(e.s, 2, length(e.s) - 2), '""', '"')
+        ELSE lower(e.s) END
+    JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = $2
+    ORDER BY p.ord LIMIT 1) s
+LIMIT 1`, t.Quoted(), t.Name).Scan(&oid, &schema)
 	}
-	if oid == nil {
-		return 0, nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, "", nil
 	}
-	return *oid, nil
+	if err != nil {
+		return 0, "", fmt.Errorf("look up table %s: %w", t, err)
+	}
+	if oid == nil || schema == nil {
+		return 0, "", nil
+	}
+	return *oid, *schema, nil
+}
+
+// serialSequence returns the sequence owned by the column of the table (a
+// serial's), or "" and 0: read from pg_depend, which needs no privilege.
+func serialSequence(ctx context.Context, conn *pgx.Conn, table uint32, column string) (string, uint32, error) {
+	var name string
+	var oid uint32
+	err := conn.QueryRow(ctx, `SELECT s.relname, s.oid FROM pg_catalog.pg_depend d
+JOIN pg_catalog.pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.refclassid = 'pg_catalog.pg_class'::regclass
+  AND d.refobjid = $1 AND a.attname = $2 AND d.deptype IN ('a', 'i')
+LIMIT 1`, table, column).Scan(&name, &oid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("look up the sequence of %s: %w", column, err)
+	}
+	return name, oid, nil
 }
 
 // columnTypes maps the table's column names to their base types (domains

@@ -49,6 +49,16 @@ func (c *checker) fail(name, format string, args ...any) {
 	fmt.Fprintf(c.out, "FAIL  %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
 }
 
+// warn reports what works but should change; info what an operator should
+// know. Neither fails the check.
+func (c *checker) warn(name, format string, args ...any) {
+	fmt.Fprintf(c.out, "warn  %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
+}
+
+func (c *checker) info(name, format string, args ...any) {
+	fmt.Fprintf(c.out, "info  %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
+}
+
 // checkPostgres checks, in the order an operator would fix them, what the
 // relay needs from the server and the database.
 func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
@@ -61,6 +71,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	c.ok("postgres", "connected to %s", cfg.RedactedDSN)
+	checkTLS(ctx, conn, cfg, c)
 
 	// Server settings.
 	var walLevel string
@@ -107,7 +118,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	case err != nil:
 		c.fail("role", "cannot read it: %v", cfg.scrub(err))
 	case super:
-		c.ok("role", "%s is a superuser", role)
+		c.warn("role", "%s is a superuser: the relay does not need superuser; give it a role with LOGIN REPLICATION and the grants of `outbox-relay setup --print-sql --role NAME`", role)
 	case repl:
 		c.ok("role", "%s has REPLICATION", role)
 	default:
@@ -184,7 +195,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	case cpOID == 0:
 		c.fail("checkpoint table", "%s does not exist; run `outbox-relay setup`", cpTable)
 	default:
-		c.ok("checkpoint table", "%s exists; %s", cpTable, savedCheckpoint(ctx, conn, cpTable, slotName))
+		checkpointLine(ctx, conn, cfg, c, "checkpoint table", cpTable, cpOID, func() (string, error) { return savedCheckpoint(ctx, conn, cpTable, slotName) })
 	}
 	history := sql.CheckpointHistoryName(cpTable)
 	hOID, err := tableOID(ctx, conn, history)
@@ -195,8 +206,30 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 		c.fail("checkpoint history", "%s does not exist; run `outbox-relay setup` (a relay whose role may create tables there creates it at start); "+
 			"without it retention deletes nothing and replay cannot map an LSN to rows", history)
 	default:
-		c.ok("checkpoint history", "%s exists; %s", history, historySummary(ctx, conn, history, slotName))
+		checkpointLine(ctx, conn, cfg, c, "checkpoint history", history, hOID, func() (string, error) { return historySummary(ctx, conn, history, slotName) })
 	}
+
+	// The retry table: run stores failed events there.
+	switch rOID, err := tableOID(ctx, conn, cfg.RetryTable); {
+	case err != nil:
+		c.fail("retry table", "%v", cfg.scrub(err))
+	case rOID == 0:
+		c.fail("retry table", "%s does not exist; run `outbox-relay setup`", cfg.RetryTable)
+	default:
+		c.ok("retry table", "%s exists", cfg.RetryTable)
+	}
+	// The replay table is replay's alone: missing, it fails nothing.
+	replayTable := sql.ReplayTableName(cpTable)
+	switch oid, err := tableOID(ctx, conn, replayTable); {
+	case err != nil:
+		c.fail("replay table", "%v", cfg.scrub(err))
+	case oid == 0:
+		c.ok("replay table", "%s does not exist yet: `outbox-relay setup` creates it (replay creates it only as a role that may create tables there)", replayTable)
+	default:
+		c.ok("replay table", "%s exists", replayTable)
+	}
+
+	checkPrivileges(ctx, conn, cfg, c, role)
 
 	// Retention, when on: what it needs of the outbox table.
 	switch {
@@ -221,32 +254,56 @@ func period(d time.Duration) string {
 	return d.String()
 }
 
+// checkpointLine reports a table of the checkpoint that exists: what it
+// holds, read with describe, when the role may read it. A role that may not
+// gets its FAIL, with the GRANT, from checkPrivileges; any other error
+// reading it fails here.
+func checkpointLine(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker, name string, table sql.Table, oid uint32, describe func() (string, error)) {
+	var readable bool
+	err := conn.QueryRow(ctx, `SELECT has_table_privilege(c.oid, 'SELECT') AND has_schema_privilege(c.relnamespace, 'USAGE')
+FROM pg_catalog.pg_class c WHERE c.oid = $1`, oid).Scan(&readable)
+	if err != nil {
+		c.fail(name, "%s: %v", table, cfg.scrub(err))
+		return
+	}
+	if !readable {
+		c.ok(name, "%s exists (this role may not read it: see privileges below)", table)
+		return
+	}
+	d, err := describe()
+	if err != nil {
+		c.fail(name, "%s exists but reading it failed: %v", table, cfg.scrub(err))
+		return
+	}
+	c.ok(name, "%s exists; %s", table, d)
+}
+
 // historySummary describes the slot's checkpoint history, for information.
-func historySummary(ctx context.Context, conn *pgx.Conn, table sql.Table, slot string) string {
+func historySummary(ctx context.Context, conn *pgx.Conn, table sql.Table, slot string) (string, error) {
 	var n int64
 	var newest *time.Time
 	err := conn.QueryRow(ctx, `SELECT count(*), max(saved_at) FROM `+table.Quoted()+` WHERE slot_name = $1`, slot).Scan(&n, &newest)
 	switch {
 	case err != nil:
-		return "cannot read it: " + err.Error()
+		return "", err
 	case newest == nil:
-		return "no rows yet for " + slot + " (a relay records one at most every checkpoint.history_interval)"
+		return "no rows yet for " + slot + " (a relay records one at most every checkpoint.history_interval)", nil
 	}
-	return fmt.Sprintf("%d rows for %s, the newest saved %s", n, slot, newest.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("%d rows for %s, the newest saved %s", n, slot, newest.UTC().Format(time.RFC3339)), nil
 }
 
 // savedCheckpoint describes the checkpoint row of slot, for information.
-func savedCheckpoint(ctx context.Context, conn *pgx.Conn, table sql.Table, slot string) string {
+func savedCheckpoint(ctx context.Context, conn *pgx.Conn, table sql.Table, slot string) (string, error) {
 	var lsn string
 	var saved time.Time
 	err := conn.QueryRow(ctx, `SELECT lsn::text, saved_at FROM `+table.Quoted()+` WHERE slot_name = $1`, slot).Scan(&lsn, &saved)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return "nothing saved yet for " + slot
+		return "nothing saved yet for " + slot, nil
 	case err != nil:
-		return "cannot read it: " + err.Error()
+		return "", err
 	}
-	return fmt.Sprintf("%s saved up to %s at %s", slot, lsn, saved.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("%s saved up to %s at %s", slot, lsn, saved.UTC().Format(time.RFC3339)), nil
 }
 
 // Types the relay can read each column as; pgoutput sends every value in

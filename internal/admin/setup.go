@@ -2,15 +2,19 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // Setup creates what the relay needs and is missing: the checkpoint table and
-// its history, the retry table, the outbox table (with createOutbox), the publication of the outbox
+// its history, the retry table, the replay table, the outbox table (with createOutbox), the publication of the outbox
 // table (inserts only) and the pgoutput slot, and writes a line per object
 // saying what it found or did. It is idempotent and alters nothing that
 // exists, except a retry table of an earlier version, which it upgrades.
@@ -66,6 +70,19 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		return err
 	}
 	if cpOID != 0 {
+		// A table from before high availability gets the epoch columns
+		// that fence a former leader (a no-op when present).
+		var have int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute
+WHERE attrelid = $1 AND attname IN ('epoch', 'leader', 'leader_since') AND NOT attisdropped`, cpOID).Scan(&have); err != nil {
+			return fmt.Errorf("look up checkpoint table %s: %w", checkpoint, err)
+		}
+		if have < 3 {
+			if _, err := conn.Exec(ctx, sql.CheckpointLeaderColumns(checkpoint)); err != nil {
+				return fmt.Errorf("add the leadership columns to checkpoint table %s: %w", checkpoint, err)
+			}
+			say("checkpoint table %s: added the leadership columns (epoch, leader, leader_since)", checkpoint)
+		}
 		say("checkpoint table %s: already exists", checkpoint)
 	} else {
 		if _, err := conn.Exec(ctx, sql.CheckpointTable(checkpoint)); err != nil {
@@ -108,6 +125,22 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		say("retry table %s: already exists (upgraded if an earlier version made it)", retryTable)
 	} else {
 		say("retry table %s: created", retryTable)
+	}
+
+	// The replay table: replay would create it itself, but only as a role
+	// that may create tables; created here, replay runs with grants alone.
+	replayTable := sql.ReplayTableName(checkpoint)
+	rpOID, err := tableOID(ctx, conn, replayTable)
+	if err != nil {
+		return err
+	}
+	if rpOID != 0 {
+		say("replay table %s: already exists", replayTable)
+	} else {
+		if _, err := conn.Exec(ctx, sql.ReplayTable(checkpoint)); err != nil {
+			return fmt.Errorf("create replay table %s: %w", replayTable, err)
+		}
+		say("replay table %s: created", replayTable)
 	}
 
 	pubName := cfg.Publication
@@ -184,4 +217,88 @@ func layoutName(l sql.Layout) sql.Layout {
 		return sql.LayoutRelay
 	}
 	return l
+}
+
+// PrintSQL writes, without connecting, every statement Setup would run for
+// cfg's names (the outbox table too with createOutbox), each idempotent, then
+// what the relay's role needs: LOGIN REPLICATION (the role is created if
+// missing), CONNECT on the DSN's database, and the grants of
+// sql.RelayPrivileges; the slot comes last, since it retains WAL from the
+// moment it exists. It is for a DBA to run as the tables' owner or a
+// superuser (psql -v ON_ERROR_STOP=1 -f FILE), so that the relay runs as a
+// role that is neither. role "" means the DSN's user.
+func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
+	pc, err := pgconn.ParseConfig(cfg.DSN)
+	if err != nil {
+		return cfg.scrub(fmt.Errorf("postgres.dsn %s: %w", cfg.RedactedDSN, err))
+	}
+	if role == "" {
+		role = pc.User
+	}
+	if role == "" {
+		return errors.New("no role to grant to: give --role, or a user in postgres.dsn")
+	}
+	// A name in a comment must not end the comment line.
+	inComment := ops.Printable(sql.Ident(role))
+	var b strings.Builder
+	block := func(comment string, stmts ...string) {
+		b.WriteString("\n")
+		for _, para := range strings.Split(comment, "\n") {
+			for _, line := range wrapWords(para, 80) {
+				b.WriteString(strings.TrimRight("-- "+line, " ") + "\n")
+			}
+		}
+		for _, s := range stmts {
+			b.WriteString(s + ";\n")
+		}
+	}
+	fmt.Fprintf(&b, `-- outbox-relay setup --print-sql: what `+"`outbox-relay setup`"+` does for this
+-- configuration, and the privileges of the relay's role %s. Run it as the
+-- owner of the tables or a superuser, in psql's autocommit mode:
+--   psql -v ON_ERROR_STOP=1 -f FILE
+-- Every statement is idempotent. The relay then runs as %s with LOGIN and
+-- REPLICATION and these grants, never as superuser; `+"`outbox-relay check`"+`, run as
+-- %s, names any that is missing.
+`, inComment, inComment, inComment)
+	o := cfg.objects()
+	if createOutbox {
+		block(fmt.Sprintf("The outbox table (%s layout).", layoutName(cfg.Layout)), sql.OutboxTable(o.Outbox, cfg.Columns, cfg.Layout)...)
+	}
+	block("The checkpoint table: the last transaction delivered, one row per slot, and the\n"+
+		"epoch of the relay that leads the slot (a table from an earlier version gets the column).",
+		sql.CheckpointTable(o.Checkpoint), sql.CheckpointLeaderColumns(o.Checkpoint))
+	block("The checkpoint history (replay and retention map LSNs to rows with it).", sql.CheckpointHistoryTable(o.Checkpoint)...)
+	block("The retry table: failed events, and those waiting behind them.", sql.RetryTable(o.Retry)...)
+	block("The replay table: replay's resumable runs.", sql.ReplayTable(o.Checkpoint))
+	block("The publication of the outbox table, inserts only.", sql.CreatePublicationIfMissing(cfg.Publication, o.Outbox))
+	block("The relay's role: LOGIN REPLICATION, created without a password if missing\n"+
+		"(set one: \\password in psql). Needs a superuser; on a managed service grant\n"+
+		"its replication role instead (AWS RDS: GRANT rds_replication TO "+inComment+").",
+		sql.EnsureRole(role))
+	block("Every command connects to the database.", sql.GrantConnect(pc.Database, role))
+	for _, p := range sql.RelayPrivileges(o) {
+		block(p.What+": "+p.Why, p.Grant(role))
+	}
+	block("The replication slot, last: from the moment it exists the server keeps WAL\n"+
+		"for it until the relay confirms it. Not inside a transaction that has written.",
+		sql.CreateSlotIfMissing(cfg.Slot))
+	_, err = io.WriteString(w, b.String())
+	return err
+}
+
+// wrapWords breaks text into lines of at most width bytes, at spaces.
+func wrapWords(text string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(text) {
+		if line != "" && len(line)+1+len(w) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += w
+	}
+	return append(lines, line)
 }

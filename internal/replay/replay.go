@@ -149,9 +149,7 @@ type state struct {
 }
 
 // ReplayTable is the replay table's name: beside the checkpoint table.
-func ReplayTable(checkpoint sql.Table) sql.Table {
-	return sql.Table{Schema: checkpoint.Schema, Name: "outbox_relay_replay"}
-}
+func ReplayTable(checkpoint sql.Table) sql.Table { return sql.ReplayTableName(checkpoint) }
 
 // HistoryTable is the checkpoint history's name (see the checkpoint history
 // in setup).
@@ -175,12 +173,15 @@ func New(ctx context.Context, pool *pgxpool.Pool, sink Sink, cfg Config) (*Repla
 		return nil, err
 	}
 	r := &Replayer{cfg: cfg, pool: pool, sink: sink, rt: rt}
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-    "run_id" text PRIMARY KEY,
-    "state" jsonb NOT NULL,
-    "updated_at" timestamptz NOT NULL DEFAULT now()
-)`, ReplayTable(cfg.CheckpointTable).Quoted())); err != nil {
-		return nil, fmt.Errorf("create the replay table %s (run outbox-relay replay with a role that may, or create it as setup's DBA): %w", ReplayTable(cfg.CheckpointTable), err)
+	// Only when missing: CREATE TABLE IF NOT EXISTS needs CREATE on the
+	// schema even when the table exists, which a least-privileged role lacks.
+	var exists bool
+	err = pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, ReplayTable(cfg.CheckpointTable).Quoted()).Scan(&exists)
+	if err == nil && !exists {
+		_, err = pool.Exec(ctx, sql.ReplayTable(cfg.CheckpointTable))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create the replay table %s (run `outbox-relay setup` as its owner, or replay with a role that may create it): %w", ReplayTable(cfg.CheckpointTable), err)
 	}
 	if err := r.loadState(ctx); err != nil {
 		return nil, err
