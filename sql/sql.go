@@ -1,6 +1,6 @@
 // Package sql holds the DDL outbox-relay needs: the outbox table, the
-// checkpoint table and its history, the retry table, the publication and the
-// replication slot.
+// checkpoint table and its history, the retry and replay tables, the
+// publication, the replication slot, and the grants of the relay's role.
 //
 // The DDL is written once, in the functions here, which build the statements
 // for configured names. The embedded .sql files are generated from them with
@@ -25,7 +25,8 @@ import (
 )
 
 // Files holds the default DDL, in the order to run it: 001_outbox.sql,
-// 002_relay.sql, 003_slot.sql, 004_retry.sql.
+// 002_relay.sql, 003_slot.sql, 004_retry.sql, 005_replay.sql and
+// 006_grants.sql (the relay's role, outbox_relay, and its least privileges).
 //
 //go:generate go test -run ^TestFilesGenerated$ -update .
 //go:embed *.sql
