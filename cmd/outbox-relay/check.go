@@ -42,6 +42,5 @@ func (e *env) adminConfig() admin.Config {
 		Kafka:           c.sinkConfig(e.log),
 		Retention:       c.Outbox.Retention,
 		RedactedDSN:     redactDSN(c.Postgres.DSN),
-		Scrub:           e.scrub.Error,
 	}
 }

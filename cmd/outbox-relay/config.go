@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"go.yaml.in/yaml/v3"
@@ -34,7 +33,11 @@ import (
 // constant; the CLI's own (metrics, log, the auto-creation choice) are
 // defined here.
 var defaults = map[string]string{
-	"postgres.dsn":             "",
+	"postgres.dsn": "",
+	// Secrets are read from files (Kubernetes secret volumes) or the
+	// environment; postgres.password is deliberately not a key, so that no
+	// config file ever needs to hold one (see secrets.go).
+	"postgres.password_file":   "",
 	"postgres.slot":            sql.DefaultSlot,
 	"postgres.publication":     sql.DefaultPublication,
 	"postgres.status_interval": durationText(replication.DefaultStatusInterval),
@@ -78,7 +81,8 @@ var defaults = map[string]string{
 	"kafka.tls.server_name":              "",
 	"kafka.sasl.mechanism":               "",
 	"kafka.sasl.username":                "",
-	"kafka.sasl.password":                "",
+	"kafka.sasl.password":                "", // RELAY_KAFKA_SASL_PASSWORD; prefer kafka.sasl.password_file
+	"kafka.sasl.password_file":           "",
 	"pipeline.max_in_flight_events":      strconv.Itoa(relay.DefaultMaxInFlightEvents),
 	"pipeline.max_in_flight_bytes":       strconv.Itoa(relay.DefaultMaxInFlightBytes),
 	"pipeline.shutdown_timeout":          durationText(relay.DefaultShutdownTimeout),
@@ -141,7 +145,12 @@ func envName(key string) string {
 type config struct {
 	kafkaOptional bool // the command never talks to Kafka
 	Postgres      struct {
+		// DSN is the connection string every command connects with. When
+		// the password comes from postgres.password_file or
+		// RELAY_POSTGRES_PASSWORD, validate adds it to DSN as a parameter
+		// (withPassword), so DSN must never be printed: redactDSN renders it.
 		DSN, Slot, Publication string
+		PasswordFile           string
 		StatusInterval         time.Duration
 	}
 	Outbox struct {
@@ -173,6 +182,7 @@ type config struct {
 		AllowAutoTopicCreation     bool
 		TLS                        sink.TLSConfig
 		SASL                       sink.SASLConfig
+		SASLPasswordFile           string
 	}
 	Pipeline struct {
 		MaxInFlightEvents, MaxInFlightBytes int
@@ -249,6 +259,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	l := loader{v: v}
 	c := &config{}
 	c.Postgres.DSN = l.str("postgres.dsn")
+	c.Postgres.PasswordFile = l.str("postgres.password_file")
 	c.Postgres.Slot = l.str("postgres.slot")
 	c.Postgres.Publication = l.str("postgres.publication")
 	c.Postgres.StatusInterval = l.duration("postgres.status_interval")
@@ -307,8 +318,10 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Kafka.SASL = sink.SASLConfig{
 		Mechanism: l.str("kafka.sasl.mechanism"),
 		Username:  l.str("kafka.sasl.username"),
-		Password:  l.str("kafka.sasl.password"),
+		// Not trimmed: a password may begin or end with a space.
+		Password: l.v.GetString("kafka.sasl.password"),
 	}
+	c.Kafka.SASLPasswordFile = l.str("kafka.sasl.password_file")
 	c.Pipeline.MaxInFlightEvents = l.int("pipeline.max_in_flight_events")
 	c.Pipeline.MaxInFlightBytes = l.int("pipeline.max_in_flight_bytes")
 	c.Pipeline.ShutdownTimeout = l.duration("pipeline.shutdown_timeout")
@@ -463,6 +476,9 @@ func checkKeys(raw []byte) (map[string]string, error) {
 				}
 				continue
 			}
+			if key == "postgres.password" {
+				return errors.New(postgresPasswordKeyMsg)
+			}
 			msg := fmt.Sprintf("unknown key %q", key)
 			if near := nearestKey(key); near != "" {
 				msg += fmt.Sprintf("; did you mean %q?", near)
@@ -565,8 +581,11 @@ func (c *config) validate() error {
 	// postgres
 	if c.Postgres.DSN == "" {
 		bad("postgres.dsn", "empty; set it in the config file or %s=postgres://user@host:5432/db", envName("postgres.dsn"))
-	} else if _, err := pgconn.ParseConfig(c.Postgres.DSN); err != nil {
-		bad("postgres.dsn", "%v", err) // pgconn's message quotes the DSN without its password
+	} else if err := checkDSN(c.Postgres.DSN); err != nil {
+		// checkDSN's errors show the DSN only up to its user name.
+		errs = append(errs, err)
+	} else if err := c.applyPostgresPassword(); err != nil {
+		errs = append(errs, err)
 	}
 	def(&c.Postgres.Slot, "postgres.slot")
 	if err := sql.ValidSlotName(c.Postgres.Slot); err != nil {
@@ -635,6 +654,9 @@ func (c *config) validate() error {
 	}
 	if (tls.CertFile == "") != (tls.KeyFile == "") {
 		bad("kafka.tls.cert_file", "kafka.tls.cert_file and kafka.tls.key_file go together; set both for a client certificate, or neither")
+	}
+	if err := c.applySASLPassword(); err != nil {
+		errs = append(errs, err)
 	}
 	sasl := &c.Kafka.SASL
 	sasl.Mechanism = strings.ToLower(sasl.Mechanism)
@@ -808,12 +830,4 @@ func (c *config) retentionConfig() retention.Config {
 		Pause:            c.Outbox.RetentionPause,
 		StatementTimeout: c.Outbox.RetentionStatementTimeout,
 	}
-}
-
-// secrets returns the values that must never appear in output.
-func (c *config) secrets() []string {
-	if c == nil {
-		return nil
-	}
-	return []string{dsnPassword(c.Postgres.DSN), c.Kafka.SASL.Password}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -248,7 +247,7 @@ func TestValidationErrors(t *testing.T) {
 		{"dsn missing", "", map[string]string{"RELAY_POSTGRES_DSN": ""},
 			"postgres.dsn: empty; set it in the config file or RELAY_POSTGRES_DSN="},
 		{"dsn unparsable", "", map[string]string{"RELAY_POSTGRES_DSN": "postgres://relay:pw@db:notaport/app"},
-			"postgres.dsn: cannot parse `postgres://relay:xxxxx@db:notaport/app`"},
+			"postgres.dsn: `postgres://relay:…` cannot be parsed as a connection URL (invalid port)"},
 		{"brokers missing", "", map[string]string{"RELAY_KAFKA_BROKERS": ""},
 			"kafka.brokers: empty; set it in the config file or RELAY_KAFKA_BROKERS=host:9092"},
 		{"broker without port", "", map[string]string{"RELAY_KAFKA_BROKERS": "kafka"},
@@ -335,56 +334,6 @@ func TestAllErrorsAtOnce(t *testing.T) {
 	for _, want := range []string{"postgres.dsn", "kafka.brokers", "kafka.compression", "log.format"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("loadConfig error = %v; want it to name %s", err, want)
-		}
-	}
-}
-
-func TestRedactDSN(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"postgres://relay:hunter2@db:5432/app", "postgres://relay:xxxxx@db:5432/app"},
-		{"postgresql://relay@db/app?password=hunter2&sslmode=require", "postgresql://relay@db/app?password=xxxxx&sslmode=require"},
-		{"host=db user=relay password=hunter2 dbname=app", "host=db user=relay password=xxxxx dbname=app"},
-		{"host=db password = 'hun ter\\'2' dbname=app", "host=db password = xxxxx dbname=app"},
-		{"host=db user=relay", "host=db user=relay"},
-		{"postgres://relay:hunter2@db:notaport/app", "postgres://relay:xxxxx@db:notaport/app"},
-	}
-	for _, tt := range tests {
-		if got := redactDSN(tt.in); got != tt.want {
-			t.Errorf("redactDSN(%q) = %q; want %q", tt.in, got, tt.want)
-		}
-	}
-	for _, tt := range []struct{ in, want string }{
-		{"postgres://relay:hun%40ter2@db/app", "hun@ter2"},
-		{"host=db password='hun ter\\'2'", "hun ter'2"},
-		{"host=db password=plain", "plain"},
-		{"host=db", ""},
-		{"postgres://relay:hun%40ter2@db:badport/app", "hun@ter2"},
-	} {
-		if got := dsnPassword(tt.in); got != tt.want {
-			t.Errorf("dsnPassword(%q) = %q; want %q", tt.in, got, tt.want)
-		}
-	}
-}
-
-func TestLoggerScrubsSecrets(t *testing.T) {
-	for _, format := range []string{"text", "json"} {
-		var buf bytes.Buffer
-		log, err := newLogger(&buf, "debug", format, newScrubber("hun@ter2", "saslpw"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		log.Info("connect postgres://relay:hun%40ter2@db/app failed",
-			"err", errors.New("auth failed for password hun@ter2"),
-			"sasl", "saslpw",
-			"brokers", []string{"a:1", "saslpw"})
-		out := buf.String()
-		for _, secret := range []string{"hun@ter2", "hun%40ter2", "saslpw"} {
-			if strings.Contains(out, secret) {
-				t.Errorf("%s log line %q contains the secret %q", format, out, secret)
-			}
-		}
-		if !strings.Contains(out, "xxxxx") {
-			t.Errorf("%s log line %q: want the secrets replaced by xxxxx", format, out)
 		}
 	}
 }

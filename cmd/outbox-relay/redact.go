@@ -6,172 +6,250 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"regexp"
-	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// redacted stands for a password that is set, in a rendered DSN.
 const redacted = "xxxxx"
 
-// kvPassword matches password=... in a keyword/value DSN, quoted or not.
-var kvPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]*)`)
-
-// urlPassword matches the password of a postgres:// URL that net/url cannot
-// parse (a bad port, say): such a DSN still reaches error messages.
-var urlPassword = regexp.MustCompile(`^(postgres(?:ql)?://[^:/@?#]*:)([^@/?#]*)@`)
-
-// redactDSN hides the password of a URL or keyword/value DSN, for logs.
+// redactDSN renders dsn for messages from its parsed configuration: user,
+// hosts, ports and database, and xxxxx where a password is set (from the DSN,
+// a password file or PGPASSWORD). Nothing of the string itself is copied, so
+// nothing it holds beyond those fields can show. A DSN that does not parse is
+// shown up to its user name (validate has refused it long before).
 func redactDSN(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", redacted)
+	if checkURLShape(dsn) != nil {
+		return dsnPrefix(dsn)
+	}
+	pc, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return dsnPrefix(dsn)
+	}
+	u := url.URL{Scheme: "postgres", Path: "/" + pc.Database}
+	if pc.Password != "" {
+		u.User = url.UserPassword(pc.User, redacted)
+	} else if pc.User != "" {
+		u.User = url.User(pc.User)
+	}
+	var hosts []string
+	for _, h := range append([]*pgconn.FallbackConfig{{Host: pc.Host, Port: pc.Port}}, pc.Fallbacks...) {
+		if strings.HasPrefix(h.Host, "/") { // a Unix socket directory
+			q := u.Query()
+			q.Set("host", h.Host)
 			u.RawQuery = q.Encode()
+			continue
 		}
-		return u.Redacted()
+		hp := net.JoinHostPort(h.Host, strconv.Itoa(int(h.Port)))
+		if len(hosts) == 0 || hosts[len(hosts)-1] != hp { // TLS fallbacks repeat the host
+			hosts = append(hosts, hp)
+		}
 	}
-	if urlPassword.MatchString(dsn) {
-		return urlPassword.ReplaceAllString(dsn, "${1}"+redacted+"@")
-	}
-	return kvPassword.ReplaceAllString(dsn, "${1}"+redacted)
+	u.Host = strings.Join(hosts, ",")
+	return u.String()
 }
 
-// dsnPassword returns the password written in dsn, or "".
-func dsnPassword(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		if p, ok := u.User.Password(); ok {
-			return p
-		}
-		return u.Query().Get("password")
+// checkDSN rejects a DSN that pgconn cannot parse, and a URL whose shape
+// shows an unencoded password: pgconn (like libpq) ends the user information
+// at the first '@', so postgres://u:abc@def/ghi@host/db would log in with the
+// password "abc" at the host "def", putting part of the password in front of
+// DNS. Its errors show the DSN only up to the user name.
+func checkDSN(dsn string) error {
+	if err := checkURLShape(dsn); err != nil {
+		return err
 	}
-	if m := urlPassword.FindStringSubmatch(dsn); m != nil {
-		if p, err := url.PathUnescape(m[2]); err == nil {
-			return p
-		}
-		return m[2]
+	if _, err := pgconn.ParseConfig(dsn); err != nil {
+		return dsnError(dsn, parseDetail(dsn))
 	}
-	m := kvPassword.FindStringSubmatch(dsn)
-	if m == nil {
+	return nil
+}
+
+// checkURLShape refuses a URL DSN whose user information ends somewhere
+// other than where its writer meant.
+func checkURLShape(dsn string) error {
+	if isURLDSN(dsn) {
+		u := splitURLDSN(dsn)
+		if strings.ContainsAny(u.userinfo, "?") || strings.Contains(u.rest, "@") {
+			return fmt.Errorf("postgres.dsn: `%s` has an '@' or '?' where a URL has none: a password holding '@', '/', '?' or '%%' must be "+
+				"URL-encoded ('@' as %%40, '/' as %%2F, '?' as %%3F, '%%' as %%25), or leave the password out of the DSN "+
+				"and set postgres.password_file or %s", dsnPrefix(dsn), postgresRelayPasswordEnv)
+		}
+	}
+	return nil
+}
+
+// dsnError says that dsn cannot be parsed, with detail if known to be safe.
+func dsnError(dsn, detail string) error {
+	if detail != "" {
+		detail = " (" + detail + ")"
+	}
+	if isURLDSN(dsn) {
+		return fmt.Errorf("postgres.dsn: `%s` cannot be parsed as a connection URL%s: check the host, port and parameters; "+
+			"URL-encode special characters in the password ('@' as %%40, '/' as %%2F, '?' as %%3F, '%%' as %%25), "+
+			"or leave the password out of the DSN and set postgres.password_file or %s", dsnPrefix(dsn), detail, postgresRelayPasswordEnv)
+	}
+	return fmt.Errorf("postgres.dsn: `%s` cannot be parsed as keyword/value settings%s: write each as key=value, "+
+		`put a value holding spaces in single quotes (with \' and \\ for a quote and a backslash), check the port and parameters; `+
+		"or leave the password out of the DSN and set postgres.password_file or %s", dsnPrefix(dsn), detail, postgresRelayPasswordEnv)
+}
+
+// parseDetail returns pgconn's reason for refusing dsn, taken from a copy
+// with every password removed, or "" when the password cannot be located
+// for certain: then no part of pgconn's message is safe to show.
+func parseDetail(dsn string) string {
+	var stripped string
+	if isURLDSN(dsn) {
+		u := splitURLDSN(dsn)
+		for _, kv := range strings.Split(u.query, "&") {
+			if k, _, _ := strings.Cut(kv, "="); strings.Contains(strings.ToLower(k), "password") {
+				return "" // an unencoded '&' would split the password
+			}
+		}
+		stripped = u.scheme
+		if u.userinfo != "" {
+			user, _, _ := strings.Cut(u.userinfo, ":")
+			stripped += user + "@"
+		}
+		stripped += u.rest
+	} else {
+		toks, ok := keywordValueTokens(dsn)
+		if !ok {
+			return ""
+		}
+		var keep []string
+		for _, t := range toks {
+			if !strings.Contains(strings.ToLower(t.key), "password") {
+				keep = append(keep, t.raw)
+			}
+		}
+		stripped = strings.Join(keep, " ")
+	}
+	_, err := pgconn.ParseConfig(stripped)
+	var pce *pgconn.ParseConfigError
+	if !errors.As(err, &pce) {
+		return "" // the password itself was the trouble
+	}
+	msg, ok := strings.CutPrefix(err.Error(), "cannot parse `"+stripped+"`: ")
+	if !ok {
 		return ""
 	}
-	p := m[2]
-	if len(p) >= 2 && p[0] == '\'' {
-		p = strings.NewReplacer(`\'`, `'`, `\\`, `\`).Replace(p[1 : len(p)-1])
-	}
-	return p
+	return msg
 }
 
-// A scrubber replaces known secrets, in every spelling they may take in a
-// DSN, wherever they occur as a token: the last line of defence for error
-// texts of libraries that echo what they were given. An occurrence inside a
-// longer word is left alone: a short password such as "relay" must not turn
-// the slot outbox_relay into outbox_xxxxx, and a word that merely contains
-// the secret does not reveal it.
-type scrubber struct{ forms []string }
+// A urlDSN is a postgres:// DSN cut as pgconn and libpq cut it: the user
+// information ends at the first '@' that comes before any '/'.
+type urlDSN struct {
+	scheme   string // "postgres://" or "postgresql://"
+	userinfo string // user[:password], without the '@'; "" if none
+	rest     string // hosts and database, up to the '?'
+	query    string // after the '?'
+}
 
-func newScrubber(secrets ...string) scrubber {
-	var forms []string
-	for _, s := range secrets {
-		if s == "" {
-			continue
+func isURLDSN(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+func splitURLDSN(dsn string) urlDSN {
+	var u urlDSN
+	i := strings.Index(dsn, "://") + 3
+	u.scheme, dsn = dsn[:i], dsn[i:]
+	if j := strings.IndexAny(dsn, "@/"); j >= 0 && dsn[j] == '@' {
+		u.userinfo, dsn = dsn[:j], dsn[j+1:]
+	}
+	u.rest, u.query, _ = strings.Cut(dsn, "?")
+	return u
+}
+
+// dsnPrefix is what may be shown of a DSN that may not parse: a URL up to its
+// user name, keyword/value settings up to user=.
+func dsnPrefix(dsn string) string {
+	if isURLDSN(dsn) {
+		i := strings.Index(dsn, "://") + 3
+		end := strings.IndexAny(dsn[i:], ":@/?#,")
+		switch {
+		case end < 0:
+			return dsn
+		case dsn[i+end] == ':':
+			return dsn[:i+end] + ":…"
 		}
-		for _, form := range []string{s, url.QueryEscape(s), url.PathEscape(s), url.UserPassword("", s).String()[1:]} {
-			if !slices.Contains(forms, form) {
-				forms = append(forms, form)
+		return dsn[:i+end] + "…"
+	}
+	var shown []string
+	for _, f := range strings.Fields(dsn) {
+		m := safeSetting.FindStringSubmatch(f)
+		if m == nil {
+			break
+		}
+		shown = append(shown, f)
+		if m[1] == "user" {
+			break
+		}
+	}
+	return strings.Join(append(shown, "…"), " ")
+}
+
+// safeSetting is a keyword/value setting shown by dsnPrefix: a plain value of
+// a key that is never a secret.
+var safeSetting = regexp.MustCompile(`^(host|hostaddr|port|dbname|user)=([^\s'\\]*)$`)
+
+type kvToken struct{ key, raw string }
+
+// keywordValueTokens splits keyword/value settings as pgconn does, keeping
+// each setting's text; ok is false where pgconn's tokenizer would fail.
+func keywordValueTokens(s string) (toks []kvToken, ok bool) {
+	s = strings.TrimLeft(s, " \t\n\r\v\f")
+	for s != "" {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return nil, false
+		}
+		key := strings.TrimSpace(s[:eq])
+		if key == "" || strings.ContainsAny(key, " \t\n\r\v\f") {
+			return nil, false
+		}
+		i := eq + 1
+		for i < len(s) && strings.IndexByte(" \t\n\r\v\f", s[i]) >= 0 {
+			i++
+		}
+		if i < len(s) && s[i] == '\'' {
+			i++
+			for ; i < len(s) && s[i] != '\''; i++ {
+				if s[i] == '\\' {
+					i++
+				}
 			}
-		}
-	}
-	// Longest first, so that a form containing another is replaced whole.
-	slices.SortFunc(forms, func(a, b string) int { return len(b) - len(a) })
-	return scrubber{forms: forms}
-}
-
-func (s scrubber) String(x string) string {
-	for _, form := range s.forms {
-		x = replaceToken(x, form, redacted)
-	}
-	return x
-}
-
-// replaceToken replaces each occurrence of old in s that is not preceded or
-// followed by a letter, digit or underscore.
-func replaceToken(s, old, repl string) string {
-	var b strings.Builder
-	for i := 0; ; {
-		j := strings.Index(s[i:], old)
-		if j < 0 {
-			if b.Len() == 0 {
-				return s
+			if i >= len(s) {
+				return nil, false
 			}
-			b.WriteString(s[i:])
-			return b.String()
+			i++
+		} else {
+			for ; i < len(s) && strings.IndexByte(" \t\n\r\v\f", s[i]) < 0; i++ {
+				if s[i] == '\\' {
+					i++
+				}
+			}
+			i = min(i, len(s))
 		}
-		j += i
-		end := j + len(old)
-		if (j > 0 && isWordByte(s[j-1]) && isWordByte(old[0])) ||
-			(end < len(s) && isWordByte(s[end]) && isWordByte(old[len(old)-1])) {
-			b.WriteString(s[i : j+1])
-			i = j + 1
-			continue
-		}
-		b.WriteString(s[i:j])
-		b.WriteString(repl)
-		i = end
+		toks = append(toks, kvToken{key: key, raw: s[:i]})
+		s = strings.TrimLeft(s[i:], " \t\n\r\v\f")
 	}
+	return toks, true
 }
 
-func isWordByte(c byte) bool {
-	return c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
-}
-
-// scrubbedError keeps the chain (errors.Is still sees context.Canceled) but
-// prints without secrets.
-type scrubbedError struct {
-	msg string
-	err error
-}
-
-func (e *scrubbedError) Error() string { return e.msg }
-func (e *scrubbedError) Unwrap() error { return e.err }
-
-func (s scrubber) Error(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &scrubbedError{msg: s.String(err.Error()), err: err}
-}
-
-// newLogger returns the process logger. Every string and error it prints
-// passes through scrub, including the relay's own log lines.
-func newLogger(w io.Writer, level, format string, scrub scrubber) (*slog.Logger, error) {
+// newLogger returns the process logger. It writes what it is given: secrets
+// are kept out of log records where they live (redactDSN, the SASL password
+// never passed), not found again in the text.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	lvl, err := parseLevel(level)
 	if err != nil {
 		return nil, err
 	}
-	opts := &slog.HandlerOptions{
-		Level: lvl,
-		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
-			switch a.Value.Kind() {
-			case slog.KindString:
-				return slog.String(a.Key, scrub.String(a.Value.String()))
-			case slog.KindAny:
-				switch v := a.Value.Any().(type) {
-				case error:
-					return slog.String(a.Key, scrub.String(v.Error()))
-				case fmt.Stringer:
-					return slog.String(a.Key, scrub.String(v.String()))
-				case []string:
-					out := make([]string, len(v))
-					for i, s := range v {
-						out[i] = scrub.String(s)
-					}
-					return slog.Any(a.Key, out)
-				}
-			}
-			return a
-		},
-	}
+	opts := &slog.HandlerOptions{Level: lvl}
 	switch format {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil

@@ -34,7 +34,7 @@ func runRetries(t *testing.T, args ...string) (code int, stdout, stderr string) 
 			if err != nil {
 				return fmt.Errorf("%w: %w", errConfig, err)
 			}
-			return fn(cmd, &env{cfg: cfg, log: nil, scrub: newScrubber(cfg.secrets()...), stdout: cmd.OutOrStdout()}, args)
+			return fn(cmd, &env{cfg: cfg, log: nil, stdout: cmd.OutOrStdout()}, args)
 		}
 	}
 	root.AddCommand(newRetriesCmd(wrap))

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bytes"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// hostilePassword has every character a DSN gives a meaning to.
+const hostilePassword = `p@ss/w:rd%?#& +x'"\=`
+
+// passwordForms are the spellings of pw a program might print.
+func passwordForms(pw string) []string {
+	forms := []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("u", pw).String()[2:], percentEncode(pw)}
+	return forms
+}
+
+func TestCheckDSN(t *testing.T) {
+	tests := []struct {
+		name, dsn string
+		wantErr   string // "" for accepted
+		secrets   []string
+	}{
+		{"url", "postgres://relay:hunter2@db:5432/app?sslmode=disable", "", nil},
+		{"url encoded password", "postgres://relay:p%40ss%2Fw@db/app", "", nil},
+		{"keyword/value", "host=db user=relay password='p@ss w\\'d' dbname=app", "", nil},
+		{"unencoded @ (issue 14)", "postgres://u:abc@def/ghi@host/db",
+			"postgres.dsn: `postgres://u:…` has an '@' or '?' where a URL has none", []string{"abc", "def", "ghi"}},
+		{"unencoded / and @", "postgres://u:ab/cd@host/db", "`postgres://u:…` has an '@'", []string{"ab/cd", "cd@"}},
+		{"unencoded ?", "postgres://u:ab?cd@host/db", "`postgres://u:…` has an '@' or '?'", []string{"ab", "cd"}},
+		{"@ in query before userinfo", "postgres://host?password=qq7@zz9", "`postgres://host…` has an '@'", []string{"qq7", "zz9"}},
+		{"bad escape", "postgres://u:ab%zzcd@host/db", "`postgres://u:…` cannot be parsed as a connection URL", []string{"ab", "zzcd"}},
+		{"bad port", "postgres://relay:s3cr3t@db:notaport/app", "`postgres://relay:…` cannot be parsed as a connection URL (invalid port)", []string{"s3cr3t", "notaport", "db:"}},
+		{"password in query and bad port", "postgres://relay@db:x/app?password=s3&cr3t", "`postgres://relay…` cannot be parsed as a connection URL:", []string{"s3", "cr3t"}},
+		{"keyword/value unterminated", "host=db user=relay password='s3cr3t dbname=app", "`host=db user=relay …` cannot be parsed as keyword/value settings:", []string{"s3cr3t", "dbname"}},
+		{"keyword/value bad port", "user=relay password=s3cr3t port=x", "`user=relay …` cannot be parsed as keyword/value settings (invalid port)", []string{"s3cr3t"}},
+		{"keyword/value password first", "password=s3cr3t user=relay port=x", "`…` cannot be parsed", []string{"s3cr3t", "relay"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkDSN(tt.dsn)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("checkDSN(%q) = %v; want nil", tt.dsn, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("checkDSN(%q) = %v; want an error containing %q", tt.dsn, err, tt.wantErr)
+			}
+			for _, s := range tt.secrets {
+				if strings.Contains(err.Error(), s) {
+					t.Errorf("checkDSN(%q) = %v; shows %q, which comes after the user name", tt.dsn, err, s)
+				}
+			}
+		})
+	}
+}
+
+func TestRedactDSN(t *testing.T) {
+	t.Setenv("PGPASSWORD", "")
+	t.Setenv("PGPASSFILE", "/nonexistent")
+	tests := []struct{ in, want string }{
+		{"postgres://relay:hunter2@db:5432/app", "postgres://relay:xxxxx@db:5432/app"},
+		{"postgresql://relay@db/app?password=hunter2&sslmode=disable", "postgres://relay:xxxxx@db:5432/app"},
+		{"host=db user=relay password='hun ter\\'2' dbname=app sslmode=disable", "postgres://relay:xxxxx@db:5432/app"},
+		{"host=db user=relay dbname=app sslmode=disable", "postgres://relay@db:5432/app"},
+		{"postgres://relay@h1:5433,h2/app?sslmode=disable", "postgres://relay@h1:5433,h2:5432/app"},
+		{"host=/run/postgresql user=relay dbname=app", "postgres://relay@/app?host=%2Frun%2Fpostgresql"},
+		{"postgres://relay:hunter2@db:notaport/app", "postgres://relay:…"},
+		{"postgres://u:abc@def/ghi@host/db", "postgres://u:…"},
+	}
+	for _, tt := range tests {
+		if got := redactDSN(tt.in); got != tt.want {
+			t.Errorf("redactDSN(%q) = %q; want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestPasswordSources(t *testing.T) {
+	pwFile := writeFile(t, "pg-password", hostilePassword+"\n")
+	saslFile := writeFile(t, "sasl-password", "sasl "+hostilePassword+"\r\n")
+	emptyFile := writeFile(t, "empty", "\n")
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantPG  string // the password pgconn reads from the effective DSN
+		wantErr string
+	}{
+		{"url dsn and password_file", map[string]string{"RELAY_POSTGRES_PASSWORD_FILE": pwFile}, hostilePassword, ""},
+		{"url dsn with a query and password_file", map[string]string{
+			"RELAY_POSTGRES_DSN": "postgres://relay@db/app?sslmode=disable", "RELAY_POSTGRES_PASSWORD_FILE": pwFile}, hostilePassword, ""},
+		{"keyword/value dsn and password_file", map[string]string{
+			"RELAY_POSTGRES_DSN": "host=db user=relay dbname=app", "RELAY_POSTGRES_PASSWORD_FILE": pwFile}, hostilePassword, ""},
+		{"RELAY_POSTGRES_PASSWORD", map[string]string{postgresRelayPasswordEnv: hostilePassword}, hostilePassword, ""},
+		{"password in the dsn", map[string]string{"RELAY_POSTGRES_DSN": "postgres://relay:p%40ss@db/app"}, "p@ss", ""},
+		{"dsn password and password_file", map[string]string{
+			"RELAY_POSTGRES_DSN": "postgres://relay:other@db/app", "RELAY_POSTGRES_PASSWORD_FILE": pwFile}, "",
+			"postgres.dsn: holds a password, and postgres.password_file is set too"},
+		{"dsn query password and env", map[string]string{
+			"RELAY_POSTGRES_DSN": "postgres://relay@db/app?password=other", postgresRelayPasswordEnv: "x"}, "",
+			"postgres.dsn: holds a password, and RELAY_POSTGRES_PASSWORD is set too"},
+		{"keyword/value password and password_file", map[string]string{
+			"RELAY_POSTGRES_DSN": "host=db password=other", "RELAY_POSTGRES_PASSWORD_FILE": pwFile}, "",
+			"postgres.dsn: holds a password, and postgres.password_file is set too"},
+		{"password_file and env", map[string]string{"RELAY_POSTGRES_PASSWORD_FILE": pwFile, postgresRelayPasswordEnv: "x"}, "",
+			"postgres.password_file: set, and so is RELAY_POSTGRES_PASSWORD"},
+		{"password_file missing", map[string]string{"RELAY_POSTGRES_PASSWORD_FILE": pwFile + ".missing"}, "",
+			"postgres.password_file: cannot read it: open " + pwFile + ".missing"},
+		{"password_file empty", map[string]string{"RELAY_POSTGRES_PASSWORD_FILE": emptyFile}, "",
+			"postgres.password_file: " + emptyFile + " is empty"},
+		{"sasl password and file", map[string]string{"RELAY_KAFKA_SASL_MECHANISM": "plain", "RELAY_KAFKA_SASL_USERNAME": "u",
+			"RELAY_KAFKA_SASL_PASSWORD": "x", "RELAY_KAFKA_SASL_PASSWORD_FILE": saslFile}, "",
+			"kafka.sasl.password_file: set, and so is kafka.sasl.password"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cleanEnv(t)
+			unsetenv(t, postgresRelayPasswordEnv)
+			t.Setenv("PGPASSWORD", "")
+			t.Setenv("PGPASSFILE", "/nonexistent")
+			t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@db:5432/app")
+			t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			c, err := load(t, "")
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("load = %v; want an error containing %q", err, tt.wantErr)
+				}
+				for _, f := range passwordForms(hostilePassword) {
+					if strings.Contains(err.Error(), f) {
+						t.Errorf("load error %q contains the password as %q", err, f)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("load: %v", err)
+			}
+			pc, err := pgconn.ParseConfig(c.Postgres.DSN)
+			if err != nil {
+				t.Fatalf("the effective DSN does not parse: %v", err)
+			}
+			if pc.Password != tt.wantPG || pc.User != "relay" || pc.Host != "db" || pc.Database != "app" {
+				t.Errorf("effective DSN: user %q password %q host %q database %q; want relay, %q, db, app",
+					pc.User, pc.Password, pc.Host, pc.Database, tt.wantPG)
+			}
+			if got := redactDSN(c.Postgres.DSN); strings.Contains(got, tt.wantPG) {
+				t.Errorf("redactDSN(effective DSN) = %q; contains the password", got)
+			}
+		})
+	}
+
+	t.Run("sasl password_file", func(t *testing.T) {
+		cleanEnv(t)
+		t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@db:5432/app")
+		t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
+		t.Setenv("RELAY_KAFKA_SASL_MECHANISM", "scram-sha-512")
+		t.Setenv("RELAY_KAFKA_SASL_USERNAME", "u")
+		t.Setenv("RELAY_KAFKA_SASL_PASSWORD_FILE", saslFile)
+		c, err := load(t, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "sasl " + hostilePassword; c.Kafka.SASL.Password != want {
+			t.Errorf("SASL password = %q; want %q (the file less its \\r\\n)", c.Kafka.SASL.Password, want)
+		}
+	})
+}
+
+// TestPostgresPasswordIsNoKey: a password in the config file is refused with
+// the way to provide it.
+func TestPostgresPasswordIsNoKey(t *testing.T) {
+	cleanEnv(t)
+	file := writeFile(t, "relay.yaml", "postgres:\n  dsn: postgres://relay@db/app\n  password: "+`"s3cr3t"`+"\nkafka:\n  brokers: [k:9092]\n")
+	_, err := load(t, file)
+	if err == nil || !strings.Contains(err.Error(), "postgres.password is not a config key") ||
+		!strings.Contains(err.Error(), "postgres.password_file") || strings.Contains(err.Error(), "s3cr3t") {
+		t.Errorf("load = %v; want postgres.password refused, postgres.password_file named, no password", err)
+	}
+}
+
+// TestLoggerWritesWordsAsGiven: the logger no longer rewrites words that look
+// like a password (issue 14: the dev password "relay" turned relay.Payment
+// into xxxxx.Payment).
+func TestLoggerWritesWordsAsGiven(t *testing.T) {
+	var buf bytes.Buffer
+	log, err := newLogger(&buf, "debug", "text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("the relay does not", "topic", "relay.Payment", "user", "relay")
+	for _, want := range []string{"the relay does not", "topic=relay.Payment", "user=relay"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log line %q lacks %q", buf.String(), want)
+		}
+	}
+}
