@@ -41,6 +41,10 @@ type Config struct {
 // (postgres.status_interval): well below wal_sender_timeout's default 60s.
 const DefaultStatusInterval = 10 * time.Second
 
+// DefaultWalSenderTimeout is Config.WalSenderTimeout's default, and the
+// CLI's (postgres.wal_sender_timeout).
+const DefaultWalSenderTimeout = 10 * time.Second
+
 // Defaults of the other fields of Config, as documented there.
 const (
 	defaultApplicationName  = "outbox-relay"
@@ -73,7 +77,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.ReconnectMax = defaultReconnectMax
 	}
 	if cfg.WalSenderTimeout == 0 {
-		cfg.WalSenderTimeout = defaultWalSenderTimeout
+		cfg.WalSenderTimeout = DefaultWalSenderTimeout
 	}
 	if cfg.WalSenderTimeout > 0 && cfg.StatusInterval > cfg.WalSenderTimeout/3 {
 		// A status update well inside the timeout, even if one is late.

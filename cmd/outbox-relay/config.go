@@ -41,8 +41,11 @@ var defaults = map[string]string{
 	"postgres.slot":            sql.DefaultSlot,
 	"postgres.publication":     sql.DefaultPublication,
 	"postgres.status_interval": durationText(replication.DefaultStatusInterval),
-	"outbox.table":             sql.DefaultOutboxTable,
-	"outbox.layout":            string(sql.LayoutRelay),
+	// How long the server waits for a silent relay (frozen, cut off) before
+	// it frees the slot for a standby: sent per connection.
+	"postgres.wal_sender_timeout": durationText(replication.DefaultWalSenderTimeout),
+	"outbox.table":                sql.DefaultOutboxTable,
+	"outbox.layout":               string(sql.LayoutRelay),
 	// Retention is off by default: deleting rows is the operator's choice.
 	"outbox.retention":                   "",
 	"outbox.retention_interval":          durationText(retention.DefaultInterval),
@@ -152,6 +155,7 @@ type config struct {
 		DSN, Slot, Publication string
 		PasswordFile           string
 		StatusInterval         time.Duration
+		WalSenderTimeout       time.Duration
 	}
 	Outbox struct {
 		Table   string
@@ -263,6 +267,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Postgres.Slot = l.str("postgres.slot")
 	c.Postgres.Publication = l.str("postgres.publication")
 	c.Postgres.StatusInterval = l.duration("postgres.status_interval")
+	c.Postgres.WalSenderTimeout = l.duration("postgres.wal_sender_timeout")
 	c.Outbox.Table = l.str("outbox.table")
 	c.Outbox.Columns = router.Columns{
 		ID:            l.str("outbox.columns.id"),
@@ -593,6 +598,11 @@ func (c *config) validate() error {
 	}
 	def(&c.Postgres.Publication, "postgres.publication")
 	positive(&c.Postgres.StatusInterval, "postgres.status_interval")
+	positive(&c.Postgres.WalSenderTimeout, "postgres.wal_sender_timeout")
+	if c.Postgres.WalSenderTimeout > 0 && c.Postgres.WalSenderTimeout < 3*time.Second {
+		// Above twice the 1s leader lease (see internal/relay/lease.go).
+		bad("postgres.wal_sender_timeout", "%s is too short: a frozen leader must lose the slot only after its 1s write lease ran out; use 3s or more (default %s)", c.Postgres.WalSenderTimeout, defaults["postgres.wal_sender_timeout"])
+	}
 
 	// outbox and topics
 	def(&c.Outbox.Table, "outbox.table")
@@ -783,10 +793,11 @@ func (c *config) sinkConfig(log *slog.Logger) sink.Config {
 func (c *config) relayConfig(log *slog.Logger) relay.Config {
 	return relay.Config{
 		Replication: replication.Config{
-			DSN:            c.Postgres.DSN,
-			Slot:           c.Postgres.Slot,
-			Publication:    c.Postgres.Publication,
-			StatusInterval: c.Postgres.StatusInterval,
+			DSN:              c.Postgres.DSN,
+			Slot:             c.Postgres.Slot,
+			Publication:      c.Postgres.Publication,
+			StatusInterval:   c.Postgres.StatusInterval,
+			WalSenderTimeout: c.Postgres.WalSenderTimeout,
 			// `outbox-relay status` reads the version of the relay holding
 			// the slot from pg_stat_replication.application_name.
 			ApplicationName: "outbox-relay/" + version,

@@ -259,6 +259,8 @@ func TestValidationErrors(t *testing.T) {
 		{"map for a value", "log:\n  level:\n    x: y\n", nil, `log.level: want a value, got a map`},
 		{"bad duration", "", map[string]string{"RELAY_POSTGRES_STATUS_INTERVAL": "10"},
 			`postgres.status_interval: "10" is not a duration; write it like 10s`},
+		{"wal_sender_timeout too short", "", map[string]string{"RELAY_POSTGRES_WAL_SENDER_TIMEOUT": "2s"},
+			`postgres.wal_sender_timeout: 2s is too short`},
 		{"negative duration", "", map[string]string{"RELAY_KAFKA_WRITE_TIMEOUT": "-1s"},
 			`kafka.write_timeout: -1s is negative`},
 		{"bad int", "", map[string]string{"RELAY_KAFKA_BATCH_SIZE": "many"},
