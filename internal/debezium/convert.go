@@ -253,7 +253,7 @@ func (c *converter) postgres() {
 		}
 	}
 	if _, has := c.get("database.password"); has {
-		c.note("database.password", redacted, "passwords are never copied into the relay's configuration: put the DSN with its password in the environment, RELAY_POSTGRES_DSN=postgres://user:PASSWORD@host:port/database, or use a .pgpass file")
+		c.note("database.password", redacted, "passwords are never copied into the relay's configuration: put it in a file named by postgres.password_file (RELAY_POSTGRES_PASSWORD_FILE), or in RELAY_POSTGRES_PASSWORD, or a .pgpass file")
 	}
 	if _, has := c.get("database.sslpassword"); has {
 		c.note("database.sslpassword", redacted, "the key's password is never copied: add sslpassword=... to the DSN in RELAY_POSTGRES_DSN")
