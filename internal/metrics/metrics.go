@@ -53,6 +53,7 @@ package metrics
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -81,6 +82,7 @@ type Metrics struct {
 	schemaStops                 prometheus.Counter
 	ready, stalled              prometheus.Gauge
 	active                      prometheus.Gauge
+	role                        atomic.Pointer[func() string] // for /readyz's body; nil says only "ready"
 	failing                     *prometheus.GaugeVec
 	sampled                     *sampled
 	retentionDeleted            prometheus.Counter

@@ -310,3 +310,19 @@ func TestServe(t *testing.T) {
 		t.Errorf("GET /healthz after shutdown succeeded; want connection refused")
 	}
 }
+
+// A relay's role is in /readyz's body: a standby is ready to take over,
+// which an operator must be able to tell from delivering.
+func TestReadyzSaysRole(t *testing.T) {
+	m := New()
+	role := "standby: walsender pid 7"
+	m.SetRole(func() string { return role })
+	h := m.Handler(func(context.Context) error { return nil })
+	if code, body := get(t, h, "/readyz"); code != http.StatusOK || body != "ready: standby: walsender pid 7\n" {
+		t.Errorf("/readyz = %d %q; want 200 with the role", code, body)
+	}
+	role = "leader"
+	if _, body := get(t, h, "/readyz"); body != "ready: leader\n" {
+		t.Errorf("/readyz body = %q; want the leader role", body)
+	}
+}

@@ -22,8 +22,10 @@ const ReadyTimeout = 3 * time.Second
 //
 //	/metrics  the registry in the Prometheus exposition format
 //	/healthz  200 "ok" while the process serves HTTP (liveness)
-//	/readyz   200 "ready" when ready returns nil, else 503 with the error in
-//	          the body (readiness); a nil ready is always ready
+//	/readyz   200 "ready" when ready returns nil (followed by the role,
+//	          "leader" or "standby: …", once SetRole was called), else 503
+//	          with the error in the body (readiness); a nil ready is always
+//	          ready
 func (m *Metrics) Handler(ready func(ctx context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
@@ -40,6 +42,12 @@ func (m *Metrics) Handler(ready func(ctx context.Context) error) http.Handler {
 				fmt.Fprintf(w, "not ready: %v\n", err)
 				return
 			}
+		}
+		if role := m.role.Load(); role != nil {
+			// Which role is ready: a standby is ready to take over, which
+			// is not the same as delivering.
+			fmt.Fprintf(w, "ready: %s\n", (*role)())
+			return
 		}
 		io.WriteString(w, "ready\n")
 	})
@@ -87,4 +95,11 @@ func (m *Metrics) serve(ctx context.Context, ln net.Listener, ready func(ctx con
 		return fmt.Errorf("metrics shutdown: %w", err)
 	}
 	return nil
+}
+
+// SetRole makes /readyz say which role is ready (role is called per request).
+func (m *Metrics) SetRole(role func() string) {
+	if m != nil {
+		m.role.Store(&role)
+	}
 }
