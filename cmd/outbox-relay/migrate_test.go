@@ -55,7 +55,7 @@ func TestMigrateDebeziumConfig(t *testing.T) {
 	if strings.Contains(out+errOut, "s3cr3t-pw") {
 		t.Errorf("the password is in migrate's output:\n%s%s", out, errOut)
 	}
-	if !strings.Contains(errOut, "database.password") || !strings.Contains(errOut, "RELAY_POSTGRES_DSN") {
+	if !strings.Contains(errOut, "database.password") || !strings.Contains(errOut, "postgres.password_file") {
 		t.Errorf("stderr does not say where the password goes:\n%s", errOut)
 	}
 	c, err := load(t, writeFile(t, "relay.yaml", out))
