@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/debezium"
 )
 
 // The Debezium peer runs the same Kafka Connect 3.9.1 + Debezium 3.1.3.Final jars
@@ -169,9 +171,9 @@ func dbzConfigText() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# JVM (Java 17): %s\n", strings.Join(dbzJVMFlags, " "))
 	b.WriteString("# worker.properties (plus bootstrap.servers, listeners, offset.storage.file.filename)\n")
-	writePropsTo(&b, dbzWorkerProps)
+	b.WriteString(debezium.FormatProperties(dbzWorkerProps))
 	b.WriteString("# connector.properties (plus name, database.*, topic.prefix, slot.name, publication.name)\n")
-	writePropsTo(&b, dbzConnectorProps)
+	b.WriteString(debezium.FormatProperties(dbzConnectorProps))
 	return b.String()
 }
 
@@ -323,59 +325,12 @@ func firstLine(s string) string {
 	return s
 }
 
-// writeProps writes a Java properties file, sorted.
+// writeProps writes a Java properties file, sorted (debezium.FormatProperties).
 func writeProps(path string, props map[string]string) error {
-	var b strings.Builder
-	writePropsTo(&b, props)
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(debezium.FormatProperties(props)), 0o600); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
-}
-
-func writePropsTo(b *strings.Builder, props map[string]string) {
-	for _, k := range slices.Sorted(maps.Keys(props)) {
-		b.WriteString(escapeProp(k, true))
-		b.WriteByte('=')
-		b.WriteString(escapeProp(props[k], false))
-		b.WriteByte('\n')
-	}
-}
-
-// escapeProp escapes s for java.util.Properties.load (ISO-8859-1 with \u
-// escapes): a password with '\', '=', ':' or non-ASCII text reaches Java as is.
-func escapeProp(s string, key bool) string {
-	var b strings.Builder
-	for i, r := range s {
-		switch {
-		case r == '\\':
-			b.WriteString(`\\`)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == ' ' && (key || i == 0):
-			b.WriteString(`\ `)
-		case key && (r == '=' || r == ':' || r == '#' || r == '!'):
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case !key && i == 0 && (r == '#' || r == '!'):
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r < 0x20 || r > 0x7e:
-			if r >= 0x10000 {
-				r -= 0x10000
-				fmt.Fprintf(&b, `\u%04x\u%04x`, 0xd800+(r>>10)&0x3ff, 0xdc00+r&0x3ff)
-			} else {
-				fmt.Fprintf(&b, `\u%04x`, r)
-			}
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }
 
 // freePort returns a loopback port that was free a moment ago.

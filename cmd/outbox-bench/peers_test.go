@@ -188,26 +188,6 @@ func TestDbzConfig(t *testing.T) {
 	}
 }
 
-func TestEscapeProp(t *testing.T) {
-	tests := []struct {
-		in   string
-		key  bool
-		want string
-	}{
-		{`a=b:c`, true, `a\=b\:c`},
-		{`p=w:d\x`, false, `p=w:d\\x`},
-		{" lead", false, `\ lead`},
-		{"#x", false, `\#x`},
-		{"zoë", false, `zo\u00eb`},
-		{"😀", false, `\ud83d\ude00`},
-	}
-	for _, tt := range tests {
-		if got := escapeProp(tt.in, tt.key); got != tt.want {
-			t.Errorf("escapeProp(%q, %v) = %q; want %q", tt.in, tt.key, got, tt.want)
-		}
-	}
-}
-
 func TestParseStatCPU(t *testing.T) {
 	// Field 2 holds a space and a parenthesis; utime 150, stime 50 ticks.
 	stat := "1234 (java (main)) S 1 1234 1234 0 -1 4194560 100 0 0 0 150 50 0 0 20 0 30 0 12345 1000000 2000"

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -216,4 +218,54 @@ func hexDigit(r rune) int {
 		return int(r-'A') + 10
 	}
 	return -1
+}
+
+// FormatProperties writes props as a Java properties file that
+// java.util.Properties.load reads back unchanged (ISO-8859-1, with \u escapes
+// for the rest, UTF-16 surrogate pairs beyond U+FFFF), sorted by key so that
+// the file is the same on every run: a password or DSN part with '\', '=',
+// ':', '#', '!', a leading space or non-ASCII text reaches Java as it is.
+// ParseProperties is its inverse.
+func FormatProperties(props map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(props)) {
+		b.WriteString(escapeProperty(k, true))
+		b.WriteByte('=')
+		b.WriteString(escapeProperty(props[k], false))
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func escapeProperty(s string, key bool) string {
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == ' ' && (key || i == 0):
+			b.WriteString(`\ `)
+		case key && (r == '=' || r == ':' || r == '#' || r == '!'):
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case !key && i == 0 && (r == '#' || r == '!'):
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r < 0x20 || r > 0x7e:
+			if hi, lo := utf16.EncodeRune(r); hi != utf8.RuneError {
+				fmt.Fprintf(&b, `\u%04x\u%04x`, hi, lo)
+			} else {
+				fmt.Fprintf(&b, `\u%04x`, r)
+			}
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

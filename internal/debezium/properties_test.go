@@ -68,3 +68,41 @@ func TestParsePropertiesMalformedUnicode(t *testing.T) {
 		}
 	}
 }
+
+func TestFormatProperties(t *testing.T) {
+	tests := []struct {
+		props map[string]string
+		want  string
+	}{
+		{map[string]string{"a=b:c": "x"}, "a\\=b\\:c=x\n"},
+		{map[string]string{"p": `w:d\x`}, "p=w:d\\\\x\n"},
+		{map[string]string{"k": " lead"}, "k=\\ lead\n"},
+		{map[string]string{"k": "#x"}, "k=\\#x\n"},
+		{map[string]string{"k": "zoë"}, "k=zo\\u00eb\n"},
+		{map[string]string{"k": "😀"}, "k=\\ud83d\\ude00\n"},
+		{map[string]string{"b": "2", "a": "1"}, "a=1\nb=2\n"},
+	}
+	for _, tt := range tests {
+		if got := FormatProperties(tt.props); got != tt.want {
+			t.Errorf("FormatProperties(%q) = %q; want %q", tt.props, got, tt.want)
+		}
+	}
+}
+
+// What FormatProperties writes, ParseProperties (Java's rules) reads back.
+func TestFormatPropertiesRoundTrip(t *testing.T) {
+	props := map[string]string{
+		"database.password": `p@ss w=rd:#!\ 😀 zoë` + "\t\n\r",
+		" key with = and :": "#value",
+		"plain":             "value",
+		"empty":             "",
+		"trailing":          "space ",
+	}
+	got, err := ParseProperties(strings.NewReader(FormatProperties(props)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, props) {
+		t.Errorf("round trip = %q; want %q", got, props)
+	}
+}

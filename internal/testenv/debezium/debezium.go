@@ -43,7 +43,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,6 +52,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	dbz "github.com/outbox-relay/outbox-relay/internal/debezium"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -683,61 +683,12 @@ var log4jProps = map[string]string{
 }
 
 // writeProps writes a Java properties file, sorted so the file reads the same on every
-// run.
+// run (debezium.FormatProperties).
 func writeProps(t testing.TB, path string, props map[string]string) {
 	t.Helper()
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(props)) {
-		b.WriteString(escapeProp(k, true))
-		b.WriteByte('=')
-		b.WriteString(escapeProp(props[k], false))
-		b.WriteByte('\n')
-	}
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(dbz.FormatProperties(props)), 0o600); err != nil {
 		t.Fatalf("debezium: write %s: %v", path, err)
 	}
-}
-
-// escapeProp escapes s for java.util.Properties.load, which reads ISO-8859-1: a
-// password or DSN part with '\', '=', ':', '#', '!', a leading space or non-ASCII text
-// must reach Java unchanged.
-func escapeProp(s string, key bool) string {
-	var b strings.Builder
-	for i, r := range s {
-		switch {
-		case r == '\\':
-			b.WriteString(`\\`)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == ' ' && (key || i == 0):
-			b.WriteString(`\ `)
-		case key && (r == '=' || r == ':' || r == '#' || r == '!'):
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case !key && i == 0 && (r == '#' || r == '!'):
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r < 0x20 || r > 0x7e:
-			for _, u := range utf16(r) {
-				fmt.Fprintf(&b, `\u%04x`, u)
-			}
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
-func utf16(r rune) []rune {
-	if r < 0x10000 {
-		return []rune{r}
-	}
-	r -= 0x10000
-	return []rune{0xd800 + (r>>10)&0x3ff, 0xdc00 + r&0x3ff}
 }
 
 // skipUnlessServers skips under -short when a server is not configured, as testenv
