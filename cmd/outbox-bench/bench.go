@@ -423,7 +423,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run int, sink sustai
 		return fail(err)
 	}
 	commits.set(txn, at)
-	if err := waitCount(ctx, samples, per, time.Minute, relay); err != nil {
+	if err := waitCount(ctx, samples, int64(per), time.Minute, relay); err != nil {
 		return fail(fmt.Errorf("warm-up: %w", err))
 	}
 	if sink.warmUp > 0 {
@@ -432,7 +432,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run int, sink sustai
 		if err != nil {
 			return fail(err)
 		}
-		if err := waitCount(ctx, samples, per+n, 2*time.Minute, relay); err != nil {
+		if err := waitCount(ctx, samples, int64(per+n), 2*time.Minute, relay); err != nil {
 			return fail(fmt.Errorf("warm-up: %w", err))
 		}
 	}
@@ -445,7 +445,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run int, sink sustai
 		return fail(err)
 	}
 	s.AchievedRate = float64(s.Events) / time.Since(start).Seconds()
-	if err := waitCount(ctx, samples, s.Events, 60*time.Second, relay); err != nil {
+	if err := waitCount(ctx, samples, int64(s.Events), 60*time.Second, relay); err != nil {
 		s.Err = err.Error()
 	}
 	if rss, err := relay.peakRSS(); err == nil {
@@ -506,15 +506,19 @@ func (b *bench) insertAtRate(ctx context.Context, p *producer, commits *commitTi
 	}
 }
 
-// waitCount waits until the consumer has seen n records.
-func waitCount(ctx context.Context, samples *latencySamples, n int, timeout time.Duration, relay *proc) error {
+// countable is a consumer's tally of the events it has seen.
+type countable interface{ count() int64 }
+
+// waitCount waits until the consumer has seen n events, polling every
+// 20ms, and fails early when the relay exits.
+func waitCount(ctx context.Context, seen countable, n int64, timeout time.Duration, relay *proc) error {
 	deadline := time.Now().Add(timeout)
-	for samples.count() < n {
+	for seen.count() < n {
 		if relay.exited() {
 			return fmt.Errorf("relay exited: %s: %s", relay.usage().ExitError, relay.logTail(10))
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("consumer saw %d of %d events after %s", samples.count(), n, timeout)
+			return fmt.Errorf("consumer saw %d of %d events after %s", seen.count(), n, timeout)
 		}
 		select {
 		case <-ctx.Done():

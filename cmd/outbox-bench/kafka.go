@@ -157,10 +157,10 @@ type pendingRecord struct {
 func newLatencySamples() *latencySamples { return &latencySamples{seen: map[int64]bool{}} }
 
 // count returns the number of distinct events received.
-func (s *latencySamples) count() int {
+func (s *latencySamples) count() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.seen)
+	return int64(len(s.seen))
 }
 
 func (s *latencySamples) reset() {

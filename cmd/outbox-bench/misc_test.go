@@ -108,7 +108,7 @@ func TestLatencySamples(t *testing.T) {
 	s.add(kafka.Message{Value: []byte(`{"other": 1}`)}, base, commits)           // not ours
 	// txn 2 reaches the consumer before the producer recorded its commit.
 	s.add(msg(2, 11, 7*time.Millisecond), base.Add(8*time.Millisecond), commits)
-	if got, want := s.count(), 2; got != want {
+	if got, want := s.count(), int64(2); got != want {
 		t.Errorf("count() = %d; want %d", got, want)
 	}
 	commits.set(2, base.Add(10*time.Millisecond))

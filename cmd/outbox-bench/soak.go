@@ -364,7 +364,7 @@ func (b *bench) soakPhase(ctx context.Context, db *benchDB, r *SoakResult) error
 	}
 	commits.set(txn, at)
 	r.Events += int64(per)
-	if err := waitSoak(ctx, samples, r.Events, time.Minute, relay); err != nil {
+	if err := waitCount(ctx, samples, r.Events, time.Minute, relay); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 
@@ -416,7 +416,7 @@ func (b *bench) soakPhase(ctx context.Context, db *benchDB, r *SoakResult) error
 	}
 	r.AchievedRate = float64(phaseEvents) / time.Since(start).Seconds()
 	r.Events += phaseEvents
-	waitErr := waitSoak(ctx, samples, r.Events, soakWaitLast, relay)
+	waitErr := waitCount(ctx, samples, r.Events, soakWaitLast, relay)
 	stopBackground()
 	_ = g.Wait()
 	samples.resolve(commits)
@@ -427,23 +427,4 @@ func (b *bench) soakPhase(ctx context.Context, db *benchDB, r *SoakResult) error
 	samples.mu.Unlock()
 	r.summarize()
 	return waitErr
-}
-
-// waitSoak waits until the consumer has seen n distinct events.
-func waitSoak(ctx context.Context, samples *soakSamples, n int64, timeout time.Duration, relay *proc) error {
-	deadline := time.Now().Add(timeout)
-	for samples.count() < n {
-		if relay.exited() {
-			return fmt.Errorf("relay exited: %s: %s", relay.usage().ExitError, relay.logTail(10))
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("consumer saw %d of %d events after %s", samples.count(), n, timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return nil
 }
