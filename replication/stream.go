@@ -1,9 +1,11 @@
 package replication
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -153,6 +155,9 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 	}
 }
 
+// readBufferSize is the replication connection's read buffer.
+const readBufferSize = 256 << 10
+
 // errSlotBusy: START_REPLICATION found the slot active for another process.
 var errSlotBusy = errors.New("replication slot is active for another process")
 
@@ -230,6 +235,12 @@ func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	}
 	if pcfg.ConnectTimeout == 0 {
 		pcfg.ConnectTimeout = 10 * time.Second
+	}
+	// pgproto3 reads at most 8 KiB per read call: on a backlog that was a
+	// system call per ~20 rows. A larger buffer under it reads what the
+	// socket holds at once.
+	pcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, readBufferSize), w)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
@@ -392,33 +403,42 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 	// is never lost between the two.
 	stopCancelWatch := context.AfterFunc(ctx, func() { conn.Conn().SetReadDeadline(time.Now()) })
 	defer stopCancelWatch()
+	// The deadline is moved only when it must come sooner, or has passed: a
+	// deadline that comes early only wakes the loop early, and setting one
+	// per message (a backlog's rows each arrive as a message) cost as much
+	// as decoding it.
+	var deadline time.Time
+	now := time.Now()
 	for {
-		now := time.Now()
 		if s.statusDue(st, now) {
 			if err := s.sendStatus(ctx, conn, st, now.Sub(lastRecv) > s.cfg.StatusInterval); err != nil {
 				return err
 			}
 		}
-		if err := conn.Conn().SetReadDeadline(s.wake(asm, st, now)); err != nil {
-			return fmt.Errorf("set read deadline: %w", err)
+		if wake := s.wake(asm, st, now); wake.Before(deadline) || !deadline.After(now) {
+			if err := conn.Conn().SetReadDeadline(wake); err != nil {
+				return fmt.Errorf("set read deadline: %w", err)
+			}
+			deadline = wake
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		msg, err := conn.ReceiveMessage(context.Background())
+		now = time.Now()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			if pgconn.Timeout(err) {
-				if silent := time.Since(lastRecv); silent > deadAfter {
+				if silent := now.Sub(lastRecv); silent > deadAfter {
 					return fmt.Errorf("no message from the server for %s", silent.Round(time.Second))
 				}
 				continue
 			}
 			return s.classify("receive", err)
 		}
-		lastRecv = time.Now()
+		lastRecv = now
 		s.stats.lastMessageAt.Store(lastRecv.UnixNano())
 
 		switch msg := msg.(type) {
@@ -451,6 +471,7 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 					if err := s.emit(ctx, conn, asm, st, out, b); err != nil {
 						return err
 					}
+					now = time.Now() // emit may have waited for the pipeline
 				}
 				s.advanceIdle(asm, xld.ServerWALEnd)
 			}

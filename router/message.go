@@ -168,7 +168,11 @@ func (s HeaderSet) Reserved(name string) bool {
 // out. The pipeline and the retry worker both build headers here, so an event
 // carries the same headers whichever path delivers it.
 func (s HeaderSet) Build(id, eventType, aggregateType []byte, extra []Header) (hs []Header, dropped int) {
-	hs = make([]Header, 0, 3+len(extra))
+	return s.appendTo(make([]Header, 0, 3+len(extra)), id, eventType, aggregateType, extra)
+}
+
+// appendTo is Build appending to hs, for the router's slab.
+func (s HeaderSet) appendTo(hs []Header, id, eventType, aggregateType []byte, extra []Header) (_ []Header, dropped int) {
 	if s.has(hID) {
 		hs = append(hs, Header{Key: HeaderID, Value: id})
 	}

@@ -133,6 +133,53 @@ type Router struct {
 	pos positions
 
 	topics map[string]string // aggregate type → topic; only when the template ignores the event type
+
+	// Per-event allocations, shared: see strings and headers.
+	interned map[string]string // aggregate and event types seen, which repeat
+	scratch  []byte
+	hdrs     []Header // the slab headers are carved from
+}
+
+// maxInterned bounds the interned aggregate and event types; past it the
+// table starts over, so a flood of distinct values cannot grow memory.
+const maxInterned = 4096
+
+// intern returns b as a string, shared with earlier events of the same
+// value: aggregate and event types take a handful of values, and a string
+// per event for them was a good part of the relay's allocations.
+func (r *Router) intern(b []byte) string {
+	if s, ok := r.interned[string(b)]; ok { // no allocation for the lookup
+		return s
+	}
+	if r.interned == nil || len(r.interned) >= maxInterned {
+		r.interned = make(map[string]string)
+	}
+	s := string(b)
+	r.interned[s] = s
+	return s
+}
+
+// strings returns a and b as strings made with one allocation (an event's
+// id and aggregate id, which are distinct per event).
+func (r *Router) strings(a, b []byte) (string, string) {
+	r.scratch = append(append(r.scratch[:0], a...), b...)
+	s := string(r.scratch)
+	if cap(r.scratch) > 4096 {
+		r.scratch = nil // a huge id is not kept for the next event
+	}
+	return s[:len(a)], s[len(a):]
+}
+
+// headerSlab returns an empty slice with room for n headers, carved from a
+// shared array so that an event's headers cost no allocation of their own.
+// Its capacity is clipped: appending beyond n cannot reach a neighbour's.
+func (r *Router) headerSlab(n int) []Header {
+	if n > cap(r.hdrs)-len(r.hdrs) {
+		r.hdrs = make([]Header, 0, max(n, 1024))
+	}
+	start := len(r.hdrs)
+	r.hdrs = r.hdrs[:start+n]
+	return r.hdrs[start : start : start+n]
 }
 
 type positions struct {
@@ -299,11 +346,10 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		m.Value = row.Values[pos.payload]
 	}
 	id := row.Values[pos.id]
-	m.ID = string(id)
-	m.AggregateType = string(row.Values[pos.aggregateType])
-	m.AggregateID = string(row.Values[pos.aggregateID])
+	m.ID, m.AggregateID = r.strings(id, row.Values[pos.aggregateID])
+	m.AggregateType = r.intern(row.Values[pos.aggregateType])
 	m.Key = r.key(pos, row.Values[pos.aggregateID])
-	m.Type = string(row.Values[pos.eventType])
+	m.Type = r.intern(row.Values[pos.eventType])
 	r.fieldHeaders(&m, pos, row.Values)
 	if pos.headers >= 0 {
 		r.extraHeaders(&m, row.Values[pos.headers])
@@ -341,7 +387,7 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		value = v
 	}
 	m.Value = r.value(pos, value, row.Values)
-	m.Headers, _ = r.rt.headers.Build(id, eventType, aggType, m.Extra) // Extra holds no reserved name
+	m.Headers, _ = r.rt.headers.appendTo(r.headerSlab(3+len(m.Extra)), id, eventType, aggType, m.Extra) // Extra holds no reserved name
 	return m, nil
 }
 

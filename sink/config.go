@@ -24,7 +24,7 @@ type Config struct {
 	ClientID     string        // default "outbox-relay"
 	BatchSize    int           // max messages per produce call, default 10000; 1 to 1000000
 	BatchBytes   int64         // default 1048576 (Kafka's default message.max.bytes); also the per-call byte cap and the largest message sent; 65536 to 2147483647
-	BatchTimeout time.Duration // default 2ms: kafka-go's default 1s would make every synchronous write wait a full second
+	BatchTimeout time.Duration // accepted for compatibility; unused since Write produces each call at once (produce.go)
 	WriteTimeout time.Duration // default 10s: one produce request
 	Compression  string        // none (default), gzip, snappy, lz4 or zstd
 	TLS          TLSConfig

@@ -29,25 +29,23 @@
 //     Keys map to partitions with kafka.Murmur2Balancer, the Java client's
 //     partitioner (so Debezium's and ours agree).
 //
-// Why per-key order holds with kafka-go: its Writer keeps one queue of batches
-// per partition, drained by one goroutine, and a batch that failed (after the
-// Writer's own few attempts) does not stop a later batch of the same
-// partition. Write therefore caps each WriteMessages call at BatchSize
-// messages and BatchBytes bytes, counted as kafka-go counts them, with the
-// Writer's batch limits set to the same values: every partition then gets at
-// most one batch per call, so a call succeeds or fails all-or-nothing per
-// partition, and the messages of failed partitions are written again before
-// the next call starts. A message larger than BatchBytes would make kafka-go
-// reject the whole call, and an unknown topic fails the whole call at the
-// metadata step: Write checks sizes and topic names up front, and on a
-// topic-level error splits the call by topic, so only the culprits fail (see
-// topic.go for what Kafka answers for each kind of topic trouble). When the broker answers
-// MESSAGE_TOO_LARGE (or another record-level error) for a batch of several
+// Why per-key order holds with kafka-go: Write caps each produce round at
+// BatchSize messages and BatchBytes bytes (counted as kafka-go counts them),
+// and a round sends one produce request per partition with that partition's
+// messages in input order (produce.go, kafka-go's Client.Produce), so a round
+// succeeds or fails all-or-nothing per partition, and the messages of failed
+// partitions are written again before the next round starts. A message larger
+// than BatchBytes would make Kafka refuse its whole partition's request, and
+// an unknown topic fails the whole round at the metadata step: Write checks
+// sizes and topic names up front, and on a topic-level error splits the round
+// by topic, so only the culprits fail (see topic.go for what Kafka answers for
+// each kind of topic trouble). When the broker answers MESSAGE_TOO_LARGE (or
+// another record-level error) for a batch of several
 // messages, Write writes that batch again in halves until it has the culprits.
 //
-// Delivery is at least once. kafka-go's Writer has no idempotent producer: a
-// produce whose acknowledgement was lost is written again, by the Writer's own
-// attempts or by Write's retries, and the message is then stored twice.
+// Delivery is at least once. kafka-go has no idempotent producer: a produce
+// whose acknowledgement was lost is written again, by produce's own attempts
+// or by Write's retries, and the message is then stored twice.
 // Consumers deduplicate by the event id header. Likewise, when Write returns
 // the context's error, messages already handed to kafka-go may still be written
 // afterwards; the caller should treat them as not acknowledged and Close.
@@ -62,6 +60,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -76,18 +75,24 @@ import (
 
 // A Kafka writes messages to Kafka. See the package doc for its guarantees.
 type Kafka struct {
-	cfg       Config
-	w         *kafka.Writer
-	transport *kafka.Transport
-	log       *slog.Logger
-	stats     stats
+	cfg         Config
+	addr        net.Addr
+	transport   *kafka.Transport
+	compression kafka.Compression
+	log         *slog.Logger
+	stats       stats
+	inflight    sync.WaitGroup // produce requests running (see produce.go)
 
-	// Write's goroutine only: see batchsize.go and topic.go.
-	balancer kafka.Murmur2Balancer
-	shares   map[topicPartition]int
-	counts   map[string]partitionCount
-	parts    []int
-	missing  map[string]missing
+	// Write's goroutine only: see produce.go and topic.go.
+	balancer   kafka.Murmur2Balancer
+	groupOf    map[topicPartition]int
+	groups     []*partitionBatch
+	topicParts []topicCount
+	parts      []int
+	missing    map[string]missing
+	msgBuf     []kafka.Message // records of the current Write
+	hdrBuf     []kafka.Header
+	abandoned  bool // a produce request of this Write failed or was left running
 
 	outage outage
 }
@@ -216,21 +221,8 @@ func New(cfg Config) (*Kafka, error) {
 		// long. One metadata request a second is cheap.
 		MetadataTTL: time.Second,
 	}
-	w := &kafka.Writer{
-		Addr:                   kafka.TCP(cfg.Brokers...),
-		Balancer:               &kafka.Murmur2Balancer{},
-		MaxAttempts:            maxAttempts,
-		BatchSize:              cfg.BatchSize,
-		BatchBytes:             cfg.BatchBytes,
-		BatchTimeout:           cfg.BatchTimeout,
-		WriteTimeout:           cfg.WriteTimeout,
-		RequiredAcks:           kafka.RequireAll,
-		Async:                  false,
-		Compression:            compression,
-		Transport:              transport,
-		AllowAutoTopicCreation: cfg.AllowAutoTopicCreation,
-	}
-	return &Kafka{cfg: cfg, w: w, transport: transport, log: cfg.Logger}, nil
+	return &Kafka{cfg: cfg, addr: kafka.TCP(cfg.Brokers...), transport: transport,
+		compression: compression, log: cfg.Logger}, nil
 }
 
 // Write produces each event as a record (topic, key, value, headers) and
@@ -246,7 +238,8 @@ func New(cfg Config) (*Kafka, error) {
 // Every event must have its Topic set. events is not modified, and its bytes
 // must not be modified until Write returns.
 func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
-	msgs := records(events)
+	msgs := k.records(events)
+	defer k.release()
 	st := &writeState{msgs: msgs}
 	// Chunk boundaries in input order; see the package doc for why a call is
 	// capped at BatchSize messages and BatchBytes bytes.
@@ -315,15 +308,20 @@ type writeState struct {
 
 func orderKey(m *kafka.Message) event.Lane { return event.Lane{Topic: m.Topic, Key: string(m.Key)} }
 
-// records turns events into kafka-go records: one allocation for the records
-// and one for all their headers, sharing the events' bytes.
-func records(events []event.Event) []kafka.Message {
+// records turns events into kafka-go records, sharing the events' bytes, in
+// buffers reused from Write to Write (release).
+func (k *Kafka) records(events []event.Event) []kafka.Message {
 	n := 0
 	for i := range events {
 		n += len(events[i].Headers)
 	}
-	msgs := make([]kafka.Message, len(events))
-	hs := make([]kafka.Header, n)
+	if cap(k.msgBuf) < len(events) {
+		k.msgBuf = make([]kafka.Message, len(events))
+	}
+	if cap(k.hdrBuf) < n {
+		k.hdrBuf = make([]kafka.Header, n)
+	}
+	msgs, hs := k.msgBuf[:len(events)], k.hdrBuf[:n]
 	for i := range events {
 		e := &events[i]
 		h := hs[:len(e.Headers):len(e.Headers)]
@@ -333,7 +331,21 @@ func records(events []event.Event) []kafka.Message {
 		}
 		msgs[i] = kafka.Message{Topic: e.Topic, Key: e.Key, Value: e.Value, Headers: h, Time: e.Time}
 	}
+	k.msgBuf, k.hdrBuf = msgs, k.hdrBuf[:n]
 	return msgs
+}
+
+// release readies the record buffers for the next Write: cleared, so that
+// they pin no rows, or dropped when a produce request of this Write may
+// still read them (it failed or was abandoned: kafka-go's connection can
+// outlive the call).
+func (k *Kafka) release() {
+	if k.abandoned {
+		k.msgBuf, k.hdrBuf, k.abandoned = nil, nil, false
+		return
+	}
+	clear(k.msgBuf)
+	clear(k.hdrBuf)
 }
 
 func (st *writeState) fail(i int, err error) {
@@ -384,8 +396,7 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 			return nil
 		}
 		batch := gather(msgs, idx)
-		k.w.BatchSize = k.batchSizeFor(ctx, batch)
-		err := k.w.WriteMessages(ctx, batch...)
+		err := k.produce(ctx, batch)
 		k.stats.writes.Add(1)
 		if err == nil {
 			k.acked(batch, nil)
@@ -672,7 +683,7 @@ func (k *Kafka) Ping(ctx context.Context) error {
 		MetadataTTL:    time.Hour,
 	}
 	defer t.CloseIdleConnections()
-	c := &kafka.Client{Addr: k.w.Addr, Transport: t}
+	c := &kafka.Client{Addr: k.addr, Transport: t}
 	start := time.Now()
 	if _, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
 		if ctx.Err() != nil {
@@ -695,14 +706,11 @@ func (k *Kafka) Stats() Stats {
 	}
 }
 
-// Close waits for batches in flight (after a cancelled Write) and closes the
-// connections.
+// Close waits for produce requests in flight (after a cancelled Write; each
+// ends within WriteTimeout) and closes the connections.
 func (k *Kafka) Close() error {
-	err := k.w.Close()
+	k.inflight.Wait()
 	k.transport.CloseIdleConnections()
-	if err != nil {
-		return fmt.Errorf("close kafka writer: %w", err)
-	}
 	return nil
 }
 

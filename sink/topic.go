@@ -120,8 +120,13 @@ type missing struct {
 func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, cause error) (error, bool) {
 	switch {
 	case errors.Is(cause, kafka.TopicAuthorizationFailed):
-		return &TopicError{Topic: topic, Err: cause, Permanent: true,
-			Reason: "not authorized: grant the relay's principal WRITE and DESCRIBE on the topic"}, false
+		reason := "not authorized: grant the relay's principal WRITE and DESCRIBE on the topic"
+		if k.cfg.AllowAutoTopicCreation {
+			// Kafka answers the same for a missing topic the principal may
+			// describe but not create (auto-creation asks for CREATE).
+			reason += ", and CREATE if the topic does not exist yet (or create it, or set kafka.allow_auto_topic_creation: false)"
+		}
+		return &TopicError{Topic: topic, Err: cause, Permanent: true, Reason: reason}, false
 	case errors.Is(cause, kafka.InvalidTopic):
 		reason := "Kafka refuses the topic name as invalid"
 		if msg, code := k.validateCreate(ctx, topic); code == kafka.InvalidTopic && msg != "" {
@@ -203,7 +208,7 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 // existing topic it collides with, if any. Both are false/"" when the cache
 // cannot be read.
 func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collides string) {
-	c := &kafka.Client{Addr: k.w.Addr, Transport: k.transport, Timeout: k.cfg.WriteTimeout}
+	c := &kafka.Client{Addr: k.addr, Transport: k.transport, Timeout: k.cfg.WriteTimeout}
 	resp, err := c.Metadata(ctx, &kafka.MetadataRequest{})
 	if err != nil {
 		return false, ""
@@ -229,7 +234,7 @@ func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collid
 func (k *Kafka) validateCreate(ctx context.Context, topic string) (string, kafka.Error) {
 	ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
 	defer cancel()
-	resp, err := k.transport.RoundTrip(ctx, k.w.Addr, &createtopics.Request{
+	resp, err := k.transport.RoundTrip(ctx, k.addr, &createtopics.Request{
 		Topics: []createtopics.RequestTopic{{
 			Name:              topic,
 			NumPartitions:     -1,

@@ -62,6 +62,7 @@ reaches that position would be skipped for good.`,
 				return fmt.Errorf("%w: %w", errConfig, err)
 			}
 			setMemoryLimit(e)
+			defer startProfiles(e.log)() // RELAY_CPUPROFILE etc.: profile.go
 			ctx, stop := signalContext(cmd.Context(), e)
 			defer stop()
 			e.log.Info("starting",

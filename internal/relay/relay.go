@@ -131,6 +131,7 @@ func New(cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger, router: rt, sink: sk, m: cfg.Metrics}
+	r.m.SetRole(r.Role)
 	r.newTerm()
 	return r, nil
 }
@@ -257,7 +258,9 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 	defer stopStream()
 	// Batches in these channels are outside the window (it is taken when a
 	// batch is routed): keep them short, they only smooth hand-overs.
-	batches, chunks := make(chan replication.Batch, 4), make(chan *chunk, 4)
+	// chunks is unbuffered: the route stage grows its chunk while the
+	// writer is busy (see routeStage.run).
+	batches, chunks := make(chan replication.Batch, 4), make(chan *chunk)
 	w := &writer{sink: r.sink, gate: gt, win: r.win, health: r.health, log: r.log, m: r.m, lease: r.lease}
 	com := newCommitter(store, r.stream, r.win, r.health, r.m, r.log, r.cfg, start)
 	com.lease = r.lease

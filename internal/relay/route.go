@@ -40,7 +40,11 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 	defer close(out)
 	maxMsgs, maxBytes := r.maxMsgs, r.maxBytes
 	newChunk := func() *chunk {
-		return &chunk{evs: make([]event.Event, 0, min(maxMsgs, 1024))}
+		evs := r.win.spareEvents()
+		if evs == nil {
+			evs = make([]event.Event, 0, min(maxMsgs, 1024))
+		}
+		return &chunk{evs: evs}
 	}
 	cur := newChunk()
 	flush := func() error {
@@ -62,25 +66,24 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 		if inTxn {
 			stopCh = nil // finish the open transaction first
 		}
+		// What we hold goes to the writer as soon as it takes it, and
+		// batches that arrive meanwhile join it: with out unbuffered, a
+		// busy writer makes chunks grow (fewer, larger Kafka writes), an
+		// idle one gets each batch at once (latency).
+		var outCh chan<- *chunk
+		if !cur.empty() {
+			outCh = out
+		}
 		var b replication.Batch
 		select {
 		case b = <-in:
+		case outCh <- cur:
+			cur = newChunk()
+			continue
 		case <-stopCh:
 			return flush()
 		case <-ctx.Done():
 			return ctx.Err()
-		default:
-			// Nothing is waiting: hand on what we have rather than sit on it.
-			if err := flush(); err != nil {
-				return err
-			}
-			select {
-			case b = <-in:
-			case <-stopCh:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
 		}
 
 		if !r.win.tryTake(len(b.Rows), b.Bytes, inTxn) {

@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"sync"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
 // window bounds what the pipeline holds. Bytes are taken when a batch is read
@@ -25,10 +27,38 @@ type window struct {
 	events  int
 	bytes   int
 	changed chan struct{} // closed and replaced on every give
+
+	// spare holds chunk buffers the writer is done with, for the route
+	// stage to fill again: a chunk's events are ~270 bytes each, and a
+	// fresh buffer per chunk was a third of the relay's allocations. A few
+	// at most: more are left to the garbage collector.
+	spare chan []event.Event
 }
 
 func newWindow(maxEvents, maxBytes int) *window {
-	return &window{maxEvents: maxEvents, maxBytes: maxBytes, changed: make(chan struct{})}
+	return &window{maxEvents: maxEvents, maxBytes: maxBytes, changed: make(chan struct{}),
+		spare: make(chan []event.Event, 2)}
+}
+
+// spareEvents returns an empty buffer for a chunk's events, or nil when none
+// is spare.
+func (w *window) spareEvents() []event.Event {
+	select {
+	case evs := <-w.spare:
+		return evs
+	default:
+		return nil
+	}
+}
+
+// recycle hands back a chunk's buffer once nothing reads its events any
+// more. It is cleared first, so that it pins no rows while it waits.
+func (w *window) recycle(evs []event.Event) {
+	clear(evs)
+	select {
+	case w.spare <- evs[:0]:
+	default:
+	}
 }
 
 // tryTake takes events and bytes if they fit now.

@@ -76,6 +76,11 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com *committer) erro
 		if r.m != nil && len(send) > 0 {
 			r.observe(c, send, len(parked))
 		}
+		// Nothing reads c's events any more: the sink copied what it
+		// sends, the retry table what it stores (their bytes are the
+		// rows', which stay untouched).
+		r.win.recycle(c.evs)
+		c.evs = nil
 	}
 	com.close()
 	return nil

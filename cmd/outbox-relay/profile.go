@@ -1,0 +1,81 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/pprof"
+	"runtime/trace"
+	"strconv"
+)
+
+// startProfiles starts the profiles that RELAY_CPUPROFILE, RELAY_MEMPROFILE
+// and RELAY_TRACE ask for (file paths; "%p" in a path becomes the process
+// id, so that the several relays of one benchmark do not overwrite each
+// other's files) and returns what writes and closes them at exit. They are
+// for developers profiling the real binary on a backlog (make bench passes
+// the environment through); undocumented for operators, off when unset, and
+// a profile that cannot be started is logged, never fatal.
+func startProfiles(log *slog.Logger) (stop func()) {
+	var stops []func()
+	path := func(env string) string {
+		p := os.Getenv(env)
+		if p == "" {
+			return ""
+		}
+		out := make([]byte, 0, len(p)+8)
+		for i := 0; i < len(p); i++ {
+			if p[i] == '%' && i+1 < len(p) && p[i+1] == 'p' {
+				out = strconv.AppendInt(out, int64(os.Getpid()), 10)
+				i++
+				continue
+			}
+			out = append(out, p[i])
+		}
+		return string(out)
+	}
+	create := func(env string) *os.File {
+		p := path(env)
+		if p == "" {
+			return nil
+		}
+		f, err := os.Create(p)
+		if err != nil {
+			log.Warn("profile not written", "env", env, "err", err)
+			return nil
+		}
+		log.Info("writing a profile", "env", env, "path", p)
+		return f
+	}
+	if f := create("RELAY_CPUPROFILE"); f != nil {
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Warn("profile not written", "env", "RELAY_CPUPROFILE", "err", err)
+			f.Close()
+		} else {
+			stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+		}
+	}
+	if f := create("RELAY_TRACE"); f != nil {
+		if err := trace.Start(f); err != nil {
+			log.Warn("profile not written", "env", "RELAY_TRACE", "err", err)
+			f.Close()
+		} else {
+			stops = append(stops, func() { trace.Stop(); f.Close() })
+		}
+	}
+	if f := create("RELAY_MEMPROFILE"); f != nil {
+		// The allocation profile at exit: every allocation since start
+		// (alloc_space, alloc_objects) and what was live at the last GC.
+		stops = append(stops, func() {
+			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+				log.Warn("profile not written", "env", "RELAY_MEMPROFILE", "err", fmt.Errorf("write: %w", err))
+			}
+			f.Close()
+		})
+	}
+	return func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+}
