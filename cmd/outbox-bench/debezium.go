@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -242,12 +240,12 @@ func (w *dbzWorker) waitStreaming(ctx context.Context, conn *pgx.Conn) (time.Tim
 			return time.Time{}, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
-		st, err := w.status(ctx, client)
+		st, err := debezium.GetConnectorStatus(ctx, client, w.url, dbzConnector)
 		if err != nil {
 			last = err
 			continue
 		}
-		if err := st.failed(); err != nil {
+		if err := st.Failed(false); err != nil {
 			return time.Time{}, fmt.Errorf("debezium: %w", err)
 		}
 		var active bool
@@ -265,64 +263,11 @@ func (w *dbzWorker) waitStreaming(ctx context.Context, conn *pgx.Conn) (time.Tim
 // stops for good on some errors (a record over max.request.size), which would
 // otherwise look like a slow drain.
 func (w *dbzWorker) failedTask(ctx context.Context) error {
-	st, err := w.status(ctx, &http.Client{Timeout: 2 * time.Second})
+	st, err := debezium.GetConnectorStatus(ctx, &http.Client{Timeout: 2 * time.Second}, w.url, dbzConnector)
 	if err != nil {
 		return nil // the REST server busy is not a failure
 	}
-	return st.failed()
-}
-
-type dbzStatus struct {
-	Connector struct {
-		State string `json:"state"`
-		Trace string `json:"trace"`
-	} `json:"connector"`
-	Tasks []struct {
-		ID    int    `json:"id"`
-		State string `json:"state"`
-		Trace string `json:"trace"`
-	} `json:"tasks"`
-}
-
-func (w *dbzWorker) status(ctx context.Context, client *http.Client) (dbzStatus, error) {
-	var st dbzStatus
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.url+"/connectors/"+dbzConnector+"/status", nil)
-	if err != nil {
-		return st, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return st, fmt.Errorf("get status: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return st, fmt.Errorf("get status: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("get status: %s", resp.Status)
-	}
-	if err := json.Unmarshal(body, &st); err != nil {
-		return st, fmt.Errorf("decode status: %w", err)
-	}
-	return st, nil
-}
-
-func (s dbzStatus) failed() error {
-	if s.Connector.State == "FAILED" {
-		return fmt.Errorf("connector FAILED: %s", firstLine(s.Connector.Trace))
-	}
-	for _, t := range s.Tasks {
-		if t.State == "FAILED" {
-			return fmt.Errorf("task %d FAILED: %s", t.ID, firstLine(t.Trace))
-		}
-	}
-	return nil
-}
-
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(s, "\n")
-	return s
+	return st.Failed(false)
 }
 
 // writeProps writes a Java properties file, sorted (debezium.FormatProperties).

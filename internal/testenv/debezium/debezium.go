@@ -423,15 +423,15 @@ func (c *Connect) waitStreaming(ctx context.Context, dsn string) error {
 			return fmt.Errorf("%w; last: %v", ctx.Err(), last)
 		case <-time.After(250 * time.Millisecond):
 		}
-		st, err := c.status(ctx, client)
+		st, err := dbz.GetConnectorStatus(ctx, client, c.url, c.name)
 		if err != nil {
 			last = err // the REST server is not up yet
 			continue
 		}
-		if err := st.failed(); err != nil {
+		if err := st.Failed(true); err != nil {
 			return err
 		}
-		if !st.running() {
+		if !st.Running() {
 			last = fmt.Errorf("status: %s", st)
 			continue
 		}
@@ -457,89 +457,6 @@ func (c *Connect) waitStreaming(ctx context.Context, dsn string) error {
 			return nil
 		}
 	}
-}
-
-// connectorStatus is GET /connectors/{name}/status.
-type connectorStatus struct {
-	Connector struct {
-		State string `json:"state"`
-		Trace string `json:"trace"`
-	} `json:"connector"`
-	Tasks []struct {
-		ID    int    `json:"id"`
-		State string `json:"state"`
-		Trace string `json:"trace"`
-	} `json:"tasks"`
-}
-
-func (c *Connect) status(ctx context.Context, client *http.Client) (connectorStatus, error) {
-	var st connectorStatus
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url+"/connectors/"+c.name+"/status", nil)
-	if err != nil {
-		return st, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return st, fmt.Errorf("get status: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return st, fmt.Errorf("get status: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		// 404 until the worker has created the connector.
-		return st, fmt.Errorf("get status: %s: %s", resp.Status, strings.TrimSpace(string(body)))
-	}
-	if err := json.Unmarshal(body, &st); err != nil {
-		return st, fmt.Errorf("decode status %q: %w", body, err)
-	}
-	return st, nil
-}
-
-func (s connectorStatus) running() bool {
-	if s.Connector.State != "RUNNING" || len(s.Tasks) == 0 {
-		return false
-	}
-	for _, task := range s.Tasks {
-		if task.State != "RUNNING" {
-			return false
-		}
-	}
-	return true
-}
-
-// failed reports a FAILED connector or task with its Java stack trace: a bad
-// property or a missing privilege never recovers, so waiting longer is pointless.
-func (s connectorStatus) failed() error {
-	if s.Connector.State == "FAILED" {
-		return fmt.Errorf("connector FAILED: %s", s.Connector.Trace)
-	}
-	for _, task := range s.Tasks {
-		if task.State == "FAILED" {
-			return fmt.Errorf("task %d FAILED: %s", task.ID, task.Trace)
-		}
-	}
-	return nil
-}
-
-func (s connectorStatus) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "connector %s", orNone(s.Connector.State))
-	for _, task := range s.Tasks {
-		fmt.Fprintf(&b, ", task %d %s", task.ID, task.State)
-	}
-	if len(s.Tasks) == 0 {
-		b.WriteString(", no task yet")
-	}
-	return b.String()
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "(none)"
-	}
-	return s
 }
 
 // validate fills the defaults of a copy of o and fails the test on a bad value.
