@@ -93,7 +93,7 @@ func (e *FutureStartError) Error() string {
 type Relay struct {
 	cfg    Config
 	log    *slog.Logger
-	router *router.Router // the route stage's: one stage runs at a time, each term's in turn
+	router *router.Router // validated config; each term routes with its own
 	sink   *sink.Kafka
 	m      *metrics.Metrics // nil records nothing
 	pool   *pgxpool.Pool    // set by Run
@@ -140,6 +140,7 @@ func New(cfg Config) (*Relay, error) {
 func (r *Relay) newTerm() {
 	cfg := r.cfg
 	schema, table, _ := strings.Cut(cfg.Table, ".")
+	rt, _ := router.New(cfg.Router) // validated by New
 	r.win = newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
 	r.health = newHealth(cfg.StallAfter, cfg.Logger)
 	r.lease = newLease(cfg.Replication.Slot, cfg.Identity, cfg.LeaseDuration, cfg.Logger)
@@ -147,7 +148,7 @@ func (r *Relay) newTerm() {
 	rcfg.Started = r.lease.started
 	r.stream = replication.New(rcfg)
 	r.route = &routeStage{
-		router: r.router, win: r.win, schema: schema, table: table,
+		router: rt, win: r.win, schema: schema, table: table,
 		maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
 		log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
 		isOutbox: make(map[*replication.Relation]bool),
