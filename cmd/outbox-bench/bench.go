@@ -41,19 +41,11 @@ func (b *bench) kafka() *kafka.Client {
 // runOnce creates a fresh database with the outbox, the publication and the
 // slots, runs the phases and drops everything again.
 func (b *bench) runOnce(ctx context.Context, run int) (err error) {
-	db, err := createDatabase(ctx, b.o.PostgresDSN, b.o.CleanupDSN, fmt.Sprintf("outbox_bench_%s_r%d", b.stamp, run))
+	db, err := b.freshDatabase(ctx, fmt.Sprintf("outbox_bench_%s_r%d", b.stamp, run))
 	if err != nil {
 		return err
 	}
-	b.created.addDB(db.Name)
-	b.created.addSlots(db.slots()...)
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		if derr := db.drop(cctx); derr != nil {
-			err = errors.Join(err, fmt.Errorf("clean up: %w", derr))
-		}
-	}()
+	defer b.dropDatabase(ctx, db, &err)
 	if err := b.relaySetup(ctx, db, run); err != nil {
 		// The bench's own DDL below still lets the pg_recvlogical half run.
 		b.log.Warn("outbox-relay setup failed; creating the objects without it", "err", err)
@@ -614,4 +606,25 @@ func (b *bench) drainDebezium(ctx context.Context, db *benchDB, run int, typePre
 	b.log.Info("debezium drained", "run", run, "seconds", pd.Sec, "streaming_seconds", pd.StreamSec,
 		"events_per_s", int(d.DbzRate()), "peak_rss_bytes", pd.PeakRSS)
 	return nil
+}
+
+// freshDatabase creates a throwaway database, recorded so that the end of the
+// bench can warn if it is left behind.
+func (b *bench) freshDatabase(ctx context.Context, name string) (*benchDB, error) {
+	db, err := createDatabase(ctx, b.o.PostgresDSN, b.o.CleanupDSN, name)
+	if err != nil {
+		return nil, err
+	}
+	b.created.addDB(db.Name)
+	b.created.addSlots(db.slots()...)
+	return db, nil
+}
+
+// dropDatabase drops db, even after ctx is cancelled, adding a failure to *err.
+func (b *bench) dropDatabase(ctx context.Context, db *benchDB, err *error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if derr := db.drop(cctx); derr != nil {
+		*err = errors.Join(*err, fmt.Errorf("clean up: %w", derr))
+	}
 }

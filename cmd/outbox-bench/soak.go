@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -290,19 +289,11 @@ func (h *Histogram) Quantile(p float64) time.Duration {
 // soak runs one soak in a fresh database: a drain to measure capacity (unless
 // -rate was given), then the relay at half of it for -soak.
 func (b *bench) soak(ctx context.Context) (err error) {
-	db, err := createDatabase(ctx, b.o.PostgresDSN, b.o.CleanupDSN, fmt.Sprintf("outbox_bench_%s_soak", b.stamp))
+	db, err := b.freshDatabase(ctx, fmt.Sprintf("outbox_bench_%s_soak", b.stamp))
 	if err != nil {
 		return err
 	}
-	b.created.addDB(db.Name)
-	b.created.addSlots(db.slots()...)
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		if derr := db.drop(cctx); derr != nil {
-			err = errors.Join(err, fmt.Errorf("clean up: %w", derr))
-		}
-	}()
+	defer b.dropDatabase(ctx, db, &err)
 	if err := b.relaySetup(ctx, db, 1); err != nil {
 		b.log.Warn("outbox-relay setup failed; creating the objects without it", "err", err)
 	}
