@@ -139,7 +139,9 @@ func (s *Store) Save(ctx context.Context, slot string, lsn pglogrepl.LSN, lastCo
 	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, last_commit_time, saved_at)
 VALUES ($1, $2::text::pg_lsn, $3, now())
 ON CONFLICT (slot_name) DO UPDATE
-SET lsn = EXCLUDED.lsn, last_commit_time = EXCLUDED.last_commit_time, saved_at = EXCLUDED.saved_at
+SET lsn = EXCLUDED.lsn, last_commit_time = EXCLUDED.last_commit_time, saved_at = EXCLUDED.saved_at,
+    stop_reason = CASE WHEN c.stopped_before < EXCLUDED.lsn THEN NULL ELSE c.stop_reason END,
+    stopped_before = CASE WHEN c.stopped_before < EXCLUDED.lsn THEN NULL ELSE c.stopped_before END
 WHERE c.lsn < EXCLUDED.lsn`, slot, lsn.String(), commit)
 	if err != nil {
 		return fmt.Errorf("save checkpoint %q at %s: %w", slot, lsn, err)

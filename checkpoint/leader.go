@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -51,24 +52,26 @@ type Leader struct {
 	Since  time.Time // when it took over (database clock); zero with Epoch 0
 }
 
-// MigrateLeader adds the leadership columns to a checkpoint table made before
-// they existed. It changes nothing (and needs no ownership) when they exist.
+// MigrateLeader adds the columns added since the first version (the
+// leadership columns, the stop record: sql.CheckpointUpgrade) to a
+// checkpoint table made before they existed. It changes nothing (and needs no
+// ownership) when they exist.
 func (s *Store) MigrateLeader(ctx context.Context) error {
 	if s.err != nil {
 		return s.err
 	}
 	var have int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute
-WHERE attrelid = $1::regclass AND attname IN ('epoch', 'leader', 'leader_since') AND NOT attisdropped`,
-		s.table).Scan(&have); err != nil {
-		return fmt.Errorf("look up the leadership columns of checkpoint table %s: %w", s.table, err)
+WHERE attrelid = $1::regclass AND attname = ANY($2) AND NOT attisdropped`,
+		s.table, sql.CheckpointUpgradeColumns).Scan(&have); err != nil {
+		return fmt.Errorf("look up the columns of checkpoint table %s: %w", s.table, err)
 	}
-	if have == 3 {
+	if have == len(sql.CheckpointUpgradeColumns) {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, sql.CheckpointLeaderColumns(s.t)); err != nil {
-		return fmt.Errorf("add the leadership columns (epoch, leader, leader_since) to checkpoint table %s: run \"outbox-relay setup\" as the table's owner, or run %q: %w",
-			s.table, sql.CheckpointLeaderColumns(s.t), err)
+	if _, err := s.pool.Exec(ctx, sql.CheckpointUpgrade(s.t)); err != nil {
+		return fmt.Errorf("add the columns (%s) of this version to checkpoint table %s: run \"outbox-relay setup\" as the table's owner, or run %q: %w",
+			strings.Join(sql.CheckpointUpgradeColumns, ", "), s.table, sql.CheckpointUpgrade(s.t), err)
 	}
 	return nil
 }
@@ -109,7 +112,9 @@ func (s *Store) SaveFenced(ctx context.Context, slot string, epoch int64, lsn pg
 	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` AS c SET
     lsn = CASE WHEN c.lsn < $2::text::pg_lsn THEN $2::text::pg_lsn ELSE c.lsn END,
     last_commit_time = CASE WHEN c.lsn < $2::text::pg_lsn THEN $3 ELSE c.last_commit_time END,
-    saved_at = CASE WHEN c.lsn < $2::text::pg_lsn THEN now() ELSE c.saved_at END
+    saved_at = CASE WHEN c.lsn < $2::text::pg_lsn THEN now() ELSE c.saved_at END,
+    stop_reason = CASE WHEN c.stopped_before < $2::text::pg_lsn THEN NULL ELSE c.stop_reason END,
+    stopped_before = CASE WHEN c.stopped_before < $2::text::pg_lsn THEN NULL ELSE c.stopped_before END
 WHERE c.slot_name = $1 AND c.epoch = $4`, slot, lsn.String(), commit, epoch)
 	if err != nil {
 		return fmt.Errorf("save checkpoint %q at %s: %w", slot, lsn, err)
@@ -169,4 +174,46 @@ func (s *Store) Leader(ctx context.Context, slot string) (Leader, error) {
 		l.Since = *since
 	}
 	return l, nil
+}
+
+// A Stop is the record of why the relay last stopped before a transaction
+// it must not confirm past: Before is that transaction's commit LSN.
+type Stop struct {
+	Before pglogrepl.LSN
+	Reason string
+}
+
+// RecordStop records why the relay of slot stopped before the transaction
+// committed at before. SaveFenced clears the record once the checkpoint
+// passes that transaction.
+func (s *Store) RecordStop(ctx context.Context, slot string, before pglogrepl.LSN, reason string) error {
+	if s.err != nil {
+		return s.err
+	}
+	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET stopped_before = $2::text::pg_lsn, stop_reason = $3 WHERE slot_name = $1`,
+		slot, before.String(), reason)
+	if err != nil {
+		return fmt.Errorf("record the stop of slot %q in checkpoint table %s: %w", slot, s.table, err)
+	}
+	return nil
+}
+
+// Stopped returns the stop recorded for slot, or nil when there is none.
+func (s *Store) Stopped(ctx context.Context, slot string) (*Stop, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	var before, reason *string
+	err := s.pool.QueryRow(ctx, `SELECT stopped_before::text, stop_reason FROM `+s.table+` WHERE slot_name = $1`, slot).Scan(&before, &reason)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && (before == nil || reason == nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the stop record of slot %q: %w", slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(*before)
+	if err != nil {
+		return nil, fmt.Errorf("read the stop record of slot %q: %w", slot, err)
+	}
+	return &Stop{Before: lsn, Reason: *reason}, nil
 }

@@ -17,7 +17,9 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "saved_at" timestamptz NOT NULL DEFAULT now(),
     "epoch" bigint NOT NULL DEFAULT 0,
     "leader" text,
-    "leader_since" timestamptz
+    "leader_since" timestamptz,
+    "stopped_before" pg_lsn,
+    "stop_reason" text
 );
 
 -- A compact history of the checkpoints saved, one row at most every
@@ -47,7 +49,7 @@ CREATE INDEX IF NOT EXISTS "outbox_relay_checkpoint_history_snapshot_lsn_idx"
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = 'outbox_relay') THEN
-        CREATE PUBLICATION "outbox_relay" FOR TABLE "public"."outbox" WITH (publish = 'insert');
+        CREATE PUBLICATION "outbox_relay" FOR TABLE "public"."outbox" WITH (publish = 'insert', publish_via_partition_root = true);
     END IF;
 END
 $$;

@@ -234,6 +234,11 @@ func indexName(table, suffix string) string {
 }
 
 // CheckpointTable returns the statement creating the checkpoint table if missing.
+//
+// stopped_before and stop_reason record why the relay last stopped before a
+// transaction it must not confirm past (an insert it cannot place, the
+// outbox table changed): lag and status show it while the relay is down,
+// and the relay clears it once its checkpoint passes that transaction.
 func CheckpointTable(t Table) string {
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
     "slot_name" text PRIMARY KEY,
@@ -242,16 +247,23 @@ func CheckpointTable(t Table) string {
     "saved_at" timestamptz NOT NULL DEFAULT now(),
     "epoch" bigint NOT NULL DEFAULT 0,
     "leader" text,
-    "leader_since" timestamptz
+    "leader_since" timestamptz,
+    "stopped_before" pg_lsn,
+    "stop_reason" text
 )`, t.Quoted())
 }
 
-// CheckpointLeaderColumns returns the statement that adds the leadership
-// columns (epoch, leader, leader_since) to a checkpoint table created before
-// they existed; a no-op on a current table.
-func CheckpointLeaderColumns(t Table) string {
+// CheckpointUpgradeColumns are the columns CheckpointUpgrade adds.
+var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "stopped_before", "stop_reason"}
+
+// CheckpointUpgrade returns the statement that adds the columns added since
+// the first version (the leadership columns epoch, leader, leader_since; the
+// stop record stopped_before, stop_reason) to an older checkpoint table; a
+// no-op on a current table.
+func CheckpointUpgrade(t Table) string {
 	return fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "epoch" bigint NOT NULL DEFAULT 0, `+
-		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz`, t.Quoted())
+		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz, `+
+		`ADD COLUMN IF NOT EXISTS "stopped_before" pg_lsn, ADD COLUMN IF NOT EXISTS "stop_reason" text`, t.Quoted())
 }
 
 // CreatePublication returns the statement creating the publication of the
@@ -262,9 +274,22 @@ func CheckpointLeaderColumns(t Table) string {
 // Only inserts are published: events are inserts, and UPDATE or DELETE on the
 // outbox (applications that purge relayed rows) are then filtered out by the
 // walsender, costing no decoding bandwidth and no network traffic.
+//
+// publish_via_partition_root (PostgreSQL 13 and later): an insert into a
+// partition of a partitioned outbox is published under the outbox's name,
+// not the partition's, so a partition attached, detached or dropped later
+// never makes an insert look like another table's. On a table that is not
+// partitioned it changes nothing.
 func CreatePublication(name string, outbox Table) string {
-	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`,
+	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)`,
 		Ident(name), outbox.Quoted())
+}
+
+// PublishViaRoot returns the statement that makes an existing publication
+// publish partitions' inserts under their root's name (see CreatePublication).
+// Idempotent.
+func PublishViaRoot(name string) string {
+	return fmt.Sprintf(`ALTER PUBLICATION %s SET (publish_via_partition_root = true)`, Ident(name))
 }
 
 // CreateSlot returns the statement creating the logical replication slot with

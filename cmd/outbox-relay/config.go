@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/viper"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -137,7 +138,18 @@ func daysText(d time.Duration) string {
 	return strconv.FormatInt(int64(d/day), 10) + "d"
 }
 
-const overridesKey = "topics.overrides"
+// The keys whose values are maps, handled apart from defaults: their keys
+// are names (aggregate types, tables) whose case matters.
+const (
+	overridesKey   = "topics.overrides"
+	otherTablesKey = "outbox.other_tables"
+)
+
+// mapKeys describes each map key: what its entries are, for messages.
+var mapKeys = map[string]struct{ entry, example string }{
+	overridesKey:   {"aggregate_type: topic", "Order=orders,Payment=payments"},
+	otherTablesKey: {"schema.table: deliver|ignore", "public.outbox_2026_01=deliver,public.audit=ignore"},
+}
 
 // envName is the environment variable overriding key.
 func envName(key string) string {
@@ -158,8 +170,11 @@ type config struct {
 		WalSenderTimeout       time.Duration
 	}
 	Outbox struct {
-		Table   string
-		Layout  sql.Layout
+		Table string
+		// OtherTables: the operator's word on tables whose inserts the
+		// relay cannot place by itself (package placement).
+		OtherTables map[string]placement.Action
+		Layout      sql.Layout
 		Columns router.Columns // validate fills the empty ones from Layout
 		// Retention 0 is off.
 		Retention, RetentionInterval              time.Duration
@@ -235,7 +250,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		}
 	}
 
-	var overrides map[string]string
+	maps := map[string]map[string]string{}
 	if file != "" {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -244,7 +259,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		// viper folds keys to lower case, which would corrupt the
 		// aggregate types in topics.overrides and hide typos of upper-case
 		// keys: the file is walked here for both.
-		if overrides, err = checkKeys(raw); err != nil {
+		if maps, err = checkKeys(raw); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
 		v.SetConfigFile(file)
@@ -253,10 +268,13 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
 	}
-	if env, ok := os.LookupEnv(envName(overridesKey)); ok {
-		var err error
-		if overrides, err = parseOverrides(env); err != nil {
-			return nil, err
+	for key := range mapKeys {
+		if env, ok := os.LookupEnv(envName(key)); ok {
+			m, err := parseMapEnv(key, env)
+			if err != nil {
+				return nil, err
+			}
+			maps[key] = m
 		}
 	}
 
@@ -269,6 +287,17 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Postgres.StatusInterval = l.duration("postgres.status_interval")
 	c.Postgres.WalSenderTimeout = l.duration("postgres.wal_sender_timeout")
 	c.Outbox.Table = l.str("outbox.table")
+	for table, action := range maps[otherTablesKey] {
+		a, err := placement.ParseAction(action)
+		if err != nil {
+			l.errs = append(l.errs, fmt.Errorf("%s.%s: %w", otherTablesKey, table, err))
+			continue
+		}
+		if c.Outbox.OtherTables == nil {
+			c.Outbox.OtherTables = map[string]placement.Action{}
+		}
+		c.Outbox.OtherTables[table] = a
+	}
 	c.Outbox.Columns = router.Columns{
 		ID:            l.str("outbox.columns.id"),
 		AggregateType: l.str("outbox.columns.aggregate_type"),
@@ -303,7 +332,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Topics.Template = l.str("topics.template")
 	c.Topics.Regex = l.str("topics.regex")
 	c.Topics.Replacement = l.str("topics.replacement")
-	c.Topics.Overrides = overrides
+	c.Topics.Overrides = maps[overridesKey]
 	c.Kafka.Brokers = l.list("kafka.brokers")
 	c.Kafka.ClientID = l.str("kafka.client_id")
 	c.Kafka.BatchSize = l.int("kafka.batch_size")
@@ -421,8 +450,9 @@ func (l *loader) list(key string) []string {
 	return out
 }
 
-// parseOverrides parses RELAY_TOPICS_OVERRIDES: "Order=orders,Payment=payments".
-func parseOverrides(s string) (map[string]string, error) {
+// parseMapEnv parses a map key's environment variable, as
+// RELAY_TOPICS_OVERRIDES="Order=orders,Payment=payments".
+func parseMapEnv(key, s string) (map[string]string, error) {
 	m := map[string]string{}
 	for _, pair := range strings.Split(s, ",") {
 		if strings.TrimSpace(pair) == "" {
@@ -430,8 +460,8 @@ func parseOverrides(s string) (map[string]string, error) {
 		}
 		k, v, ok := strings.Cut(pair, "=")
 		if !ok || strings.TrimSpace(k) == "" {
-			return nil, fmt.Errorf("%s: %q is not aggregate_type=topic; write it like Order=orders,Payment=payments",
-				envName(overridesKey), pair)
+			return nil, fmt.Errorf("%s: %q is not %s; write it like %s",
+				envName(key), pair, strings.Replace(mapKeys[key].entry, ": ", "=", 1), mapKeys[key].example)
 		}
 		m[strings.TrimSpace(k)] = strings.TrimSpace(v)
 	}
@@ -439,34 +469,35 @@ func parseOverrides(s string) (map[string]string, error) {
 }
 
 // checkKeys rejects keys of the YAML document that are not config keys (typos
-// would otherwise be ignored silently) and returns topics.overrides with its
-// keys' case intact.
-func checkKeys(raw []byte) (map[string]string, error) {
+// would otherwise be ignored silently) and returns the map keys' values
+// (mapKeys) with their keys' case intact.
+func checkKeys(raw []byte) (map[string]map[string]string, error) {
 	var doc map[string]any
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		return nil, err
 	}
-	var overrides map[string]string
+	maps := map[string]map[string]string{}
 	var walk func(prefix string, m map[string]any) error
 	walk = func(prefix string, m map[string]any) error {
 		for k, val := range m {
 			key := prefix + k
-			if key == overridesKey {
+			if mk, ok := mapKeys[key]; ok {
 				if val == nil {
 					continue
 				}
 				om, ok := val.(map[string]any)
 				if !ok {
-					return fmt.Errorf("%s: want a map of aggregate_type: topic", key)
+					return fmt.Errorf("%s: want a map of %s", key, mk.entry)
 				}
-				overrides = make(map[string]string, len(om))
-				for at, topic := range om {
-					s, ok := topic.(string)
+				entries := make(map[string]string, len(om))
+				for name, v := range om {
+					s, ok := v.(string)
 					if !ok {
-						return fmt.Errorf("%s.%s: want a topic name, got %v", key, at, topic)
+						return fmt.Errorf("%s.%s: want a string (%s), got %v", key, name, mk.entry, v)
 					}
-					overrides[at] = s
+					entries[name] = s
 				}
+				maps[key] = entries
 				continue
 			}
 			if _, ok := defaults[key]; ok {
@@ -492,12 +523,14 @@ func checkKeys(raw []byte) (map[string]string, error) {
 		}
 		return nil
 	}
-	return overrides, walk("", doc)
+	return maps, walk("", doc)
 }
 
 func isSection(prefix string) bool {
-	if strings.HasPrefix(overridesKey, prefix+".") {
-		return true
+	for key := range mapKeys {
+		if strings.HasPrefix(key, prefix+".") {
+			return true
+		}
 	}
 	for key := range defaults {
 		if strings.HasPrefix(key, prefix+".") {
@@ -515,7 +548,7 @@ func nearestKey(key string) string {
 				return
 			}
 		}
-	}), overridesKey)
+	}), overridesKey, otherTablesKey)
 	best, bestDist := "", 4 // farther than 3 edits is no suggestion
 	for _, k := range keys {
 		if d := editDistance(strings.ToLower(key), k); d < bestDist {
@@ -804,6 +837,8 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 			Logger:          log.With("component", "replication"),
 		},
 		Table:              c.Outbox.Table,
+		OtherTables:        c.Outbox.OtherTables,
+		OtherTablesKey:     otherTablesKey,
 		Router:             c.routerConfig(),
 		Sink:               c.sinkConfig(log.With("component", "sink")),
 		CheckpointTable:    c.Checkpoint.Table,

@@ -23,7 +23,9 @@ func cleanEnv(t *testing.T) {
 	for key := range defaults {
 		unsetenv(t, envName(key))
 	}
-	unsetenv(t, envName(overridesKey))
+	for key := range mapKeys {
+		unsetenv(t, envName(key))
+	}
 }
 
 func unsetenv(t *testing.T, name string) {
@@ -89,8 +91,10 @@ func TestExampleConfig(t *testing.T) {
 			t.Errorf("config.example.yaml: %s = %q; want the default %q", key, v, def)
 		}
 	}
-	if _, ok := got[overridesKey]; !ok {
-		t.Errorf("config.example.yaml lacks key %q", overridesKey)
+	for key := range mapKeys {
+		if _, ok := got[key]; !ok {
+			t.Errorf("config.example.yaml lacks key %q", key)
+		}
 	}
 }
 
@@ -98,7 +102,7 @@ func flatten(prefix string, m map[string]any, out map[string]string) {
 	for k, v := range m {
 		switch v := v.(type) {
 		case map[string]any:
-			if prefix+k == overridesKey {
+			if _, ok := mapKeys[prefix+k]; ok {
 				out[prefix+k] = fmt.Sprint(v)
 				continue
 			}

@@ -299,7 +299,8 @@ func TestPrintSQLConnectsNowhere(t *testing.T) {
 	}
 	wantLines(t, "setup --print-sql", out,
 		`CREATE TABLE IF NOT EXISTS "relay"."retry" (`,
-		`CREATE PUBLICATION "outbox_relay" FOR TABLE "events"."outbox" WITH (publish = 'insert');`,
+		`CREATE PUBLICATION "outbox_relay" FOR TABLE "events"."outbox" WITH (publish = 'insert', publish_via_partition_root = true);`,
+		`ALTER PUBLICATION "outbox_relay" SET (publish_via_partition_root = true);`,
 		`CREATE ROLE "app_relay" LOGIN REPLICATION;`,
 		`GRANT CONNECT ON DATABASE "shop" TO "app_relay";`,
 		`GRANT USAGE ON SCHEMA "events" TO "app_relay";`,

@@ -204,3 +204,59 @@ func TestSetupDebeziumLayout(t *testing.T) {
 		t.Errorf("check with a misspelt layout: exit %d; want 2 naming the layouts\n%s", code, errOut)
 	}
 }
+
+// TestSetupPartitionedOutbox: on an outbox partitioned by created_at, setup
+// creates the publication with publish_via_partition_root, and fixes one an
+// older setup made without it, saying so; check fails on the old one with
+// the exact statement and passes on the fixed one.
+func TestSetupPartitionedOutbox(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
+	execSQL(t, dsn,
+		`CREATE TABLE outbox (id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+    event_type text NOT NULL, payload jsonb, headers jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`,
+		`CREATE TABLE outbox_2026_11 PARTITION OF outbox FOR VALUES FROM ('2026-11-01') TO ('2026-12-01')`,
+		`CREATE TABLE outbox_default PARTITION OF outbox DEFAULT`,
+		`CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert')`)
+	viaRoot := func() string {
+		return queryString(t, dsn, `SELECT pubviaroot::text FROM pg_publication WHERE pubname = 'outbox_relay'`)
+	}
+
+	code, out, _ := run(t, "check")
+	if code != exitcode.Failure {
+		t.Errorf("check with partitions published under their own names: exit = %d; want %d", code, exitcode.Failure)
+	}
+	wantLines(t, "check", out,
+		"FAIL  publication: outbox_relay publishes the partitions of the partitioned public.outbox under their own names",
+		`ALTER PUBLICATION "outbox_relay" SET (publish_via_partition_root = true) (or run `+"`outbox-relay setup`)")
+	if got := viaRoot(); got != "false" {
+		t.Fatalf("check changed the publication: pubviaroot = %s", got)
+	}
+
+	code, out, errOut := run(t, "setup")
+	if code != exitcode.OK {
+		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
+	}
+	wantLines(t, "setup", out,
+		"publication outbox_relay: already exists, covers the partitioned public.outbox; set publish_via_partition_root = true")
+	if got := viaRoot(); got != "true" {
+		t.Errorf("after setup pubviaroot = %s; want true", got)
+	}
+	code, out, errOut = run(t, "check")
+	if code != exitcode.OK || strings.Contains(out, "FAIL") {
+		t.Errorf("check after setup: exit = %d; want 0 and no FAIL\n%s%s", code, out, errOut)
+	}
+	wantLines(t, "check after setup", out,
+		"ok    publication: outbox_relay covers the partitioned public.outbox (its partitions under its name) and publishes inserts",
+		"ok    outbox table: public.outbox has the mapped columns with usable types")
+
+	// A fresh publication is made with the option.
+	execSQL(t, dsn, `DROP PUBLICATION outbox_relay`)
+	if code, out, errOut := run(t, "setup"); code != exitcode.OK {
+		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
+	}
+	if got := viaRoot(); got != "true" {
+		t.Errorf("publication created by setup: pubviaroot = %s; want true", got)
+	}
+}

@@ -112,14 +112,27 @@ type publicationInfo struct {
 	Exists    bool
 	AllTables bool
 	Insert    bool
-	Covers    bool     // publishes the outbox table
+	ViaRoot   bool     // publish_via_partition_root
+	Covers    bool     // publishes the outbox table (or, without ViaRoot, its partitions)
 	Tables    []string // schema.table of every table it publishes
+	// Partitioned: the outbox table is partitioned. Without ViaRoot its
+	// partitions' inserts arrive under their own names.
+	Partitioned bool
 }
+
+// PartitionsByName reports a publication that sends a partitioned outbox's
+// inserts under the partitions' names.
+func (p publicationInfo) PartitionsByName() bool { return p.Exists && p.Partitioned && !p.ViaRoot }
 
 func publication(ctx context.Context, conn *pgx.Conn, name string, outboxOID uint32) (publicationInfo, error) {
 	var p publicationInfo
-	err := conn.QueryRow(ctx, `SELECT puballtables, pubinsert FROM pg_publication WHERE pubname = $1`, name).
-		Scan(&p.AllTables, &p.Insert)
+	if outboxOID != 0 {
+		if err := conn.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = $1`, outboxOID).Scan(&p.Partitioned); err != nil {
+			return p, fmt.Errorf("look up outbox table: %w", err)
+		}
+	}
+	err := conn.QueryRow(ctx, `SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, name).
+		Scan(&p.AllTables, &p.Insert, &p.ViaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, nil
 	}
@@ -127,8 +140,10 @@ func publication(ctx context.Context, conn *pgx.Conn, name string, outboxOID uin
 		return p, fmt.Errorf("look up publication %q: %w", name, err)
 	}
 	p.Exists = true
+	// Without publish_via_partition_root the view lists a partitioned
+	// table's leaf partitions instead of the table: they cover it too.
 	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(pt.schemaname || '.' || pt.tablename ORDER BY 1), '{}'),
-       coalesce(bool_or(c.oid = $2), false)
+       coalesce(bool_or(c.oid = $2 OR c.oid IN (SELECT t.relid FROM pg_catalog.pg_partition_tree(nullif($2, 0)::oid::regclass) t)), false)
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename

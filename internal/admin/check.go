@@ -151,8 +151,13 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 			pubName, outbox, publicationTables(pub), sql.Ident(pubName), outbox.Quoted())
 	case !pub.Insert:
 		c.fail("publication", "%s does not publish inserts; ALTER PUBLICATION %s SET (publish = 'insert')", pubName, sql.Ident(pubName))
+	case pub.PartitionsByName():
+		c.fail("publication", "%s publishes the partitions of the partitioned %s under their own names, so an insert into a partition detached before the relay reads it cannot be told from another table's (the relay then stops); %s (or run `outbox-relay setup`)",
+			pubName, outbox, sql.PublishViaRoot(pubName))
 	case oid == 0:
 		c.ok("publication", "%s exists (covers %s)", pubName, publicationTables(pub))
+	case pub.Partitioned:
+		c.ok("publication", "%s covers the partitioned %s (its partitions under its name) and publishes inserts", pubName, outbox)
 	default:
 		c.ok("publication", "%s covers %s and publishes inserts", pubName, outbox)
 	}

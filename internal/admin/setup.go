@@ -74,14 +74,14 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		// that fence a former leader (a no-op when present).
 		var have int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute
-WHERE attrelid = $1 AND attname IN ('epoch', 'leader', 'leader_since') AND NOT attisdropped`, cpOID).Scan(&have); err != nil {
+WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.CheckpointUpgradeColumns).Scan(&have); err != nil {
 			return fmt.Errorf("look up checkpoint table %s: %w", checkpoint, err)
 		}
-		if have < 3 {
-			if _, err := conn.Exec(ctx, sql.CheckpointLeaderColumns(checkpoint)); err != nil {
-				return fmt.Errorf("add the leadership columns to checkpoint table %s: %w", checkpoint, err)
+		if have < len(sql.CheckpointUpgradeColumns) {
+			if _, err := conn.Exec(ctx, sql.CheckpointUpgrade(checkpoint)); err != nil {
+				return fmt.Errorf("add the columns of this version to checkpoint table %s: %w", checkpoint, err)
 			}
-			say("checkpoint table %s: added the leadership columns (epoch, leader, leader_since)", checkpoint)
+			say("checkpoint table %s: added the columns of this version (%s)", checkpoint, strings.Join(sql.CheckpointUpgradeColumns, ", "))
 		}
 		say("checkpoint table %s: already exists", checkpoint)
 	} else {
@@ -155,7 +155,7 @@ WHERE attrelid = $1 AND attname IN ('epoch', 'leader', 'leader_since') AND NOT a
 		if _, err := conn.Exec(ctx, sql.CreatePublication(pubName, outbox)); err != nil {
 			return fmt.Errorf("create publication %s: %w", pubName, err)
 		}
-		say("publication %s: created for %s, inserts only", pubName, outbox)
+		say("publication %s: created for %s, inserts only, partitions under the table's name (publish_via_partition_root)", pubName, outbox)
 	case oid == 0:
 		say("publication %s: already exists", pubName)
 	case !pub.Covers:
@@ -164,6 +164,14 @@ WHERE attrelid = $1 AND attname IN ('epoch', 'leader', 'leader_since') AND NOT a
 	case !pub.Insert:
 		problem("publication %s: already exists but does not publish inserts; fix: ALTER PUBLICATION %s SET (publish = 'insert')",
 			pubName, sql.Ident(pubName))
+	case pub.PartitionsByName():
+		// The relay places partitions' inserts by the catalog, but one of
+		// a partition detached before the relay read it could not be told
+		// from another table's: publish under the root's name.
+		if _, err := conn.Exec(ctx, sql.PublishViaRoot(pubName)); err != nil {
+			return fmt.Errorf("set publish_via_partition_root on publication %s: %w", pubName, err)
+		}
+		say("publication %s: already exists, covers the partitioned %s; set publish_via_partition_root = true, so that its partitions' inserts arrive under its name", pubName, outbox)
 	default:
 		say("publication %s: already exists, covers %s", pubName, outbox)
 	}
@@ -266,11 +274,13 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	}
 	block("The checkpoint table: the last transaction delivered, one row per slot, and the\n"+
 		"epoch of the relay that leads the slot (a table from an earlier version gets the column).",
-		sql.CheckpointTable(o.Checkpoint), sql.CheckpointLeaderColumns(o.Checkpoint))
+		sql.CheckpointTable(o.Checkpoint), sql.CheckpointUpgrade(o.Checkpoint))
 	block("The checkpoint history (replay and retention map LSNs to rows with it).", sql.CheckpointHistoryTable(o.Checkpoint)...)
 	block("The retry table: failed events, and those waiting behind them.", sql.RetryTable(o.Retry)...)
 	block("The replay table: replay's resumable runs.", sql.ReplayTable(o.Checkpoint))
-	block("The publication of the outbox table, inserts only.", sql.CreatePublicationIfMissing(cfg.Publication, o.Outbox))
+	block("The publication of the outbox table, inserts only; a partitioned outbox's partitions\n"+
+		"publish under its name (an existing publication gets the option too).",
+		sql.CreatePublicationIfMissing(cfg.Publication, o.Outbox), sql.PublishViaRoot(cfg.Publication))
 	block("The relay's role: LOGIN REPLICATION, created without a password if missing\n"+
 		"(set one: \\password in psql). Needs a superuser; on a managed service grant\n"+
 		"its replication role instead (AWS RDS: GRANT rds_replication TO "+inComment+").",

@@ -41,6 +41,7 @@
 //	headers_dropped_total                 counter   headers-column entries dropped: named id, event_type or aggregate_type
 //	headers_invalid_total                 counter   events whose headers column was not a JSON object (delivered without it)
 //	schema_stops_total                    counter   stops because the outbox table lost a mapped column
+//	placement_stops_total                 counter   stops before an insert under a table that may belong to the outbox but cannot be placed
 //	active                                gauge     1 while this relay leads the slot, 0 while it stands by
 //	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
 //	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
@@ -80,6 +81,7 @@ type Metrics struct {
 	headersDropped              prometheus.Counter
 	headersInvalid              prometheus.Counter
 	schemaStops                 prometheus.Counter
+	placementStops              prometheus.Counter
 	ready, stalled              prometheus.Gauge
 	active                      prometheus.Gauge
 	role                        atomic.Pointer[func() string] // for /readyz's body; nil says only "ready"
@@ -133,6 +135,7 @@ func New() *Metrics {
 	m.headersDropped = counter("headers_dropped_total", "Entries of the headers column dropped because they used a header name the relay sets (id, event_type, aggregate_type).")
 	m.headersInvalid = counter("headers_invalid_total", "Events whose headers column held something other than a JSON object; they were delivered without extra headers.")
 	m.schemaStops = counter("schema_stops_total", "Times the relay stopped because the outbox table no longer has a mapped column.")
+	m.placementStops = counter("placement_stops_total", "Times the relay stopped before an insert under a table that may belong to the outbox but cannot be placed (renamed outbox, inheritance child, dropped or detached partition).")
 	m.active = gauge("active", "1 while this relay leads (streams the slot and delivers), 0 while it stands by.")
 	m.ready = gauge("ready", "1 when every health check passes (what /readyz reports, less its live Kafka ping), else 0.")
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
@@ -145,7 +148,7 @@ func New() *Metrics {
 	m.sampled = &sampled{}
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
-		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops,
+		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops, m.placementStops,
 		m.ready, m.stalled, m.active, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -302,6 +305,13 @@ func (m *Metrics) HeadersInvalid() {
 func (m *Metrics) SchemaStop() {
 	if m != nil {
 		m.schemaStops.Inc()
+	}
+}
+
+// PlacementStop counts one stop before an insert the relay cannot place.
+func (m *Metrics) PlacementStop() {
+	if m != nil {
+		m.placementStops.Inc()
 	}
 }
 

@@ -83,6 +83,12 @@ type Checkpoint struct {
 	LeaderEpoch *int64     `json:"leader_epoch,omitempty"`
 	Leader      *string    `json:"leader,omitempty"`
 	LeaderSince *time.Time `json:"leader_since,omitempty"`
+	// Why the relay last stopped before a transaction it must not confirm
+	// past (an insert it cannot place, the outbox changed), and that
+	// transaction's commit LSN; absent when it did not, or once its
+	// checkpoint passed it.
+	StoppedBefore *string `json:"stopped_before,omitempty"`
+	StopReason    *string `json:"stop_reason,omitempty"`
 
 	lastDeliveredAge *float64 // server's now() - LastCommitTime, for TimeLag
 }
@@ -157,6 +163,29 @@ func (e *SlotLostError) Error() string {
 
 // ExitCode is exitcode.Failure: see the type's doc.
 func (e *SlotLostError) ExitCode() int { return exitcode.Failure }
+
+// StoppedError is RunLag's error when the relay recorded that it stopped
+// before a transaction it must not confirm past: it makes no progress
+// until an operator applies the fix the reason names. Exit code 1.
+type StoppedError struct {
+	Slot, Before, Reason string
+}
+
+func (e *StoppedError) Error() string {
+	return fmt.Sprintf("the relay of slot %q stopped before the transaction committed at %s and delivers nothing from it on until it is fixed: %s",
+		e.Slot, e.Before, e.Reason)
+}
+
+// ExitCode is exitcode.Failure.
+func (e *StoppedError) ExitCode() int { return exitcode.Failure }
+
+// stoppedError returns the report's *StoppedError, or nil.
+func (c *Checkpoint) stoppedError(slot string) *StoppedError {
+	if c == nil || c.StoppedBefore == nil {
+		return nil
+	}
+	return &StoppedError{Slot: slot, Before: *c.StoppedBefore, Reason: *c.StopReason}
+}
 
 // StatusReport is the answer of Status. Its JSON form is documented in the package doc.
 type StatusReport struct {
@@ -286,8 +315,12 @@ func queryCheckpoint(ctx context.Context, q Querier, table, slot string) (*Check
 	var epoch *int64
 	err = q.QueryRow(ctx, "SELECT lsn::text, saved_at, last_commit_time, "+
 		"extract(epoch FROM now() - last_commit_time)::float8, "+
-		"(to_jsonb(c)->>'epoch')::bigint, to_jsonb(c)->>'leader', (to_jsonb(c)->>'leader_since')::timestamptz FROM "+t+" c WHERE slot_name = $1", slot).
-		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge, &epoch, &c.Leader, &c.LeaderSince)
+		"(to_jsonb(c)->>'epoch')::bigint, to_jsonb(c)->>'leader', (to_jsonb(c)->>'leader_since')::timestamptz, "+
+		"to_jsonb(c)->>'stopped_before', to_jsonb(c)->>'stop_reason' FROM "+t+" c WHERE slot_name = $1", slot).
+		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge, &epoch, &c.Leader, &c.LeaderSince, &c.StoppedBefore, &c.StopReason)
+	if c.StoppedBefore == nil || c.StopReason == nil {
+		c.StoppedBefore, c.StopReason = nil, nil
+	}
 	if epoch != nil && *epoch > 0 {
 		c.LeaderEpoch = epoch
 	} else {

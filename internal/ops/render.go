@@ -35,6 +35,7 @@ func (r *LagReport) WriteText(w io.Writer) error {
 	row("restart", orNA(r.Slot.RestartLSN)+"  retained "+BytesOrNA(r.RetainedWALBytes))
 	if c := r.Checkpoint; c != nil {
 		row("checkpoint", c.LSN+"  saved "+timeAgo(c.SavedAt, r.CheckedAt))
+		stoppedRow(row, c)
 	} else {
 		row("checkpoint", "none saved")
 	}
@@ -82,6 +83,7 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 			// their outbox_relay_active metric is 0.
 			row("leader", fmt.Sprintf("epoch %d: %s, took over %s", *c.LeaderEpoch, orNA(c.Leader), timeAgo(c.LeaderSince, r.CheckedAt)))
 		}
+		stoppedRow(row, c)
 	} else {
 		row("checkpoint", "none saved")
 	}
@@ -233,4 +235,11 @@ func RoughDuration(d time.Duration) string {
 		return fmt.Sprintf("%dh", int(d/time.Hour))
 	}
 	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+}
+
+// stoppedRow shows the relay's stop record, if any.
+func stoppedRow(row func(k, v string), c *Checkpoint) {
+	if c.StoppedBefore != nil {
+		row("STOPPED", "before the transaction committed at "+*c.StoppedBefore+": "+*c.StopReason)
+	}
 }

@@ -38,6 +38,9 @@ func RunLag(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOpt
 		if r.Slot.Lost() {
 			return r.lostError()
 		}
+		if se := r.Checkpoint.stoppedError(r.SlotName); se != nil {
+			return se
+		}
 		return opts.Thresholds.Check(r)
 	}
 	t := time.NewTicker(opts.Watch)
@@ -77,6 +80,11 @@ func redraw(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOpt
 	}
 	if r.Slot.Lost() && !opts.JSON {
 		if _, err := fmt.Fprintf(w, "SLOT LOST: %s\n", Printable(r.lostError().Error())); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+	}
+	if se := r.Checkpoint.stoppedError(r.SlotName); se != nil && !opts.JSON {
+		if _, err := fmt.Fprintf(w, "STOPPED: %s\n", Printable(se.Error())); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -41,8 +42,13 @@ const (
 type Config struct {
 	Replication replication.Config // DSN, slot and publication are required
 	Table       string             // outbox table, default "public.outbox"
-	Router      router.Config
-	Sink        sink.Config
+	// OtherTables holds the operator's decisions for tables whose inserts
+	// the relay cannot place by itself (package placement), by
+	// "schema.name"; OtherTablesKey names the setting, for messages.
+	OtherTables    map[string]placement.Action
+	OtherTablesKey string
+	Router         router.Config
+	Sink           sink.Config
 
 	CheckpointTable    string        // default "outbox_relay_checkpoint"
 	CheckpointInterval time.Duration // default 200ms: longest wait between checkpoint saves
@@ -118,6 +124,20 @@ func (c *Config) validate() error {
 	}
 	if !strings.Contains(c.Table, ".") {
 		c.Table = "public." + c.Table
+	}
+	if _, err := sql.ParseTable(c.Table); err != nil {
+		return fmt.Errorf("relay: outbox table: %w", err)
+	}
+	for name, a := range c.OtherTables {
+		if t, err := sql.ParseTable(name); err != nil || t.Schema == "" {
+			return fmt.Errorf("relay: %s: %q is not schema.table: name each table with its schema, as inserts arrive under it", c.OtherTablesKey, name)
+		}
+		if name == c.Table {
+			return fmt.Errorf("relay: %s names the outbox table %s itself: remove it", c.OtherTablesKey, name)
+		}
+		if a != placement.Deliver && a != placement.Ignore {
+			return fmt.Errorf("relay: %s: %s: want deliver or ignore", c.OtherTablesKey, name)
+		}
 	}
 	if c.CheckpointTable == "" {
 		c.CheckpointTable = sql.DefaultCheckpointTable

@@ -21,10 +21,12 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // ledger records, in order, what happened to each event (by position key)
@@ -229,7 +231,7 @@ func startPipe(t *testing.T, pc pipeConfig) *pipe {
 	if err := gt.load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	rs := &routeStage{router: rt, win: win, schema: "public", table: "outbox", maxMsgs: pc.batchSize, maxBytes: 1 << 20,
+	rs := &routeStage{router: rt, win: win, placer: placement.New(nil, placement.Config{Outbox: sql.Table{Schema: "public", Name: "outbox"}}), maxMsgs: pc.batchSize, maxBytes: 1 << 20,
 		log: log, isOutbox: map[*replication.Relation]bool{}}
 	w := &writer{sink: pc.sink, gate: gt, win: win, health: h, log: log}
 	com := newCommitter(l, l, win, h, nil, log, cfg, 0)

@@ -34,6 +34,10 @@
 //   - A change of the outbox table that leaves a mapped column missing stops
 //     the relay before the first event it affects is confirmed
 //     (router.SchemaError): no event is stored or sent incomplete.
+//   - An insert under a name other than the outbox's is delivered only when
+//     the catalog shows it is the outbox (a partition of it, or the outbox
+//     under an earlier name), ignored only when it provably is not, and
+//     otherwise stops the relay before it is confirmed (package placement).
 //   - The checkpoint history (one row at most every HistoryInterval, for
 //     retention and replay) is written by its own goroutine from the latest
 //     saved checkpoint: a slow or failing history write never delays a
@@ -66,11 +70,13 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // ErrDrainTimeout is the cause of a shutdown whose drain did not finish within
@@ -95,8 +101,9 @@ type Relay struct {
 	log    *slog.Logger
 	router *router.Router // validated config; each term routes with its own
 	sink   *sink.Kafka
-	m      *metrics.Metrics // nil records nothing
-	pool   *pgxpool.Pool    // set by Run
+	m      *metrics.Metrics  // nil records nothing
+	pool   *pgxpool.Pool     // set by Run
+	placer *placement.Placer // set by open, for the term's route stage
 
 	// Per term of leadership (see lead), built afresh by newTerm: the
 	// pipeline of a term that lost the slot is discarded whole.
@@ -113,8 +120,9 @@ type Relay struct {
 }
 
 type liveTerm struct {
-	stream *replication.Stream
-	health *health
+	stream  *replication.Stream
+	health  *health
+	stopped *checkpoint.Stop // the last run's stop record, nil when none
 }
 
 // New validates cfg and fills defaults. It neither dials nor starts goroutines.
@@ -139,7 +147,6 @@ func New(cfg Config) (*Relay, error) {
 // newTerm builds the state of one term of leadership.
 func (r *Relay) newTerm() {
 	cfg := r.cfg
-	schema, table, _ := strings.Cut(cfg.Table, ".")
 	rt, _ := router.New(cfg.Router) // validated by New
 	r.win = newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
 	r.health = newHealth(cfg.StallAfter, cfg.Logger)
@@ -148,7 +155,7 @@ func (r *Relay) newTerm() {
 	rcfg.Started = r.lease.started
 	r.stream = replication.New(rcfg)
 	r.route = &routeStage{
-		router: rt, win: r.win, schema: schema, table: table,
+		router: rt, win: r.win,
 		maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
 		log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
 		isOutbox: make(map[*replication.Relation]bool),
@@ -236,6 +243,7 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
+	r.route.placer = r.placer
 	r.lease.store = store
 	worker, wsink, err := r.retryWorker(rstore, gt)
 	if err != nil {
@@ -267,7 +275,14 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 	hist := newHistorian(store, r.log, r.cfg)
 	com.history = hist
 
-	r.live.Store(&liveTerm{stream: r.stream, health: r.health})
+	// Why this slot's relay last stopped before a transaction, if it did:
+	// /readyz says so until the checkpoint passes it (the fix applied) or
+	// the relay stops there again.
+	stopped, err := store.Stopped(ctx, r.cfg.Replication.Slot)
+	if err != nil {
+		r.log.Warn("cannot read the stop record of the last run", "err", err)
+	}
+	r.live.Store(&liveTerm{stream: r.stream, health: r.health, stopped: stopped})
 	defer r.live.Store(nil)
 	defer r.m.SetActive(false)
 	if err := r.sampleMetrics(streamCtx, g, pool); err != nil {
@@ -291,7 +306,7 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 	var schemaStop error
 	g.Go(func() error {
 		err := r.route.run(gctx, ctx.Done(), batches, chunks)
-		if se := (*router.SchemaError)(nil); errors.As(err, &se) {
+		if se := (*stopError)(nil); errors.As(err, &se) {
 			// Not a failure of the pipeline: drain what came before the
 			// change and save its checkpoint, as at a clean stop, so that a
 			// restart resends nothing already delivered; then stop with it.
@@ -320,6 +335,15 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 	}
 	if schemaStop != nil {
 		r.log.Info("stopped", "checkpoint", com.saved.String())
+		// For lag, status and the next run's /readyz, while the relay is
+		// down: a failure to record it loses nothing, the error says all.
+		se := (*stopError)(nil)
+		errors.As(schemaStop, &se)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := store.RecordStop(rctx, r.cfg.Replication.Slot, se.lsn, schemaStop.Error()); err != nil {
+			r.log.Warn("cannot record the stop in the checkpoint table", "err", err)
+		}
 		return schemaStop
 	}
 	if ctx.Err() != nil {
@@ -367,6 +391,14 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *c
 		// (a no-op when current), and one this role cannot upgrade stops
 		// the relay, saying how to fix it.
 		if err := store.MigrateLeader(ctx); err != nil {
+			return err
+		}
+		// What the outbox is (its OID, whether partitioned): inserts under
+		// other names are placed against it.
+		outbox, _ := sql.ParseTable(r.cfg.Table) // validated by New
+		r.placer = placement.New(pool, placement.Config{Outbox: outbox, Publication: r.cfg.Replication.Publication,
+			Others: r.cfg.OtherTables, OthersKey: r.cfg.OtherTablesKey})
+		if err := r.placer.Init(ctx); err != nil {
 			return err
 		}
 		// Retention that cannot work says so at start, not once a minute.
@@ -463,7 +495,12 @@ func (r *Relay) Ready(ctx context.Context) error {
 		return nil
 	}
 	since, cause := r.sink.Outage()
-	_, why := t.health.failing(time.Now(), t.stream.Stats().Streaming, since, cause)
+	st := t.stream.Stats()
+	_, why := t.health.failing(time.Now(), st.Streaming, since, cause)
+	if t.stopped != nil && st.ConfirmedLSN <= t.stopped.Before {
+		why = append(why, fmt.Sprintf("the last run stopped before the transaction committed at %s and this one has not passed it yet (it stops there again unless the fix was applied): %s",
+			t.stopped.Before, t.stopped.Reason))
+	}
 	if since.IsZero() {
 		if err := r.sink.Ping(ctx); err != nil {
 			why = append(why, fmt.Sprintf("kafka unreachable: %v", err))

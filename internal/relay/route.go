@@ -7,8 +7,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 )
@@ -18,24 +21,25 @@ import (
 type routeStage struct {
 	router   *router.Router
 	win      *window
-	schema   string // the outbox table, split
-	table    string
-	maxMsgs  int // events per chunk
-	maxBytes int // bytes per chunk
+	placer   *placement.Placer // set by lead once Postgres is reached
+	maxMsgs  int               // events per chunk
+	maxBytes int               // bytes per chunk
 	log      *slog.Logger
 	m        *metrics.Metrics
 	tableM   *metrics.Table
 
 	isOutbox       map[*replication.Relation]bool
+	partitionNamed bool // logged that partitions arrive under their own names
 	lastBadHeaders time.Time
 }
 
 // run turns batches into chunks until in is closed, ctx is done, or stop is
 // closed; it stops reading on stop only at a transaction boundary, so a clean
 // shutdown leaves no transaction half-delivered. It closes out when it
-// returns. A *router.SchemaError stops it before the event, after handing
-// on the chunk of what came before: nothing from that event on is
-// confirmed, and what came before can be.
+// returns. A *router.SchemaError, and an insert the placer cannot place
+// (*placement.Error), stop it before the event, after handing on the chunk
+// of what came before: nothing from that event on is confirmed, and what
+// came before can be.
 func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan replication.Batch, out chan<- *chunk) error {
 	defer close(out)
 	maxMsgs, maxBytes := r.maxMsgs, r.maxBytes
@@ -104,7 +108,21 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 			cur.trailing++
 			cur.bytes += rowBytes(row)
 			txnRow++
-			if !r.outbox(row.Relation) {
+			deliver, err := r.outbox(ctx, row.Relation)
+			if err != nil {
+				var pe *placement.Error
+				if errors.As(err, &pe) {
+					r.m.PlacementStop()
+					if err := flush(); err != nil {
+						return err
+					}
+					return &stopError{err: fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
+						txnRow, b.CommitLSN, err), lsn: b.CommitLSN}
+				}
+				return err
+			}
+			if !deliver {
+				r.m.IgnoredChange("other_table")
 				continue
 			}
 			routed++
@@ -124,8 +142,8 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 						if err := flush(); err != nil {
 							return err
 						}
-						return fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
-							txnRow, b.CommitLSN, err)
+						return &stopError{err: fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
+							txnRow, b.CommitLSN, err), lsn: b.CommitLSN}
 					}
 					return fmt.Errorf("route event of transaction %d committed at %s: %w", b.Xid, b.CommitLSN, err)
 				}
@@ -153,20 +171,55 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 	}
 }
 
-// outbox reports whether rel is the configured outbox table. The publication
-// should cover only that table; inserts into any other are not events.
-func (r *routeStage) outbox(rel *replication.Relation) bool {
-	is, ok := r.isOutbox[rel]
-	if !ok {
-		is = rel.Namespace == r.schema && rel.Name == r.table
-		r.isOutbox[rel] = is
-		if !is {
-			r.log.Warn("publication covers a table that is not the outbox: its inserts are ignored",
-				"table", rel.Namespace+"."+rel.Name, "outbox_table", r.schema+"."+r.table)
-		}
+// outbox reports whether inserts under rel are outbox events, asking the
+// placer once per relation (pgoutput announces a relation once per
+// connection and per change of its definition). A *placement.Error says
+// the insert may be an event the relay cannot place: the caller stops
+// before it. The catalog is asked again after a lost connection, never
+// given up on: an unanswered question is no reason to skip an insert.
+func (r *routeStage) outbox(ctx context.Context, rel *replication.Relation) (bool, error) {
+	if is, ok := r.isOutbox[rel]; ok {
+		return is, nil
 	}
-	return is
+	var pl placement.Placement
+	err := retryIf(ctx, r.log, "look up a table the publication delivered", unreachable, func() error {
+		var err error
+		pl, err = r.placer.Place(ctx, rel.ID, rel.Namespace, rel.Name)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	switch pl.Action {
+	case placement.Deliver:
+		if pl.Table != r.placer.Outbox() && !r.partitionNamed {
+			r.partitionNamed = true
+			r.log.Info("inserts arrive under another name than the outbox's; delivered as outbox events",
+				"table", pl.Table, "is", pl.What, "outbox_table", r.placer.Outbox())
+		}
+	case placement.Ignore:
+		r.log.Warn("publication covers a table that is not the outbox: its inserts are ignored (counted in ignored_changes_total{kind=\"other_table\"})",
+			"table", pl.Table, "why", pl.What, "outbox_table", r.placer.Outbox())
+	default:
+		return false, &placement.Error{Placement: pl}
+	}
+	is := pl.Action == placement.Deliver
+	r.isOutbox[rel] = is
+	return is, nil
 }
+
+// A stopError stops the relay before an event that must not be confirmed
+// past (the outbox changed, or an insert cannot be placed): what came before
+// it is drained and its checkpoint saved, as at a clean stop, so that a
+// restart after the fix resends nothing already delivered. lsn is the
+// commit LSN of the transaction it stopped in.
+type stopError struct {
+	err error
+	lsn pglogrepl.LSN
+}
+
+func (e *stopError) Error() string { return e.err.Error() }
+func (e *stopError) Unwrap() error { return e.err }
 
 // headerTrouble counts what the router left out of an event's headers and
 // warns about a headers value it ignored, at most once every ten seconds:

@@ -1,0 +1,317 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/placement"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	outboxsql "github.com/outbox-relay/outbox-relay/sql"
+)
+
+// partitionedOutbox replaces the fixture's outbox with one partitioned by
+// created_at by month (2026-01, 2026-02) plus a default partition, and its
+// publication with one made as setup makes it (viaRoot) or as an older setup
+// did (partitions published under their own names).
+func (f *fixture) partitionedOutbox(t *testing.T, viaRoot bool) {
+	t.Helper()
+	f.pg.Exec(t, `DROP PUBLICATION outbox_relay`)
+	f.pg.Exec(t, `DROP TABLE outbox`)
+	f.pg.Exec(t, `CREATE TABLE outbox (
+    id uuid NOT NULL,
+    aggregate_type text NOT NULL,
+    aggregate_id text NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb,
+    headers jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at)`)
+	f.pg.Exec(t, `CREATE TABLE outbox_2026_01 PARTITION OF outbox FOR VALUES FROM ('2026-01-01') TO ('2026-02-01')`)
+	// Columns in another order than the parent's: a partition attached
+	// from a table made on its own may have them so.
+	f.pg.Exec(t, `CREATE TABLE outbox_2026_02 (payload jsonb, created_at timestamptz NOT NULL DEFAULT now(), id uuid NOT NULL,
+    headers jsonb, event_type text NOT NULL, aggregate_id text NOT NULL, aggregate_type text NOT NULL)`)
+	f.pg.Exec(t, `ALTER TABLE outbox ATTACH PARTITION outbox_2026_02 FOR VALUES FROM ('2026-02-01') TO ('2026-03-01')`)
+	f.pg.Exec(t, `CREATE TABLE outbox_default PARTITION OF outbox DEFAULT`)
+	if viaRoot {
+		f.pg.Exec(t, outboxsql.CreatePublication("outbox_relay", outboxsql.Table{Schema: "public", Name: "outbox"}))
+	} else {
+		f.pg.Exec(t, `CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert')`)
+	}
+	// The slot must decode with the new publication: recreate it after.
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+}
+
+// ledger is what a test inserted, in commit order, to compare with Kafka:
+// the outbox table cannot say, since partitions are detached and dropped.
+type ledger struct {
+	evs []event
+}
+
+// insertAt inserts evs in one transaction into table with created_at at,
+// and records them.
+func (l *ledger) insertAt(t *testing.T, f *fixture, table string, at string, evs []event) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, e := range evs {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at)
+VALUES ($1, $2, $3, $4, $5::jsonb, nullif($6, '')::jsonb, $7::timestamptz)`,
+			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.Headers, at); err != nil {
+			t.Fatalf("insert into %s: %v", table, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l.evs = append(l.evs, evs...)
+}
+
+// check waits until Kafka holds every recorded event, then asserts none is
+// missing, duplicated or out of order per aggregate, and each has its row's
+// key and value.
+func (l *ledger) check(t *testing.T, f *fixture) {
+	t.Helper()
+	got := f.waitCount(t, len(l.evs), 60*time.Second)
+	byID := map[string]int{}
+	lastSeq := map[string]int{}
+	want := map[string]event{}
+	for _, e := range l.evs {
+		want[e.ID] = e
+	}
+	lost, dups, order, mismatch := 0, 0, 0, 0
+	for _, d := range got {
+		id := d.Headers["id"]
+		byID[id]++
+		if byID[id] > 1 {
+			dups++
+			continue
+		}
+		e, ok := want[id]
+		if !ok || d.Key != e.AggregateID || !sameJSON(d.Value, e.Payload) {
+			mismatch++
+			continue
+		}
+		var p struct{ Seq int }
+		json.Unmarshal([]byte(e.Payload), &p)
+		if p.Seq <= lastSeq[e.AggregateID] {
+			order++
+		}
+		lastSeq[e.AggregateID] = p.Seq
+	}
+	for id := range want {
+		if byID[id] == 0 {
+			lost++
+		}
+	}
+	if lost+dups+order+mismatch > 0 {
+		t.Errorf("Kafka against the %d inserted events: lost %d, duplicates %d, order violations %d, mismatches %d; want all 0",
+			len(l.evs), lost, dups, order, mismatch)
+	}
+}
+
+func sameJSON(a, b string) bool {
+	var x, y any
+	if json.Unmarshal([]byte(a), &x) != nil || json.Unmarshal([]byte(b), &y) != nil {
+		return false
+	}
+	xb, _ := json.Marshal(x)
+	yb, _ := json.Marshal(y)
+	return string(xb) == string(yb)
+}
+
+// TestPartitionedOutbox: an outbox partitioned by created_at, published as
+// setup publishes it (via the root), loses nothing across partitions with
+// columns in another order, a partition attached and one detached while
+// the relay runs, and a restart.
+func TestPartitionedOutbox(t *testing.T) {
+	f := newFixture(t)
+	f.partitionedOutbox(t, true)
+	var l ledger
+	run := f.start(t, f.config(t))
+	l.insertAt(t, f, "outbox", "2026-01-15", f.makeEvents(20))
+	l.insertAt(t, f, "outbox", "2026-02-15", f.makeEvents(20))
+	l.insertAt(t, f, "outbox", "2027-05-01", f.makeEvents(20)) // default partition
+	// Straight into a partition, as some applications write.
+	l.insertAt(t, f, "outbox_2026_02", "2026-02-20", f.makeEvents(10))
+	f.pg.Exec(t, `CREATE TABLE outbox_2026_03 (LIKE outbox INCLUDING DEFAULTS)`)
+	f.pg.Exec(t, `ALTER TABLE outbox ATTACH PARTITION outbox_2026_03 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01')`)
+	l.insertAt(t, f, "outbox", "2026-03-02", f.makeEvents(20))
+	l.insertAt(t, f, "outbox", "2026-01-20", f.makeEvents(5))
+	f.pg.Exec(t, `ALTER TABLE outbox DETACH PARTITION outbox_2026_01`)
+	l.insertAt(t, f, "outbox", "2026-03-05", f.makeEvents(20))
+	l.check(t, f)
+	run.stop(t)
+
+	// After a restart: more rows, one transaction across three partitions.
+	run = f.start(t, f.config(t))
+	evs := f.makeEvents(30)
+	l.insertAt(t, f, "outbox", "2026-02-03", evs[:10])
+	l.insertAt(t, f, "outbox", "2026-03-03", evs[10:20])
+	l.insertAt(t, f, "outbox", "2028-01-01", evs[20:])
+	l.check(t, f)
+	run.stop(t)
+}
+
+// TestPartitionedOutboxUnplaced: with a publication from an older setup
+// (partitions published under their own names), inserts into an attached
+// partition are delivered, found by the catalog. An insert into a partition
+// that is detached before the relay reads it cannot be told from another
+// table's: the relay stops before it, confirming nothing from it on, and
+// names the fix; with the fix applied nothing is lost.
+func TestPartitionedOutboxUnplaced(t *testing.T) {
+	f := newFixture(t)
+	f.partitionedOutbox(t, false)
+	var l ledger
+	run := f.start(t, f.config(t))
+	l.insertAt(t, f, "outbox", "2026-01-15", f.makeEvents(20))
+	l.insertAt(t, f, "outbox", "2026-02-15", f.makeEvents(20))
+	l.check(t, f)
+	run.stop(t)
+	confirmed := f.slotConfirmed(t)
+
+	// While the relay is down: rows go into January, which is then detached.
+	l.insertAt(t, f, "outbox", "2026-01-16", f.makeEvents(10))
+	f.pg.Exec(t, `ALTER TABLE outbox DETACH PARTITION outbox_2026_01`)
+	l.insertAt(t, f, "outbox", "2026-02-16", f.makeEvents(10))
+
+	r, err := relay.New(f.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = r.Run(ctx)
+	var pe *placement.Error
+	if !errors.As(err, &pe) || pe.Action != placement.Stop || pe.Table != "public.outbox_2026_01" {
+		t.Fatalf("Run after the detach = %v; want a *placement.Error stopping before public.outbox_2026_01", err)
+	}
+	for _, want := range []string{"detached", `{"public.outbox_2026_01": deliver}`, "nothing is lost"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run's error %q does not say %q", err, want)
+		}
+	}
+	if got := f.slotConfirmed(t); got != confirmed {
+		t.Errorf("slot confirmed_flush_lsn moved from %s to %s past the insert the relay could not place", confirmed, got)
+	}
+	if got := f.checkpointLSN(t); got > confirmed {
+		t.Errorf("checkpoint moved to %s, past the insert the relay could not place (slot at %s)", got, confirmed)
+	}
+
+	// The printed fix: the operator says the table's inserts are events.
+	cfg := f.config(t)
+	cfg.OtherTables = map[string]placement.Action{"public.outbox_2026_01": placement.Deliver}
+	run = f.start(t, cfg)
+	l.check(t, f)
+	run.stop(t)
+}
+
+// TestOutboxRenamedWhileRunning: the outbox renamed while the relay runs is
+// the outbox under a name the config does not have: the relay stops before
+// the first insert under the new name and says to set outbox.table; once
+// set, every event, before and after the rename, is delivered once.
+func TestOutboxRenamedWhileRunning(t *testing.T) {
+	f := newFixture(t)
+	run := f.start(t, f.config(t))
+	before := f.makeEvents(20)
+	f.insertTx(t, before)
+	f.waitCount(t, len(before), 60*time.Second)
+	f.pg.Exec(t, `ALTER TABLE outbox RENAME TO events_outbox`)
+	after := f.makeEvents(20)
+	var l ledger
+	l.evs = before
+	l.insertAt(t, f, "events_outbox", "2026-06-01", after)
+	select {
+	case err := <-run.done:
+		run.done <- err // for the cleanup, which waits for it
+		var pe *placement.Error
+		if !errors.As(err, &pe) || !strings.Contains(err.Error(), "set outbox.table to public.events_outbox") {
+			t.Fatalf("relay stopped with %v; want a *placement.Error saying to set outbox.table to public.events_outbox", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the relay did not stop within 60s of inserts under the outbox's new name")
+	}
+	if got := len(f.readAll(t)); got != len(before) {
+		t.Errorf("%d events in Kafka after the stop; want the %d from before the rename", got, len(before))
+	}
+	cfg := f.config(t)
+	cfg.Table = "public.events_outbox"
+	run = f.start(t, cfg)
+	l.check(t, f)
+	run.stop(t)
+}
+
+// TestOutboxInheritanceChild: a table inheriting from the outbox may hold
+// events or not (an archive): the relay stops before its first insert;
+// the operator's decision is then honoured both ways.
+func TestOutboxInheritanceChild(t *testing.T) {
+	f := newFixture(t)
+	f.pg.Exec(t, `CREATE TABLE outbox_archive () INHERITS (outbox)`)
+	f.pg.Exec(t, `CREATE TABLE outbox_child () INHERITS (outbox)`)
+	// As CREATE PUBLICATION ... FOR TABLE outbox (without ONLY) adds them.
+	f.pg.Exec(t, `ALTER PUBLICATION outbox_relay ADD TABLE outbox_archive, outbox_child`)
+	var l ledger
+	l.insertAt(t, f, "outbox", "2026-06-01", f.makeEvents(10))
+	archived := f.makeEvents(5)
+	var scratch ledger
+	scratch.insertAt(t, f, "outbox_archive", "2026-06-01", archived)
+	l.insertAt(t, f, "outbox_child", "2026-06-01", f.makeEvents(10))
+
+	r, err := relay.New(f.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = r.Run(ctx)
+	var pe *placement.Error
+	if !errors.As(err, &pe) || pe.Table != "public.outbox_archive" || !strings.Contains(err.Error(), "inherits from the outbox") {
+		t.Fatalf("Run = %v; want a *placement.Error for the inheritance child public.outbox_archive", err)
+	}
+	if got := len(f.readAll(t)); got != 10 {
+		t.Errorf("%d events in Kafka after the stop; want the 10 committed before the child's insert", got)
+	}
+	cfg := f.config(t)
+	cfg.OtherTables = map[string]placement.Action{
+		"public.outbox_archive": placement.Ignore,
+		"public.outbox_child":   placement.Deliver,
+	}
+	run := f.start(t, cfg)
+	l.check(t, f)
+	run.stop(t)
+	for _, d := range f.readAll(t) {
+		for _, e := range archived {
+			if d.Headers["id"] == e.ID {
+				t.Errorf("archived event %s was delivered; the operator said to ignore %s", e.ID, "public.outbox_archive")
+			}
+		}
+	}
+}
+
+// TestOtherTableIgnored: a table the publication covers in its own right,
+// unrelated to the outbox, is provably not the outbox: ignored, nothing
+// stops.
+func TestOtherTableIgnored(t *testing.T) {
+	f := newFixture(t)
+	f.pg.Exec(t, `ALTER PUBLICATION outbox_relay ADD TABLE orders`)
+	run := f.start(t, f.config(t))
+	var l ledger
+	for range 3 {
+		evs := f.makeEvents(10)
+		f.insertTx(t, evs) // with a row of orders in the same transaction
+		l.evs = append(l.evs, evs...)
+	}
+	l.check(t, f)
+	run.stop(t)
+}
+
