@@ -175,7 +175,7 @@ type config struct {
 		// relay cannot place by itself (package placement).
 		OtherTables map[string]placement.Action
 		Layout      sql.Layout
-		Columns router.Columns // validate fills the empty ones from Layout
+		Columns     router.Columns // validate fills the empty ones from Layout
 		// Retention 0 is off.
 		Retention, RetentionInterval              time.Duration
 		RetentionBatchSize                        int
