@@ -233,6 +233,33 @@ func TestPartitionedOutboxUnplaced(t *testing.T) {
 		t.Errorf("status after the stop does not say it stopped and the fix:\n%s", buf.String())
 	}
 
+	// Restarted without the fix, it reports the stop on /readyz until it
+	// stops there again.
+	r2, err := relay.New(f.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r2.Run(ctx) }()
+	var readyErr error
+poll:
+	for {
+		select {
+		case err := <-done:
+			if !errors.As(err, &pe) {
+				t.Fatalf("relay restarted without the fix = %v; want it to stop again with a *placement.Error", err)
+			}
+			break poll
+		case <-time.After(5 * time.Millisecond):
+			if err := r2.Ready(ctx); err != nil && strings.Contains(err.Error(), "the last run stopped before the transaction committed at") {
+				readyErr = err
+			}
+		}
+	}
+	if readyErr == nil || !strings.Contains(readyErr.Error(), "public.outbox_2026_01") {
+		t.Errorf("Ready of a relay restarted without the fix never reported the last stop naming public.outbox_2026_01 (last: %v)", readyErr)
+	}
+
 	// The printed fix: the operator says the table's inserts are events.
 	cfg := f.config(t)
 	cfg.OtherTables = map[string]placement.Action{"public.outbox_2026_01": placement.Deliver}
