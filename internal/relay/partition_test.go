@@ -406,3 +406,38 @@ func TestOtherTableIgnored(t *testing.T) {
 	l.check(t, f)
 	run.stop(t)
 }
+
+// TestPartitionDroppedBeforeRead: a partition published under its own name,
+// detached and dropped before the relay read its inserts, has no catalog
+// entry left: the relay stops before its inserts, and delivers them once
+// the operator says they are events.
+func TestPartitionDroppedBeforeRead(t *testing.T) {
+	f := newFixture(t)
+	f.partitionedOutbox(t, false)
+	var l ledger
+	l.insertAt(t, f, "outbox", "2026-02-15", f.makeEvents(10))
+	l.insertAt(t, f, "outbox", "2026-01-15", f.makeEvents(10))
+	f.pg.Exec(t, `ALTER TABLE outbox DETACH PARTITION outbox_2026_01`)
+	f.pg.Exec(t, `DROP TABLE outbox_2026_01`)
+	l.insertAt(t, f, "outbox", "2026-02-16", f.makeEvents(10))
+
+	r, err := relay.New(f.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = r.Run(ctx)
+	var pe *placement.Error
+	if !errors.As(err, &pe) || pe.Table != "public.outbox_2026_01" || !strings.Contains(err.Error(), "dropped since") {
+		t.Fatalf("Run = %v; want a *placement.Error saying public.outbox_2026_01 was dropped", err)
+	}
+	if got := len(f.readAll(t)); got != 10 {
+		t.Errorf("%d events in Kafka after the stop; want the 10 committed before", got)
+	}
+	cfg := f.config(t)
+	cfg.OtherTables = map[string]placement.Action{"public.outbox_2026_01": placement.Deliver}
+	run := f.start(t, cfg)
+	l.check(t, f)
+	run.stop(t)
+}
