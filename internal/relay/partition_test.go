@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
@@ -48,6 +50,23 @@ func (f *fixture) partitionedOutbox(t *testing.T, viaRoot bool) {
 	// The slot must decode with the new publication: recreate it after.
 	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+}
+
+// stoppedBefore returns the stop record's commit LSN, failing without one.
+func (f *fixture) stoppedBefore(t *testing.T) pglogrepl.LSN {
+	t.Helper()
+	var s *string
+	if err := f.pool.QueryRow(context.Background(), `SELECT stopped_before::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, f.slot).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	if s == nil {
+		t.Fatal("no stop recorded in the checkpoint row")
+	}
+	lsn, err := pglogrepl.ParseLSN(*s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lsn
 }
 
 // ledger is what a test inserted, in commit order, to compare with Kafka:
@@ -208,11 +227,17 @@ func TestPartitionedOutboxUnplaced(t *testing.T) {
 			t.Errorf("Run's error %q does not say %q", err, want)
 		}
 	}
-	if got := f.slotConfirmed(t); got != confirmed {
-		t.Errorf("slot confirmed_flush_lsn moved from %s to %s past the insert the relay could not place", confirmed, got)
+	// Nothing at or past the transaction it stopped in is confirmed: the
+	// stop record names that transaction's commit LSN.
+	stoppedBefore := f.stoppedBefore(t)
+	if stoppedBefore <= confirmed {
+		t.Fatalf("stop recorded before %s, not after the last run's position %s", stoppedBefore, confirmed)
 	}
-	if got := f.checkpointLSN(t); got > confirmed {
-		t.Errorf("checkpoint moved to %s, past the insert the relay could not place (slot at %s)", got, confirmed)
+	if got := f.slotConfirmed(t); got > stoppedBefore {
+		t.Errorf("slot confirmed_flush_lsn %s is past the transaction committed at %s, which holds the insert the relay could not place", got, stoppedBefore)
+	}
+	if got := f.checkpointLSN(t); got > stoppedBefore {
+		t.Errorf("checkpoint %s is past the transaction committed at %s, which holds the insert the relay could not place", got, stoppedBefore)
 	}
 
 	// lag and status say so while the relay is down; lag exits 1.

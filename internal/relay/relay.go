@@ -101,9 +101,9 @@ type Relay struct {
 	log    *slog.Logger
 	router *router.Router // validated config; each term routes with its own
 	sink   *sink.Kafka
-	m      *metrics.Metrics  // nil records nothing
-	pool   *pgxpool.Pool     // set by Run
-	placer *placement.Placer // set by open, for the term's route stage
+	m      *metrics.Metrics             // nil records nothing
+	pool   atomic.Pointer[pgxpool.Pool] // set by Run; Ready reads it from any goroutine
+	placer *placement.Placer            // set by open, for the term's route stage
 
 	// Per term of leadership (see lead), built afresh by newTerm: the
 	// pipeline of a term that lost the slot is discarded whole.
@@ -189,7 +189,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("connect to postgres: %w", err)
 	}
 	defer pool.Close()
-	r.pool = pool
+	r.pool.Store(pool)
 
 	// The metrics server serves both roles for the life of the process; a
 	// failure of it (the port taken) ends Run as a failure of the pipeline
@@ -486,10 +486,11 @@ func (r *Relay) sampleMetrics(ctx context.Context, g *errgroup.Group, pool *pgxp
 func (r *Relay) Ready(ctx context.Context) error {
 	t := r.live.Load()
 	if t == nil {
-		if r.pool == nil {
+		pool := r.pool.Load()
+		if pool == nil {
 			return errors.New("starting")
 		}
-		if err := r.pool.Ping(ctx); err != nil {
+		if err := pool.Ping(ctx); err != nil {
 			return fmt.Errorf("standby: postgres unreachable, so this relay could not take over: %w", err)
 		}
 		return nil

@@ -63,6 +63,17 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 			return ctx.Err()
 		}
 	}
+	// stopBefore hands on what came before the event at position pos of
+	// b's transaction, so that the caller can drain and confirm it as at a
+	// clean stop (a restart then resends at most this transaction's earlier
+	// events), and returns the *stopError that stops before the event.
+	stopBefore := func(b *replication.Batch, pos int, err error) error {
+		if err := flush(); err != nil {
+			return err
+		}
+		return &stopError{err: fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
+			pos, b.CommitLSN, err), lsn: b.CommitLSN}
+	}
 	inTxn := false
 	var txnRow int // position of the next row in its transaction, for retry keys
 	for {
@@ -113,11 +124,7 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 				var pe *placement.Error
 				if errors.As(err, &pe) {
 					r.m.PlacementStop()
-					if err := flush(); err != nil {
-						return err
-					}
-					return &stopError{err: fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
-						txnRow, b.CommitLSN, err), lsn: b.CommitLSN}
+					return stopBefore(&b, txnRow, err)
 				}
 				return err
 			}
@@ -135,15 +142,7 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 					var se *router.SchemaError
 					if errors.As(err, &se) {
 						r.m.SchemaStop()
-						// Hand on what came before, so that the caller can
-						// drain and confirm it as at a clean stop: a restart
-						// then resends at most this transaction's earlier
-						// events.
-						if err := flush(); err != nil {
-							return err
-						}
-						return &stopError{err: fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
-							txnRow, b.CommitLSN, err), lsn: b.CommitLSN}
+						return stopBefore(&b, txnRow, err)
 					}
 					return fmt.Errorf("route event of transaction %d committed at %s: %w", b.Xid, b.CommitLSN, err)
 				}
