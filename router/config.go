@@ -164,8 +164,8 @@ func (c *Config) validateTopics() (template, error) {
 			continue
 		}
 		if name == NoHeaders {
-			if col.key != "headers" {
-				return template{}, fmt.Errorf("%s%s is %q: only the headers column may be disabled with %q", keyColumns, col.key, name, NoHeaders)
+			if col.key != "headers" && col.key != "event_type" {
+				return template{}, fmt.Errorf("%s%s is %q: only the headers and event type columns may be disabled with %q", keyColumns, col.key, name, NoHeaders)
 			}
 			continue
 		}

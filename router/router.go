@@ -215,6 +215,13 @@ func New(cfg Config) (*Router, error) {
 	for _, f := range r.fields {
 		r.envelope = r.envelope || f.Placement == PlaceEnvelope
 	}
+	if r.cols.EventType == NoHeaders && r.UsesEventType() {
+		what := keyHeaders + " includes " + HeaderEventType
+		if !r.rt.headers.has(hEventType) {
+			what = fmt.Sprintf("%s %q uses {event_type}", keyTopic, cfg.Topic)
+		}
+		return nil, fmt.Errorf("router config: %sevent_type is %q (no event type column) but %s: map the column, or stop using the event type", keyColumns, NoHeaders, what)
+	}
 	if !tmpl.useEventType || rt.regex != nil {
 		r.topics = make(map[string]string)
 	}
@@ -349,7 +356,11 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 	m.ID, m.AggregateID = r.strings(id, row.Values[pos.aggregateID])
 	m.AggregateType = r.intern(row.Values[pos.aggregateType])
 	m.Key = r.key(pos, row.Values[pos.aggregateID])
-	m.Type = r.intern(row.Values[pos.eventType])
+	var eventType []byte // nil: no event type column (see UsesEventType)
+	if pos.eventType >= 0 {
+		eventType = row.Values[pos.eventType]
+	}
+	m.Type = r.intern(eventType)
 	r.fieldHeaders(&m, pos, row.Values)
 	if pos.headers >= 0 {
 		r.extraHeaders(&m, row.Values[pos.headers])
@@ -362,7 +373,6 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 	if len(aggType) == 0 {
 		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}
 	}
-	eventType := row.Values[pos.eventType]
 	// The topic first: with the key it places a failed event in its
 	// aggregate's lane, so that the aggregate's later events wait behind it.
 	topic, reason := r.topic(aggType, eventType)
@@ -535,6 +545,11 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 			continue
 		}
 		if *c.dst, err = find(c.name, c.key); err != nil {
+			if c.key == "event_type" && !r.UsesEventType() {
+				// Read only when something uses it, as Debezium does.
+				*c.dst = -1
+				continue
+			}
 			return positions{err: err}
 		}
 		p.max = max(p.max, *c.dst)

@@ -37,6 +37,7 @@ func (e *env) adminConfig() admin.Config {
 		OutboxTable:     outbox,
 		Layout:          c.Outbox.Layout,
 		Columns:         sql.Columns(c.Outbox.Columns),
+		Router:          c.routerConfig(),
 		CheckpointTable: checkpoint,
 		RetryTable:      retryTable,
 		Kafka:           c.sinkConfig(e.log),

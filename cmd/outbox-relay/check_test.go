@@ -78,7 +78,7 @@ func TestCheckBroken(t *testing.T) {
 				`CREATE PUBLICATION outbox_relay FOR TABLE other WITH (publish = 'update')`,
 			},
 			want: []string{
-				`FAIL  outbox table: public.outbox: column "aggregate_type" is integer, want one of text, character varying, character; column "payload" is integer, want one of jsonb, json, text, bytea; no column "headers" (outbox.columns.headers); fix the table or the outbox.columns mapping`,
+				`FAIL  outbox table: public.outbox: column "aggregate_type" is integer, want one of text, character varying, character; column "payload" is integer, want one of jsonb, json, text, bytea; no column "headers" (outbox.columns.headers); map them: set outbox.columns.headers: "-" (no headers column)`,
 				`FAIL  publication: outbox_relay does not cover public.outbox (it covers public.other); ALTER PUBLICATION "outbox_relay" ADD TABLE "public"."outbox"`,
 			},
 		},

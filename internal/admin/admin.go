@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -24,12 +25,15 @@ import (
 // Config names what Setup creates and Check examines. Names are validated by
 // the caller (the CLI's configuration); empty names are errors, not defaults.
 type Config struct {
-	DSN             string
-	Slot            string
-	Publication     string
-	OutboxTable     sql.Table
-	Layout          sql.Layout  // the outbox.layout preset: setup's table types
-	Columns         sql.Columns // empty fields: the layout's
+	DSN         string
+	Slot        string
+	Publication string
+	OutboxTable sql.Table
+	Layout      sql.Layout  // the outbox.layout preset: setup's table types
+	Columns     sql.Columns // empty fields: the layout's
+	// Router is the relay's routing: the columns it reads (check and
+	// setup compare them with the table, as run does at start).
+	Router          router.Config
 	CheckpointTable sql.Table
 	RetryTable      sql.Table
 	Kafka           sink.Config // Check pings the brokers with it

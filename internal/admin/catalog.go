@@ -87,27 +87,6 @@ LIMIT 1`, table, column).Scan(&name, &oid)
 	return name, oid, nil
 }
 
-// columnTypes maps the table's column names to their base types (domains
-// resolved) as format_type spells them: text, character varying, jsonb, ...
-func columnTypes(ctx context.Context, conn *pgx.Conn, oid uint32) (map[string]string, error) {
-	rows, err := conn.Query(ctx, `SELECT a.attname, format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL)
-FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, oid)
-	if err != nil {
-		return nil, fmt.Errorf("read columns: %w", err)
-	}
-	cols := map[string]string{}
-	var name, typ string
-	_, err = pgx.ForEachRow(rows, []any{&name, &typ}, func() error {
-		cols[name] = typ
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read columns: %w", err)
-	}
-	return cols, nil
-}
-
 type publicationInfo struct {
 	Exists    bool
 	AllTables bool

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -14,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -311,87 +312,22 @@ func savedCheckpoint(ctx context.Context, conn *pgx.Conn, table sql.Table, slot 
 	return fmt.Sprintf("%s saved up to %s at %s", slot, lsn, saved.UTC().Format(time.RFC3339)), nil
 }
 
-// Types the relay can read each column as; pgoutput sends every value in
-// text form, so anything with a faithful text form of the right kind works.
-var (
-	idTypes      = []string{"uuid", "text", "character varying", "character", "smallint", "integer", "bigint"}
-	nameTypes    = []string{"text", "character varying", "character"}
-	payloadTypes = []string{"jsonb", "json", "text", "bytea"}
-	headersTypes = []string{"jsonb", "json"}
-	timeTypes    = []string{"timestamp without time zone", "timestamp with time zone"}
-)
-
 func checkColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Table, cfg *Config, c *checker) {
-	cols := cfg.Columns
-	have, err := columnTypes(ctx, conn, oid)
-	if err != nil {
-		c.fail("outbox table", "%v", err)
-		return
-	}
-	d, err := cfg.Layout.Columns()
-	if err != nil {
-		c.fail("outbox table", "%v", err)
-		return
-	}
-	cols = cols.Fill(d)
-	want := []struct {
-		key, col string
-		types    []string
-	}{
-		{"outbox.columns.id", cols.ID, idTypes},
-		{"outbox.columns.aggregate_type", cols.AggregateType, nameTypes},
-		{"outbox.columns.aggregate_id", cols.AggregateID, idTypes},
-		{"outbox.columns.event_type", cols.EventType, nameTypes},
-		{"outbox.columns.payload", cols.Payload, payloadTypes},
-		{"outbox.columns.headers", cols.Headers, headersTypes},
-		{"outbox.columns.timestamp", cols.Timestamp, timeTypes},
-	}
-	var problems []string
-	missing := 0
-	for _, w := range want {
-		if w.key == "outbox.columns.headers" && w.col == sql.NoHeaders || w.key == "outbox.columns.timestamp" && w.col == "" {
-			continue
-		}
-		typ, ok := have[w.col]
-		switch {
-		case !ok:
-			missing++
-			problems = append(problems, fmt.Sprintf("no column %q (%s)", w.col, w.key))
-		case !slices.Contains(w.types, typ):
-			problems = append(problems, fmt.Sprintf("column %q is %s, want one of %s", w.col, typ, strings.Join(w.types, ", ")))
-		}
-	}
-	if len(problems) > 0 {
-		fix := "fix the table or the outbox.columns mapping"
-		// A table made for the other layout is the common case (a Debezium
-		// user's table, or ours under a Debezium config): name the one setting
-		// that fixes it.
-		if missing > 0 {
-			for _, l := range sql.Layouts {
-				lc, _ := l.Columns()
-				if l != layoutName(cfg.Layout) && hasColumns(have, lc) {
-					fix = fmt.Sprintf("the table has the %s layout's columns: set outbox.layout: %s (or map each column with outbox.columns.*)", l, l)
-				}
-			}
-		}
-		c.fail("outbox table", "%s: %s; %s", table, strings.Join(problems, "; "), fix)
+	if err := outboxColumns(ctx, conn, oid, table, cfg); err != nil {
+		c.fail("outbox table", "%v", strings.TrimPrefix(err.Error(), "outbox table "))
 		return
 	}
 	c.ok("outbox table", "%s has the mapped columns with usable types", table)
 }
 
-// hasColumns reports whether every column of cols (but an absent headers
-// column) is in have.
-func hasColumns(have map[string]string, cols sql.Columns) bool {
-	for _, name := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload, cols.Headers} {
-		if name == sql.NoHeaders {
-			continue
-		}
-		if _, ok := have[name]; !ok {
-			return false
-		}
+// outboxColumns returns the *placement.ColumnsError of the outbox table's
+// columns against what the relay's router reads, as run reports it at start.
+func outboxColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Table, cfg *Config) error {
+	rt, err := router.New(cfg.Router)
+	if err != nil {
+		return err
 	}
-	return true
+	return placement.CheckColumns(ctx, conn, oid, table.String(), rt.Needs())
 }
 
 // checkReplicationConn opens a replication connection as the relay will:

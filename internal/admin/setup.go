@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -62,6 +63,18 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		say("outbox table %s: created (%s layout)", outbox, layoutName(cfg.Layout))
 	default:
 		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
+	}
+
+	// The columns the relay reads, as run checks them at start: a mapping
+	// that cannot work is a problem now, not at the first event.
+	if oid != 0 {
+		var ce *placement.ColumnsError
+		switch err := outboxColumns(ctx, conn, oid, outbox, cfg); {
+		case errors.As(err, &ce):
+			problem("%v", err)
+		case err != nil:
+			return err
+		}
 	}
 
 	checkpoint := cfg.CheckpointTable

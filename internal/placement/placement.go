@@ -146,6 +146,10 @@ LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace`, p.cfg.Outbox.Quo
 	return nil
 }
 
+// OID returns the outbox table's OID as Init found it, 0 when it does not
+// exist.
+func (p *Placer) OID() uint32 { return p.oid }
+
 // Partitioned reports whether Init found a partitioned outbox table.
 func (p *Placer) Partitioned() bool { return p.relkind == "p" }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/router"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -465,4 +466,39 @@ func TestPartitionDroppedBeforeRead(t *testing.T) {
 	run := f.start(t, cfg)
 	l.check(t, f)
 	run.stop(t)
+}
+
+// TestDebeziumTableWithoutEventType: a Debezium-layout outbox without the
+// "type" column, which Debezium's router reads only when something uses
+// it, streams unchanged when nothing does.
+func TestDebeziumTableWithoutEventType(t *testing.T) {
+	f := newFixture(t)
+	f.pg.Exec(t, `DROP PUBLICATION outbox_relay`)
+	f.pg.Exec(t, `CREATE TABLE dbz_outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+    aggregateid varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`)
+	f.pg.Exec(t, outboxsql.CreatePublication("outbox_relay", outboxsql.Table{Schema: "public", Name: "dbz_outbox"}))
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	cfg := f.config(t)
+	cfg.Table = "public.dbz_outbox"
+	cfg.Router.Columns = router.Columns{ID: "id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type", Payload: "payload", Headers: "-"}
+	cfg.Router.Headers = []string{router.HeaderID}
+	run := f.start(t, cfg)
+	evs := f.makeEvents(25)
+	for _, e := range evs {
+		f.pg.Exec(t, `INSERT INTO dbz_outbox (id, aggregatetype, aggregateid, payload) VALUES ($1, $2, $3, $4::jsonb)`,
+			e.ID, e.AggregateType, e.AggregateID, e.Payload)
+	}
+	got := f.waitCount(t, len(evs), time.Minute)
+	run.stop(t)
+	byID := map[string]delivered{}
+	for _, d := range got {
+		byID[d.Headers["id"]] = d
+	}
+	for _, e := range evs {
+		d, ok := byID[e.ID]
+		if !ok || d.Key != e.AggregateID || !sameJSON(d.Value, e.Payload) || len(d.Headers) != 1 {
+			t.Errorf("event %s = %+v, delivered %v; want key %q, its payload, only the id header", e.ID, d, ok, e.AggregateID)
+		}
+	}
 }

@@ -401,6 +401,14 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *c
 		if err := r.placer.Init(ctx); err != nil {
 			return err
 		}
+		// A mapping that cannot work fails now, in check's words, not at
+		// the first event as if the table had changed while running.
+		if r.placer.OID() == 0 {
+			return fmt.Errorf("outbox table %s does not exist: create it (outbox-relay setup --create-outbox-table) or set outbox.table to your outbox table", r.cfg.Table)
+		}
+		if err := placement.CheckColumns(ctx, pool, r.placer.OID(), r.placer.Outbox(), r.router.Needs()); err != nil {
+			return err
+		}
 		// Retention that cannot work says so at start, not once a minute.
 		if r.cfg.Retention.Retention > 0 {
 			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
