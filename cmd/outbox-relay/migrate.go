@@ -1,17 +1,21 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -20,6 +24,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 	"github.com/outbox-relay/outbox-relay/sink"
+	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
 func newMigrateCmd(wrap wrapFunc) *cobra.Command {
@@ -34,6 +39,7 @@ func newMigrateCmd(wrap wrapFunc) *cobra.Command {
 func newMigrateDebeziumCmd(wrap wrapFunc) *cobra.Command {
 	var (
 		workerFile, offsetsFile, offsetsTopic string
+		postgresDSN                           string
 		takeover                              bool
 	)
 	cmd := &cobra.Command{
@@ -45,6 +51,12 @@ worker's (for bootstrap.servers and the converters). It prints the equivalent
 relay config as YAML on stdout, and on stderr every Debezium setting that has no
 equivalent, with what to do about it. It exits 1 when there is such a gap: the
 relay would not write what Debezium wrote.
+
+With --postgres-dsn it also checks the converted config against the outbox
+table in that database: columns the relay would refuse at start, values it
+renders differently from Debezium (a timestamptz placed as a header), and
+options Debezium itself rejects (an event timestamp column that is not bigint).
+Each is a gap.
 
 With --takeover (Debezium stopped first) it reads Debezium's last committed
 position from its offsets: the standalone worker's offset file (--offsets, its
@@ -78,6 +90,11 @@ password).`,
 			if err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
+			if postgresDSN != "" {
+				if err := checkPlanTable(cmd.Context(), postgresDSN, args[0], plan, connector); err != nil {
+					return err
+				}
+			}
 			if !takeover {
 				return printPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], plan)
 			}
@@ -90,6 +107,7 @@ password).`,
 	f.StringVar(&workerFile, "worker", "", "the Kafka Connect worker's properties (bootstrap.servers, converters)")
 	f.StringVar(&offsetsFile, "offsets", "", "with --takeover: the standalone worker's offset file (offset.storage.file.filename)")
 	f.StringVar(&offsetsTopic, "offsets-topic", "", "with --takeover: a distributed cluster's offsets topic (offset.storage.topic)")
+	f.StringVar(&postgresDSN, "postgres-dsn", "", "also check the converted config against the outbox table in this database (columns, types, what Debezium itself would reject)")
 	f.BoolVar(&takeover, "takeover", false, "set the relay's checkpoint of Debezium's slot to Debezium's last committed position (stop Debezium first)")
 	return cmd
 }
@@ -107,9 +125,45 @@ func readProperties(path string) (map[string]string, error) {
 	return props, nil
 }
 
-// printPlan writes the plan's settings as a relay config file, commented
-// with the Debezium keys they come from, and its gaps on stderr.
-func printPlan(stdout, stderr io.Writer, source string, plan *debezium.Plan) error {
+// checkPlanTable adds to the plan's gaps what the outbox table in the
+// database of dsn shows: columns the relay would refuse at start, values it
+// renders differently from Debezium, options Debezium itself rejects. The
+// plan's settings are loaded as the relay would load them.
+func checkPlanTable(ctx context.Context, dsn, source string, plan *debezium.Plan, connector map[string]string) error {
+	doc, err := planYAML(source, plan)
+	if err != nil {
+		return err
+	}
+	file := filepath.Join(os.TempDir(), fmt.Sprintf("outbox-relay-migrate-%d.yaml", os.Getpid()))
+	if err := os.WriteFile(file, doc, 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(file)
+	cfg, err := loadConfigFor(file, pflag.NewFlagSet("migrate", pflag.ContinueOnError), false)
+	if err != nil {
+		plan.Gaps = append(plan.Gaps, debezium.Gap{DebeziumKey: "transforms", Why: fmt.Sprintf("the relay refuses the converted config: %v", err)})
+		return nil
+	}
+	table, err := outboxsql.ParseTable(cfg.Outbox.Table)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("--postgres-dsn %s: %w", redactDSN(dsn), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	gaps, err := debezium.CheckTable(ctx, conn, table, cfg.routerConfig(), connector)
+	if err != nil {
+		return err
+	}
+	plan.Gaps = append(plan.Gaps, gaps...)
+	return nil
+}
+
+// planYAML renders the plan's settings as a relay config file, commented
+// with the Debezium keys they come from.
+func planYAML(source string, plan *debezium.Plan) ([]byte, error) {
 	root := &yaml.Node{Kind: yaml.MappingNode}
 	doc := &yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{root},
 		HeadComment: "outbox-relay config from the Debezium connector " + source + "\n(outbox-relay migrate debezium). The password is not copied: set\nRELAY_POSTGRES_DSN with it, or add it here."}
@@ -126,12 +180,26 @@ func printPlan(stdout, stderr io.Writer, source string, plan *debezium.Plan) err
 		}
 		parent.Content = append(parent.Content, k, v)
 	}
-	enc := yaml.NewEncoder(stdout)
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)
 	if err := enc.Encode(doc); err != nil {
-		return err
+		return nil, err
 	}
 	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// printPlan writes the plan's settings as a relay config file on stdout, and
+// its gaps on stderr.
+func printPlan(stdout, stderr io.Writer, source string, plan *debezium.Plan) error {
+	doc, err := planYAML(source, plan)
+	if err != nil {
+		return err
+	}
+	if _, err := stdout.Write(doc); err != nil {
 		return err
 	}
 	for _, n := range plan.Notes {

@@ -112,3 +112,44 @@ func TestMigrateDebeziumRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateDebeziumChecksTable: with --postgres-dsn, migrate checks the
+// converted config against the table: a timestamptz event timestamp, which
+// Debezium's own router rejects, and a timestamptz header, which the relay
+// renders differently, are gaps (exit 1); a table that fits passes (exit 0).
+func TestMigrateDebeziumChecksTable(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	execSQL(t, dsn, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+    aggregate_id varchar(255) NOT NULL, type varchar(255), tenant text, payload jsonb,
+    occurred_at timestamptz NOT NULL DEFAULT now())`)
+	conn, worker := writeFile(t, "c.properties", dbzConnector), writeFile(t, "w.properties", dbzWorker)
+	code, _, errOut := run(t, "migrate", "debezium", conn, "--worker", worker, "--postgres-dsn", dsn)
+	if code != exitcode.Failure {
+		t.Errorf("migrate --postgres-dsn with a timestamptz event timestamp: exit %d; want 1\n%s", code, errOut)
+	}
+	wantLines(t, "migrate stderr", errOut,
+		`transforms.outbox.table.field.event.timestamp=occurred_at: column "occurred_at" is timestamp with time zone; Debezium's EventRouter fails its task on it`)
+
+	placed := strings.Replace(dbzConnector, "type:header:eventType,tenant:envelope", "type:header:eventType,occurred_at:header:when", 1)
+	placed = strings.Replace(placed, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
+	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "p.properties", placed), "--worker", worker, "--postgres-dsn", dsn)
+	if code != exitcode.Failure {
+		t.Errorf("migrate --postgres-dsn with a timestamptz header: exit %d; want 1\n%s", code, errOut)
+	}
+	wantLines(t, "migrate stderr", errOut,
+		`transforms.outbox.table.fields.additional.placement=occurred_at:header:when: column "occurred_at" is timestamp with time zone: the relay sends Postgres's text`)
+
+	fits := strings.Replace(dbzConnector, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
+	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "f.properties", fits), "--worker", worker, "--postgres-dsn", dsn)
+	if code != exitcode.OK {
+		t.Errorf("migrate --postgres-dsn with a table that fits: exit %d; want 0\n%s", code, errOut)
+	}
+
+	// A column the converted config maps but the table lacks: the relay
+	// would refuse it at start.
+	execSQL(t, dsn, `ALTER TABLE outbox DROP COLUMN tenant`)
+	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "f.properties", fits), "--worker", worker, "--postgres-dsn", dsn)
+	if code != exitcode.Failure || !strings.Contains(errOut, `the relay refuses the table at start: outbox table public.outbox: no column "tenant" (message.fields)`) {
+		t.Errorf("migrate --postgres-dsn with a missing field column: exit %d; want 1 naming it\n%s", code, errOut)
+	}
+}

@@ -361,8 +361,15 @@ func (c *converter) outbox() {
 	// The defaults route as the relay's default template does,
 	// outbox.event.{aggregate_type}; the relay needs both keys or neither.
 	if regex != defaultRegex || repl != defaultReplacement {
-		c.set("topics.regex", regex, c.routerKey("route.topic.regex"))
-		c.set("topics.replacement", repl, c.routerKey("route.topic.replacement"))
+		// The relay's own check: Java's regex syntax is wider than Go's
+		// (lookaround, backreferences, possessive quantifiers), and a
+		// setting the relay refuses at load is a gap, not a setting.
+		if _, err := router.New(router.Config{TopicRegex: regex, TopicReplacement: repl}); err != nil {
+			c.gap(c.routerKey("route.topic.regex"), regex, "the relay cannot route with it: %v; rewrite the expression without Java-only syntax, or route these aggregate types with topics.overrides", err)
+		} else {
+			c.set("topics.regex", regex, c.routerKey("route.topic.regex"))
+			c.set("topics.replacement", repl, c.routerKey("route.topic.replacement"))
+		}
 	}
 	c.set("message.headers", "id", typeKey)
 	if v, has := c.opt("table.fields.additional.placement"); has && v != "" {

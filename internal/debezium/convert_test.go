@@ -122,6 +122,18 @@ func TestConvert(t *testing.T) {
 			gaps: nil,
 		},
 		{
+			// Java's regex syntax is wider than Go's: a lookahead the relay
+			// refuses at load is a gap, and no topics.regex is printed.
+			name: "java-only regex",
+			connector: with(baseConnector(),
+				"transforms.outbox.route.topic.regex", `(?<routedByValue>(?!internal).*)`,
+				"transforms.outbox.route.topic.replacement", "${routedByValue}.events"),
+			worker:   baseWorker(),
+			settings: baseSettings,
+			gaps:     []string{"transforms.outbox.route.topic.regex"},
+			gapHas:   "the relay cannot route with it",
+		},
+		{
 			name: "tls to postgres",
 			connector: with(baseConnector(),
 				"database.port", "6432",
