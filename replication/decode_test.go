@@ -134,7 +134,7 @@ func TestFixtureStream(t *testing.T) {
 	if before.ID != after.ID {
 		t.Errorf("relation IDs %d and %d differ; want the same table", before.ID, after.ID)
 	}
-	if got, want := before.Columns[4], (Column{Name: "payload", TypeOID: 3802}); got != want {
+	if got, want := before.Columns[4], (Column{Name: "payload", TypeOID: 3802, TypeMod: -1}); got != want {
 		t.Errorf("Columns[4] = %+v; want %+v", got, want)
 	}
 

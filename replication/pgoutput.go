@@ -146,7 +146,7 @@ func parseRelation(b []byte) (*Relation, error) {
 		r.u8() // flags: part of the key
 		rel.Columns[i].Name = r.str()
 		rel.Columns[i].TypeOID = r.u32()
-		r.u32() // type modifier
+		rel.Columns[i].TypeMod = int32(r.u32())
 	}
 	if r.err != nil {
 		return nil, fmt.Errorf("relation %s.%s: %w", rel.Namespace, rel.Name, r.err)

@@ -21,6 +21,9 @@ type Relation struct {
 type Column struct {
 	Name    string
 	TypeOID uint32
+	// TypeMod is the type modifier (atttypmod): a timestamp's or time's
+	// precision, a numeric's precision and scale; -1 when none.
+	TypeMod int32
 }
 
 // A Row is one inserted tuple. Values are in pgoutput's text format, one per

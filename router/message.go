@@ -1,7 +1,6 @@
 package router
 
 import (
-	"encoding/base64"
 	"fmt"
 	"regexp"
 	"slices"
@@ -283,70 +282,6 @@ func (t *topicRegex) topic(aggregateType []byte) string {
 		return string(aggregateType)
 	}
 	return string(t.re.Expand(nil, []byte(t.template), aggregateType, m))
-}
-
-// Type OIDs whose text form the converters write differently from text.
-const (
-	boolOID        = 16
-	int8OID        = 20
-	int2OID        = 21
-	int4OID        = 23
-	oidOID         = 26
-	timestampOID   = 1114
-	timestamptzOID = 1184
-)
-
-// columnText is a column's value as Debezium's Kafka Connect value of it
-// prints in a header (SimpleHeaderConverter) or Struct: booleans true/false,
-// timestamps without time zone as microseconds since the epoch (Debezium's
-// MicroTimestamp); everything else as Postgres's text form, which is
-// Debezium's for text, varchar, uuid, integers and json(b).
-func columnText(typ uint32, v []byte) []byte {
-	switch typ {
-	case boolOID:
-		return boolText(v)
-	case timestampOID:
-		if t, ok := parseTimestamp(v, false); ok {
-			return strconv.AppendInt(nil, t.UnixMicro(), 10)
-		}
-	}
-	return v
-}
-
-func boolText(v []byte) []byte {
-	switch string(v) {
-	case "t":
-		return []byte("true")
-	case "f":
-		return []byte("false")
-	}
-	return v
-}
-
-// jsonValue appends a column's value as JsonConverter (schemas disabled)
-// writes Debezium's value of it: null, numbers and booleans bare, bytea as
-// base64 in a string, everything else as a JSON string of its text.
-func jsonValue(dst []byte, typ uint32, v []byte) []byte {
-	if v == nil {
-		return append(dst, "null"...)
-	}
-	switch typ {
-	case int2OID, int4OID, int8OID, oidOID:
-		return append(dst, v...)
-	case boolOID:
-		return append(dst, boolText(v)...)
-	case timestampOID:
-		if t, ok := parseTimestamp(v, false); ok {
-			return strconv.AppendInt(dst, t.UnixMicro(), 10)
-		}
-	case byteaOID:
-		if b, err := decodeBytea(v); err == nil {
-			dst = append(dst, '"')
-			dst = base64.StdEncoding.AppendEncode(dst, b)
-			return append(dst, '"')
-		}
-	}
-	return jsonString(dst, v)
 }
 
 // jsonString appends s as a JSON string the way Jackson writes one (Kafka's

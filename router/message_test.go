@@ -29,7 +29,7 @@ var debeziumOutbox = &replication.Relation{ID: 16400, Namespace: "public", Name:
 	{Name: "payload", TypeOID: oidJSONB},
 	{Name: "tenant", TypeOID: oidInt4},
 	{Name: "urgent", TypeOID: oidBool},
-	{Name: "occurred", TypeOID: oidTimestamp},
+	{Name: "occurred", TypeOID: oidTimestamp, TypeMod: -1}, // as pgoutput sends a plain timestamp
 }}
 
 func dbzRow(vals ...string) replication.Row {

@@ -186,7 +186,8 @@ type positions struct {
 	id, aggregateType, aggregateID, eventType, payload, headers int // headers -1: none
 	timestamp                                                   int // -1: none
 	payloadBytea                                                bool
-	payloadType, keyType, timestampType                         uint32
+	payloadType, keyType                                        colType
+	timestampType                                               uint32
 	fields                                                      []fieldPos // as Router.fields
 	max                                                         int        // highest position used
 	err                                                         *SchemaError
@@ -195,7 +196,7 @@ type positions struct {
 // fieldPos is where an additional field's column is, and its type.
 type fieldPos struct {
 	pos int
-	typ uint32
+	typ colType
 }
 
 // New validates cfg, fills its defaults and returns a Router. A bad template
@@ -450,10 +451,12 @@ func (r *Router) value(pos *positions, payload []byte, row [][]byte) []byte {
 			first = false
 			b = append(append(append(b, name...), '='), v...)
 		}
-		add("payload", columnText(pos.payloadType, raw))
+		add("payload", structText(pos.payloadType, raw))
 		for i, f := range r.fields {
 			if f.Placement == PlaceEnvelope {
-				add(f.Alias, columnText(pos.fields[i].typ, row[pos.fields[i].pos]))
+				if v := row[pos.fields[i].pos]; v != nil {
+					add(f.Alias, structText(pos.fields[i].typ, v))
+				}
 			}
 		}
 		return append(b, '}')
@@ -471,7 +474,7 @@ func (r *Router) fieldHeaders(m *Message, pos *positions, row [][]byte) {
 		}
 		v := row[pos.fields[i].pos]
 		if v != nil {
-			v = columnText(pos.fields[i].typ, v)
+			v = headerText(pos.fields[i].typ, v)
 		}
 		m.Extra = append(m.Extra, Header{Key: f.Alias, Value: v})
 	}
@@ -554,9 +557,9 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 		}
 		p.max = max(p.max, *c.dst)
 	}
-	p.payloadType = rel.Columns[p.payload].TypeOID
-	p.payloadBytea = p.payloadType == byteaOID
-	p.keyType = rel.Columns[p.aggregateID].TypeOID
+	p.payloadType = colTypeOf(rel.Columns[p.payload])
+	p.payloadBytea = p.payloadType.oid == byteaOID
+	p.keyType = colTypeOf(rel.Columns[p.aggregateID])
 	if p.timestamp >= 0 {
 		p.timestampType = rel.Columns[p.timestamp].TypeOID
 	}
@@ -567,7 +570,7 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 				f.Column, keyFields, f.Placement, f.Alias, keyFields)
 			return positions{err: err}
 		}
-		p.fields = append(p.fields, fieldPos{pos: i, typ: rel.Columns[i].TypeOID})
+		p.fields = append(p.fields, fieldPos{pos: i, typ: colTypeOf(rel.Columns[i])})
 		p.max = max(p.max, i)
 	}
 	return p
@@ -715,3 +718,5 @@ func unquote(s []byte) ([]byte, error) {
 	}
 	return inner, nil
 }
+
+func colTypeOf(c replication.Column) colType { return colType{oid: c.TypeOID, mod: c.TypeMod} }
