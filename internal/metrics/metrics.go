@@ -30,6 +30,7 @@
 //	reconnects_total                      counter   replication connections re-established
 //	decode_errors_total                   counter   pgoutput messages that could not be decoded
 //	ignored_changes_total{kind}           counter   changes skipped: update, delete, truncate, ...
+//	unsolicited_messages_total{kind}      counter   pgoutput messages proto_version 1 does not send, skipped: stream_abort, unknown
 //	slot_active                           gauge     1 when a backend holds the slot (sampled)
 //	slot_lag_bytes                        gauge     current WAL - confirmed_flush_lsn (sampled)
 //	slot_retained_wal_bytes               gauge     current WAL - restart_lsn (sampled)
@@ -69,6 +70,7 @@ type Metrics struct {
 
 	received, delivered, failed *prometheus.CounterVec
 	ignored                     *prometheus.CounterVec
+	unsolicited                 *prometheus.CounterVec
 	latency, batch              prometheus.Histogram
 	inFlightEvents              prometheus.Gauge
 	inFlightBytes               prometheus.Gauge
@@ -117,6 +119,7 @@ func New() *Metrics {
 	m.delivered = counterVec("events_delivered_total", "Events acknowledged by Kafka, by topic.", "topic")
 	m.failed = counterVec("events_failed_total", "Events Kafka rejected and that went to the retry table, by topic.", "topic")
 	m.ignored = counterVec("ignored_changes_total", "Changes read from the WAL and skipped, by kind (update, delete, truncate, ...).", "kind")
+	m.unsolicited = counterVec("unsolicited_messages_total", "pgoutput messages that proto_version 1 does not send and that were skipped because they carry no row, by kind (stream_abort, unknown).", "kind")
 	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "delivery_latency_seconds",
 		Help: "Time from the transaction's commit in Postgres to the Kafka acknowledgement, per event.", Buckets: LatencyBuckets})
 	m.batch = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "produce_batch_messages",
@@ -143,7 +146,7 @@ func New() *Metrics {
 	m.retentionLast = gauge("retention_last_round_timestamp_seconds", "When the last retention round ended, as a Unix time; 0 before the first.")
 	m.retentionDur = gauge("retention_round_duration_seconds", "How long the last retention round took.")
 	m.sampled = &sampled{}
-	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.latency, m.batch,
+	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops,
 		m.ready, m.stalled, m.active, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
@@ -280,6 +283,14 @@ func (m *Metrics) DecodeError() {
 func (m *Metrics) IgnoredChange(kind string) {
 	if m != nil {
 		m.ignored.WithLabelValues(kind).Inc()
+	}
+}
+
+// UnsolicitedMessages counts n skipped pgoutput messages of the given kind
+// ("stream_abort", "unknown") that proto_version 1 does not send.
+func (m *Metrics) UnsolicitedMessages(kind string, n uint64) {
+	if m != nil && n > 0 {
+		m.unsolicited.WithLabelValues(kind).Add(float64(n))
 	}
 }
 

@@ -522,6 +522,8 @@ func (r *Relay) pumpStats(ctx context.Context, worker *retry.Worker) {
 		for range st.IgnoredTruncates - last.IgnoredTruncates {
 			r.m.IgnoredChange("truncate")
 		}
+		r.m.UnsolicitedMessages("stream_abort", st.SkippedStreamAborts-last.SkippedStreamAborts)
+		r.m.UnsolicitedMessages("unknown", st.SkippedUnknownMessages-last.SkippedUnknownMessages)
 		last = st
 		ws := worker.Stats()
 		r.m.RetryWorked(ws.Attempted-lastW.Attempted, ws.Succeeded-lastW.Succeeded, ws.DeadLettered-lastW.DeadLettered)
