@@ -57,10 +57,11 @@
 // With proto_version 1 and neither streaming nor two_phase requested, every
 // row arrives between a Begin and its Commit, and nothing else frames rows.
 // Servers do not always keep to that: Postgres 18 sends Stream Abort
-// messages to such clients (estuary/connectors#5228). Its reorder buffer
-// discards a large transaction found aborted when logical_decoding_work_mem
-// is exceeded, which marks it (or a subtransaction) as streamed although no
-// byte of it was sent, and decoding its abort record then calls pgoutput's
+// messages to such clients (estuary/connectors#5228). As we read the 18
+// source, its reorder buffer discards a large transaction found aborted when
+// logical_decoding_work_mem is exceeded, which marks it (or a subtransaction)
+// as streamed although no byte of it was sent, and decoding its abort record
+// then calls pgoutput's
 // stream_abort callback: an 'A' with the top-level and subtransaction xids,
 // always between transactions (a committed transaction is sent whole, from
 // Begin to Commit, while its commit record is decoded). The rule, per kind:
