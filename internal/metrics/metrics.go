@@ -46,7 +46,7 @@
 //	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
 //	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
 //	stalled_seconds                       gauge     how long the WAL has been ahead of the confirmed LSN without progress; 0 when not
-//	retention_deleted_total               counter   outbox rows deleted by retention (outbox.retention)
+//	retention_deleted_total               counter   outbox rows deleted by retention (outbox.retention), or removed with a dropped or detached partition
 //	retention_lag_seconds                 gauge     how long the oldest row older than the retention has been due for deletion, 0 when none (after each round)
 //	retention_last_round_timestamp_seconds gauge    when the last retention round ended (Unix time); 0 before the first
 //	retention_round_duration_seconds      gauge     how long the last retention round took
@@ -141,7 +141,7 @@ func New() *Metrics {
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
 	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "health_failing",
 		Help: "1 while a health check fails, by check: replication, kafka, retry_table, checkpoint, stalled."}, []string{"check"})
-	m.retentionDeleted = counter("retention_deleted_total", "Outbox rows deleted by retention (outbox.retention).")
+	m.retentionDeleted = counter("retention_deleted_total", "Outbox rows deleted by retention (outbox.retention), or removed from the outbox with a partition it dropped or detached.")
 	m.retentionLag = gauge("retention_lag_seconds", "How long the oldest outbox row older than outbox.retention has been due for deletion, as of the last retention round; 0 when there is none.")
 	m.retentionLast = gauge("retention_last_round_timestamp_seconds", "When the last retention round ended, as a Unix time; 0 before the first.")
 	m.retentionDur = gauge("retention_round_duration_seconds", "How long the last retention round took.")

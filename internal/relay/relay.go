@@ -374,6 +374,9 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *c
 			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
 				return err
 			}
+			if err := retention.CheckPartitions(ctx, pool, r.cfg.Table, r.cfg.Retention.Partitions); err != nil {
+				return err
+			}
 		}
 		return gt.load(ctx)
 	})
