@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // TestPrunePartitions: with outbox.retention_partitions drop, prune
@@ -83,5 +84,39 @@ SELECT gen_random_uuid(), 'Order', 'a-1', 'Created', '{}', now() - make_interval
 		if got := rows(table); got != want {
 			t.Errorf("after prune %s holds %s rows; want %s", table, got, want)
 		}
+	}
+}
+
+// TestPrunePartitionsNotOwned: drop and detach need the relay's role to own
+// the partitions (detach: the outbox table too); prune says which it does
+// not own and how to fix it, and removes nothing.
+func TestPrunePartitionsNotOwned(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	setUp(t)
+	su := superuserDSN(t, dsn)
+	if su == dsn {
+		t.Skip("the test role is a superuser: it owns everything")
+	}
+	role := queryString(t, dsn, `SELECT current_user::text`)
+	execSQL(t, su, `CREATE TABLE pobox (id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+  event_type text NOT NULL, payload jsonb, headers jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`,
+		`CREATE TABLE pobox_old PARTITION OF pobox FOR VALUES FROM ('2000-01-01') TO ('2001-01-01')`,
+		`CREATE TABLE pobox_def PARTITION OF pobox DEFAULT`,
+		`GRANT SELECT, DELETE ON pobox, pobox_old, pobox_def TO `+sql.Ident(role))
+	t.Setenv("RELAY_OUTBOX_TABLE", "public.pobox")
+	t.Setenv("RELAY_OUTBOX_RETENTION", "7d")
+	for mode, want := range map[string]string{
+		"drop":   "outbox.retention_partitions is drop, but the relay's role does not own the partitions public.pobox_def, public.pobox_old: ALTER TABLE … OWNER TO <relay role>",
+		"detach": "outbox.retention_partitions is detach, but the relay's role does not own the outbox table public.pobox (DETACH PARTITION alters it), nor the partitions public.pobox_def, public.pobox_old: ",
+	} {
+		t.Setenv("RELAY_OUTBOX_RETENTION_PARTITIONS", mode)
+		code, out, errOut := run(t, "prune")
+		if code != exitcode.Failure || !strings.Contains(errOut, want) {
+			t.Errorf("prune with %s on partitions the role does not own = exit %d, %q%q; want %d saying %q", mode, code, out, errOut, exitcode.Failure, want)
+		}
+	}
+	if exists := queryString(t, dsn, `SELECT (to_regclass('pobox_old') IS NOT NULL)::text`); exists != "true" {
+		t.Errorf("pobox_old is gone; want it kept")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -141,20 +142,25 @@ func CheckPartitions(ctx context.Context, q checkpoint.Querier, table string, mo
 	var parentOwned bool
 	var notOwned *string
 	err = q.QueryRow(ctx, `SELECT pg_has_role(p.relowner, 'USAGE'),
-       (SELECT string_agg(format('%I.%I', n.nspname, c.relname), ', ' ORDER BY 1)
+       (SELECT string_agg(format('%I.%I', n.nspname, c.relname), ', ' ORDER BY n.nspname, c.relname)
         FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
         WHERE i.inhparent = p.oid AND NOT pg_has_role(c.relowner, 'USAGE'))
 FROM pg_catalog.pg_class p WHERE p.oid = to_regclass($1)`, t.Quoted()).Scan(&parentOwned, &notOwned)
-	switch {
-	case err != nil:
+	if err != nil {
 		return fmt.Errorf("look up the owners of %s and its partitions: %w", t, err)
-	case notOwned != nil:
-		return fmt.Errorf("outbox.retention_partitions is %s, but the relay's role does not own the partitions %s: "+
-			"ALTER TABLE … OWNER TO <relay role> (or GRANT <owning role> TO <relay role>), or set outbox.retention_partitions to delete", mode, *notOwned)
-	case mode == PartitionsDetach && !parentOwned:
-		return fmt.Errorf("outbox.retention_partitions is detach, but the relay's role does not own the outbox table %s (DETACH PARTITION alters it): "+
-			"ALTER TABLE %s OWNER TO <relay role> (or GRANT <owning role> TO <relay role>), use drop, or set outbox.retention_partitions to delete", t, t.Quoted())
+	}
+	var missing []string
+	if mode == PartitionsDetach && !parentOwned {
+		missing = append(missing, "the outbox table "+t.String()+" (DETACH PARTITION alters it)")
+	}
+	if notOwned != nil {
+		missing = append(missing, "the partitions "+*notOwned)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("outbox.retention_partitions is %s, but the relay's role does not own %s: "+
+			"ALTER TABLE … OWNER TO <relay role> (or GRANT <owning role> TO <relay role>), or set outbox.retention_partitions to delete",
+			mode, strings.Join(missing, ", nor "))
 	}
 	return nil
 }
