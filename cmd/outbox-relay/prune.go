@@ -132,6 +132,8 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	}
 	switch {
 	case err != nil:
+	case res.OldestExpired == nil && rc.Partitions != retention.PartitionsDelete:
+		row("oldest left", "no row due: rows older than "+age+" in a partition whose range ended less than "+age+" ago go with it later")
 	case res.OldestExpired == nil:
 		row("oldest left", "no row older than "+age)
 	case rc.DryRun:

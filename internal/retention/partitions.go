@@ -47,8 +47,9 @@ type Partition struct {
 
 // partitioning is what a round needs to know of a partitioned outbox.
 type partitioning struct {
-	def string      // the default partition, quoted; "" when there is none
-	due []Partition // partitions whose upper bound is at or before now() - retention (Name only)
+	parent sql.Table
+	def    string      // the default partition, quoted; "" when there is none
+	due    []Partition // partitions whose upper bound is at or before now() - retention (Name only)
 }
 
 // boundTo extracts the upper bound of a range partition from
@@ -60,7 +61,7 @@ const boundTo = ` TO \('([^']*)'\)$`
 // only layout in which a partition's range says how old its rows are, and
 // lists its partitions.
 func partitionsOf(ctx context.Context, db DB, t sql.Table, cfg Config) (partitioning, error) {
-	var p partitioning
+	p := partitioning{parent: t}
 	if err := checkLayout(ctx, db, t, cfg.Partitions); err != nil {
 		return p, err
 	}
@@ -168,17 +169,14 @@ FROM pg_catalog.pg_class p WHERE p.oid = to_regclass($1)`, t.Quoted()).Scan(&par
 // partitionRound removes the due partitions whose rows are all delivered,
 // then deletes the expired, delivered rows of the default partition (which
 // is never dropped: it takes rows of any age).
-func partitionRound(ctx context.Context, db DB, t sql.Table, cfg Config, h *checkpoint.Horizon, res *Result) error {
-	p, err := partitionsOf(ctx, db, t, cfg)
-	if err != nil {
-		return err
-	}
+func partitionRound(ctx context.Context, db DB, p partitioning, cfg Config, h *checkpoint.Horizon, res *Result) error {
+	var err error
 	for _, part := range p.due {
 		if part.Kept == "" {
 			if cfg.DryRun {
 				part, err = checkPartition(ctx, db, part.Name, cfg, h)
 			} else {
-				part, err = removePartition(ctx, db, t, part.Name, cfg, h)
+				part, err = removePartition(ctx, db, p.parent, part.Name, cfg, h)
 			}
 			if err != nil {
 				return err
@@ -201,6 +199,31 @@ func partitionRound(ctx context.Context, db DB, t sql.Table, cfg Config, h *chec
 		return err
 	}
 	return deleteBatches(ctx, db, p.def, p.def, cfg, h, res)
+}
+
+// left is what is overdue after a round is measured over (see overdue): the
+// rows a partition mode removes once due, those of the due partitions still
+// there and of the default partition. Rows in partitions whose range is not
+// yet past the retention are not due, however old: a monthly partition's
+// first rows are a month older than it. "" when there is nothing.
+func (p partitioning) left(res Result, dryRun bool) string {
+	gone := map[string]bool{}
+	for _, part := range res.Partitions {
+		gone[part.Name] = part.Gone && !dryRun
+	}
+	var from []string
+	for _, part := range p.due {
+		if !gone[part.Name] {
+			from = append(from, `SELECT `+sql.Ident(CreatedAtColumn)+` FROM ONLY `+part.Name)
+		}
+	}
+	if p.def != "" {
+		from = append(from, `SELECT `+sql.Ident(CreatedAtColumn)+` FROM ONLY `+p.def)
+	}
+	if len(from) == 0 {
+		return ""
+	}
+	return `(` + strings.Join(from, ` UNION ALL `) + `) due`
 }
 
 // rowsQuery counts a partition's rows, and those a round may not delete.

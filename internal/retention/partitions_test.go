@@ -156,6 +156,10 @@ func TestPartitionDrop(t *testing.T) {
 	if !slices.Equal(g, []string{"public.pobox_p1"}) || len(kept) != 1 || kept["public.pobox_p2"] == "" {
 		t.Errorf("round partitions = %+v; want pobox_p1 dropped, pobox_p2 kept", res.Partitions)
 	}
+	// The default partition's undelivered row is 400 days old.
+	if res.Overdue < 392*day || res.Overdue > 394*day {
+		t.Errorf("round overdue = %s; want about 393 days (the default partition's undelivered row)", res.Overdue)
+	}
 	if res.Deleted != 9 || reported != 9 {
 		t.Errorf("round deleted %d (reported %d); want 9: pobox_p1's 4 rows and 5 of the default partition", res.Deleted, reported)
 	}
@@ -177,6 +181,12 @@ func TestPartitionDrop(t *testing.T) {
 	res = partitionRound(t, e, retention.PartitionsDrop, false)
 	if g, _ := gone(res); !slices.Equal(g, []string{"public.pobox_p2"}) || e.tableExists(t, "pobox_p2") || e.rowsIn(t, "pobox_def") != 0 {
 		t.Errorf("round once covered: partitions %+v, default rows %d; want pobox_p2 dropped and the default partition emptied", res.Partitions, e.rowsIn(t, "pobox_def"))
+	}
+	// pobox_p3's rows are 8 days old, but its range is not yet 7 days past:
+	// not overdue (retention_lag_seconds would otherwise alert on every
+	// partition's oldest rows).
+	if res.Overdue != 0 || res.OldestExpired != nil {
+		t.Errorf("round once covered: overdue %s (oldest %v); want 0: nothing left that a partition round removes now", res.Overdue, res.OldestExpired)
 	}
 }
 

@@ -224,6 +224,14 @@ func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("outbox table: %w", err)
 	}
+	var parts *partitioning
+	if cfg.Partitions != PartitionsDelete {
+		p, err := partitionsOf(ctx, db, t, cfg)
+		if err != nil {
+			return res, err
+		}
+		parts = &p
+	}
 	h, err := checkpoint.FindHorizon(ctx, db, cfg.CheckpointTable, cfg.Slot)
 	var nh *checkpoint.NoHorizonError
 	switch {
@@ -234,8 +242,8 @@ func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 	default:
 		res.Horizon = h
 		switch {
-		case cfg.Partitions != PartitionsDelete:
-			err = partitionRound(ctx, db, t, cfg, h, &res)
+		case parts != nil:
+			err = partitionRound(ctx, db, *parts, cfg, h, &res)
 		case cfg.DryRun:
 			res.Deleted, err = count(ctx, db, t.Quoted(), t.String(), cfg, h)
 		default:
@@ -245,7 +253,13 @@ func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 			return res, err
 		}
 	}
-	res.OldestExpired, res.Overdue, err = overdue(ctx, db, t, cfg.Retention)
+	from := t.Quoted()
+	if parts != nil {
+		if from = parts.left(res, cfg.DryRun); from == "" {
+			return res, nil
+		}
+	}
+	res.OldestExpired, res.Overdue, err = overdue(ctx, db, from, t.String(), cfg.Retention)
 	return res, err
 }
 
@@ -336,17 +350,17 @@ func count(ctx context.Context, db DB, table, name string, cfg Config, h *checkp
 	return n, nil
 }
 
-// overdue finds the oldest row older than the retention, through the
-// created_at index.
-func overdue(ctx context.Context, db DB, t sql.Table, retention time.Duration) (*time.Time, time.Duration, error) {
+// overdue finds the oldest row older than the retention in from (a table,
+// or a subquery with a created_at column), through the created_at index.
+func overdue(ctx context.Context, db DB, from, name string, retention time.Duration) (*time.Time, time.Duration, error) {
 	c := sql.Ident(CreatedAtColumn)
 	var oldest *time.Time
 	var secs *float64
 	err := db.QueryRow(ctx, `SELECT m, extract(epoch FROM (now() - make_interval(secs => $1)) - m)::float8
-FROM (SELECT min(`+c+`)::timestamptz AS m FROM `+t.Quoted()+` WHERE `+c+` < now() - make_interval(secs => $1)) s`,
+FROM (SELECT min(`+c+`)::timestamptz AS m FROM `+from+` WHERE `+c+` < now() - make_interval(secs => $1)) s`,
 		retention.Seconds()).Scan(&oldest, &secs)
 	if err != nil {
-		return nil, 0, fmt.Errorf("find the oldest expired row in %s: %w", t, err)
+		return nil, 0, fmt.Errorf("find the oldest expired row in %s: %w", name, err)
 	}
 	if secs == nil || *secs < 0 {
 		return oldest, 0, nil
