@@ -55,10 +55,11 @@ func (r *Relay) runRetention(ctx context.Context, db retention.DB) {
 				case p.Gone:
 					log.Info("retention: removed a partition whose rows were all delivered", "partition", p.Name,
 						"action", string(cfg.Partitions), "rows", p.Rows)
+					delete(keptSaid, p.Name)
 				case keptSaid[p.Name] != p.Kept:
 					log.Info("retention: partition kept", "partition", p.Name, "reason", p.Kept)
+					keptSaid[p.Name] = p.Kept
 				}
-				keptSaid[p.Name] = p.Kept
 			}
 			if res.Deleted > 0 {
 				log.Info("retention: deleted expired outbox rows", "rows", res.Deleted, "batches", res.Batches,
