@@ -65,6 +65,8 @@ func partitionsOf(ctx context.Context, db DB, t sql.Table, cfg Config) (partitio
 	if err := checkLayout(ctx, db, t, cfg.Partitions); err != nil {
 		return p, err
 	}
+	// DB has no Query (a round's statements are rows or transactions):
+	// the list is read in a transaction that changes nothing.
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return p, err
