@@ -17,6 +17,7 @@ type counters struct {
 	ignoredUpdates   atomic.Uint64
 	ignoredDeletes   atomic.Uint64
 	ignoredTruncates atomic.Uint64
+	unsolicited      [2]atomic.Uint64 // by unsolicited kind
 	skipped          atomic.Uint64
 	reconnects       atomic.Uint64
 	serverWALEnd     atomic.Uint64
@@ -32,6 +33,13 @@ const (
 )
 
 var kindNames = [...]string{"UPDATE", "DELETE", "TRUNCATE"}
+
+// Unsolicited kinds: messages proto_version 1 does not send, skipped where
+// that is safe (see the package doc), for logging each once per Run.
+const (
+	unsolicitedStreamAbort = iota
+	unsolicitedUnknown
+)
 
 // assembler turns pgoutput messages into Batches. It is the deterministic core
 // of the stream: no I/O, no clock, no goroutines, so it is tested on byte
@@ -66,6 +74,13 @@ type assembler struct {
 	startLogged   bool // skippedStart is logged once per Run
 	skippedResent int  // transactions dropped after a reconnect, not yet logged
 	ignoredLogged [3]bool
+
+	unsolicitedLogged [2]bool
+	// unknownSeen: a message of an unknown type was skipped and no Begin has
+	// come since. Until one does, the stream is not idle, so no keepalive's
+	// WAL end is confirmed past a message whose meaning the relay does not
+	// know. Kept across reset: the server sends it again if it matters.
+	unknownSeen bool
 }
 
 func newAssembler(cfg Config, start pglogrepl.LSN, stats *counters) *assembler {
@@ -90,7 +105,7 @@ func (a *assembler) reset() {
 
 // idle reports whether no transaction is open or partly emitted, so that (once
 // lastEnd is confirmed) the server's WAL end may be confirmed.
-func (a *assembler) idle() bool { return !a.open && a.partialCommit == 0 }
+func (a *assembler) idle() bool { return !a.open && a.partialCommit == 0 && !a.unknownSeen }
 
 // handle decodes one pgoutput message that started at lsn and returns a Batch
 // when one is ready. Errors are *DecodeError, except for a gap in what the
@@ -164,16 +179,81 @@ func (a *assembler) handleMsg(msg []byte) (Batch, bool, error) {
 		// Type (only for non-built-in types, values are text anyway), Origin
 		// and logical decoding messages carry nothing the relay forwards.
 		return Batch{}, false, nil
-	case 'S', 'E', 'c', 'A':
-		return Batch{}, false, fmt.Errorf("streaming message %q with proto_version 1", t)
+	case 'A':
+		return Batch{}, false, a.streamAbort(body)
+	case 'S', 'E', 'c':
+		return Batch{}, false, unrequested(t, "streaming of in-progress transactions")
+	case 'b', 'P', 'K', 'r', 'p':
+		return Batch{}, false, unrequested(t, "two-phase commit decoding")
 	default:
-		return Batch{}, false, fmt.Errorf("unknown message type %q", t)
+		return Batch{}, false, a.unknown(t)
 	}
 }
 
+// streamAbort skips a Stream Abort. Proto_version 1 never asked for
+// streaming, so no row of the aborted (sub)transaction reached the relay
+// (a Stream Start would have stopped it): there is nothing to discard, and
+// the message carries no row. Postgres 18 sends such aborts for large
+// aborted transactions it never streamed (see the package doc). Inside a
+// transaction it cannot come from that path, and the relay would not know
+// what it retracts: stop there.
+func (a *assembler) streamAbort(body []byte) error {
+	r := reader{b: body}
+	xid, subxid := r.u32(), r.u32()
+	if r.err != nil {
+		return fmt.Errorf("stream abort: %w", r.err)
+	}
+	if a.open {
+		return fmt.Errorf("stream abort of transaction %d (subtransaction %d) inside transaction %d: "+
+			"proto_version 1 never sends one there, and the relay cannot tell which rows it retracts; nothing of transaction %d was confirmed: %w",
+			xid, subxid, a.cur.Xid, a.cur.Xid, ErrUnrequested)
+	}
+	a.stats.unsolicited[unsolicitedStreamAbort].Add(1)
+	if !a.unsolicitedLogged[unsolicitedStreamAbort] {
+		a.unsolicitedLogged[unsolicitedStreamAbort] = true
+		a.log.Warn("skipping a Stream Abort the server sent although streaming was not requested (a Postgres 18 bug; it carries no rows); logged once, see stats for counts",
+			"xid", xid, "subxid", subxid)
+	}
+	return nil
+}
+
+// unknown skips a message of a type proto_version 1 does not define, if it
+// comes between transactions: every row proto_version 1 sends is between a
+// Begin and a Commit, and an Insert that follows it without a Begin still
+// stops the stream. Until the next Begin the stream is not idle (see
+// unknownSeen). Inside a transaction it might hold rows of that transaction,
+// which would be confirmed with its Commit: stop.
+func (a *assembler) unknown(t byte) error {
+	if a.open {
+		return fmt.Errorf("message of unknown type %q inside transaction %d: it may hold rows the relay cannot read, so the transaction is not confirmed; "+
+			"check that the server runs a Postgres release this relay supports and report the type: %w", t, a.cur.Xid, ErrUnrequested)
+	}
+	a.unknownSeen = true
+	a.stats.unsolicited[unsolicitedUnknown].Add(1)
+	if !a.unsolicitedLogged[unsolicitedUnknown] {
+		a.unsolicitedLogged[unsolicitedUnknown] = true
+		a.log.Warn("skipping a pgoutput message of unknown type between transactions (logged once, see stats for counts); "+
+			"the slot is not advanced past it until the next transaction begins", "type", string(rune(t)))
+	}
+	return nil
+}
+
+// unrequested is the error for a message that frames rows in a way the relay
+// did not ask for (streamed or prepared transactions): the rows after it are
+// not in the proto_version 1 format, and skipping them would lose them.
+func unrequested(t byte, feature string) error {
+	return fmt.Errorf("the server sent message %q of %s, which proto_version 1 did not request: "+
+		"the rows that follow are not readable as proto_version 1, so the relay stopped before confirming them (they stay in the slot). "+
+		"This is a server bug: upgrade Postgres to its latest minor release, then start the relay again; it resumes from its checkpoint. "+
+		"Raising logical_decoding_work_mem makes the server stream (or evict) large transactions less often: %w", t, feature, ErrUnrequested)
+}
+
+// errOutsideTxn: a change came without a Begin before it.
+var errOutsideTxn = errors.New("outside a transaction")
+
 func (a *assembler) inTxn(t byte) error {
 	if !a.open {
-		return fmt.Errorf("message %q outside a transaction", t)
+		return fmt.Errorf("message %q %w", t, errOutsideTxn)
 	}
 	return nil
 }
@@ -187,6 +267,7 @@ func (a *assembler) begin(body []byte) error {
 		return fmt.Errorf("begin of %d inside transaction %d", m.Xid, a.cur.Xid)
 	}
 	a.open, a.skip, a.dropRows, a.txnRows = true, false, 0, 0
+	a.unknownSeen = false
 	a.cur = Batch{Xid: m.Xid, CommitLSN: m.FinalLSN, CommitTime: m.CommitTime}
 	switch {
 	case m.FinalLSN < a.start:

@@ -439,7 +439,7 @@ func TestDecodeErrors(t *testing.T) {
 		msgs [][]byte // all but the last must succeed
 	}{
 		{"empty message", [][]byte{{}}},
-		{"unknown type", [][]byte{{'Z', 1, 2}}},
+		{"unknown type inside a transaction", [][]byte{begin, {'Z', 1, 2}}},
 		{"truncated begin", [][]byte{begin[:10]}},
 		{"begin inside a transaction", [][]byte{begin, begin}},
 		{"commit outside a transaction", [][]byte{commitMessage(0x1000, 0x1008)}},
@@ -458,6 +458,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"truncate with huge count", [][]byte{begin, {'T', 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 1}}},
 		{"update outside a transaction", [][]byte{{'U', 0, 0, 0x40, 0}}},
 		{"streaming message", [][]byte{{'S', 0, 0, 0, 1, 1}}},
+		{"stream abort inside a transaction", [][]byte{begin, {'A', 0, 0, 0, 2, 0, 0, 0, 2}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

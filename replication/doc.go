@@ -48,4 +48,43 @@
 //     valid for as long as the caller keeps it. Values are pgoutput text (jsonb
 //     as its text, bytea as \x hex), nil for NULL.
 //   - Bad bytes never panic: they end Run with a *DecodeError.
+//   - A message proto_version 1 does not send is skipped only where it cannot
+//     hold or retract a row; anywhere else Run stops before confirming
+//     anything at or after it (see below).
+//
+// # Messages the relay did not ask for
+//
+// With proto_version 1 and neither streaming nor two_phase requested, every
+// row arrives between a Begin and its Commit, and nothing else frames rows.
+// Servers do not always keep to that: Postgres 18 sends Stream Abort
+// messages to such clients (estuary/connectors#5228). As we read the 18
+// source, its reorder buffer discards a large transaction found aborted when
+// logical_decoding_work_mem is exceeded, which marks it (or a subtransaction)
+// as streamed although no byte of it was sent, and decoding its abort record
+// then calls pgoutput's
+// stream_abort callback: an 'A' with the top-level and subtransaction xids,
+// always between transactions (a committed transaction is sent whole, from
+// Begin to Commit, while its commit record is decoded). The rule, per kind:
+//
+//   - Stream Abort between transactions: skipped, counted
+//     (Stats.SkippedStreamAborts) and logged once per Run. No row of the
+//     aborted transaction reached the relay (a Stream Start would have
+//     stopped it), so there is nothing to retract; the stream stays idle.
+//   - A message of an unknown type between transactions: skipped, counted
+//     (Stats.SkippedUnknownMessages) and logged once per Run. Its meaning is
+//     unknown, so until the next Begin the stream is not idle and no
+//     keepalive's WAL end is confirmed past it; an Insert, Update, Delete or
+//     Truncate that follows without a Begin still stops Run.
+//   - Stream Start, Stream Stop, Stream Commit, and the two-phase messages
+//     (Begin Prepare, Prepare, Commit Prepared, Rollback Prepared, Stream
+//     Prepare): Run stops with a *DecodeError wrapping ErrUnrequested. They
+//     frame rows in a format proto_version 1 did not ask for (streamed
+//     changes carry an xid before the relation), which the relay would
+//     misread or, skipped, lose with the next confirmation.
+//   - A Stream Abort or a message of an unknown type inside a transaction:
+//     Run stops the same way, before that transaction's Commit is confirmed;
+//     proto_version 1 never sends one there and it might hold or retract rows.
+//
+// Stopping loses nothing: the confirmed position stays before the message,
+// and a restarted relay reads it again from the slot.
 package replication

@@ -30,6 +30,11 @@ var (
 	ErrPermission = errors.New("permission denied")
 	// ErrConfig: the Config is invalid (see the message for the field).
 	ErrConfig = errors.New("invalid replication config")
+	// ErrUnrequested: the server sent a message proto_version 1 does not
+	// send, where skipping it could lose rows (a Stream Start, Stop or
+	// Commit, a two-phase message, or an unknown message inside a
+	// transaction). It comes wrapped in a *DecodeError.
+	ErrUnrequested = errors.New("pgoutput message not requested")
 )
 
 // DecodeError reports a pgoutput message that could not be decoded. It is not

@@ -62,27 +62,34 @@ type Stats struct {
 	IgnoredUpdates       uint64
 	IgnoredDeletes       uint64
 	IgnoredTruncates     uint64 // one per truncated relation
-	SkippedTransactions  uint64 // already delivered: before the start LSN, or resent after a reconnect
-	Reconnects           uint64
-	ConfirmedLSN         pglogrepl.LSN // what status updates report to the server
-	ServerWALEnd         pglogrepl.LSN // latest WAL end reported by the server
-	LastMessageAt        time.Time     // zero before the first message
-	Streaming            bool          // a replication connection is up
+	// Messages proto_version 1 does not send, skipped because they carry no
+	// row (see the package doc): Stream Aborts, and messages of an unknown
+	// type between transactions.
+	SkippedStreamAborts    uint64
+	SkippedUnknownMessages uint64
+	SkippedTransactions    uint64 // already delivered: before the start LSN, or resent after a reconnect
+	Reconnects             uint64
+	ConfirmedLSN           pglogrepl.LSN // what status updates report to the server
+	ServerWALEnd           pglogrepl.LSN // latest WAL end reported by the server
+	LastMessageAt          time.Time     // zero before the first message
+	Streaming              bool          // a replication connection is up
 }
 
 // Stats returns a snapshot of the counters. Safe for concurrent use.
 func (s *Stream) Stats() Stats {
 	st := Stats{
-		ReceivedTransactions: s.stats.transactions.Load(),
-		ReceivedRows:         s.stats.rows.Load(),
-		IgnoredUpdates:       s.stats.ignoredUpdates.Load(),
-		IgnoredDeletes:       s.stats.ignoredDeletes.Load(),
-		IgnoredTruncates:     s.stats.ignoredTruncates.Load(),
-		SkippedTransactions:  s.stats.skipped.Load(),
-		Reconnects:           s.stats.reconnects.Load(),
-		ConfirmedLSN:         pglogrepl.LSN(s.confirmed.Load()),
-		ServerWALEnd:         pglogrepl.LSN(s.stats.serverWALEnd.Load()),
-		Streaming:            s.stats.streaming.Load(),
+		ReceivedTransactions:   s.stats.transactions.Load(),
+		ReceivedRows:           s.stats.rows.Load(),
+		IgnoredUpdates:         s.stats.ignoredUpdates.Load(),
+		IgnoredDeletes:         s.stats.ignoredDeletes.Load(),
+		IgnoredTruncates:       s.stats.ignoredTruncates.Load(),
+		SkippedStreamAborts:    s.stats.unsolicited[unsolicitedStreamAbort].Load(),
+		SkippedUnknownMessages: s.stats.unsolicited[unsolicitedUnknown].Load(),
+		SkippedTransactions:    s.stats.skipped.Load(),
+		Reconnects:             s.stats.reconnects.Load(),
+		ConfirmedLSN:           pglogrepl.LSN(s.confirmed.Load()),
+		ServerWALEnd:           pglogrepl.LSN(s.stats.serverWALEnd.Load()),
+		Streaming:              s.stats.streaming.Load(),
 	}
 	if ns := s.stats.lastMessageAt.Load(); ns != 0 {
 		st.LastMessageAt = time.Unix(0, ns)
@@ -409,6 +416,11 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 	// as decoding it.
 	var deadline time.Time
 	now := time.Now()
+	emit := func(b Batch) error {
+		err := s.emit(ctx, conn, asm, st, out, b)
+		now = time.Now() // emit may have waited for the pipeline
+		return err
+	}
 	for {
 		if s.statusDue(st, now) {
 			if err := s.sendStatus(ctx, conn, st, now.Sub(lastRecv) > s.cfg.StatusInterval); err != nil {
@@ -463,17 +475,9 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 				if err != nil {
 					return &DecodeError{LSN: st.sent, Err: err}
 				}
-				b, ok, err := asm.handle(xld.WALStart, xld.WALData)
-				if err != nil {
+				if err := s.xlogData(asm, xld, emit); err != nil {
 					return err
 				}
-				if ok {
-					if err := s.emit(ctx, conn, asm, st, out, b); err != nil {
-						return err
-					}
-					now = time.Now() // emit may have waited for the pipeline
-				}
-				s.advanceIdle(asm, xld.ServerWALEnd)
 			}
 		case *pgproto3.ErrorResponse:
 			return s.classify("stream", pgconn.ErrorResponseToPgError(msg))
@@ -481,6 +485,23 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 			return errors.New("server ended the replication stream")
 		}
 	}
+}
+
+// xlogData handles one XLogData message of the receive loop: decode it, hand
+// a ready Batch to emit, then confirm the server's WAL end if the stream is
+// idle. A decode error returns before anything is confirmed past the message.
+func (s *Stream) xlogData(asm *assembler, xld pglogrepl.XLogData, emit func(Batch) error) error {
+	b, ok, err := asm.handle(xld.WALStart, xld.WALData)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if err := emit(b); err != nil {
+			return err
+		}
+	}
+	s.advanceIdle(asm, xld.ServerWALEnd)
+	return nil
 }
 
 // advanceIdle confirms the server's WAL end when nothing is in flight (DESIGN

@@ -31,17 +31,18 @@ func (e *env) adminConfig() admin.Config {
 	checkpoint, _ := sql.ParseTable(c.Checkpoint.Table)
 	retryTable, _ := sql.ParseTable(c.Retry.Table)
 	return admin.Config{
-		DSN:             c.Postgres.DSN,
-		Slot:            c.Postgres.Slot,
-		Publication:     c.Postgres.Publication,
-		OutboxTable:     outbox,
-		Layout:          c.Outbox.Layout,
-		Columns:         sql.Columns(c.Outbox.Columns),
-		Router:          c.routerConfig(),
-		CheckpointTable: checkpoint,
-		RetryTable:      retryTable,
-		Kafka:           c.sinkConfig(e.log),
-		Retention:       c.Outbox.Retention,
-		RedactedDSN:     redactDSN(c.Postgres.DSN),
+		DSN:                 c.Postgres.DSN,
+		Slot:                c.Postgres.Slot,
+		Publication:         c.Postgres.Publication,
+		OutboxTable:         outbox,
+		Layout:              c.Outbox.Layout,
+		Columns:             sql.Columns(c.Outbox.Columns),
+		Router:              c.routerConfig(),
+		CheckpointTable:     checkpoint,
+		RetryTable:          retryTable,
+		Kafka:               c.sinkConfig(e.log),
+		Retention:           c.Outbox.Retention,
+		RetentionPartitions: c.Outbox.RetentionPartitions,
+		RedactedDSN:         redactDSN(c.Postgres.DSN),
 	}
 }

@@ -71,6 +71,16 @@ func TestCheckBroken(t *testing.T) {
 			},
 		},
 		{
+			name: "partition drop on an outbox that is not partitioned",
+			setup: []string{
+				`CREATE TABLE outbox (id uuid, aggregate_type text, aggregate_id text, event_type text, payload jsonb, headers jsonb, created_at timestamptz)`,
+			},
+			env: map[string]string{"RELAY_OUTBOX_RETENTION": "7d", "RELAY_OUTBOX_RETENTION_PARTITIONS": "drop"},
+			want: []string{
+				`FAIL  retention: outbox.retention_partitions is drop, but the outbox table public.outbox is not partitioned: set outbox.retention_partitions to delete (rows)`,
+			},
+		},
+		{
 			name: "wrong column types and publication",
 			setup: []string{
 				`CREATE TABLE outbox (id uuid, aggregate_type int, aggregate_id text, event_type text, payload int, created_at timestamptz)`,

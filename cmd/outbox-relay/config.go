@@ -53,6 +53,7 @@ var defaults = map[string]string{
 	"outbox.retention_batch_size":        strconv.Itoa(retention.DefaultBatchSize),
 	"outbox.retention_pause":             durationText(retention.DefaultPause),
 	"outbox.retention_statement_timeout": durationText(retention.DefaultStatementTimeout),
+	"outbox.retention_partitions":        string(retention.PartitionsDelete),
 	// The columns' defaults are the layout's (sql.Layout.Columns): empty
 	// here, filled in validate.
 	"outbox.columns.id":                  "",
@@ -180,6 +181,7 @@ type config struct {
 		Retention, RetentionInterval              time.Duration
 		RetentionBatchSize                        int
 		RetentionPause, RetentionStatementTimeout time.Duration
+		RetentionPartitions                       retention.PartitionMode
 	}
 	Message struct {
 		Headers   []string // nil: the layout's (layoutHeaders)
@@ -315,6 +317,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Outbox.RetentionBatchSize = l.int("outbox.retention_batch_size")
 	c.Outbox.RetentionPause = l.duration("outbox.retention_pause")
 	c.Outbox.RetentionStatementTimeout = l.duration("outbox.retention_statement_timeout")
+	c.Outbox.RetentionPartitions = retention.PartitionMode(strings.ToLower(l.str("outbox.retention_partitions")))
 	if h := l.str("message.headers"); h == "-" {
 		c.Message.Headers = []string{}
 	} else if h != "" {
@@ -751,6 +754,12 @@ func (c *config) validate() error {
 	}
 	positive(&c.Outbox.RetentionPause, "outbox.retention_pause")
 	positive(&c.Outbox.RetentionStatementTimeout, "outbox.retention_statement_timeout")
+	def((*string)(&c.Outbox.RetentionPartitions), "outbox.retention_partitions")
+	switch c.Outbox.RetentionPartitions {
+	case retention.PartitionsDelete, retention.PartitionsDrop, retention.PartitionsDetach:
+	default:
+		bad("outbox.retention_partitions", "%q is not one of delete (rows, the default), drop or detach (whole partitions of an outbox partitioned by range on created_at)", c.Outbox.RetentionPartitions)
+	}
 	def(&c.Retry.Table, "retry.table")
 	if _, err := sql.ParseTable(c.Retry.Table); err != nil {
 		bad("retry.table", "%v", err)
@@ -875,5 +884,6 @@ func (c *config) retentionConfig() retention.Config {
 		BatchSize:        c.Outbox.RetentionBatchSize,
 		Pause:            c.Outbox.RetentionPause,
 		StatementTimeout: c.Outbox.RetentionStatementTimeout,
+		Partitions:       c.Outbox.RetentionPartitions,
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/retention"
 )
 
 func TestParseDuration(t *testing.T) {
@@ -46,18 +47,19 @@ func TestRetentionConfig(t *testing.T) {
 	rc := c.relayConfig(slog.New(slog.DiscardHandler))
 	if rc.Retention.Retention != 0 || rc.Retention.Interval != time.Minute || rc.Retention.BatchSize != 1000 ||
 		rc.Retention.Pause != 100*time.Millisecond || rc.Retention.StatementTimeout != 5*time.Second ||
+		rc.Retention.Partitions != retention.PartitionsDelete ||
 		rc.HistoryInterval != time.Minute || rc.HistoryKeep != 30*day {
-		t.Errorf("defaults: retention %+v, history every %s kept %s; want off, 1m, 1000, 100ms, 5s, 1m, 30d",
+		t.Errorf("defaults: retention %+v, history every %s kept %s; want off, 1m, 1000, 100ms, 5s, delete, 1m, 30d",
 			rc.Retention, rc.HistoryInterval, rc.HistoryKeep)
 	}
 
-	c, err = load(t, writeFile(t, "c.yaml", minimal+"outbox:\n  retention: 7d\n  retention_batch_size: 50\ncheckpoint:\n  history_keep: 2d12h\n"))
+	c, err = load(t, writeFile(t, "c.yaml", minimal+"outbox:\n  retention: 7d\n  retention_batch_size: 50\n  retention_partitions: Drop\ncheckpoint:\n  history_keep: 2d12h\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rc := c.relayConfig(slog.New(slog.DiscardHandler)); rc.Retention.Retention != 7*day || rc.Retention.BatchSize != 50 || rc.HistoryKeep != 60*time.Hour ||
+	if rc := c.relayConfig(slog.New(slog.DiscardHandler)); rc.Retention.Retention != 7*day || rc.Retention.BatchSize != 50 || rc.HistoryKeep != 60*time.Hour || rc.Retention.Partitions != retention.PartitionsDrop ||
 		rc.Retention.Slot != "outbox_relay" || rc.Retention.Table != "public.outbox" {
-		t.Errorf("retention 7d, batch 50, history_keep 2d12h: got %+v, keep %s", rc.Retention, rc.HistoryKeep)
+		t.Errorf("retention 7d, batch 50, partitions Drop, history_keep 2d12h: got %+v, keep %s", rc.Retention, rc.HistoryKeep)
 	}
 	t.Setenv("RELAY_OUTBOX_RETENTION", "off")
 	if c, err := load(t, writeFile(t, "c.yaml", minimal+"outbox:\n  retention: 7d\n")); err != nil || c.Outbox.Retention != 0 {
@@ -72,6 +74,7 @@ func TestRetentionConfig(t *testing.T) {
 		{"RELAY_OUTBOX_RETENTION_PAUSE", "-1ms", "outbox.retention_pause: -1ms is negative"},
 		{"RELAY_OUTBOX_RETENTION_STATEMENT_TIMEOUT", "5", `outbox.retention_statement_timeout: "5" is not a duration`},
 		{"RELAY_OUTBOX_RETENTION_INTERVAL", "-1m", "outbox.retention_interval: -1m0s is negative"},
+		{"RELAY_OUTBOX_RETENTION_PARTITIONS", "truncate", `outbox.retention_partitions: "truncate" is not one of delete (rows, the default), drop or detach`},
 		{"RELAY_CHECKPOINT_HISTORY_KEEP", "30s", "checkpoint.history_keep: 30s is shorter than checkpoint.history_interval (1m0s)"},
 		{"RELAY_CHECKPOINT_HISTORY_INTERVAL", "often", `checkpoint.history_interval: "often" is not a duration`},
 	} {

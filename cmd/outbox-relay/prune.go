@@ -33,7 +33,13 @@ It prints how many rows it deleted, the horizon it used (the newest checkpoint
 history row the checkpoint covers), and why nothing was deleted when so.
 --dry-run counts instead and deletes nothing. --retention overrides
 outbox.retention for this run. A relay may be running. Exits 0 when the round
-ran, deleted or not; 1 when it failed.`,
+ran, deleted or not; 1 when it failed.
+
+With outbox.retention_partitions drop or detach (an outbox partitioned by range
+on created_at), it drops or detaches each partition whose range ends before the
+retention and whose rows are all delivered, lists each such partition it kept
+and why, and deletes the delivered old rows of the default partition;
+--dry-run lists the partitions that would go.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
 			rc := e.cfg.retentionConfig()
@@ -70,6 +76,9 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	if err := retention.CheckTable(ctx, conn, rc.Table); err != nil {
 		return err
 	}
+	if err := retention.CheckPartitions(ctx, conn, rc.Table, rc.Partitions); err != nil {
+		return err
+	}
 	start := time.Now()
 	res, err := retention.Round(ctx, conn, rc)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
@@ -85,6 +94,21 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	} else if err == nil {
 		row("horizon", "none: "+res.NoHorizon)
 	}
+	var inPartitions int64 // rows removed with their partitions
+	done := map[retention.PartitionMode]string{retention.PartitionsDrop: "dropped", retention.PartitionsDetach: "detached"}[rc.Partitions]
+	for _, p := range res.Partitions {
+		switch {
+		case p.Gone && rc.DryRun:
+			row("would "+string(rc.Partitions), fmt.Sprintf("partition %s (%d rows, all delivered; its range ends more than %s ago)", p.Name, p.Rows, age))
+		case p.Gone:
+			row(done, fmt.Sprintf("partition %s (%d rows, all delivered; its range ends more than %s ago)", p.Name, p.Rows, age))
+		default:
+			row("kept", fmt.Sprintf("partition %s: %s", p.Name, p.Kept))
+		}
+		if p.Gone {
+			inPartitions += p.Rows
+		}
+	}
 	switch {
 	case rc.DryRun && res.Horizon != nil:
 		row("would delete", fmt.Sprintf("%d rows older than %s (dry run: nothing deleted)", res.Deleted, age))
@@ -95,13 +119,21 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 		if res.Batches == 1 {
 			batches = "batch"
 		}
-		row("deleted", fmt.Sprintf("%d rows older than %s in %d %s of at most %d, in %s",
-			res.Deleted, age, res.Batches, batches, rc.BatchSize, time.Since(start).Round(time.Millisecond)))
+		took := time.Since(start).Round(time.Millisecond)
+		if inPartitions == 0 {
+			row("deleted", fmt.Sprintf("%d rows older than %s in %d %s of at most %d, in %s",
+				res.Deleted, age, res.Batches, batches, rc.BatchSize, took))
+		} else {
+			row("deleted", fmt.Sprintf("%d rows older than %s: %d %s with their partitions, %d in %d %s of at most %d, in %s",
+				res.Deleted, age, inPartitions, done, res.Deleted-inPartitions, res.Batches, batches, rc.BatchSize, took))
+		}
 	default:
 		row("deleted", "0 rows: nothing may be deleted without a horizon")
 	}
 	switch {
 	case err != nil:
+	case res.OldestExpired == nil && rc.Partitions != retention.PartitionsDelete:
+		row("oldest left", "no row due: rows older than "+age+" in a partition whose range ended less than "+age+" ago go with it later")
 	case res.OldestExpired == nil:
 		row("oldest left", "no row older than "+age)
 	case rc.DryRun:

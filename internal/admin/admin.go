@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -40,6 +41,9 @@ type Config struct {
 	// Retention is outbox.retention (0: off): Check then checks what it
 	// needs of the outbox table.
 	Retention time.Duration
+	// RetentionPartitions is outbox.retention_partitions: with drop or
+	// detach, Check also checks the partitioning and ownership they need.
+	RetentionPartitions retention.PartitionMode
 
 	// RedactedDSN is DSN without its password, for messages.
 	RedactedDSN string

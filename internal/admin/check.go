@@ -246,6 +246,11 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	default:
 		if err := retention.CheckTable(ctx, conn, outbox.String()); err != nil {
 			c.fail("retention", "%v", cfg.scrub(err))
+		} else if err := retention.CheckPartitions(ctx, conn, outbox.String(), cfg.RetentionPartitions); err != nil {
+			c.fail("retention", "%v", cfg.scrub(err))
+		} else if m := cfg.RetentionPartitions; m == retention.PartitionsDrop || m == retention.PartitionsDetach {
+			c.ok("retention", "partitions of %s whose range ends more than %s ago are %s once all their rows are delivered; the default partition's rows are deleted (partitioned by created_at, owned)",
+				outbox, period(cfg.Retention), map[retention.PartitionMode]string{retention.PartitionsDrop: "dropped", retention.PartitionsDetach: "detached"}[m])
 		} else {
 			c.ok("retention", "rows of %s older than %s are deleted once delivered (created_at, DELETE allowed)", outbox, period(cfg.Retention))
 		}

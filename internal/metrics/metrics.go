@@ -30,6 +30,7 @@
 //	reconnects_total                      counter   replication connections re-established
 //	decode_errors_total                   counter   pgoutput messages that could not be decoded
 //	ignored_changes_total{kind}           counter   changes skipped: update, delete, truncate, ...
+//	unsolicited_messages_total{kind}      counter   pgoutput messages proto_version 1 does not send, skipped: stream_abort, unknown
 //	slot_active                           gauge     1 when a backend holds the slot (sampled)
 //	slot_lag_bytes                        gauge     current WAL - confirmed_flush_lsn (sampled)
 //	slot_retained_wal_bytes               gauge     current WAL - restart_lsn (sampled)
@@ -46,7 +47,7 @@
 //	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
 //	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
 //	stalled_seconds                       gauge     how long the WAL has been ahead of the confirmed LSN without progress; 0 when not
-//	retention_deleted_total               counter   outbox rows deleted by retention (outbox.retention)
+//	retention_deleted_total               counter   outbox rows deleted by retention (outbox.retention), or removed with a dropped or detached partition
 //	retention_lag_seconds                 gauge     how long the oldest row older than the retention has been due for deletion, 0 when none (after each round)
 //	retention_last_round_timestamp_seconds gauge    when the last retention round ended (Unix time); 0 before the first
 //	retention_round_duration_seconds      gauge     how long the last retention round took
@@ -70,6 +71,7 @@ type Metrics struct {
 
 	received, delivered, failed *prometheus.CounterVec
 	ignored                     *prometheus.CounterVec
+	unsolicited                 *prometheus.CounterVec
 	latency, batch              prometheus.Histogram
 	inFlightEvents              prometheus.Gauge
 	inFlightBytes               prometheus.Gauge
@@ -119,6 +121,7 @@ func New() *Metrics {
 	m.delivered = counterVec("events_delivered_total", "Events acknowledged by Kafka, by topic.", "topic")
 	m.failed = counterVec("events_failed_total", "Events Kafka rejected and that went to the retry table, by topic.", "topic")
 	m.ignored = counterVec("ignored_changes_total", "Changes read from the WAL and skipped, by kind (update, delete, truncate, ...).", "kind")
+	m.unsolicited = counterVec("unsolicited_messages_total", "pgoutput messages that proto_version 1 does not send and that were skipped because they carry no row, by kind (stream_abort, unknown).", "kind")
 	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "delivery_latency_seconds",
 		Help: "Time from the transaction's commit in Postgres to the Kafka acknowledgement, per event.", Buckets: LatencyBuckets})
 	m.batch = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "produce_batch_messages",
@@ -141,12 +144,12 @@ func New() *Metrics {
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
 	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "health_failing",
 		Help: "1 while a health check fails, by check: replication, kafka, retry_table, checkpoint, stalled."}, []string{"check"})
-	m.retentionDeleted = counter("retention_deleted_total", "Outbox rows deleted by retention (outbox.retention).")
+	m.retentionDeleted = counter("retention_deleted_total", "Outbox rows deleted by retention (outbox.retention), or removed from the outbox with a partition it dropped or detached.")
 	m.retentionLag = gauge("retention_lag_seconds", "How long the oldest outbox row older than outbox.retention has been due for deletion, as of the last retention round; 0 when there is none.")
 	m.retentionLast = gauge("retention_last_round_timestamp_seconds", "When the last retention round ended, as a Unix time; 0 before the first.")
 	m.retentionDur = gauge("retention_round_duration_seconds", "How long the last retention round took.")
 	m.sampled = &sampled{}
-	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.latency, m.batch,
+	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops, m.placementStops,
 		m.ready, m.stalled, m.active, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
@@ -283,6 +286,14 @@ func (m *Metrics) DecodeError() {
 func (m *Metrics) IgnoredChange(kind string) {
 	if m != nil {
 		m.ignored.WithLabelValues(kind).Inc()
+	}
+}
+
+// UnsolicitedMessages counts n skipped pgoutput messages of the given kind
+// ("stream_abort", "unknown") that proto_version 1 does not send.
+func (m *Metrics) UnsolicitedMessages(kind string, n uint64) {
+	if m != nil && n > 0 {
+		m.unsolicited.WithLabelValues(kind).Add(float64(n))
 	}
 }
 

@@ -39,6 +39,8 @@ func TestHandlerServesMetrics(t *testing.T) {
 	m.Reconnected()
 	m.DecodeError()
 	m.IgnoredChange("update")
+	m.UnsolicitedMessages("stream_abort", 2)
+	m.UnsolicitedMessages("unknown", 0)
 	m.sampled.slot = &ops.SlotLag{Active: true, LagBytes: ptr(int64(4096)), RetainedWALBytes: ptr(int64(8192)), SafeWALSizeBytes: ptr(int64(1 << 30))}
 	m.sampled.retry = &ops.Retry{Pending: 2, Dead: 1, OldestPendingAgeSeconds: ptr(42.0)}
 
@@ -60,6 +62,7 @@ func TestHandlerServesMetrics(t *testing.T) {
 		`outbox_relay_reconnects_total 1`,
 		`outbox_relay_decode_errors_total 1`,
 		`outbox_relay_ignored_changes_total{kind="update"} 1`,
+		`outbox_relay_unsolicited_messages_total{kind="stream_abort"} 2`,
 		`outbox_relay_sample_errors_total 0`,
 		`outbox_relay_slot_active 1`,
 		`outbox_relay_slot_lag_bytes 4096`,

@@ -414,6 +414,9 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *c
 			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
 				return err
 			}
+			if err := retention.CheckPartitions(ctx, pool, r.cfg.Table, r.cfg.Retention.Partitions); err != nil {
+				return err
+			}
 		}
 		return gt.load(ctx)
 	})
@@ -568,6 +571,8 @@ func (r *Relay) pumpStats(ctx context.Context, worker *retry.Worker) {
 		for range st.IgnoredTruncates - last.IgnoredTruncates {
 			r.m.IgnoredChange("truncate")
 		}
+		r.m.UnsolicitedMessages("stream_abort", st.SkippedStreamAborts-last.SkippedStreamAborts)
+		r.m.UnsolicitedMessages("unknown", st.SkippedUnknownMessages-last.SkippedUnknownMessages)
 		last = st
 		ws := worker.Stats()
 		r.m.RetryWorked(ws.Attempted-lastW.Attempted, ws.Succeeded-lastW.Succeeded, ws.DeadLettered-lastW.DeadLettered)

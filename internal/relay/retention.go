@@ -17,7 +17,10 @@ func (r *Relay) runRetention(ctx context.Context, db retention.DB) {
 	cfg.Deleted = r.m.RetentionDeleted
 	log := r.log.With("component", "retention")
 	log.Info("retention on: deleting delivered outbox rows older than the retention",
-		"retention", cfg.Retention.String(), "interval", cfg.Interval.String(), "batch_size", cfg.BatchSize)
+		"retention", cfg.Retention.String(), "interval", cfg.Interval.String(), "batch_size", cfg.BatchSize,
+		"partitions", string(cfg.Partitions))
+	// A partition kept for the same reason round after round is said once.
+	keptSaid := map[string]string{}
 	var lastReason checkpoint.NoHorizonKind
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -47,6 +50,17 @@ func (r *Relay) runRetention(ctx context.Context, db retention.DB) {
 		default:
 			r.m.RetentionRound(time.Now(), time.Since(start), res.Overdue)
 			lastReason = ""
+			for _, p := range res.Partitions {
+				switch {
+				case p.Gone:
+					log.Info("retention: removed a partition whose rows were all delivered", "partition", p.Name,
+						"action", string(cfg.Partitions), "rows", p.Rows)
+					delete(keptSaid, p.Name)
+				case keptSaid[p.Name] != p.Kept:
+					log.Info("retention: partition kept", "partition", p.Name, "reason", p.Kept)
+					keptSaid[p.Name] = p.Kept
+				}
+			}
 			if res.Deleted > 0 {
 				log.Info("retention: deleted expired outbox rows", "rows", res.Deleted, "batches", res.Batches,
 					"horizon_lsn", res.Horizon.Entry.LSN.String(), "took", time.Since(start).Round(time.Millisecond).String())

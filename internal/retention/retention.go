@@ -59,6 +59,30 @@
 // index, by ctid), and is followed by a Pause. A round stops at the first
 // batch that deletes fewer rows than BatchSize. Only the outbox table is
 // touched: the retry table keeps its rows until they are delivered or dropped.
+//
+// # Partitioned outboxes
+//
+// Rows are deleted through the partitioned table like through a plain one,
+// by the same rule; a batch names its rows by (tableoid, ctid), since a ctid
+// is unique only within one partition.
+//
+// With Config.Partitions drop or detach (the outbox partitioned BY RANGE
+// (created_at) alone), a round instead removes whole partitions, and deletes
+// no row outside the default partition. A partition is removed only when
+//
+//   - its range ends at or before now() - retention, so every row it holds or
+//     could ever be given is older than the retention (a partition created
+//     ahead for next month is empty, and never due); and
+//   - every row in it may be deleted by the rule above: one row whose
+//     transaction the checkpoint does not cover keeps the whole partition.
+//
+// The rows are counted under a SHARE lock on the partition, held until the
+// DROP TABLE or DETACH PARTITION in the same transaction commits, so no
+// insert can slip in between (see removePartition for the locks and why
+// DETACH CONCURRENTLY is not used). The default partition is never removed
+// (it takes rows of any age); its rows are deleted in batches by the rule.
+// A sub-partitioned partition is left alone. Detach leaves the partition as
+// a table of its own: archiving and dropping it is the operator's job.
 package retention
 
 import (
@@ -103,8 +127,16 @@ type Config struct {
 	Pause            time.Duration // between batches, default 100ms
 	StatementTimeout time.Duration // per batch (SET LOCAL statement_timeout), default 5s
 
-	// DryRun counts what a round would delete, in one read-only statement
-	// (its timeout the larger of StatementTimeout and 60s), and deletes nothing.
+	// Partitions is how a round removes rows of a partitioned outbox:
+	// PartitionsDelete (the default) deletes rows; PartitionsDrop and
+	// PartitionsDetach remove whole partitions (see "Partitioned outboxes"
+	// in the package doc).
+	Partitions PartitionMode
+
+	// DryRun counts what a round would delete, in read-only statements
+	// (their timeout the larger of StatementTimeout and 60s), and deletes
+	// nothing; with Partitions drop or detach it lists the partitions that
+	// would go.
 	DryRun bool
 	// Deleted, when set, is called after each committed batch with the
 	// number of rows it deleted.
@@ -141,6 +173,13 @@ func (c *Config) Validate() error {
 	if c.StatementTimeout <= 0 {
 		c.StatementTimeout = DefaultStatementTimeout
 	}
+	switch c.Partitions {
+	case "":
+		c.Partitions = PartitionsDelete
+	case PartitionsDelete, PartitionsDrop, PartitionsDetach:
+	default:
+		return fmt.Errorf("outbox.retention_partitions is %q; want delete (rows, the default), drop or detach (whole partitions of a partitioned outbox)", c.Partitions)
+	}
 	return nil
 }
 
@@ -158,8 +197,12 @@ type Result struct {
 	Horizon       *checkpoint.Horizon
 	NoHorizon     string
 	NoHorizonKind checkpoint.NoHorizonKind
-	Deleted       int64 // rows deleted; with DryRun, rows that would be
+	Deleted       int64 // rows deleted, or removed with their partition; with DryRun, rows that would be
 	Batches       int   // DELETE statements run
+	// Partitions: with Config.Partitions drop or detach, the partitions
+	// whose range lies wholly before the retention: dropped or detached
+	// (with DryRun: would be), or kept and why.
+	Partitions []Partition
 	// Overdue is how long the oldest row older than the retention that is
 	// still in the table has been due (its age minus the retention), after
 	// the round; 0 when there is none. OldestExpired is its created_at.
@@ -181,6 +224,14 @@ func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("outbox table: %w", err)
 	}
+	var parts *partitioning
+	if cfg.Partitions != PartitionsDelete {
+		p, err := partitionsOf(ctx, db, t, cfg)
+		if err != nil {
+			return res, err
+		}
+		parts = &p
+	}
 	h, err := checkpoint.FindHorizon(ctx, db, cfg.CheckpointTable, cfg.Slot)
 	var nh *checkpoint.NoHorizonError
 	switch {
@@ -190,16 +241,25 @@ func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 		return res, err
 	default:
 		res.Horizon = h
-		if cfg.DryRun {
-			res.Deleted, err = count(ctx, db, t, cfg, h)
-		} else {
-			err = deleteBatches(ctx, db, t, cfg, h, &res)
+		switch {
+		case parts != nil:
+			err = partitionRound(ctx, db, *parts, cfg, h, &res)
+		case cfg.DryRun:
+			res.Deleted, err = count(ctx, db, t.Quoted(), t.String(), cfg, h)
+		default:
+			err = deleteBatches(ctx, db, t.Quoted(), t.String(), cfg, h, &res)
 		}
 		if err != nil {
 			return res, err
 		}
 	}
-	res.OldestExpired, res.Overdue, err = overdue(ctx, db, t, cfg.Retention)
+	from := t.Quoted()
+	if parts != nil {
+		if from = parts.left(res, cfg.DryRun); from == "" {
+			return res, nil
+		}
+	}
+	res.OldestExpired, res.Overdue, err = overdue(ctx, db, from, t.String(), cfg.Retention)
 	return res, err
 }
 
@@ -213,16 +273,24 @@ func expired() string {
       AND (age(xmin) > age(($2::bigint % 4294967296)::text::xid) OR age(xmin) < 0)`
 }
 
-func deleteBatches(ctx context.Context, db DB, t sql.Table, cfg Config, h *checkpoint.Horizon, res *Result) error {
-	q := `DELETE FROM ` + t.Quoted() + ` WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM ` + t.Quoted() + `
+// deleteBatches deletes the expired rows of table (quoted SQL text; the
+// outbox, or one partition of it) in batches. A batch names its rows by
+// (tableoid, ctid): a ctid is unique only within one table, and through a
+// partitioned parent "ctid = ANY(…)" alone matches the same ctid in every
+// partition, deleting rows that were never selected (undelivered ones
+// included). The ctid = ANY(…) is kept for the plan: a TID scan per
+// partition, where a join on (tableoid, ctid) alone scans every partition.
+func deleteBatches(ctx context.Context, db DB, table, name string, cfg Config, h *checkpoint.Horizon, res *Result) error {
+	q := `WITH batch AS MATERIALIZED (
+    SELECT tableoid AS t, ctid AS c FROM ` + table + `
     WHERE ` + expired() + `
-    ORDER BY ` + sql.Ident(CreatedAtColumn) + ` LIMIT $3))`
+    ORDER BY ` + sql.Ident(CreatedAtColumn) + ` LIMIT $3)
+DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT c FROM batch)) AND (tableoid, ctid) IN (SELECT t, c FROM batch)`
 	timeout := strconv.FormatInt(cfg.StatementTimeout.Milliseconds(), 10)
 	for {
 		n, err := batch(ctx, db, timeout, q, cfg.Retention.Seconds(), int64(h.Entry.SnapshotXmin), cfg.BatchSize)
 		if err != nil {
-			return fmt.Errorf("delete expired rows from %s (batch %d): %w", t, res.Batches+1, err)
+			return fmt.Errorf("delete expired rows from %s (batch %d): %w", name, res.Batches+1, err)
 		}
 		res.Batches++
 		res.Deleted += n
@@ -263,7 +331,7 @@ func batch(ctx context.Context, db DB, timeoutMillis, q string, args ...any) (in
 	return tag.RowsAffected(), nil
 }
 
-func count(ctx context.Context, db DB, t sql.Table, cfg Config, h *checkpoint.Horizon) (int64, error) {
+func count(ctx context.Context, db DB, table, name string, cfg Config, h *checkpoint.Horizon) (int64, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, err
@@ -275,24 +343,24 @@ func count(ctx context.Context, db DB, t sql.Table, cfg Config, h *checkpoint.Ho
 		return 0, err
 	}
 	var n int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+t.Quoted()+` WHERE `+expired(),
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE `+expired(),
 		cfg.Retention.Seconds(), int64(h.Entry.SnapshotXmin)).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count expired rows in %s: %w", t, err)
+		return 0, fmt.Errorf("count expired rows in %s: %w", name, err)
 	}
 	return n, nil
 }
 
-// overdue finds the oldest row older than the retention, through the
-// created_at index.
-func overdue(ctx context.Context, db DB, t sql.Table, retention time.Duration) (*time.Time, time.Duration, error) {
+// overdue finds the oldest row older than the retention in from (a table,
+// or a subquery with a created_at column), through the created_at index.
+func overdue(ctx context.Context, db DB, from, name string, retention time.Duration) (*time.Time, time.Duration, error) {
 	c := sql.Ident(CreatedAtColumn)
 	var oldest *time.Time
 	var secs *float64
 	err := db.QueryRow(ctx, `SELECT m, extract(epoch FROM (now() - make_interval(secs => $1)) - m)::float8
-FROM (SELECT min(`+c+`)::timestamptz AS m FROM `+t.Quoted()+` WHERE `+c+` < now() - make_interval(secs => $1)) s`,
+FROM (SELECT min(`+c+`)::timestamptz AS m FROM `+from+` WHERE `+c+` < now() - make_interval(secs => $1)) s`,
 		retention.Seconds()).Scan(&oldest, &secs)
 	if err != nil {
-		return nil, 0, fmt.Errorf("find the oldest expired row in %s: %w", t, err)
+		return nil, 0, fmt.Errorf("find the oldest expired row in %s: %w", name, err)
 	}
 	if secs == nil || *secs < 0 {
 		return oldest, 0, nil
