@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -59,34 +60,37 @@ func (s *Store) MigrateLeader(ctx context.Context) error {
 	}
 	var have int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute
-WHERE attrelid = $1::regclass AND attname IN ('epoch', 'leader', 'leader_since') AND NOT attisdropped`,
-		s.table).Scan(&have); err != nil {
+WHERE attrelid = $1::regclass AND attname = ANY($2) AND NOT attisdropped`,
+		s.table, sql.CheckpointLeaderColumnNames).Scan(&have); err != nil {
 		return fmt.Errorf("look up the leadership columns of checkpoint table %s: %w", s.table, err)
 	}
-	if have == 3 {
+	if have == len(sql.CheckpointLeaderColumnNames) {
 		return nil
 	}
 	if _, err := s.pool.Exec(ctx, sql.CheckpointLeaderColumns(s.t)); err != nil {
-		return fmt.Errorf("add the leadership columns (epoch, leader, leader_since) to checkpoint table %s: run \"outbox-relay setup\" as the table's owner, or run %q: %w",
-			s.table, sql.CheckpointLeaderColumns(s.t), err)
+		return fmt.Errorf("add the leadership and server columns (%s) to checkpoint table %s: run \"outbox-relay setup\" as the table's owner, or run %q: %w",
+			strings.Join(sql.CheckpointLeaderColumnNames, ", "), s.table, sql.CheckpointLeaderColumns(s.t), err)
 	}
 	return nil
 }
 
-// TakeOver records that leader now leads slot and returns its epoch, one
-// above any epoch before. The caller must hold the slot (its walsender
-// streams it): the epoch fences every relay that led before, not rivals for
-// the slot. A slot without a checkpoint gets a row at LSN 0/0, which Start
-// treats as no checkpoint.
-func (s *Store) TakeOver(ctx context.Context, slot, leader string) (int64, error) {
+// TakeOver records that leader now leads slot, streaming it from srv, and
+// returns its epoch, one above any epoch before. The caller must hold the
+// slot (its walsender streams it) and must have checked that the checkpoint
+// belongs to srv's WAL (pgslot.Verify): from now on the checkpoint's
+// positions are srv's. The epoch fences every relay that led before, not
+// rivals for the slot. A slot without a checkpoint gets a row at LSN 0/0,
+// which Start treats as no checkpoint.
+func (s *Store) TakeOver(ctx context.Context, slot, leader string, srv Server) (int64, error) {
 	if s.err != nil {
 		return 0, s.err
 	}
 	var epoch int64
-	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, saved_at, epoch, leader, leader_since)
-VALUES ($1, '0/0', now(), 1, $2, now())
-ON CONFLICT (slot_name) DO UPDATE SET epoch = c.epoch + 1, leader = EXCLUDED.leader, leader_since = EXCLUDED.leader_since
-RETURNING epoch`, slot, leader).Scan(&epoch)
+	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, saved_at, epoch, leader, leader_since, system_identifier, timeline_id)
+VALUES ($1, '0/0', now(), 1, $2, now(), $3, $4)
+ON CONFLICT (slot_name) DO UPDATE SET epoch = c.epoch + 1, leader = EXCLUDED.leader, leader_since = EXCLUDED.leader_since,
+    system_identifier = EXCLUDED.system_identifier, timeline_id = EXCLUDED.timeline_id
+RETURNING epoch`, slot, leader, nullString(srv.SystemID), nullInt(srv.Timeline)).Scan(&epoch)
 	if err != nil {
 		return 0, fmt.Errorf("take over slot %q in checkpoint table %s: %w", slot, s.table, err)
 	}
@@ -169,4 +173,35 @@ func (s *Store) Leader(ctx context.Context, slot string) (Leader, error) {
 		l.Since = *since
 	}
 	return l, nil
+}
+
+// SetServer records that slot's checkpoint belongs to srv's WAL, as an
+// operator does who accepts a slot on another system or timeline (outbox-relay
+// checkpoint set). A slot without a checkpoint gets a row at LSN 0/0.
+func (s *Store) SetServer(ctx context.Context, slot string, srv Server) error {
+	if s.err != nil {
+		return s.err
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, saved_at, system_identifier, timeline_id)
+VALUES ($1, '0/0', now(), $2, $3)
+ON CONFLICT (slot_name) DO UPDATE SET system_identifier = EXCLUDED.system_identifier, timeline_id = EXCLUDED.timeline_id`,
+		slot, nullString(srv.SystemID), nullInt(srv.Timeline))
+	if err != nil {
+		return fmt.Errorf("record the server of slot %q in checkpoint table %s: %w", slot, s.table, err)
+	}
+	return nil
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nullInt(n int32) *int32 {
+	if n == 0 {
+		return nil
+	}
+	return &n
 }

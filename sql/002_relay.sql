@@ -10,6 +10,9 @@
 -- The relay's own record of the last transaction delivered to Kafka, one row
 -- per slot. It never moves backwards, unlike a slot's confirmed_flush_lsn,
 -- which the server persists only at checkpoints and may lose in a crash.
+-- system_identifier and timeline_id name the server the slot was read from: a
+-- relay that finds its slot on another system, or on a timeline that forked
+-- before the checkpoint, refuses to stream from it.
 CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "slot_name" text PRIMARY KEY,
     "lsn" pg_lsn NOT NULL,
@@ -17,7 +20,9 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "saved_at" timestamptz NOT NULL DEFAULT now(),
     "epoch" bigint NOT NULL DEFAULT 0,
     "leader" text,
-    "leader_since" timestamptz
+    "leader_since" timestamptz,
+    "system_identifier" text,
+    "timeline_id" integer
 );
 
 -- A compact history of the checkpoints saved, one row at most every

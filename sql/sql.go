@@ -242,17 +242,26 @@ func CheckpointTable(t Table) string {
     "saved_at" timestamptz NOT NULL DEFAULT now(),
     "epoch" bigint NOT NULL DEFAULT 0,
     "leader" text,
-    "leader_since" timestamptz
+    "leader_since" timestamptz,
+    "system_identifier" text,
+    "timeline_id" integer
 )`, t.Quoted())
 }
 
 // CheckpointLeaderColumns returns the statement that adds the leadership
-// columns (epoch, leader, leader_since) to a checkpoint table created before
-// they existed; a no-op on a current table.
+// columns (epoch, leader, leader_since) and the server identity columns
+// (system_identifier, timeline_id: the server the slot's checkpoint came
+// from) to a checkpoint table created before they existed; a no-op on a
+// current table. CheckpointLeaderColumnNames lists them.
 func CheckpointLeaderColumns(t Table) string {
 	return fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "epoch" bigint NOT NULL DEFAULT 0, `+
-		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz`, t.Quoted())
+		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz, `+
+		`ADD COLUMN IF NOT EXISTS "system_identifier" text, ADD COLUMN IF NOT EXISTS "timeline_id" integer`, t.Quoted())
 }
+
+// CheckpointLeaderColumnNames are the columns CheckpointLeaderColumns adds,
+// for the catalog lookups that decide whether a table needs them.
+var CheckpointLeaderColumnNames = []string{"epoch", "leader", "leader_since", "system_identifier", "timeline_id"}
 
 // CreatePublication returns the statement creating the publication of the
 // outbox table. It is not idempotent (PostgreSQL has no CREATE PUBLICATION IF

@@ -74,14 +74,14 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		// that fence a former leader (a no-op when present).
 		var have int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute
-WHERE attrelid = $1 AND attname IN ('epoch', 'leader', 'leader_since') AND NOT attisdropped`, cpOID).Scan(&have); err != nil {
+WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.CheckpointLeaderColumnNames).Scan(&have); err != nil {
 			return fmt.Errorf("look up checkpoint table %s: %w", checkpoint, err)
 		}
-		if have < 3 {
+		if have < len(sql.CheckpointLeaderColumnNames) {
 			if _, err := conn.Exec(ctx, sql.CheckpointLeaderColumns(checkpoint)); err != nil {
 				return fmt.Errorf("add the leadership columns to checkpoint table %s: %w", checkpoint, err)
 			}
-			say("checkpoint table %s: added the leadership columns (epoch, leader, leader_since)", checkpoint)
+			say("checkpoint table %s: added the leadership and server identity columns (%s)", checkpoint, strings.Join(sql.CheckpointLeaderColumnNames, ", "))
 		}
 		say("checkpoint table %s: already exists", checkpoint)
 	} else {
