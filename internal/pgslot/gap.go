@@ -50,7 +50,7 @@ type Cause string
 
 // The causes of a GapError.
 const (
-	CauseSlotAhead   Cause = "slot_ahead"      // confirmed by something other than this relay: dropped and created again, advanced, or read by another consumer
+	CauseSlotAhead   Cause = "slot_ahead"       // confirmed by something other than this relay: dropped and created again, advanced, or read by another consumer
 	CauseSlotLost    Cause = "slot_invalidated" // wal_status lost
 	CauseOtherSystem Cause = "other_system"     // another system identifier
 	CauseForked      Cause = "timeline_forked"  // a timeline that forked before the checkpoint
