@@ -175,23 +175,6 @@ func (s *Store) Leader(ctx context.Context, slot string) (Leader, error) {
 	return l, nil
 }
 
-// SetServer records that slot's checkpoint belongs to srv's WAL, as an
-// operator does who accepts a slot on another system or timeline (outbox-relay
-// checkpoint set). A slot without a checkpoint gets a row at LSN 0/0.
-func (s *Store) SetServer(ctx context.Context, slot string, srv Server) error {
-	if s.err != nil {
-		return s.err
-	}
-	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, saved_at, system_identifier, timeline_id)
-VALUES ($1, '0/0', now(), $2, $3)
-ON CONFLICT (slot_name) DO UPDATE SET system_identifier = EXCLUDED.system_identifier, timeline_id = EXCLUDED.timeline_id`,
-		slot, nullString(srv.SystemID), nullInt(srv.Timeline))
-	if err != nil {
-		return fmt.Errorf("record the server of slot %q in checkpoint table %s: %w", slot, s.table, err)
-	}
-	return nil
-}
-
 func nullString(s string) *string {
 	if s == "" {
 		return nil

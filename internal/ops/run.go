@@ -38,6 +38,9 @@ func RunLag(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOpt
 		if r.Slot.Lost() {
 			return r.lostError()
 		}
+		if r.SlotGap != nil {
+			return r.SlotGap.Err()
+		}
 		return opts.Thresholds.Check(r)
 	}
 	t := time.NewTicker(opts.Watch)
