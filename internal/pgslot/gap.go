@@ -123,7 +123,11 @@ func (e *GapError) Fix() string {
 		// The checkpoint history maps LSNs of the old WAL: select by time.
 		since = "--from " + fromTime(e.LastCommitTime)
 	}
-	replay := fmt.Sprintf("outbox-relay replay %s   (re-sends the events committed after the checkpoint, up to when it runs; some earlier ones again, bounded by checkpoint.history_interval)", since)
+	replay := fmt.Sprintf("outbox-relay replay %s   (re-sends the events committed after the checkpoint, up to when it runs, and some earlier ones again, bounded by checkpoint.history_interval", since)
+	if e.Cause == CauseSlotAhead || e.Cause == CauseSlotLost {
+		replay += "; if the checkpoint history has no entry at or before the checkpoint, use --from " + fromTime(e.LastCommitTime) + " instead"
+	}
+	replay += ")"
 	switch e.Cause {
 	case CauseSlotAhead:
 		return fmt.Sprintf("with the relay stopped: 1. %s; 2. accept the slot's position: outbox-relay checkpoint set %s --yes; 3. start the relay. "+
