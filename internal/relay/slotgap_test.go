@@ -1,0 +1,101 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+)
+
+// TestIdleSlotKilledRestarts is the legitimate case that must not look like
+// a lost slot (DESIGN invariants 3 and 14): a relay advances its idle slot
+// past its last event, is killed with SIGKILL while doing so, and starts
+// again. The checkpoint must explain the slot at every moment (the slot
+// never ahead of it), so the restart streams on without refusing.
+func TestIdleSlotKilledRestarts(t *testing.T) {
+	f := newFixture(t)
+	p := f.startProcess(t)
+	total := f.produce(t, 1, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+
+	// Other tables written: the slot advances past the last outbox commit.
+	// Read the slot first and the checkpoint after: the checkpoint is
+	// saved before a position is confirmed, so it is never behind.
+	ctx := context.Background()
+	advanced := 0
+	for deadline := time.Now().Add(30 * time.Second); advanced < 3; {
+		if _, err := f.pool.Exec(ctx, `INSERT INTO orders (note) VALUES ('not an event')`); err != nil {
+			t.Fatal(err)
+		}
+		slot := f.slotConfirmed(t)
+		cp := f.checkpointLSN(t)
+		if slot > cp {
+			t.Fatalf("slot confirmed_flush_lsn %s is ahead of the checkpoint %s: a crash now would look like a recreated slot", slot, cp)
+		}
+		if slot > ends[len(ends)-1] {
+			advanced++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle slot did not advance past %s within 30s (at %s)", ends[len(ends)-1], slot)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	p.cmd.Process.Kill()
+	<-p.done
+
+	p = f.startProcess(t)
+	total += f.produce(t, 2, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	select {
+	case err := <-p.done:
+		t.Fatalf("the restarted relay exited (%v); want it streaming", err)
+	default:
+	}
+	if rep := f.check(t, f.readAll(t)); rep.lost != 0 || rep.orderViolations != 0 {
+		t.Fatalf("lost %d, order violations %d; want 0: %s", rep.lost, rep.orderViolations, rep.firstProblem)
+	}
+}
+
+// TestRecreatedSlotRefused: the slot dropped and recreated while the relay
+// is stopped, with events committed in between. Run must refuse before
+// delivering anything past the gap, with the range (the end-to-end form,
+// with check, lag, status and the fix, is in cmd/outbox-relay).
+func TestRecreatedSlotRefused(t *testing.T) {
+	f := newFixture(t)
+	run := f.start(t, f.config(t))
+	total := f.produce(t, 1, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	run.stop(t)
+	cp := f.checkpointLSN(t)
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.produce(t, 2, 5, 0) // never sent
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	slotAt := f.slotConfirmed(t)
+
+	run = f.start(t, f.config(t))
+	var err error
+	select {
+	case err = <-run.done:
+		run.done <- err // for the cleanup
+	case <-time.After(time.Minute):
+		t.Fatalf("run did not refuse the recreated slot within a minute")
+	}
+	var gap *pgslot.GapError
+	if !errors.As(err, &gap) || exitcode.Of(err) != exitcode.Gap {
+		t.Fatalf("Run = %v; want a *pgslot.GapError (exit %d)", err, exitcode.Gap)
+	}
+	if gap.Cause != pgslot.CauseSlotAhead || gap.From != cp || gap.To != slotAt {
+		t.Errorf("GapError = %s %s; want %s %s..%s", gap.Cause, gap.Range(), pgslot.CauseSlotAhead, cp, slotAt)
+	}
+	if got := f.readAll(t); len(got) != total {
+		t.Errorf("%d events in Kafka after the refusal; want the %d delivered before", len(got), total)
+	}
+}
