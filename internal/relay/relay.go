@@ -646,7 +646,9 @@ func (r *Relay) identify(ctx context.Context) (pgslot.Server, error) {
 	pcfg.RuntimeParams["application_name"] = "outbox-relay identify"
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return pgslot.Server{}, fmt.Errorf("connect to postgres (replication) to identify the server: %w", err)
+		// The stream connects the same way: without the REPLICATION
+		// attribute neither can.
+		return pgslot.Server{}, fmt.Errorf("connect to postgres over a replication connection (the role needs the REPLICATION attribute, and pg_hba.conf must allow it) to identify the server: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return pgslot.Identify(ctx, conn)
