@@ -11,7 +11,11 @@
 //   - Start never resumes behind the slot's confirmed_flush_lsn: the server has
 //     already discarded that WAL for the slot.
 //
-// The caller confirms an LSN to Postgres only after Save of it returned nil.
+// The caller confirms an LSN to Postgres only after Save of it returned nil,
+// idle positions included: the checkpoint then explains every position the
+// slot was ever confirmed to, and a slot found ahead of it was moved by
+// something else (DESIGN invariant 14). The row also records the server
+// (system identifier, timeline) whose WAL its positions belong to.
 //
 // # The history, and what it proves
 //

@@ -41,6 +41,14 @@
 //   - Retention, when on, runs beside the pipeline and never deletes an
 //     outbox row whose transaction the saved checkpoint does not cover
 //     (package retention); its failures are logged, never fatal.
+//   - Know your slot (DESIGN invariant 14): the relay streams only from a slot
+//     whose position its checkpoint explains (pgslot.Verify before the stream
+//     starts, the stream itself on every reconnection). Every position it
+//     confirms to the slot is saved as the checkpoint first, idle advances
+//     included, and each takeover records the server's system identifier and
+//     timeline; so a slot ahead of the checkpoint, invalidated, or on another
+//     system or a forked timeline is refused with the uncovered range and
+//     the fix (exit code 4), never streamed on past.
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
