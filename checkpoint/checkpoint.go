@@ -11,7 +11,11 @@
 //   - Start never resumes behind the slot's confirmed_flush_lsn: the server has
 //     already discarded that WAL for the slot.
 //
-// The caller confirms an LSN to Postgres only after Save of it returned nil.
+// The caller confirms an LSN to Postgres only after Save of it returned nil,
+// idle positions included: the checkpoint then explains every position the
+// slot was ever confirmed to, and a slot found ahead of it was moved by
+// something else (DESIGN invariant 14). The row also records the server
+// (system identifier, timeline) whose WAL its positions belong to.
 //
 // # The history, and what it proves
 //
@@ -69,6 +73,19 @@ type Checkpoint struct {
 	LSN            pglogrepl.LSN
 	LastCommitTime time.Time
 	SavedAt        time.Time
+	// Server is the server the slot was streamed from when a relay last took
+	// it over (TakeOver) or an operator set the checkpoint: the zero Server
+	// for a row written by a version before it was recorded.
+	Server Server
+}
+
+// Server identifies a Postgres server's WAL: its system identifier (from
+// initdb, shared by its physical standbys) and the timeline it writes on
+// (raised by each promotion). The LSNs of a checkpoint mean something only
+// on the WAL of the server they came from.
+type Server struct {
+	SystemID string // IDENTIFY_SYSTEM's systemid, decimal; "" unknown
+	Timeline int32  // 0 unknown
 }
 
 // A Store keeps checkpoints in a Postgres table (see sql.CheckpointTable), one
@@ -100,11 +117,17 @@ func (s *Store) Load(ctx context.Context, slot string) (Checkpoint, error) {
 	var (
 		lsn        string
 		lastCommit *time.Time
+		systemID   *string
+		timeline   *int32
 		cp         Checkpoint
 	)
+	// The server columns through to_jsonb: a table from before they
+	// existed still loads (the relay upgrades it after reading where to
+	// start, and check or lag must not need it upgraded).
 	err := s.pool.QueryRow(ctx,
-		`SELECT lsn::text, last_commit_time, saved_at FROM `+s.table+` WHERE slot_name = $1`,
-		slot).Scan(&lsn, &lastCommit, &cp.SavedAt)
+		`SELECT lsn::text, last_commit_time, saved_at, to_jsonb(c)->>'system_identifier', (to_jsonb(c)->>'timeline_id')::int
+FROM `+s.table+` AS c WHERE slot_name = $1`,
+		slot).Scan(&lsn, &lastCommit, &cp.SavedAt, &systemID, &timeline)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, ErrNoCheckpoint
 	}
@@ -116,6 +139,12 @@ func (s *Store) Load(ctx context.Context, slot string) (Checkpoint, error) {
 	}
 	if lastCommit != nil {
 		cp.LastCommitTime = *lastCommit
+	}
+	if systemID != nil {
+		cp.Server.SystemID = *systemID
+	}
+	if timeline != nil {
+		cp.Server.Timeline = *timeline
 	}
 	return cp, nil
 }

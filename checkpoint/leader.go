@@ -76,20 +76,23 @@ WHERE attrelid = $1::regclass AND attname = ANY($2) AND NOT attisdropped`,
 	return nil
 }
 
-// TakeOver records that leader now leads slot and returns its epoch, one
-// above any epoch before. The caller must hold the slot (its walsender
-// streams it): the epoch fences every relay that led before, not rivals for
-// the slot. A slot without a checkpoint gets a row at LSN 0/0, which Start
-// treats as no checkpoint.
-func (s *Store) TakeOver(ctx context.Context, slot, leader string) (int64, error) {
+// TakeOver records that leader now leads slot, streaming it from srv, and
+// returns its epoch, one above any epoch before. The caller must hold the
+// slot (its walsender streams it) and must have checked that the checkpoint
+// belongs to srv's WAL (pgslot.Verify): from now on the checkpoint's
+// positions are srv's. The epoch fences every relay that led before, not
+// rivals for the slot. A slot without a checkpoint gets a row at LSN 0/0,
+// which Start treats as no checkpoint.
+func (s *Store) TakeOver(ctx context.Context, slot, leader string, srv Server) (int64, error) {
 	if s.err != nil {
 		return 0, s.err
 	}
 	var epoch int64
-	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, saved_at, epoch, leader, leader_since)
-VALUES ($1, '0/0', now(), 1, $2, now())
-ON CONFLICT (slot_name) DO UPDATE SET epoch = c.epoch + 1, leader = EXCLUDED.leader, leader_since = EXCLUDED.leader_since
-RETURNING epoch`, slot, leader).Scan(&epoch)
+	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, saved_at, epoch, leader, leader_since, system_identifier, timeline_id)
+VALUES ($1, '0/0', now(), 1, $2, now(), $3, $4)
+ON CONFLICT (slot_name) DO UPDATE SET epoch = c.epoch + 1, leader = EXCLUDED.leader, leader_since = EXCLUDED.leader_since,
+    system_identifier = EXCLUDED.system_identifier, timeline_id = EXCLUDED.timeline_id
+RETURNING epoch`, slot, leader, nullString(srv.SystemID), nullInt(srv.Timeline)).Scan(&epoch)
 	if err != nil {
 		return 0, fmt.Errorf("take over slot %q in checkpoint table %s: %w", slot, s.table, err)
 	}
@@ -216,4 +219,18 @@ func (s *Store) Stopped(ctx context.Context, slot string) (*Stop, error) {
 		return nil, fmt.Errorf("read the stop record of slot %q: %w", slot, err)
 	}
 	return &Stop{Before: lsn, Reason: *reason}, nil
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nullInt(n int32) *int32 {
+	if n == 0 {
+		return nil
+	}
+	return &n
 }

@@ -6,6 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
 
 // Config configures a Stream. The zero value of every field but DSN, Slot and
@@ -33,6 +37,21 @@ type Config struct {
 	// START_REPLICATION succeeded: this process holds the slot. A leader
 	// fences former leaders there, before anything is delivered.
 	Started func()
+
+	// Idle, if set, receives the positions the stream may confirm while
+	// nothing is in flight (a primary keepalive's WAL end, DESIGN invariant
+	// 3), instead of the stream confirming them itself: the caller records
+	// one and then Confirms it. The relay saves it as its checkpoint first,
+	// so that its checkpoint explains every position the slot was ever
+	// confirmed to (DESIGN invariant 14; pgslot.Verify). Called from Run's
+	// goroutine; it must not block.
+	Idle func(pglogrepl.LSN)
+
+	// Server, if set, is the server the caller checked its checkpoint
+	// against (pgslot.Verify): every connection must reach the same system
+	// on a WAL that contains the confirmed position. Unset, the server of
+	// the first connection is the reference for the later ones.
+	Server *pgslot.Server
 
 	Logger *slog.Logger // default discards
 }

@@ -31,7 +31,14 @@
 //   - When every emitted transaction has been confirmed and no transaction is
 //     open or partly emitted, a keepalive's ServerWALEnd is confirmed: the
 //     walsender has decoded everything before it, so a quiet outbox does not
-//     pin WAL.
+//     pin WAL. With Config.Idle it is offered to the caller instead, and
+//     confirmed only once the caller Confirms it (after recording it).
+//   - Every connection identifies the server (IDENTIFY_SYSTEM, and the
+//     timeline history after a promotion) and refuses, with a
+//     *pgslot.GapError (ErrGap), to stream from another system, from a
+//     timeline that forked before the confirmed position, or from a slot
+//     confirmed ahead of it: streaming on would skip the transactions in
+//     between without a trace (DESIGN invariant 14).
 //   - Transactions with CommitLSN < start are skipped whole (the slot can go
 //     backwards after a crash); start is passed to START_REPLICATION too, so
 //     the server normally skips them first.

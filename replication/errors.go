@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
 
 // Conditions that Run cannot fix by reconnecting. Run returns an error that
@@ -35,6 +37,12 @@ var (
 	// Commit, a two-phase message, or an unknown message inside a
 	// transaction). It comes wrapped in a *DecodeError.
 	ErrUnrequested = errors.New("pgoutput message not requested")
+	// ErrGap (pgslot.ErrGap): a connection reached a slot or a server that
+	// does not continue from what this stream confirmed: the slot was
+	// confirmed ahead of it by something else, or the server is another
+	// system, or on a timeline that forked before it. The error is a
+	// *pgslot.GapError that names the uncovered range and the fix.
+	ErrGap = pgslot.ErrGap
 )
 
 // DecodeError reports a pgoutput message that could not be decoded. It is not

@@ -27,14 +27,24 @@ type Stream struct {
 	confirmed atomic.Uint64 // highest LSN confirmed (by Confirm or idle advancement)
 	stats     counters
 	running   atomic.Bool
-	lastPID   atomic.Uint32 // backend pid of the walsender that last streamed for this Stream
+	lastPID   atomic.Uint32                 // backend pid of the walsender that last streamed for this Stream
+	server    atomic.Pointer[pgslot.Server] // what the connections must reach (Config.Server, else the first one's)
 }
 
 // New returns a Stream for cfg. It neither connects nor starts goroutines;
 // cfg is validated by Run.
 func New(cfg Config) *Stream {
-	return &Stream{cfg: cfg.withDefaults()}
+	s := &Stream{cfg: cfg.withDefaults()}
+	if cfg.Server != nil {
+		srv := *cfg.Server
+		s.server.Store(&srv)
+	}
+	return s
 }
+
+// Server returns the server the stream streams from (Config.Server, or what
+// its first connection reached), nil before it connected.
+func (s *Stream) Server() *pgslot.Server { return s.server.Load() }
 
 // Confirm records that every transaction with EndLSN <= lsn has been fully
 // handled (for the relay: acknowledged by the sink, and everything before it).
@@ -177,7 +187,8 @@ func isFatal(err error) bool {
 	var f *fatalError
 	var d *DecodeError
 	var g *gapError
-	return errors.As(err, &f) || errors.As(err, &d) || errors.As(err, &g)
+	var sg *pgslot.GapError
+	return errors.As(err, &f) || errors.As(err, &d) || errors.As(err, &g) || errors.As(err, &sg)
 }
 
 // session runs one connection: connect, check the slot, START_REPLICATION,
@@ -201,6 +212,9 @@ func (s *Stream) session(ctx context.Context, asm *assembler, out chan<- Batch) 
 
 	slotLSN, err := s.checkSlot(ctx, conn)
 	if err != nil {
+		return false, err
+	}
+	if err := s.checkServer(ctx, conn, slotLSN); err != nil {
 		return false, err
 	}
 	// Confirming the slot's own position is a no-op for the server, and it
@@ -290,6 +304,43 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 		return 0, fmt.Errorf("check slot: %w", err)
 	}
 	return lsn, nil
+}
+
+// checkServer refuses a connection on which streaming would not continue
+// from what this stream confirmed (DESIGN invariant 14): after a failover or
+// a DSN that now resolves elsewhere, another system, a timeline that forked
+// before the confirmed position, or a slot confirmed ahead of it (a slot of
+// the same name created on the new server, or advanced by another client).
+// The relay checks its checkpoint before Run (pgslot.Verify); this covers
+// the reconnections of a running stream.
+func (s *Stream) checkServer(ctx context.Context, conn *pgconn.PgConn, slotLSN pglogrepl.LSN) error {
+	srv, err := pgslot.Identify(ctx, conn)
+	if err != nil {
+		return s.classify("identify the server", err)
+	}
+	want := s.server.Load()
+	if want == nil {
+		s.server.CompareAndSwap(nil, &srv)
+		want = &srv
+	}
+	confirmed := pglogrepl.LSN(s.confirmed.Load())
+	gap := &pgslot.GapError{Slot: s.cfg.Slot, From: confirmed, To: slotLSN, Recorded: want.Server, Now: srv.Server}
+	switch ok, fork := srv.Continues(want.Timeline, confirmed); {
+	case srv.SystemID != want.SystemID:
+		gap.Cause = pgslot.CauseOtherSystem
+	case confirmed != 0 && !ok:
+		gap.Cause, gap.Fork = pgslot.CauseForked, fork
+	case confirmed != 0 && slotLSN > confirmed:
+		gap.Cause = pgslot.CauseSlotAhead
+	default:
+		if srv.Timeline != want.Timeline {
+			s.cfg.Logger.Info("the server is on a new timeline that continues from the confirmed position (a promotion)",
+				"slot", s.cfg.Slot, "timeline", srv.Timeline, "previous_timeline", want.Timeline, "confirmed_lsn", confirmed.String())
+			s.server.Store(&srv)
+		}
+		return nil
+	}
+	return gap
 }
 
 // classify turns a server or network error into a fatalError with advice when
@@ -510,7 +561,12 @@ func (s *Stream) xlogData(asm *assembler, xld pglogrepl.XLogData, emit func(Batc
 // quiet outbox in a busy database does not pin WAL.
 func (s *Stream) advanceIdle(asm *assembler, walEnd pglogrepl.LSN) {
 	storeMax(&s.stats.serverWALEnd, uint64(walEnd))
-	if !asm.idle() || pglogrepl.LSN(s.confirmed.Load()) < asm.lastEnd {
+	confirmed := pglogrepl.LSN(s.confirmed.Load())
+	if !asm.idle() || confirmed < asm.lastEnd || walEnd <= confirmed {
+		return
+	}
+	if s.cfg.Idle != nil {
+		s.cfg.Idle(walEnd) // recorded, then confirmed, by the caller
 		return
 	}
 	storeMax(&s.confirmed, uint64(walEnd))

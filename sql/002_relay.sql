@@ -10,6 +10,9 @@
 -- The relay's own record of the last transaction delivered to Kafka, one row
 -- per slot. It never moves backwards, unlike a slot's confirmed_flush_lsn,
 -- which the server persists only at checkpoints and may lose in a crash.
+-- system_identifier and timeline_id name the server the slot was read from: a
+-- relay that finds its slot on another system, or on a timeline that forked
+-- before the checkpoint, refuses to stream from it.
 CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "slot_name" text PRIMARY KEY,
     "lsn" pg_lsn NOT NULL,
@@ -18,6 +21,8 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "epoch" bigint NOT NULL DEFAULT 0,
     "leader" text,
     "leader_since" timestamptz,
+    "system_identifier" text,
+    "timeline_id" integer,
     "stopped_before" pg_lsn,
     "stop_reason" text
 );

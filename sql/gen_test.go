@@ -176,7 +176,10 @@ Generated from package sql's builders (go generate ./sql): edit those.`
 
 const comment002Checkpoint = `The relay's own record of the last transaction delivered to Kafka, one row
 per slot. It never moves backwards, unlike a slot's confirmed_flush_lsn,
-which the server persists only at checkpoints and may lose in a crash.`
+which the server persists only at checkpoints and may lose in a crash.
+system_identifier and timeline_id name the server the slot was read from: a
+relay that finds its slot on another system, or on a timeline that forked
+before the checkpoint, refuses to stream from it.`
 
 const comment002History = `A compact history of the checkpoints saved, one row at most every
 checkpoint.history_interval (1m) per slot, kept checkpoint.history_keep (30d).

@@ -248,21 +248,25 @@ func CheckpointTable(t Table) string {
     "epoch" bigint NOT NULL DEFAULT 0,
     "leader" text,
     "leader_since" timestamptz,
+    "system_identifier" text,
+    "timeline_id" integer,
     "stopped_before" pg_lsn,
     "stop_reason" text
 )`, t.Quoted())
 }
 
 // CheckpointUpgradeColumns are the columns CheckpointUpgrade adds.
-var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "stopped_before", "stop_reason"}
+var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "system_identifier", "timeline_id", "stopped_before", "stop_reason"}
 
 // CheckpointUpgrade returns the statement that adds the columns added since
-// the first version (the leadership columns epoch, leader, leader_since; the
-// stop record stopped_before, stop_reason) to an older checkpoint table; a
-// no-op on a current table.
+// the first version to an older checkpoint table: the leadership columns
+// (epoch, leader, leader_since), the server identity (system_identifier,
+// timeline_id: the server the slot's checkpoint came from) and the stop
+// record (stopped_before, stop_reason); a no-op on a current table.
 func CheckpointUpgrade(t Table) string {
 	return fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "epoch" bigint NOT NULL DEFAULT 0, `+
 		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz, `+
+		`ADD COLUMN IF NOT EXISTS "system_identifier" text, ADD COLUMN IF NOT EXISTS "timeline_id" integer, `+
 		`ADD COLUMN IF NOT EXISTS "stopped_before" pg_lsn, ADD COLUMN IF NOT EXISTS "stop_reason" text`, t.Quoted())
 }
 

@@ -141,9 +141,14 @@ func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) err
 	case lsn < slotLSN:
 		return usageErrorf("%s is behind the slot's confirmed position %s: the server no longer keeps that WAL for the slot, "+
 			"and the next run starts at %s anyway", lsn, slotLSN, resume)
-	case lsn == resume:
+	case lsn == resume && lsn <= cp.LSN:
 		fmt.Fprintf(e.stdout, "slot %s already resumes at %s: nothing to skip\n", ops.Printable(slot), lsn)
 		return nil
+	case lsn == resume:
+		// The slot is ahead of the checkpoint: it was recreated or moved by
+		// something else, and run refuses it (pgslot.Verify). Setting the
+		// checkpoint to its position accepts that gap.
+		return acceptGap(ctx, e, store, slot, cp.LSN, lsn, yes)
 	case lsn > cur:
 		return usageErrorf("%s is beyond the server's current WAL position %s: every event committed until the WAL reaches it "+
 			"would be skipped, including events not written yet; give a position at or before %s", lsn, cur, cur)
@@ -191,6 +196,36 @@ func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) err
 		e.log.Warn("the slot became active while the checkpoint was being moved: that relay started from the old position and delivers the events before it; restart it to skip them",
 			"slot", slot)
 	}
+	return nil
+}
+
+// acceptGap moves the checkpoint up to a slot that is ahead of it: the
+// transactions committed in between were never decoded by this slot, so
+// nothing can count them; replay re-delivers them from the outbox table.
+func acceptGap(ctx context.Context, e *env, store *checkpoint.Store, slot string, from, to pglogrepl.LSN, yes bool) error {
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, ops.Printable(v)) }
+	row("slot", slot+" (inactive)")
+	row("checkpoint", fmt.Sprintf("%s  (the slot has confirmed %s, ahead of it: recreated or moved by something other than the relay)", from, to))
+	row("new checkpoint", to.String())
+	row("gap accepted", fmt.Sprintf("the events committed after %s and at or before %s are not in this slot: the relay never delivers them (`outbox-relay replay --from-lsn %s` re-delivers them from the outbox table)", from, to, from))
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if !yes {
+		return usageErrorf("checkpoint not moved: run again with --yes to accept the gap (replay its events first, or they are lost for Kafka)")
+	}
+	moved, err := store.Skip(ctx, slot, to)
+	if err != nil {
+		return err
+	}
+	if !moved {
+		return fmt.Errorf("checkpoint not moved: it reached %s or beyond meanwhile (a relay ran?): see `outbox-relay checkpoint show`", to)
+	}
+	if err := store.Record(ctx, slot, to, time.Time{}); err != nil {
+		e.log.Warn("checkpoint moved, but not recorded in the checkpoint history", "err", err)
+	}
+	fmt.Fprintf(e.stdout, "checkpoint of slot %s moved to %s, the slot's position: the next `outbox-relay run` streams on from there\n", ops.Printable(slot), to)
 	return nil
 }
 

@@ -214,6 +214,9 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	default:
 		checkpointLine(ctx, conn, cfg, c, "checkpoint history", history, hOID, func() (string, error) { return historySummary(ctx, conn, history, slotName) })
 	}
+	if sl.Exists && cpOID != 0 {
+		checkSlotGap(ctx, conn, cfg, c)
+	}
 
 	// The retry table: run stores failed events there.
 	switch rOID, err := tableOID(ctx, conn, cfg.RetryTable); {

@@ -11,6 +11,10 @@ const (
 	Failure   = 1 // a command failed, check found a problem, lag's slot is lost
 	Usage     = 2 // bad flags, flag values, arguments or configuration: nothing was started
 	Threshold = 3 // lag: a --max-bytes or --max-seconds threshold was exceeded
+	// Gap: the slot does not continue from the relay's checkpoint (recreated,
+	// invalidated, another system or timeline: DESIGN invariant 14). run
+	// refuses to stream; the message names the uncovered range and the fix.
+	Gap = 4
 )
 
 // A Coder is an error that carries its exit code.

@@ -311,6 +311,13 @@ func runHA(t *testing.T, bin string, run haRun) {
 		t.Fatal(err)
 	}
 	overlaps := checkSaves(saves)
+	// A takeover continues from the checkpoint the group shares: no relay
+	// may have taken the slot for one that does not (DESIGN invariant 14).
+	for _, r := range relays {
+		if b, err := os.ReadFile(r.logPath); err == nil && strings.Contains(string(b), "does not continue from the checkpoint") {
+			t.Errorf("relay %d refused the slot after a takeover (see %s): the HA group's own confirmations must explain it", r.n, r.logPath)
+		}
+	}
 
 	nTake := 0
 	for _, d := range takeovers {

@@ -44,6 +44,7 @@
 //	schema_stops_total                    counter   stops because the outbox table lost a mapped column
 //	placement_stops_total                 counter   stops before an insert under a table that may belong to the outbox but cannot be placed
 //	active                                gauge     1 while this relay leads the slot, 0 while it stands by
+//	slot_gap                              gauge     1 when the slot does not continue from the checkpoint (recreated, invalidated, other system or timeline): the relay refuses to stream and exits (exit code 4)
 //	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
 //	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
 //	stalled_seconds                       gauge     how long the WAL has been ahead of the confirmed LSN without progress; 0 when not
@@ -86,6 +87,7 @@ type Metrics struct {
 	placementStops              prometheus.Counter
 	ready, stalled              prometheus.Gauge
 	active                      prometheus.Gauge
+	slotGap                     prometheus.Gauge
 	role                        atomic.Pointer[func() string] // for /readyz's body; nil says only "ready"
 	failing                     *prometheus.GaugeVec
 	sampled                     *sampled
@@ -140,6 +142,7 @@ func New() *Metrics {
 	m.schemaStops = counter("schema_stops_total", "Times the relay stopped because the outbox table no longer has a mapped column.")
 	m.placementStops = counter("placement_stops_total", "Times the relay stopped before an insert under a table that may belong to the outbox but cannot be placed (renamed outbox, inheritance child, dropped or detached partition).")
 	m.active = gauge("active", "1 while this relay leads (streams the slot and delivers), 0 while it stands by.")
+	m.slotGap = gauge("slot_gap", "1 when the replication slot does not continue from the relay's checkpoint (dropped and recreated, invalidated, another system or a forked timeline): the relay refuses to stream it and exits with code 4; the log names the uncovered range and the fix.")
 	m.ready = gauge("ready", "1 when every health check passes (what /readyz reports, less its live Kafka ping), else 0.")
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
 	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "health_failing",
@@ -152,7 +155,7 @@ func New() *Metrics {
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops, m.placementStops,
-		m.ready, m.stalled, m.active, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
+		m.ready, m.stalled, m.active, m.slotGap, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -364,6 +367,19 @@ func (m *Metrics) SetHealth(failing map[string]bool, stalled time.Duration) {
 	}
 	m.ready.Set(ready)
 	m.stalled.Set(stalled.Seconds())
+}
+
+// SetSlotGap records whether the slot was found not to continue from the
+// checkpoint (pgslot.Verify).
+func (m *Metrics) SetSlotGap(gap bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if gap {
+		v = 1
+	}
+	m.slotGap.Set(v)
 }
 
 // SetActive records whether this relay leads the slot (1) or stands by (0).

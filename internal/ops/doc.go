@@ -69,11 +69,18 @@
 //	retry.dead                     int     events that will not be retried (dead letters)
 //	retry.oldest_pending_age_seconds
 //	                               number  now - first_failed_at of the oldest pending event, or null
+//	slot_gap                       object  null, or: the slot does not continue from the checkpoint and
+//	                                       run refuses to stream it (exit 4; DESIGN invariant 14)
+//	slot_gap.cause                 string  "slot_ahead" (dropped and recreated, advanced, or read by another
+//	                                       consumer), "slot_invalidated", "other_system", "timeline_forked"
+//	slot_gap.from_lsn              string  the checkpoint: the uncovered range starts after it
+//	slot_gap.to_lsn                string  where the slot would resume, or null (an invalidated slot)
+//	slot_gap.reason, slot_gap.fix  string  what happened, and the commands that deliver the range
 //
 // `outbox-relay status --json` prints one StatusReport object: slot_name,
 // checked_at, streaming (bool: the slot is active and its backend is a
 // walsender in pg_stat_replication), version (from application_name
-// "outbox-relay/<version>", or null), and slot and checkpoint as above.
+// "outbox-relay/<version>", or null), and slot, checkpoint and slot_gap as above.
 //
 // `outbox-relay checkpoint show --json` prints one CheckpointReport object:
 //
@@ -102,4 +109,5 @@
 //	   (wal_status lost: like a missing slot, it can never stream again)
 //	2  bad flags or configuration (the CLI's code for every command)
 //	3  --max-bytes or --max-seconds exceeded
+//	4  the slot does not continue from the checkpoint (slot_gap): run refuses it
 package ops

@@ -121,6 +121,9 @@ type LagReport struct {
 	Checkpoint       *Checkpoint `json:"checkpoint"`
 	TimeLag          TimeLag     `json:"time_lag"`
 	Retry            *Retry      `json:"retry"`
+	// SlotGap is set when the slot does not continue from the checkpoint:
+	// run refuses to stream it (see FindGap).
+	SlotGap *SlotGap `json:"slot_gap"`
 
 	// The server's max_slot_wal_keep_size as SHOW prints it ("-1", "1MB",
 	// "10GB"), and in bytes (nil when -1: unlimited).
@@ -195,6 +198,7 @@ type StatusReport struct {
 	Version    *string     `json:"version"`
 	Slot       Slot        `json:"slot"`
 	Checkpoint *Checkpoint `json:"checkpoint"`
+	SlotGap    *SlotGap    `json:"slot_gap"` // as in LagReport
 }
 
 type slotRow struct {
@@ -371,6 +375,9 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable); err != nil {
 		return nil, err
 	}
+	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -470,6 +477,9 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 		r.Version = relayVersion(*sr.slot.ApplicationName)
 	}
 	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
+		return nil, err
+	}
+	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
 		return nil, err
 	}
 	return r, nil

@@ -46,6 +46,7 @@ func (r *LagReport) WriteText(w io.Writer) error {
 		row("last delivered", "n/a (nothing delivered yet)")
 	}
 	row("retry", retry(r.Retry))
+	gapRows(row, r.SlotGap)
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write text: %w", err)
 	}
@@ -87,10 +88,26 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 	} else {
 		row("checkpoint", "none saved")
 	}
+	gapRows(row, r.SlotGap)
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write text: %w", err)
 	}
 	return nil
+}
+
+// gapRows says that run refuses the slot, what range is uncovered and why,
+// and the fix.
+func gapRows(row func(k, v string), g *SlotGap) {
+	if g == nil {
+		return
+	}
+	rng := g.FromLSN + ".."
+	if g.ToLSN != nil {
+		rng += *g.ToLSN
+	}
+	row("SLOT GAP", "run refuses to stream this slot (exit 4): the events committed in "+rng+" were never sent")
+	row("  why", g.Reason)
+	row("  fix", g.Fix)
 }
 
 func holder(s Slot, now time.Time) string {

@@ -38,6 +38,9 @@ func RunLag(ctx context.Context, q Querier, cfg Config, w io.Writer, opts LagOpt
 		if r.Slot.Lost() {
 			return r.lostError()
 		}
+		if r.SlotGap != nil {
+			return r.SlotGap.Err()
+		}
 		if se := r.Checkpoint.stoppedError(r.SlotName); se != nil {
 			return se
 		}

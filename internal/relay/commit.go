@@ -62,6 +62,23 @@ func (c *committer) ack(ch *chunk) {
 	c.poke()
 }
 
+// idle records that every transaction ending at or before lsn is handled:
+// the stream is idle there (nothing in flight, everything emitted
+// confirmed). It is saved as the checkpoint like an acknowledged end, and
+// only then confirmed, so the checkpoint explains every position the slot
+// reaches (DESIGN invariant 14). The commit time stays the last delivered
+// transaction's.
+func (c *committer) idle(lsn pglogrepl.LSN) {
+	c.mu.Lock()
+	if lsn <= c.acked || c.trailing != 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.acked = lsn
+	c.mu.Unlock()
+	c.poke()
+}
+
 func (c *committer) close() {
 	c.mu.Lock()
 	c.closed = true

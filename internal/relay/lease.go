@@ -62,7 +62,7 @@ const (
 
 // leaderStore is the part of checkpoint.Store the lease needs.
 type leaderStore interface {
-	TakeOver(ctx context.Context, slot, leader string) (int64, error)
+	TakeOver(ctx context.Context, slot, leader string, srv checkpoint.Server) (int64, error)
 	Verify(ctx context.Context, slot string, epoch int64) error
 }
 
@@ -74,6 +74,9 @@ type lease struct {
 	who   string
 	dur   time.Duration
 	log   *slog.Logger
+	// server is the server the stream holds the slot on, recorded with the
+	// epoch: the checkpoint's positions are that server's WAL.
+	server func() checkpoint.Server
 
 	startedOnce sync.Once
 	startedC    chan struct{} // closed when the stream first holds the slot
@@ -104,7 +107,11 @@ func (l *lease) take(ctx context.Context) error {
 	var epoch int64
 	if err := persist(ctx, l.log, "take over the slot (new epoch)", func() error {
 		var err error
-		epoch, err = l.store.TakeOver(ctx, l.slot, l.who)
+		var srv checkpoint.Server
+		if l.server != nil {
+			srv = l.server()
+		}
+		epoch, err = l.store.TakeOver(ctx, l.slot, l.who, srv)
 		return err
 	}); err != nil {
 		return err

@@ -19,7 +19,7 @@ type leaderBook struct {
 	fail     error // returned by Verify while set (an unreachable database)
 }
 
-func (b *leaderBook) TakeOver(_ context.Context, _, _ string) (int64, error) {
+func (b *leaderBook) TakeOver(_ context.Context, _, _ string, _ checkpoint.Server) (int64, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.epoch++
@@ -105,7 +105,7 @@ func TestLease(t *testing.T) {
 	}
 
 	// Another relay takes over while this one is frozen.
-	book.TakeOver(ctx, "s", "rival")
+	book.TakeOver(ctx, "s", "rival", checkpoint.Server{})
 	time.Sleep(250 * time.Millisecond)
 	err := l.check(ctx)
 	var fe *checkpoint.FencedError

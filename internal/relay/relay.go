@@ -45,6 +45,14 @@
 //   - Retention, when on, runs beside the pipeline and never deletes an
 //     outbox row whose transaction the saved checkpoint does not cover
 //     (package retention); its failures are logged, never fatal.
+//   - Know your slot (DESIGN invariant 14): the relay streams only from a slot
+//     whose position its checkpoint explains (pgslot.Verify before the stream
+//     starts, the stream itself on every reconnection). Every position it
+//     confirms to the slot is saved as the checkpoint first, idle advances
+//     included, and each takeover records the server's system identifier and
+//     timeline; so a slot ahead of the checkpoint, invalidated, or on another
+//     system or a forked timeline is refused with the uncovered range and
+//     the fix (exit code 4), never streamed on past.
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
@@ -108,7 +116,9 @@ type Relay struct {
 	// Per term of leadership (see lead), built afresh by newTerm: the
 	// pipeline of a term that lost the slot is discarded whole.
 	route  *routeStage
-	stream *replication.Stream
+	rcfg   replication.Config  // the stream's, built by lead once the server is known
+	stream *replication.Stream // set by lead
+	idle   *idleAdvance
 	win    *window
 	health *health
 	lease  *lease
@@ -151,9 +161,17 @@ func (r *Relay) newTerm() {
 	r.win = newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
 	r.health = newHealth(cfg.StallAfter, cfg.Logger)
 	r.lease = newLease(cfg.Replication.Slot, cfg.Identity, cfg.LeaseDuration, cfg.Logger)
+	r.idle = &idleAdvance{}
 	rcfg := cfg.Replication
 	rcfg.Started = r.lease.started
-	r.stream = replication.New(rcfg)
+	rcfg.Idle = r.idle.offer
+	r.rcfg = rcfg
+	r.lease.server = func() checkpoint.Server {
+		if srv := r.stream.Server(); srv != nil {
+			return srv.Server
+		}
+		return checkpoint.Server{}
+	}
 	r.route = &routeStage{
 		router: rt, win: r.win,
 		maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
@@ -239,11 +257,16 @@ func runCause(ctx context.Context, err error) error {
 //	stream ─batches→ route ─chunks→ writer ─acks→ committer ─Confirm→ stream
 //	                                   └─ gate, retry table ←─ retry worker
 func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
-	start, store, rstore, gt, err := r.open(ctx, pool)
+	start, srv, store, rstore, gt, err := r.open(ctx, pool)
 	if err != nil {
 		return err
 	}
 	r.route.placer = r.placer
+	// The stream's connections must reach the server the checkpoint was
+	// checked against (a failover while running is refused the same way).
+	rcfg := r.rcfg
+	rcfg.Server = &srv
+	r.stream = replication.New(rcfg)
 	r.lease.store = store
 	worker, wsink, err := r.retryWorker(rstore, gt)
 	if err != nil {
@@ -272,6 +295,7 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 	w := &writer{sink: r.sink, gate: gt, win: r.win, health: r.health, log: r.log, m: r.m, lease: r.lease}
 	com := newCommitter(store, r.stream, r.win, r.health, r.m, r.log, r.cfg, start)
 	com.lease = r.lease
+	r.idle.com.Store(com)
 	hist := newHistorian(store, r.log, r.cfg)
 	com.history = hist
 
@@ -356,17 +380,18 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 // open resolves where to start and loads the gate, waiting for Postgres if it
 // is down or restarting (a host reboot starts both). What needs an operator
 // (no slot, no table, a bad password) fails at once.
-func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *checkpoint.Store, *retry.Store, *gate, error) {
+func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, pgslot.Server, *checkpoint.Store, *retry.Store, *gate, error) {
 	store := checkpoint.New(pool, r.cfg.CheckpointTable)
 	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
 	if err != nil {
-		return 0, nil, nil, nil, fmt.Errorf("retry table: %w", err)
+		return 0, pgslot.Server{}, nil, nil, nil, fmt.Errorf("retry table: %w", err)
 	}
 	gt := &gate{store: rstore, log: r.log}
 	var start pglogrepl.LSN
+	var srv pgslot.Server
 	err = retryIf(ctx, r.log, "postgres unreachable at start-up", unreachable, func() error {
 		var err error
-		if start, err = r.resolveStart(ctx, pool, store); err != nil {
+		if start, srv, err = r.resolveStart(ctx, pool, store); err != nil {
 			return err
 		}
 		// A retry table made by an earlier version lacks what lets it
@@ -420,7 +445,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, *c
 		}
 		return gt.load(ctx)
 	})
-	return start, store, rstore, gt, err
+	return start, srv, store, rstore, gt, err
 }
 
 // retryWorker builds the retry worker. It writes to Kafka beside the
@@ -463,6 +488,9 @@ func (r *Relay) runStream(streamCtx, gctx context.Context, start pglogrepl.LSN, 
 	var de *replication.DecodeError
 	if errors.As(err, &de) {
 		r.m.DecodeError()
+	}
+	if errors.Is(err, replication.ErrGap) {
+		r.m.SetSlotGap(true)
 	}
 	if streamCtx.Err() != nil && gctx.Err() == nil {
 		return nil
@@ -589,41 +617,63 @@ func ignoreCanceled(err error) error {
 }
 
 // resolveStart decides where streaming starts: max(saved checkpoint, the
-// slot's confirmed_flush_lsn), or the operator's StartLSN if it is ahead.
-func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *checkpoint.Store) (pglogrepl.LSN, error) {
+// slot's confirmed_flush_lsn), or the operator's StartLSN if it is ahead. It
+// refuses a slot the checkpoint does not explain (pgslot.Verify, DESIGN
+// invariant 14) with a *pgslot.GapError, and returns the server it checked.
+func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *checkpoint.Store) (pglogrepl.LSN, pgslot.Server, error) {
 	slot := r.cfg.Replication.Slot
 	sl, err := pgslot.Read(ctx, pool, slot)
 	if err != nil {
-		return 0, err // a missing slot says to run setup
+		return 0, pgslot.Server{}, err // a missing slot says to run setup
 	}
 	if sl.Plugin != "pgoutput" {
-		return 0, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, sl.Plugin)
+		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, sl.Plugin)
 	}
 	if sl.Database != sl.CurrentDatabase {
-		return 0, fmt.Errorf("replication slot %q belongs to database %q, not %q: set postgres.dsn to that database, or postgres.slot to a slot of this one (\"outbox-relay setup\" creates it)", slot, sl.Database, sl.CurrentDatabase)
+		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q belongs to database %q, not %q: set postgres.dsn to that database, or postgres.slot to a slot of this one (\"outbox-relay setup\" creates it)", slot, sl.Database, sl.CurrentDatabase)
 	}
 	slotLSN, err := sl.Confirmed()
 	if err != nil {
-		return 0, err
+		return 0, pgslot.Server{}, err
 	}
 	cp, err := store.Load(ctx, slot)
 	if err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		return 0, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+		return 0, pgslot.Server{}, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+	}
+	srv, err := r.identify(ctx)
+	if err != nil {
+		return 0, pgslot.Server{}, err
+	}
+	if err := pgslot.Verify(cp, sl, srv); err != nil {
+		var gap *pgslot.GapError
+		// An operator's --start-lsn at or past the slot is an explicit
+		// skip of what lies before it (logged below): a slot ahead of the
+		// checkpoint is then expected. Nothing else is waived.
+		if !errors.As(err, &gap) || gap.Cause != pgslot.CauseSlotAhead || r.cfg.StartLSN < slotLSN {
+			r.m.SetSlotGap(true)
+			return 0, pgslot.Server{}, err
+		}
+	}
+	r.m.SetSlotGap(false)
+	if cp.LSN != 0 && cp.Server.SystemID == "" && slotLSN > cp.LSN {
+		r.log.Warn("the slot is ahead of the checkpoint, which an earlier version saved without recording idle advances: "+
+			"this start cannot tell an idle slot from one recreated since; from now on it can",
+			"slot", slot, "checkpoint", cp.LSN.String(), "slot_confirmed_flush_lsn", slotLSN.String())
 	}
 	start, err := checkpoint.Start(cp.LSN, slotLSN, r.cfg.StartLSN)
 	if err != nil {
-		return 0, err
+		return 0, pgslot.Server{}, err
 	}
 	if r.cfg.StartLSN != 0 {
 		// A position the WAL has not reached yet would skip every event
 		// committed until it does, silently: refuse it unless forced.
 		cur, err := pglogrepl.ParseLSN(sl.CurrentWALLSN)
 		if err != nil {
-			return 0, fmt.Errorf("parse the current WAL position %q: %w", sl.CurrentWALLSN, err)
+			return 0, pgslot.Server{}, fmt.Errorf("parse the current WAL position %q: %w", sl.CurrentWALLSN, err)
 		}
 		if r.cfg.StartLSN > cur {
 			if !r.cfg.StartLSNForce {
-				return 0, &FutureStartError{Requested: r.cfg.StartLSN, Current: cur}
+				return 0, pgslot.Server{}, &FutureStartError{Requested: r.cfg.StartLSN, Current: cur}
 			}
 			r.log.Warn("--start-lsn is AHEAD of the server's WAL, as forced: every event committed before the WAL reaches it is skipped for good",
 				"start_lsn", r.cfg.StartLSN.String(), "current_wal_lsn", cur.String())
@@ -631,9 +681,48 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 		r.log.Warn("starting at the operator's --start-lsn: transactions committed before it are NOT delivered",
 			"start_lsn", start.String(), "checkpoint", cp.LSN.String(), "slot_confirmed_flush_lsn", slotLSN.String())
 	}
+	if start > cp.LSN {
+		// The stream confirms its start position to the slot at once: the
+		// checkpoint must explain it first, or the next start would take
+		// the slot for one moved by something else.
+		if err := store.Save(ctx, slot, start, time.Time{}); err != nil {
+			return 0, pgslot.Server{}, err
+		}
+	}
 	r.log.Info("resuming", "start_lsn", start.String(), "checkpoint", cp.LSN.String(),
-		"slot_confirmed_flush_lsn", slotLSN.String())
-	return start, nil
+		"slot_confirmed_flush_lsn", slotLSN.String(), "system_identifier", srv.SystemID, "timeline", srv.Timeline)
+	return start, srv, nil
+}
+
+// identify asks the server, over a replication connection of its own, for
+// its system identifier, timeline and timeline history (pgslot.Identify).
+func (r *Relay) identify(ctx context.Context) (pgslot.Server, error) {
+	pcfg, err := pgconn.ParseConfig(r.cfg.Replication.DSN)
+	if err != nil {
+		return pgslot.Server{}, errors.New("postgres.dsn cannot be parsed: check its syntax")
+	}
+	pcfg.RuntimeParams["replication"] = "database"
+	pcfg.RuntimeParams["application_name"] = "outbox-relay identify"
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		// The stream connects the same way: without the REPLICATION
+		// attribute neither can.
+		return pgslot.Server{}, fmt.Errorf("connect to postgres over a replication connection (the role needs the REPLICATION attribute, and pg_hba.conf must allow it) to identify the server: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return pgslot.Identify(ctx, conn)
+}
+
+// idleAdvance passes the stream's idle positions (replication.Config.Idle)
+// to the term's committer, which saves one as the checkpoint before
+// confirming it. Offers before the committer exists are dropped: the next
+// keepalive offers again.
+type idleAdvance struct{ com atomic.Pointer[committer] }
+
+func (a *idleAdvance) offer(lsn pglogrepl.LSN) {
+	if c := a.com.Load(); c != nil {
+		c.idle(lsn)
+	}
 }
 
 // persist runs write until it succeeds or ctx is done, with capped

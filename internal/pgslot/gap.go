@@ -1,0 +1,292 @@
+package pgslot
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// # Knowing the slot (DESIGN invariant 14)
+//
+// A checkpoint is a position in one server's WAL, and a slot resumes from a
+// position of its own. The relay may stream on only when its checkpoint
+// explains the slot's position: the slot is the one the relay (or its HA
+// group, which shares the checkpoint row) confirmed to, on the same WAL.
+// Verify decides that from what the relay records:
+//
+//   - Every position the relay confirms to a slot is saved in the checkpoint
+//     row first, idle advances included (relay's committer). So a slot whose
+//     confirmed_flush_lsn is ahead of the checkpoint was moved by something
+//     else: it was dropped and created again (a new slot starts at the
+//     current WAL position), advanced by hand, or read by another consumer.
+//     The transactions committed between the two were never sent. A slot
+//     behind the checkpoint is normal (a Postgres crash loses the slot's
+//     unflushed position; the checkpoint skips what is resent).
+//   - A slot with wal_status lost was invalidated (max_slot_wal_keep_size):
+//     it can never stream again, and what it had not decoded is gone.
+//   - The checkpoint row records the server's system identifier and
+//     timeline (checkpoint.Server). Another system identifier is another
+//     database cluster (a restored backup, a new cluster, or the wrong DSN):
+//     the checkpoint's LSNs mean nothing on it. A later timeline is a
+//     promotion: it continues the checkpoint's WAL only if the checkpoint's
+//     timeline ended at or after the checkpoint (the timeline history says
+//     where); otherwise the transactions the relay delivered after the fork
+//     are not in this server's WAL, and the ones this server wrote in their
+//     place would be skipped as already delivered.
+
+// Cause says why a slot cannot be streamed on from a checkpoint.
+type Cause string
+
+// The causes of a GapError.
+const (
+	CauseSlotAhead   Cause = "slot_ahead"       // confirmed by something other than this relay: dropped and created again, advanced, or read by another consumer
+	CauseSlotLost    Cause = "slot_invalidated" // wal_status lost
+	CauseOtherSystem Cause = "other_system"     // another system identifier
+	CauseForked      Cause = "timeline_forked"  // a timeline that forked before the checkpoint
+)
+
+// A GapError says that streaming on from a slot would silently skip the
+// transactions committed after the checkpoint, and how to deliver them.
+// From..To is the uncovered range: From is the checkpoint (delivered up to
+// and including it), To where the slot would resume (0 when it cannot).
+// A later refill (issue 21) re-delivers the outbox rows of that range.
+type GapError struct {
+	Slot           string
+	Cause          Cause
+	From, To       pglogrepl.LSN
+	LastCommitTime time.Time         // of the checkpoint's transaction; zero unknown
+	Recorded, Now  checkpoint.Server // the checkpoint's server, and the one reached
+	Fork           pglogrepl.LSN     // CauseForked: where the checkpoint's timeline ended
+}
+
+// ErrGap is wrapped by every *GapError.
+var ErrGap = fmt.Errorf("replication slot does not continue from the checkpoint")
+
+func (e *GapError) Unwrap() error { return ErrGap }
+
+// ExitCode makes a command that meets the gap exit with exitcode.Gap.
+func (e *GapError) ExitCode() int { return exitcode.Gap }
+
+// Range is the uncovered range as text: "From..To", or "From.." when the
+// slot has no position to resume from.
+func (e *GapError) Range() string {
+	if e.To == 0 {
+		return e.From.String() + ".."
+	}
+	return e.From.String() + ".." + e.To.String()
+}
+
+// Reason says in one sentence what happened.
+func (e *GapError) Reason() string {
+	switch e.Cause {
+	case CauseSlotAhead:
+		return fmt.Sprintf("the slot's confirmed position %s is ahead of the checkpoint %s, and no relay of this checkpoint confirmed it there: "+
+			"the slot was dropped and created again (\"outbox-relay setup\" creates it at the current WAL position), advanced by hand, or read by another consumer",
+			e.To, e.From)
+	case CauseSlotLost:
+		return "the slot was invalidated (wal_status lost): the server removed WAL it had not decoded, because the relay was stopped or behind for longer than max_slot_wal_keep_size allows"
+	case CauseOtherSystem:
+		return fmt.Sprintf("the checkpoint was saved on Postgres system %s (timeline %d), and this server is system %s: another database cluster "+
+			"(a restored backup, a new cluster or pg_upgrade, a resurrected old primary of another lineage, or postgres.dsn pointing at the wrong server), on which the checkpoint's positions mean nothing",
+			e.Recorded.SystemID, e.Recorded.Timeline, e.Now.SystemID)
+	case CauseForked:
+		if e.Fork == 0 {
+			return fmt.Sprintf("the checkpoint was saved on timeline %d, and this server is on timeline %d, whose history does not contain timeline %d: "+
+				"it is not a promotion of the checkpoint's server after the checkpoint (an old primary brought back after a failover, or another branch of a restore)",
+				e.Recorded.Timeline, e.Now.Timeline, e.Recorded.Timeline)
+		}
+		return fmt.Sprintf("the checkpoint %s was saved on timeline %d, which this server (timeline %d) left at %s, before the checkpoint: "+
+			"the transactions delivered after %s are not in this server's WAL, and the ones it wrote instead would be skipped as delivered",
+			e.From, e.Recorded.Timeline, e.Now.Timeline, e.Fork, e.Fork)
+	}
+	return string(e.Cause)
+}
+
+// Fix says what an operator does: deliver the uncovered range from the
+// outbox table with `outbox-relay replay` (the rows are still there unless
+// retention or the application deleted them), then accept the slot's
+// position. The commands are exact, but for the configuration flags.
+func (e *GapError) Fix() string {
+	since := "--from-lsn " + e.From.String()
+	if e.Cause == CauseOtherSystem || e.Cause == CauseForked {
+		// The checkpoint history maps LSNs of the old WAL: select by time.
+		since = "--from " + fromTime(e.LastCommitTime)
+	}
+	replay := fmt.Sprintf("outbox-relay replay %s   (re-sends the events committed after the checkpoint, up to when it runs, and some earlier ones again, bounded by checkpoint.history_interval", since)
+	if e.Cause == CauseSlotAhead || e.Cause == CauseSlotLost {
+		replay += "; if the checkpoint history has no entry at or before the checkpoint, use --from " + fromTime(e.LastCommitTime) + " instead"
+	}
+	replay += ")"
+	switch e.Cause {
+	case CauseSlotAhead:
+		return fmt.Sprintf("with the relay stopped: 1. %s; 2. accept the slot's position: outbox-relay checkpoint set %s --yes; 3. start the relay. "+
+			"To accept the gap without re-sending (the events in %s are lost for Kafka), do 2 and 3 only",
+			replay, e.To, e.Range())
+	case CauseSlotLost:
+		return fmt.Sprintf("with the relay stopped: 1. drop the slot (SELECT pg_drop_replication_slot(%s)) and run \"outbox-relay setup\" to create it again; "+
+			"2. %s; 3. outbox-relay checkpoint set <the new slot's confirmed_flush_lsn, which \"outbox-relay check\" prints> --yes; 4. start the relay; "+
+			"then raise max_slot_wal_keep_size, or alert on \"outbox-relay lag\" sooner", sql.Literal(e.Slot), replay)
+	}
+	return fmt.Sprintf("if postgres.dsn points at the wrong server, fix it. If this server rightly replaced the checkpoint's, with the relay stopped: 1. %s; "+
+		"2. delete the checkpoint row, whose positions belong to the other WAL (DELETE FROM <checkpoint.table> WHERE slot_name = %s); 3. start the relay, which then starts at the slot",
+		replay, sql.Literal(e.Slot))
+}
+
+func fromTime(t time.Time) string {
+	if t.IsZero() {
+		return "<the time of the last event delivered>"
+	}
+	// created_at is the inserting transaction's start: a transaction that
+	// committed after the checkpoint may have started a little before it.
+	return t.Add(-time.Minute).UTC().Truncate(time.Second).Format(time.RFC3339)
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("replication slot %q does not continue from the checkpoint: %s; streaming on would silently skip the events committed in %s (the uncovered range), so the relay refuses to. To deliver them, %s",
+		e.Slot, e.Reason(), e.Range(), e.Fix())
+}
+
+// A Server is what a replication connection says of the server it reached
+// (IDENTIFY_SYSTEM, TIMELINE_HISTORY).
+type Server struct {
+	checkpoint.Server
+	// Forks is the current timeline's history: where each earlier timeline
+	// ended. Nil with History false when it was not read (an ordinary
+	// connection cannot read it).
+	Forks   []Fork
+	History bool
+}
+
+// A Fork is one line of a timeline history file: Timeline ended at End (the
+// first position of the next timeline).
+type Fork struct {
+	Timeline int32
+	End      pglogrepl.LSN
+}
+
+// Identify asks the server a replication connection reached who it is:
+// IDENTIFY_SYSTEM, and TIMELINE_HISTORY of its timeline after a promotion.
+// Neither needs a grant beyond the REPLICATION attribute.
+func Identify(ctx context.Context, conn *pgconn.PgConn) (Server, error) {
+	id, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return Server{}, fmt.Errorf("identify the server (IDENTIFY_SYSTEM): %w", err)
+	}
+	srv := Server{Server: checkpoint.Server{SystemID: id.SystemID, Timeline: id.Timeline}, History: true}
+	if id.Timeline > 1 {
+		h, err := pglogrepl.TimelineHistory(ctx, conn, id.Timeline)
+		if err != nil {
+			return Server{}, fmt.Errorf("read the history of timeline %d (TIMELINE_HISTORY): %w", id.Timeline, err)
+		}
+		if srv.Forks, err = ParseHistory(h.Content); err != nil {
+			return Server{}, fmt.Errorf("timeline %d history %s: %w", id.Timeline, h.FileName, err)
+		}
+	}
+	return srv, nil
+}
+
+// IdentifyQuerier reads the system identifier and the timeline of the latest
+// checkpoint over an ordinary connection (pg_control_system and
+// pg_control_checkpoint are executable by PUBLIC). The timeline history is
+// not readable there: History is false.
+func IdentifyQuerier(ctx context.Context, q Querier) (Server, error) {
+	var srv Server
+	err := q.QueryRow(ctx, `SELECT s.system_identifier::text, c.timeline_id
+FROM pg_catalog.pg_control_system() s, pg_catalog.pg_control_checkpoint() c`).Scan(&srv.SystemID, &srv.Timeline)
+	if err != nil {
+		return Server{}, fmt.Errorf("identify the server (pg_control_system): %w", err)
+	}
+	return srv, nil
+}
+
+// ParseHistory parses a timeline history file: lines of "parent timeline,
+// switch point, reason", separated by tabs, and # comments.
+func ParseHistory(content []byte) ([]Fork, error) {
+	var forks []Fork
+	sc := bufio.NewScanner(bytes.NewReader(content))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			return nil, fmt.Errorf("line %q: want timeline and switch point", line)
+		}
+		tli, err := strconv.ParseInt(f[0], 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("line %q: timeline: %w", line, err)
+		}
+		end, err := pglogrepl.ParseLSN(f[1])
+		if err != nil {
+			return nil, fmt.Errorf("line %q: switch point: %w", line, err)
+		}
+		forks = append(forks, Fork{Timeline: int32(tli), End: end})
+	}
+	return forks, sc.Err()
+}
+
+// Continues reports whether this server's WAL contains position lsn as
+// written on timeline tli: tli is its own timeline, or an ancestor that
+// ended at or after lsn. fork is where tli ended (0 when tli is not in the
+// history). Undecidable without the history (History false): true.
+func (s Server) Continues(tli int32, lsn pglogrepl.LSN) (ok bool, fork pglogrepl.LSN) {
+	if tli == 0 || s.Timeline == 0 || tli == s.Timeline {
+		return true, 0
+	}
+	if !s.History {
+		return true, 0
+	}
+	for _, f := range s.Forks {
+		if f.Timeline == tli {
+			return lsn <= f.End, f.End
+		}
+	}
+	return false, 0
+}
+
+// Verify returns a *GapError when streaming slot sl of server srv would not
+// continue from checkpoint cp, and nil when it would: no checkpoint yet, the
+// slot at or behind it (behind: a crash lost the slot's position, and the
+// relay skips what is resent), on the same system and a timeline that
+// contains it. A checkpoint saved by a version that did not record its server
+// (cp.Server zero) is not judged by the slot's position, as that version
+// advanced an idle slot without recording it: the caller says so.
+func Verify(cp checkpoint.Checkpoint, sl Slot, srv Server) error {
+	if cp.LSN == 0 {
+		return nil
+	}
+	slotLSN, err := sl.Confirmed()
+	if err != nil {
+		return err
+	}
+	gap := &GapError{Slot: sl.Name, From: cp.LSN, To: slotLSN, LastCommitTime: cp.LastCommitTime, Recorded: cp.Server, Now: srv.Server}
+	switch {
+	case cp.Server.SystemID != "" && srv.SystemID != "" && cp.Server.SystemID != srv.SystemID:
+		gap.Cause = CauseOtherSystem
+		return gap
+	case sl.Lost():
+		gap.Cause, gap.To = CauseSlotLost, 0
+		return gap
+	}
+	if ok, fork := srv.Continues(cp.Server.Timeline, cp.LSN); !ok {
+		gap.Cause, gap.Fork = CauseForked, fork
+		return gap
+	}
+	if cp.Server.SystemID != "" && slotLSN > cp.LSN {
+		gap.Cause = CauseSlotAhead
+		return gap
+	}
+	return nil
+}

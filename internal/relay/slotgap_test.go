@@ -1,0 +1,234 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestIdleSlotKilledRestarts is the legitimate case that must not look like
+// a lost slot (DESIGN invariants 3 and 14): a relay advances its idle slot
+// past its last event, is killed with SIGKILL while doing so, and starts
+// again. The checkpoint must explain the slot at every moment (the slot
+// never ahead of it), so the restart streams on without refusing.
+func TestIdleSlotKilledRestarts(t *testing.T) {
+	f := newFixture(t)
+	p := f.startProcess(t)
+	total := f.produce(t, 1, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+
+	// Other tables written: the slot advances past the last outbox commit.
+	// Read the slot first and the checkpoint after: the checkpoint is
+	// saved before a position is confirmed, so it is never behind.
+	ctx := context.Background()
+	advanced := 0
+	for deadline := time.Now().Add(30 * time.Second); advanced < 3; {
+		if _, err := f.pool.Exec(ctx, `INSERT INTO orders (note) VALUES ('not an event')`); err != nil {
+			t.Fatal(err)
+		}
+		slot := f.slotConfirmed(t)
+		cp := f.checkpointLSN(t)
+		if slot > cp {
+			t.Fatalf("slot confirmed_flush_lsn %s is ahead of the checkpoint %s: a crash now would look like a recreated slot", slot, cp)
+		}
+		if slot > ends[len(ends)-1] {
+			advanced++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle slot did not advance past %s within 30s (at %s)", ends[len(ends)-1], slot)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	p.cmd.Process.Kill()
+	<-p.done
+
+	p = f.startProcess(t)
+	total += f.produce(t, 2, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	select {
+	case err := <-p.done:
+		t.Fatalf("the restarted relay exited (%v); want it streaming", err)
+	default:
+	}
+	if rep := f.check(t, f.readAll(t)); rep.lost != 0 || rep.orderViolations != 0 {
+		t.Fatalf("lost %d, order violations %d; want 0: %s", rep.lost, rep.orderViolations, rep.firstProblem)
+	}
+}
+
+// TestRecreatedSlotRefused: the slot dropped and recreated while the relay
+// is stopped, with events committed in between. Run must refuse before
+// delivering anything past the gap, with the range (the end-to-end form,
+// with check, lag, status and the fix, is in cmd/outbox-relay).
+func TestRecreatedSlotRefused(t *testing.T) {
+	f := newFixture(t)
+	run := f.start(t, f.config(t))
+	total := f.produce(t, 1, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	run.stop(t)
+	cp := f.checkpointLSN(t)
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.produce(t, 2, 5, 0) // never sent
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	slotAt := f.slotConfirmed(t)
+
+	run = f.start(t, f.config(t))
+	var err error
+	select {
+	case err = <-run.done:
+		run.done <- err // for the cleanup
+	case <-time.After(time.Minute):
+		t.Fatalf("run did not refuse the recreated slot within a minute")
+	}
+	var gap *pgslot.GapError
+	if !errors.As(err, &gap) || exitcode.Of(err) != exitcode.Gap {
+		t.Fatalf("Run = %v; want a *pgslot.GapError (exit %d)", err, exitcode.Gap)
+	}
+	if gap.Cause != pgslot.CauseSlotAhead || gap.From != cp || gap.To != slotAt {
+		t.Errorf("GapError = %s %s; want %s %s..%s", gap.Cause, gap.Range(), pgslot.CauseSlotAhead, cp, slotAt)
+	}
+	if got := f.readAll(t); len(got) != total {
+		t.Errorf("%d events in Kafka after the refusal; want the %d delivered before", len(got), total)
+	}
+}
+
+// superuserConn returns a superuser connection to the test server, which
+// ALTER SYSTEM needs: RELAY_TEST_POSTGRES_SUPERUSER_DSN, the test DSN's own
+// role if it is a superuser (containers), or the dev server's local socket
+// (scripts/dev.sh: user postgres, trust). As in package ops's tests.
+func superuserConn(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	candidates := []string{os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN"), dsn}
+	if cfg, err := pgx.ParseConfig(dsn); err == nil {
+		for dir := "."; ; dir = filepath.Join(dir, "..") {
+			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+				sock, _ := filepath.Abs(filepath.Join(dir, ".dev", "pg", "run"))
+				candidates = append(candidates, "host="+sock+" port="+strconv.Itoa(int(cfg.Port))+" user=postgres dbname="+cfg.Database)
+				break
+			}
+			if abs, _ := filepath.Abs(dir); abs == "/" {
+				break
+			}
+		}
+	}
+	for _, c := range candidates {
+		if c == "" {
+			continue
+		}
+		conn, err := pgx.Connect(ctx, c)
+		if err != nil {
+			continue
+		}
+		var super bool
+		if err := conn.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super); err == nil && super {
+			t.Cleanup(func() { conn.Close(context.Background()) })
+			return conn
+		}
+		conn.Close(ctx)
+	}
+	t.Fatalf("no superuser connection to the test server (ALTER SYSTEM needs one): set RELAY_TEST_POSTGRES_SUPERUSER_DSN")
+	return nil
+}
+
+// TestInvalidatedSlotRefused is issue 21's scenario (c), reduced: the
+// relay is stopped, events are committed, and the slot is invalidated by a
+// small max_slot_wal_keep_size. Run must refuse with the checkpoint as the
+// start of the uncovered range and say how to recreate the slot and
+// re-deliver. max_slot_wal_keep_size is server-wide: the test holds
+// testenv.Exclusive, refuses to run when it would invalidate a slot it does
+// not own, and restores the setting in t.Cleanup.
+func TestInvalidatedSlotRefused(t *testing.T) {
+	testenv.Exclusive(t)
+	f := newFixture(t)
+	ctx := context.Background()
+	su := superuserConn(t, f.pg.DSN)
+	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, f.slot, f.probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(others) > 0 {
+		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
+	}
+
+	run := f.start(t, f.config(t))
+	total := f.produce(t, 1, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	run.stop(t)
+	cp := f.checkpointLSN(t)
+	f.produce(t, 2, 5, 0) // committed while the relay is stopped: lost with the slot
+
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if _, err := su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size"); err != nil {
+			t.Errorf("restore max_slot_wal_keep_size: %v", err)
+		}
+		su.Exec(ctx, "SELECT pg_reload_conf()")
+	})
+	for _, s := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
+		if _, err := su.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		for _, s := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotgap', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
+			if _, err := su.Exec(ctx, s); err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+		}
+		var status string
+		if err := f.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status == "lost" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot not lost after 30s of WAL switches and checkpoints (wal_status %s)", status)
+		}
+	}
+
+	run = f.start(t, f.config(t))
+	select {
+	case err = <-run.done:
+		run.done <- err // for the cleanup
+	case <-time.After(time.Minute):
+		t.Fatalf("run did not refuse the invalidated slot within a minute")
+	}
+	var gap *pgslot.GapError
+	if !errors.As(err, &gap) || exitcode.Of(err) != exitcode.Gap {
+		t.Fatalf("Run = %v; want a *pgslot.GapError (exit %d)", err, exitcode.Gap)
+	}
+	if gap.Cause != pgslot.CauseSlotLost || gap.From != cp {
+		t.Errorf("GapError = %s %s; want %s from %s", gap.Cause, gap.Range(), pgslot.CauseSlotLost, cp)
+	}
+	for _, want := range []string{"wal_status lost", "max_slot_wal_keep_size", "pg_drop_replication_slot('" + f.slot + "')", "outbox-relay setup", "outbox-relay replay --from-lsn " + cp.String()} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run error lacks %q:\n%s", want, err)
+		}
+	}
+	if got := f.readAll(t); len(got) != total {
+		t.Errorf("%d events in Kafka after the refusal; want the %d delivered before", len(got), total)
+	}
+}
