@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/router"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
@@ -501,4 +502,50 @@ func TestDebeziumTableWithoutEventType(t *testing.T) {
 			t.Errorf("event %s = %+v, delivered %v; want key %q, its payload, only the id header", e.ID, d, ok, e.AggregateID)
 		}
 	}
+}
+
+// TestPartitionedOutboxRetention: a relay with outbox.retention_partitions
+// drop on a partitioned outbox drops each month once every row in it is
+// delivered, never the default partition, and loses no event doing so.
+func TestPartitionedOutboxRetention(t *testing.T) {
+	f := newFixture(t)
+	f.partitionedOutbox(t, true)
+	cfg := retentionConfig(t, f)
+	cfg.Retention.Partitions = retention.PartitionsDrop
+	run := f.start(t, cfg)
+	var l ledger
+	for i := range 6 {
+		l.insertAt(t, f, "outbox", []string{"2026-01-10", "2026-02-10", "2029-01-01"}[i%3], f.makeEvents(20))
+	}
+	f.pg.Exec(t, `CREATE TABLE outbox_2026_03 (LIKE outbox INCLUDING DEFAULTS)`)
+	f.pg.Exec(t, `ALTER TABLE outbox ATTACH PARTITION outbox_2026_03 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01')`)
+	l.insertAt(t, f, "outbox", "2026-03-10", f.makeEvents(20))
+	l.check(t, f)
+
+	partitions := func() string {
+		var s string
+		if err := f.pool.QueryRow(context.Background(), `SELECT string_agg(c.relname, ',' ORDER BY c.relname)
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// Deleting waits for every older transaction on the whole server to
+	// end (the horizon): other tests share it, hence the generous timeout.
+	deadline := time.Now().Add(90 * time.Second)
+	for partitions() != "outbox_default" {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 90s the outbox has partitions %s; want only outbox_default (every month delivered and past the retention)", partitions())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var left int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 40 {
+		t.Errorf("%d rows left; want the 40 of the default partition (created in 2029: not past the retention)", left)
+	}
+	run.stop(t)
+	l.check(t, f)
 }
