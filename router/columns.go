@@ -14,7 +14,8 @@ var (
 	idTypes      = []string{"uuid", "text", "character varying", "character", "smallint", "integer", "bigint"}
 	nameTypes    = []string{"text", "character varying", "character"}
 	payloadTypes = []string{"jsonb", "json", "text", "bytea"}
-	headersTypes = []string{"jsonb", "json"}
+	// A text headers column is read as JSON text, as json is.
+	headersTypes = []string{"jsonb", "json", "text", "character varying"}
 	timeTypes    = []string{"timestamp without time zone", "timestamp with time zone"}
 )
 
