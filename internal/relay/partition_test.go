@@ -71,6 +71,24 @@ func (f *fixture) stoppedBefore(t *testing.T) pglogrepl.LSN {
 	return lsn
 }
 
+// runToStop runs a relay with cfg until it stops by itself, and returns the
+// *placement.Error it stopped with (failing the test on any other outcome).
+func runToStop(t *testing.T, cfg relay.Config) (*placement.Error, error) {
+	t.Helper()
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = r.Run(ctx)
+	var pe *placement.Error
+	if !errors.As(err, &pe) {
+		t.Fatalf("Run = %v; want it to stop with a *placement.Error", err)
+	}
+	return pe, err
+}
+
 // ledger is what a test inserted, in commit order, to compare with Kafka:
 // the outbox table cannot say, since partitions are detached and dropped.
 type ledger struct {
@@ -213,15 +231,9 @@ func TestPartitionedOutboxUnplaced(t *testing.T) {
 	f.pg.Exec(t, `ALTER TABLE outbox DETACH PARTITION outbox_2026_01`)
 	l.insertAt(t, f, "outbox", "2026-02-16", f.makeEvents(10))
 
-	r, err := relay.New(f.config(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err = r.Run(ctx)
-	var pe *placement.Error
-	if !errors.As(err, &pe) || pe.Action != placement.Stop || pe.Table != "public.outbox_2026_01" {
+	ctx := context.Background()
+	pe, err := runToStop(t, f.config(t))
+	if pe.Action != placement.Stop || pe.Table != "public.outbox_2026_01" {
 		t.Fatalf("Run after the detach = %v; want a *placement.Error stopping before public.outbox_2026_01", err)
 	}
 	for _, want := range []string{"detached", `{"public.outbox_2026_01": deliver}`, "nothing is lost"} {
@@ -386,15 +398,7 @@ func TestOutboxInheritanceChild(t *testing.T) {
 	scratch.insertAt(t, f, "outbox_archive", "2026-06-01", archived)
 	l.insertAt(t, f, "outbox_child", "2026-06-01", f.makeEvents(10))
 
-	r, err := relay.New(f.config(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err = r.Run(ctx)
-	var pe *placement.Error
-	if !errors.As(err, &pe) || pe.Table != "public.outbox_archive" || !strings.Contains(err.Error(), "inherits from the outbox") {
+	if pe, err := runToStop(t, f.config(t)); pe.Table != "public.outbox_archive" || !strings.Contains(err.Error(), "inherits from the outbox") {
 		t.Fatalf("Run = %v; want a *placement.Error for the inheritance child public.outbox_archive", err)
 	}
 	if got := len(f.readAll(t)); got != 10 {
@@ -448,15 +452,7 @@ func TestPartitionDroppedBeforeRead(t *testing.T) {
 	f.pg.Exec(t, `DROP TABLE outbox_2026_01`)
 	l.insertAt(t, f, "outbox", "2026-02-16", f.makeEvents(10))
 
-	r, err := relay.New(f.config(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err = r.Run(ctx)
-	var pe *placement.Error
-	if !errors.As(err, &pe) || pe.Table != "public.outbox_2026_01" || !strings.Contains(err.Error(), "dropped since") {
+	if pe, err := runToStop(t, f.config(t)); pe.Table != "public.outbox_2026_01" || !strings.Contains(err.Error(), "dropped since") {
 		t.Fatalf("Run = %v; want a *placement.Error saying public.outbox_2026_01 was dropped", err)
 	}
 	if got := len(f.readAll(t)); got != 10 {
