@@ -402,13 +402,21 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 		return fmt.Errorf("dial: %w", err)
 	}
 	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("find controller: %w", err)
-	}
-	cconn, err := kafka.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		return fmt.Errorf("dial controller: %w", err)
+	// A broker that has just restarted (a fault test's) may not know its
+	// controller yet and names none (port 0): ask again until it does.
+	var cconn *kafka.Conn
+	for {
+		ctrl, err := conn.Controller()
+		if err == nil && ctrl.Port != 0 {
+			if cconn, err = kafka.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port))); err == nil {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("find and dial the controller: %v: %w", err, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	defer cconn.Close()
 	err = cconn.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
