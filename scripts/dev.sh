@@ -19,6 +19,8 @@
 #   scripts/dev.sh pg-down N          stop Postgres N
 #   scripts/dev.sh pg-env N           print export lines for eval: the tests then use Postgres N
 #   scripts/dev.sh pg-status          show which Postgres versions run, on which ports
+#   scripts/dev.sh pg-versions        print the versions N (scripts/pg-matrix.sh runs them all)
+#   scripts/dev.sh pg-release N       print the pinned binaries release of Postgres N
 #
 # State lives in .dev/ (git-ignored); the Kafka jars are cached outside the repo in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-3.9.1/libs (and Maven's ~/.m2), the
@@ -1010,8 +1012,13 @@ pg-up | pg-down | pg-env)
 	esac
 	;;
 pg-status) cmd_pg_status ;;
+pg-versions) pg_majors | sed 's/ $//' && echo ;;
+pg-release)
+	version=$(pg_arg "${2:-}")
+	pg_release "$version"
+	;;
 *)
-	sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac
