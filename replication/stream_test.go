@@ -382,6 +382,42 @@ func diff(got, want []string) (dups, missing []string) {
 	return dups, missing
 }
 
+// TestStreamSpilledSubtransactions decodes transactions larger than
+// logical_decoding_work_mem (64kB here: the server spills them to disk) with
+// aborted subtransactions, and one rolled back whole. Over proto_version 1 the
+// relay must get the committed rows and nothing else: Postgres 18 has been
+// reported to send Stream Abort messages for aborted subtransactions to clients
+// that never asked for streaming (estuary/connectors#5228).
+func TestStreamSpilledSubtransactions(t *testing.T) {
+	db := outboxDB(t)
+	db.exec("ALTER DATABASE " + db.name + " SET logical_decoding_work_mem = '64kB'")
+	r := startStream(t, db, Config{}, 0)
+	if sendsEmptyTxns(t, db) {
+		r.confirmEmpty(1) // the ALTER DATABASE
+	}
+	db.exec("BEGIN; " + insertSQL(1, 2) + "; SAVEPOINT s; " + insertSQL(2, 3000) +
+		"; ROLLBACK TO SAVEPOINT s; " + insertSQL(3000, 3001) + "; COMMIT")
+	db.exec("BEGIN; SAVEPOINT a; " + insertSQL(5000, 8000) + "; RELEASE SAVEPOINT a; SAVEPOINT b; " +
+		insertSQL(8000, 9000) + "; ROLLBACK")
+	many := "BEGIN; " + insertSQL(10000, 12000)
+	for i := 0; i < 50; i++ {
+		many += fmt.Sprintf("; SAVEPOINT p%d; %s; ROLLBACK TO SAVEPOINT p%d", i, insertSQL(20000+i*100, 20100+i*100), i)
+	}
+	db.exec(many + "; COMMIT")
+	db.exec(insertSQL(9000, 9001))
+
+	got := r.txns(3)
+	want := [][]string{{"1", "3000"}, seq(10000, 12000), {"9000"}}
+	for i, w := range want {
+		if g := ids(got[i]); strings.Join(g, ",") != strings.Join(w, ",") {
+			t.Errorf("transaction %d: %d ids %.60v; want %d ids %.60v", i+1, len(g), g, len(w), w)
+		}
+	}
+	if st := r.s.Stats(); st.Reconnects != 0 {
+		t.Errorf("Stats Reconnects = %d; want 0", st.Reconnects)
+	}
+}
+
 func TestStreamStartSkips(t *testing.T) {
 	db := outboxDB(t)
 	r := startStream(t, db, Config{}, 0)
