@@ -306,7 +306,8 @@ func TestStreamTransactions(t *testing.T) {
 	}
 
 	// Confirm moves confirmed_flush_lsn within about a second. With skipEmpty the
-	// empty transactions after mid were confirmed already: the slot goes there.
+	// empty transactions after mid were confirmed already, and with nothing in
+	// flight idle keepalives move it on: the slot reaches at least that.
 	mid := got[1][1].EndLSN
 	r.s.Confirm(mid)
 	wantLSN := r.s.Stats().ConfirmedLSN
@@ -315,10 +316,10 @@ func TestStreamTransactions(t *testing.T) {
 	}
 	eventually(t, "confirmed_flush_lsn reaches the confirmed LSN", 5*time.Second, func() (bool, string) {
 		c := slotConfirmed(t, db, "relay_slot")
-		return c == wantLSN, c.String()
+		return c == wantLSN || (r.skipEmpty && c > wantLSN), c.String()
 	})
 	r.s.Confirm(got[0][0].EndLSN) // backwards: ignored
-	if c := r.s.Stats().ConfirmedLSN; c != wantLSN {
+	if c := r.s.Stats().ConfirmedLSN; c != wantLSN && (!r.skipEmpty || c < wantLSN) {
 		t.Errorf("ConfirmedLSN after a smaller Confirm = %s; want %s", c, wantLSN)
 	}
 }
@@ -450,6 +451,12 @@ func TestStreamStartSkips(t *testing.T) {
 	}
 	txns := r.txns(3)
 	r.stop()
+	// The server ends the old walsender a moment after the client left: a new
+	// Stream (which knows no PID of its own) finding it would stand by.
+	eventually(t, "the first stream's walsender gone", 10*time.Second, func() (bool, string) {
+		a := db.value("SELECT active::text FROM pg_replication_slots WHERE slot_name = 'relay_slot'")
+		return a == "false", "active " + a
+	})
 
 	// Nothing was confirmed, so the slot still holds all three; start (the
 	// relay's checkpoint: the first transaction's end) must leave out the
