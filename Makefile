@@ -10,7 +10,7 @@ LDFLAGS := -X main.version=$(VERSION)
 # Exports RELAY_POSTGRES_DSN, RELAY_KAFKA_BROKERS and the RELAY_TEST_* twins for a recipe.
 WITH_DEV_ENV := eval "$$($(DEV) env)" &&
 
-.PHONY: all build test test-short test-faults dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
+.PHONY: all build test test-short test-faults test-pg-matrix dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
 
 all: build
 
@@ -34,6 +34,14 @@ test-short:
 test-faults: dev-up
 	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -run 'TestFaultSuite|TestHighAvailability' -v ./internal/faults
 	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -v ./internal/hostile
+
+# The Postgres compatibility suite (scripts/pg-matrix.sh holds the selection) on each
+# version of PG_MATRIX_VERSIONS (all of 13..18 by default): each runs as its own dev
+# server (scripts/dev.sh pg-up N, binaries from Maven Central) beside the default one;
+# Kafka is the dev broker. One PASS/FAIL line per version, with its time; fails if any failed.
+PG_MATRIX_VERSIONS ?=
+test-pg-matrix: dev-up
+	@scripts/pg-matrix.sh $(PG_MATRIX_VERSIONS)
 
 dev-up:
 	@$(DEV) up

@@ -3,8 +3,10 @@ package replication
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 )
@@ -44,6 +46,17 @@ var (
 	// *pgslot.GapError that names the uncovered range and the fix.
 	ErrGap = pgslot.ErrGap
 )
+
+// SkippedPublication reports whether a notice from the server says that pgoutput
+// decoded a change without the publication, because the publication did not exist
+// at that point in the WAL (dropped and recreated, or created after the slot).
+// Postgres 18 warns so ("skipped loading publication", SQLSTATE 55000) and never
+// sends that change; Postgres 17 and older fail with "publication does not exist"
+// instead. Either way the change is lost unless the relay stops before it
+// confirms past it.
+func SkippedPublication(n *pgconn.Notice) bool {
+	return n != nil && n.Code == "55000" && strings.HasPrefix(n.Message, "skipped loading publication")
+}
 
 // DecodeError reports a pgoutput message that could not be decoded. It is not
 // retried: the same bytes would arrive again after a reconnect.

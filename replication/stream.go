@@ -343,6 +343,16 @@ func (s *Stream) checkServer(ctx context.Context, conn *pgconn.PgConn, slotLSN p
 	return gap
 }
 
+// publicationAtSlotError is the error for a publication that did not exist at a
+// change the slot must decode: Postgres 17 and older fail there ("publication does
+// not exist"), 18 leaves the change out with a warning (SkippedPublication).
+func (s *Stream) publicationAtSlotError(op string, err error) error {
+	return &fatalError{msg: fmt.Sprintf("%s: publication %q does not exist at the slot's position: it was created (or dropped and recreated) after slot %q's confirmed position, "+
+		"and the slot cannot decode past that point with this publication; start past it with "+
+		"\"outbox-relay run --start-lsn <pg_current_wal_lsn() now> --force\" (\"outbox-relay check\" prints that position; events committed in between are skipped: re-insert or replay them), "+
+		"or drop the slot and run \"outbox-relay setup\" to create slot (and publication) again", op, s.cfg.Publication, s.cfg.Slot), sentinel: ErrPublicationMissing, cause: err}
+}
+
 // classify turns a server or network error into a fatalError with advice when
 // reconnecting cannot help, errSlotBusy when waiting may, and otherwise returns
 // it wrapped (retryable).
@@ -363,10 +373,7 @@ func (s *Stream) classify(op string, err error) error {
 		// publication created (or dropped and recreated) after the slot's
 		// position does not exist there, and the slot cannot move past it.
 		// "setup" cannot help: it finds the publication and the slot in place.
-		return &fatalError{msg: fmt.Sprintf("%s: publication %q does not exist at the slot's position: it was created (or dropped and recreated) after slot %q's confirmed position, "+
-			"and the slot cannot decode past that point with this publication; start past it with "+
-			"\"outbox-relay run --start-lsn <pg_current_wal_lsn() now> --force\" (\"outbox-relay check\" prints that position; events committed in between are skipped: re-insert or replay them), "+
-			"or drop the slot and run \"outbox-relay setup\" to create slot (and publication) again", op, s.cfg.Publication, s.cfg.Slot), sentinel: ErrPublicationMissing, cause: err}
+		return s.publicationAtSlotError(op, err)
 	case pgErr.Code == "42704":
 		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q does not exist: run \"outbox-relay setup\"", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
 	case pgErr.Code == "55006": // object_in_use
@@ -529,6 +536,14 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 				if err := s.xlogData(asm, xld, emit); err != nil {
 					return err
 				}
+			}
+		case *pgproto3.NoticeResponse:
+			// Postgres 18 leaves out a change written while the publication did not
+			// exist, with a warning, where 17 and older fail: the warning arrives
+			// before the transaction's commit, so stopping here confirms nothing
+			// past the change, and every start stops the same way, as on 17.
+			if n := (*pgconn.Notice)(pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(msg))); SkippedPublication(n) {
+				return s.publicationAtSlotError("stream", (*pgconn.PgError)(n))
 			}
 		case *pgproto3.ErrorResponse:
 			return s.classify("stream", pgconn.ErrorResponseToPgError(msg))

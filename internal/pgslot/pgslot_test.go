@@ -16,9 +16,11 @@ import (
 // TestRead reads the same slot over an ordinary and a replication connection
 // and expects the same fields.
 func TestRead(t *testing.T) {
+	// The server first: testenv.Postgres waits while a fault test of another package
+	// holds the servers, which must not count against the timeout.
+	dsn := testenv.Postgres(t).DSN
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn := testenv.Postgres(t).DSN
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
