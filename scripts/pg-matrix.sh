@@ -29,7 +29,9 @@ GO=${GO:-go}
 #   - replay (internal/replay), retention and prune (internal/retention, internal/relay,
 #     cmd/outbox-relay), the slot reader (internal/pgslot), the pgoutput stream itself
 #     (replication), checkpoints (checkpoint), the grant statements (sql);
-#   - partitioned outboxes: TestPartitioned* of internal/relay and cmd/outbox-relay.
+#   - partitioned outboxes and inserts under other names (TestPartition*, the renamed
+#     outbox, an inheritance child, a table ignored), columns checked at start;
+#   - a slot recreated or invalidated under the relay, and the idle slot's advance.
 # Not here: the TLS and SASL tests (they test the client side, not the server version),
 # the Debezium comparisons and the large replay (make test runs them on the default server).
 PG_MATRIX_PACKAGES=(
@@ -54,7 +56,8 @@ PG_MATRIX_RUN='^('\
 'TestReplay(ByTimeAggregateAndTopic|FromLSN|OrderWithConcurrentWriters|Resume|BesideLiveRelay|KilledAndResumed)|'\
 'TestInsertThenDelete|TestRetention.*|TestRound.*|TestDryRun|TestCheckTable|'\
 'TestRead|TestStream.*|TestSave.*|TestStart|TestHorizon|TestRecordAndPruneHistory|TestSkip|'\
-'TestPartitioned.*'\
+'TestPartition.*|TestOutboxRenamedWhileRunning|TestOutboxInheritanceChild|TestOtherTableIgnored|TestColumnsCheckedAtStart|'\
+'TestSlotRecreatedWhileStopped|TestRecreatedSlotRefused|TestInvalidatedSlotRefused|TestIdleSlotKilledRestarts'\
 ')$'
 PG_MATRIX_TIMEOUT=${PG_MATRIX_TIMEOUT:-40m}
 
