@@ -229,19 +229,13 @@ func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub string, s slotIn
 	case peekErr == nil:
 		return "", nil // it decodes: the publication was only altered, or nothing was written in between
 	case errors.As(peekErr, &pgErr) && replication.SkippedPublication((*pgconn.Notice)(pgErr)):
-		at := ""
-		if _, lsn, ok := strings.Cut(pgErr.Where, "associated LSN "); ok {
-			at = " at " + strings.TrimSpace(lsn)
-		}
+		at := atLSN(pgErr)
 		return fmt.Sprintf("publication %s was created after the position of slot %s (confirmed up to %s): "+
 			"the slot cannot decode past that point with this publication (the server decodes with the catalog as it was then, "+
 			"leaves out what was written before the publication existed and warns \"skipped loading publication\"%s; `run` stops there on every start); %s",
 			pub, slotName, deref(confirmed), at, fix), nil
 	case errors.As(peekErr, &pgErr) && pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication"):
-		at := ""
-		if _, lsn, ok := strings.Cut(pgErr.Where, "associated LSN "); ok {
-			at = " at " + strings.TrimSpace(lsn)
-		}
+		at := atLSN(pgErr)
 		return fmt.Sprintf("publication %s was created after the position of slot %s (confirmed up to %s): "+
 			"the slot cannot decode past that point with this publication (the server decodes with the catalog as it was then "+
 			"and reports \"publication does not exist\"%s, so `run` fails on every start); %s",
@@ -297,4 +291,13 @@ func peekSlotOn(ctx context.Context, conn *pgx.Conn, pub, slotName string) error
 	// while the publication was missing fails even after earlier ones decoded.
 	return tx.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), NULL,
 	'proto_version', '1', 'publication_names', $2)`, slotName, pub).Scan(&n)
+}
+
+// atLSN is " at <LSN>" from a decoding error's context ("... associated LSN
+// 0/1A2B3C"), or "".
+func atLSN(e *pgconn.PgError) string {
+	if _, lsn, ok := strings.Cut(e.Where, "associated LSN "); ok {
+		return " at " + strings.TrimSpace(lsn)
+	}
+	return ""
 }
