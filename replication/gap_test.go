@@ -28,15 +28,20 @@ func TestStreamIdleHook(t *testing.T) {
 	b := r.txns(1)[0]
 	end := b[len(b)-1].EndLSN
 	r.s.Confirm(end)
+	// Before Postgres 15 the busy writes arrive as empty transactions, which
+	// the test confirms as a relay would: what the stream may report is then
+	// the last of them, never an idle position it was only offered.
+	confirmed := end
 	eventually(t, "an idle position past the outbox commit is offered", 10*time.Second, func() (bool, string) {
 		db.exec("INSERT INTO other (note) VALUES ('busy')")
+		confirmed = max(confirmed, r.drainEmpty(200*time.Millisecond))
 		mu.Lock()
 		defer mu.Unlock()
-		return offered > end, offered.String()
+		return offered > confirmed, offered.String()
 	})
 	time.Sleep(1500 * time.Millisecond) // a few status updates
-	if c := slotConfirmed(t, db, "relay_slot"); c != end {
-		t.Fatalf("confirmed_flush_lsn = %s with an idle position offered, not confirmed; want %s (the stream must not confirm it itself)", c, end)
+	if c := slotConfirmed(t, db, "relay_slot"); c != confirmed {
+		t.Fatalf("confirmed_flush_lsn = %s with an idle position offered, not confirmed; want %s (the stream must not confirm it itself)", c, confirmed)
 	}
 	mu.Lock()
 	idle := offered

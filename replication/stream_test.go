@@ -132,12 +132,14 @@ func (r *running) txns(n int) [][]Batch {
 }
 
 // drainEmpty reads what arrives within wait, which must be empty transactions, and
-// confirms them (only with skipEmpty: the server sends them before Postgres 15).
-func (r *running) drainEmpty(wait time.Duration) {
+// confirms them (only with skipEmpty: the server sends them before Postgres 15). It
+// returns the highest end LSN it confirmed, 0 for none.
+func (r *running) drainEmpty(wait time.Duration) pglogrepl.LSN {
 	r.t.Helper()
 	if !r.skipEmpty {
-		return
+		return 0
 	}
+	var confirmed pglogrepl.LSN
 	deadline := time.After(wait)
 	for {
 		select {
@@ -147,9 +149,10 @@ func (r *running) drainEmpty(wait time.Duration) {
 			}
 			if b.Last {
 				r.s.Confirm(b.EndLSN)
+				confirmed = max(confirmed, b.EndLSN)
 			}
 		case <-deadline:
-			return
+			return confirmed
 		}
 	}
 }
