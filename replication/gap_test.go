@@ -37,7 +37,7 @@ func TestStreamIdleHook(t *testing.T) {
 		confirmed = max(confirmed, r.drainEmpty(200*time.Millisecond))
 		mu.Lock()
 		defer mu.Unlock()
-		return offered > confirmed, offered.String()
+		return offered > end, offered.String()
 	})
 	time.Sleep(1500 * time.Millisecond) // a few status updates
 	if c := slotConfirmed(t, db, "relay_slot"); c != confirmed {
