@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,45 +14,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
-
-// superuserConn returns a superuser connection to the test server, which
-// ALTER SYSTEM needs: RELAY_TEST_POSTGRES_SUPERUSER_DSN, the test DSN's own
-// role if it is a superuser (containers), or the dev server's local socket
-// (scripts/dev.sh: user postgres, trust).
-func superuserConn(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	ctx := context.Background()
-	candidates := []string{os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN"), dsn}
-	if cfg, err := pgx.ParseConfig(dsn); err == nil {
-		for dir := "."; ; dir = filepath.Join(dir, "..") {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				sock, _ := filepath.Abs(filepath.Join(dir, ".dev", "pg", "run"))
-				candidates = append(candidates, "host="+sock+" port="+strconv.Itoa(int(cfg.Port))+" user=postgres dbname="+cfg.Database)
-				break
-			}
-			if abs, _ := filepath.Abs(dir); abs == "/" {
-				break
-			}
-		}
-	}
-	for _, c := range candidates {
-		if c == "" {
-			continue
-		}
-		conn, err := pgx.Connect(ctx, c)
-		if err != nil {
-			continue
-		}
-		var super bool
-		if err := conn.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super); err == nil && super {
-			t.Cleanup(func() { conn.Close(context.Background()) })
-			return conn
-		}
-		conn.Close(ctx)
-	}
-	t.Fatalf("no superuser connection to the test server (ALTER SYSTEM needs one): set RELAY_TEST_POSTGRES_SUPERUSER_DSN")
-	return nil
-}
 
 // TestLagLostSlot makes the fixture's slot lost on the real server (a small
 // max_slot_wal_keep_size, then WAL and a CHECKPOINT) and checks that lag
@@ -68,7 +26,7 @@ func TestLagLostSlot(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
 	ctx := context.Background()
-	su := superuserConn(t, f.dsn)
+	su := testenv.SuperuserConn(t, f.dsn)
 	var others []string
 	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name <> $1 AND wal_status <> 'lost'`, f.cfg.Slot)
 	if err != nil {

@@ -3,9 +3,6 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -107,45 +104,6 @@ func TestRecreatedSlotRefused(t *testing.T) {
 	}
 }
 
-// superuserConn returns a superuser connection to the test server, which
-// ALTER SYSTEM needs: RELAY_TEST_POSTGRES_SUPERUSER_DSN, the test DSN's own
-// role if it is a superuser (containers), or the dev server's local socket
-// (scripts/dev.sh: user postgres, trust). As in package ops's tests.
-func superuserConn(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	ctx := context.Background()
-	candidates := []string{os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN"), dsn}
-	if cfg, err := pgx.ParseConfig(dsn); err == nil {
-		for dir := "."; ; dir = filepath.Join(dir, "..") {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				sock, _ := filepath.Abs(filepath.Join(dir, ".dev", "pg", "run"))
-				candidates = append(candidates, "host="+sock+" port="+strconv.Itoa(int(cfg.Port))+" user=postgres dbname="+cfg.Database)
-				break
-			}
-			if abs, _ := filepath.Abs(dir); abs == "/" {
-				break
-			}
-		}
-	}
-	for _, c := range candidates {
-		if c == "" {
-			continue
-		}
-		conn, err := pgx.Connect(ctx, c)
-		if err != nil {
-			continue
-		}
-		var super bool
-		if err := conn.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super); err == nil && super {
-			t.Cleanup(func() { conn.Close(context.Background()) })
-			return conn
-		}
-		conn.Close(ctx)
-	}
-	t.Fatalf("no superuser connection to the test server (ALTER SYSTEM needs one): set RELAY_TEST_POSTGRES_SUPERUSER_DSN")
-	return nil
-}
-
 // TestInvalidatedSlotRefused is issue 21's scenario (c), reduced: the
 // relay is stopped, events are committed, and the slot is invalidated by a
 // small max_slot_wal_keep_size. Run must refuse with the checkpoint as the
@@ -157,7 +115,7 @@ func TestInvalidatedSlotRefused(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
 	ctx := context.Background()
-	su := superuserConn(t, f.pg.DSN)
+	su := testenv.SuperuserConn(t, f.pg.DSN)
 	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, f.slot, f.probe)
 	if err != nil {
 		t.Fatal(err)
