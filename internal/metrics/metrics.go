@@ -87,6 +87,8 @@ type Metrics struct {
 	placementStops              prometheus.Counter
 	ready, stalled              prometheus.Gauge
 	active                      prometheus.Gauge
+	epoch                       prometheus.Gauge
+	takeovers                   prometheus.Counter
 	slotGap                     prometheus.Gauge
 	role                        atomic.Pointer[func() string] // for /readyz's body; nil says only "ready"
 	failing                     *prometheus.GaugeVec
@@ -142,6 +144,8 @@ func New() *Metrics {
 	m.schemaStops = counter("schema_stops_total", "Times the relay stopped because the outbox table no longer has a mapped column.")
 	m.placementStops = counter("placement_stops_total", "Times the relay stopped before an insert under a table that may belong to the outbox but cannot be placed (renamed outbox, inheritance child, dropped or detached partition).")
 	m.active = gauge("active", "1 while this relay leads (streams the slot and delivers), 0 while it stands by.")
+	m.epoch = gauge("leader_epoch", "The checkpoint epoch this relay took over with while it leads; 0 before its first takeover. Every takeover in the HA group raises it: a rising epoch on one instance after another is leadership moving.")
+	m.takeovers = counter("takeovers_total", "Times this relay took over the slot (a new epoch in the checkpoint row): once per start of leadership.")
 	m.slotGap = gauge("slot_gap", "1 when the replication slot does not continue from the relay's checkpoint (dropped and recreated, invalidated, another system or a forked timeline): the relay refuses to stream it and exits with code 4; the log names the uncovered range and the fix.")
 	m.ready = gauge("ready", "1 when every health check passes (what /readyz reports, less its live Kafka ping), else 0.")
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
@@ -155,7 +159,7 @@ func New() *Metrics {
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops, m.placementStops,
-		m.ready, m.stalled, m.active, m.slotGap, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
+		m.ready, m.stalled, m.active, m.epoch, m.takeovers, m.slotGap, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -380,6 +384,17 @@ func (m *Metrics) SetSlotGap(gap bool) {
 		v = 1
 	}
 	m.slotGap.Set(v)
+}
+
+// TookOver records a takeover of the slot with epoch, after which this relay
+// leads (SetActive(true)).
+func (m *Metrics) TookOver(epoch int64) {
+	if m == nil {
+		return
+	}
+	m.takeovers.Inc()
+	m.epoch.Set(float64(epoch))
+	m.active.Set(1)
 }
 
 // SetActive records whether this relay leads the slot (1) or stands by (0).

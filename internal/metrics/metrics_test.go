@@ -272,6 +272,25 @@ func TestRetentionMetrics(t *testing.T) {
 	}
 }
 
+func TestTookOver(t *testing.T) {
+	m := New()
+	_, body := get(t, m.Handler(nil), "/metrics")
+	for _, want := range []string{"outbox_relay_active 0", "outbox_relay_leader_epoch 0", "outbox_relay_takeovers_total 0"} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("GET /metrics before a takeover lacks %q", want)
+		}
+	}
+	m.TookOver(41)
+	m.SetActive(false)
+	m.TookOver(43)
+	_, body = get(t, m.Handler(nil), "/metrics")
+	for _, want := range []string{"outbox_relay_active 1", "outbox_relay_leader_epoch 43", "outbox_relay_takeovers_total 2"} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("GET /metrics after two takeovers lacks %q", want)
+		}
+	}
+}
+
 func TestServe(t *testing.T) {
 	m := New()
 	if err := m.Serve(context.Background(), "", nil); err != nil {

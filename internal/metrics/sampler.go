@@ -29,14 +29,18 @@ var (
 	descSlotActive  = prometheus.NewDesc(namespace+"_slot_active", "1 when a backend holds the replication slot, else 0 (sampled).", nil, nil)
 	descSlotLag     = prometheus.NewDesc(namespace+"_slot_lag_bytes", "Current WAL position minus the slot's confirmed_flush_lsn (sampled).", nil, nil)
 	descSlotRetain  = prometheus.NewDesc(namespace+"_slot_retained_wal_bytes", "Current WAL position minus the slot's restart_lsn: WAL kept on disk for it (sampled).", nil, nil)
+	descSlotWAL     = prometheus.NewDesc(namespace+"_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), by status; the other statuses are 0 (sampled).", []string{"status"}, nil)
 	descSlotSafe    = prometheus.NewDesc(namespace+"_slot_safe_wal_size_bytes", "WAL that can be written before the slot may be lost; absent when max_slot_wal_keep_size is unlimited (sampled).", nil, nil)
 	descRetryPend   = prometheus.NewDesc(namespace+"_retry_pending_events", "Events in the retry table waiting for another attempt (sampled).", nil, nil)
 	descRetryDead   = prometheus.NewDesc(namespace+"_retry_dead_events", "Events in the retry table that will not be retried (sampled).", nil, nil)
 	descRetryOldest = prometheus.NewDesc(namespace+"_retry_oldest_pending_age_seconds", "Age of the oldest pending retry, 0 when none (sampled).", nil, nil)
 )
 
+// walStatuses are the values of pg_replication_slots.wal_status.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
 func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSlotActive, descSlotLag, descSlotRetain, descSlotSafe, descRetryPend, descRetryDead, descRetryOldest} {
+	for _, d := range []*prometheus.Desc{descSlotActive, descSlotLag, descSlotRetain, descSlotWAL, descSlotSafe, descRetryPend, descRetryDead, descRetryOldest} {
 		ch <- d
 	}
 }
@@ -60,6 +64,17 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 		gaugeIf(descSlotLag, slot.LagBytes)
 		gaugeIf(descSlotRetain, slot.RetainedWALBytes)
 		gaugeIf(descSlotSafe, slot.SafeWALSizeBytes)
+		if slot.WALStatus != "" {
+			// Every status, so that an alert on one of them has a series to
+			// compare (and a 0 when the slot is fine).
+			for _, st := range walStatuses {
+				v := 0.0
+				if st == slot.WALStatus {
+					v = 1
+				}
+				ch <- prometheus.MustNewConstMetric(descSlotWAL, prometheus.GaugeValue, v, st)
+			}
+		}
 	}
 	if retry != nil {
 		gauge(descRetryPend, float64(retry.Pending))
@@ -157,6 +172,9 @@ func (s *Sampler) Sample(ctx context.Context) error {
 	if slotErr == nil {
 		s.m.sampled.slot = &ops.SlotLag{Active: slot.Active, LagBytes: slot.LagBytes,
 			RetainedWALBytes: slot.RetainedWALBytes, SafeWALSizeBytes: slot.SafeWALSizeBytes}
+		if slot.WALStatus != nil {
+			s.m.sampled.slot.WALStatus = *slot.WALStatus
+		}
 	}
 	s.m.sampled.mu.Unlock()
 	if err := errors.Join(slotErr, retryErr); err != nil {

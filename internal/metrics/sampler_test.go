@@ -59,7 +59,9 @@ func TestSampler(t *testing.T) {
 		t.Fatalf("Sample: %v", err)
 	}
 	_, body := get(t, m.Handler(nil), "/metrics")
-	for _, want := range []string{"outbox_relay_slot_active 0\n", "outbox_relay_slot_lag_bytes ", "outbox_relay_slot_retained_wal_bytes "} {
+	for _, want := range []string{"outbox_relay_slot_active 0\n", "outbox_relay_slot_lag_bytes ", "outbox_relay_slot_retained_wal_bytes ",
+		// A fresh slot's WAL is reserved; every other status is exported as 0.
+		`outbox_relay_slot_wal_status{status="reserved"} 1` + "\n", `outbox_relay_slot_wal_status{status="lost"} 0` + "\n"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("after Sample, /metrics lacks %q", want)
 		}
@@ -114,6 +116,9 @@ func TestSampler(t *testing.T) {
 		t.Errorf("Sample(dropped slot) = %v; want the slot-not-found error", err)
 	}
 	_, body = get(t, m.Handler(nil), "/metrics")
+	if strings.Contains(body, "outbox_relay_slot_wal_status") {
+		t.Errorf("after a failed sample, /metrics still has outbox_relay_slot_wal_status; want it absent")
+	}
 	if strings.Contains(body, "outbox_relay_slot_lag_bytes") || !strings.Contains(body, "outbox_relay_sample_errors_total 1\n") {
 		t.Errorf("after a failed sample, /metrics = slot gauges present %v, errors line present %v; want absent, 1",
 			strings.Contains(body, "outbox_relay_slot_lag_bytes"), strings.Contains(body, "outbox_relay_sample_errors_total 1\n"))

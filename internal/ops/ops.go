@@ -454,6 +454,7 @@ type SlotLag struct {
 	LagBytes         *int64
 	RetainedWALBytes *int64
 	SafeWALSizeBytes *int64
+	WALStatus        string // pg_replication_slots.wal_status; empty when unknown
 }
 
 // Status reports whether a relay is streaming cfg.Slot now and its last saved

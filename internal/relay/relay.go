@@ -316,7 +316,11 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 		if err := r.lease.take(streamCtx); err != nil {
 			return ignoreCanceled(err)
 		}
-		r.m.SetActive(true)
+		epoch, err := r.lease.wait(streamCtx)
+		if err != nil {
+			return ignoreCanceled(err)
+		}
+		r.m.TookOver(epoch)
 		return nil
 	})
 	g.Go(func() error { return r.runStream(streamCtx, gctx, start, batches) })
