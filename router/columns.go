@@ -20,15 +20,16 @@ var (
 )
 
 // UsesEventType reports whether anything reads the event type column: the
-// event_type header or an {event_type} topic template. Otherwise the column
+// event_type header, an {event_type} topic template, or CloudEvents (whose
+// type attribute it is). Otherwise the column
 // may be absent, as Debezium's router reads table.field.event.type only when
 // something uses it.
 func (r *Router) UsesEventType() bool {
-	return r.rt.headers.has(hEventType) || r.tmpl.useEventType && r.rt.regex == nil
+	return r.rt.headers.has(hEventType) || r.tmpl.useEventType && r.rt.regex == nil || r.ce.mode != ""
 }
 
-// Needs returns the columns the router reads: the mapped ones (headers and
-// timestamp when set, the event type when something uses it) and those of
+// Needs returns the columns the router reads: the mapped ones (headers,
+// timestamp and tracing span context when set, the event type when something uses it) and those of
 // message.fields.
 func (r *Router) Needs() []Need {
 	c := r.cols
@@ -46,6 +47,9 @@ func (r *Router) Needs() []Need {
 	}
 	if c.Timestamp != "" {
 		needs = append(needs, Need{keyColumns + "timestamp", c.Timestamp, timeTypes})
+	}
+	if c.TracingSpanContext != "" {
+		needs = append(needs, Need{keyColumns + "tracing_span_context", c.TracingSpanContext, nameTypes})
 	}
 	for _, f := range r.fields {
 		needs = append(needs, Need{keyFields, f.Column, nil})

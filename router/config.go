@@ -51,6 +51,9 @@ type Config struct {
 	// TombstoneOnEmptyPayload sends a NULL or blank payload as a Kafka null
 	// value (a tombstone), as Debezium's route.tombstone.on.empty.payload.
 	TombstoneOnEmptyPayload bool
+	// CloudEvents, when its Mode is set, writes every message as a
+	// CloudEvent (see cloudevents.go).
+	CloudEvents CloudEvents
 }
 
 // Config keys as the operator sees them, used in error messages so that an
@@ -83,6 +86,9 @@ func (c *Config) validate() (routing, error) {
 		return routing{}, err
 	}
 	if rt.tmpl, err = c.validateTopics(); err != nil {
+		return routing{}, err
+	}
+	if err := c.validateCloudEvents(&rt); err != nil {
 		return routing{}, err
 	}
 	if c.TopicRegex != "" || c.TopicReplacement != "" {
@@ -156,11 +162,12 @@ func (c *Config) validateTopics() (template, error) {
 		{&c.Columns.Payload, "payload"},
 		{&c.Columns.Headers, "headers"},
 		{&c.Columns.Timestamp, "timestamp"},
+		{&c.Columns.TracingSpanContext, "tracing_span_context"},
 	}
 	seen := make(map[string]string, len(cols))
 	for _, col := range cols {
 		name := *col.field
-		if col.key == "timestamp" && name == "" {
+		if (col.key == "timestamp" || col.key == "tracing_span_context") && name == "" {
 			continue
 		}
 		if name == NoHeaders {

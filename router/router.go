@@ -62,6 +62,10 @@ type Message struct {
 	// BadHeaders, when not empty, says why the headers column's value was
 	// ignored (not a JSON object); the event is delivered without it.
 	BadHeaders string
+	// BadTrace, when not empty, says why the tracing span context column's
+	// value was ignored (no valid W3C traceparent in it); the event is
+	// delivered without a trace context.
+	BadTrace string
 }
 
 // Header names set on every message; the names Debezium's outbox router uses
@@ -126,6 +130,7 @@ type Router struct {
 	converter Converter
 	tombstone bool
 	overrides map[string]string
+	ce        ceRouting
 
 	// Single-entry cache: one outbox table is the norm, and its Relation
 	// pointer changes only on ALTER TABLE.
@@ -185,6 +190,7 @@ func (r *Router) headerSlab(n int) []Header {
 type positions struct {
 	id, aggregateType, aggregateID, eventType, payload, headers int // headers -1: none
 	timestamp                                                   int // -1: none
+	trace                                                       int // the tracing span context column; -1: none
 	payloadBytea                                                bool
 	payloadType, keyType                                        colType
 	timestampType                                               uint32
@@ -212,7 +218,8 @@ func New(cfg Config) (*Router, error) {
 		overrides[k] = v
 	}
 	r := &Router{cols: cfg.Columns, tmpl: tmpl, rt: rt, overrides: overrides,
-		fields: slices.Clone(cfg.Fields), converter: cfg.Converter, tombstone: cfg.TombstoneOnEmptyPayload}
+		fields: slices.Clone(cfg.Fields), converter: cfg.Converter, tombstone: cfg.TombstoneOnEmptyPayload,
+		ce: ceRouting{mode: cfg.CloudEvents.Mode, source: cfg.CloudEvents.Source, contentType: cfg.CloudEvents.ContentType}}
 	for _, f := range r.fields {
 		r.envelope = r.envelope || f.Placement == PlaceEnvelope
 	}
@@ -369,6 +376,34 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 	if pos.timestamp >= 0 {
 		m.Time, _ = parseTimestamp(row.Values[pos.timestamp], pos.timestampType == timestamptzOID)
 	}
+	if pos.trace >= 0 {
+		r.traceHeaders(&m, row.Values[pos.trace])
+	}
+	// The value and the CloudEvents attributes before the checks below: a
+	// failed event is stored for retry with them (its value and extra
+	// headers are what the retry worker sends), so that once its cause is
+	// fixed it goes out as the same message.
+	value := row.Values[pos.payload]
+	var valueErr *RouteError
+	if pos.payloadBytea && value != nil {
+		v, err := decodeBytea(value)
+		if err != nil {
+			valueErr = &RouteError{EventID: m.ID, Reason: fmt.Sprintf("the bytea payload (column %q) is not in hex format: set bytea_output = 'hex' for the replication role", r.cols.Payload), Err: err}
+		} else {
+			value = v
+		}
+	}
+	if valueErr == nil {
+		switch r.ce.mode {
+		case CloudEventsStructured:
+			m.Value = r.ceStructured(&m, pos, r.ceAttrs(&m, pos), value)
+		case CloudEventsBinary:
+			r.ceBinaryHeaders(&m, r.ceAttrs(&m, pos))
+			m.Value = r.value(pos, value, row.Values)
+		default:
+			m.Value = r.value(pos, value, row.Values)
+		}
+	}
 	eventID := m.ID
 	aggType := row.Values[pos.aggregateType]
 	if len(aggType) == 0 {
@@ -389,15 +424,9 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate id (column %q) is NULL or empty, so the event has no Kafka key and no order: insert it with an aggregate id", r.cols.AggregateID)}
 	}
 
-	value := row.Values[pos.payload]
-	if pos.payloadBytea && value != nil {
-		v, err := decodeBytea(value)
-		if err != nil {
-			return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the bytea payload (column %q) is not in hex format: set bytea_output = 'hex' for the replication role", r.cols.Payload), Err: err}
-		}
-		value = v
+	if valueErr != nil {
+		return m, valueErr
 	}
-	m.Value = r.value(pos, value, row.Values)
 	m.Headers, _ = r.rt.headers.appendTo(r.headerSlab(3+len(m.Extra)), id, eventType, aggType, m.Extra) // Extra holds no reserved name
 	return m, nil
 }
@@ -500,6 +529,29 @@ func (r *Router) extraHeaders(m *Message, b []byte) {
 	m.Extra = hs[:n+len(kept)]
 }
 
+// traceHeaders sends the tracing span context column's trace context as the
+// traceparent and tracestate headers, in place of entries of those names
+// from the headers column: the column is the row's own record of its trace,
+// as for Debezium. A NULL or empty column leaves the headers column's.
+func (r *Router) traceHeaders(m *Message, text []byte) {
+	if len(bytes.TrimSpace(text)) == 0 {
+		return
+	}
+	tc, ok := parseSpanContext(text)
+	if !ok {
+		m.BadTrace = fmt.Sprintf("the tracing span context column %q holds no valid W3C traceparent (traceparent=00-<32 hex>-<16 hex>-<2 hex> in Java properties text): the event is delivered without it", r.cols.TracingSpanContext)
+		return
+	}
+	if tc.parent == "" {
+		return
+	}
+	m.Extra = slices.DeleteFunc(m.Extra, func(h Header) bool { return h.Key == HeaderTraceparent || h.Key == HeaderTracestate })
+	m.Extra = append(m.Extra, Header{Key: HeaderTraceparent, Value: []byte(tc.parent)})
+	if tc.state != "" {
+		m.Extra = append(m.Extra, Header{Key: HeaderTracestate, Value: []byte(tc.state)})
+	}
+}
+
 // positions returns the cached column positions for rel, resolving them on
 // the first row of a new Relation value.
 func (r *Router) positions(rel *replication.Relation) *positions {
@@ -541,9 +593,10 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 		{&p.payload, r.cols.Payload, "payload"},
 		{&p.headers, r.cols.Headers, "headers"},
 		{&p.timestamp, r.cols.Timestamp, "timestamp"},
+		{&p.trace, r.cols.TracingSpanContext, "tracing_span_context"},
 	}
 	for _, c := range cols {
-		if c.name == NoHeaders || c.key == "timestamp" && c.name == "" {
+		if c.name == NoHeaders || (c.key == "timestamp" || c.key == "tracing_span_context") && c.name == "" {
 			*c.dst = -1
 			continue
 		}

@@ -42,6 +42,8 @@ const (
 	timestamptzOID = 1184
 	timetzOID      = 1266
 	numericOID     = 1700
+	jsonOID        = 114
+	jsonbOID       = 3802
 
 	boolArrayOID    = 1000
 	int2ArrayOID    = 1005

@@ -107,6 +107,12 @@ type Columns struct {
 	// Kafka message's timestamp (Debezium's table.field.event.timestamp).
 	// It has no default: without it a message carries the time it was sent.
 	Timestamp string
+	// TracingSpanContext, when set, names a text column holding the
+	// event's trace context as Java properties text (traceparent=…,
+	// tracestate=…), as Debezium's tracing.span.context.field does; the
+	// relay sends it as the W3C traceparent and tracestate headers. No
+	// default, like Timestamp.
+	TracingSpanContext string
 }
 
 // A Layout is a preset of outbox column names: the relay's own, or the one
@@ -169,7 +175,7 @@ func DefaultColumns() Columns {
 // WithDefaults returns c with every empty field set from DefaultColumns.
 func (c Columns) WithDefaults() Columns { return c.Fill(DefaultColumns()) }
 
-// Fill returns c with every empty field but Timestamp set from d (a
+// Fill returns c with every empty field but Timestamp and TracingSpanContext set from d (a
 // layout's columns).
 func (c Columns) Fill(d Columns) Columns {
 	for _, f := range []struct{ field, def *string }{

@@ -56,55 +56,60 @@ var defaults = map[string]string{
 	"outbox.retention_partitions":        string(retention.PartitionsDelete),
 	// The columns' defaults are the layout's (sql.Layout.Columns): empty
 	// here, filled in validate.
-	"outbox.columns.id":                  "",
-	"outbox.columns.aggregate_type":      "",
-	"outbox.columns.aggregate_id":        "",
-	"outbox.columns.event_type":          "",
-	"outbox.columns.payload":             "",
-	"outbox.columns.headers":             "",
-	"outbox.columns.timestamp":           "",
-	"message.headers":                    "", // the layout's: layoutHeaders
-	"message.fields":                     "",
-	"message.converter":                  string(router.ConverterString),
-	"message.tombstone_on_empty_payload": "false",
-	"topics.template":                    router.DefaultTopic,
-	"topics.regex":                       "",
-	"topics.replacement":                 "",
-	"kafka.brokers":                      "",
-	"kafka.client_id":                    sink.DefaultClientID,
-	"kafka.batch_size":                   strconv.Itoa(sink.DefaultBatchSize),
-	"kafka.batch_bytes":                  strconv.Itoa(sink.DefaultBatchBytes),
-	"kafka.batch_timeout":                durationText(sink.DefaultBatchTimeout),
-	"kafka.write_timeout":                durationText(sink.DefaultWriteTimeout),
-	"kafka.compression":                  sink.DefaultCompression,
-	"kafka.allow_auto_topic_creation":    strconv.FormatBool(defaultAllowAutoTopicCreation),
-	"kafka.tls.enabled":                  "false",
-	"kafka.tls.ca_file":                  "",
-	"kafka.tls.cert_file":                "",
-	"kafka.tls.key_file":                 "",
-	"kafka.tls.insecure_skip_verify":     "false",
-	"kafka.tls.server_name":              "",
-	"kafka.sasl.mechanism":               "",
-	"kafka.sasl.username":                "",
-	"kafka.sasl.password":                "", // RELAY_KAFKA_SASL_PASSWORD; prefer kafka.sasl.password_file
-	"kafka.sasl.password_file":           "",
-	"pipeline.max_in_flight_events":      strconv.Itoa(relay.DefaultMaxInFlightEvents),
-	"pipeline.max_in_flight_bytes":       strconv.Itoa(relay.DefaultMaxInFlightBytes),
-	"pipeline.shutdown_timeout":          durationText(relay.DefaultShutdownTimeout),
-	"health.stall_after":                 durationText(relay.DefaultStallAfter),
-	"checkpoint.table":                   sql.DefaultCheckpointTable,
-	"checkpoint.interval":                durationText(relay.DefaultCheckpointInterval),
-	"checkpoint.history_interval":        durationText(relay.DefaultHistoryInterval),
-	"checkpoint.history_keep":            daysText(relay.DefaultHistoryKeep),
-	"retry.table":                        sql.DefaultRetryTable,
-	"retry.backoff_min":                  durationText(retry.DefaultBackoffMin),
-	"retry.backoff_max":                  durationText(retry.DefaultBackoffMax),
-	"retry.max_age":                      durationText(retry.DefaultMaxAge),
-	"retry.max_attempts":                 "0", // no limit: retry.WorkerConfig's zero value
-	"retry.poll_interval":                durationText(retry.DefaultPollInterval),
-	"metrics.listen":                     "127.0.0.1:9187",
-	"log.level":                          "info",
-	"log.format":                         "text",
+	"outbox.columns.id":                   "",
+	"outbox.columns.aggregate_type":       "",
+	"outbox.columns.aggregate_id":         "",
+	"outbox.columns.event_type":           "",
+	"outbox.columns.payload":              "",
+	"outbox.columns.headers":              "",
+	"outbox.columns.timestamp":            "",
+	"outbox.columns.tracing_span_context": "",
+	"message.headers":                     "", // the layout's: layoutHeaders
+	"message.fields":                      "",
+	"message.converter":                   string(router.ConverterString),
+	"message.tombstone_on_empty_payload":  "false",
+	"message.format":                      "plain",
+	"message.cloudevents.mode":            string(router.CloudEventsBinary),
+	"message.cloudevents.source":          "", // /outbox-relay/<outbox.table>
+	"message.cloudevents.content_type":    "",
+	"topics.template":                     router.DefaultTopic,
+	"topics.regex":                        "",
+	"topics.replacement":                  "",
+	"kafka.brokers":                       "",
+	"kafka.client_id":                     sink.DefaultClientID,
+	"kafka.batch_size":                    strconv.Itoa(sink.DefaultBatchSize),
+	"kafka.batch_bytes":                   strconv.Itoa(sink.DefaultBatchBytes),
+	"kafka.batch_timeout":                 durationText(sink.DefaultBatchTimeout),
+	"kafka.write_timeout":                 durationText(sink.DefaultWriteTimeout),
+	"kafka.compression":                   sink.DefaultCompression,
+	"kafka.allow_auto_topic_creation":     strconv.FormatBool(defaultAllowAutoTopicCreation),
+	"kafka.tls.enabled":                   "false",
+	"kafka.tls.ca_file":                   "",
+	"kafka.tls.cert_file":                 "",
+	"kafka.tls.key_file":                  "",
+	"kafka.tls.insecure_skip_verify":      "false",
+	"kafka.tls.server_name":               "",
+	"kafka.sasl.mechanism":                "",
+	"kafka.sasl.username":                 "",
+	"kafka.sasl.password":                 "", // RELAY_KAFKA_SASL_PASSWORD; prefer kafka.sasl.password_file
+	"kafka.sasl.password_file":            "",
+	"pipeline.max_in_flight_events":       strconv.Itoa(relay.DefaultMaxInFlightEvents),
+	"pipeline.max_in_flight_bytes":        strconv.Itoa(relay.DefaultMaxInFlightBytes),
+	"pipeline.shutdown_timeout":           durationText(relay.DefaultShutdownTimeout),
+	"health.stall_after":                  durationText(relay.DefaultStallAfter),
+	"checkpoint.table":                    sql.DefaultCheckpointTable,
+	"checkpoint.interval":                 durationText(relay.DefaultCheckpointInterval),
+	"checkpoint.history_interval":         durationText(relay.DefaultHistoryInterval),
+	"checkpoint.history_keep":             daysText(relay.DefaultHistoryKeep),
+	"retry.table":                         sql.DefaultRetryTable,
+	"retry.backoff_min":                   durationText(retry.DefaultBackoffMin),
+	"retry.backoff_max":                   durationText(retry.DefaultBackoffMax),
+	"retry.max_age":                       durationText(retry.DefaultMaxAge),
+	"retry.max_attempts":                  "0", // no limit: retry.WorkerConfig's zero value
+	"retry.poll_interval":                 durationText(retry.DefaultPollInterval),
+	"metrics.listen":                      "127.0.0.1:9187",
+	"log.level":                           "info",
+	"log.format":                          "text",
 }
 
 // defaultAllowAutoTopicCreation is the operator's default for
@@ -188,6 +193,9 @@ type config struct {
 		Fields    []router.Field
 		Converter router.Converter
 		Tombstone bool
+		Format    string // plain or cloudevents
+		// CloudEvents' Mode is the mode to use when Format is cloudevents.
+		CloudEvents router.CloudEvents
 	}
 	Topics struct {
 		Template, Regex, Replacement string
@@ -308,6 +316,8 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		Payload:       l.str("outbox.columns.payload"),
 		Headers:       l.str("outbox.columns.headers"),
 		Timestamp:     l.str("outbox.columns.timestamp"),
+
+		TracingSpanContext: l.str("outbox.columns.tracing_span_context"),
 	}
 	c.Outbox.Layout = sql.Layout(l.str("outbox.layout"))
 	if !strings.EqualFold(l.str("outbox.retention"), "off") {
@@ -332,6 +342,12 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	}
 	c.Message.Converter = router.Converter(l.str("message.converter"))
 	c.Message.Tombstone = l.bool("message.tombstone_on_empty_payload")
+	c.Message.Format = strings.ToLower(l.str("message.format"))
+	c.Message.CloudEvents = router.CloudEvents{
+		Mode:        router.CloudEventsMode(strings.ToLower(l.str("message.cloudevents.mode"))),
+		Source:      l.str("message.cloudevents.source"),
+		ContentType: l.str("message.cloudevents.content_type"),
+	}
 	c.Topics.Template = l.str("topics.template")
 	c.Topics.Regex = l.str("topics.regex")
 	c.Topics.Replacement = l.str("topics.replacement")
@@ -655,6 +671,19 @@ func (c *config) validate() error {
 		c.Message.Headers = layoutHeaders(c.Outbox.Layout)
 	}
 	def((*string)(&c.Message.Converter), "message.converter")
+	def(&c.Message.Format, "message.format")
+	switch c.Message.Format {
+	case "plain":
+	case "cloudevents":
+		def((*string)(&c.Message.CloudEvents.Mode), "message.cloudevents.mode")
+		if c.Message.CloudEvents.Source == "" {
+			// The outbox table names where the events come from until the
+			// operator names the service.
+			c.Message.CloudEvents.Source = "/outbox-relay/" + c.Outbox.Table
+		}
+	default:
+		bad("message.format", "%q: use plain (the payload as the value, the relay's headers) or cloudevents (CloudEvents 1.0 in the Kafka protocol binding; message.cloudevents.mode says binary or structured)", c.Message.Format)
+	}
 	def(&c.Topics.Template, "topics.template")
 	if _, err := router.New(c.routerConfig()); err != nil {
 		// The router names its settings outbox.topic and
@@ -804,7 +833,19 @@ func (c *config) routerConfig() router.Config {
 		TopicRegex: c.Topics.Regex, TopicReplacement: c.Topics.Replacement,
 		Headers: c.Message.Headers, Fields: c.Message.Fields, Converter: c.Message.Converter,
 		TombstoneOnEmptyPayload: c.Message.Tombstone,
+		CloudEvents:             c.cloudEvents(),
 	}
+}
+
+// cloudEvents is the router's CloudEvents setting: off (no mode) unless
+// message.format is cloudevents; the source and content type always, so that
+// the router refuses them without the format.
+func (c *config) cloudEvents() router.CloudEvents {
+	ce := c.Message.CloudEvents
+	if c.Message.Format != "cloudevents" {
+		ce.Mode = ""
+	}
+	return ce
 }
 
 // layoutHeaders is message.headers' default: the relay's three headers for

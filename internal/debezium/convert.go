@@ -451,6 +451,11 @@ func (c *converter) routerOptions() {
 	if v, has := c.opt("table.field.event.schema.version"); has {
 		c.gap(c.routerKey("table.field.event.schema.version"), v, "the relay sets no schema version; Debezium put it in the value's Connect schema, which only a schema-carrying converter (Avro, JsonConverter with schemas) writes: drop the option if consumers do not read it")
 	}
+	if v, has := c.opt("tracing.span.context.field"); has && v != "" {
+		// The relay sends the column's trace context as traceparent and
+		// tracestate, without a span of its own (Debezium's db-log-write).
+		c.set("outbox.columns.tracing_span_context", v, c.routerKey("tracing.span.context.field"))
+	}
 	for _, o := range []string{"predicate", "negate"} {
 		if v, has := c.opt(o); has {
 			c.gap(c.routerKey(o), v, "the relay routes every insert of the outbox table; a predicate limiting the router has no equivalent")
@@ -465,7 +470,7 @@ func (c *converter) routerOptions() {
 		v := c.conn[k]
 		option := strings.TrimPrefix(k, prefix)
 		if strings.HasPrefix(option, "tracing.") {
-			c.gap(k, v, "the relay does not propagate OpenTelemetry tracing context (Debezium's ActivateTracingSpan): consumers get no trace span from the outbox row")
+			c.gap(k, v, "the relay propagates the row's trace context (outbox.columns.tracing_span_context) as the traceparent and tracestate headers, but creates no span of its own (Debezium's db-log-write span, ActivateTracingSpan)")
 			continue
 		}
 		c.gap(k, v, "not an EventRouter option the relay knows: check what it does; the relay has no equivalent")

@@ -83,6 +83,7 @@ type Metrics struct {
 	retryDead                   prometheus.Counter
 	headersDropped              prometheus.Counter
 	headersInvalid              prometheus.Counter
+	traceInvalid                prometheus.Counter
 	schemaStops                 prometheus.Counter
 	placementStops              prometheus.Counter
 	ready, stalled              prometheus.Gauge
@@ -141,6 +142,7 @@ func New() *Metrics {
 	m.retryDead = counter("retry_dead_lettered_total", "Retry-table rows this process's worker moved to dead.")
 	m.headersDropped = counter("headers_dropped_total", "Entries of the headers column dropped because they used a header name the relay sets (id, event_type, aggregate_type).")
 	m.headersInvalid = counter("headers_invalid_total", "Events whose headers column held something other than a JSON object; they were delivered without extra headers.")
+	m.traceInvalid = counter("trace_context_invalid_total", "Events whose tracing span context column held no valid W3C traceparent; they were delivered without a trace context.")
 	m.schemaStops = counter("schema_stops_total", "Times the relay stopped because the outbox table no longer has a mapped column.")
 	m.placementStops = counter("placement_stops_total", "Times the relay stopped before an insert under a table that may belong to the outbox but cannot be placed (renamed outbox, inheritance child, dropped or detached partition).")
 	m.active = gauge("active", "1 while this relay leads (streams the slot and delivers), 0 while it stands by.")
@@ -158,7 +160,7 @@ func New() *Metrics {
 	m.sampled = &sampled{}
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
-		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.schemaStops, m.placementStops,
+		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.traceInvalid, m.schemaStops, m.placementStops,
 		m.ready, m.stalled, m.active, m.epoch, m.takeovers, m.slotGap, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -384,6 +386,14 @@ func (m *Metrics) SetSlotGap(gap bool) {
 		v = 1
 	}
 	m.slotGap.Set(v)
+}
+
+// TraceContextInvalid counts an event delivered without the trace context
+// its row held, which was not valid.
+func (m *Metrics) TraceContextInvalid() {
+	if m != nil {
+		m.traceInvalid.Inc()
+	}
 }
 
 // TookOver records a takeover of the slot with epoch, after which this relay

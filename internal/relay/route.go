@@ -31,6 +31,7 @@ type routeStage struct {
 	isOutbox       map[*replication.Relation]bool
 	partitionNamed bool // logged that partitions arrive under their own names
 	lastBadHeaders time.Time
+	lastBadTrace   time.Time
 }
 
 // run turns batches into chunks until in is closed, ctx is done, or stop is
@@ -227,6 +228,14 @@ func (e *stopError) Unwrap() error { return e.err }
 func (r *routeStage) headerTrouble(m *router.Message) {
 	if m.DroppedHeaders > 0 {
 		r.m.HeadersDropped(m.DroppedHeaders)
+	}
+	if m.BadTrace != "" {
+		r.m.TraceContextInvalid()
+		if now := time.Now(); now.Sub(r.lastBadTrace) >= 10*time.Second {
+			r.lastBadTrace = now
+			r.log.Warn("trace context ignored: event delivered without it",
+				"event_id", m.ID, "aggregate_type", m.AggregateType, "reason", m.BadTrace)
+		}
 	}
 	if m.BadHeaders == "" {
 		return

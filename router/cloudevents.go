@@ -1,0 +1,235 @@
+package router
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// # CloudEvents
+//
+// With Config.CloudEvents set, every message is a CloudEvent 1.0 in the
+// Kafka protocol binding (github.com/cloudevents/spec, kafka-protocol-binding.md):
+//
+//   - binary mode: the payload is the record's value (the event's data), the
+//     attributes are headers ce_<name>, and datacontenttype is the
+//     content-type header;
+//   - structured mode: the value is the event as JSON (the JSON event
+//     format), data inside it, and content-type is
+//     application/cloudevents+json; charset=UTF-8.
+//
+// The attributes come from the row: id from the id column, type from the
+// event type column, subject and the partitionkey extension from the
+// aggregate id (the record's key, as the binding requires), time from the
+// timestamp column when one is mapped, source from the configuration, and the
+// traceparent and tracestate extensions (Distributed Tracing) from the row's
+// trace context. Attributes ride in the event's extra headers (binary) or its
+// value (structured), both of which the retry table stores, so a retried
+// event is the same CloudEvent.
+
+// CloudEventsMode is how a CloudEvent is written to a Kafka record.
+type CloudEventsMode string
+
+// The modes of the Kafka protocol binding.
+const (
+	CloudEventsBinary     CloudEventsMode = "binary"
+	CloudEventsStructured CloudEventsMode = "structured"
+)
+
+// CloudEvents configures CloudEvents output; the zero value is off.
+type CloudEvents struct {
+	Mode CloudEventsMode // "" off
+	// Source is the source attribute: a URI-reference naming the context
+	// the events come from (e.g. /orders-service/outbox). Required with a
+	// mode.
+	Source string
+	// ContentType is the datacontenttype attribute. Empty derives it from
+	// the payload column's type: application/json for json and jsonb,
+	// application/octet-stream for bytea, text/plain; charset=utf-8 for text.
+	ContentType string
+}
+
+// Config keys, for error messages.
+const (
+	keyFormat        = "message.format"
+	keyCEMode        = "message.cloudevents.mode"
+	keyCESource      = "message.cloudevents.source"
+	keyCEContentType = "message.cloudevents.content_type"
+)
+
+// The headers of the binary mode, and the content type of the structured one.
+const (
+	ceSpecVersion       = "1.0"
+	HeaderContentType   = "content-type"
+	ceStructuredContent = "application/cloudevents+json; charset=UTF-8"
+)
+
+// ceHeaders are the header names the relay sets in binary mode: an entry of
+// the headers column with one of these names is dropped (counted as dropped
+// headers), so that the attributes are the row's.
+var ceHeaders = []string{"ce_specversion", "ce_id", "ce_source", "ce_type", "ce_subject", "ce_time",
+	"ce_partitionkey", "ce_traceparent", "ce_tracestate", HeaderContentType}
+
+// validateCloudEvents checks the CloudEvents settings against the rest of
+// the message settings, and reserves the header names the mode sets.
+func (c *Config) validateCloudEvents(rt *routing) error {
+	ce := &c.CloudEvents
+	switch ce.Mode {
+	case "":
+		if ce.Source != "" || ce.ContentType != "" {
+			return fmt.Errorf("%s or %s is set but %s is not cloudevents: set %s: cloudevents, or remove them", keyCESource, keyCEContentType, keyFormat, keyFormat)
+		}
+		return nil
+	case CloudEventsBinary, CloudEventsStructured:
+	default:
+		return fmt.Errorf("%s %q: use %q (attributes in ce_* headers, the payload as the value) or %q (the whole event as JSON in the value)", keyCEMode, ce.Mode, CloudEventsBinary, CloudEventsStructured)
+	}
+	if strings.TrimSpace(ce.Source) == "" {
+		return fmt.Errorf("%s is empty: CloudEvents need a source attribute, a URI-reference naming where the events come from (e.g. /orders-service/outbox)", keyCESource)
+	}
+	if c.Converter == ConverterJSON {
+		return fmt.Errorf("%s cloudevents and %s %s do not go together: CloudEvents define the value themselves; set %s to %s", keyFormat, keyConverter, ConverterJSON, keyConverter, ConverterString)
+	}
+	for _, f := range c.Fields {
+		if f.Placement == PlaceEnvelope {
+			return fmt.Errorf("%s places %s in the envelope, which %s cloudevents does not have: place it as a header instead (%s:header:%s)", keyFields, f.Column, keyFormat, f.Column, f.Alias)
+		}
+	}
+	if ce.Mode == CloudEventsStructured && c.TombstoneOnEmptyPayload {
+		return fmt.Errorf("message.tombstone_on_empty_payload and %s %s do not go together: a structured CloudEvent is the record's value, which a tombstone removes; use %s %s or no tombstones", keyCEMode, CloudEventsStructured, keyCEMode, CloudEventsBinary)
+	}
+	if c.Columns.EventType == NoHeaders {
+		return fmt.Errorf("%s cloudevents needs the event type column (the required type attribute), and %sevent_type is %q: map it to a column", keyFormat, keyColumns, NoHeaders)
+	}
+	if ce.Mode == CloudEventsBinary {
+		for _, n := range ceHeaders {
+			rt.reserved[n] = true
+		}
+	} else {
+		rt.reserved[HeaderContentType] = true
+	}
+	return nil
+}
+
+// ceRouting is what the router keeps of the CloudEvents settings.
+type ceRouting struct {
+	mode        CloudEventsMode
+	source      string
+	contentType string // "" derives it from the payload column
+}
+
+// ceContentType is the datacontenttype of an event whose payload column has
+// type t.
+func (r *Router) ceContentType(t colType) string {
+	if r.ce.contentType != "" {
+		return r.ce.contentType
+	}
+	switch t.oid {
+	case jsonOID, jsonbOID:
+		return "application/json"
+	case byteaOID:
+		return "application/octet-stream"
+	}
+	return "text/plain; charset=utf-8"
+}
+
+// ceAttributes are an event's context attributes, in the order the
+// structured mode writes them.
+type ceAttributes struct {
+	id, typ, subject, time, contentType, traceparent, tracestate string
+}
+
+// ceAttrs reads the attributes of m, whose extra headers already hold its
+// trace context, if any.
+func (r *Router) ceAttrs(m *Message, pos *positions) ceAttributes {
+	a := ceAttributes{id: m.ID, typ: m.Type, subject: m.AggregateID, contentType: r.ceContentType(pos.payloadType)}
+	if !m.Time.IsZero() {
+		a.time = m.Time.UTC().Format(time.RFC3339Nano)
+	}
+	for _, h := range m.Extra {
+		switch h.Key {
+		case HeaderTraceparent:
+			if validTraceparent(string(h.Value)) {
+				a.traceparent = string(h.Value)
+			}
+		case HeaderTracestate:
+			a.tracestate = string(h.Value)
+		}
+	}
+	if a.traceparent == "" || !validTracestate(a.tracestate) {
+		a.tracestate = ""
+	}
+	return a
+}
+
+// ceBinaryHeaders appends the binary mode's headers to m.Extra.
+func (r *Router) ceBinaryHeaders(m *Message, a ceAttributes) {
+	add := func(k, v string) {
+		if v != "" {
+			m.Extra = append(m.Extra, Header{Key: k, Value: []byte(v)})
+		}
+	}
+	add("ce_specversion", ceSpecVersion)
+	add("ce_id", a.id)
+	add("ce_source", r.ce.source)
+	add("ce_type", a.typ)
+	add("ce_subject", a.subject)
+	add("ce_time", a.time)
+	add("ce_partitionkey", a.subject)
+	add("ce_traceparent", a.traceparent)
+	add("ce_tracestate", a.tracestate)
+	add(HeaderContentType, a.contentType)
+}
+
+// ceStructured returns the structured mode's value, the event in the JSON
+// event format with the payload as data: embedded when it is JSON text
+// under a JSON content type, base64 (data_base64) for bytea, a JSON string
+// otherwise; no data for a NULL payload. It also appends the content-type
+// header to m.Extra.
+func (r *Router) ceStructured(m *Message, pos *positions, a ceAttributes, payload []byte) []byte {
+	b := make([]byte, 0, len(payload)+256)
+	b = append(b, `{"specversion":"`+ceSpecVersion+`"`...)
+	attr := func(k, v string) {
+		if v != "" {
+			b = append(b, ',', '"')
+			b = append(b, k...)
+			b = append(b, '"', ':')
+			b = jsonString(b, []byte(v))
+		}
+	}
+	attr("id", a.id)
+	attr("source", r.ce.source)
+	attr("type", a.typ)
+	attr("subject", a.subject)
+	attr("time", a.time)
+	attr("datacontenttype", a.contentType)
+	attr("partitionkey", a.subject)
+	attr("traceparent", a.traceparent)
+	attr("tracestate", a.tracestate)
+	switch {
+	case payload == nil:
+	case pos.payloadBytea:
+		b = append(b, `,"data_base64":"`...)
+		b = base64.StdEncoding.AppendEncode(b, payload)
+		b = append(b, '"')
+	case jsonContentType(a.contentType) && json.Valid(payload):
+		b = append(b, `,"data":`...)
+		b = append(b, payload...)
+	default:
+		b = append(b, `,"data":`...)
+		b = jsonString(b, payload)
+	}
+	m.Extra = append(m.Extra, Header{Key: HeaderContentType, Value: []byte(ceStructuredContent)})
+	return append(b, '}')
+}
+
+// jsonContentType reports whether a media type is JSON: application/json or
+// a +json suffix, parameters aside (the CloudEvents JSON format's rule for
+// embedding data as JSON).
+func jsonContentType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	return mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "text/json"
+}
