@@ -54,6 +54,10 @@ type Config struct {
 	// CloudEvents, when its Mode is set, writes every message as a
 	// CloudEvent (see cloudevents.go).
 	CloudEvents CloudEvents
+	// Spans gives every event that carries a valid trace context a span of
+	// its own (Message.Span), a child of the row's, and points its
+	// traceparent header at it: the relay then exports that span.
+	Spans bool
 }
 
 // Config keys as the operator sees them, used in error messages so that an

@@ -37,10 +37,12 @@ package router
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 
@@ -131,6 +133,7 @@ type Router struct {
 	tombstone bool
 	overrides map[string]string
 	ce        ceRouting
+	spans     bool
 
 	// Single-entry cache: one outbox table is the norm, and its Relation
 	// pointer changes only on ALTER TABLE.
@@ -219,7 +222,8 @@ func New(cfg Config) (*Router, error) {
 	}
 	r := &Router{cols: cfg.Columns, tmpl: tmpl, rt: rt, overrides: overrides,
 		fields: slices.Clone(cfg.Fields), converter: cfg.Converter, tombstone: cfg.TombstoneOnEmptyPayload,
-		ce: ceRouting{mode: cfg.CloudEvents.Mode, source: cfg.CloudEvents.Source, contentType: cfg.CloudEvents.ContentType}}
+		ce:    ceRouting{mode: cfg.CloudEvents.Mode, source: cfg.CloudEvents.Source, contentType: cfg.CloudEvents.ContentType},
+		spans: cfg.Spans}
 	for _, f := range r.fields {
 		r.envelope = r.envelope || f.Placement == PlaceEnvelope
 	}
@@ -378,6 +382,9 @@ func (r *Router) Route(row replication.Row) (Message, error) {
 	}
 	if pos.trace >= 0 {
 		r.traceHeaders(&m, row.Values[pos.trace])
+	}
+	if r.spans {
+		r.span(&m)
 	}
 	// The value and the CloudEvents attributes before the checks below: a
 	// failed event is stored for retry with them (its value and extra
@@ -549,6 +556,47 @@ func (r *Router) traceHeaders(m *Message, text []byte) {
 	m.Extra = append(m.Extra, Header{Key: HeaderTraceparent, Value: []byte(tc.parent)})
 	if tc.state != "" {
 		m.Extra = append(m.Extra, Header{Key: HeaderTracestate, Value: []byte(tc.state)})
+	}
+}
+
+// span gives m a span of the relay's own when its extra headers carry a
+// valid traceparent (from the tracing column or the headers column): a new
+// span id in the same trace, parented by the row's span, and the traceparent
+// header rewritten to name it, so that consumers' spans are children of the
+// relay's, which is exported once Kafka acknowledges the event.
+func (r *Router) span(m *Message) {
+	for i, h := range m.Extra {
+		if h.Key != HeaderTraceparent || !validTraceparent(string(h.Value)) {
+			continue
+		}
+		s := &event.Span{}
+		v := h.Value
+		hex.Decode(s.TraceID[:], v[3:35])
+		hex.Decode(s.Parent[:], v[36:52])
+		var f [1]byte
+		hex.Decode(f[:], v[53:55])
+		s.Flags = f[0]
+		for {
+			binary.LittleEndian.PutUint64(s.SpanID[:], rand.Uint64())
+			if s.SpanID != [8]byte{} {
+				break
+			}
+		}
+		for _, st := range m.Extra {
+			if st.Key == HeaderTracestate {
+				s.State = string(st.Value)
+			}
+		}
+		tp := make([]byte, 0, 55)
+		tp = append(tp, "00-"...)
+		tp = hex.AppendEncode(tp, s.TraceID[:])
+		tp = append(tp, '-')
+		tp = hex.AppendEncode(tp, s.SpanID[:])
+		tp = append(tp, '-')
+		tp = hex.AppendEncode(tp, f[:])
+		m.Extra[i].Value = tp
+		m.Span = s
+		return
 	}
 }
 

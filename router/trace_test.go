@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -150,3 +151,29 @@ func TestCloudEventsConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// With spans on, a traced event gets a span of its own: same trace, the row's
+// span as parent, and its traceparent header names the new span.
+func TestSpanMinted(t *testing.T) {
+	r, err := New(Config{Columns: Columns{TracingSpanContext: "trace", Timestamp: "created_at"}, Spans: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := r.Route(ceRow(`{}`, "", "traceparent="+tp+"\ntracestate=k=v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := headerMap(m.Headers)["traceparent"]
+	if m.Span == nil || !strings.HasPrefix(got, tp[:36]) || got == tp || !strings.HasSuffix(got, "-01") || !validTraceparent(got) {
+		t.Fatalf("traceparent %q, span %+v; want the row's trace with a new span id", got, m.Span)
+	}
+	if hexOf(m.Span.Parent[:]) != tp[36:52] || hexOf(m.Span.SpanID[:]) != got[36:52] || m.Span.State != "k=v" || m.Span.Flags != 1 {
+		t.Errorf("span %+v; want parent %s, id %s, state k=v, flags 1", m.Span, tp[36:52], got[36:52])
+	}
+	// No trace context: no span.
+	if m, _ := r.Route(ceRow(`{}`, "", "")); m.Span != nil {
+		t.Errorf("an event without a trace context got span %+v", m.Span)
+	}
+}
+
+func hexOf(b []byte) string { return fmt.Sprintf("%x", b) }

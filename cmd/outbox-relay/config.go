@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -108,6 +109,8 @@ var defaults = map[string]string{
 	"retry.max_attempts":                  "0", // no limit: retry.WorkerConfig's zero value
 	"retry.poll_interval":                 durationText(retry.DefaultPollInterval),
 	"metrics.listen":                      "127.0.0.1:9187",
+	"tracing.otlp_endpoint":               "",
+	"tracing.service_name":                "outbox-relay",
 	"log.level":                           "info",
 	"log.format":                          "text",
 }
@@ -228,6 +231,7 @@ type config struct {
 	}
 	Health  struct{ StallAfter time.Duration }
 	Metrics struct{ Listen string }
+	Tracing struct{ OTLPEndpoint, ServiceName string }
 	Log     struct{ Level, Format string }
 }
 
@@ -390,6 +394,8 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Retry.MaxAttempts = l.int("retry.max_attempts")
 	c.Retry.PollEvery = l.duration("retry.poll_interval")
 	c.Metrics.Listen = l.str("metrics.listen")
+	c.Tracing.OTLPEndpoint = l.str("tracing.otlp_endpoint")
+	c.Tracing.ServiceName = l.str("tracing.service_name")
 	c.Log.Level = l.str("log.level")
 	c.Log.Format = l.str("log.format")
 	if err := errors.Join(l.errs...); err != nil {
@@ -808,6 +814,12 @@ func (c *config) validate() error {
 			bad("metrics.listen", "%q is not host:port; write it like 127.0.0.1:9187, or \"\" to disable metrics", c.Metrics.Listen)
 		}
 	}
+	if e := c.Tracing.OTLPEndpoint; e != "" {
+		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("tracing.otlp_endpoint", "%q: want the OTLP/gRPC collector as http://host:port (plaintext) or https://host:port (TLS), e.g. http://127.0.0.1:4317; \"\" exports no spans", e)
+		}
+	}
+	def(&c.Tracing.ServiceName, "tracing.service_name")
 	def(&c.Log.Level, "log.level")
 	if _, err := parseLevel(c.Log.Level); err != nil {
 		bad("log.level", "%v", err)
@@ -834,6 +846,7 @@ func (c *config) routerConfig() router.Config {
 		Headers: c.Message.Headers, Fields: c.Message.Fields, Converter: c.Message.Converter,
 		TombstoneOnEmptyPayload: c.Message.Tombstone,
 		CloudEvents:             c.cloudEvents(),
+		Spans:                   c.Tracing.OTLPEndpoint != "",
 	}
 }
 

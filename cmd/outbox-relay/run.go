@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
 )
 
 func newRunCmd(wrap wrapFunc) *cobra.Command {
@@ -56,6 +57,22 @@ reaches that position would be skipped for good.`,
 				}
 				rc.StartLSN = lsn
 				rc.StartLSNForce = force
+			}
+			if ep := e.cfg.Tracing.OTLPEndpoint; ep != "" {
+				tr, err := tracing.New(cmd.Context(), tracing.Config{Endpoint: ep, ServiceName: e.cfg.Tracing.ServiceName, Version: version})
+				if err != nil {
+					return fmt.Errorf("%w: %w", errConfig, err)
+				}
+				defer func() {
+					// The spans still queued, within a bounded wait: a
+					// collector that is down must not hold up the exit.
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					if err := tr.Shutdown(ctx); err != nil {
+						e.log.Warn("tracing: spans not exported at shutdown", "endpoint", ep, "err", err)
+					}
+				}()
+				rc.Spans = tr
 			}
 			r, err := relay.New(rc)
 			if err != nil {

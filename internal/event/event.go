@@ -54,6 +54,20 @@ type Event struct {
 	CommitLSN  pglogrepl.LSN // commit LSN of its transaction
 	CommitTime time.Time
 	Pos        int // its position in the transaction, from 1
+
+	// Span, when the relay exports spans and the row carried a trace
+	// context, is the relay's span for the event: its traceparent header
+	// names it, and it is exported once Kafka acknowledged the event.
+	Span *Span
+}
+
+// A Span is the identity of the relay's span of one event: a child of the
+// row's context (Parent) in the row's trace.
+type Span struct {
+	TraceID        [16]byte
+	SpanID, Parent [8]byte
+	Flags          byte   // the row's trace flags (sampled)
+	State          string // the row's tracestate
 }
 
 // PositionKey is the event's unique, bounded identity in the retry table:

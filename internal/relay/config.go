@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"log/slog"
 	"os"
 	"strings"
@@ -90,7 +91,10 @@ type Config struct {
 	// not empty, serves them with /healthz and /readyz (see Relay.Ready).
 	Metrics       *metrics.Metrics
 	MetricsListen string
-	RetryTable    string // default "outbox_relay_retry"
+	// Spans, when set, exports the span of every acknowledged event that
+	// has one (event.Span; Router.Spans mints them), e.g. *tracing.Tracer.
+	Spans      SpanExporter
+	RetryTable string // default "outbox_relay_retry"
 
 	// Identity is how this relay names itself as leader, in the checkpoint
 	// row (what standbys, status and the log show). Default
@@ -216,4 +220,10 @@ func (c *Config) validate() error {
 		c.Sink.Logger = c.Logger
 	}
 	return nil
+}
+
+// A SpanExporter exports the spans of events Kafka acknowledged at ack. It
+// must not block: the writer calls it between produce rounds.
+type SpanExporter interface {
+	Delivered(evs []event.Event, ack time.Time)
 }

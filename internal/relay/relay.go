@@ -292,7 +292,7 @@ func (r *Relay) lead(ctx, sctx context.Context, pool *pgxpool.Pool) error {
 	// chunks is unbuffered: the route stage grows its chunk while the
 	// writer is busy (see routeStage.run).
 	batches, chunks := make(chan replication.Batch, 4), make(chan *chunk)
-	w := &writer{sink: r.sink, gate: gt, win: r.win, health: r.health, log: r.log, m: r.m, lease: r.lease}
+	w := &writer{sink: r.sink, gate: gt, win: r.win, health: r.health, log: r.log, m: r.m, lease: r.lease, spans: r.cfg.Spans}
 	com := newCommitter(store, r.stream, r.win, r.health, r.m, r.log, r.cfg, start)
 	com.lease = r.lease
 	r.idle.com.Store(com)

@@ -28,7 +28,8 @@ type writer struct {
 	health *health
 	log    *slog.Logger
 	m      *metrics.Metrics
-	lease  *lease // nil: writes are not fenced (tests of the stage alone)
+	lease  *lease       // nil: writes are not fenced (tests of the stage alone)
+	spans  SpanExporter // nil: no spans
 }
 
 // run writes the chunks of in until it is closed, then closes com. It
@@ -75,6 +76,9 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com *committer) erro
 		r.health.progress()
 		if r.m != nil && len(send) > 0 {
 			r.observe(c, send, len(parked))
+		}
+		if r.spans != nil && len(send) > 0 {
+			r.spans.Delivered(send, time.Now())
 		}
 		// Nothing reads c's events any more: the sink copied what it
 		// sends, the retry table what it stores (their bytes are the

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// otlpReceiver is an OTLP/gRPC trace receiver: the collector's service, on a
+// loopback port, keeping what the relay's exporter sends.
+type otlpReceiver struct {
+	collectortrace.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	spans []*tracepb.Span
+	attrs map[string]string // of the last resource
+}
+
+func (r *otlpReceiver) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rs := range req.ResourceSpans {
+		r.attrs = map[string]string{}
+		for _, kv := range rs.GetResource().GetAttributes() {
+			r.attrs[kv.Key] = kv.GetValue().GetStringValue()
+		}
+		for _, ss := range rs.ScopeSpans {
+			r.spans = append(r.spans, ss.Spans...)
+		}
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+func startOTLPReceiver(t *testing.T) (*otlpReceiver, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	r := &otlpReceiver{}
+	collectortrace.RegisterTraceServiceServer(srv, r)
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	return r, "http://" + ln.Addr().String()
+}
+
+// TestTraceSpansExported follows one trace through the relay: the outbox
+// row's traceparent (a headers-column entry here; the tracing column is
+// TestCloudEventsEndToEnd's), the relay's span exported over OTLP to a real
+// gRPC receiver as the row span's child, from the commit to the Kafka
+// acknowledgement, and the Kafka message's traceparent naming that span. An
+// event without a trace context gets neither a span nor a header.
+func TestTraceSpansExported(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	setUp(t)
+	recv, endpoint := startOTLPReceiver(t)
+	aggType := "Tr" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
+	topic := "outbox.event." + aggType
+	k := testenv.Kafka(t)
+	k.CreateTopic(t, topic, 1)
+	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
+	t.Setenv("RELAY_METRICS_LISTEN", "")
+	t.Setenv("RELAY_TRACING_OTLP_ENDPOINT", endpoint)
+	t.Setenv("RELAY_TRACING_SERVICE_NAME", "relay-under-test")
+
+	const (
+		traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+		rowSpan = "00f067aa0ba902b7"
+	)
+	traced, plain := newID(t, dsn), newID(t, dsn)
+	execSQL(t, dsn,
+		`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ('`+traced+`', '`+aggType+`', 'a-1', 'Placed', '{}', '{"traceparent": "00-`+traceID+`-`+rowSpan+`-01"}')`,
+		`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ('`+plain+`', '`+aggType+`', 'a-1', 'Placed', '{}')`)
+	inserted := time.Now()
+
+	p := startSecRelay(t, os.Environ(), "run")
+	msgs := waitMessages(t, k, topic, 2)
+	// SIGTERM: a clean stop flushes the exporter's queue.
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if err := p.wait(t, time.Minute); err != nil {
+		t.Fatalf("relay exit: %v\n%s", err, p.stderr.String())
+	}
+
+	hs := func(i int) map[string]string {
+		m := map[string]string{}
+		for _, h := range msgs[i].Headers {
+			m[h.Key] = string(h.Value)
+		}
+		return m
+	}
+	tp := hs(0)["traceparent"]
+	parts := strings.Split(tp, "-")
+	if len(parts) != 4 || parts[0] != "00" || parts[1] != traceID || parts[3] != "01" || parts[2] == rowSpan {
+		t.Fatalf("traced message's traceparent %q; want 00-%s-<the relay's span>-01", tp, traceID)
+	}
+	if _, has := hs(1)["traceparent"]; has {
+		t.Errorf("an event without a trace context got traceparent %q", hs(1)["traceparent"])
+	}
+
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	if len(recv.spans) != 1 {
+		t.Fatalf("the receiver got %d spans; want 1, the traced event's (relay log:\n%s)", len(recv.spans), p.stderr.String())
+	}
+	s := recv.spans[0]
+	attrs := map[string]string{}
+	for _, kv := range s.Attributes {
+		attrs[kv.Key] = kv.GetValue().GetStringValue()
+	}
+	start, end := time.Unix(0, int64(s.StartTimeUnixNano)), time.Unix(0, int64(s.EndTimeUnixNano))
+	switch {
+	case hex.EncodeToString(s.TraceId) != traceID:
+		t.Errorf("span trace id %x; want the row's %s", s.TraceId, traceID)
+	case hex.EncodeToString(s.SpanId) != parts[2]:
+		t.Errorf("span id %x; want the one the message's traceparent names, %s", s.SpanId, parts[2])
+	case hex.EncodeToString(s.ParentSpanId) != rowSpan:
+		t.Errorf("span parent %x; want the row's span %s", s.ParentSpanId, rowSpan)
+	case s.Name != "send "+topic || s.Kind != tracepb.Span_SPAN_KIND_PRODUCER:
+		t.Errorf("span %q kind %v; want \"send %s\", producer", s.Name, s.Kind, topic)
+	case attrs["messaging.system"] != "kafka" || attrs["messaging.destination.name"] != topic ||
+		attrs["messaging.operation.type"] != "send" || attrs["messaging.message.id"] != traced:
+		t.Errorf("span attributes %v; want the Kafka messaging conventions with this topic and event id", attrs)
+	case end.Before(start) || start.Before(inserted.Add(-time.Minute)) || end.After(time.Now()):
+		t.Errorf("span from %v to %v; want from the commit (about %v) to the acknowledgement", start, end, inserted)
+	case recv.attrs["service.name"] != "relay-under-test":
+		t.Errorf("resource %v; want service.name relay-under-test", recv.attrs)
+	}
+}
