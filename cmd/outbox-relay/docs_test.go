@@ -123,6 +123,15 @@ func TestDocsConfigReference(t *testing.T) {
 	}
 }
 
+// TestDocsCommandsComplete checks the other way round: docs/commands.md
+// documents every command and every flag.
+func TestDocsCommandsComplete(t *testing.T) {
+	doc := readDoc(t, os.DirFS(repoRoot), "docs/commands.md")
+	for _, problem := range realNames(t).checkCommandsComplete(doc) {
+		t.Error(problem)
+	}
+}
+
 // TestDocsChecksFail proves the checks can fail: each small page below holds
 // one mistake the documentation could make, or a construct that must not be
 // taken for one.
@@ -180,6 +189,40 @@ func TestDocsChecksFail(t *testing.T) {
 				t.Errorf("checks of %q = %q; want one containing %q", c.page, problems, c.want)
 			}
 		})
+	}
+}
+
+// TestDocsCommandsCompleteFails proves that check can fail.
+func TestDocsCommandsCompleteFails(t *testing.T) {
+	names := docNames{root: newRootCmd(io.Discard, io.Discard)}
+	var all strings.Builder
+	all.WriteString("# Commands\n\n`--config`, `--postgres-dsn`, `--slot`, `--publication`, `--outbox-table`, `--kafka-brokers`, `--metrics-listen`, `--log-level`, `--log-format`\n\n")
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.HasSubCommands() {
+			for _, sub := range c.Commands() {
+				walk(sub)
+			}
+			return
+		}
+		fmt.Fprintf(&all, "- `%s", c.CommandPath())
+		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) { fmt.Fprintf(&all, " --%s", f.Name) })
+		all.WriteString("`\n")
+	}
+	walk(names.root)
+	complete := all.String()
+	if problems := names.checkCommandsComplete(parseDoc("docs/commands.md", complete)); len(problems) > 0 {
+		t.Fatalf("checkCommandsComplete of a complete page = %q; want none", problems)
+	}
+	for _, c := range []struct{ name, page, want string }{
+		{"command missing", strings.Replace(complete, "`outbox-relay prune", "`outbox-relay", 1), `does not document "outbox-relay prune"`},
+		{"flag missing", strings.Replace(complete, " --all-dead", "", 1), `does not document --all-dead of "outbox-relay retries requeue"`},
+		{"global flag missing", strings.Replace(complete, "`--slot`, ", "", 1), `does not document the global flag --slot`},
+	} {
+		problems := names.checkCommandsComplete(parseDoc("docs/commands.md", c.page))
+		if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, c.want) }) {
+			t.Errorf("%s: checkCommandsComplete = %q; want one containing %q", c.name, problems, c.want)
+		}
 	}
 }
 
@@ -634,15 +677,8 @@ func (n docNames) check(d *doc) []string {
 			continue
 		}
 		switch {
-		case words[0] == "outbox-relay":
-			for _, p := range n.checkCommand(spanWords(words[1:]), false) {
-				report(s.line, "`%s`: %s", s.text, p)
-			}
-		case n.subcommand(n.root, words[0]) != nil && len(words) > 1 &&
-			(strings.HasPrefix(words[1], "--") || n.subcommand(n.subcommand(n.root, words[0]), words[1]) != nil):
-			for _, p := range n.checkCommand(spanWords(words), false) {
-				report(s.line, "`%s`: %s", s.text, p)
-			}
+		case words[0] == "outbox-relay" || n.subcommand(n.root, words[0]) != nil:
+			// commandMentions
 		case strings.HasPrefix(words[0], "--"):
 			for _, w := range spanWords(words) {
 				if name, ok := flagName(w); ok && !n.anyCommandHas(n.root, name) {
@@ -661,22 +697,22 @@ func (n docNames) check(d *doc) []string {
 			}
 		}
 	}
+	for _, m := range n.commandMentions(d) {
+		for _, p := range m.problems {
+			report(m.line, "%s: %s", m.text, p)
+		}
+	}
 	for _, b := range d.blocks {
 		switch {
 		case shellLangs[b.lang]:
-			for i, cmd := range shellCommands(b.lines) {
+			for _, cmd := range shellCommands(b.lines) {
 				if len(cmd.words) == 0 {
 					continue
 				}
-				var ps []string
-				switch {
-				case cmd.words[0] == "outbox-relay" || strings.HasSuffix(cmd.words[0], "/outbox-relay"):
-					ps = n.checkCommand(cmd.words[1:], true)
-				case cmd.words[0] == "make":
-					ps = n.checkMake(cmd.words[1:])
-				}
-				for _, p := range ps {
-					report(b.line+cmd.line, "%s: %s", strings.Join(shellCommands(b.lines)[i].words, " "), p)
+				if cmd.words[0] == "make" {
+					for _, p := range n.checkMake(cmd.words[1:]) {
+						report(b.line+cmd.line, "%s: %s", strings.Join(cmd.words, " "), p)
+					}
 				}
 			}
 		case yamlLangs[b.lang]:
@@ -767,15 +803,13 @@ func hasFlag(cmd *cobra.Command, name string) bool {
 	return false
 }
 
-// checkCommand checks the words after "outbox-relay": subcommands as long
-// as they are subcommands, then every --flag. A shell command's words name
-// a subcommand wherever they come, a synopsis's may be placeholders.
-func (n docNames) checkCommand(words []string, shell bool) []string {
-	var problems []string
+// resolveCommand reads the words after "outbox-relay": subcommands as long
+// as they are subcommands, then the --flags. It returns the command they
+// name, the flags named, and what does not exist.
+func (n docNames) resolveCommand(words []string) (*cobra.Command, []string, []string) {
 	cmd := n.root
 	path := []string{}
-	i := 0
-	for ; i < len(words); i++ {
+	for i := 0; i < len(words); i++ {
 		w := words[i]
 		if strings.HasPrefix(w, "-") {
 			// A root flag before the command (--config FILE) takes a value.
@@ -791,20 +825,64 @@ func (n docNames) checkCommand(words []string, shell bool) []string {
 			// A word where a command must be: after the root or a group
 			// (retries, migrate, checkpoint), which take no arguments.
 			if cmd.HasSubCommands() {
-				problems = append(problems, fmt.Sprintf("unknown command %q", strings.Join(append(path, w), " ")))
-				return problems
+				return cmd, nil, []string{fmt.Sprintf("unknown command %q", strings.Join(append(path, w), " "))}
 			}
 			break
 		}
 		cmd = sub
 		path = append(path, w)
 	}
+	var flags, problems []string
 	for _, w := range words {
-		if name, ok := flagName(w); ok && !hasFlag(cmd, name) {
-			problems = append(problems, fmt.Sprintf("unknown flag --%s of %q", name, cmd.CommandPath()))
+		if name, ok := flagName(w); ok {
+			flags = append(flags, name)
+			if !hasFlag(cmd, name) {
+				problems = append(problems, fmt.Sprintf("unknown flag --%s of %q", name, cmd.CommandPath()))
+			}
 		}
 	}
-	return problems
+	return cmd, flags, problems
+}
+
+// A commandMention is one place a page names an outbox-relay command.
+type commandMention struct {
+	cmd      *cobra.Command
+	flags    []string
+	problems []string
+	text     string
+	line     int
+}
+
+// commandMentions lists the page's mentions of commands, as defined at the
+// top of this file.
+func (n docNames) commandMentions(d *doc) []commandMention {
+	var ms []commandMention
+	add := func(words []string, text string, line int) {
+		cmd, flags, problems := n.resolveCommand(words)
+		ms = append(ms, commandMention{cmd: cmd, flags: flags, problems: problems, text: text, line: line})
+	}
+	for _, s := range d.spans {
+		words := strings.Fields(s.text)
+		switch {
+		case len(words) == 0:
+		case words[0] == "outbox-relay":
+			add(spanWords(words[1:]), "`"+s.text+"`", s.line)
+		case n.subcommand(n.root, words[0]) != nil && len(words) > 1 &&
+			(strings.HasPrefix(words[1], "--") || n.subcommand(n.subcommand(n.root, words[0]), words[1]) != nil):
+			add(spanWords(words), "`"+s.text+"`", s.line)
+		}
+	}
+	for _, b := range d.blocks {
+		if !shellLangs[b.lang] {
+			continue
+		}
+		for _, c := range shellCommands(b.lines) {
+			if len(c.words) > 0 && (c.words[0] == "outbox-relay" || strings.HasSuffix(c.words[0], "/outbox-relay")) {
+				add(c.words[1:], strings.Join(c.words, " "), b.line+c.line)
+			}
+		}
+	}
+	return ms
 }
 
 func (n docNames) checkMake(words []string) []string {
@@ -940,6 +1018,59 @@ func shellCommands(lines []string) []shellCommand {
 		endCmd()
 	}
 	return cmds
+}
+
+// checkCommandsComplete reports the commands and flags the page does not
+// document: a command by a mention of it, a flag by a mention of its
+// command naming it, a global flag by any code span naming it.
+func (n docNames) checkCommandsComplete(d *doc) []string {
+	documented := map[*cobra.Command]map[string]bool{}
+	for _, m := range n.commandMentions(d) {
+		if documented[m.cmd] == nil {
+			documented[m.cmd] = map[string]bool{}
+		}
+		for _, f := range m.flags {
+			documented[m.cmd][f] = true
+		}
+	}
+	spanFlags := map[string]bool{}
+	for _, s := range d.spans {
+		for _, w := range spanWords(strings.Fields(s.text)) {
+			if name, ok := flagName(w); ok {
+				spanFlags[name] = true
+			}
+		}
+	}
+	var problems []string
+	n.root.PersistentFlags().VisitAll(func(f *pflag.Flag) {
+		if !spanFlags[f.Name] {
+			problems = append(problems, fmt.Sprintf("%s does not document the global flag --%s", d.path, f.Name))
+		}
+	})
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Hidden || c.Name() == "help" || c.Name() == "completion" {
+			return
+		}
+		if c.HasSubCommands() {
+			for _, sub := range c.Commands() {
+				walk(sub)
+			}
+			return
+		}
+		flags, ok := documented[c]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%s does not document %q", d.path, c.CommandPath()))
+			return
+		}
+		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
+			if !flags[f.Name] {
+				problems = append(problems, fmt.Sprintf("%s does not document --%s of %q", d.path, f.Name, c.CommandPath()))
+			}
+		})
+	}
+	walk(n.root)
+	return problems
 }
 
 // checkReference checks the configuration reference's tables: one key a
