@@ -2,10 +2,13 @@ package main
 
 // The documentation (README.md and docs/) cannot drift from the relay: these
 // tests read every page and fail on a link or anchor that does not resolve,
-// and on a command, flag, configuration key or make target that does not
-// exist. The sources of truth are the relay's own: the cobra command tree
-// (newRootCmd), the configuration keys (defaults and mapKeys in config.go)
-// and the Makefile. No server is needed; they run in make test-short too.
+// and on a command, flag, configuration key, Helm value or make target that
+// does not exist; and the other way round, when docs/configuration.md lacks
+// a key (or gives it a wrong default or variable) or docs/commands.md a
+// command or flag. The sources of truth are the relay's own: the cobra
+// command tree (newRootCmd), the configuration keys (defaults and mapKeys in
+// config.go), the chart's values.yaml and the Makefile. No server is needed;
+// they run in make test-short too.
 //
 // What counts as a mention, precisely (so that prose is never flagged):
 //
@@ -25,6 +28,7 @@ package main
 //     `section.group.*` names every key under it. File names (checkpoint.go)
 //     are not keys. And every key of a YAML code block whose top level names
 //     a section.
+//   - a Helm value: the first cell of a table headed "value".
 //   - a make target: a code span or shell command starting with "make".
 //   - a link: [text](target) or [ref]: target outside code; a target without
 //     a scheme is a path relative to the page, which must exist, and its
@@ -642,10 +646,11 @@ type docNames struct {
 }
 
 var (
-	keyMention = regexp.MustCompile(`^([a-z][a-z0-9_]*(?:\.(?:[a-z][a-z0-9_]*|\*))+)(?:$|[:= ])`)
-	fileSuffix = regexp.MustCompile(`\.(go|md|sql|ya?ml|json|sh|svg|txt|log|properties|pem|key|conf|dat)$`)
-	shellLangs = map[string]bool{"": true, "sh": true, "bash": true, "shell": true, "console": true, "indented": true}
-	yamlLangs  = map[string]bool{"yaml": true, "yml": true}
+	keyMention      = regexp.MustCompile(`^([a-z][a-z0-9_]*(?:\.(?:[a-z][a-z0-9_]*|\*))+)(?:$|[:= ])`)
+	fileSuffix      = regexp.MustCompile(`\.(go|md|sql|ya?ml|json|sh|svg|txt|log|properties|pem|key|conf|dat)$`)
+	shellLangs      = map[string]bool{"": true, "sh": true, "bash": true, "shell": true, "console": true, "indented": true}
+	yamlLangs       = map[string]bool{"yaml": true, "yml": true}
+	shellAssignment = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
 )
 
 // check reports the names the page gives that do not exist.
@@ -959,7 +964,7 @@ func shellCommands(lines []string) []shellCommand {
 				switch {
 				case skipNext: // a redirection's target
 					skipNext = false
-				case len(cur.words) == 0 && regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`).MatchString(w):
+				case len(cur.words) == 0 && shellAssignment.MatchString(w):
 					// an assignment before the command
 				default:
 					cur.words = append(cur.words, w)
