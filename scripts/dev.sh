@@ -39,7 +39,7 @@
 #     SSL with ssl.client.auth=required (mTLS; the principal is the certificate's CN).
 #     The StandardAuthorizer is on: ANONYMOUS (PLAINTEXT and the controller) and admin
 #     are super users; User:relay may only WRITE and DESCRIBE topics prefixed
-#     outbox.event. and DESCRIBE the cluster (the ACLs the README documents).
+#     outbox.event. and DESCRIBE the cluster (the ACLs docs/security.md documents).
 #   `env` prints them as RELAY_TEST_POSTGRES_TLS_DSN, RELAY_TEST_KAFKA_SASL_BROKERS,
 #   RELAY_TEST_KAFKA_MTLS_BROKERS, RELAY_TEST_KAFKA_SASL_USER/_PASSWORD, RELAY_TEST_TLS_DIR.
 #
@@ -699,7 +699,7 @@ kafka_security() {
 		--add-config "SCRAM-SHA-512=[password=$KAFKA_SASL_PASSWORD]" --entity-type users --entity-name "$KAFKA_SASL_USER"
 	kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$KAFKA_BROKERS" --alter \
 		--add-config "SCRAM-SHA-512=[password=$KAFKA_ADMIN_PASSWORD]" --entity-type users --entity-name "$KAFKA_ADMIN_USER"
-	# The relay's ACLs, as the README documents them: write and describe its topics
+	# The relay's ACLs, as docs/security.md documents them: write and describe its topics
 	# (prefixed), describe the cluster. No CREATE: with auto-creation a missing topic
 	# is then reported, not created. No IDEMPOTENT_WRITE: kafka-go does not use it.
 	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \

@@ -19,7 +19,7 @@ GO=${GO:-go}
 
 # The compatibility suite: existing integration tests of what differs between server
 # versions (catalog queries, grants, pgoutput, slots), in ONE place. Keep it in step
-# with the README's "Postgres versions" section.
+# with docs/postgres-versions.md.
 #   - setup and check, as a least-privilege role and as the owner (cmd/outbox-relay);
 #   - end to end, and the relay SIGKILLed / SIGTERMed mid-stream (internal/relay);
 #   - the reduced fault suite: relay SIGKILLs, Kafka kill and pause, Postgres crash and

@@ -15,7 +15,7 @@ import (
 
 // The dev broker's secure listeners (scripts/dev.sh): SASL_SSL with SCRAM-SHA-512
 // and SSL with client certificates, under the StandardAuthorizer. The relay's
-// principal may write only topics prefixed outbox.event. (the README's ACLs).
+// principal may write only topics prefixed outbox.event. (the ACLs of docs/security.md).
 
 func scramConfig(kc *testenv.KafkaSecureCluster, password string) sink.Config {
 	return sink.Config{

@@ -574,7 +574,7 @@ func writeSustainedRuns(b *strings.Builder, runs []SustainedRun) {
 	}
 }
 
-// writeComparison writes the one table of the README's Performance section:
+// writeComparison writes the one table of docs/performance.md (the README's Figures copy it):
 // pg_recvlogical, the relay and the peers, from this invocation.
 func (r *Report) writeComparison(b *strings.Builder) {
 	s := r.Summary

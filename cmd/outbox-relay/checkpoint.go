@@ -44,13 +44,13 @@ next run resumes, the checkpoint history (count, oldest and newest rows) and the
 retention horizon (the newest history row the checkpoint covers: outbox rows of
 transactions older than its snapshot_xmin are delivered) over an ordinary
 read-only connection. A relay may be running. --json prints one object with the
-fields listed in the README.`,
+fields listed in docs/operating.md.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
 			return printReport(cmd.Context(), e, "outbox-relay checkpoint show", asJSON, ops.CheckpointShow)
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (field names in the README)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (field names in docs/operating.md)")
 	return cmd
 }
 

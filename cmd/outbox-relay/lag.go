@@ -38,14 +38,14 @@ a relay is running and never disturbs one.
   lag bytes      WAL written since the position the relay confirmed
   retained       WAL the server keeps on disk for the slot
   time lag       age of the oldest event not yet delivered (estimated from
-                 created_at: see the README's Operating section), or "caught up"
+                 created_at: see docs/operating.md), or "caught up"
 
 --json prints one object (one per redraw with --watch) with the fields listed
-in the README. --watch redraws every interval (default 2s, at least 1s) until
+in docs/operating.md. --watch redraws every interval (default 2s, at least 1s) until
 Ctrl-C.
 
 Exit codes: 0 ok, 1 error (cannot connect, slot missing) or the slot is lost
-(wal_status lost: it can never stream again, see the README), 2 bad flags or
+(wal_status lost: it can never stream again, see docs/failover.md), 2 bad flags or
 configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
 --watch, thresholds are shown in the output instead of ending the watch.`,
 		Args: cobra.MaximumNArgs(1),
@@ -91,7 +91,7 @@ configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
 		}),
 	}
 	f := cmd.Flags()
-	f.BoolVar(&asJSON, "json", false, "print JSON (field names in the README)")
+	f.BoolVar(&asJSON, "json", false, "print JSON (field names in docs/operating.md)")
 	f.DurationVar(&watch, "watch", 0, "redraw every interval (at least 1s) until Ctrl-C (default 2s when given without a value)")
 	f.Lookup("watch").NoOptDefVal = defaultWatch.String()
 	f.Int64Var(&maxBytes, "max-bytes", 0, "exit 3 when the slot's lag exceeds N bytes (0: no limit)")

@@ -31,7 +31,7 @@ func TestParseLSN(t *testing.T) {
 }
 
 // TestUsageErrorsExit2: whatever is wrong with the command line exits 2, as
-// the README promises; nothing connects anywhere before that.
+// docs/commands.md promises; nothing connects anywhere before that.
 func TestUsageErrorsExit2(t *testing.T) {
 	cleanEnv(t)
 	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1:9/app?connect_timeout=1")

@@ -46,8 +46,8 @@ checkpoint history), or --from-event (that event and every one after it), until
 --to, of the --aggregate-type and --aggregate-id given (repeatable).
 
 Order: per aggregate, the table's order: --order-by COLUMN (an identity or
-bigserial column: insert order) or, without it, created_at then ctid (see the
-README: "Replaying events"). Rows are read in pages (--batch); the position is
+bigserial column: insert order) or, without it, created_at then ctid (see
+"Replaying events" in docs/retention-and-replay.md). Rows are read in pages (--batch); the position is
 saved after each page Kafka acknowledged: run again with the same --id to
 continue a run that was stopped or failed. --dry-run prints how many events and
 bytes would go and sends nothing. --rate limits events per second.`,

@@ -60,8 +60,8 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	// cobra runs persistent pre-run hooks only once the command line parsed:
 	// known command, known flags with valid values, argument count accepted.
-	// An error before that point is the operator's usage error (exit 2, as the
-	// README promises), never a runtime failure.
+	// An error before that point is the operator's usage error (exit 2, as
+	// docs/commands.md promises), never a runtime failure.
 	parsed := false
 	root.PersistentPreRun = func(*cobra.Command, []string) { parsed = true }
 	cmd, err := root.ExecuteContextC(context.Background())

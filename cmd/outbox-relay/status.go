@@ -26,7 +26,7 @@ when the check fails (cannot connect, slot missing).`,
 			return printReport(cmd.Context(), e, "outbox-relay status", asJSON, ops.Status)
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (field names in the README)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (field names in docs/operating.md)")
 	return cmd
 }
 

@@ -1,7 +1,7 @@
 // Package compat_test runs the relay and the real Debezium (3.1 PostgreSQL
 // connector + Outbox Event Router in Kafka Connect standalone) side by side on
 // the same outbox rows, and compares what each wrote to Kafka byte for byte:
-// the README's Debezium compatibility claims are each backed by a test here.
+// the Debezium compatibility claims of docs/debezium.md are each backed by a test here.
 //
 // Each side reads through its own slot and writes to its own topics (same
 // partition counts); events are matched by their id header.

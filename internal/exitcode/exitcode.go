@@ -1,5 +1,5 @@
 // Package exitcode holds outbox-relay's process exit codes, the ones the
-// README documents, and maps a command's error to its code.
+// docs/commands.md documents, and maps a command's error to its code.
 package exitcode
 
 import "errors"

@@ -1,5 +1,5 @@
 // Package faults is outbox-relay's fault-injection suite (`make test-faults`): it
-// asserts the guarantees of the README under crashes and outages of the relay, Kafka
+// asserts the guarantees of docs/guarantees.md under crashes and outages of the relay, Kafka
 // and Postgres, and holds the two tools it needs, a cuttable TCP Proxy and the Check
 // that compares Kafka and the retry table with the outbox table.
 //

@@ -56,7 +56,7 @@ const (
 // (auto-creation off), so its events wait in the retry table and the retry
 // worker delivers them across the failovers.
 //
-// It checks what the README promises: a standby takes over within
+// It checks what docs/high-availability.md promises: a standby takes over within
 // takeoverKillMax of a SIGKILL and within takeoverFrozenMax of a freeze or a
 // partition; a former leader that wakes up steps down; every event is
 // delivered once at least, in order per aggregate, with duplicates within

@@ -151,7 +151,7 @@ func (s Slot) atRisk() bool {
 // server removed WAL the slot needed, so no relay can stream it again and
 // events after its confirmed position were never delivered by it. It maps to
 // exitcode.Failure (1), the code of a missing slot, which is what a lost slot
-// amounts to: recreate it (see the README's "When the slot is at risk").
+// amounts to: recreate it (see "When the slot is at risk" in docs/failover.md).
 type SlotLostError struct {
 	Slot               string
 	ConfirmedFlushLSN  string
@@ -161,7 +161,7 @@ type SlotLostError struct {
 func (e *SlotLostError) Error() string {
 	return fmt.Sprintf("replication slot %q is lost (wal_status lost): the server removed WAL it needed "+
 		"(max_slot_wal_keep_size = %s); it can never stream again and events committed after %s were not relayed "+
-		"by it: recreate it (see \"When the slot is at risk\" in the README)", e.Slot, e.MaxSlotWALKeepSize, e.ConfirmedFlushLSN)
+		"by it: recreate it (see \"When the slot is at risk\" in docs/failover.md)", e.Slot, e.MaxSlotWALKeepSize, e.ConfirmedFlushLSN)
 }
 
 // ExitCode is exitcode.Failure: see the type's doc.

@@ -156,9 +156,9 @@ func walStatus(r *LagReport) string {
 	line := orNA(s.WALStatus) + ", safe_wal_size " + safe + " (" + keep + ")"
 	switch {
 	case s.Lost():
-		line += "  LOST: it can never stream again; recreate it (see \"When the slot is at risk\" in the README)"
+		line += "  LOST: it can never stream again; recreate it (see \"When the slot is at risk\" in docs/failover.md)"
 	case s.atRisk():
-		line += "  AT RISK: invalidated at the next checkpoint unless the relay catches up; see the Operating section of the README"
+		line += "  AT RISK: invalidated at the next checkpoint unless the relay catches up; see \"When the slot is at risk\" in docs/failover.md"
 	}
 	return line
 }
