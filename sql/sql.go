@@ -303,6 +303,14 @@ func CreateSlot(name string) string {
 	return fmt.Sprintf(`SELECT pg_catalog.pg_create_logical_replication_slot(%s, 'pgoutput')`, Literal(name))
 }
 
+// CreateFailoverSlot creates the relay's slot as a failover slot (Postgres
+// 17+): standbys with sync_replication_slots keep a copy that a promoted
+// standby continues from. The arguments after the plugin are temporary,
+// two_phase and failover.
+func CreateFailoverSlot(name string) string {
+	return fmt.Sprintf(`SELECT pg_catalog.pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)`, Literal(name))
+}
+
 // ValidSlotName reports whether s can name a replication slot: lower-case
 // letters, digits and underscores, at most 63 bytes.
 func ValidSlotName(s string) error {

@@ -42,6 +42,7 @@ var defaults = map[string]string{
 	"postgres.slot":            sql.DefaultSlot,
 	"postgres.publication":     sql.DefaultPublication,
 	"postgres.status_interval": durationText(replication.DefaultStatusInterval),
+	"postgres.failover":        "false", // failover slots (Postgres 17+): need settings on the primary and the standbys
 	// How long the server waits for a silent relay (frozen, cut off) before
 	// it frees the slot for a standby: sent per connection.
 	"postgres.wal_sender_timeout": durationText(replication.DefaultWalSenderTimeout),
@@ -169,6 +170,9 @@ type config struct {
 		PasswordFile           string
 		StatusInterval         time.Duration
 		WalSenderTimeout       time.Duration
+		// Failover: the slot is a failover slot (Postgres 17+), synced
+		// to the standbys, so that it survives a promotion.
+		Failover bool
 	}
 	Outbox struct {
 		Table string
@@ -288,6 +292,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Postgres.Publication = l.str("postgres.publication")
 	c.Postgres.StatusInterval = l.duration("postgres.status_interval")
 	c.Postgres.WalSenderTimeout = l.duration("postgres.wal_sender_timeout")
+	c.Postgres.Failover = l.bool("postgres.failover")
 	c.Outbox.Table = l.str("outbox.table")
 	for table, action := range maps[otherTablesKey] {
 		a, err := placement.ParseAction(action)
@@ -625,6 +630,8 @@ func (c *config) validate() error {
 	} else if err := checkDSN(c.Postgres.DSN); err != nil {
 		// checkDSN's errors show the DSN only up to its user name.
 		errs = append(errs, err)
+	} else if err := checkMultiHost(c.Postgres.DSN); err != nil {
+		errs = append(errs, err)
 	} else if err := c.applyPostgresPassword(); err != nil {
 		errs = append(errs, err)
 	}
@@ -846,6 +853,7 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 			Logger:          log.With("component", "replication"),
 		},
 		Table:              c.Outbox.Table,
+		Failover:           c.Postgres.Failover,
 		OtherTables:        c.Outbox.OtherTables,
 		OtherTablesKey:     otherTablesKey,
 		Router:             c.routerConfig(),

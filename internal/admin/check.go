@@ -217,6 +217,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	if sl.Exists && cpOID != 0 {
 		checkSlotGap(ctx, conn, cfg, c)
 	}
+	checkFailover(ctx, conn, cfg, c, sl)
 
 	// The retry table: run stores failed events there.
 	switch rOID, err := tableOID(ctx, conn, cfg.RetryTable); {

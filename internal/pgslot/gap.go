@@ -54,6 +54,9 @@ const (
 	CauseSlotLost    Cause = "slot_invalidated" // wal_status lost
 	CauseOtherSystem Cause = "other_system"     // another system identifier
 	CauseForked      Cause = "timeline_forked"  // a timeline that forked before the checkpoint
+	// Another host of the DSN is the same system on a later timeline that
+	// branched off this server's: an old primary back after a promotion.
+	CauseSuperseded Cause = "server_superseded"
 )
 
 // A GapError says that streaming on from a slot would silently skip the
@@ -67,7 +70,11 @@ type GapError struct {
 	From, To       pglogrepl.LSN
 	LastCommitTime time.Time         // of the checkpoint's transaction; zero unknown
 	Recorded, Now  checkpoint.Server // the checkpoint's server, and the one reached
-	Fork           pglogrepl.LSN     // CauseForked: where the checkpoint's timeline ended
+	Fork           pglogrepl.LSN     // CauseForked, CauseSuperseded: where the checkpoint's (this server's) timeline ended
+	// CauseSuperseded: the host of the DSN that superseded this server, and
+	// its server.
+	Successor       string
+	SuccessorServer checkpoint.Server
 }
 
 // ErrGap is wrapped by every *GapError.
@@ -109,6 +116,14 @@ func (e *GapError) Reason() string {
 		return fmt.Sprintf("the checkpoint %s was saved on timeline %d, which this server (timeline %d) left at %s, before the checkpoint: "+
 			"the transactions delivered after %s are not in this server's WAL, and the ones it wrote instead would be skipped as delivered",
 			e.From, e.Recorded.Timeline, e.Now.Timeline, e.Fork, e.Fork)
+	case CauseSuperseded:
+		fork := "at an unknown position"
+		if e.Fork != 0 {
+			fork = "at " + e.Fork.String()
+		}
+		return fmt.Sprintf("this server (system %s, timeline %d) is an old primary: %s, another host of postgres.dsn, is the same system on timeline %d, "+
+			"promoted from timeline %d %s. Both accept writes (split brain): what this server wrote after the promotion is not in the new primary's WAL",
+			e.Now.SystemID, e.Now.Timeline, e.Successor, e.SuccessorServer.Timeline, e.Now.Timeline, fork)
 	}
 	return string(e.Cause)
 }
@@ -129,6 +144,10 @@ func (e *GapError) Fix() string {
 	}
 	replay += ")"
 	switch e.Cause {
+	case CauseSuperseded:
+		return fmt.Sprintf("stop this old primary and keep it from taking writes (it must not be a primary again: rebuild it as a standby of %s with pg_rewind or a new base backup), "+
+			"then start the relay: it connects to the new primary. Events the application committed on the old primary after the promotion are in neither the new primary nor Kafka: "+
+			"find them in its outbox table (created_at after the promotion) and insert them into the new primary's", e.Successor)
 	case CauseSlotAhead:
 		return fmt.Sprintf("with the relay stopped: 1. %s; 2. accept the slot's position: outbox-relay checkpoint set %s --yes; 3. start the relay. "+
 			"To accept the gap without re-sending (the events in %s are lost for Kafka), do 2 and 3 only",
@@ -153,6 +172,10 @@ func fromTime(t time.Time) string {
 }
 
 func (e *GapError) Error() string {
+	if e.Cause == CauseSuperseded {
+		return fmt.Sprintf("replication slot %q: the relay refuses this server: %s; streaming from it would deliver a history the new primary does not have. To fix: %s",
+			e.Slot, e.Reason(), e.Fix())
+	}
 	return fmt.Sprintf("replication slot %q does not continue from the checkpoint: %s; streaming on would silently skip the events committed in %s (the uncovered range), so the relay refuses to. To deliver them, %s",
 		e.Slot, e.Reason(), e.Range(), e.Fix())
 }
@@ -289,4 +312,21 @@ func Verify(cp checkpoint.Checkpoint, sl Slot, srv Server) error {
 		return gap
 	}
 	return nil
+}
+
+// Superseded returns a *GapError (CauseSuperseded) when other, another host of
+// the DSN at addr, is the same system as srv on a later timeline: srv is an
+// old primary that came back after other was promoted (a standby of srv has
+// srv's timeline, and only a promotion moves to a later one). Nil otherwise.
+func Superseded(slot string, cp pglogrepl.LSN, srv, other Server, addr string) error {
+	if other.SystemID == "" || other.SystemID != srv.SystemID || other.Timeline <= srv.Timeline {
+		return nil
+	}
+	gap := &GapError{Slot: slot, Cause: CauseSuperseded, From: cp, Now: srv.Server, Successor: addr, SuccessorServer: other.Server}
+	for _, f := range other.Forks {
+		if f.Timeline == srv.Timeline {
+			gap.Fork = f.End
+		}
+	}
+	return gap
 }

@@ -42,6 +42,11 @@ const (
 type Config struct {
 	Replication replication.Config // DSN, slot and publication are required
 	Table       string             // outbox table, default "public.outbox"
+	// Failover (postgres.failover) requires a server that has failover
+	// slots (Postgres 17+): refused at start on an older one, since the
+	// operator counts on a slot that survives a promotion. A slot that is
+	// not a failover slot is logged: setup makes it one.
+	Failover bool
 	// OtherTables holds the operator's decisions for tables whose inserts
 	// the relay cannot place by itself (package placement), by
 	// "schema.name"; OtherTablesKey names the setting, for messages.

@@ -644,6 +644,13 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	if err != nil {
 		return 0, pgslot.Server{}, err
 	}
+	if err := r.checkFailover(ctx, pool); err != nil {
+		return 0, pgslot.Server{}, err
+	}
+	if err := r.fenceSuperseded(ctx, srv, cp.LSN); err != nil {
+		r.m.SetSlotGap(true)
+		return 0, pgslot.Server{}, err
+	}
 	if err := pgslot.Verify(cp, sl, srv); err != nil {
 		var gap *pgslot.GapError
 		// An operator's --start-lsn at or past the slot is an explicit
