@@ -328,6 +328,13 @@ func (s *Stream) checkServer(ctx context.Context, conn *pgconn.PgConn, slotLSN p
 	switch ok, fork := srv.Continues(want.Timeline, confirmed); {
 	case srv.SystemID != want.SystemID:
 		gap.Cause = pgslot.CauseOtherSystem
+	case srv.Timeline < want.Timeline:
+		// The timeline went back: this server is the one the stream's
+		// server was promoted from, brought back (split brain).
+		if err := pgslot.Superseded(s.cfg.Slot, confirmed, srv, *want, "the server the relay streamed from until this reconnection"); err != nil {
+			return err
+		}
+		gap.Cause, gap.Fork = pgslot.CauseForked, fork
 	case confirmed != 0 && !ok:
 		gap.Cause, gap.Fork = pgslot.CauseForked, fork
 	case confirmed != 0 && slotLSN > confirmed:

@@ -187,7 +187,8 @@ func checkStandby(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker, 
 	case !exists:
 		c.fail(name, "has no copy of slot %s yet: a promotion now loses the slot (the slot sync worker creates it within seconds once the settings above are in place and the slot is a failover slot)", cfg.Slot)
 	case !synced:
-		c.fail(name, "has a slot %s that is not synced from the primary (created on the standby itself): drop it there", cfg.Slot)
+		c.fail(name, "has slot %s, but not synced and persistent: either it is still temporary (a new synced slot stays so until the primary's slot passes the standby's position and xmin, once the relay has confirmed further: run check again in a minute), "+
+			"or it was created on the standby itself (drop it there); a promotion now loses the slot", cfg.Slot)
 	case len(missing) == 0:
 		c.ok(name, "syncs slot %s (synced = true), %s, %s, primary_slot_name = %s", cfg.Slot, settingSyncSlots, settingFeedback, slotName)
 	}

@@ -38,9 +38,12 @@ func ServerVersion(ctx context.Context, q Querier) (int, error) {
 }
 
 // SlotFailover reads the failover and synced flags of slot name (Postgres
-// 17+). exists is false when there is no such slot.
+// 17+). exists is false when there is no such slot. synced is true only for
+// a synced slot that is persistent: a standby keeps a new synced slot
+// temporary (and drops it at promotion) until the primary's slot has passed
+// the standby's own WAL position and catalog xmin.
 func SlotFailover(ctx context.Context, q Querier, name string) (exists, failover, synced bool, err error) {
-	err = q.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(failover), false), coalesce(bool_or(synced), false)
+	err = q.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(failover), false), coalesce(bool_or(synced AND NOT temporary), false)
 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, name).Scan(&exists, &failover, &synced)
 	if err != nil {
 		return false, false, false, fmt.Errorf("read the failover flag of slot %q: %w", name, err)

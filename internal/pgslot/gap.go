@@ -121,9 +121,9 @@ func (e *GapError) Reason() string {
 		if e.Fork != 0 {
 			fork = "at " + e.Fork.String()
 		}
-		return fmt.Sprintf("this server (system %s, timeline %d) is an old primary: %s, another host of postgres.dsn, is the same system on timeline %d, "+
-			"promoted from timeline %d %s. Both accept writes (split brain): what this server wrote after the promotion is not in the new primary's WAL",
-			e.Now.SystemID, e.Now.Timeline, e.Successor, e.SuccessorServer.Timeline, e.Now.Timeline, fork)
+		return fmt.Sprintf("this server (system %s) is an old primary: its timeline %d is behind timeline %d of %s, the same system promoted from timeline %d %s. "+
+			"If both accept writes (split brain), what this server wrote after the promotion is not in the new primary's WAL",
+			e.Now.SystemID, e.Now.Timeline, e.SuccessorServer.Timeline, e.Successor, e.Now.Timeline, fork)
 	}
 	return string(e.Cause)
 }
@@ -145,7 +145,7 @@ func (e *GapError) Fix() string {
 	replay += ")"
 	switch e.Cause {
 	case CauseSuperseded:
-		return fmt.Sprintf("stop this old primary and keep it from taking writes (it must not be a primary again: rebuild it as a standby of %s with pg_rewind or a new base backup), "+
+		return fmt.Sprintf("stop this old primary and keep it from taking writes (it must not be a primary again: rebuild it as a standby of the new primary (%s) with pg_rewind or a new base backup), "+
 			"then start the relay: it connects to the new primary. Events the application committed on the old primary after the promotion are in neither the new primary nor Kafka: "+
 			"find them in its outbox table (created_at after the promotion) and insert them into the new primary's", e.Successor)
 	case CauseSlotAhead:
@@ -314,8 +314,8 @@ func Verify(cp checkpoint.Checkpoint, sl Slot, srv Server) error {
 	return nil
 }
 
-// Superseded returns a *GapError (CauseSuperseded) when other, another host of
-// the DSN at addr, is the same system as srv on a later timeline: srv is an
+// Superseded returns a *GapError (CauseSuperseded) when other, the server at
+// addr (another host of the DSN, or the one the stream followed), is the same system as srv on a later timeline: srv is an
 // old primary that came back after other was promoted (a standby of srv has
 // srv's timeline, and only a promotion moves to a later one). Nil otherwise.
 func Superseded(slot string, cp pglogrepl.LSN, srv, other Server, addr string) error {

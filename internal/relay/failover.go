@@ -54,7 +54,7 @@ func (r *Relay) fenceSuperseded(ctx context.Context, srv pgslot.Server, cp pglog
 			r.log.Debug("cannot identify a host of postgres.dsn (skipped in the split-brain check)", "host", h.Addr, "err", err)
 			continue
 		}
-		if err := pgslot.Superseded(r.cfg.Replication.Slot, cp, srv, other, h.Addr); err != nil {
+		if err := pgslot.Superseded(r.cfg.Replication.Slot, cp, srv, other, h.Addr+" (another host of postgres.dsn)"); err != nil {
 			return err
 		}
 	}

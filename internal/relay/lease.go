@@ -77,6 +77,8 @@ type lease struct {
 	// server is the server the stream holds the slot on, recorded with the
 	// epoch: the checkpoint's positions are that server's WAL.
 	server func() checkpoint.Server
+	// taken is the server TakeOver recorded (under mu).
+	taken checkpoint.Server
 
 	startedOnce sync.Once
 	startedC    chan struct{} // closed when the stream first holds the slot
@@ -112,6 +114,11 @@ func (l *lease) take(ctx context.Context) error {
 			srv = l.server()
 		}
 		epoch, err = l.store.TakeOver(ctx, l.slot, l.who, srv)
+		if err == nil {
+			l.mu.Lock()
+			l.taken = srv
+			l.mu.Unlock()
+		}
 		return err
 	}); err != nil {
 		return err

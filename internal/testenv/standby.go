@@ -46,6 +46,7 @@ type Cluster struct {
 	Database string
 	// StandbySlot is the physical slot on the primary that the standby streams from.
 	StandbySlot string
+	opts        ClusterOptions
 }
 
 // A Node is one server of a Cluster.
@@ -91,7 +92,7 @@ func NewCluster(t testing.TB, version int, opts ClusterOptions) *Cluster {
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	c := &Cluster{Version: version, Bin: bin, Dir: dir, Database: "outbox", StandbySlot: "standby_slot"}
+	c := &Cluster{Version: version, Bin: bin, Dir: dir, Database: "outbox", StandbySlot: "standby_slot", opts: opts}
 	// The owner file lets a later run stop servers whose test died without
 	// its cleanups (a -timeout panic).
 	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
@@ -132,13 +133,36 @@ func NewCluster(t testing.TB, version int, opts ClusterOptions) *Cluster {
 	// would retain WAL on the standby for ever.
 	c.run(t, "find", filepath.Join(s.Data, "pg_replslot"), "-mindepth", "1", "-delete")
 	c.run(t, "rm", "-f", filepath.Join(s.Data, "postmaster.opts"))
-	c.writeFile(t, filepath.Join(s.Data, "relay_role.conf"), c.standbyConf(s, opts), false)
+	c.writeFile(t, filepath.Join(s.Data, "relay_role.conf"), c.standbyConf(s, p, opts), false)
 	c.writeFile(t, filepath.Join(s.Data, "standby.signal"), "", false)
 	c.writeFile(t, filepath.Join(p.Data, "relay_role.conf"), c.primaryConf(p, opts), false)
 	p.Start(t)
 	s.Start(t)
 	c.WaitStreaming(t)
 	return c
+}
+
+// Rebuild makes n, a stopped former primary, a standby of primary, the way an
+// operator would with pg_rewind or a new base backup: primary is stopped cleanly
+// for a moment (a planned outage), its data directory copied over n's without
+// replication slots, and both started, primary with the primary's settings (a
+// physical slot for n, synchronous commit and synchronized_standby_slots as the
+// cluster was made with). It returns once n streams.
+func (c *Cluster) Rebuild(t testing.TB, n, primary *Node) {
+	t.Helper()
+	primary.Exec(t, "postgres", `SELECT pg_create_physical_replication_slot($1, true) WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, c.StandbySlot)
+	c.writeFile(t, filepath.Join(primary.Data, "relay_role.conf"), c.primaryConf(primary, ClusterOptions{}), false)
+	c.run(t, filepath.Join(c.Bin, "pg_ctl"), "stop", "-w", "-t", "120", "-m", "fast", "-D", primary.Data)
+	c.run(t, "rm", "-rf", n.Data)
+	c.run(t, "cp", "-a", primary.Data, n.Data)
+	c.run(t, "find", filepath.Join(n.Data, "pg_replslot"), "-mindepth", "1", "-delete")
+	c.run(t, "rm", "-f", filepath.Join(n.Data, "postmaster.opts"))
+	c.writeFile(t, filepath.Join(n.Data, "relay_role.conf"), c.standbyConf(n, primary, c.opts), false)
+	c.writeFile(t, filepath.Join(n.Data, "standby.signal"), "", false)
+	c.writeFile(t, filepath.Join(primary.Data, "relay_role.conf"), c.primaryConf(primary, c.opts), false)
+	primary.Start(t)
+	n.Start(t)
+	c.waitStreaming(t, primary)
 }
 
 // commonConf is what both servers run with.
@@ -175,10 +199,10 @@ func (c *Cluster) primaryConf(n *Node, opts ClusterOptions) string {
 	return b.String()
 }
 
-func (c *Cluster) standbyConf(n *Node, opts ClusterOptions) string {
+func (c *Cluster) standbyConf(n, upstream *Node, opts ClusterOptions) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "port = %d\nunix_socket_directories = '%s'\n", n.Port, n.sock)
-	fmt.Fprintf(&b, "primary_conninfo = 'host=127.0.0.1 port=%d user=postgres application_name=%s dbname=postgres'\n", c.Primary.Port, standbyApplicationName)
+	fmt.Fprintf(&b, "primary_conninfo = 'host=127.0.0.1 port=%d user=postgres application_name=%s dbname=postgres'\n", upstream.Port, standbyApplicationName)
 	fmt.Fprintf(&b, "primary_slot_name = '%s'\n", c.StandbySlot)
 	if opts.FailoverSlots {
 		b.WriteString("sync_replication_slots = on\n")
@@ -274,10 +298,15 @@ func (n *Node) queryRow(db, sql string, args []any, dest ...any) error {
 // WaitStreaming waits until the primary's walsender of the standby streams.
 func (c *Cluster) WaitStreaming(t testing.TB) {
 	t.Helper()
+	c.waitStreaming(t, c.Primary)
+}
+
+func (c *Cluster) waitStreaming(t testing.TB, primary *Node) {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var n int
-		err := c.Primary.queryRow("postgres", `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`,
+		err := primary.queryRow("postgres", `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`,
 			[]any{standbyApplicationName}, &n)
 		if err == nil && n == 1 {
 			return
