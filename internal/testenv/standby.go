@@ -143,8 +143,8 @@ func NewCluster(t testing.TB, version int, opts ClusterOptions) *Cluster {
 }
 
 // Rebuild makes n, a stopped former primary, a standby of primary, the way an
-// operator would with pg_rewind or a new base backup: primary is stopped cleanly
-// for a moment (a planned outage), its data directory copied over n's without
+// operator would with pg_rewind or a new base backup: primary is stopped for a
+// moment (a planned outage), its data directory copied over n's without
 // replication slots, and both started, primary with the primary's settings (a
 // physical slot for n, synchronous commit and synchronized_standby_slots as the
 // cluster was made with). It returns once n streams.
@@ -152,7 +152,12 @@ func (c *Cluster) Rebuild(t testing.TB, n, primary *Node) {
 	t.Helper()
 	primary.Exec(t, "postgres", `SELECT pg_create_physical_replication_slot($1, true) WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, c.StandbySlot)
 	c.writeFile(t, filepath.Join(primary.Data, "relay_role.conf"), c.primaryConf(primary, ClusterOptions{}), false)
-	c.run(t, filepath.Join(c.Bin, "pg_ctl"), "stop", "-w", "-t", "120", "-m", "fast", "-D", primary.Data)
+	// Immediate, not fast: a fast shutdown waits until every walsender's
+	// client has confirmed all it was sent, and a relay cannot confirm what
+	// it cannot save in the checkpoint table of a server that refuses new
+	// connections while it shuts down, so the two wait for each other. The
+	// copy of a stopped server is consistent either way (crash recovery).
+	c.run(t, filepath.Join(c.Bin, "pg_ctl"), "stop", "-w", "-t", "120", "-m", "immediate", "-D", primary.Data)
 	c.run(t, "rm", "-rf", n.Data)
 	c.run(t, "cp", "-a", primary.Data, n.Data)
 	c.run(t, "find", filepath.Join(n.Data, "pg_replslot"), "-mindepth", "1", "-delete")
