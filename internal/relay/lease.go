@@ -134,6 +134,15 @@ func (l *lease) take(ctx context.Context) error {
 	return nil
 }
 
+// taken sets the epoch of a takeover done by the caller, which waited out
+// the former leaders' leases (a refill): writes may start.
+func (l *lease) taken(epoch int64) {
+	l.mu.Lock()
+	l.epoch = epoch
+	l.mu.Unlock()
+	close(l.takenC)
+}
+
 // taken returns the epoch once take is done.
 func (l *lease) wait(ctx context.Context) (int64, error) {
 	select {
@@ -203,6 +212,9 @@ func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
 			sl, err = pgslot.Read(ctx, pool, r.cfg.Replication.Slot)
 			return err
 		})
+		if errors.Is(err, pgslot.ErrNotFound) {
+			return nil // nobody streams it: lead says what is wrong, or refills
+		}
 		if err != nil {
 			return err
 		}
