@@ -48,8 +48,8 @@ var defaults = map[string]string{
 	// What run does when the slot does not continue from the checkpoint
 	// (dropped, invalidated, lost in a failover): fail (exit 4) or refill.
 	"postgres.on_slot_loss": relay.OnSlotLossFail,
-	"outbox.table":                sql.DefaultOutboxTable,
-	"outbox.layout":               string(sql.LayoutRelay),
+	"outbox.table":          sql.DefaultOutboxTable,
+	"outbox.layout":         string(sql.LayoutRelay),
 	// Retention is off by default: deleting rows is the operator's choice.
 	"outbox.retention":                   "",
 	"outbox.retention_interval":          durationText(retention.DefaultInterval),
