@@ -207,7 +207,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 	ends := f.commitEnds(t)
 	ev := envelope.Event{ID: held.ID, AggregateType: held.AggregateType, AggregateID: held.AggregateID, Type: held.EventType,
 		Topic: f.prefix + "." + held.AggregateType, Key: []byte(held.AggregateID), Value: []byte(held.Payload),
-		Extra: []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
+		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
 		CommitLSN: ends[len(ends)-1], Pos: 1}
 	rev := retry.NewEvent(&ev)
 	rev.Reason = "test: refused by Kafka"
