@@ -471,7 +471,8 @@ func (r *Replayer) typeOf(col string) string {
 // A Selected is a selection as one query, for a caller that reads it in a
 // transaction of its own: relay.Refill reads it in the snapshot a new
 // replication slot exported, which bounds it instead of a time. Rows come in
-// the run's order (see Order).
+// OrderBy's order when given, else by commit time (with
+// track_commit_timestamp), created_at, the inserting command, ctid.
 type Selected struct {
 	r *Replayer
 }
@@ -490,6 +491,20 @@ func Select(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Selected, err
 	}
 	if err := r.buildQuery(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.OrderBy == "" {
+		// Read at once, in one cursor, so the order needs no keyset and
+		// can follow the WAL more closely than created_at, ctid: a
+		// transaction's rows in the order its statements ran (cmin, the
+		// inserting command; ctid alone jumps back to a page with room),
+		// and transactions by commit time when the server records it
+		// (track_commit_timestamp), else by start (created_at).
+		order := []string{`o."created_at"`, "o.cmin::text::bigint", "o.ctid"}
+		var track string
+		if err := pool.QueryRow(ctx, `SELECT current_setting('track_commit_timestamp')`).Scan(&track); err == nil && track == "on" {
+			order = append([]string{"pg_catalog.pg_xact_commit_timestamp(o.xmin)"}, order...)
+		}
+		r.q.order = order
 	}
 	return &Selected{r: r}, nil
 }
