@@ -26,7 +26,7 @@ import (
 type slotLoss string
 
 const (
-	lossInvalidated slotLoss = "invalidated while stopped, run refills"        // (c)
+	lossInvalidated slotLoss = "invalidated while stopped, run refills"       // (c)
 	lossRecreated   slotLoss = "dropped and recreated while stopped, recover" // (d)
 	lossRunning     slotLoss = "dropped while running, run refills in-process"
 )
