@@ -257,3 +257,47 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 		t.Errorf("%d distinct events in Kafka; want %d", len(got), len(all))
 	}
 }
+
+// TestCheckSlotRefill: check says whether a lost slot could be refilled:
+// a warning before a history row is at or before the checkpoint, ok once
+// one is, and a warning when rows are deleted from the outbox without
+// retention (an application deleting in the same transaction, or a purge
+// job): a refill could only re-send the rows still there.
+func TestCheckSlotRefill(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	setUp(t)
+	aggType := "Refill" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
+	topic := "outbox.event." + aggType
+	k := testenv.Kafka(t)
+	k.CreateTopic(t, topic, 1)
+	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
+	t.Setenv("RELAY_METRICS_LISTEN", "")
+	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
+
+	ids := insertEvents(t, dsn, aggType, 3, 0)
+	p := startRelay(t)
+	waitDelivered(t, k, topic, ids, "first events")
+	checkLine := func(want string) string {
+		t.Helper()
+		var out string
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
+			_, out, _ = run(t, "check")
+			if strings.Contains(out, want) {
+				return out
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("check never said %q within a minute; last:\n%s", want, out)
+			}
+		}
+	}
+	out := checkLine("ok    slot refill: a lost slot can be refilled")
+	t.Logf("%s", out)
+	p.stop(t)
+
+	// The application deletes a row itself: the outbox is no record.
+	execSQL(t, dsn, "DELETE FROM outbox WHERE id = '"+ids[0]+"'")
+	out = checkLine("warn  slot refill: rows are deleted from")
+	if !strings.Contains(out, "outbox.retention") {
+		t.Errorf("check's warning does not name outbox.retention:\n%s", out)
+	}
+}
