@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -159,6 +160,9 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, fmt.Errorf("refill: load the checkpoint: %w", err)
 	}
 	res := &RefillResult{ID: newRefillID(), Cause: gap.Cause, From: cp.LSN, DryRun: dryRun}
+	if err := r.canRefill(ctx, pool, gap, cp); err != nil {
+		return nil, err
+	}
 	sel, err := r.selectRefill(ctx, pool, cp.LSN)
 	if err != nil {
 		return nil, err
@@ -258,6 +262,49 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		"slot", slot, "cause", gap.Cause, "from_checkpoint", res.From.String(), "to_checkpoint", res.To.String(),
 		"events", res.Events, "parked_in_retry_table", res.Parked, "duration", res.Duration.Round(time.Millisecond).String(), "selection", res.Note)
 	return res, nil
+}
+
+// A RefillError says why a gap cannot be refilled, and what to do instead.
+// It exits with exitcode.Gap, as the gap itself.
+type RefillError struct {
+	Gap    *pgslot.GapError
+	Reason string
+}
+
+func (e *RefillError) Error() string {
+	return fmt.Sprintf("cannot refill slot %q (%s, uncovered range %s): %s", e.Gap.Slot, e.Gap.Cause, e.Gap.Range(), e.Reason)
+}
+
+// ExitCode is exitcode.Gap: the gap stands.
+func (e *RefillError) ExitCode() int { return exitcode.Gap }
+
+func (e *RefillError) Unwrap() error { return e.Gap }
+
+// canRefill refuses a refill whose selection would be wrong: without a
+// history row at or before the checkpoint the checkpoint cannot be mapped to
+// transactions.
+func (r *Relay) canRefill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapError, cp checkpoint.Checkpoint) error {
+	ct, err := sql.ParseTable(r.cfg.CheckpointTable)
+	if err != nil {
+		return err
+	}
+	var ok bool
+	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+sql.CheckpointHistoryName(ct).Quoted()+` WHERE slot_name = $1 AND snapshot_lsn <= $2::text::pg_lsn)`,
+		r.cfg.Replication.Slot, cp.LSN.String()).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("refill: read the checkpoint history (run \"outbox-relay setup\" to create it): %w", err)
+	}
+	if !ok {
+		from := "<the time of the last event delivered, a minute early>"
+		if !cp.LastCommitTime.IsZero() {
+			from = cp.LastCommitTime.Add(-time.Minute).UTC().Truncate(time.Second).Format(time.RFC3339)
+		}
+		return &RefillError{Gap: gap, Reason: fmt.Sprintf("the checkpoint history has no row at or before the checkpoint %s, so the rows it does not cover cannot be told apart. "+
+			"Deliver them by time instead, with the relay stopped: 1. outbox-relay replay --from %s; 2. create the slot if it is missing or lost "+
+			"(drop a lost one, then \"outbox-relay setup\"); 3. outbox-relay checkpoint set <the slot's confirmed_flush_lsn, which \"outbox-relay check\" prints> --yes; 4. start the relay",
+			cp.LSN, from)}
+	}
+	return nil
 }
 
 func (r *Relay) selectRefill(ctx context.Context, pool *pgxpool.Pool, from pglogrepl.LSN) (*replay.Selected, error) {

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	envelope "github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -292,5 +295,60 @@ func (f *fixture) invalidateSlot(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("slot not lost after 30s of WAL switches and checkpoints (wal_status %s)", status)
 		}
+	}
+}
+
+// TestRefillRefused: a refill that would be wrong is refused with exit code
+// 4 and the reason, changing nothing: without a history row at or before the
+// checkpoint (the rows cannot be told apart), and on another system (the
+// history's positions mean nothing there: replay by time).
+func TestRefillRefused(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	run := f.start(t, cfg)
+	f.produce(t, 2, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+	cp := f.checkpointLSN(t)
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.produce(t, 1, 5, 0)
+
+	f.pg.Exec(t, `UPDATE outbox_relay_checkpoint SET system_identifier = '1' WHERE slot_name = $1`, f.slot)
+	r, _ := relay.New(cfg)
+	_, err := r.Recover(context.Background(), false)
+	var gap *pgslot.GapError
+	if !errors.As(err, &gap) || gap.Cause != pgslot.CauseOtherSystem || exitcode.Of(err) != exitcode.Gap {
+		t.Fatalf("Recover on another system = %v; want the other_system gap, exit %d", err, exitcode.Gap)
+	}
+	if !strings.Contains(err.Error(), "outbox-relay replay --from") {
+		t.Errorf("Recover on another system: %v; want it to say to replay by time", err)
+	}
+
+	f.pg.Exec(t, `UPDATE outbox_relay_checkpoint SET system_identifier = (SELECT system_identifier::text FROM pg_control_system()) WHERE slot_name = $1`, f.slot)
+	f.pg.Exec(t, `DELETE FROM outbox_relay_checkpoint_history WHERE slot_name = $1`, f.slot)
+	r, _ = relay.New(cfg)
+	_, err = r.Recover(context.Background(), false)
+	var re *relay.RefillError
+	if !errors.As(err, &re) || exitcode.Of(err) != exitcode.Gap || !strings.Contains(err.Error(), "no row at or before the checkpoint") {
+		t.Fatalf("Recover without history = %v; want a *relay.RefillError saying so, exit %d", err, exitcode.Gap)
+	}
+	if got := f.checkpointLSN(t); got != cp {
+		t.Errorf("checkpoint after the refused refills = %s; want %s unchanged", got, cp)
+	}
+	var slots int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&slots); err != nil || slots != 0 {
+		t.Errorf("refused refills created the slot (%d, %v); want it left missing", slots, err)
+	}
+	// run with refill on stops the same way (exit 4), not in a loop.
+	run = f.start(t, cfg)
+	select {
+	case err = <-run.done:
+		run.done <- err
+	case <-time.After(time.Minute):
+		t.Fatal("run with refill on did not stop within a minute on a gap it cannot refill")
+	}
+	if !errors.As(err, &re) || exitcode.Of(err) != exitcode.Gap {
+		t.Fatalf("run = %v; want the *relay.RefillError, exit %d", err, exitcode.Gap)
 	}
 }
