@@ -232,6 +232,9 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 	if refilled < len(lost)+len(after) {
 		t.Errorf("%d messages with the header refill_id; want at least the %d refilled", refilled, len(lost)+len(after))
 	}
+	if _, out, _ := run(t, "status"); !strings.Contains(out, "LAST REFILL") || !strings.Contains(out, "slot_ahead") {
+		t.Errorf("status after recover lacks the LAST REFILL line with the cause:\n%s", out)
+	}
 	if code, out, errOut := run(t, "recover"); code != exitcode.OK || !strings.Contains(out, "nothing to refill") {
 		t.Errorf("recover again = exit %d; want 0 and nothing to refill\n%s%s", code, out, errOut)
 	}

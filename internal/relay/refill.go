@@ -252,10 +252,15 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	}); err != nil {
 		return nil, fmt.Errorf("refill %s: %w", res.ID, err)
 	}
+	res.Duration = time.Since(began)
+	what := fmt.Sprintf("refill %s at %s: slot %s, %d events re-sent from the outbox table (%d into the retry table), checkpoint %s -> %s, in %s",
+		res.ID, at.UTC().Format(time.RFC3339), gap.Cause, res.Events, res.Parked, res.From, res.To, res.Duration.Round(time.Millisecond))
+	if err := store.RecordRefill(ctx, slot, epoch, what); err != nil {
+		log.Warn("refill: cannot record the refill in the checkpoint row (status shows it)", "err", err)
+	}
 	if err := store.RecordSnapshot(ctx, slot, res.To, at, xmin, res.To); err != nil {
 		log.Warn("refill: cannot record the checkpoint history row of the refill; retention waits for the next one", "err", err)
 	}
-	res.Duration = time.Since(began)
 	r.m.Refilled(res.Events)
 	r.m.SetSlotGap(false)
 	log.Warn("refill done: the slot continues from the checkpoint again",
