@@ -223,6 +223,19 @@ func (s *Store) RecordStop(ctx context.Context, slot string, before pglogrepl.LS
 	return nil
 }
 
+// RecordRefill records what the last refill of slot's lost slot did (one
+// line, for status), in the row of the leader of epoch.
+func (s *Store) RecordRefill(ctx context.Context, slot string, epoch int64, what string) error {
+	if s.err != nil {
+		return s.err
+	}
+	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET last_refill = $3 WHERE slot_name = $1 AND epoch = $2`, slot, epoch, what)
+	if err != nil {
+		return fmt.Errorf("record the refill of slot %q in checkpoint table %s: %w", slot, s.table, err)
+	}
+	return nil
+}
+
 // Stopped returns the stop recorded for slot, or nil when there is none.
 func (s *Store) Stopped(ctx context.Context, slot string) (*Stop, error) {
 	if s.err != nil {

@@ -54,11 +54,23 @@ type Event struct {
 	CommitLSN  pglogrepl.LSN // commit LSN of its transaction
 	CommitTime time.Time
 	Pos        int // its position in the transaction, from 1
+
+	// Refill is the id of the refill that read the event from the outbox
+	// table rather than from the WAL (relay.Refill), "" for the stream's.
+	// Its commit LSN is then unknown: Pos is its place in the refill.
+	Refill string
 }
 
 // PositionKey is the event's unique, bounded identity in the retry table:
-// "lsn:<commit LSN>:<position>", which a resend after a crash reproduces.
-func (e *Event) PositionKey() string { return PositionKey(e.CommitLSN, e.Pos) }
+// "lsn:<commit LSN>:<position>", which a resend after a crash reproduces; for
+// a refilled event "refill:<refill id>:<position in the refill>", which can
+// never equal a streamed event's.
+func (e *Event) PositionKey() string {
+	if e.Refill != "" {
+		return fmt.Sprintf("refill:%s:%d", e.Refill, e.Pos)
+	}
+	return PositionKey(e.CommitLSN, e.Pos)
+}
 
 // PositionKey formats the position of an event in the WAL.
 func PositionKey(commitLSN pglogrepl.LSN, pos int) string {

@@ -192,7 +192,7 @@ func (c *committer) recordServer(ctx context.Context, epoch int64) error {
 	if c.recorded.Timeline == 0 {
 		// The takeover recorded the server the term started on.
 		c.lease.mu.Lock()
-		c.recorded = c.lease.taken
+		c.recorded = c.lease.takenOn
 		c.lease.mu.Unlock()
 		if srv == c.recorded {
 			return nil

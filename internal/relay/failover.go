@@ -10,11 +10,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // checkFailover refuses postgres.failover on a server without failover slots
 // (before Postgres 17), where the operator would count on a slot that does
-// not survive a promotion, and logs a slot that is not a failover slot yet.
+// not survive a promotion, and makes a slot that is not a failover slot yet
+// one (logged; a failure to is logged too, and check says it).
 func (r *Relay) checkFailover(ctx context.Context, q pgslot.Querier) error {
 	if !r.cfg.Failover {
 		return nil
@@ -31,10 +33,29 @@ func (r *Relay) checkFailover(ctx context.Context, q pgslot.Querier) error {
 		return err
 	}
 	if exists && !failover {
-		r.log.Warn("postgres.failover is true but the slot is not a failover slot: a promoted standby will not have it; run \"outbox-relay setup\" with the relay stopped (it alters the slot), and \"outbox-relay check\" for the standby side",
+		// A slot made before postgres.failover was set, or re-created by
+		// a refill: make it one now, before anything holds it.
+		if err := r.alterFailover(ctx); err != nil {
+			r.log.Warn("postgres.failover is true but the slot is not a failover slot, and altering it failed: a promoted standby will not have it; run \"outbox-relay setup\" with the relay stopped, and \"outbox-relay check\" for the standby side",
+				"slot", r.cfg.Replication.Slot, "err", err)
+			return nil
+		}
+		r.log.Info("made the slot a failover slot (postgres.failover): standbys with sync_replication_slots keep a copy; \"outbox-relay check\" verifies them",
 			"slot", r.cfg.Replication.Slot)
 	}
 	return nil
+}
+
+// alterFailover makes the slot a failover slot (ALTER_REPLICATION_SLOT, a
+// replication command of Postgres 17+; it fails while a walsender holds it).
+func (r *Relay) alterFailover(ctx context.Context) error {
+	conn, err := r.replicationConn(ctx, "outbox-relay failover")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "ALTER_REPLICATION_SLOT "+sql.Ident(r.cfg.Replication.Slot)+" (FAILOVER true)").ReadAll()
+	return err
 }
 
 // fenceSuperseded refuses srv when another host of a multi-host postgres.dsn
