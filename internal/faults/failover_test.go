@@ -93,12 +93,20 @@ func newFORun(t *testing.T, version int, opts testenv.ClusterOptions, extraEnv .
 	)
 	r.env = append(r.env, extraEnv...)
 	t.Cleanup(func() {
-		for _, p := range r.relays {
+		for i, p := range r.relays {
+			if t.Failed() && !p.exited() {
+				// A goroutine dump of a relay still running, for a stall.
+				p.cmd.Process.Signal(syscall.SIGQUIT)
+				p.wait(5 * time.Second)
+			}
 			p.kill()
-		}
-		if t.Failed() {
-			for i, p := range r.relays {
-				t.Logf("relay %d output (last lines):\n%s", i+1, lastLines(p.output(), 40))
+			if t.Failed() {
+				f, err := os.CreateTemp("", "outbox-relay-failover-*.log")
+				if err == nil {
+					f.WriteString(p.output())
+					f.Close()
+					t.Logf("relay %d output: %s; last lines:\n%s", i+1, f.Name(), lastLines(grepLines(p.output(), `"level"`), 40))
+				}
 			}
 		}
 	})
@@ -504,15 +512,33 @@ func TestFailoverSlot(t *testing.T) {
 	r.checkFailoverReady()
 	time.Sleep(m.produce)
 
+	primary, recoveries := r.failovers(m, relay, true)
+	ps := stop()
+	r.waitDrained(primary)
+	r.stopRelay(relay)
+	r.assertNoRefill(relay)
+	// The relay resends at most what was not yet covered by a checkpoint the new
+	// primary has: one window per failover.
+	r.assertLedger(primary, &ps, m.failovers*window, recoveries)
+}
+
+// failovers runs m.failovers failovers under a running relay, with m.produce of
+// production before each rebuild and after each failover, and returns the
+// primary at the end and each failover's time to recover. With synced, a rebuilt
+// standby is waited for until it holds the relay's slot synced.
+func (r *foRun) failovers(m failoverMode, relay *relayProcess, synced bool) (*testenv.Node, []time.Duration) {
+	t := r.t
 	primary, standby := r.c.Primary, r.c.Standby
 	var recoveries []time.Duration
 	for i := 0; i < m.failovers; i++ {
 		if i > 0 {
 			// The old primary comes back as a standby of the new one (a cold
-			// copy: the test's stand-in for pg_rewind), which syncs the slot.
+			// copy: the test's stand-in for pg_rewind).
 			r.c.Rebuild(t, standby, primary)
-			r.waitSynced(standby)
-			r.logf("%s rebuilt as a standby of %s; slot synced", standby.Name, primary.Name)
+			if synced {
+				r.waitSynced(standby)
+			}
+			r.logf("%s rebuilt as a standby of %s", standby.Name, primary.Name)
 			time.Sleep(m.produce)
 		}
 		recoveries = append(recoveries, r.failover(primary, standby))
@@ -522,13 +548,42 @@ func TestFailoverSlot(t *testing.T) {
 			t.Fatalf("the relay exited after failover %d (%v); want it to go on\n%s", i+1, relay.err, lastLines(relay.output(), 30))
 		}
 	}
+	return primary, recoveries
+}
+
+// TestFailoverRefill is scenario (a): Postgres 15 has no failover slots, so the
+// promoted standby has no slot. The running relay (postgres.on_slot_loss: refill)
+// reconnects through the multi-host DSN, finds the slot missing (slot_missing),
+// creates it, re-delivers from the outbox table every row its checkpoint does not
+// cover, and streams on: nothing lost, order kept, duplicates bounded by the
+// checkpoint history interval (1s here) and the in-flight window.
+func TestFailoverRefill(t *testing.T) {
+	m := failoverModeOf(t)
+	r := newFORun(t, 15, testenv.ClusterOptions{Synchronous: true},
+		"RELAY_POSTGRES_ON_SLOT_LOSS=refill", "RELAY_CHECKPOINT_HISTORY_INTERVAL=1s")
+	r.logf("%s mode: %d failover(s), Postgres 15 primary :%d, standby :%d", m.name, m.failovers, r.c.Primary.Port, r.c.Standby.Port)
+	r.setup()
+	relay := r.startRelay()
+	stop := r.runProducer(m.rate)
+	time.Sleep(m.produce)
+	primary, recoveries := r.failovers(m, relay, false)
 	ps := stop()
 	r.waitDrained(primary)
 	r.stopRelay(relay)
-	r.assertNoRefill(relay)
-	// The relay resends at most what was not yet covered by a checkpoint the new
-	// primary has: one window per failover.
-	r.assertLedger(primary, &ps, m.failovers*window, recoveries)
+	refills := refillLines(relay.output())
+	r.logf("refills: %v", refills)
+	if len(refills) != m.failovers {
+		t.Errorf("%d refills logged; want %d, one per failover (the promoted standby has no slot)", len(refills), m.failovers)
+	}
+	for _, l := range refills {
+		if !strings.HasPrefix(l, "slot_missing:") {
+			t.Errorf("refill %q; want cause slot_missing", l)
+		}
+	}
+	// A refill resends from the last history row at or before the checkpoint
+	// (at most 1s of events here) and what was in flight.
+	bound := m.failovers * (window + int(2*m.rate))
+	r.assertLedger(primary, &ps, bound, recoveries)
 }
 
 // TestFailoverSplitBrain is scenario (e): after a failover the old primary comes back

@@ -88,7 +88,7 @@ func NewCluster(t testing.TB, version int, opts ClusterOptions) *Cluster {
 	}
 	reapClusters()
 	bin := postgresBin(t, version)
-	dir, err := os.MkdirTemp("", "outbox-relay-ha-")
+	dir, err := os.MkdirTemp("", "outbox-relay-cluster-")
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -376,7 +376,7 @@ var reapOnce sync.Once
 
 func reapClusters() {
 	reapOnce.Do(func() {
-		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "outbox-relay-ha-*"))
+		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "outbox-relay-cluster-*"))
 		for _, dir := range dirs {
 			b, err := os.ReadFile(filepath.Join(dir, "owner.pid"))
 			if err != nil {
