@@ -121,8 +121,13 @@ func (r *foRun) logf(format string, args ...any) {
 
 // command runs an outbox-relay command to its end and returns its output and exit code.
 func (r *foRun) command(args ...string) (string, int) {
+	return r.commandEnv(nil, args...)
+}
+
+// commandEnv is command with more environment variables.
+func (r *foRun) commandEnv(env []string, args ...string) (string, int) {
 	cmd := exec.Command(r.bin, args...)
-	cmd.Env = r.env
+	cmd.Env = append(append([]string(nil), r.env...), env...)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	var ee *exec.ExitError
@@ -563,6 +568,15 @@ func TestFailoverRefill(t *testing.T) {
 		"RELAY_POSTGRES_ON_SLOT_LOSS=refill", "RELAY_CHECKPOINT_HISTORY_INTERVAL=1s")
 	r.logf("%s mode: %d failover(s), Postgres 15 primary :%d, standby :%d", m.name, m.failovers, r.c.Primary.Port, r.c.Standby.Port)
 	r.setup()
+	// Failover slots do not exist on 15: postgres.failover is refused, naming refill.
+	failoverOn := []string{"RELAY_POSTGRES_FAILOVER=true"}
+	for _, args := range [][]string{{"check"}, {"setup"}, {"run"}} {
+		out, code := r.commandEnv(failoverOn, args...)
+		if code == 0 || !strings.Contains(out, "Postgres 15") || !strings.Contains(out, "postgres.on_slot_loss: refill") {
+			t.Errorf("outbox-relay %s with postgres.failover on Postgres 15: exit code %d; want non-zero, naming Postgres 15 and postgres.on_slot_loss: refill:\n%s",
+				args[0], code, lastLines(out, 5))
+		}
+	}
 	relay := r.startRelay()
 	stop := r.runProducer(m.rate)
 	time.Sleep(m.produce)
