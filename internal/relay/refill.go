@@ -85,6 +85,10 @@ type RefillResult struct {
 	DryRun   bool
 }
 
+// errRefillAgain: the checkpoint moved while the refill waited for the
+// lock; the gap, if any, is judged again from the new one.
+var errRefillAgain = errors.New("refill: the checkpoint moved meanwhile")
+
 // ErrNoGap says that Recover found the slot continuing from the checkpoint:
 // nothing to refill.
 var ErrNoGap = errors.New("the slot continues from the checkpoint: nothing to refill")
@@ -112,7 +116,17 @@ func (r *Relay) Recover(ctx context.Context, dryRun bool) (*RefillResult, error)
 			return nil, err
 		}
 	}
-	return r.refill(ctx, pool, gap, dryRun)
+	for {
+		res, err := r.refill(ctx, pool, gap, dryRun)
+		if !errors.Is(err, errRefillAgain) {
+			return res, err
+		}
+		if gap, err = r.findGap(ctx, pool); err != nil {
+			return nil, err
+		} else if gap == nil {
+			return nil, ErrNoGap
+		}
+	}
 }
 
 // findGap reads the checkpoint, the slot and the server as resolveStart
@@ -191,14 +205,25 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, fmt.Errorf("refill: take the refill lock: %w", err)
 	}
 	defer lock.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext($1))`, key) //nolint:errcheck // the session ends with the pool anyway
-	if again, err := r.findGap(ctx, pool); err != nil {
+	// Judged again, under the lock and on a connection of its own: the
+	// gap a running stream met is judged from what it saw (a missing slot
+	// on a new timeline may be a fork as well).
+	again, err := r.findGap(ctx, pool)
+	switch {
+	case err != nil:
 		return nil, err
-	} else if again == nil {
+	case again == nil:
 		log.Info("refill: another relay healed the slot meanwhile", "slot", slot)
 		return nil, ErrNoGap
-	} else if cp2, err := store.Load(ctx, slot); err != nil || cp2.LSN != cp.LSN {
-		return nil, fmt.Errorf("refill: the checkpoint moved meanwhile (another relay refilled): start again: %v", err)
+	case !again.Cause.Refillable():
+		return nil, again
 	}
+	if cp2, err := store.Load(ctx, slot); err != nil {
+		return nil, err
+	} else if cp2.LSN != cp.LSN {
+		return nil, errRefillAgain // another relay refilled, and the slot was lost again since
+	}
+	gap = again
 	srv, err := r.identify(ctx)
 	if err != nil {
 		return nil, err
@@ -437,7 +462,8 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 	header := router.Header{Key: HeaderRefillID, Value: []byte(res.ID)}
 	g.Go(func() error {
 		defer close(chunks)
-		fetch := fmt.Sprintf("FETCH FORWARD %d FROM refill", max(r.cfg.Sink.BatchSize, 100))
+		// A chunk per fetch: one Kafka write, a few in memory at a time.
+		fetch := fmt.Sprintf("FETCH FORWARD %d FROM refill", max(r.cfg.Sink.BatchSize, 1000))
 		n := 0
 		for {
 			rows, err := tx.Query(gctx, fetch)

@@ -52,7 +52,11 @@
 //     included, and each takeover records the server's system identifier and
 //     timeline; so a slot ahead of the checkpoint, invalidated, or on another
 //     system or a forked timeline is refused with the uncovered range and
-//     the fix (exit code 4), never streamed on past.
+//     the fix (exit code 4), never streamed on past. With OnSlotLoss refill,
+//     a gap a refill can heal (the slot dropped, invalidated, recreated,
+//     missing after a failover) is refilled from the outbox table instead
+//     (refill.go), at start or when a running stream meets it, and the
+//     relay leads again from the new slot.
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
@@ -242,7 +246,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		// The term's pipeline is gone: what it had not saved is refilled.
 		var gap *pgslot.GapError
 		if errors.As(err, &gap) && r.cfg.OnSlotLoss == OnSlotLossRefill && gap.Cause.Refillable() && rctx.Err() == nil {
-			if _, rerr := r.refill(rctx, pool, gap, false); rerr != nil && !errors.Is(rerr, ErrNoGap) {
+			if _, rerr := r.refill(rctx, pool, gap, false); rerr != nil && !errors.Is(rerr, ErrNoGap) && !errors.Is(rerr, errRefillAgain) {
 				if errors.Is(rerr, checkpoint.ErrFenced) {
 					r.log.Warn("refill fenced by another relay of this group: standing by", "reason", rerr)
 					continue
