@@ -50,6 +50,29 @@ ON CONFLICT DO NOTHING`, slot, lsn.String(), commit)
 	return nil
 }
 
+// RecordSnapshot writes a history row for slot's checkpoint lsn with a
+// snapshot taken elsewhere: a refill's, whose snapshot_xmin is the xmin of
+// the snapshot a new slot exported (a full xid) and whose snapshot_lsn is the
+// slot's consistent point. The rule of the package doc holds for it: every
+// transaction older than that xmin had finished when the snapshot was
+// taken, so if it committed, it did before the consistent point.
+func (s *Store) RecordSnapshot(ctx context.Context, slot string, lsn pglogrepl.LSN, lastCommit time.Time, xmin uint64, snapLSN pglogrepl.LSN) error {
+	if s.err != nil {
+		return s.err
+	}
+	var commit *time.Time
+	if !lastCommit.IsZero() {
+		commit = &lastCommit
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.history+` (slot_name, lsn, last_commit_time, saved_at, snapshot_xmin, snapshot_lsn)
+VALUES ($1, $2::text::pg_lsn, $3, now(), $4::text::xid8, $5::text::pg_lsn)
+ON CONFLICT DO NOTHING`, slot, lsn.String(), commit, strconv.FormatUint(xmin, 10), snapLSN.String())
+	if err != nil {
+		return fmt.Errorf("record checkpoint history %q at %s in %s: %w", slot, lsn, s.HistoryTable(), err)
+	}
+	return nil
+}
+
 // PruneHistory deletes slot's history rows saved more than keep ago, in
 // batches of at most batch rows, each its own statement, and returns how
 // many it deleted. The newest row of the slot is always kept, so that a
@@ -216,11 +239,18 @@ func FindHorizon(ctx context.Context, q Querier, checkpointTable, slot string) (
 	)
 	// greatest() ignores NULLs: a missing checkpoint row or slot leaves the
 	// other; both missing leave NULL, and then no history row matches.
+	// The slot's position counts only beside a checkpoint row from a
+	// version that did not record its server (and confirmed idle positions
+	// without saving them): a relay that records it saves every position
+	// before confirming it, so a slot ahead of such a row was moved by
+	// something else (dropped and created again: a gap, pgslot.Verify), and
+	// the rows in between, not delivered, are what a refill reads.
 	err = q.QueryRow(ctx, `SELECT c.cov::text, h.lsn::text, h.last_commit_time, h.saved_at, h.snapshot_xmin::text,
        h.snapshot_lsn::text, pg_snapshot_xmax(pg_current_snapshot())::text,
        EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1)
 FROM (SELECT greatest((SELECT lsn FROM `+t.Quoted()+` WHERE slot_name = $1),
-                      (SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = $1)) AS cov) c
+                      (SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = $1
+                       AND NOT EXISTS (SELECT 1 FROM `+t.Quoted()+` k WHERE k.slot_name = $1 AND to_jsonb(k)->>'system_identifier' IS NOT NULL))) AS cov) c
 LEFT JOIN LATERAL (SELECT * FROM `+h.Quoted()+` WHERE slot_name = $1 AND snapshot_lsn <= c.cov
                    ORDER BY snapshot_lsn DESC LIMIT 1) h ON true`, slot).
 		Scan(&covered, &lsn, &lastCommit, &savedAt, &xmin, &snapLSN, &next, &slotExists)

@@ -128,6 +128,28 @@ WHERE c.slot_name = $1 AND c.epoch = $4`, slot, lsn.String(), commit, epoch)
 	return s.fenced(ctx, slot, epoch)
 }
 
+// RecordServer records srv as the server of the slot's checkpoint, while the
+// row holds epoch (a *FencedError otherwise). The leader calls it when its
+// stream moved to a later timeline that it checked continues from the
+// confirmed position (a promotion): the positions it saves from then on are
+// that timeline's, and a later start verifies them against it. Recorded
+// before any such position is saved, it is true of the saved one too, which
+// the new timeline contains.
+func (s *Store) RecordServer(ctx context.Context, slot string, epoch int64, srv Server) error {
+	if s.err != nil {
+		return s.err
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET system_identifier = $3, timeline_id = $4 WHERE slot_name = $1 AND epoch = $2`,
+		slot, epoch, nullString(srv.SystemID), nullInt(srv.Timeline))
+	if err != nil {
+		return fmt.Errorf("record the server of checkpoint %q: %w", slot, err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	return s.fenced(ctx, slot, epoch)
+}
+
 // Verify returns nil while the slot's row holds epoch, and a *FencedError
 // once another relay took over.
 func (s *Store) Verify(ctx context.Context, slot string, epoch int64) error {
@@ -197,6 +219,19 @@ func (s *Store) RecordStop(ctx context.Context, slot string, before pglogrepl.LS
 		slot, before.String(), reason)
 	if err != nil {
 		return fmt.Errorf("record the stop of slot %q in checkpoint table %s: %w", slot, s.table, err)
+	}
+	return nil
+}
+
+// RecordRefill records what the last refill of slot's lost slot did (one
+// line, for status), in the row of the leader of epoch.
+func (s *Store) RecordRefill(ctx context.Context, slot string, epoch int64, what string) error {
+	if s.err != nil {
+		return s.err
+	}
+	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET last_refill = $3 WHERE slot_name = $1 AND epoch = $2`, slot, epoch, what)
+	if err != nil {
+		return fmt.Errorf("record the refill of slot %q in checkpoint table %s: %w", slot, s.table, err)
 	}
 	return nil
 }

@@ -276,6 +276,12 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 	slot, err := pgslot.Read(ctx, pgslot.ReplicationConn(conn), s.cfg.Slot)
 	switch {
 	case errors.Is(err, pgslot.ErrNotFound):
+		if confirmed := pglogrepl.LSN(s.confirmed.Load()); confirmed != 0 {
+			// Gone while this stream had a position in it (dropped, or
+			// the server failed over to one that never had it): what
+			// committed since was never sent (DESIGN invariant 14).
+			return 0, &pgslot.GapError{Slot: s.cfg.Slot, Cause: pgslot.CauseSlotMissing, From: confirmed}
+		}
 		return 0, &fatalError{msg: err.Error(), sentinel: ErrSlotMissing}
 	case err != nil:
 		return 0, s.classify("check slot", err)
@@ -283,6 +289,11 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or configure another slot", s.cfg.Slot, slot.Plugin), sentinel: ErrSlotPlugin}
 	case slot.Database != slot.CurrentDatabase:
 		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: fix the DSN's database or the slot name", s.cfg.Slot, slot.Database, slot.CurrentDatabase), sentinel: ErrSlotDatabase}
+	}
+	if slot.Lost() {
+		// Invalidated while this stream was away from it: it cannot
+		// stream again, and what it had not decoded is gone.
+		return 0, &pgslot.GapError{Slot: s.cfg.Slot, Cause: pgslot.CauseSlotLost, From: pglogrepl.LSN(s.confirmed.Load())}
 	}
 	if slot.Active && slot.ActivePID != nil {
 		if own := s.lastPID.Load(); own != 0 && uint32(*slot.ActivePID) == own {
@@ -328,6 +339,13 @@ func (s *Stream) checkServer(ctx context.Context, conn *pgconn.PgConn, slotLSN p
 	switch ok, fork := srv.Continues(want.Timeline, confirmed); {
 	case srv.SystemID != want.SystemID:
 		gap.Cause = pgslot.CauseOtherSystem
+	case srv.Timeline < want.Timeline:
+		// The timeline went back: this server is the one the stream's
+		// server was promoted from, brought back (split brain).
+		if err := pgslot.Superseded(s.cfg.Slot, confirmed, srv, *want, "the server the relay streamed from until this reconnection"); err != nil {
+			return err
+		}
+		gap.Cause, gap.Fork = pgslot.CauseForked, fork
 	case confirmed != 0 && !ok:
 		gap.Cause, gap.Fork = pgslot.CauseForked, fork
 	case confirmed != 0 && slotLSN > confirmed:

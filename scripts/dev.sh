@@ -21,6 +21,7 @@
 #   scripts/dev.sh pg-status          show which Postgres versions run, on which ports
 #   scripts/dev.sh pg-versions        print the versions N (scripts/pg-matrix.sh runs them all)
 #   scripts/dev.sh pg-release N       print the pinned binaries release of Postgres N
+#   scripts/dev.sh pg-bin N           print the bin directory of Postgres N, fetching it once
 #
 # State lives in .dev/ (git-ignored); the Kafka jars are cached outside the repo in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-3.9.1/libs (and Maven's ~/.m2), the
@@ -1023,8 +1024,16 @@ pg-release)
 	version=$(pg_arg "${2:-}")
 	pg_release "$version"
 	;;
+pg-bin)
+	# For harnesses that run servers of their own (internal/testenv's primary +
+	# standby clusters): the binaries only, no server started.
+	version=$(pg_arg "${2:-}")
+	pg_select "$version" arg
+	ensure_pg_installed
+	echo "$PG_BIN"
+	;;
 *)
-	sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac

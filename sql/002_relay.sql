@@ -24,7 +24,8 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "system_identifier" text,
     "timeline_id" integer,
     "stopped_before" pg_lsn,
-    "stop_reason" text
+    "stop_reason" text,
+    "last_refill" text
 );
 
 -- A compact history of the checkpoints saved, one row at most every

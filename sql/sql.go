@@ -245,6 +245,8 @@ func indexName(table, suffix string) string {
 // transaction it must not confirm past (an insert it cannot place, the
 // outbox table changed): lag and status show it while the relay is down,
 // and the relay clears it once its checkpoint passes that transaction.
+// last_refill describes the last refill of a lost slot from the outbox
+// table (outbox-relay recover, postgres.on_slot_loss: refill), for status.
 func CheckpointTable(t Table) string {
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
     "slot_name" text PRIMARY KEY,
@@ -257,23 +259,26 @@ func CheckpointTable(t Table) string {
     "system_identifier" text,
     "timeline_id" integer,
     "stopped_before" pg_lsn,
-    "stop_reason" text
+    "stop_reason" text,
+    "last_refill" text
 )`, t.Quoted())
 }
 
 // CheckpointUpgradeColumns are the columns CheckpointUpgrade adds.
-var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "system_identifier", "timeline_id", "stopped_before", "stop_reason"}
+var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "system_identifier", "timeline_id", "stopped_before", "stop_reason", "last_refill"}
 
 // CheckpointUpgrade returns the statement that adds the columns added since
 // the first version to an older checkpoint table: the leadership columns
 // (epoch, leader, leader_since), the server identity (system_identifier,
 // timeline_id: the server the slot's checkpoint came from) and the stop
-// record (stopped_before, stop_reason); a no-op on a current table.
+// record (stopped_before, stop_reason), the last refill (last_refill); a
+// no-op on a current table.
 func CheckpointUpgrade(t Table) string {
 	return fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "epoch" bigint NOT NULL DEFAULT 0, `+
 		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz, `+
 		`ADD COLUMN IF NOT EXISTS "system_identifier" text, ADD COLUMN IF NOT EXISTS "timeline_id" integer, `+
-		`ADD COLUMN IF NOT EXISTS "stopped_before" pg_lsn, ADD COLUMN IF NOT EXISTS "stop_reason" text`, t.Quoted())
+		`ADD COLUMN IF NOT EXISTS "stopped_before" pg_lsn, ADD COLUMN IF NOT EXISTS "stop_reason" text, `+
+		`ADD COLUMN IF NOT EXISTS "last_refill" text`, t.Quoted())
 }
 
 // CreatePublication returns the statement creating the publication of the
@@ -307,6 +312,14 @@ func PublishViaRoot(name string) string {
 // it waits for transactions running at that moment to finish.
 func CreateSlot(name string) string {
 	return fmt.Sprintf(`SELECT pg_catalog.pg_create_logical_replication_slot(%s, 'pgoutput')`, Literal(name))
+}
+
+// CreateFailoverSlot creates the relay's slot as a failover slot (Postgres
+// 17+): standbys with sync_replication_slots keep a copy that a promoted
+// standby continues from. The arguments after the plugin are temporary,
+// two_phase and failover.
+func CreateFailoverSlot(name string) string {
+	return fmt.Sprintf(`SELECT pg_catalog.pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)`, Literal(name))
 }
 
 // ValidSlotName reports whether s can name a replication slot: lower-case

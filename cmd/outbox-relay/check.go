@@ -34,6 +34,7 @@ func (e *env) adminConfig() admin.Config {
 		DSN:                 c.Postgres.DSN,
 		Slot:                c.Postgres.Slot,
 		Publication:         c.Postgres.Publication,
+		Failover:            c.Postgres.Failover,
 		OutboxTable:         outbox,
 		Layout:              c.Outbox.Layout,
 		Columns:             sql.Columns(c.Outbox.Columns),

@@ -43,11 +43,15 @@ var defaults = map[string]string{
 	"postgres.slot":            sql.DefaultSlot,
 	"postgres.publication":     sql.DefaultPublication,
 	"postgres.status_interval": durationText(replication.DefaultStatusInterval),
+	"postgres.failover":        "false", // failover slots (Postgres 17+): need settings on the primary and the standbys
 	// How long the server waits for a silent relay (frozen, cut off) before
 	// it frees the slot for a standby: sent per connection.
 	"postgres.wal_sender_timeout": durationText(replication.DefaultWalSenderTimeout),
-	"outbox.table":                sql.DefaultOutboxTable,
-	"outbox.layout":               string(sql.LayoutRelay),
+	// What run does when the slot does not continue from the checkpoint
+	// (dropped, invalidated, lost in a failover): fail (exit 4) or refill.
+	"postgres.on_slot_loss": relay.OnSlotLossFail,
+	"outbox.table":          sql.DefaultOutboxTable,
+	"outbox.layout":         string(sql.LayoutRelay),
 	// Retention is off by default: deleting rows is the operator's choice.
 	"outbox.retention":                   "",
 	"outbox.retention_interval":          durationText(retention.DefaultInterval),
@@ -177,6 +181,10 @@ type config struct {
 		PasswordFile           string
 		StatusInterval         time.Duration
 		WalSenderTimeout       time.Duration
+		// Failover: the slot is a failover slot (Postgres 17+), synced
+		// to the standbys, so that it survives a promotion.
+		Failover   bool
+		OnSlotLoss string // relay.OnSlotLossFail or relay.OnSlotLossRefill
 	}
 	Outbox struct {
 		Table string
@@ -300,6 +308,8 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Postgres.Publication = l.str("postgres.publication")
 	c.Postgres.StatusInterval = l.duration("postgres.status_interval")
 	c.Postgres.WalSenderTimeout = l.duration("postgres.wal_sender_timeout")
+	c.Postgres.Failover = l.bool("postgres.failover")
+	c.Postgres.OnSlotLoss = strings.ToLower(l.str("postgres.on_slot_loss"))
 	c.Outbox.Table = l.str("outbox.table")
 	for table, action := range maps[otherTablesKey] {
 		a, err := placement.ParseAction(action)
@@ -647,6 +657,8 @@ func (c *config) validate() error {
 	} else if err := checkDSN(c.Postgres.DSN); err != nil {
 		// checkDSN's errors show the DSN only up to its user name.
 		errs = append(errs, err)
+	} else if err := checkMultiHost(c.Postgres.DSN); err != nil {
+		errs = append(errs, err)
 	} else if err := c.applyPostgresPassword(); err != nil {
 		errs = append(errs, err)
 	}
@@ -660,6 +672,11 @@ func (c *config) validate() error {
 	if c.Postgres.WalSenderTimeout > 0 && c.Postgres.WalSenderTimeout < 3*time.Second {
 		// Above twice the 1s leader lease (see internal/relay/lease.go).
 		bad("postgres.wal_sender_timeout", "%s is too short: a frozen leader must lose the slot only after its 1s write lease ran out; use 3s or more (default %s)", c.Postgres.WalSenderTimeout, defaults["postgres.wal_sender_timeout"])
+	}
+
+	def(&c.Postgres.OnSlotLoss, "postgres.on_slot_loss")
+	if v := c.Postgres.OnSlotLoss; v != relay.OnSlotLossFail && v != relay.OnSlotLossRefill {
+		bad("postgres.on_slot_loss", "%q is not one of fail (stop with exit code 4 and name the fix, the default) or refill (re-deliver the lost range from the outbox table, then stream on)", v)
 	}
 
 	// outbox and topics
@@ -899,7 +916,9 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 			ApplicationName: "outbox-relay/" + version,
 			Logger:          log.With("component", "replication"),
 		},
+		OnSlotLoss:         c.Postgres.OnSlotLoss,
 		Table:              c.Outbox.Table,
+		Failover:           c.Postgres.Failover,
 		OtherTables:        c.Outbox.OtherTables,
 		OtherTablesKey:     otherTablesKey,
 		Router:             c.routerConfig(),

@@ -160,6 +160,7 @@ RELAY_POSTGRES_PASSWORD, PGPASSWORD, ~/.pgpass) and kafka.sasl.password_file
 		newRetriesCmd(wrap),
 		newMigrateCmd(wrap),
 		newReplayCmd(wrap),
+		newRecoverCmd(wrap),
 		newCheckpointCmd(wrap),
 		newPruneCmd(wrap),
 	)

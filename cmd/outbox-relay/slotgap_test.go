@@ -163,7 +163,7 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 	}
 	msg := runErr.Error()
 	t.Logf("run refused: %s", msg)
-	for _, want := range []string{rng, "dropped and created again", "outbox-relay replay --from-lsn " + checkpointAt, "outbox-relay checkpoint set " + slotAt + " --yes"} {
+	for _, want := range []string{rng, "dropped and created again", "\"outbox-relay recover\"", "postgres.on_slot_loss: refill"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("run error lacks %q:\n%s", want, msg)
 		}
@@ -194,15 +194,49 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 		t.Errorf("status = exit %d; want SLOT GAP naming %s\n%s", code, rng, out)
 	}
 
-	// The printed fix, as printed.
-	for _, re := range []string{`outbox-relay (replay --from-lsn [0-9A-F]+/[0-9A-F]+)`, `outbox-relay (checkpoint set [0-9A-F]+/[0-9A-F]+ --yes)`} {
-		m := regexp.MustCompile(re).FindStringSubmatch(msg)
-		if m == nil {
-			t.Fatalf("run error lacks %s:\n%s", re, msg)
+	// The printed fix, as printed: first what it would do, then do it.
+	m := regexp.MustCompile(`"outbox-relay (recover)"`).FindStringSubmatch(msg)
+	if m == nil {
+		t.Fatalf("run error lacks \"outbox-relay recover\":\n%s", msg)
+	}
+	code, out, errOut = run(t, "recover", "--dry-run")
+	if code != exitcode.OK || !strings.Contains(out, string(pgslot.CauseSlotAhead)) || !strings.Contains(out, checkpointAt) {
+		t.Fatalf("recover --dry-run = exit %d; want 0, the cause and the checkpoint %s\n%s%s", code, checkpointAt, out, errOut)
+	}
+	t.Logf("recover --dry-run: %s", out)
+	if got := eventIDs(t, k, topic); len(got) != len(before) {
+		t.Errorf("%d events in Kafka after recover --dry-run; want %d (it sends nothing)", len(got), len(before))
+	}
+	recovering := time.Now()
+	code, out, errOut = run(t, m[1])
+	if code != exitcode.OK || !strings.Contains(out, "refill ") {
+		t.Fatalf("outbox-relay recover = exit %d\n%s%s", code, out, errOut)
+	}
+	t.Logf("recover: %s (%s)", strings.TrimSpace(out), time.Since(recovering).Round(time.Millisecond))
+	// recover itself delivered what the new slot will not: every event
+	// committed before it ran.
+	got := eventIDs(t, k, topic)
+	for _, id := range append(append([]string{}, lost...), after...) {
+		if got[id] == 0 {
+			t.Errorf("event %s, committed before recover, is not in Kafka after it", id)
 		}
-		if code, out, errOut := run(t, strings.Fields(m[1])...); code != exitcode.OK {
-			t.Fatalf("outbox-relay %s = exit %d\n%s%s", m[1], code, out, errOut)
+	}
+	refilled := 0
+	for _, m := range k.ReadAll(t, topic) {
+		for _, h := range m.Headers {
+			if h.Key == "refill_id" {
+				refilled++
+			}
 		}
+	}
+	if refilled < len(lost)+len(after) {
+		t.Errorf("%d messages with the header refill_id; want at least the %d refilled", refilled, len(lost)+len(after))
+	}
+	if _, out, _ := run(t, "status"); !strings.Contains(out, "LAST REFILL") || !strings.Contains(out, "slot_ahead") {
+		t.Errorf("status after recover lacks the LAST REFILL line with the cause:\n%s", out)
+	}
+	if code, out, errOut := run(t, "recover"); code != exitcode.OK || !strings.Contains(out, "nothing to refill") {
+		t.Errorf("recover again = exit %d; want 0 and nothing to refill\n%s%s", code, out, errOut)
 	}
 	if code, out, _ := run(t, "check"); !strings.Contains(out, "ok    slot continuity") {
 		t.Errorf("check after the fix = exit %d; want slot continuity ok\n%s", code, out)
@@ -214,16 +248,59 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 	all := append(append(append(append([]string{}, before...), lost...), after...), later...)
 	waitDelivered(t, k, topic, all, "after the fix")
 	p.stop(t)
-	got := eventIDs(t, k, topic)
+	got = eventIDs(t, k, topic)
 	dups := 0
 	for _, n := range got {
 		dups += n - 1
 	}
-	// The replay re-sends from the history entry at or before the
-	// checkpoint up to when it ran (before and after the gap), and the
-	// relay sends after again from the new slot: duplicates, bounded.
-	t.Logf("lost 0 of %d events; %d duplicates (replayed events the slot also delivered, or before the checkpoint)", len(all), dups)
+	// The refill re-sends from the history entry at or before the
+	// checkpoint: duplicates, bounded by one history interval.
+	t.Logf("lost 0 of %d events; %d duplicates (refilled events delivered before the checkpoint)", len(all), dups)
 	if len(got) != len(all) {
 		t.Errorf("%d distinct events in Kafka; want %d", len(got), len(all))
+	}
+}
+
+// TestCheckSlotRefill: check says whether a lost slot could be refilled:
+// a warning before a history row is at or before the checkpoint, ok once
+// one is, and a warning when rows are deleted from the outbox without
+// retention (an application deleting in the same transaction, or a purge
+// job): a refill could only re-send the rows still there.
+func TestCheckSlotRefill(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	setUp(t)
+	aggType := "Refill" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
+	topic := "outbox.event." + aggType
+	k := testenv.Kafka(t)
+	k.CreateTopic(t, topic, 1)
+	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
+	t.Setenv("RELAY_METRICS_LISTEN", "")
+	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
+
+	ids := insertEvents(t, dsn, aggType, 3, 0)
+	p := startRelay(t)
+	waitDelivered(t, k, topic, ids, "first events")
+	checkLine := func(want string) string {
+		t.Helper()
+		var out string
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
+			_, out, _ = run(t, "check")
+			if strings.Contains(out, want) {
+				return out
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("check never said %q within a minute; last:\n%s", want, out)
+			}
+		}
+	}
+	out := checkLine("ok    slot refill: a lost slot can be refilled")
+	t.Logf("%s", out)
+	p.stop(t)
+
+	// The application deletes a row itself: the outbox is no record.
+	execSQL(t, dsn, "DELETE FROM outbox WHERE id = '"+ids[0]+"'")
+	out = checkLine("warn  slot refill: rows are deleted from")
+	if !strings.Contains(out, "outbox.retention") {
+		t.Errorf("check's warning does not name outbox.retention:\n%s", out)
 	}
 }

@@ -29,6 +29,9 @@ type Config struct {
 	DSN         string
 	Slot        string
 	Publication string
+	// Failover is postgres.failover: setup makes the slot a failover slot
+	// (Postgres 17+), check verifies the primary's and standbys' side.
+	Failover    bool
 	OutboxTable sql.Table
 	Layout      sql.Layout  // the outbox.layout preset: setup's table types
 	Columns     sql.Columns // empty fields: the layout's

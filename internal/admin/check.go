@@ -167,7 +167,9 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	slotName := cfg.Slot
 	switch {
 	case !sl.Exists:
-		c.fail("slot", "%s does not exist; run `outbox-relay setup`", slotName)
+		// With a checkpoint, setup would only replace the gap by another
+		// (slot continuity says so, and names recover).
+		c.fail("slot", "%s does not exist; run `outbox-relay setup` (or, if a relay delivered from it before, `outbox-relay recover`: see slot continuity)", slotName)
 	case sl.problem(slotName) != "":
 		c.fail("slot", "%s %s", slotName, sl.problem(slotName))
 	case sl.Active:
@@ -214,9 +216,13 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	default:
 		checkpointLine(ctx, conn, cfg, c, "checkpoint history", history, hOID, func() (string, error) { return historySummary(ctx, conn, history, slotName) })
 	}
-	if sl.Exists && cpOID != 0 {
+	if cpOID != 0 {
 		checkSlotGap(ctx, conn, cfg, c)
+		if hOID != 0 && oid != 0 {
+			checkRefill(ctx, conn, cfg, c)
+		}
 	}
+	checkFailover(ctx, conn, cfg, c, sl)
 
 	// The retry table: run stores failed events there.
 	switch rOID, err := tableOID(ctx, conn, cfg.RetryTable); {

@@ -194,6 +194,15 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 	if err != nil {
 		return err
 	}
+	if cfg.Failover {
+		p, err := failoverProblem(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if p != "" {
+			problem("slot %s: %s", slotName, p)
+		}
+	}
 	switch {
 	case s.Exists:
 		if p := s.problem(slotName); p != "" {
@@ -201,6 +210,11 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 			break
 		}
 		say("slot %s: already exists (pgoutput)", slotName)
+		if cfg.Failover && problems == 0 {
+			if err := setupFailover(ctx, cfg, conn, slotName, say, problem); err != nil {
+				return err
+			}
+		}
 		// An existing slot and a publication created (now or earlier) after
 		// its position: each looks fine, together they fail every start.
 		if pub.Exists || oid != 0 {
@@ -217,14 +231,18 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		// relay can use it.
 		problem("slot %s: not created until the problems above are fixed", slotName)
 	default:
-		if _, err := conn.Exec(ctx, sql.CreateSlot(slotName)); err != nil {
+		create, how := sql.CreateSlot(slotName), "pgoutput"
+		if cfg.Failover {
+			create, how = sql.CreateFailoverSlot(slotName), "pgoutput, failover"
+		}
+		if _, err := conn.Exec(ctx, create); err != nil {
 			return fmt.Errorf("create slot %s: %w", slotName, err)
 		}
 		s, err := readSlot(ctx, conn, slotName)
 		if err != nil {
 			return err
 		}
-		say("slot %s: created (pgoutput) at %s", slotName, deref(s.ConfirmedFlushLSN))
+		say("slot %s: created (%s) at %s", slotName, how, deref(s.ConfirmedFlushLSN))
 	}
 
 	if problems > 0 {
@@ -302,9 +320,15 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	for _, p := range sql.RelayPrivileges(o) {
 		block(p.What+": "+p.Why, p.Grant(role))
 	}
+	slotStmt, slotNote := sql.CreateSlotIfMissing(cfg.Slot), ""
+	if cfg.Failover {
+		// postgres.failover: a failover slot (Postgres 17+).
+		slotStmt = strings.Replace(slotStmt, sql.CreateSlot(cfg.Slot), sql.CreateFailoverSlot(cfg.Slot), 1)
+		slotNote = "\nA failover slot (postgres.failover; Postgres 17+), synced to standbys with\nsync_replication_slots = on: see docs/failover.md."
+	}
 	block("The replication slot, last: from the moment it exists the server keeps WAL\n"+
-		"for it until the relay confirms it. Not inside a transaction that has written.",
-		sql.CreateSlotIfMissing(cfg.Slot))
+		"for it until the relay confirms it. Not inside a transaction that has written."+slotNote,
+		slotStmt)
 	_, err = io.WriteString(w, b.String())
 	return err
 }

@@ -59,6 +59,11 @@ type Event struct {
 	// context, is the relay's span for the event: its traceparent header
 	// names it, and it is exported once Kafka acknowledged the event.
 	Span *Span
+
+	// Refill is the id of the refill that read the event from the outbox
+	// table rather than from the WAL (relay.Refill), "" for the stream's.
+	// Its commit LSN is then unknown: Pos is its place in the refill.
+	Refill string
 }
 
 // A Span is the identity of the relay's span of one event: a child of the
@@ -71,8 +76,15 @@ type Span struct {
 }
 
 // PositionKey is the event's unique, bounded identity in the retry table:
-// "lsn:<commit LSN>:<position>", which a resend after a crash reproduces.
-func (e *Event) PositionKey() string { return PositionKey(e.CommitLSN, e.Pos) }
+// "lsn:<commit LSN>:<position>", which a resend after a crash reproduces; for
+// a refilled event "refill:<refill id>:<position in the refill>", which can
+// never equal a streamed event's.
+func (e *Event) PositionKey() string {
+	if e.Refill != "" {
+		return fmt.Sprintf("refill:%s:%d", e.Refill, e.Pos)
+	}
+	return PositionKey(e.CommitLSN, e.Pos)
+}
 
 // PositionKey formats the position of an event in the WAL.
 func PositionKey(commitLSN pglogrepl.LSN, pos int) string {

@@ -45,6 +45,8 @@
 //	placement_stops_total                 counter   stops before an insert under a table that may belong to the outbox but cannot be placed
 //	active                                gauge     1 while this relay leads the slot, 0 while it stands by
 //	slot_gap                              gauge     1 when the slot does not continue from the checkpoint (recreated, invalidated, other system or timeline): the relay refuses to stream and exits (exit code 4)
+//	refills_total                         counter   refills done: a lost slot healed from the outbox table (postgres.on_slot_loss: refill)
+//	refilled_events_total                 counter   outbox rows re-delivered by refills
 //	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
 //	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
 //	stalled_seconds                       gauge     how long the WAL has been ahead of the confirmed LSN without progress; 0 when not
@@ -91,6 +93,7 @@ type Metrics struct {
 	epoch                       prometheus.Gauge
 	takeovers                   prometheus.Counter
 	slotGap                     prometheus.Gauge
+	refills, refilled           prometheus.Counter
 	role                        atomic.Pointer[func() string] // for /readyz's body; nil says only "ready"
 	failing                     *prometheus.GaugeVec
 	sampled                     *sampled
@@ -157,11 +160,13 @@ func New() *Metrics {
 	m.retentionLag = gauge("retention_lag_seconds", "How long the oldest outbox row older than outbox.retention has been due for deletion, as of the last retention round; 0 when there is none.")
 	m.retentionLast = gauge("retention_last_round_timestamp_seconds", "When the last retention round ended, as a Unix time; 0 before the first.")
 	m.retentionDur = gauge("retention_round_duration_seconds", "How long the last retention round took.")
+	m.refills = counter("refills_total", "Refills done: the slot did not continue from the checkpoint, and the relay re-delivered the uncovered range from the outbox table (outbox-relay recover, postgres.on_slot_loss: refill).")
+	m.refilled = counter("refilled_events_total", "Outbox rows re-delivered by refills (sent to Kafka or stored in the retry table), duplicates of earlier deliveries included.")
 	m.sampled = &sampled{}
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.traceInvalid, m.schemaStops, m.placementStops,
-		m.ready, m.stalled, m.active, m.epoch, m.takeovers, m.slotGap, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
+		m.ready, m.stalled, m.active, m.epoch, m.takeovers, m.slotGap, m.refills, m.refilled, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -405,6 +410,15 @@ func (m *Metrics) TookOver(epoch int64) {
 	m.takeovers.Inc()
 	m.epoch.Set(float64(epoch))
 	m.active.Set(1)
+}
+
+// Refilled records a refill that re-delivered events rows.
+func (m *Metrics) Refilled(events int64) {
+	if m == nil {
+		return
+	}
+	m.refills.Inc()
+	m.refilled.Add(float64(events))
 }
 
 // SetActive records whether this relay leads the slot (1) or stands by (0).

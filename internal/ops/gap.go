@@ -17,7 +17,7 @@ import (
 // the relay's checkpoint (pgslot.Verify, DESIGN invariant 14): run refuses to
 // stream it, exit code 4.
 type SlotGap struct {
-	Cause   string  `json:"cause"`    // slot_ahead, slot_invalidated, other_system, timeline_forked
+	Cause   string  `json:"cause"`    // slot_ahead, slot_invalidated, slot_missing, other_system, timeline_forked
 	FromLSN string  `json:"from_lsn"` // the checkpoint: delivered up to here
 	ToLSN   *string `json:"to_lsn"`   // where the slot resumes; null when it cannot
 	Reason  string  `json:"reason"`
@@ -48,6 +48,10 @@ func FindGap(ctx context.Context, q Querier, table, slot string) (*SlotGap, erro
 		return nil, err
 	}
 	sl, err := pgslot.Read(ctx, q, slot)
+	if errors.Is(err, pgslot.ErrNotFound) {
+		// With a checkpoint, a gap (slot_missing); without one, nothing.
+		sl, err = pgslot.Slot{Name: slot, Missing: true}, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -89,6 +89,9 @@ type Checkpoint struct {
 	// checkpoint passed it.
 	StoppedBefore *string `json:"stopped_before,omitempty"`
 	StopReason    *string `json:"stop_reason,omitempty"`
+	// The last refill of a lost slot from the outbox table (when, why,
+	// how many events, the range), absent before any.
+	LastRefill *string `json:"last_refill,omitempty"`
 
 	lastDeliveredAge *float64 // server's now() - LastCommitTime, for TimeLag
 }
@@ -320,8 +323,8 @@ func queryCheckpoint(ctx context.Context, q Querier, table, slot string) (*Check
 	err = q.QueryRow(ctx, "SELECT lsn::text, saved_at, last_commit_time, "+
 		"extract(epoch FROM now() - last_commit_time)::float8, "+
 		"(to_jsonb(c)->>'epoch')::bigint, to_jsonb(c)->>'leader', (to_jsonb(c)->>'leader_since')::timestamptz, "+
-		"to_jsonb(c)->>'stopped_before', to_jsonb(c)->>'stop_reason' FROM "+t+" c WHERE slot_name = $1", slot).
-		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge, &epoch, &c.Leader, &c.LeaderSince, &c.StoppedBefore, &c.StopReason)
+		"to_jsonb(c)->>'stopped_before', to_jsonb(c)->>'stop_reason', to_jsonb(c)->>'last_refill' FROM "+t+" c WHERE slot_name = $1", slot).
+		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge, &epoch, &c.Leader, &c.LeaderSince, &c.StoppedBefore, &c.StopReason, &c.LastRefill)
 	if c.StoppedBefore == nil || c.StopReason == nil {
 		c.StoppedBefore, c.StopReason = nil, nil
 	}

@@ -259,4 +259,7 @@ func stoppedRow(row func(k, v string), c *Checkpoint) {
 	if c.StoppedBefore != nil {
 		row("STOPPED", "before the transaction committed at "+*c.StoppedBefore+": "+*c.StopReason)
 	}
+	if c.LastRefill != nil {
+		row("LAST REFILL", *c.LastRefill)
+	}
 }

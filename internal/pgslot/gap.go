@@ -54,7 +54,19 @@ const (
 	CauseSlotLost    Cause = "slot_invalidated" // wal_status lost
 	CauseOtherSystem Cause = "other_system"     // another system identifier
 	CauseForked      Cause = "timeline_forked"  // a timeline that forked before the checkpoint
+	CauseSlotMissing Cause = "slot_missing"     // no slot of that name: dropped, or a failover to a server that never had it
+	// Another host of the DSN is the same system on a later timeline that
+	// branched off this server's: an old primary back after a promotion.
+	CauseSuperseded Cause = "server_superseded"
 )
+
+// Refillable reports whether the outbox rows of the uncovered range can be
+// found with the checkpoint history (relay.Refill): the checkpoint's LSNs
+// belong to this server's WAL. On another system or a forked timeline they
+// do not, and only a replay by time can deliver the range.
+func (c Cause) Refillable() bool {
+	return c == CauseSlotAhead || c == CauseSlotLost || c == CauseSlotMissing
+}
 
 // A GapError says that streaming on from a slot would silently skip the
 // transactions committed after the checkpoint, and how to deliver them.
@@ -67,7 +79,11 @@ type GapError struct {
 	From, To       pglogrepl.LSN
 	LastCommitTime time.Time         // of the checkpoint's transaction; zero unknown
 	Recorded, Now  checkpoint.Server // the checkpoint's server, and the one reached
-	Fork           pglogrepl.LSN     // CauseForked: where the checkpoint's timeline ended
+	Fork           pglogrepl.LSN     // CauseForked, CauseSuperseded: where the checkpoint's (this server's) timeline ended
+	// CauseSuperseded: the host of the DSN that superseded this server, and
+	// its server.
+	Successor       string
+	SuccessorServer checkpoint.Server
 }
 
 // ErrGap is wrapped by every *GapError.
@@ -94,6 +110,9 @@ func (e *GapError) Reason() string {
 		return fmt.Sprintf("the slot's confirmed position %s is ahead of the checkpoint %s, and no relay of this checkpoint confirmed it there: "+
 			"the slot was dropped and created again (\"outbox-relay setup\" creates it at the current WAL position), advanced by hand, or read by another consumer",
 			e.To, e.From)
+	case CauseSlotMissing:
+		return fmt.Sprintf("the slot does not exist, though the checkpoint says the relay delivered up to %s: it was dropped, "+
+			"or the server failed over to a standby that never had it (before Postgres 17, or without a failover slot)", e.From)
 	case CauseSlotLost:
 		return "the slot was invalidated (wal_status lost): the server removed WAL it had not decoded, because the relay was stopped or behind for longer than max_slot_wal_keep_size allows"
 	case CauseOtherSystem:
@@ -109,38 +128,51 @@ func (e *GapError) Reason() string {
 		return fmt.Sprintf("the checkpoint %s was saved on timeline %d, which this server (timeline %d) left at %s, before the checkpoint: "+
 			"the transactions delivered after %s are not in this server's WAL, and the ones it wrote instead would be skipped as delivered",
 			e.From, e.Recorded.Timeline, e.Now.Timeline, e.Fork, e.Fork)
+	case CauseSuperseded:
+		fork := "at an unknown position"
+		if e.Fork != 0 {
+			fork = "at " + e.Fork.String()
+		}
+		return fmt.Sprintf("this server (system %s) is an old primary: its timeline %d is behind timeline %d of %s, the same system promoted from timeline %d %s. "+
+			"If both accept writes (split brain), what this server wrote after the promotion is not in the new primary's WAL",
+			e.Now.SystemID, e.Now.Timeline, e.SuccessorServer.Timeline, e.Successor, e.Now.Timeline, fork)
 	}
 	return string(e.Cause)
 }
 
-// Fix says what an operator does: deliver the uncovered range from the
-// outbox table with `outbox-relay replay` (the rows are still there unless
-// retention or the application deleted them), then accept the slot's
-// position. The commands are exact, but for the configuration flags.
+// Fix says what an operator does. When the checkpoint's positions belong to
+// this server's WAL (Cause.Refillable), `outbox-relay recover` (or
+// postgres.on_slot_loss: refill) re-delivers the uncovered range from the
+// outbox table and creates the slot again; otherwise deliver it with
+// `outbox-relay replay` by time and accept the server's position. The
+// commands are exact, but for the configuration flags.
 func (e *GapError) Fix() string {
-	since := "--from-lsn " + e.From.String()
-	if e.Cause == CauseOtherSystem || e.Cause == CauseForked {
-		// The checkpoint history maps LSNs of the old WAL: select by time.
-		since = "--from " + fromTime(e.LastCommitTime)
+	if e.Cause == CauseSuperseded {
+		return fmt.Sprintf("stop this old primary and keep it from taking writes (it must not be a primary again: rebuild it as a standby of the new primary (%s) with pg_rewind or a new base backup), "+
+			"then start the relay: it connects to the new primary. Events the application committed on the old primary after the promotion are in neither the new primary nor Kafka: "+
+			"find them in its outbox table (created_at after the promotion) and insert them into the new primary's", e.Successor)
 	}
-	replay := fmt.Sprintf("outbox-relay replay %s   (re-sends the events committed after the checkpoint, up to when it runs, and some earlier ones again, bounded by checkpoint.history_interval", since)
-	if e.Cause == CauseSlotAhead || e.Cause == CauseSlotLost {
-		replay += "; if the checkpoint history has no entry at or before the checkpoint, use --from " + fromTime(e.LastCommitTime) + " instead"
+	if e.Cause.Refillable() {
+		return "run \"outbox-relay recover\" (with the relay stopped, or set postgres.on_slot_loss: refill and the relay does it by itself): it creates the slot again, " +
+			"re-delivers from the outbox table every event the checkpoint does not cover (marked with the header refill_id; events committed up to one " +
+			"checkpoint.history_interval before the checkpoint are sent again), and then the relay streams on from the new slot. " +
+			"\"outbox-relay recover --dry-run\" says what it would send; it needs a checkpoint history row at or before the checkpoint, and the rows still in the outbox table (\"outbox-relay check\" warns when they may not be)" +
+			e.afterwards()
 	}
-	replay += ")"
-	switch e.Cause {
-	case CauseSlotAhead:
-		return fmt.Sprintf("with the relay stopped: 1. %s; 2. accept the slot's position: outbox-relay checkpoint set %s --yes; 3. start the relay. "+
-			"To accept the gap without re-sending (the events in %s are lost for Kafka), do 2 and 3 only",
-			replay, e.To, e.Range())
-	case CauseSlotLost:
-		return fmt.Sprintf("with the relay stopped: 1. drop the slot (SELECT pg_drop_replication_slot(%s)) and run \"outbox-relay setup\" to create it again; "+
-			"2. %s; 3. outbox-relay checkpoint set <the new slot's confirmed_flush_lsn, which \"outbox-relay check\" prints> --yes; 4. start the relay; "+
-			"then raise max_slot_wal_keep_size, or alert on \"outbox-relay lag\" sooner", sql.Literal(e.Slot), replay)
-	}
+	since := "--from " + fromTime(e.LastCommitTime)
+	// The checkpoint history maps LSNs of the old WAL: select by time.
+	replay := fmt.Sprintf("outbox-relay replay %s   (re-sends the events committed after the checkpoint, up to when it runs, and some earlier ones again)", since)
 	return fmt.Sprintf("if postgres.dsn points at the wrong server, fix it. If this server rightly replaced the checkpoint's, with the relay stopped: 1. %s; "+
 		"2. delete the checkpoint row, whose positions belong to the other WAL (DELETE FROM <checkpoint.table> WHERE slot_name = %s); 3. start the relay, which then starts at the slot",
 		replay, sql.Literal(e.Slot))
+}
+
+// afterwards is what to change so the gap does not come back.
+func (e *GapError) afterwards() string {
+	if e.Cause == CauseSlotLost {
+		return "; then raise max_slot_wal_keep_size, or alert on \"outbox-relay lag\" sooner"
+	}
+	return ""
 }
 
 func fromTime(t time.Time) string {
@@ -153,6 +185,10 @@ func fromTime(t time.Time) string {
 }
 
 func (e *GapError) Error() string {
+	if e.Cause == CauseSuperseded {
+		return fmt.Sprintf("replication slot %q: the relay refuses this server: %s; streaming from it would deliver a history the new primary does not have. To fix: %s",
+			e.Slot, e.Reason(), e.Fix())
+	}
 	return fmt.Sprintf("replication slot %q does not continue from the checkpoint: %s; streaming on would silently skip the events committed in %s (the uncovered range), so the relay refuses to. To deliver them, %s",
 		e.Slot, e.Reason(), e.Range(), e.Fix())
 }
@@ -257,7 +293,10 @@ func (s Server) Continues(tli int32, lsn pglogrepl.LSN) (ok bool, fork pglogrepl
 }
 
 // Verify returns a *GapError when streaming slot sl of server srv would not
-// continue from checkpoint cp, and nil when it would: no checkpoint yet, the
+// continue from checkpoint cp, and nil when it would. A slot that Read did
+// not find is passed as Slot{Name: name, Missing: true}: with a checkpoint
+// that is a gap (CauseSlotMissing), the rows since the checkpoint were never
+// sent; without one it is nil, and the caller says to run setup. Nil: no checkpoint yet, the
 // slot at or behind it (behind: a crash lost the slot's position, and the
 // relay skips what is resent), on the same system and a timeline that
 // contains it. A checkpoint saved by a version that did not record its server
@@ -266,6 +305,15 @@ func (s Server) Continues(tli int32, lsn pglogrepl.LSN) (ok bool, fork pglogrepl
 func Verify(cp checkpoint.Checkpoint, sl Slot, srv Server) error {
 	if cp.LSN == 0 {
 		return nil
+	}
+	if sl.Missing {
+		gap := &GapError{Slot: sl.Name, Cause: CauseSlotMissing, From: cp.LSN, LastCommitTime: cp.LastCommitTime, Recorded: cp.Server, Now: srv.Server}
+		if cp.Server.SystemID != "" && srv.SystemID != "" && cp.Server.SystemID != srv.SystemID {
+			gap.Cause = CauseOtherSystem
+		} else if ok, fork := srv.Continues(cp.Server.Timeline, cp.LSN); !ok {
+			gap.Cause, gap.Fork = CauseForked, fork
+		}
+		return gap
 	}
 	slotLSN, err := sl.Confirmed()
 	if err != nil {
@@ -289,4 +337,21 @@ func Verify(cp checkpoint.Checkpoint, sl Slot, srv Server) error {
 		return gap
 	}
 	return nil
+}
+
+// Superseded returns a *GapError (CauseSuperseded) when other, the server at
+// addr (another host of the DSN, or the one the stream followed), is the same system as srv on a later timeline: srv is an
+// old primary that came back after other was promoted (a standby of srv has
+// srv's timeline, and only a promotion moves to a later one). Nil otherwise.
+func Superseded(slot string, cp pglogrepl.LSN, srv, other Server, addr string) error {
+	if other.SystemID == "" || other.SystemID != srv.SystemID || other.Timeline <= srv.Timeline {
+		return nil
+	}
+	gap := &GapError{Slot: slot, Cause: CauseSuperseded, From: cp, Now: srv.Server, Successor: addr, SuccessorServer: other.Server}
+	for _, f := range other.Forks {
+		if f.Timeline == srv.Timeline {
+			gap.Fork = f.End
+		}
+	}
+	return gap
 }

@@ -84,6 +84,13 @@ func TestVerify(t *testing.T) {
 			srv(sys, 3, pgslot.Fork{Timeline: 1, End: lsn(t, "0/4000000")}), pgslot.CauseForked, "0/5000000..0/5000000"},
 		{"timeline changed, history not read: not judged", cp("0/5000000", 1), slot("0/5000000", "reserved"),
 			pgslot.Server{Server: checkpoint.Server{SystemID: sys, Timeline: 2}}, "", ""},
+		{"slot missing: dropped, or a failover", cp("0/5000000", 1), pgslot.Slot{Missing: true}, srv(sys, 1), pgslot.CauseSlotMissing, "0/5000000.."},
+		{"slot missing, no checkpoint: setup's to say", checkpoint.Checkpoint{}, pgslot.Slot{Missing: true}, srv(sys, 1), "", ""},
+		{"slot missing after a promotion after the checkpoint", cp("0/5000000", 1), pgslot.Slot{Missing: true},
+			srv(sys, 2, pgslot.Fork{Timeline: 1, End: lsn(t, "0/6000000")}), pgslot.CauseSlotMissing, "0/5000000.."},
+		{"slot missing on another system", cp("0/5000000", 1), pgslot.Slot{Missing: true}, srv(other, 1), pgslot.CauseOtherSystem, "0/5000000.."},
+		{"slot missing on a fork before the checkpoint", cp("0/5000000", 1), pgslot.Slot{Missing: true},
+			srv(sys, 2, pgslot.Fork{Timeline: 1, End: lsn(t, "0/4000000")}), pgslot.CauseForked, "0/5000000.."},
 		{"promoted after the checkpoint, and the slot recreated", cp("0/5000000", 1), slot("0/9000000", "reserved"),
 			srv(sys, 2, pgslot.Fork{Timeline: 1, End: lsn(t, "0/6000000")}), pgslot.CauseSlotAhead, "0/5000000..0/9000000"},
 	}
@@ -108,8 +115,12 @@ func TestVerify(t *testing.T) {
 			}
 			// The message names the range and a command that fixes it.
 			msg := err.Error()
-			if !strings.Contains(msg, tt.range_) || !strings.Contains(msg, "outbox-relay replay --from") {
-				t.Errorf("Verify error %q: want the range %s and the replay command", msg, tt.range_)
+			fix := "outbox-relay replay --from"
+			if tt.want.Refillable() {
+				fix = "outbox-relay recover"
+			}
+			if !strings.Contains(msg, tt.range_) || !strings.Contains(msg, fix) {
+				t.Errorf("Verify error %q: want the range %s and %q", msg, tt.range_, fix)
 			}
 		})
 	}
@@ -118,7 +129,7 @@ func TestVerify(t *testing.T) {
 func TestGapFix(t *testing.T) {
 	at := time.Date(2026, 11, 24, 10, 30, 15, 0, time.UTC)
 	ahead := &pgslot.GapError{Slot: "s", Cause: pgslot.CauseSlotAhead, From: 0x5000000, To: 0x9000000, LastCommitTime: at}
-	for _, want := range []string{"outbox-relay replay --from-lsn 0/5000000", "outbox-relay checkpoint set 0/9000000 --yes"} {
+	for _, want := range []string{"outbox-relay recover", "postgres.on_slot_loss: refill", "refill_id"} {
 		if !strings.Contains(ahead.Fix(), want) {
 			t.Errorf("Fix() = %q; want it to contain %q", ahead.Fix(), want)
 		}

@@ -64,6 +64,11 @@ type Slot struct {
 	Now              time.Time
 
 	Walsender *Walsender // nil when no walsender streams the slot
+
+	// Missing says that no slot of this name exists (Read returned
+	// ErrNotFound): only Name is set. Verify takes it as a gap when a
+	// checkpoint exists.
+	Missing bool
 }
 
 // Walsender is the backend streaming the slot (pg_stat_replication). Without

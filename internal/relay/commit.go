@@ -26,8 +26,9 @@ type committer struct {
 	interval time.Duration
 	urgent   int
 	health   *health
-	history  *historian // nil records no history
-	lease    *lease     // nil: saves are not fenced (tests of the stage alone)
+	history  *historian        // nil records no history
+	lease    *lease            // nil: saves are not fenced (tests of the stage alone)
+	recorded checkpoint.Server // the server the checkpoint row names, as this term last recorded it
 
 	mu         sync.Mutex
 	acked      pglogrepl.LSN
@@ -154,6 +155,9 @@ func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time
 		return !errors.Is(err, checkpoint.ErrFenced)
 	}, c.health.watch("checkpoint", func() error {
 		at := time.Now()
+		if err := c.recordServer(ctx, epoch); err != nil {
+			return err
+		}
 		if err := c.store.SaveFenced(ctx, c.slot, epoch, lsn, commitTime); err != nil {
 			return err
 		}
@@ -163,4 +167,42 @@ func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time
 		c.log.Debug("checkpoint saved", "lsn", lsn.String(), "epoch", epoch, "began", at.UTC().Format(time.RFC3339Nano))
 		return nil
 	}))
+}
+
+// serverRecorder is checkpoint.Store's RecordServer.
+type serverRecorder interface {
+	RecordServer(ctx context.Context, slot string, epoch int64, srv checkpoint.Server) error
+}
+
+// recordServer records the stream's server with the checkpoint when it
+// changed since the takeover recorded it: after a promotion that the stream
+// found continues from the confirmed position (a later timeline), the
+// positions saved next are that timeline's. Without it a restart would
+// judge them against the old timeline, which ended before them, and refuse
+// the slot as forked.
+func (c *committer) recordServer(ctx context.Context, epoch int64) error {
+	rs, ok := c.store.(serverRecorder)
+	if !ok || c.lease == nil || c.lease.server == nil {
+		return nil
+	}
+	srv := c.lease.server()
+	if srv.Timeline == 0 || srv == c.recorded {
+		return nil
+	}
+	if c.recorded.Timeline == 0 {
+		// The takeover recorded the server the term started on.
+		c.lease.mu.Lock()
+		c.recorded = c.lease.takenOn
+		c.lease.mu.Unlock()
+		if srv == c.recorded {
+			return nil
+		}
+	}
+	if err := rs.RecordServer(ctx, c.slot, epoch, srv); err != nil {
+		return err
+	}
+	c.log.Info("recorded the new timeline with the checkpoint (a promotion the stream followed)",
+		"slot", c.slot, "timeline", srv.Timeline, "previous_timeline", c.recorded.Timeline)
+	c.recorded = srv
+	return nil
 }

@@ -43,6 +43,12 @@ const (
 type Config struct {
 	Replication replication.Config // DSN, slot and publication are required
 	Table       string             // outbox table, default "public.outbox"
+	// Failover (postgres.failover) requires a server that has failover
+	// slots (Postgres 17+): refused at start on an older one, since the
+	// operator counts on a slot that survives a promotion. A slot that is
+	// not a failover slot (made before, or re-created by a refill) is
+	// altered at start.
+	Failover bool
 	// OtherTables holds the operator's decisions for tables whose inserts
 	// the relay cannot place by itself (package placement), by
 	// "schema.name"; OtherTablesKey names the setting, for messages.
@@ -106,6 +112,14 @@ type Config struct {
 	// 250ms) is how often a standby looks whether the slot is free.
 	LeaseDuration, StandbyPoll time.Duration
 
+	// OnSlotLoss is what the relay does when the slot does not continue
+	// from its checkpoint for a cause a refill heals (dropped, invalidated,
+	// recreated, missing after a failover): OnSlotLossFail (the default)
+	// stops with the *pgslot.GapError, exit code 4; OnSlotLossRefill
+	// refills the uncovered range from the outbox table (refill.go), then
+	// streams on from the new slot.
+	OnSlotLoss string
+
 	// Retry tunes the retry worker (backoff, maximum age and attempts, poll
 	// interval); its Store, Sink, Topic, Delivered and Logger are the
 	// relay's own and are overwritten.
@@ -119,6 +133,13 @@ func (c *Config) validate() error {
 	}
 	if c.Replication.Slot == "" {
 		c.Replication.Slot = sql.DefaultSlot
+	}
+	switch c.OnSlotLoss {
+	case "":
+		c.OnSlotLoss = OnSlotLossFail
+	case OnSlotLossFail, OnSlotLossRefill:
+	default:
+		return fmt.Errorf("postgres.on_slot_loss %q is not one of fail (stop with exit code 4, the default) or refill (re-deliver the lost range from the outbox table, then stream on)", c.OnSlotLoss)
 	}
 	if c.Replication.Publication == "" {
 		c.Replication.Publication = sql.DefaultPublication

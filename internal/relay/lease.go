@@ -77,6 +77,8 @@ type lease struct {
 	// server is the server the stream holds the slot on, recorded with the
 	// epoch: the checkpoint's positions are that server's WAL.
 	server func() checkpoint.Server
+	// takenOn is the server TakeOver recorded (under mu).
+	takenOn checkpoint.Server
 
 	startedOnce sync.Once
 	startedC    chan struct{} // closed when the stream first holds the slot
@@ -112,6 +114,11 @@ func (l *lease) take(ctx context.Context) error {
 			srv = l.server()
 		}
 		epoch, err = l.store.TakeOver(ctx, l.slot, l.who, srv)
+		if err == nil {
+			l.mu.Lock()
+			l.takenOn = srv
+			l.mu.Unlock()
+		}
 		return err
 	}); err != nil {
 		return err
@@ -132,6 +139,15 @@ func (l *lease) take(ctx context.Context) error {
 	l.log.Info("leading: holding the slot, former leaders fenced", "slot", l.slot, "epoch", epoch, "leader", l.who)
 	close(l.takenC)
 	return nil
+}
+
+// taken sets the epoch of a takeover done by the caller, which waited out
+// the former leaders' leases (a refill): writes may start.
+func (l *lease) taken(epoch int64) {
+	l.mu.Lock()
+	l.epoch = epoch
+	l.mu.Unlock()
+	close(l.takenC)
 }
 
 // taken returns the epoch once take is done.
@@ -203,6 +219,9 @@ func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
 			sl, err = pgslot.Read(ctx, pool, r.cfg.Replication.Slot)
 			return err
 		})
+		if errors.Is(err, pgslot.ErrNotFound) {
+			return nil // nobody streams it: lead says what is wrong, or refills
+		}
 		if err != nil {
 			return err
 		}

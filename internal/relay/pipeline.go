@@ -41,6 +41,14 @@ type checkpointSaver interface {
 	SaveFenced(ctx context.Context, slot string, epoch int64, lsn pglogrepl.LSN, commitTime time.Time) error
 }
 
+// An acker takes the chunks the writer finished (every event acknowledged
+// or stored), in order, and is closed after the last: the committer, or a
+// refill's tally.
+type acker interface {
+	ack(*chunk)
+	close()
+}
+
 // A confirmer reports a position as handled to the server: the stream's
 // Confirm. It does not block.
 type confirmer interface {

@@ -52,7 +52,11 @@
 //     included, and each takeover records the server's system identifier and
 //     timeline; so a slot ahead of the checkpoint, invalidated, or on another
 //     system or a forked timeline is refused with the uncovered range and
-//     the fix (exit code 4), never streamed on past.
+//     the fix (exit code 4), never streamed on past. With OnSlotLoss refill,
+//     a gap a refill can heal (the slot dropped, invalidated, recreated,
+//     missing after a failover) is refilled from the outbox table instead
+//     (refill.go), at start or when a running stream meets it, and the
+//     relay leads again from the new slot.
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
@@ -235,6 +239,20 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		err := r.lead(rctx, sctx, pool)
 		if errors.Is(err, errStandBy) && rctx.Err() == nil {
 			r.log.Warn("no longer leading: standing by", "slot", r.cfg.Replication.Slot, "reason", err)
+			continue
+		}
+		// A slot lost at start or while streaming: with refill on, heal
+		// it from the outbox table and lead again from the new slot.
+		// The term's pipeline is gone: what it had not saved is refilled.
+		var gap *pgslot.GapError
+		if errors.As(err, &gap) && r.cfg.OnSlotLoss == OnSlotLossRefill && gap.Cause.Refillable() && rctx.Err() == nil {
+			if _, rerr := r.refill(rctx, pool, gap, false); rerr != nil && !errors.Is(rerr, ErrNoGap) && !errors.Is(rerr, errRefillAgain) {
+				if errors.Is(rerr, checkpoint.ErrFenced) {
+					r.log.Warn("refill fenced by another relay of this group: standing by", "reason", rerr)
+					continue
+				}
+				return runCause(rctx, rerr)
+			}
 			continue
 		}
 		return runCause(rctx, err)
@@ -627,8 +645,22 @@ func ignoreCanceled(err error) error {
 func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *checkpoint.Store) (pglogrepl.LSN, pgslot.Server, error) {
 	slot := r.cfg.Replication.Slot
 	sl, err := pgslot.Read(ctx, pool, slot)
+	if errors.Is(err, pgslot.ErrNotFound) {
+		// With a checkpoint, a gap (the slot was dropped, or lost in a
+		// failover); without one, setup has not been run.
+		cp, lerr := store.Load(ctx, slot)
+		if lerr != nil || cp.LSN == 0 {
+			return 0, pgslot.Server{}, err
+		}
+		srv, ierr := r.identify(ctx)
+		if ierr != nil {
+			return 0, pgslot.Server{}, ierr
+		}
+		r.m.SetSlotGap(true)
+		return 0, pgslot.Server{}, pgslot.Verify(cp, pgslot.Slot{Name: slot, Missing: true}, srv)
+	}
 	if err != nil {
-		return 0, pgslot.Server{}, err // a missing slot says to run setup
+		return 0, pgslot.Server{}, err
 	}
 	if sl.Plugin != "pgoutput" {
 		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, sl.Plugin)
@@ -646,6 +678,13 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	}
 	srv, err := r.identify(ctx)
 	if err != nil {
+		return 0, pgslot.Server{}, err
+	}
+	if err := r.checkFailover(ctx, pool); err != nil {
+		return 0, pgslot.Server{}, err
+	}
+	if err := r.fenceSuperseded(ctx, srv, cp.LSN); err != nil {
+		r.m.SetSlotGap(true)
 		return 0, pgslot.Server{}, err
 	}
 	if err := pgslot.Verify(cp, sl, srv); err != nil {

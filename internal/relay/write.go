@@ -35,7 +35,7 @@ type writer struct {
 // run writes the chunks of in until it is closed, then closes com. It
 // returns ctx's error, or an error that is not one event's (the caller
 // stops).
-func (r *writer) run(ctx context.Context, in <-chan *chunk, com *committer) error {
+func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 	for c := range in {
 		send, sendAt := c.evs, []int(nil) // sendAt nil: send is c.evs
 		var parked []diverted

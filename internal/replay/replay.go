@@ -306,11 +306,13 @@ func (r *Replayer) buildQuery(ctx context.Context) error {
 		}
 	}
 	to := r.state.StartedAt
-	if !s.To.IsZero() && s.To.Before(to) {
+	if !s.To.IsZero() && (to.IsZero() || s.To.Before(to)) {
 		to = s.To
 	}
-	q.where = append(q.where, `o."created_at" < `+q.arg(to))
-	q.plan.To = to
+	if !to.IsZero() { // zero only for Select: a snapshot bounds it instead
+		q.where = append(q.where, `o."created_at" < `+q.arg(to))
+		q.plan.To = to
+	}
 	if !s.From.IsZero() {
 		q.where = append(q.where, `o."created_at" >= `+q.arg(s.From))
 		q.plan.From = s.From
@@ -464,4 +466,78 @@ func (r *Replayer) typeOf(col string) string {
 		}
 	}
 	return "text"
+}
+
+// A Selected is a selection as one query, for a caller that reads it in a
+// transaction of its own: relay.Refill reads it in the snapshot a new
+// replication slot exported, which bounds it instead of a time. Rows come in
+// OrderBy's order when given, else by commit time (with
+// track_commit_timestamp), created_at, the inserting command, ctid.
+type Selected struct {
+	r *Replayer
+}
+
+// Select builds the query of cfg.Selection, reading the outbox table's
+// columns and the checkpoint history with pool. Unlike New it keeps no state:
+// no replay table, no run id, and no end unless Selection.To is given.
+func Select(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Selected, error) {
+	rt, err := router.New(cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	r := &Replayer{cfg: cfg, pool: pool, rt: rt, state: state{Selection: cfg.Selection, OrderBy: cfg.OrderBy}}
+	if err := r.readColumns(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.buildQuery(ctx); err != nil {
+		return nil, err
+	}
+	if cfg.OrderBy == "" {
+		// Read at once, in one cursor, so the order needs no keyset and
+		// can follow the WAL more closely than created_at, ctid: a
+		// transaction's rows in the order its statements ran (cmin, the
+		// inserting command; ctid alone jumps back to a page with room),
+		// and transactions by commit time when the server records it
+		// (track_commit_timestamp), else by start (created_at).
+		order := []string{`o."created_at"`, "o.cmin::text::bigint", "o.ctid"}
+		var track string
+		if err := pool.QueryRow(ctx, `SELECT current_setting('track_commit_timestamp')`).Scan(&track); err == nil && track == "on" {
+			order = append([]string{"pg_catalog.pg_xact_commit_timestamp(o.xmin)"}, order...)
+		}
+		r.q.order = order
+	}
+	return &Selected{r: r}, nil
+}
+
+// SQL returns the query and its arguments.
+func (s *Selected) SQL() (string, []any) { return s.r.page(0) }
+
+// Note says how Selection.FromLSN was mapped to rows.
+func (s *Selected) Note() string { return s.r.q.plan.Note }
+
+// Scan reads the current row of rows (from SQL's query) as pgoutput would
+// have delivered it, and its place in the order as text.
+func (s *Selected) Scan(rows pgx.Rows) (replication.Row, []string, error) {
+	r := s.r
+	vals := make([]*string, len(r.cols)+len(r.q.order))
+	ptrs := make([]any, len(vals))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	if err := rows.Scan(ptrs...); err != nil {
+		return replication.Row{}, nil, err
+	}
+	row := replication.Row{Relation: r.rel, Values: make([][]byte, len(r.cols))}
+	for i := range r.cols {
+		if vals[i] != nil {
+			row.Values[i] = []byte(*vals[i])
+		}
+	}
+	pos := make([]string, len(r.q.order))
+	for i := range pos {
+		if v := vals[len(r.cols)+i]; v != nil {
+			pos[i] = *v
+		}
+	}
+	return row, pos, nil
 }

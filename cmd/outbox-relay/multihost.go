@@ -1,0 +1,33 @@
+package main
+
+import (
+	"fmt"
+	"reflect"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+)
+
+// checkMultiHost refuses a postgres.dsn that names several hosts without
+// target_session_attrs=read-write (or primary): pgx takes the first host that
+// answers, which may be a standby, where the relay can neither stream its slot
+// nor save its checkpoint. The check compares pgx's validator, so that
+// PGTARGETSESSIONATTRS counts too.
+func checkMultiHost(dsn string) error {
+	hosts, err := pgslot.Hosts(dsn)
+	if err != nil || len(hosts) < 2 {
+		return nil
+	}
+	pc, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil // checkDSN reports it
+	}
+	v := reflect.ValueOf(pc.ValidateConnect).Pointer()
+	if pc.ValidateConnect != nil && (v == reflect.ValueOf(pgconn.ValidateConnectTargetSessionAttrsReadWrite).Pointer() ||
+		v == reflect.ValueOf(pgconn.ValidateConnectTargetSessionAttrsPrimary).Pointer()) {
+		return nil
+	}
+	return fmt.Errorf("postgres.dsn names %d hosts but not target_session_attrs=read-write: the relay would connect to the first host that answers, "+
+		"which may be a standby; add target_session_attrs=read-write (keyword form) or ?target_session_attrs=read-write (URL form)", len(hosts))
+}

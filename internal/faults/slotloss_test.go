@@ -1,0 +1,366 @@
+package faults
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// slotLoss is one way the relay's slot is lost (issue 21's scenarios).
+type slotLoss string
+
+const (
+	lossInvalidated slotLoss = "invalidated while stopped, run refills"       // (c)
+	lossRecreated   slotLoss = "dropped and recreated while stopped, recover" // (d)
+	lossRunning     slotLoss = "dropped while running, run refills in-process"
+)
+
+// TestSlotLoss is the full form of the refill tests (internal/relay's
+// TestRefill*, which `make test` runs): the relay binary, a producer writing
+// throughout (per-aggregate sequence numbers, poison events), and the slot
+// lost three ways. One aggregate type's topic exists only after the refill
+// (auto-creation off), so its events wait in the retry table when the slot
+// is lost and the refill must queue that aggregate's refilled events behind
+// them. Each: lost 0, per-aggregate order kept, poison dead with its reason,
+// and the duplicates and the time to recover reported. Only under
+// RELAY_FAULTS=full (make test-faults).
+func TestSlotLoss(t *testing.T) {
+	if os.Getenv("RELAY_FAULTS") != "full" {
+		t.Skip("RELAY_FAULTS=full only (make test-faults); the reduced forms are internal/relay's TestRefill*")
+	}
+	testenv.Exclusive(t) // max_slot_wal_keep_size is server-wide
+	bin := testenv.RelayBinary(t)
+	for _, loss := range []slotLoss{lossInvalidated, lossRecreated, lossRunning} {
+		t.Run(strings.ReplaceAll(string(loss), " ", "_"), func(t *testing.T) { runSlotLoss(t, bin, loss) })
+	}
+}
+
+// slotLossRelay is one relay process of a slot-loss run.
+type slotLossRelay struct {
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan error
+}
+
+// lockedBuffer is a process's output, read while it writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
+	seed := uint64(time.Now().UnixNano())
+	s := &suite{t: t, m: full, rng: mrand.New(mrand.NewPCG(seed, 3)), began: time.Now(), count: map[faultKind]int{}}
+	s.pg = testenv.Postgres(t)
+	s.kafka = testenv.Kafka(t)
+	s.pool = s.pg.Pool(t)
+	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "sl"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
+	s.setupDatabase()
+	late := aggregateTypes[len(aggregateTypes)-1].name
+	for _, at := range aggregateTypes[:len(aggregateTypes)-1] {
+		s.kafka.CreateTopic(t, s.topic(at.name), 4)
+	}
+	onLoss := "refill"
+	if loss == lossRecreated {
+		onLoss = "fail" // recover by hand
+	}
+	env := append(os.Environ(),
+		"RELAY_POSTGRES_DSN="+s.pg.DSN,
+		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
+		"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
+		"RELAY_POSTGRES_SLOT="+s.slot,
+		"RELAY_POSTGRES_ON_SLOT_LOSS="+onLoss,
+		"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
+		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
+		"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
+		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
+		"RELAY_CHECKPOINT_INTERVAL=100ms",
+		"RELAY_CHECKPOINT_HISTORY_INTERVAL=1s",
+		"RELAY_RETRY_BACKOFF_MIN=200ms",
+		"RELAY_RETRY_BACKOFF_MAX=1s",
+		"RELAY_RETRY_POLL_INTERVAL=200ms",
+		"RELAY_METRICS_LISTEN=",
+		"RELAY_LOG_FORMAT=json",
+	)
+	logFile, err := os.CreateTemp("", "outbox-relay-slotloss-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	t.Logf("%s: seed %d, relay output %s", loss, seed, logFile.Name())
+	var relays []*slotLossRelay
+	start := func() *slotLossRelay {
+		cmd := exec.Command(bin, "run")
+		cmd.Env = env
+		r := &slotLossRelay{cmd: cmd, out: &lockedBuffer{}, done: make(chan error, 1)}
+		cmd.Stdout, cmd.Stderr = r.out, r.out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { r.done <- cmd.Wait() }()
+		relays = append(relays, r)
+		return r
+	}
+	stop := func(r *slotLossRelay) {
+		r.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-r.done:
+			r.done <- err
+			if err != nil {
+				t.Errorf("relay after SIGTERM: %v; want exit 0\n%s", err, tailLines(r.out.String(), 20))
+			}
+		case <-time.After(90 * time.Second):
+			r.cmd.Process.Kill()
+			t.Errorf("relay did not stop within 90s of SIGTERM")
+		}
+	}
+	defer func() {
+		for _, r := range relays {
+			r.cmd.Process.Kill()
+			<-r.done
+			logFile.WriteString(r.out.String())
+		}
+	}()
+
+	prod := newProducer(s.pg.DSN, seed, 300)
+	prodCtx, stopProd := context.WithCancel(context.Background())
+	prodDone := make(chan error, 1)
+	go func() { prodDone <- prod.Run(prodCtx) }()
+	stopped := false
+	stopProducer := func() {
+		if !stopped {
+			stopped = true
+			stopProd()
+			if err := <-prodDone; err != nil {
+				t.Errorf("producer: %v", err)
+			}
+		}
+	}
+	defer stopProducer()
+
+	r := start()
+	time.Sleep(5 * time.Second)
+	s.waitHistoryCovered()
+	ctx := context.Background()
+	su := testenv.SuperuserConn(t, s.pg.DSN)
+	var lostAt time.Time
+	switch loss {
+	case lossInvalidated:
+		stop(r)
+		time.Sleep(3 * time.Second) // events committed while stopped
+		lostAt = time.Now()
+		s.invalidateSlot(su)
+		r = start()
+	case lossRecreated:
+		stop(r)
+		time.Sleep(2 * time.Second)
+		lostAt = time.Now()
+		s.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, s.slot)
+		time.Sleep(2 * time.Second)
+		s.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, s.slot) // what setup does
+		rec := exec.Command(bin, "recover")
+		rec.Env = env
+		out, err := rec.CombinedOutput()
+		logFile.Write(out)
+		if err != nil {
+			t.Fatalf("outbox-relay recover: %v\n%s", err, tailLines(string(out), 20))
+		}
+		r = start()
+	case lossRunning:
+		lostAt = time.Now()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.slot)
+			if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.slot); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("could not drop the slot under the running relay within a minute")
+			}
+		}
+	}
+	// Time to recover: until the refill is done (recover returned, for the
+	// scenario that runs it) and the checkpoint covers what was committed
+	// when the slot was lost.
+	var mark string
+	if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&mark); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := time.Now().Add(5 * time.Minute)
+	for {
+		var ok bool
+		if err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT lsn >= $2::pg_lsn FROM outbox_relay_checkpoint WHERE slot_name = $1), false)`, s.slot, mark).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if ok && (loss == lossRecreated || len(refillLines(r.out.String())) > 0) {
+			break
+		}
+		if time.Now().After(waitFor) {
+			t.Fatalf("the checkpoint did not pass %s within 5 minutes of the slot loss\n%s", mark, tailLines(r.out.String(), 30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	recovered := time.Since(lostAt)
+	time.Sleep(5 * time.Second) // streaming on from the new slot, the producer writing
+	s.kafka.CreateTopic(t, s.topic(late), 4)
+	time.Sleep(2 * time.Second)
+	stopProducer()
+	ps := prod.Stats()
+	// Drained when every row is in Kafka or the retry table and nothing is
+	// pending (the probe slot that waitDrained reads is invalidated with
+	// the relay's in one scenario).
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
+		var pending int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_retry WHERE status = 'pending'`).Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		if rep := Check(s.collect()); rep.Lost == 0 && pending == 0 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("not drained 5 minutes after the producer stopped: %d lost, %d pending retry rows: %v", rep.Lost, pending, rep.Problems)
+		}
+	}
+	select {
+	case err := <-r.done:
+		r.done <- err
+		t.Fatalf("the relay exited (%v); want it streaming\n%s", err, tailLines(r.out.String(), 30))
+	default:
+	}
+
+	in := s.collect()
+	lateIDs := map[string]bool{}
+	for _, row := range in.Rows {
+		if row.AggregateType == late && row.Poison == "" {
+			lateIDs[row.ID] = true
+		}
+	}
+	lateRetried := 0
+	in.RetryInserted = slices.DeleteFunc(in.RetryInserted, func(id string) bool {
+		if lateIDs[id] {
+			lateRetried++
+			return true
+		}
+		return false
+	})
+	in.Retry = slices.DeleteFunc(in.Retry, func(rr RetryRow) bool { return lateIDs[rr.EventID] })
+	rep := Check(in)
+	var refills []string
+	for _, rr := range relays {
+		refills = append(refills, refillLines(rr.out.String())...)
+	}
+	t.Logf("%s: %d events (%d poison) from %d producer transactions; LOST %d, DUPLICATES %d, ORDER violations %d, "+
+		"late-topic events through the retry table %d, time to recover %s (from the loss to the checkpoint past %s); refills: %s",
+		loss, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, rep.OrderViolations, lateRetried,
+		recovered.Round(time.Millisecond), mark, strings.Join(refills, "; "))
+	if rep.Lost != 0 || rep.OrderViolations != 0 || rep.Mismatches != 0 || rep.PoisonWrong != 0 || rep.NonPoisonRetries != 0 {
+		t.Errorf("lost %d, order violations %d, mismatches %d, poison wrong %d, retry rows for events neither poison nor late %d; want 0 each:\n  %s",
+			rep.Lost, rep.OrderViolations, rep.Mismatches, rep.PoisonWrong, rep.NonPoisonRetries, strings.Join(rep.Problems, "\n  "))
+	}
+	if len(refills) == 0 && loss != lossRecreated {
+		t.Errorf("no \"refill done\" in the relay's log")
+	}
+	if lateRetried == 0 {
+		t.Errorf("no event of the late topic went through the retry table; the gate was not exercised")
+	}
+}
+
+// refillLines returns the "refill done" log lines of a relay's JSON output, summarised.
+func refillLines(out string) []string {
+	var lines []string
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var l map[string]any
+		if json.Unmarshal(sc.Bytes(), &l) != nil || l["msg"] != "refill done: the slot continues from the checkpoint again" {
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("%v: %v events (%v parked) %v..%v in %v", l["cause"], l["events"], l["parked_in_retry_table"], l["from_checkpoint"], l["to_checkpoint"], l["duration"]))
+	}
+	return lines
+}
+
+// waitHistoryCovered waits until the checkpoint covers a history row.
+func (s *suite) waitHistoryCovered() {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		var ok bool
+		if err := s.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
+JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, s.slot).Scan(&ok); err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("no checkpoint history row covered by the checkpoint within a minute")
+		}
+	}
+}
+
+// invalidateSlot invalidates the suite's slot with a small
+// max_slot_wal_keep_size, restored at once after (the caller holds
+// testenv.Exclusive). It refuses to invalidate slots it does not own.
+func (s *suite) invalidateSlot(su *pgx.Conn) {
+	t, ctx := s.t, context.Background()
+	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, s.slot, s.probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(others) > 0 {
+		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
+	}
+	restore := func() {
+		su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
+		su.Exec(ctx, "SELECT pg_reload_conf()")
+	}
+	defer restore()
+	for _, q := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
+		if _, err := su.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		for _, q := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotloss', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
+			if _, err := su.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		var status string
+		if err := s.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status == "lost" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot not lost after 60s of WAL switches and checkpoints (wal_status %s)", status)
+		}
+	}
+}

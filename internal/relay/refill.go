@@ -1,0 +1,550 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/internal/replay"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// # Refill: healing a lost slot from the outbox table (DESIGN invariant 14)
+//
+// When the slot does not continue from the checkpoint (dropped, invalidated,
+// recreated ahead of it, or missing after a failover), the events committed
+// since the checkpoint are not in any WAL the relay can read, but their rows
+// are still in the outbox table. A refill:
+//
+//  1. takes over the checkpoint's epoch (fencing every other relay of the
+//     group, as a leader does) and waits out their leases;
+//  2. drops the slot (refusing one that a process streams) and creates it
+//     again on a replication connection, exporting its snapshot: every
+//     transaction committed before the slot's consistent point is visible in
+//     that snapshot, every later one is decoded by the new slot;
+//  3. reads in that snapshot the rows of every transaction the checkpoint may
+//     not cover, by the checkpoint history's rule (replay.Selection.FromLSN:
+//     not older than the snapshot_xmin of the newest history row at or
+//     before the checkpoint), in the table's order (created_at, ctid);
+//  4. delivers them through the live pipeline's writer: same router, plus
+//     the header refill_id, the same gate (an aggregate with rows in the
+//     retry table gets its refilled events parked behind them), the retry
+//     table for events Kafka refuses, the lease before each write;
+//  5. once each is acknowledged or stored, saves the checkpoint at the
+//     consistent point (fenced by the epoch) and a history row whose
+//     snapshot is the exported one (snapshot_lsn = consistent point,
+//     snapshot_xmin = its xmin), which keeps retention's rule true: a
+//     transaction older than that xmin had finished when the snapshot was
+//     taken, so if it committed it is visible in it, and was refilled.
+//
+// Nothing is lost: a row is visible in the snapshot or decoded by the slot.
+// Duplicates: the rows of transactions that committed between the history
+// row and the checkpoint (at most one checkpoint.history_interval of
+// events, plus those of transactions open across that row), and in a
+// running relay the events in flight when the gap was met. A crash before
+// step 5 leaves the checkpoint where it was: the next start meets a slot
+// ahead of it, and refills again.
+
+// HeaderRefillID is the header every refilled message carries: the refill's id.
+const HeaderRefillID = "refill_id"
+
+// SlotLoss values: what the relay does when its slot does not continue from
+// the checkpoint with a cause a refill can heal (pgslot.Cause.Refillable).
+const (
+	OnSlotLossFail   = "fail"   // stop with the *pgslot.GapError (exit code 4)
+	OnSlotLossRefill = "refill" // refill from the outbox table, then stream on
+)
+
+// A RefillResult says what a refill did, or with DryRun what it would do.
+type RefillResult struct {
+	ID       string
+	Cause    pgslot.Cause
+	From     pglogrepl.LSN // the checkpoint before
+	To       pglogrepl.LSN // the new slot's consistent point: the checkpoint after
+	Events   int64         // rows read from the outbox table (dry run: counted now)
+	Parked   int64         // of them, stored in the retry table (refused, or behind an aggregate's earlier rows)
+	Note     string        // how the checkpoint was mapped to rows
+	Duration time.Duration
+	DryRun   bool
+}
+
+// errRefillAgain: the checkpoint moved while the refill waited for the
+// lock; the gap, if any, is judged again from the new one.
+var errRefillAgain = errors.New("refill: the checkpoint moved meanwhile")
+
+// ErrNoGap says that Recover found the slot continuing from the checkpoint:
+// nothing to refill.
+var ErrNoGap = errors.New("the slot continues from the checkpoint: nothing to refill")
+
+// Recover refills once (outbox-relay recover): it returns the refill done,
+// a *pgslot.GapError when the gap cannot be refilled (another system, a
+// forked timeline), or ErrNoGap. With dryRun it changes nothing and counts
+// what it would send.
+func (r *Relay) Recover(ctx context.Context, dryRun bool) (*RefillResult, error) {
+	defer r.sink.Close()
+	pool, err := pgxpool.New(ctx, r.cfg.Replication.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	defer pool.Close()
+	gap, err := r.findGap(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	if gap == nil {
+		return nil, ErrNoGap
+	}
+	if !dryRun {
+		if err := r.sink.CheckAuth(ctx); err != nil {
+			return nil, err
+		}
+	}
+	for {
+		res, err := r.refill(ctx, pool, gap, dryRun)
+		if !errors.Is(err, errRefillAgain) {
+			return res, err
+		}
+		if gap, err = r.findGap(ctx, pool); err != nil {
+			return nil, err
+		} else if gap == nil {
+			return nil, ErrNoGap
+		}
+	}
+}
+
+// findGap reads the checkpoint, the slot and the server as resolveStart
+// does, and returns the gap, nil when there is none.
+func (r *Relay) findGap(ctx context.Context, pool *pgxpool.Pool) (*pgslot.GapError, error) {
+	slot := r.cfg.Replication.Slot
+	sl, err := pgslot.Read(ctx, pool, slot)
+	if errors.Is(err, pgslot.ErrNotFound) {
+		sl, err = pgslot.Slot{Name: slot, Missing: true}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	cp, err := checkpoint.New(pool, r.cfg.CheckpointTable).Load(ctx, slot)
+	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+	}
+	srv, err := r.identify(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var gap *pgslot.GapError
+	if err := pgslot.Verify(cp, sl, srv); errors.As(err, &gap) {
+		return gap, nil
+	} else if err != nil {
+		return nil, err
+	}
+	return nil, nil
+}
+
+// refill heals gap (see the top of this file). It returns gap itself when
+// its cause cannot be refilled.
+func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapError, dryRun bool) (*RefillResult, error) {
+	if !gap.Cause.Refillable() {
+		return nil, gap
+	}
+	began := time.Now()
+	slot := r.cfg.Replication.Slot
+	store := checkpoint.New(pool, r.cfg.CheckpointTable)
+	cp, err := store.Load(ctx, slot)
+	if err != nil {
+		return nil, fmt.Errorf("refill: load the checkpoint: %w", err)
+	}
+	res := &RefillResult{ID: newRefillID(), Cause: gap.Cause, From: cp.LSN, DryRun: dryRun}
+	if err := r.canRefill(ctx, pool, gap, cp); err != nil {
+		return nil, err
+	}
+	sel, err := r.selectRefill(ctx, pool, cp.LSN)
+	if err != nil {
+		return nil, err
+	}
+	res.Note = sel.Note()
+	if dryRun {
+		text, args := sel.SQL()
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&res.Events); err != nil {
+			return nil, fmt.Errorf("refill --dry-run: count the rows: %w", err)
+		}
+		return res, nil
+	}
+	log := r.log.With("refill_id", res.ID)
+	log.Warn("refilling from the outbox table: the slot does not continue from the checkpoint",
+		"slot", slot, "cause", gap.Cause, "checkpoint", cp.LSN.String(), "reason", gap.Reason())
+
+	// One refill of a slot at a time: the relays of an HA group all meet
+	// the gap. The one that waited finds it healed, or refills what is left.
+	lock, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Release()
+	key := "outbox-relay refill " + slot
+	if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, key); err != nil {
+		return nil, fmt.Errorf("refill: take the refill lock: %w", err)
+	}
+	defer lock.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext($1))`, key) //nolint:errcheck // the session ends with the pool anyway
+	// Judged again, under the lock and on a connection of its own: the
+	// gap a running stream met is judged from what it saw (a missing slot
+	// on a new timeline may be a fork as well).
+	again, err := r.findGap(ctx, pool)
+	switch {
+	case err != nil:
+		return nil, err
+	case again == nil:
+		log.Info("refill: another relay healed the slot meanwhile", "slot", slot)
+		return nil, ErrNoGap
+	case !again.Cause.Refillable():
+		return nil, again
+	}
+	if cp2, err := store.Load(ctx, slot); err != nil {
+		return nil, err
+	} else if cp2.LSN != cp.LSN {
+		return nil, errRefillAgain // another relay refilled, and the slot was lost again since
+	}
+	gap = again
+	srv, err := r.identify(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := store.MigrateLeader(ctx); err != nil {
+		return nil, err
+	}
+	// 1. Fence every other relay of the group, and wait out their leases.
+	epoch, err := store.TakeOver(ctx, slot, r.cfg.Identity+" (refill "+res.ID+")", srv.Server)
+	if err != nil {
+		return nil, err
+	}
+	ls := newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, log)
+	ls.store = store
+	if err := sleep(ctx, r.cfg.LeaseDuration); err != nil {
+		return nil, err
+	}
+	ls.taken(epoch)
+
+	// 2. The slot again, with its snapshot.
+	if err := r.dropSlot(ctx, pool); err != nil {
+		return nil, err
+	}
+	rconn, err := r.replicationConn(ctx, "outbox-relay refill")
+	if err != nil {
+		return nil, err
+	}
+	defer rconn.Close(context.WithoutCancel(ctx))
+	created, err := pglogrepl.CreateReplicationSlot(ctx, rconn, slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		return nil, fmt.Errorf("refill: create replication slot %q: %w", slot, err)
+	}
+	if res.To, err = pglogrepl.ParseLSN(created.ConsistentPoint); err != nil {
+		return nil, fmt.Errorf("refill: the new slot's consistent point %q: %w", created.ConsistentPoint, err)
+	}
+	log.Info("refill: slot created; reading the outbox in its snapshot", "slot", slot, "consistent_point", res.To.String(), "snapshot", created.SnapshotName)
+
+	// 3. and 4. Read in the snapshot, deliver as the live relay does. The
+	// replication connection stays open and idle meanwhile: the snapshot
+	// lives as long as it does nothing else.
+	xmin, at, err := r.deliverRefill(ctx, pool, sel, created.SnapshotName, ls, res)
+	if err != nil {
+		return nil, fmt.Errorf("refill %s stopped (the checkpoint is unchanged: the next start refills again): %w", res.ID, err)
+	}
+
+	// 5. The checkpoint at the consistent point, fenced, and its history.
+	notFenced := func(err error) bool { return !errors.Is(err, checkpoint.ErrFenced) }
+	if err := retryIf(ctx, log, "save the checkpoint after the refill", notFenced, func() error {
+		return store.SaveFenced(ctx, slot, epoch, res.To, at)
+	}); err != nil {
+		return nil, fmt.Errorf("refill %s: %w", res.ID, err)
+	}
+	res.Duration = time.Since(began)
+	what := fmt.Sprintf("refill %s at %s: slot %s, %d events re-sent from the outbox table (%d into the retry table), checkpoint %s -> %s, in %s",
+		res.ID, at.UTC().Format(time.RFC3339), gap.Cause, res.Events, res.Parked, res.From, res.To, res.Duration.Round(time.Millisecond))
+	if err := store.RecordRefill(ctx, slot, epoch, what); err != nil {
+		log.Warn("refill: cannot record the refill in the checkpoint row (status shows it)", "err", err)
+	}
+	if err := store.RecordSnapshot(ctx, slot, res.To, at, xmin, res.To); err != nil {
+		log.Warn("refill: cannot record the checkpoint history row of the refill; retention waits for the next one", "err", err)
+	}
+	r.m.Refilled(res.Events)
+	r.m.SetSlotGap(false)
+	log.Warn("refill done: the slot continues from the checkpoint again",
+		"slot", slot, "cause", gap.Cause, "from_checkpoint", res.From.String(), "to_checkpoint", res.To.String(),
+		"events", res.Events, "parked_in_retry_table", res.Parked, "duration", res.Duration.Round(time.Millisecond).String(), "selection", res.Note)
+	return res, nil
+}
+
+// A RefillError says why a gap cannot be refilled, and what to do instead.
+// It exits with exitcode.Gap, as the gap itself.
+type RefillError struct {
+	Gap    *pgslot.GapError
+	Reason string
+}
+
+func (e *RefillError) Error() string {
+	return fmt.Sprintf("cannot refill slot %q (%s, uncovered range %s): %s", e.Gap.Slot, e.Gap.Cause, e.Gap.Range(), e.Reason)
+}
+
+// ExitCode is exitcode.Gap: the gap stands.
+func (e *RefillError) ExitCode() int { return exitcode.Gap }
+
+func (e *RefillError) Unwrap() error { return e.Gap }
+
+// canRefill refuses a refill whose selection would be wrong: without a
+// history row at or before the checkpoint the checkpoint cannot be mapped to
+// transactions.
+func (r *Relay) canRefill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapError, cp checkpoint.Checkpoint) error {
+	ct, err := sql.ParseTable(r.cfg.CheckpointTable)
+	if err != nil {
+		return err
+	}
+	var ok bool
+	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+sql.CheckpointHistoryName(ct).Quoted()+` WHERE slot_name = $1 AND snapshot_lsn <= $2::text::pg_lsn)`,
+		r.cfg.Replication.Slot, cp.LSN.String()).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("refill: read the checkpoint history (run \"outbox-relay setup\" to create it): %w", err)
+	}
+	if !ok {
+		from := "<the time of the last event delivered, a minute early>"
+		if !cp.LastCommitTime.IsZero() {
+			from = cp.LastCommitTime.Add(-time.Minute).UTC().Truncate(time.Second).Format(time.RFC3339)
+		}
+		return &RefillError{Gap: gap, Reason: fmt.Sprintf("the checkpoint history has no row at or before the checkpoint %s, so the rows it does not cover cannot be told apart. "+
+			"Deliver them by time instead, with the relay stopped: 1. outbox-relay replay --from %s; 2. create the slot if it is missing or lost "+
+			"(drop a lost one, then \"outbox-relay setup\"); 3. outbox-relay checkpoint set <the slot's confirmed_flush_lsn, which \"outbox-relay check\" prints> --yes; 4. start the relay",
+			cp.LSN, from)}
+	}
+	return nil
+}
+
+func (r *Relay) selectRefill(ctx context.Context, pool *pgxpool.Pool, from pglogrepl.LSN) (*replay.Selected, error) {
+	outbox, _ := sql.ParseTable(r.cfg.Table) // validated by New
+	ct, err := sql.ParseTable(r.cfg.CheckpointTable)
+	if err != nil {
+		return nil, err
+	}
+	sel, err := replay.Select(ctx, pool, replay.Config{
+		Selection: replay.Selection{FromLSN: from},
+		Outbox:    outbox, Columns: r.cfg.Router.Columns, Router: r.cfg.Router,
+		CheckpointTable: ct, Slot: r.cfg.Replication.Slot, Log: r.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("refill: %w", err)
+	}
+	return sel, nil
+}
+
+// dropSlot drops the slot if it exists. A slot a process streams is
+// refused after a short wait (the server may not yet have seen this relay's
+// own connection go): another process reads it.
+func (r *Relay) dropSlot(ctx context.Context, pool *pgxpool.Pool) error {
+	slot := r.cfg.Replication.Slot
+	deadline := time.Now().Add(r.cfg.Replication.WalSenderTimeout + 5*time.Second)
+	for {
+		sl, err := pgslot.Read(ctx, pool, slot)
+		if errors.Is(err, pgslot.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !sl.Active {
+			if _, err := pool.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, slot); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "42704" { // gone meanwhile
+					return nil
+				}
+				if errors.As(err, &pgErr) && pgErr.Code == "55006" { // taken meanwhile
+					continue
+				}
+				return fmt.Errorf("refill: drop replication slot %q to create it again: %w", slot, err)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("refill: replication slot %q is active (%s): another process streams it; stop it (or, if it is another relay of this group, let it refill) and recover again",
+				slot, r.holder(ctx, pool, sl))
+		}
+		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func (r *Relay) replicationConn(ctx context.Context, app string) (*pgconn.PgConn, error) {
+	pcfg, err := pgconn.ParseConfig(r.cfg.Replication.DSN)
+	if err != nil {
+		return nil, errors.New("postgres.dsn cannot be parsed: check its syntax")
+	}
+	pcfg.RuntimeParams["replication"] = "database"
+	pcfg.RuntimeParams["application_name"] = app
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres over a replication connection (the role needs the REPLICATION attribute): %w", err)
+	}
+	return conn, nil
+}
+
+// refillTally is the refill's acker: it counts what the writer finished.
+type refillTally struct{ done int64 }
+
+func (t *refillTally) ack(c *chunk) { t.done += int64(len(c.evs) + len(c.fails)) }
+func (t *refillTally) close()       {}
+
+// deliverRefill reads the selection in the exported snapshot and hands it to
+// a writer, chunk by chunk; it returns once the writer finished every chunk,
+// with the snapshot's xmin (a full xid) and the server's time.
+func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *replay.Selected, snapshot string, ls *lease, res *RefillResult) (uint64, time.Time, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+sql.Literal(snapshot)); err != nil {
+		return 0, time.Time{}, fmt.Errorf("import the slot's snapshot: %w", err)
+	}
+	var xminText string
+	var at time.Time
+	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, now()`).Scan(&xminText, &at); err != nil {
+		return 0, time.Time{}, err
+	}
+	xmin, err := strconv.ParseUint(xminText, 10, 64)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("snapshot xmin %q: %w", xminText, err)
+	}
+	text, args := sel.SQL()
+	if _, err := tx.Exec(ctx, "DECLARE refill NO SCROLL CURSOR FOR "+text, args...); err != nil {
+		return 0, time.Time{}, fmt.Errorf("read the outbox table: %w", err)
+	}
+	rt, err := router.New(r.cfg.Router)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	gt := &gate{store: rstore, log: r.log}
+	if err := gt.load(ctx); err != nil {
+		return 0, time.Time{}, err
+	}
+	win := newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes)
+	w := &writer{sink: r.sink, gate: gt, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m, lease: ls}
+	tally := &refillTally{}
+	chunks := make(chan *chunk)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return w.run(gctx, chunks, tally) })
+	header := router.Header{Key: HeaderRefillID, Value: []byte(res.ID)}
+	g.Go(func() error {
+		defer close(chunks)
+		// A chunk per fetch: one Kafka write, a few in memory at a time.
+		fetch := fmt.Sprintf("FETCH FORWARD %d FROM refill", max(r.cfg.Sink.BatchSize, 1000))
+		n := 0
+		for {
+			rows, err := tx.Query(gctx, fetch)
+			if err != nil {
+				return fmt.Errorf("read the outbox table: %w", err)
+			}
+			c := &chunk{}
+			got := 0
+			for rows.Next() {
+				got++
+				row, _, err := sel.Scan(rows)
+				if err != nil {
+					rows.Close()
+					return err
+				}
+				n++
+				m, err := rt.Route(row)
+				m.Refill, m.Pos, m.CommitTime = res.ID, n, at
+				m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == HeaderRefillID }), header)
+				m.Extra = append(slices.DeleteFunc(slices.Clone(m.Extra), func(h event.Header) bool { return h.Key == HeaderRefillID }), event.Header(header))
+				if err != nil {
+					var re *router.RouteError
+					if !errors.As(err, &re) {
+						rows.Close()
+						return fmt.Errorf("route refilled event %d: %w", n, err)
+					}
+					c.fails = append(c.fails, routeFailure{before: len(c.evs), ev: m.Event, err: err})
+					continue
+				}
+				c.evs = append(c.evs, m.Event)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("read the outbox table: %w", err)
+			}
+			if got == 0 {
+				return nil
+			}
+			res.Events += int64(got)
+			select {
+			case chunks <- c:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+	})
+	if err := g.Wait(); err != nil {
+		return 0, time.Time{}, err
+	}
+	if tally.done != res.Events {
+		return 0, time.Time{}, fmt.Errorf("the writer finished %d of %d refilled events", tally.done, res.Events)
+	}
+	// What the retry table holds of this refill: parked behind an
+	// aggregate's earlier rows, or refused.
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+rstoreTable(r.cfg.RetryTable)+` WHERE event_key LIKE $1`, "refill:"+res.ID+":%").Scan(&res.Parked); err != nil {
+		r.log.Warn("refill: cannot count the refilled events in the retry table", "err", err)
+	}
+	return xmin, at, tx.Commit(ctx)
+}
+
+func rstoreTable(name string) string {
+	t, err := sql.ParseTable(name)
+	if err != nil {
+		return name
+	}
+	return t.Quoted()
+}
+
+func newRefillID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

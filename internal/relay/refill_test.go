@@ -1,0 +1,354 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	envelope "github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// Issue 21, part 2: a slot lost while the relay is stopped or running is
+// healed from the outbox table (relay.Refill): lost 0, per-aggregate order
+// kept, duplicates bounded by the history interval. The full forms (more
+// events, a producer writing throughout) are in internal/faults.
+
+// refillConfig is the fixture's config with refill on and a short history
+// interval, so that a history row is covered by the checkpoint soon.
+func (f *fixture) refillConfig(t *testing.T) relay.Config {
+	cfg := f.config(t)
+	cfg.OnSlotLoss = relay.OnSlotLossRefill
+	cfg.HistoryInterval = 100 * time.Millisecond
+	return cfg
+}
+
+// waitHistoryCovered waits until the checkpoint covers a history row (what a
+// refill maps the checkpoint with).
+func (f *fixture) waitHistoryCovered(t *testing.T) {
+	t.Helper()
+	waitFor(t, time.Minute, "a checkpoint history row at or before the checkpoint", func() (bool, string) {
+		var ok bool
+		err := f.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
+JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, f.slot).Scan(&ok)
+		if err != nil {
+			return false, err.Error()
+		}
+		return ok, "none yet"
+	})
+}
+
+// delivered0 asserts lost 0 and per-aggregate order, and logs duplicates
+// and refilled messages (the lead reports them).
+func (f *fixture) assertHealed(t *testing.T, what string, took time.Duration) {
+	t.Helper()
+	got := f.readAll(t)
+	rep := f.check(t, got)
+	refilled := 0
+	for _, d := range got {
+		if d.Headers[relay.HeaderRefillID] != "" {
+			refilled++
+		}
+	}
+	t.Logf("%s: %d messages, lost %d, duplicates %d, refilled messages %d, order violations %d, time to recover %s",
+		what, len(got), rep.lost, rep.duplicates, refilled, rep.orderViolations, took.Round(time.Millisecond))
+	if rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
+		t.Fatalf("%s: lost %d, order violations %d, mismatches %d; want 0: %s", what, rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	if refilled == 0 {
+		t.Errorf("%s: no message carries the header %s", what, relay.HeaderRefillID)
+	}
+}
+
+// waitAll waits until every row of the outbox table is in Kafka.
+func (f *fixture) waitAll(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, timeout, "every outbox row in Kafka", func() (bool, string) {
+		rep := f.check(t, f.readAll(t))
+		return rep.lost == 0, rep.firstProblem
+	})
+}
+
+// TestRefillRecreatedSlot is scenario (d), reduced: the slot dropped and
+// created again by an operator while the relay is stopped, events committed
+// in between; Recover refills and run streams on from the new slot.
+func TestRefillRecreatedSlot(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
+	run := f.start(t, cfg)
+	f.produce(t, 3, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+	cp := f.checkpointLSN(t)
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	f.produce(t, 1, 5, 0) // decoded by the recreated slot, and in the table
+
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	res, err := r.Recover(context.Background(), false)
+	if err != nil {
+		t.Fatalf("Recover = %v; want a refill", err)
+	}
+	if res.From != cp || res.To <= cp || res.Events < 20 {
+		t.Errorf("refill %+v; want from the checkpoint %s, to a later position, at least the 20 events since", res, cp)
+	}
+	if got := f.checkpointLSN(t); got != res.To {
+		t.Errorf("checkpoint after the refill = %s; want the new slot's consistent point %s", got, res.To)
+	}
+	if slot := f.slotConfirmed(t); slot != res.To {
+		t.Errorf("slot after the refill at %s; want the consistent point %s", slot, res.To)
+	}
+	f.waitAll(t, time.Minute) // before run: recover sent what the slot will not
+	took := time.Since(began)
+
+	// Nothing left to refill; run streams on from the new slot.
+	r2, _ := relay.New(cfg)
+	if _, err := r2.Recover(context.Background(), true); !errors.Is(err, relay.ErrNoGap) {
+		t.Errorf("Recover after the refill = %v; want ErrNoGap", err)
+	}
+	f.start(t, cfg)
+	f.produce(t, 2, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.assertHealed(t, "slot recreated while stopped, recover", took)
+}
+
+// TestRefillInvalidatedSlot is scenario (c), reduced: the slot invalidated
+// by a small max_slot_wal_keep_size while the relay is stopped; run with
+// on_slot_loss: refill heals it at start and streams on.
+func TestRefillInvalidatedSlot(t *testing.T) {
+	testenv.Exclusive(t)
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	run := f.start(t, cfg)
+	f.produce(t, 3, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+	f.produce(t, 4, 5, 0) // lost with the slot
+	f.invalidateSlot(t)
+
+	began := time.Now()
+	f.start(t, cfg)
+	f.waitAll(t, time.Minute)
+	took := time.Since(began)
+	f.produce(t, 2, 5, 0) // from the new slot
+	f.waitAll(t, time.Minute)
+	f.assertHealed(t, "slot invalidated while stopped, run with refill", took)
+}
+
+// TestRefillSlotDroppedWhileRunning: the slot dropped under a running relay
+// (its walsender terminated), events committed meanwhile; with refill on the
+// relay refills in-process and streams on.
+func TestRefillSlotDroppedWhileRunning(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	run := f.start(t, cfg)
+	f.produce(t, 3, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+
+	su := testenv.SuperuserConn(t, f.pg.DSN)
+	ctx := context.Background()
+	began := time.Now()
+	waitFor(t, time.Minute, "the slot dropped", func() (bool, string) {
+		// The stream reconnects at once: terminate and drop until the
+		// drop lands between its connections.
+		su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, f.slot)
+		if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, f.slot); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	f.produce(t, 4, 5, 0)
+	f.waitAll(t, time.Minute)
+	took := time.Since(began)
+	select {
+	case err := <-run.done:
+		t.Fatalf("the relay stopped (%v); want it refilled and streaming", err)
+	default:
+	}
+	f.produce(t, 2, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.assertHealed(t, "slot dropped while running, refill in-process", took)
+}
+
+// TestRefillBehindRetryRow: an aggregate has a row waiting in the retry
+// table when the slot is lost; its refilled events must queue behind that
+// row (the gate), never overtake it (DESIGN invariant 6).
+func TestRefillBehindRetryRow(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	run := f.start(t, cfg)
+	f.produce(t, 3, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+
+	// What the relay does with an event Kafka refused: store it in the
+	// retry table and confirm past it. Done by hand here, so that it is
+	// still pending when the refill runs (the worker starts after it).
+	ctx := context.Background()
+	held := f.makeEvents(1)[0]
+	f.insertTx(t, []event{held})
+	ends := f.commitEnds(t)
+	ev := envelope.Event{ID: held.ID, AggregateType: held.AggregateType, AggregateID: held.AggregateID, Type: held.EventType,
+		Topic: f.prefix + "." + held.AggregateType, Key: []byte(held.AggregateID), Value: []byte(held.Payload),
+		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
+		CommitLSN: ends[len(ends)-1], Pos: 1}
+	rev := retry.NewEvent(&ev)
+	rev.Reason = "test: refused by Kafka"
+	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
+		t.Fatal(err)
+	}
+	// The checkpoint past it, and a history row past it: the refill does
+	// not send it again, so only the gate keeps its aggregate in order.
+	store := checkpoint.New(f.pool, "outbox_relay_checkpoint")
+	if err := store.Record(ctx, f.slot, ends[len(ends)-1], time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var now string
+	if err := f.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Save(ctx, f.slot, mustLSN(t, now), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.produce(t, 3, 5, 0) // the held event's aggregate has later events here
+
+	began := time.Now()
+	f.start(t, cfg)
+	f.waitAll(t, time.Minute)
+	took := time.Since(began)
+	f.assertHealed(t, "refill behind a pending retry row", took)
+	var parked int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_retry WHERE event_key LIKE 'refill:%'`).Scan(&parked); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatal(err)
+	}
+	t.Logf("refilled rows still in the retry table: %d (delivered ones are removed)", parked)
+}
+
+// invalidateSlot invalidates the fixture's slot with a small
+// max_slot_wal_keep_size, restored in t.Cleanup. The caller holds
+// testenv.Exclusive: the setting is server-wide, and the test refuses to run
+// when it would invalidate a slot it does not own.
+func (f *fixture) invalidateSlot(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	su := testenv.SuperuserConn(t, f.pg.DSN)
+	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, f.slot, f.probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(others) > 0 {
+		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
+	}
+	t.Cleanup(func() {
+		if _, err := su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size"); err != nil {
+			t.Errorf("restore max_slot_wal_keep_size: %v", err)
+		}
+		su.Exec(ctx, "SELECT pg_reload_conf()")
+	})
+	for _, s := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
+		if _, err := su.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		for _, s := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotgap', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
+			if _, err := su.Exec(ctx, s); err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+		}
+		var status string
+		if err := f.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status == "lost" {
+			// Restored at once: a slot created now must not be lost too.
+			su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
+			su.Exec(ctx, "SELECT pg_reload_conf()")
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot not lost after 30s of WAL switches and checkpoints (wal_status %s)", status)
+		}
+	}
+}
+
+// TestRefillRefused: a refill that would be wrong is refused with exit code
+// 4 and the reason, changing nothing: without a history row at or before the
+// checkpoint (the rows cannot be told apart), and on another system (the
+// history's positions mean nothing there: replay by time).
+func TestRefillRefused(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	run := f.start(t, cfg)
+	f.produce(t, 2, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+	cp := f.checkpointLSN(t)
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.produce(t, 1, 5, 0)
+
+	f.pg.Exec(t, `UPDATE outbox_relay_checkpoint SET system_identifier = '1' WHERE slot_name = $1`, f.slot)
+	r, _ := relay.New(cfg)
+	_, err := r.Recover(context.Background(), false)
+	var gap *pgslot.GapError
+	if !errors.As(err, &gap) || gap.Cause != pgslot.CauseOtherSystem || exitcode.Of(err) != exitcode.Gap {
+		t.Fatalf("Recover on another system = %v; want the other_system gap, exit %d", err, exitcode.Gap)
+	}
+	if !strings.Contains(err.Error(), "outbox-relay replay --from") {
+		t.Errorf("Recover on another system: %v; want it to say to replay by time", err)
+	}
+
+	f.pg.Exec(t, `UPDATE outbox_relay_checkpoint SET system_identifier = (SELECT system_identifier::text FROM pg_control_system()) WHERE slot_name = $1`, f.slot)
+	f.pg.Exec(t, `DELETE FROM outbox_relay_checkpoint_history WHERE slot_name = $1`, f.slot)
+	r, _ = relay.New(cfg)
+	_, err = r.Recover(context.Background(), false)
+	var re *relay.RefillError
+	if !errors.As(err, &re) || exitcode.Of(err) != exitcode.Gap || !strings.Contains(err.Error(), "no row at or before the checkpoint") {
+		t.Fatalf("Recover without history = %v; want a *relay.RefillError saying so, exit %d", err, exitcode.Gap)
+	}
+	if got := f.checkpointLSN(t); got != cp {
+		t.Errorf("checkpoint after the refused refills = %s; want %s unchanged", got, cp)
+	}
+	var slots int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&slots); err != nil || slots != 0 {
+		t.Errorf("refused refills created the slot (%d, %v); want it left missing", slots, err)
+	}
+	// run with refill on stops the same way (exit 4), not in a loop.
+	run = f.start(t, cfg)
+	select {
+	case err = <-run.done:
+		run.done <- err
+	case <-time.After(time.Minute):
+		t.Fatal("run with refill on did not stop within a minute on a gap it cannot refill")
+	}
+	if !errors.As(err, &re) || exitcode.Of(err) != exitcode.Gap {
+		t.Fatalf("run = %v; want the *relay.RefillError, exit %d", err, exitcode.Gap)
+	}
+}
