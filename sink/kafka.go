@@ -93,6 +93,12 @@ type Kafka struct {
 	msgBuf     []kafka.Message // records of the current Write
 	hdrBuf     []kafka.Header
 	abandoned  bool // a produce request of this Write failed or was left running
+	prod       producer
+	// straggling receives once per produce request that a round left
+	// running when its ctx ended (stragglers of them still to come): the
+	// next round waits for them, as they record their partitions' outcome.
+	straggling chan struct{}
+	stragglers int
 
 	outage outage
 }
@@ -106,7 +112,7 @@ type outage struct {
 }
 
 type stats struct {
-	writes, messages, bytes, retries, brokerErrors, failures atomic.Int64
+	writes, messages, bytes, retries, brokerErrors, failures, producerResets atomic.Int64
 }
 
 // Stats counts what a Kafka has done since New.
@@ -117,6 +123,10 @@ type Stats struct {
 	Retries      int64 // rounds retried after a broker-wide failure
 	BrokerErrors int64 // broker-wide failures seen
 	Failures     int64 // messages reported in a WriteError
+	// ProducerResets counts new producer ids taken after the first: after
+	// a batch whose outcome stayed unknown, or a broker's answer that it
+	// lost track of the producer (idempotence.go).
+	ProducerResets int64
 }
 
 // A Failure is one message that failed on its own.
@@ -222,7 +232,8 @@ func New(cfg Config) (*Kafka, error) {
 		MetadataTTL: time.Second,
 	}
 	return &Kafka{cfg: cfg, addr: kafka.TCP(cfg.Brokers...), transport: transport,
-		compression: compression, log: cfg.Logger}, nil
+		compression: compression, log: cfg.Logger,
+		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}, nil
 }
 
 // Write produces each event as a record (topic, key, value, headers) and
@@ -703,6 +714,8 @@ func (k *Kafka) Stats() Stats {
 		Retries:      k.stats.retries.Load(),
 		BrokerErrors: k.stats.brokerErrors.Load(),
 		Failures:     k.stats.failures.Load(),
+
+		ProducerResets: k.stats.producerResets.Load(),
 	}
 }
 
