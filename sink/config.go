@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -54,6 +55,11 @@ type Config struct {
 	// created whose leaders do not serve it yet). Default 5s.
 	TopicWait time.Duration
 	Logger    *slog.Logger // default discards
+	// Dial, when set, opens every connection to a broker in place of a
+	// net.Dialer (kafka.Transport.Dial): for networks that need their own
+	// dialer, and for fault tests that put a proxy between the sink and
+	// every broker (the brokers' advertised addresses bypass a proxy).
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
 // TLSConfig enables TLS to the brokers.

@@ -32,7 +32,7 @@
 // Why per-key order holds with kafka-go: Write caps each produce round at
 // BatchSize messages and BatchBytes bytes (counted as kafka-go counts them),
 // and a round sends one produce request per partition with that partition's
-// messages in input order (produce.go, kafka-go's Client.Produce), so a round
+// messages in input order (produce.go, kafka-go's Client.RawProduce), so a round
 // succeeds or fails all-or-nothing per partition, and the messages of failed
 // partitions are written again before the next round starts. A message larger
 // than BatchBytes would make Kafka refuse its whole partition's request, and
@@ -43,12 +43,32 @@
 // another record-level error) for a batch of several
 // messages, Write writes that batch again in halves until it has the culprits.
 //
-// Delivery is at least once. kafka-go has no idempotent producer: a produce
-// whose acknowledgement was lost is written again, by produce's own attempts
-// or by Write's retries, and the message is then stored twice.
-// Consumers deduplicate by the event id header. Likewise, when Write returns
-// the context's error, messages already handed to kafka-go may still be written
-// afterwards; the caller should treat them as not acknowledged and Close.
+//   - A sequence number is never used for other records (idempotence.go).
+//     The producer is idempotent unless DisableIdempotence: each batch
+//     carries a producer id, epoch and per-partition base sequence, which
+//     advance only when the broker acknowledged the batch. A batch whose
+//     outcome is unknown (timeout, connection lost, ctx done) is sent again
+//     byte-identical, with the same sequence numbers, and the broker stores
+//     it once; any other batch for that partition first takes a new producer
+//     id, with sequences from 0, because the broker compares sequence
+//     numbers, not records: other records under the old numbers would be
+//     taken for the unknown batch and dropped, a lost event. A batch the
+//     broker refused before appending it (too large, corrupt, unknown topic,
+//     …) took no sequence numbers, so splitting it is safe.
+//   - The broker's answers about the producer's state (OUT_OF_ORDER_SEQUENCE,
+//     UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH, PRODUCER_FENCED) take a new
+//     producer id and send again, as the Java producer does without
+//     transactions; DUPLICATE_SEQUENCE_NUMBER is an acknowledgement. Neither
+//     is ever a message's failure.
+//
+// Delivery is at least once: idempotence removes the duplicates of the
+// sink's own resends, not of what the caller writes again (after a crash,
+// from the retry table) nor of batches still unknown when a new producer id
+// is taken; those are new writes. Without idempotence a produce whose
+// acknowledgement was lost is stored twice. Consumers deduplicate by the
+// event id header. When Write returns the context's error, messages already
+// sent may still be written afterwards; the caller should treat them as not
+// acknowledged (the next Write waits for those requests first).
 //
 // Write is not safe for concurrent use: one caller at a time keeps the
 // per-partition order described above. Ping, Outage and Stats may be called
@@ -230,6 +250,7 @@ func New(cfg Config) (*Kafka, error) {
 		// operator just created would still be "unknown" to a retry for that
 		// long. One metadata request a second is cheap.
 		MetadataTTL: time.Second,
+		Dial:        cfg.Dial,
 	}
 	return &Kafka{cfg: cfg, addr: kafka.TCP(cfg.Brokers...), transport: transport,
 		compression: compression, log: cfg.Logger,
@@ -688,6 +709,7 @@ func (k *Kafka) Ping(ctx context.Context) error {
 		ClientID: k.transport.ClientID,
 		TLS:      k.transport.TLS,
 		SASL:     k.transport.SASL,
+		Dial:     k.transport.Dial,
 		// Brokers only: the answer's size does not grow with the cluster's
 		// topics. The request is the pool's first discovery, sent now.
 		MetadataTopics: []string{},

@@ -17,7 +17,8 @@ import (
 )
 
 // This file produces a call's messages with one kafka-go produce request per
-// partition (kafka.Client.Produce), in place of kafka.Writer.WriteMessages.
+// partition (kafka.Client.RawProduce, with record batches encoded here,
+// compressed or not: recordbatch.go), in place of kafka.Writer.WriteMessages.
 // The Writer asked the Transport's metadata cache once per message (a
 // filtered copy of the topic's metadata each time), copied every message
 // into a per-partition batch, and lingered up to BatchTimeout for batches
