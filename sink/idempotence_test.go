@@ -157,6 +157,10 @@ func TestKafkaGaveUpBatchNewProducerID(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Write while every acknowledgement is lost = %v; want the context's deadline", err)
 	}
+	// Requests the cancelled Write left running end with their replies
+	// dropped too (3 quick attempts each), so that the abandoned batch's
+	// outcome stays unknown to the sink.
+	time.Sleep(2 * time.Second)
 	px.DropReplies(0)
 	if err := k.Write(ctx, evs(seqMsgs(topic, 10, 10))); err != nil {
 		t.Fatalf("Write after the abandoned one = %v", err)
@@ -180,4 +184,105 @@ func TestKafkaGaveUpBatchNewProducerID(t *testing.T) {
 		t.Errorf("abandoned batch stored %d times over its 10 records; want 0 or 10 (whole, once)", abandonedSeen)
 	}
 	t.Logf("abandoned batch: %d records stored", abandonedSeen)
+}
+
+// Broker killed (kill -9) and frozen while a writer produces continuously:
+// the sink's resends of batches whose acknowledgement never came are stored
+// once; every key's values arrive exactly once, in order.
+func TestKafkaKillAndPauseNoDuplicates(t *testing.T) {
+	testenv.Exclusive(t)
+	kc := testenv.Kafka(t)
+	topic := testenv.UniqueName(t, "idem")
+	kc.CreateTopic(t, topic, 2)
+	k := newSink(t, sink.Config{Brokers: kc.Brokers, WriteTimeout: 2 * time.Second,
+		RetryMin: 50 * time.Millisecond, RetryMax: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	const keys, perWrite = 4, 20
+	next := make([]int, keys)
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			batch := make([]kafka.Message, perWrite)
+			for i := range batch {
+				key := i % keys
+				batch[i] = kafka.Message{Topic: topic, Key: fmt.Appendf(nil, "k%d", key), Value: fmt.Appendf(nil, "%d", next[key])}
+				next[key]++
+			}
+			if err := k.Write(ctx, evs(batch)); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	running := func(d time.Duration) {
+		select {
+		case err := <-done:
+			t.Fatalf("writer stopped: %v", err)
+		case <-time.After(d):
+		}
+	}
+	running(time.Second)
+	testenv.StopKafka(t)
+	running(500 * time.Millisecond)
+	testenv.StartKafka(t)
+	running(2 * time.Second)
+	paused := true
+	testenv.PauseKafka(t)
+	t.Cleanup(func() {
+		if paused {
+			testenv.ResumeKafka(t)
+		}
+	})
+	running(5 * time.Second) // beyond WriteTimeout: requests time out mid-produce
+	testenv.ResumeKafka(t)
+	paused = false
+	running(2 * time.Second)
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+
+	got := make([][]string, keys)
+	for _, m := range kc.ReadAll(t, topic) {
+		var key int
+		if _, err := fmt.Sscanf(string(m.Key), "k%d", &key); err != nil {
+			t.Fatalf("key %q: %v", m.Key, err)
+		}
+		got[key] = append(got[key], string(m.Value))
+	}
+	dups, order := 0, 0
+	for key := range keys {
+		seen := map[string]bool{}
+		for _, v := range got[key] {
+			if seen[v] {
+				dups++
+				continue
+			}
+			if want := fmt.Sprint(len(seen)); v != want && order == 0 {
+				order++
+				t.Errorf("key k%d: value %s after %d distinct; want %s (order)", key, v, len(seen), want)
+			}
+			seen[v] = true
+		}
+		if len(seen) != next[key] {
+			t.Errorf("key k%d: %d distinct values; want %d (lost events)", key, len(seen), next[key])
+		}
+	}
+	s := k.Stats()
+	t.Logf("written %v per key; retries %d, broker errors %d, producer resets %d", next, s.Retries, s.BrokerErrors, s.ProducerResets)
+	if dups != 0 {
+		t.Errorf("%d duplicates from the sink's resends; want 0", dups)
+	}
+	if s.BrokerErrors == 0 {
+		t.Errorf("Stats().BrokerErrors = 0: the faults did not hit a produce")
+	}
 }
