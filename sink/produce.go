@@ -149,6 +149,11 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 			}
 			break
 		}
+		for _, g := range again {
+			// A timed-out earlier attempt may still be read by kafka-go's
+			// connection: fresh buffers.
+			g.buf, g.scratch = nil, nil
+		}
 		round = again
 	}
 
