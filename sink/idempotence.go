@@ -10,6 +10,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 )
 
 // This file is the idempotent producer (Kafka's KIP-98 without transactions):
@@ -197,17 +199,29 @@ func (k *Kafka) initProducer(ctx context.Context, reason string) error {
 	clear(k.prod.seqs)
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
 	defer cancel()
-	m, err := k.transport.RoundTrip(ctx, k.addr, &initProducerIDRequest{ProducerID: -1, ProducerEpoch: -1})
-	if err != nil {
-		return fmt.Errorf("init producer id: %w", err)
-	}
-	res := m.(*initproducerid.Response)
-	if res.ErrorCode != 0 {
+	var res *initproducerid.Response
+	for attempt := 0; ; attempt++ {
+		m, err := k.transport.RoundTrip(ctx, k.addr, &initProducerIDRequest{ProducerID: -1, ProducerEpoch: -1})
+		if err != nil {
+			return fmt.Errorf("init producer id: %w", err)
+		}
+		res = m.(*initproducerid.Response)
+		if res.ErrorCode == 0 {
+			break
+		}
 		kerr := kafka.Error(res.ErrorCode)
 		if kerr == kafka.ClusterAuthorizationFailed {
 			return fmt.Errorf("init producer id: %w: %w", ErrIdempotenceNotAllowed, kerr)
 		}
-		return fmt.Errorf("init producer id: %w", kerr)
+		// COORDINATOR_LOAD_IN_PROGRESS while a broker fetches a block of
+		// producer ids from the controller (after a start, for a moment):
+		// asked again shortly, as the Java producer does.
+		if !kerr.Temporary() || attempt == maxAttempts*2 {
+			return fmt.Errorf("init producer id: %w", kerr)
+		}
+		if err := sleep(ctx, backoff.Delay(produceBackoffMin, produceBackoffMax, attempt)); err != nil {
+			return fmt.Errorf("init producer id: %w (then %w)", kerr, err)
+		}
 	}
 	k.prod.id, k.prod.epoch = res.ProducerID, res.ProducerEpoch
 	k.prod.inits++
