@@ -28,21 +28,6 @@
 //   - Per-key order is input order, for every message that is acknowledged.
 //     Keys map to partitions with kafka.Murmur2Balancer, the Java client's
 //     partitioner (so Debezium's and ours agree).
-//
-// Why per-key order holds with kafka-go: Write caps each produce round at
-// BatchSize messages and BatchBytes bytes (counted as kafka-go counts them),
-// and a round sends one produce request per partition with that partition's
-// messages in input order (produce.go, kafka-go's Client.RawProduce), so a round
-// succeeds or fails all-or-nothing per partition, and the messages of failed
-// partitions are written again before the next round starts. A message larger
-// than BatchBytes would make Kafka refuse its whole partition's request, and
-// an unknown topic fails the whole round at the metadata step: Write checks
-// sizes and topic names up front, and on a topic-level error splits the round
-// by topic, so only the culprits fail (see topic.go for what Kafka answers for
-// each kind of topic trouble). When the broker answers MESSAGE_TOO_LARGE (or
-// another record-level error) for a batch of several
-// messages, Write writes that batch again in halves until it has the culprits.
-//
 //   - A sequence number is never used for other records (idempotence.go).
 //     The producer is idempotent unless DisableIdempotence: each batch
 //     carries a producer id, epoch and per-partition base sequence, which
@@ -61,6 +46,20 @@
 //     transactions; DUPLICATE_SEQUENCE_NUMBER is an acknowledgement. Neither
 //     is ever a message's failure.
 //
+// Why per-key order holds with kafka-go: Write caps each produce round at
+// BatchSize messages and BatchBytes bytes (counted as kafka-go counts them),
+// and a round sends one produce request per partition with that partition's
+// messages in input order (produce.go, kafka-go's Client.RawProduce), so a round
+// succeeds or fails all-or-nothing per partition, and the messages of failed
+// partitions are written again before the next round starts. A message larger
+// than BatchBytes would make Kafka refuse its whole partition's request, and
+// an unknown topic fails the whole round at the metadata step: Write checks
+// sizes and topic names up front, and on a topic-level error splits the round
+// by topic, so only the culprits fail (see topic.go for what Kafka answers for
+// each kind of topic trouble). When the broker answers MESSAGE_TOO_LARGE (or
+// another record-level error) for a batch of several
+// messages, Write writes that batch again in halves until it has the culprits.
+//
 // Delivery is at least once: idempotence removes the duplicates of the
 // sink's own resends, not of what the caller writes again (after a crash,
 // from the retry table) nor of batches still unknown when a new producer id
@@ -68,7 +67,8 @@
 // acknowledgement was lost is stored twice. Consumers deduplicate by the
 // event id header. When Write returns the context's error, messages already
 // sent may still be written afterwards; the caller should treat them as not
-// acknowledged (the next Write waits for those requests first).
+// acknowledged (with idempotence the next Write waits for those requests
+// first, as they settle their partitions' sequence numbers).
 //
 // Write is not safe for concurrent use: one caller at a time keeps the
 // per-partition order described above. Ping, Outage and Stats may be called
