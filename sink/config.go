@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -26,11 +27,17 @@ type Config struct {
 	BatchBytes   int64         // default 1048576 (Kafka's default message.max.bytes); also the per-call byte cap and the largest message sent; 65536 to 2147483647
 	BatchTimeout time.Duration // accepted for compatibility; unused since Write produces each call at once (produce.go)
 	WriteTimeout time.Duration // default 10s: one produce request
-	Compression  string        // none (default), gzip, snappy, lz4 or zstd
-	TLS          TLSConfig
-	SASL         SASLConfig
-	RetryMin     time.Duration // default 100ms: first backoff after a broker-wide failure
-	RetryMax     time.Duration // default 5s: longest backoff; each wait is jittered
+	Compression  string        // none (default), gzip, snappy, lz4 or zstd; idempotent either way
+	// DisableIdempotence turns the idempotent producer off (idempotence.go):
+	// batches carry no producer id, and a produce whose acknowledgement was
+	// lost, written again, is stored twice (after the events that followed
+	// it). Default false: idempotent, which needs Kafka 0.11 or later and,
+	// before Kafka 3.0, the IdempotentWrite permission on the cluster.
+	DisableIdempotence bool
+	TLS                TLSConfig
+	SASL               SASLConfig
+	RetryMin           time.Duration // default 100ms: first backoff after a broker-wide failure
+	RetryMax           time.Duration // default 5s: longest backoff; each wait is jittered
 	// AllowAutoTopicCreation lets the client ask the broker to create a missing
 	// topic (the broker also needs auto.create.topics.enable). Default false,
 	// unlike Debezium's Java producer: a topic auto-created with the broker's
@@ -48,6 +55,11 @@ type Config struct {
 	// created whose leaders do not serve it yet). Default 5s.
 	TopicWait time.Duration
 	Logger    *slog.Logger // default discards
+	// Dial, when set, opens every connection to a broker in place of a
+	// net.Dialer (kafka.Transport.Dial): for networks that need their own
+	// dialer, and for fault tests that put a proxy between the sink and
+	// every broker (the brokers' advertised addresses bypass a proxy).
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
 // TLSConfig enables TLS to the brokers.

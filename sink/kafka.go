@@ -28,11 +28,28 @@
 //   - Per-key order is input order, for every message that is acknowledged.
 //     Keys map to partitions with kafka.Murmur2Balancer, the Java client's
 //     partitioner (so Debezium's and ours agree).
+//   - A sequence number is never used for other records (idempotence.go).
+//     The producer is idempotent unless DisableIdempotence: each batch
+//     carries a producer id, epoch and per-partition base sequence, which
+//     advance only when the broker acknowledged the batch. A batch whose
+//     outcome is unknown (timeout, connection lost, ctx done) is sent again
+//     byte-identical, with the same sequence numbers, and the broker stores
+//     it once; any other batch for that partition first takes a new producer
+//     id, with sequences from 0, because the broker compares sequence
+//     numbers, not records: other records under the old numbers would be
+//     taken for the unknown batch and dropped, a lost event. A batch the
+//     broker refused before appending it (too large, corrupt, unknown topic,
+//     …) took no sequence numbers, so splitting it is safe.
+//   - The broker's answers about the producer's state (OUT_OF_ORDER_SEQUENCE,
+//     UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH, PRODUCER_FENCED) take a new
+//     producer id and send again, as the Java producer does without
+//     transactions; DUPLICATE_SEQUENCE_NUMBER is an acknowledgement. Neither
+//     is ever a message's failure.
 //
 // Why per-key order holds with kafka-go: Write caps each produce round at
 // BatchSize messages and BatchBytes bytes (counted as kafka-go counts them),
 // and a round sends one produce request per partition with that partition's
-// messages in input order (produce.go, kafka-go's Client.Produce), so a round
+// messages in input order (produce.go, kafka-go's Client.RawProduce), so a round
 // succeeds or fails all-or-nothing per partition, and the messages of failed
 // partitions are written again before the next round starts. A message larger
 // than BatchBytes would make Kafka refuse its whole partition's request, and
@@ -43,12 +60,15 @@
 // another record-level error) for a batch of several
 // messages, Write writes that batch again in halves until it has the culprits.
 //
-// Delivery is at least once. kafka-go has no idempotent producer: a produce
-// whose acknowledgement was lost is written again, by produce's own attempts
-// or by Write's retries, and the message is then stored twice.
-// Consumers deduplicate by the event id header. Likewise, when Write returns
-// the context's error, messages already handed to kafka-go may still be written
-// afterwards; the caller should treat them as not acknowledged and Close.
+// Delivery is at least once: idempotence removes the duplicates of the
+// sink's own resends, not of what the caller writes again (after a crash,
+// from the retry table) nor of batches still unknown when a new producer id
+// is taken; those are new writes. Without idempotence a produce whose
+// acknowledgement was lost is stored twice. Consumers deduplicate by the
+// event id header. When Write returns the context's error, messages already
+// sent may still be written afterwards; the caller should treat them as not
+// acknowledged (with idempotence the next Write waits for those requests
+// first, as they settle their partitions' sequence numbers).
 //
 // Write is not safe for concurrent use: one caller at a time keeps the
 // per-partition order described above. Ping, Outage and Stats may be called
@@ -93,6 +113,12 @@ type Kafka struct {
 	msgBuf     []kafka.Message // records of the current Write
 	hdrBuf     []kafka.Header
 	abandoned  bool // a produce request of this Write failed or was left running
+	prod       producer
+	// straggling receives once per produce request that a round left
+	// running when its ctx ended (stragglers of them still to come): the
+	// next round waits for them, as they record their partitions' outcome.
+	straggling chan struct{}
+	stragglers int
 
 	outage outage
 }
@@ -106,7 +132,7 @@ type outage struct {
 }
 
 type stats struct {
-	writes, messages, bytes, retries, brokerErrors, failures atomic.Int64
+	writes, messages, bytes, retries, brokerErrors, failures, producerResets atomic.Int64
 }
 
 // Stats counts what a Kafka has done since New.
@@ -117,6 +143,10 @@ type Stats struct {
 	Retries      int64 // rounds retried after a broker-wide failure
 	BrokerErrors int64 // broker-wide failures seen
 	Failures     int64 // messages reported in a WriteError
+	// ProducerResets counts new producer ids taken after the first: after
+	// a batch whose outcome stayed unknown, or a broker's answer that it
+	// lost track of the producer (idempotence.go).
+	ProducerResets int64
 }
 
 // A Failure is one message that failed on its own.
@@ -220,9 +250,11 @@ func New(cfg Config) (*Kafka, error) {
 		// operator just created would still be "unknown" to a retry for that
 		// long. One metadata request a second is cheap.
 		MetadataTTL: time.Second,
+		Dial:        cfg.Dial,
 	}
 	return &Kafka{cfg: cfg, addr: kafka.TCP(cfg.Brokers...), transport: transport,
-		compression: compression, log: cfg.Logger}, nil
+		compression: compression, log: cfg.Logger,
+		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}, nil
 }
 
 // Write produces each event as a record (topic, key, value, headers) and
@@ -677,6 +709,7 @@ func (k *Kafka) Ping(ctx context.Context) error {
 		ClientID: k.transport.ClientID,
 		TLS:      k.transport.TLS,
 		SASL:     k.transport.SASL,
+		Dial:     k.transport.Dial,
 		// Brokers only: the answer's size does not grow with the cluster's
 		// topics. The request is the pool's first discovery, sent now.
 		MetadataTopics: []string{},
@@ -703,6 +736,8 @@ func (k *Kafka) Stats() Stats {
 		Retries:      k.stats.retries.Load(),
 		BrokerErrors: k.stats.brokerErrors.Load(),
 		Failures:     k.stats.failures.Load(),
+
+		ProducerResets: k.stats.producerResets.Load(),
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"syscall"
 	"time"
@@ -16,7 +17,8 @@ import (
 )
 
 // This file produces a call's messages with one kafka-go produce request per
-// partition (kafka.Client.Produce), in place of kafka.Writer.WriteMessages.
+// partition (kafka.Client.RawProduce, with record batches encoded here,
+// compressed or not: recordbatch.go), in place of kafka.Writer.WriteMessages.
 // The Writer asked the Transport's metadata cache once per message (a
 // filtered copy of the topic's metadata each time), copied every message
 // into a per-partition batch, and lingered up to BatchTimeout for batches
@@ -52,18 +54,31 @@ const (
 type partitionBatch struct {
 	topic     string
 	partition int
-	idx       []int32 // into the call's messages, in order
-	buf       []byte  // the encoded record batch (recordbatch.go)
+	idx       []int32     // into the call's messages, in order
+	buf       []byte      // the encoded record batch (recordbatch.go)
+	scratch   []byte      // a compressed batch's records before compression
+	records   []byte      // the uncompressed records of buf (in buf or scratch)
+	now       time.Time   // the encoding time
+	seq       *sequence   // the partition's sequence numbers; nil without idempotence
+	hdr       batchHeader // producer id, epoch and base sequence, set by produce
 	err       error
 }
 
 // produce writes batch and returns nil, ctx's error, an error that refused
-// the whole call before anything was produced (metadata, an unknown topic),
-// or kafka.WriteErrors with one entry per message of batch (nil for those
-// acknowledged).
+// the whole call before anything was produced (metadata, an unknown topic,
+// no producer id), or kafka.WriteErrors with one entry per message of batch
+// (nil for those acknowledged).
 func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 	if len(batch) == 0 {
 		return nil
+	}
+	idempotent := !k.cfg.DisableIdempotence
+	if idempotent {
+		// Requests a cancelled round left running record their
+		// partitions' outcome: sequence numbers are read after them.
+		if err := k.awaitStragglers(ctx); err != nil {
+			return err
+		}
 	}
 	if k.groupOf == nil {
 		k.groupOf = make(map[topicPartition]int)
@@ -84,7 +99,7 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 			g, n = n, n+1
 			k.groupOf[tp] = g
 			if g < len(pool) {
-				*pool[g] = partitionBatch{topic: tp.topic, partition: p, idx: pool[g].idx[:0], buf: pool[g].buf}
+				*pool[g] = partitionBatch{topic: tp.topic, partition: p, idx: pool[g].idx[:0], buf: pool[g].buf, scratch: pool[g].scratch}
 			} else {
 				pool = append(pool, &partitionBatch{topic: tp.topic, partition: p})
 			}
@@ -94,35 +109,64 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 	k.groups = pool
 	groups := pool[:n]
 
-	done := make(chan struct{}, len(groups))
-	k.inflight.Add(len(groups))
-	for _, g := range groups {
-		go func() {
-			defer k.inflight.Done()
-			g.err = k.produceOne(ctx, batch, g)
-			done <- struct{}{}
-		}()
-	}
-	for range groups {
-		select {
-		case <-done:
-		case <-ctx.Done():
-			// The requests still running own their batches and records:
-			// the next call must not reuse them.
-			k.groups, k.abandoned = nil, true
-			return ctx.Err()
+	if idempotent && k.prod.id < 0 {
+		if err := k.initProducer(ctx, "first produce"); err != nil {
+			return err
 		}
 	}
+	round := groups
+	for resets := 0; ; resets++ {
+		if idempotent {
+			for _, g := range round {
+				g.seq = k.sequenceOf(topicPartition{g.topic, g.partition})
+				g.hdr = batchHeader{producerID: k.prod.id, epoch: k.prod.epoch, baseSeq: g.seq.next}
+			}
+		}
+		if err := k.round(ctx, batch, round); err != nil {
+			return err
+		}
+		if !idempotent || resets == maxResets {
+			break
+		}
+		// Partitions refused for the producer's state, or not sent
+		// because their sequence numbers may be taken: again with a new
+		// producer id (idempotence.go).
+		var again []*partitionBatch
+		var reason error
+		for _, g := range round {
+			var pse *ProducerStateError
+			if errors.Is(g.err, errSequenceReused) || errors.As(g.err, &pse) {
+				again = append(again, g)
+				reason = g.err
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		if err := k.initProducer(ctx, fmt.Sprintf("%s[%d]: %v", again[0].topic, again[0].partition, reason)); err != nil {
+			for _, g := range again {
+				g.err = err
+			}
+			break
+		}
+		for _, g := range again {
+			// A timed-out earlier attempt may still be read by kafka-go's
+			// connection: fresh buffers.
+			g.buf, g.scratch = nil, nil
+		}
+		round = again
+	}
+
 	// The encoding buffers are kept for the next call, up to about two
 	// calls' worth (a call is at most BatchBytes): a call whose messages
 	// went to few partitions must not leave a large buffer at every place.
 	kept := 0
 	for _, g := range pool {
-		kept += cap(g.buf)
+		kept += cap(g.buf) + cap(g.scratch)
 	}
 	if int64(kept) > 2*k.cfg.BatchBytes {
 		for _, g := range pool {
-			g.buf = nil
+			g.buf, g.scratch = nil, nil
 		}
 	}
 	var werrs kafka.WriteErrors
@@ -139,54 +183,149 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 	}
 	if werrs != nil {
 		// A request that failed (a timeout above all) may still be read by
-		// kafka-go's connection after Produce returned: its batches are left
-		// to it, not reused.
+		// kafka-go's connection after Produce returned, and a batch whose
+		// outcome is unknown is kept for a byte-identical resend: its
+		// batches are left to them, not reused.
 		k.groups, k.abandoned = nil, true
 		return werrs
 	}
 	return nil
 }
 
+// round sends one produce request per group, at once, and waits for them.
+// When ctx ends first it returns ctx's error and leaves the requests running
+// (stragglers, each within WriteTimeout per attempt), their batches and
+// records to them.
+func (k *Kafka) round(ctx context.Context, batch []kafka.Message, groups []*partitionBatch) error {
+	done := make(chan struct{}, len(groups))
+	k.inflight.Add(len(groups))
+	for _, g := range groups {
+		go func() {
+			defer k.inflight.Done()
+			g.err = k.produceOne(ctx, batch, g)
+			done <- struct{}{}
+		}()
+	}
+	for i := range groups {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			// The requests still running own their batches and records:
+			// the next call must not reuse them.
+			k.groups, k.abandoned = nil, true
+			k.straggling, k.stragglers = done, len(groups)-i
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// awaitStragglers waits for the requests a cancelled round left running.
+func (k *Kafka) awaitStragglers(ctx context.Context) error {
+	for k.stragglers > 0 {
+		select {
+		case <-k.straggling:
+			k.stragglers--
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	k.straggling = nil
+	return nil
+}
+
 // produceOne sends one partition's messages, retrying temporary errors as
-// kafka-go's Writer does.
+// kafka-go's Writer does, and with idempotence records the outcome in the
+// partition's sequence numbers (idempotence.go): taken when acknowledged,
+// the batch kept as pending while its outcome is unknown.
 func (k *Kafka) produceOne(ctx context.Context, batch []kafka.Message, g *partitionBatch) error {
 	client := &kafka.Client{Addr: k.addr, Transport: k.transport, Timeout: k.cfg.WriteTimeout}
+	if err := k.encode(batch, g); err != nil {
+		return err
+	}
+	seq := g.seq
+	// unknown: a send of these sequence numbers may have been appended.
+	unknown := seq != nil && seq.pending
 	var err error
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if attempt > 0 {
 			time.Sleep(backoff.Delay(produceBackoffMin, produceBackoffMax, attempt-1))
 		}
+		if seq != nil && !seq.pending {
+			seq.pending = true
+			seq.sent = sentBatch{batch: g.buf, records: g.records, count: len(g.idx), now: g.now}
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.WriteTimeout)
 		var res *kafka.ProduceResponse
-		if k.compression == 0 {
-			if attempt == 0 {
-				g.buf = appendRecordBatch(g.buf[:0], batch, g.idx, time.Now())
-			}
-			res, err = client.RawProduce(rctx, &kafka.RawProduceRequest{
-				Topic:        g.topic,
-				Partition:    g.partition,
-				RequiredAcks: kafka.RequireAll,
-				RawRecords:   protocol.RawRecordSet{Reader: bytes.NewReader(g.buf)},
-			})
-		} else {
-			// Compressed batches are left to kafka-go's encoder.
-			res, err = client.Produce(rctx, &kafka.ProduceRequest{
-				Topic:        g.topic,
-				Partition:    g.partition,
-				RequiredAcks: kafka.RequireAll,
-				Compression:  k.compression,
-				Records:      &indexedRecords{msgs: batch, idx: g.idx},
-			})
-		}
+		res, err = client.RawProduce(rctx, &kafka.RawProduceRequest{
+			Topic:        g.topic,
+			Partition:    g.partition,
+			RequiredAcks: kafka.RequireAll,
+			RawRecords:   protocol.RawRecordSet{Reader: bytes.NewReader(g.buf)},
+		})
 		cancel()
 		if res != nil {
 			err = res.Error
+		}
+		if seq != nil {
+			switch {
+			case err == nil || errors.Is(err, kafka.DuplicateSequenceNumber):
+				// DUPLICATE_SEQUENCE_NUMBER: the broker has the batch.
+				seq.next = nextSequence(g.hdr.baseSeq, len(g.idx))
+				seq.pending = false
+				seq.sent = sentBatch{}
+				return nil
+			case notAppended(err):
+				if !unknown {
+					seq.pending = false
+					seq.sent = sentBatch{}
+				}
+				if producerState(err) {
+					return &ProducerStateError{Err: err}
+				}
+			default:
+				unknown = true
+			}
 		}
 		if err == nil || !temporary(err) {
 			return err
 		}
 	}
 	return err
+}
+
+// encode writes g's record batch into g.buf. A batch for sequence numbers
+// whose earlier send is pending must hold the same records: it is then sent
+// as the pending bytes, else it is not sent (errSequenceReused).
+func (k *Kafka) encode(batch []kafka.Message, g *partitionBatch) error {
+	g.now = time.Now()
+	hdr := noProducer
+	var prev *sentBatch
+	if g.seq != nil {
+		hdr = g.hdr
+		if g.seq.pending {
+			prev = &g.seq.sent
+			g.now = prev.now
+		}
+	}
+	if k.compression == 0 {
+		g.buf = appendRecordBatch(g.buf[:0], batch, g.idx, g.now, hdr)
+		g.records = g.buf[batchOverhead:]
+	} else {
+		var err error
+		g.buf, g.scratch, err = appendCompressedBatch(g.buf[:0], g.scratch, batch, g.idx, g.now, hdr, k.compression.Codec())
+		if err != nil {
+			return err
+		}
+		g.records = g.scratch
+	}
+	if prev != nil {
+		if prev.count != len(g.idx) || !bytes.Equal(prev.records, g.records) {
+			return errSequenceReused
+		}
+		g.buf = prev.batch
+	}
+	return nil
 }
 
 // temporary is kafka-go's rule for retrying a produce (isTemporary,
@@ -250,36 +389,3 @@ type topicPartition struct {
 	topic     string
 	partition int
 }
-
-// indexedRecords reads msgs[idx...] as records without copying them (the
-// Writer's writerRecords, over indexes). A fresh one per attempt: it is read
-// once.
-type indexedRecords struct {
-	msgs       []kafka.Message
-	idx        []int32
-	next       int
-	record     kafka.Record
-	key, value bytesReadCloser
-}
-
-func (r *indexedRecords) ReadRecord() (*kafka.Record, error) {
-	if r.next >= len(r.idx) {
-		return nil, io.EOF
-	}
-	m := &r.msgs[r.idx[r.next]]
-	r.next++
-	r.record = kafka.Record{Time: m.Time, Headers: m.Headers}
-	if m.Key != nil {
-		r.key.Reset(m.Key)
-		r.record.Key = &r.key
-	}
-	if m.Value != nil {
-		r.value.Reset(m.Value)
-		r.record.Value = &r.value
-	}
-	return &r.record, nil
-}
-
-type bytesReadCloser struct{ bytes.Reader }
-
-func (*bytesReadCloser) Close() error { return nil }

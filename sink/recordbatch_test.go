@@ -23,7 +23,7 @@ func TestAppendRecordBatchMatchesKafkaGo(t *testing.T) {
 	}
 	for _, idx := range [][]int32{{0}, {0, 1, 2, 3}, {3, 1}} {
 		t.Run(fmt.Sprint(idx), func(t *testing.T) {
-			got := appendRecordBatch([]byte("prefix"), msgs, idx, at)
+			got := appendRecordBatch([]byte("prefix"), msgs, idx, at, noProducer)
 			if !bytes.HasPrefix(got, []byte("prefix")) {
 				t.Fatalf("appendRecordBatch overwrote dst's prefix")
 			}
@@ -85,7 +85,7 @@ func TestAppendRecordBatchMatchesKafkaGo(t *testing.T) {
 // A record without a time gets the batch's encoding time, as with kafka-go.
 func TestAppendRecordBatchZeroTime(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	b := appendRecordBatch(nil, []kafka.Message{{Key: []byte("k"), Value: []byte("v")}}, []int32{0}, now)
+	b := appendRecordBatch(nil, []kafka.Message{{Key: []byte("k"), Value: []byte("v")}}, []int32{0}, now, noProducer)
 	var back protocol.RecordSet
 	if _, err := back.ReadFrom(bytes.NewReader(b)); err != nil {
 		t.Fatal(err)

@@ -35,7 +35,8 @@ func TestCheckGood(t *testing.T) {
 		"ok    replay table: outbox_relay_replay exists",
 		"ok    privileges: ",
 		"ok    retention: off (outbox.retention)",
-		"ok    kafka: ")
+		"ok    kafka: ",
+		"ok    kafka idempotence: ")
 	if strings.Contains(out, "FAIL") {
 		t.Errorf("check printed a FAIL:\n%s", out)
 	}

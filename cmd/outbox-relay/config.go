@@ -88,6 +88,7 @@ var defaults = map[string]string{
 	"kafka.write_timeout":                 durationText(sink.DefaultWriteTimeout),
 	"kafka.compression":                   sink.DefaultCompression,
 	"kafka.allow_auto_topic_creation":     strconv.FormatBool(defaultAllowAutoTopicCreation),
+	"kafka.idempotence":                   "true",
 	"kafka.tls.enabled":                   "false",
 	"kafka.tls.ca_file":                   "",
 	"kafka.tls.cert_file":                 "",
@@ -220,6 +221,7 @@ type config struct {
 		BatchTimeout, WriteTimeout time.Duration
 		Compression                string
 		AllowAutoTopicCreation     bool
+		Idempotence                bool
 		TLS                        sink.TLSConfig
 		SASL                       sink.SASLConfig
 		SASLPasswordFile           string
@@ -374,6 +376,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Kafka.WriteTimeout = l.duration("kafka.write_timeout")
 	c.Kafka.Compression = l.str("kafka.compression")
 	c.Kafka.AllowAutoTopicCreation = l.bool("kafka.allow_auto_topic_creation")
+	c.Kafka.Idempotence = l.bool("kafka.idempotence")
 	c.Kafka.TLS = sink.TLSConfig{
 		Enabled:            l.bool("kafka.tls.enabled"),
 		CAFile:             l.str("kafka.tls.ca_file"),
@@ -899,6 +902,7 @@ func (c *config) sinkConfig(log *slog.Logger) sink.Config {
 		TLS:                    c.Kafka.TLS,
 		SASL:                   c.Kafka.SASL,
 		AllowAutoTopicCreation: c.Kafka.AllowAutoTopicCreation,
+		DisableIdempotence:     !c.Kafka.Idempotence,
 		Logger:                 log,
 	}
 }

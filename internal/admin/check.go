@@ -377,6 +377,26 @@ func checkKafka(ctx context.Context, cfg *Config, c *checker) {
 		return
 	}
 	c.ok("kafka", "%s answered a metadata request", strings.Join(cfg.Kafka.Brokers, ","))
+	if cfg.Kafka.DisableIdempotence {
+		return
+	}
+	if err := idempotentKafka(cctx, cfg.Kafka); err != nil {
+		c.fail("kafka idempotence", "%v", cfg.scrub(err))
+		return
+	}
+	c.ok("kafka idempotence", "the broker hands the relay a producer id (idempotent writes allowed)")
+}
+
+// idempotentKafka asks a broker for a producer id, as the relay's first write
+// does: a principal without IdempotentWrite (Kafka before 3.0, or no WRITE
+// on any topic) is refused one.
+func idempotentKafka(ctx context.Context, cfg sink.Config) error {
+	k, err := sink.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	return k.CheckIdempotence(ctx)
 }
 
 // pingKafka asks the brokers for metadata. sink.New neither dials nor starts

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ type Proxy struct {
 	cut      bool // also set for good when Serve returns
 	conns    map[net.Conn]struct{}
 	released chan struct{} // nil: forwarding; else closed by Release
+	drops    int           // Kafka produce replies still to drop (replies.go)
 }
 
 // Listen binds addr (use "127.0.0.1:0" for a free port) for a proxy to target. It
@@ -153,7 +155,7 @@ func (p *Proxy) forward(ctx context.Context, client net.Conn) {
 	}
 	// Either side ending ends both: half-open connections would only hide a cut.
 	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
+	pipe := func(dst io.Writer, src net.Conn) {
 		// A cut and a peer's close end the connection alike: the error says nothing more.
 		buf := make([]byte, 32<<10)
 		for {
@@ -170,8 +172,10 @@ func (p *Proxy) forward(ctx context.Context, client net.Conn) {
 		}
 		done <- struct{}{}
 	}
-	go pipe(server, client)
-	go pipe(client, server)
+	// Requests are watched for Kafka produce requests (replies.go).
+	var kw kafkaWatch
+	go pipe(&requestWatcher{Conn: server, w: &kw}, client)
+	go pipe(&replyDropper{Conn: client, p: p, w: &kw}, server)
 	<-done
 	p.untrack(client, server)
 	<-done
