@@ -702,7 +702,8 @@ kafka_security() {
 		--add-config "SCRAM-SHA-512=[password=$KAFKA_ADMIN_PASSWORD]" --entity-type users --entity-name "$KAFKA_ADMIN_USER"
 	# The relay's ACLs, as docs/security.md documents them: write and describe its topics
 	# (prefixed), describe the cluster. No CREATE: with auto-creation a missing topic
-	# is then reported, not created. No IDEMPOTENT_WRITE: kafka-go does not use it.
+	# is then reported, not created. No IDEMPOTENT_WRITE: on Kafka 3.x, WRITE on a
+	# topic allows the idempotent producer's writes to it.
 	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Write --operation Describe \
 		--topic "$KAFKA_RELAY_TOPIC_PREFIX" --resource-pattern-type prefixed

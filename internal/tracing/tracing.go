@@ -145,7 +145,9 @@ func (chosenIDs) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
 	return trace.TraceID{}, chosenSpanID(ctx)
 }
 
-func (chosenIDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID { return chosenSpanID(ctx) }
+func (chosenIDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
+	return chosenSpanID(ctx)
+}
 
 func chosenSpanID(ctx context.Context) trace.SpanID {
 	id, _ := ctx.Value(spanIDKey{}).(trace.SpanID)
