@@ -594,7 +594,7 @@ debezium_libs() {
 }
 
 kafka_java() { # main class and args
-	java -Xmx512m -Xms128m -Djava.awt.headless=true \
+	java -Xmx1g -Xms128m -Djava.awt.headless=true \
 		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
 		-cp "$KAFKA_LIBS/*" "$@"
 }
@@ -780,7 +780,7 @@ kafka_start() {
 	# setsid: the broker must outlive make and the shell that started it. The inner shell
 	# writes its own PID, which exec hands to the JVM, so the PID file names the broker.
 	setsid bash -c 'echo $$ >"$1/kafka.pid"; shift; exec "$@"' _ "$KAFKA_HOME" \
-		java -Xmx512m -Xms128m -Djava.awt.headless=true \
+		java -Xmx1g -Xms128m -Djava.awt.headless=true \
 		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
 		-cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_HOME/server.properties" \
 		</dev/null >>"$KAFKA_HOME/stdout.log" 2>&1 &
