@@ -466,7 +466,10 @@ pg_start() {
 	fi
 	as_pg mkdir -p "$PG_SOCK"
 	log "starting $(pg_label) on 127.0.0.1:$PG_PORT"
-	if ! as_pg "$PG_BIN/pg_ctl" start -w -t "$WAIT_SECONDS" -D "$PG_DATA" -l "$PG_LOG" >/dev/null; then
+	# 8>&- 9>&-: the server must not inherit the fault lock's descriptor (cmd_up's
+	# or with_fault_lock's): a flock lives as long as any holder of its open file,
+	# so a server holding it would block every fault test until it stopped.
+	if ! as_pg "$PG_BIN/pg_ctl" start -w -t "$WAIT_SECONDS" -D "$PG_DATA" -l "$PG_LOG" >/dev/null 8>&- 9>&-; then
 		tail -n 30 "$PG_LOG" >&2 || true
 		die "postgres did not start (log: $PG_LOG)"
 	fi
@@ -595,7 +598,7 @@ debezium_libs() {
 }
 
 kafka_java() { # main class and args
-	java -Xmx512m -Xms128m -Djava.awt.headless=true \
+	java -Xmx1g -Xms128m -Djava.awt.headless=true \
 		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
 		-cp "$KAFKA_LIBS/*" "$@"
 }
@@ -782,10 +785,10 @@ kafka_start() {
 	# setsid: the broker must outlive make and the shell that started it. The inner shell
 	# writes its own PID, which exec hands to the JVM, so the PID file names the broker.
 	setsid bash -c 'echo $$ >"$1/kafka.pid"; shift; exec "$@"' _ "$KAFKA_HOME" \
-		java -Xmx512m -Xms128m -Djava.awt.headless=true \
+		java -Xmx1g -Xms128m -Djava.awt.headless=true \
 		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
 		-cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_HOME/server.properties" \
-		</dev/null >>"$KAFKA_HOME/stdout.log" 2>&1 &
+		</dev/null >>"$KAFKA_HOME/stdout.log" 2>&1 8>&- 9>&- & # no fault-lock descriptor: see pg_start
 	local i
 	for ((i = 0; i < 50; i++)); do
 		[ -s "$KAFKA_HOME/kafka.pid" ] && break
