@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -130,6 +131,7 @@ func checkStandbys(ctx context.Context, cfg *Config, c *checker, named []string)
 		return
 	}
 	standbys := 0
+	var primaries []string
 	for _, h := range hosts {
 		cc := pcfg.Copy()
 		cc.Config = *h.Config()
@@ -141,12 +143,22 @@ func checkStandbys(ctx context.Context, cfg *Config, c *checker, named []string)
 			continue
 		}
 		var recovery bool
-		if err := conn.QueryRow(cctx, `SELECT pg_is_in_recovery()`).Scan(&recovery); err == nil && recovery {
+		switch err := conn.QueryRow(cctx, `SELECT pg_is_in_recovery()`).Scan(&recovery); {
+		case err != nil:
+			c.warn("failover standby "+h.Addr, "cannot tell its role, not checked: %v", cfg.scrub(err))
+		case recovery:
 			standbys++
 			checkStandby(cctx, conn, cfg, c, "failover standby "+h.Addr, named)
+		default:
+			primaries = append(primaries, h.Addr)
 		}
 		conn.Close(context.WithoutCancel(ctx))
 		cancel()
+	}
+	if len(primaries) > 1 {
+		c.fail("failover standbys", "%d hosts of postgres.dsn accept writes (%s): an old primary was started again after a promotion (split brain); "+
+			"stop the one that is not the current primary and rebuild it as a standby (pg_rewind or a new base backup). The relay refuses an old primary (server_superseded)",
+			len(primaries), strings.Join(primaries, ", "))
 	}
 	if standbys == 0 {
 		c.warn("failover standbys", "no host of postgres.dsn is a standby now: nothing to fail over to")
@@ -177,7 +189,7 @@ func checkStandby(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker, 
 	if len(missing) > 0 {
 		c.fail(name, "does not sync the slot; add to its postgresql.conf: %s; and a dbname in primary_conninfo (e.g. dbname=postgres); then reload it", strings.Join(missing, ", "))
 	}
-	if slotName != "" && !contains(named, slotName) {
+	if slotName != "" && !slices.Contains(named, slotName) {
 		c.fail(name, "streams from physical slot %s, which the primary's synchronized_standby_slots does not name: the relay may get ahead of this standby, whose synced slot then cannot be used after a promotion; "+
 			"on the primary add it: synchronized_standby_slots = %s", slotName, sql.Literal(strings.Join(append(append([]string(nil), named...), slotName), ",")))
 	}
@@ -203,15 +215,6 @@ func splitSetting(v string) []string {
 		}
 	}
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // setupFailover makes an existing slot a failover slot when it is not one.

@@ -44,3 +44,23 @@ func TestClusterFailover(t *testing.T) {
 		t.Errorf("old primary brought back: transaction_read_only = %s; want off (a second primary)", ro)
 	}
 }
+
+// TestClusterPromote15 runs the harness on Debian's Postgres 15 (no failover slots):
+// a synchronous commit survives the primary's crash, the promoted standby takes
+// writes on a new timeline, and Rebuild makes the old primary its standby.
+func TestClusterPromote15(t *testing.T) {
+	c := NewCluster(t, 15, ClusterOptions{Synchronous: true})
+	c.Primary.Exec(t, "", "CREATE TABLE t (v int)")
+	c.Primary.Exec(t, "", "INSERT INTO t VALUES (1)")
+	c.Primary.Crash(t)
+	c.Standby.Promote(t)
+	c.Standby.Exec(t, "", "INSERT INTO t VALUES (2)")
+	c.Rebuild(t, c.Primary, c.Standby)
+	c.Standby.Exec(t, "", "INSERT INTO t VALUES (3)") // synchronous again: waits for the rebuilt standby
+	var n, tli int
+	c.Primary.QueryRow(t, "SELECT count(*) FROM t", nil, &n)
+	c.Standby.QueryRow(t, "SELECT timeline_id FROM pg_control_checkpoint()", nil, &tli)
+	if n != 3 || tli != 2 {
+		t.Errorf("rebuilt standby has %d rows, the new primary timeline %d; want 3 rows (replicated) and timeline 2", n, tli)
+	}
+}
