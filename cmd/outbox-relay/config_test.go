@@ -265,6 +265,8 @@ func TestValidationErrors(t *testing.T) {
 			`postgres.status_interval: "10" is not a duration; write it like 10s`},
 		{"wal_sender_timeout too short", "", map[string]string{"RELAY_POSTGRES_WAL_SENDER_TIMEOUT": "2s"},
 			`postgres.wal_sender_timeout: 2s is too short`},
+		{"on_slot_loss", "", map[string]string{"RELAY_POSTGRES_ON_SLOT_LOSS": "resnapshot"},
+			`postgres.on_slot_loss: "resnapshot" is not one of fail`},
 		{"negative duration", "", map[string]string{"RELAY_KAFKA_WRITE_TIMEOUT": "-1s"},
 			`kafka.write_timeout: -1s is negative`},
 		{"bad int", "", map[string]string{"RELAY_KAFKA_BATCH_SIZE": "many"},

@@ -304,3 +304,46 @@ func TestCheckSlotRefill(t *testing.T) {
 		t.Errorf("check's warning does not name outbox.retention:\n%s", out)
 	}
 }
+
+// TestSlotMissingSaysRecover: the slot dropped (or left behind by a
+// failover) after the relay delivered from it. lag, status and check name
+// the gap (slot_missing, exit 4) and recover, not setup; recover heals it.
+func TestSlotMissingSaysRecover(t *testing.T) {
+	dsn, slot := dbEnv(t)
+	setUp(t)
+	aggType := "Missing" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
+	topic := "outbox.event." + aggType
+	k := testenv.Kafka(t)
+	k.CreateTopic(t, topic, 1)
+	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
+	t.Setenv("RELAY_METRICS_LISTEN", "")
+	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
+	before := insertEvents(t, dsn, aggType, 3, 0)
+	p := startRelay(t)
+	waitDelivered(t, k, topic, before, "before the slot was dropped")
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
+		if _, out, _ := run(t, "check"); strings.Contains(out, "ok    slot refill") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("check never said a lost slot could be refilled")
+		}
+	}
+	p.stop(t)
+	execSQL(t, dsn, "SELECT pg_drop_replication_slot('"+slot+"')")
+	lost := insertEvents(t, dsn, aggType, 2, 0)
+
+	for _, cmd := range []string{"lag", "status"} {
+		code, out, errOut := run(t, cmd)
+		if code != exitcode.Gap || !strings.Contains(out+errOut, "slot_missing") && !strings.Contains(out+errOut, "does not exist, though the checkpoint") || !strings.Contains(out+errOut, "outbox-relay recover") {
+			t.Errorf("%s = exit %d; want %d naming the missing slot and recover\n%s%s", cmd, code, exitcode.Gap, out, errOut)
+		}
+	}
+	if _, out, _ := run(t, "check"); !strings.Contains(out, "FAIL  slot continuity") || !strings.Contains(out, "outbox-relay recover") {
+		t.Errorf("check: want a failed slot continuity naming recover\n%s", out)
+	}
+	if code, out, errOut := run(t, "recover"); code != exitcode.OK {
+		t.Fatalf("recover = exit %d\n%s%s", code, out, errOut)
+	}
+	waitDelivered(t, k, topic, lost, "after recover")
+}

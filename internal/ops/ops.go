@@ -351,7 +351,7 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	}
 	sr, err := querySlot(ctx, q, cfg.Slot)
 	if err != nil {
-		return nil, err
+		return nil, missingSlot(ctx, q, cfg, err)
 	}
 	r := &LagReport{
 		SlotName:                cfg.Slot,
@@ -469,7 +469,7 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 	}
 	sr, err := querySlot(ctx, q, cfg.Slot)
 	if err != nil {
-		return nil, err
+		return nil, missingSlot(ctx, q, cfg, err)
 	}
 	r := &StatusReport{
 		SlotName:  cfg.Slot,
@@ -487,6 +487,19 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// missingSlot turns a slot-not-found error into the gap run refuses
+// (slot_missing, exit code 4, naming recover) when a checkpoint says events
+// were delivered from it; else it returns err (run setup).
+func missingSlot(ctx context.Context, q Querier, cfg Config, err error) error {
+	if !errors.Is(err, pgslot.ErrNotFound) {
+		return err
+	}
+	if g, gerr := FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot); gerr == nil && g != nil {
+		return g.Err()
+	}
+	return err
 }
 
 // relayVersion extracts the relay version from an application_name of the form
