@@ -29,6 +29,25 @@ type Stream struct {
 	running   atomic.Bool
 	lastPID   atomic.Uint32                 // backend pid of the walsender that last streamed for this Stream
 	server    atomic.Pointer[pgslot.Server] // what the connections must reach (Config.Server, else the first one's)
+	// endSession cancels the current connection's context (Restart); nil
+	// between connections.
+	endSession atomic.Pointer[context.CancelCauseFunc]
+}
+
+// ErrRestarted is the cause of a connection Restart ended.
+var ErrRestarted = errors.New("replication connection closed on request (the server is shutting down)")
+
+// Restart ends the current replication connection, as a lost connection
+// would: Run reconnects with its backoff and resumes from the confirmed
+// position. A no-op between connections. The relay calls it when the server
+// refuses its checkpoint save because it is shutting down: a fast shutdown
+// waits for every walsender's client to confirm all the WAL it was sent,
+// which the relay confirms only once saved, so holding on to the
+// connection would hold the shutdown up until pg_ctl gives up.
+func (s *Stream) Restart() {
+	if end := s.endSession.Load(); end != nil {
+		(*end)(ErrRestarted)
+	}
 }
 
 // New returns a Stream for cfg. It neither connects nor starts goroutines;
@@ -193,7 +212,16 @@ func isFatal(err error) bool {
 
 // session runs one connection: connect, check the slot, START_REPLICATION,
 // stream. streamed reports whether replication started, which resets backoff.
-func (s *Stream) session(ctx context.Context, asm *assembler, out chan<- Batch) (streamed bool, err error) {
+func (s *Stream) session(parent context.Context, asm *assembler, out chan<- Batch) (streamed bool, err error) {
+	ctx, end := context.WithCancelCause(parent)
+	s.endSession.Store(&end)
+	defer func() {
+		s.endSession.Store(nil)
+		if parent.Err() == nil && errors.Is(context.Cause(ctx), ErrRestarted) {
+			err = ErrRestarted
+		}
+		end(nil)
+	}()
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return false, err

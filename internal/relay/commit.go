@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
@@ -137,12 +138,31 @@ func (c *committer) run(ctx context.Context) error {
 	}
 }
 
+// serverStopping lets go of the replication connection when err says the
+// server is shutting down (admin shutdown, or refusing connections while it
+// stops): its fast shutdown waits for the walsender's client to confirm all
+// the WAL it was sent, and this relay confirms only what it saved, which the
+// server now refuses. The stream reconnects once the server is back, and
+// resumes from the confirmed position: nothing is lost.
+func (c *committer) serverStopping(err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57P01" && pgErr.Code != "57P03" {
+		return
+	}
+	if r, ok := c.stream.(interface{ Restart() }); ok {
+		c.log.Info("the server is shutting down: closing the replication connection so that its shutdown can complete", "err", err)
+		r.Restart()
+	}
+}
+
 // save retries until the checkpoint is durable or ctx is done: Postgres may be
 // restarting, and the stream will be waiting for it too.
 func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
 	if c.lease == nil {
 		return persist(ctx, c.log, "save checkpoint "+lsn.String(), c.health.watch("checkpoint", func() error {
-			return c.store.Save(ctx, c.slot, lsn, commitTime)
+			err := c.store.Save(ctx, c.slot, lsn, commitTime)
+			c.serverStopping(err)
+			return err
 		}))
 	}
 	epoch, err := c.lease.wait(ctx)
@@ -159,6 +179,7 @@ func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time
 			return err
 		}
 		if err := c.store.SaveFenced(ctx, c.slot, epoch, lsn, commitTime); err != nil {
+			c.serverStopping(err)
 			return err
 		}
 		c.lease.proven(at)

@@ -248,6 +248,18 @@ func (n *Node) Crash(t testing.TB) {
 	n.c.run(t, filepath.Join(n.c.Bin, "pg_ctl"), "stop", "-w", "-t", "120", "-m", "immediate", "-D", n.Data)
 }
 
+// Stop stops the node's server with pg_ctl stop -m mode (fast: a planned
+// restart), waiting at most within, and returns pg_ctl's error: a server
+// that did not stop in time is still stopping (the test's cleanup kills it).
+func (n *Node) Stop(mode string, within time.Duration) error {
+	secs := strconv.Itoa(max(1, int(within.Seconds())))
+	out, err := n.c.command(filepath.Join(n.c.Bin, "pg_ctl"), "stop", "-w", "-t", secs, "-m", mode, "-D", n.Data).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl stop -m %s of %s: %w: %s", mode, n.Name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // Promote promotes the node (a standby) and waits until it accepts writes.
 func (n *Node) Promote(t testing.TB) {
 	t.Helper()
