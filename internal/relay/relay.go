@@ -251,6 +251,20 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 					r.log.Warn("refill fenced by another relay of this group: standing by", "reason", rerr)
 					continue
 				}
+				if unreachable(rerr) {
+					// Postgres went away mid-refill (another failover, a
+					// restart): nothing was confirmed, so the next term
+					// meets the gap again and refills from the start.
+					r.log.Warn("refill interrupted: Postgres is unreachable; trying again", "err", rerr, "retry_in", refillRetry)
+					t := time.NewTimer(refillRetry)
+					select {
+					case <-rctx.Done():
+						t.Stop()
+						return runCause(rctx, rctx.Err())
+					case <-t.C:
+					}
+					continue
+				}
 				return runCause(rctx, rerr)
 			}
 			continue
@@ -258,6 +272,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		return runCause(rctx, err)
 	}
 }
+
+// refillRetry is the wait before a refill that lost Postgres is tried again.
+const refillRetry = time.Second
 
 // runCause prefers the reason Run was failed (the metrics server) to the
 // cancellation it caused.
