@@ -42,8 +42,7 @@ func alterSlotFailover(ctx context.Context, cfg *Config, slot string) error {
 		return fmt.Errorf("connect over a replication connection to alter slot %s: %w", slot, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, "ALTER_REPLICATION_SLOT "+sql.Ident(slot)+" (FAILOVER true)").ReadAll()
-	return err
+	return pgslot.AlterFailover(ctx, conn, slot)
 }
 
 // The settings failover slots need, as an operator writes them in postgresql.conf.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/sql"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -90,3 +91,11 @@ func Hosts(dsn string) ([]Host, error) {
 
 // Config returns a copy of the host's connection settings.
 func (h Host) Config() *pgconn.Config { return h.config.Copy() }
+
+// AlterFailover makes slot a failover slot with ALTER_REPLICATION_SLOT, a
+// replication command of Postgres 17+ (conn must be a replication
+// connection); it fails while a walsender holds the slot.
+func AlterFailover(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	_, err := conn.Exec(ctx, "ALTER_REPLICATION_SLOT "+sql.Ident(slot)+" (FAILOVER true)").ReadAll()
+	return err
+}

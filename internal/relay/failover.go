@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgslot"
-	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // checkFailover refuses postgres.failover on a server without failover slots
@@ -54,8 +53,7 @@ func (r *Relay) alterFailover(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, "ALTER_REPLICATION_SLOT "+sql.Ident(r.cfg.Replication.Slot)+" (FAILOVER true)").ReadAll()
-	return err
+	return pgslot.AlterFailover(ctx, conn, r.cfg.Replication.Slot)
 }
 
 // fenceSuperseded refuses srv when another host of a multi-host postgres.dsn

@@ -400,7 +400,7 @@ func (r *Relay) replicationConn(ctx context.Context, app string) (*pgconn.PgConn
 	pcfg.RuntimeParams["application_name"] = app
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres over a replication connection (the role needs the REPLICATION attribute): %w", err)
+		return nil, fmt.Errorf("connect to postgres over a replication connection (the role needs the REPLICATION attribute, and pg_hba.conf must allow it): %w", err)
 	}
 	return conn, nil
 }

@@ -757,17 +757,11 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 // identify asks the server, over a replication connection of its own, for
 // its system identifier, timeline and timeline history (pgslot.Identify).
 func (r *Relay) identify(ctx context.Context) (pgslot.Server, error) {
-	pcfg, err := pgconn.ParseConfig(r.cfg.Replication.DSN)
+	// The stream connects the same way: without the REPLICATION attribute
+	// neither can.
+	conn, err := r.replicationConn(ctx, "outbox-relay identify")
 	if err != nil {
-		return pgslot.Server{}, errors.New("postgres.dsn cannot be parsed: check its syntax")
-	}
-	pcfg.RuntimeParams["replication"] = "database"
-	pcfg.RuntimeParams["application_name"] = "outbox-relay identify"
-	conn, err := pgconn.ConnectConfig(ctx, pcfg)
-	if err != nil {
-		// The stream connects the same way: without the REPLICATION
-		// attribute neither can.
-		return pgslot.Server{}, fmt.Errorf("connect to postgres over a replication connection (the role needs the REPLICATION attribute, and pg_hba.conf must allow it) to identify the server: %w", err)
+		return pgslot.Server{}, fmt.Errorf("identify the server: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return pgslot.Identify(ctx, conn)
