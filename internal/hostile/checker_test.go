@@ -325,7 +325,13 @@ func Check(in Input) Report {
 	}
 
 	// Retry rows → outbox rows: by event id, else by their fields among the
-	// rows without an id.
+	// rows without an id. Rows without an id can be identical in every
+	// field (same aggregate, type and payload); their retry rows are then
+	// matched in seq order, which is the order the writer stored them in and
+	// so their order in the outbox, whether still in the table or dropped.
+	// (Matching the table's rows first would give a dropped earlier row's
+	// identity to a later one still there, and report as overtaken the
+	// events rightly delivered after the drop.)
 	type fields struct{ at, aid, et, v string }
 	noID := map[fields][]*Row{}
 	for i := range in.Rows {
@@ -346,25 +352,34 @@ func Check(in Input) Report {
 		}
 		return nil
 	}
-	inRetry := map[int64]*RetryRow{}
-	for i := range in.Retry {
-		rr := &in.Retry[i]
-		r := match(rr)
-		if r == nil {
-			rep.UnknownRetry++
-			rep.problem("unknown retry row", "seq %d key %s id %s aggregate %s/%s matches no outbox row", rr.Seq, short(rr.EventKey), short(rr.EventID), short(rr.AggregateType), short(rr.AggregateID))
-			continue
-		}
-		inRetry[r.N] = rr
+	type stored struct {
+		rr      *RetryRow
+		dropped bool
 	}
-	dropped := map[int64]*RetryRow{}
+	all := make([]stored, 0, len(in.Retry)+len(in.Dropped))
+	for i := range in.Retry {
+		all = append(all, stored{&in.Retry[i], false})
+	}
 	for i := range in.Dropped {
-		rr := &in.Dropped[i]
-		if r := match(rr); r != nil {
-			dropped[r.N] = rr
-		} else {
+		all = append(all, stored{&in.Dropped[i], true})
+	}
+	slices.SortStableFunc(all, func(a, b stored) int { return cmp.Compare(a.rr.Seq, b.rr.Seq) })
+	inRetry := map[int64]*RetryRow{}
+	dropped := map[int64]*RetryRow{}
+	for _, s := range all {
+		rr := s.rr
+		r := match(rr)
+		switch {
+		case r == nil && s.dropped:
 			rep.UnknownRetry++
 			rep.problem("unknown retry row", "dropped seq %d key %s matches no outbox row", rr.Seq, short(rr.EventKey))
+		case r == nil:
+			rep.UnknownRetry++
+			rep.problem("unknown retry row", "seq %d key %s id %s aggregate %s/%s matches no outbox row", rr.Seq, short(rr.EventKey), short(rr.EventID), short(rr.AggregateType), short(rr.AggregateID))
+		case s.dropped:
+			dropped[r.N] = rr
+		default:
+			inRetry[r.N] = rr
 		}
 	}
 

@@ -48,6 +48,16 @@ func TestCheck(t *testing.T) {
 	noIDRow := RetryRow{Seq: 3, EventKey: "lsn:0/1:1", AggregateType: "Order", AggregateID: "c", EventType: "Changed",
 		Value: []byte(`{"seq": 1}`), Status: "dead", LastError: "no id"}
 
+	// Two events of aggregate c without an id and identical in every field,
+	// with c2 between them: the earlier one dropped by the operator, the
+	// later one still in the table. The retry table's seq tells them apart.
+	noID3 := row(12, "", "c", 3)
+	noID3.ID = nil
+	noIDDropped := noIDRow
+	noIDDropped.DroppedAt = t0.Add(2 * time.Second)
+	noIDLater := noIDRow
+	noIDLater.Seq, noIDLater.EventKey = 5, "lsn:0/2:1"
+
 	tests := []struct {
 		name  string
 		in    Input
@@ -60,6 +70,8 @@ func TestCheck(t *testing.T) {
 			Retry: []RetryRow{dead(big), pending("a3b", "waiting behind")}}, nil},
 		{"dropped by the operator, later delivered after the drop", Input{Rows: []Row{a1, big, a3b}, Records: []Record{rec(a1, 0, time.Second), rec(a3b, 1, 5*time.Second)},
 			Dropped: []RetryRow{func() RetryRow { d := dead(big); d.DroppedAt = t0.Add(4 * time.Second); return d }()}}, nil},
+		{"identical events without an id: the earlier dropped, the later parked", Input{Rows: []Row{noID, c2, noID3}, Records: []Record{rec(c2, 0, 3*time.Second)},
+			Retry: []RetryRow{noIDLater}, Dropped: []RetryRow{noIDDropped}}, nil},
 		{"topic missing for a while, then delivered", Input{Rows: []Row{late}, Records: []Record{lateRec}}, nil},
 		{"duplicate within bound", Input{Rows: []Row{a1}, Records: []Record{rec(a1, 0, time.Second), rec(a1, 1, time.Second)}, MaxDuplicates: 1}, nil},
 
@@ -104,6 +116,8 @@ func TestCheck(t *testing.T) {
 			func(r Report) int { return r.Overtaken }},
 		{"overtakes an event without an id", Input{Rows: []Row{noID, c2}, Records: []Record{rec(c2, 0, time.Second)}, Retry: []RetryRow{noIDRow}},
 			func(r Report) int { return r.Overtaken }},
+		{"identical events without an id: delivered before the earlier was dropped", Input{Rows: []Row{noID, c2, noID3}, Records: []Record{rec(c2, 0, time.Second)},
+			Retry: []RetryRow{noIDLater}, Dropped: []RetryRow{noIDDropped}}, func(r Report) int { return r.Overtaken }},
 		{"delivered before the operator dropped the head", Input{Rows: []Row{a1, big, a3b}, Records: []Record{rec(a1, 0, time.Second), rec(a3b, 1, 2*time.Second)},
 			Dropped: []RetryRow{func() RetryRow { d := dead(big); d.DroppedAt = t0.Add(4 * time.Second); return d }()}}, func(r Report) int { return r.Overtaken }},
 		{"collateral stall", Input{Rows: []Row{a1}, Records: []Record{rec(a1, 0, 2*time.Minute)}}, func(r Report) int { return r.Stalls }},
