@@ -63,8 +63,8 @@ replay by time. Exit 0 when refilled or when there was nothing to refill.
 					e.cfg.Postgres.Slot, res.Cause, res.From, res.Events, res.Note)
 				return nil
 			}
-			fmt.Fprintf(e.stdout, "refill %s: slot %s was %s; sent %d events (%d of them stored in the retry table), checkpoint %s -> %s, in %s; run streams on from the new slot\n",
-				res.ID, e.cfg.Postgres.Slot, res.Cause, res.Events, res.Parked, res.From, res.To, res.Duration.Round(1e6))
+			fmt.Fprintf(e.stdout, "refill %s: slot %s was %s; sent %d events (%d of them stored in the retry table; %d more were there already and stay), checkpoint %s -> %s, in %s; run streams on from the new slot\n",
+				res.ID, e.cfg.Postgres.Slot, res.Cause, res.Events-res.Held, res.Parked, res.Held, res.From, res.To, res.Duration.Round(1e6))
 			return nil
 		}),
 	}

@@ -46,7 +46,9 @@ import (
 //  4. delivers them through the live pipeline's writer: same router, plus
 //     the header refill_id, the same gate (an aggregate with rows in the
 //     retry table gets its refilled events parked behind them), the retry
-//     table for events Kafka refuses, the lease before each write;
+//     table for events Kafka refuses, the lease before each write; an event
+//     the retry table already holds (retry.Store.Held: the stream stored it,
+//     dead or pending) is left there, neither sent nor stored again;
 //  5. once each is acknowledged or stored, saves the checkpoint at the
 //     consistent point (fenced by the epoch) and a history row whose
 //     snapshot is the exported one (snapshot_lsn = consistent point,
@@ -80,6 +82,7 @@ type RefillResult struct {
 	To       pglogrepl.LSN // the new slot's consistent point: the checkpoint after
 	Events   int64         // rows read from the outbox table (dry run: counted now)
 	Parked   int64         // of them, stored in the retry table (refused, or behind an aggregate's earlier rows)
+	Held     int64         // of them, neither sent nor stored: the retry table held them already (Store.Held)
 	Note     string        // how the checkpoint was mapped to rows
 	Duration time.Duration
 	DryRun   bool
@@ -278,19 +281,19 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, fmt.Errorf("refill %s: %w", res.ID, err)
 	}
 	res.Duration = time.Since(began)
-	what := fmt.Sprintf("refill %s at %s: slot %s, %d events re-sent from the outbox table (%d into the retry table), checkpoint %s -> %s, in %s",
-		res.ID, at.UTC().Format(time.RFC3339), gap.Cause, res.Events, res.Parked, res.From, res.To, res.Duration.Round(time.Millisecond))
+	what := fmt.Sprintf("refill %s at %s: slot %s, %d events re-sent from the outbox table (%d into the retry table, %d left in it), checkpoint %s -> %s, in %s",
+		res.ID, at.UTC().Format(time.RFC3339), gap.Cause, res.Events-res.Held, res.Parked, res.Held, res.From, res.To, res.Duration.Round(time.Millisecond))
 	if err := store.RecordRefill(ctx, slot, epoch, what); err != nil {
 		log.Warn("refill: cannot record the refill in the checkpoint row (status shows it)", "err", err)
 	}
 	if err := store.RecordSnapshot(ctx, slot, res.To, at, xmin, res.To); err != nil {
 		log.Warn("refill: cannot record the checkpoint history row of the refill; retention waits for the next one", "err", err)
 	}
-	r.m.Refilled(res.Events)
+	r.m.Refilled(res.Events - res.Held)
 	r.m.SetSlotGap(false)
 	log.Warn("refill done: the slot continues from the checkpoint again",
 		"slot", slot, "cause", gap.Cause, "from_checkpoint", res.From.String(), "to_checkpoint", res.To.String(),
-		"events", res.Events, "parked_in_retry_table", res.Parked, "duration", res.Duration.Round(time.Millisecond).String(), "selection", res.Note)
+		"events", res.Events-res.Held, "parked_in_retry_table", res.Parked, "already_in_retry_table", res.Held, "duration", res.Duration.Round(time.Millisecond).String(), "selection", res.Note)
 	return res, nil
 }
 
@@ -470,10 +473,12 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 			if err != nil {
 				return fmt.Errorf("read the outbox table: %w", err)
 			}
-			c := &chunk{}
-			got := 0
+			type routed struct {
+				m   router.Message
+				err error
+			}
+			var read []routed
 			for rows.Next() {
-				got++
 				row, _, err := sel.Scan(rows)
 				if err != nil {
 					rows.Close()
@@ -490,19 +495,54 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 						rows.Close()
 						return fmt.Errorf("route refilled event %d: %w", n, err)
 					}
-					c.fails = append(c.fails, routeFailure{before: len(c.evs), ev: m.Event, err: err})
-					continue
 				}
-				c.evs = append(c.evs, m.Event)
+				read = append(read, routed{m, err})
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
 				return fmt.Errorf("read the outbox table: %w", err)
 			}
-			if got == 0 {
+			if len(read) == 0 {
 				return nil
 			}
-			res.Events += int64(got)
+			res.Events += int64(len(read))
+			// Events the stream already stored in the retry table are
+			// there still (a dead letter, a row being retried): sent or
+			// stored again they would be a second copy behind the first,
+			// pending for ever behind a dead one, or sent again after an
+			// operator dropped it. Only an aggregate blocked in the gate
+			// can have such rows.
+			var ask []event.Event
+			var askAt []int
+			gt.mu.Lock()
+			for i := range read {
+				if _, ok := gt.blocked[read[i].m.Lane().String()]; ok {
+					ask, askAt = append(ask, read[i].m.Event), append(askAt, i)
+				}
+			}
+			gt.mu.Unlock()
+			held := map[int]bool{}
+			if len(ask) > 0 {
+				h, err := rstore.Held(gctx, ask, "refill:"+res.ID+":")
+				if err != nil {
+					return fmt.Errorf("refill: %w", err)
+				}
+				for j := range h {
+					held[askAt[j]] = true
+				}
+				res.Held += int64(len(h))
+			}
+			c := &chunk{}
+			for i := range read {
+				if held[i] {
+					continue
+				}
+				if read[i].err != nil {
+					c.fails = append(c.fails, routeFailure{before: len(c.evs), ev: read[i].m.Event, err: read[i].err})
+					continue
+				}
+				c.evs = append(c.evs, read[i].m.Event)
+			}
 			select {
 			case chunks <- c:
 			case <-gctx.Done():
@@ -513,8 +553,8 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 	if err := g.Wait(); err != nil {
 		return 0, time.Time{}, err
 	}
-	if tally.done != res.Events {
-		return 0, time.Time{}, fmt.Errorf("the writer finished %d of %d refilled events", tally.done, res.Events)
+	if tally.done != res.Events-res.Held {
+		return 0, time.Time{}, fmt.Errorf("the writer finished %d of %d refilled events", tally.done, res.Events-res.Held)
 	}
 	// What the retry table holds of this refill: parked behind an
 	// aggregate's earlier rows, or refused.

@@ -246,6 +246,88 @@ func TestRefillBehindRetryRow(t *testing.T) {
 	t.Logf("refilled rows still in the retry table: %d (delivered ones are removed)", parked)
 }
 
+// TestRefillLeavesDeadLetter: an event the stream stored as a dead letter
+// before the slot was lost is inside the refill's range (the newest history
+// row is older than it). The refill must leave it to the operator as the one
+// row it is: not store a second copy behind it (pending for ever behind the
+// dead one, and sent after it once requeued: a duplicate) nor send it.
+func TestRefillLeavesDeadLetter(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	run := f.start(t, cfg)
+	f.produce(t, 3, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+
+	// What the relay does with an event Kafka refuses for good: store it
+	// dead and confirm past it. By hand, with the value as the router
+	// reads it, and the checkpoint (not the history) past it.
+	ctx := context.Background()
+	dead := f.makeEvents(1)[0]
+	f.insertTx(t, []event{dead})
+	ends := f.commitEnds(t)
+	var value string
+	if err := f.pool.QueryRow(ctx, `SELECT payload::text FROM outbox WHERE id = $1`, dead.ID).Scan(&value); err != nil {
+		t.Fatal(err)
+	}
+	ev := envelope.Event{ID: dead.ID, AggregateType: dead.AggregateType, AggregateID: dead.AggregateID, Type: dead.EventType,
+		Topic: f.prefix + "." + dead.AggregateType, Key: []byte(dead.AggregateID), Value: []byte(value),
+		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
+		CommitLSN: ends[len(ends)-1], Pos: 1}
+	rev := retry.NewEvent(&ev)
+	rev.Reason, rev.Permanent = "test: refused by Kafka for good", true
+	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
+		t.Fatal(err)
+	}
+	var now string
+	if err := f.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkpoint.New(f.pool, "outbox_relay_checkpoint").Save(ctx, f.slot, mustLSN(t, now), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.produce(t, 3, 5, 0) // the dead letter's aggregate has later events here
+	f.start(t, cfg)
+	waitFor(t, time.Minute, "the refill recorded in the checkpoint row", func() (bool, string) {
+		var done bool
+		err := f.pool.QueryRow(ctx, `SELECT last_refill IS NOT NULL FROM outbox_relay_checkpoint WHERE slot_name = $1`, f.slot).Scan(&done)
+		if err != nil {
+			return false, err.Error()
+		}
+		return done, "not yet"
+	})
+	rows, err := f.pool.Query(ctx, `SELECT event_key || ' ' || status FROM outbox_relay_retry WHERE event_id = $1 ORDER BY seq`, dead.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(held) != 1 || !strings.HasPrefix(held[0], "lsn:") {
+		t.Fatalf("retry rows of the dead letter after the refill: %q; want only the stream's dead row", held)
+	}
+
+	// The operator requeues it: it goes out once, its aggregate after it.
+	if _, err := f.retryStore(t).RequeueAllDead(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.waitAll(t, time.Minute)
+	f.assertHealed(t, "refill past a dead letter", 0)
+	n := 0
+	for _, d := range f.readAll(t) {
+		if d.Headers["id"] == dead.ID {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("the dead letter was delivered %d times after its requeue; want once", n)
+	}
+}
+
 // invalidateSlot invalidates the fixture's slot with a small
 // max_slot_wal_keep_size, restored in t.Cleanup. The caller holds
 // testenv.Exclusive: the setting is server-wide, and the test refuses to run

@@ -503,6 +503,53 @@ WHERE EXISTS (SELECT 1 FROM %s r WHERE %s)`, s.table, sameAggregate("r", "u.a"))
 	return out, nil
 }
 
+// Held reports which of evs the table already holds as the same message:
+// a row with the same event id, aggregate, event type and value, whatever
+// its status or key. A refill asks, so that an event the stream already
+// stored here (a dead letter an operator has yet to handle, or a row still
+// being retried) is not stored or sent a second time. The answer is by
+// index into evs; an event without an id is never held (nothing tells two
+// of them apart). Rows whose event key starts with exceptKeys ("" for none)
+// are not looked at: the refill's own, which are other rows of the outbox
+// even when identical.
+func (s *Store) Held(ctx context.Context, evs []event.Event, exceptKeys string) (map[int]bool, error) {
+	var idx []int
+	var ids, aggs, types []string
+	var values [][]byte
+	for i := range evs {
+		e := &evs[i]
+		if e.ID == "" {
+			continue
+		}
+		idx = append(idx, i)
+		ids = append(ids, event.PlainText(e.ID))
+		aggs = append(aggs, e.Lane().String())
+		types = append(types, event.PlainText(e.Type))
+		values = append(values, e.Value)
+	}
+	out := map[int]bool{}
+	if len(idx) == 0 {
+		return out, nil
+	}
+	// One row per candidate (ordinality), matched on the md5(aggregate)
+	// index; the value compared whole, NULL equal to NULL.
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT u.n - 1 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(id, a, t, v, n)
+WHERE EXISTS (SELECT 1 FROM %s r WHERE %s AND r.event_id = u.id
+  AND coalesce(r.event_type, '') = u.t AND r.value IS NOT DISTINCT FROM u.v
+  AND ($5 = '' OR left(r.event_key, length($5)) <> $5))`, s.table, sameAggregate("r", "u.a")), ids, aggs, types, values, exceptKeys)
+	if err != nil {
+		return nil, fmt.Errorf("read the retry table: %w", s.hint(err))
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read the retry table: %w", err)
+	}
+	for _, n := range found {
+		out[idx[n]] = true
+	}
+	return out, nil
+}
+
 // A Filter selects rows for List. Zero values select everything.
 type Filter struct {
 	Status        Status // "" for both
