@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outbox-relay/outbox-relay/internal/pgslot"
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
 // Config configures a Stream. The zero value of every field but DSN, Slot and

@@ -46,7 +46,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 

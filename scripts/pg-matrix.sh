@@ -27,7 +27,7 @@ GO=${GO:-go}
 #   - the reduced hostile-data run (internal/hostile; not RELAY_FAULTS=full);
 #   - lag and status, including a lost slot (internal/ops, internal/relay);
 #   - replay (internal/replay), retention and prune (internal/retention, internal/relay,
-#     cmd/outbox-relay), the slot reader (internal/pgslot), the pgoutput stream itself
+#     cmd/outbox-relay), the slot reader (replication/pgslot), the pgoutput stream itself
 #     (replication), checkpoints (checkpoint), the grant statements (sql);
 #   - partitioned outboxes and inserts under other names (TestPartition*, the renamed
 #     outbox, an inheritance child, a table ignored), columns checked at start;
@@ -42,7 +42,7 @@ PG_MATRIX_PACKAGES=(
 	./internal/ops
 	./internal/replay
 	./internal/retention
-	./internal/pgslot
+	./replication/pgslot
 	./replication
 	./checkpoint
 	./sql

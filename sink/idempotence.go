@@ -11,7 +11,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
 
-	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/backoff"
 )
 
 // This file is the idempotent producer (Kafka's KIP-98 without transactions):

@@ -13,7 +13,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 
-	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/backoff"
 )
 
 // This file produces a call's messages with one kafka-go produce request per

@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/event"
 	"math"
 	"regexp"
 	"strings"

@@ -2,7 +2,11 @@
 // docs/commands.md documents, and maps a command's error to its code.
 package exitcode
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
+)
 
 // Exit codes. A probe or cron job can tell a broken setup (Usage) from a
 // failure (Failure) and from a relay that is merely behind (Threshold).
@@ -24,10 +28,14 @@ type Coder interface {
 }
 
 // Of returns the exit code for err: OK for nil, the code of the first Coder
-// in its chain, else Failure.
+// in its chain, Gap for a slot gap (pgslot.ErrGap: the library does not know
+// about exit codes), else Failure.
 func Of(err error) int {
 	if err == nil {
 		return OK
+	}
+	if errors.Is(err, pgslot.ErrGap) {
+		return Gap
 	}
 	var c Coder
 	if errors.As(err, &c) {

@@ -3,7 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
-	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/event"
 	"log/slog"
 	"os"
 	"strings"

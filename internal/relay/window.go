@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // window bounds what the pipeline holds. Bytes are taken when a batch is read

@@ -6,7 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	ev "github.com/outbox-relay/outbox-relay/internal/event"
+	ev "github.com/outbox-relay/outbox-relay/event"
 	"slices"
 	"strings"
 	"testing"

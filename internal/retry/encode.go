@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // storable reports whether s can be stored in a Postgres text column (or a

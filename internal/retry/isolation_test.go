@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	ev "github.com/outbox-relay/outbox-relay/internal/event"
+	ev "github.com/outbox-relay/outbox-relay/event"
 	"slices"
 	"strings"
 	"sync"

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
-	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -91,8 +90,6 @@ var ErrGap = fmt.Errorf("replication slot does not continue from the checkpoint"
 
 func (e *GapError) Unwrap() error { return ErrGap }
 
-// ExitCode makes a command that meets the gap exit with exitcode.Gap.
-func (e *GapError) ExitCode() int { return exitcode.Gap }
 
 // Range is the uncovered range as text: "From..To", or "From.." when the
 // slot has no position to resume from.

@@ -1,6 +1,7 @@
 package pgslot
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -40,9 +41,9 @@ func TestSuperseded(t *testing.T) {
 	newer := Server{Server: checkpoint.Server{SystemID: "7", Timeline: 2}, Forks: []Fork{{Timeline: 1, End: 0x3000}}, History: true}
 	if err := Superseded("s", 0x2000, srv, newer, "b:5432"); err == nil {
 		t.Fatalf("Superseded(timeline 1, other on timeline 2 of the same system) = nil; want a gap")
-	} else if gap := err.(*GapError); gap.Cause != CauseSuperseded || gap.Fork != 0x3000 || gap.ExitCode() != 4 ||
+	} else if gap := err.(*GapError); gap.Cause != CauseSuperseded || gap.Fork != 0x3000 || !errors.Is(err, ErrGap) ||
 		!strings.Contains(err.Error(), "old primary") || !strings.Contains(err.Error(), "b:5432") {
-		t.Errorf("Superseded: %+v, %q; want cause server_superseded, fork 0/3000, exit 4, naming the old primary and b:5432", gap, err)
+		t.Errorf("Superseded: %+v, %q; want cause server_superseded, fork 0/3000, ErrGap, naming the old primary and b:5432", gap, err)
 	}
 	for _, other := range []Server{
 		srv, // the same server, or a standby of it
