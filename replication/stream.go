@@ -140,7 +140,7 @@ func (s *Stream) Stats() Stats {
 // Run again after Run returned.
 func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch) error {
 	if err := s.cfg.validate(); err != nil {
-		return &fatalError{msg: err.Error(), sentinel: ErrConfig}
+		return &fatalError{msg: "replication config", sentinel: ErrConfig, cause: err}
 	}
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("replication: Run called while already running")

@@ -23,7 +23,7 @@ func TestEventTypeOptional(t *testing.T) {
 		{"template", router.Config{Columns: dbz, Headers: []string{"id"}, Topic: "t.{event_type}"}, true, ""},
 		{"dash", router.Config{Columns: withEventType(dbz, "-"), Headers: []string{"id"}}, false, ""},
 		{"dash with header", router.Config{Columns: withEventType(dbz, "-"), Headers: []string{"id", "event_type"}}, false,
-			`outbox.columns.event_type is "-" (no event type column) but message.headers includes event_type`},
+			`Columns.EventType: "-" (no event type column) but Headers includes event_type`},
 		{"dash with template", router.Config{Columns: withEventType(dbz, "-"), Headers: []string{"id"}, Topic: "t.{event_type}"}, false,
 			`uses {event_type}`},
 		{"dash for payload", router.Config{Columns: router.Columns{Payload: "-"}}, false, `only the headers and event type columns may be disabled`},

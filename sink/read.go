@@ -34,7 +34,7 @@ import (
 // request is bounded by cfg's WriteTimeout. It is for reading a small topic
 // once (Kafka Connect's offsets), not for consuming.
 func ReadTopic(ctx context.Context, cfg Config, topic string, fn func(key, value []byte) error) error {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("read topic %q: kafka config: %w", topic, err)
 	}
 	mech, _ := cfg.mechanism()

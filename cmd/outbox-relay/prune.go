@@ -63,14 +63,14 @@ and why, and deletes the delivered old rows of the default partition;
 }
 
 func prune(ctx context.Context, e *env, rc retention.Config) error {
-	cfg, err := pgx.ParseConfig(e.cfg.Postgres.DSN)
+	cfg, err := pgx.ParseConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
 	cfg.RuntimeParams["application_name"] = "outbox-relay prune"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if err := retention.CheckTable(ctx, conn, rc.Table); err != nil {

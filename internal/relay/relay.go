@@ -141,7 +141,7 @@ type liveTerm struct {
 
 // New validates cfg and fills defaults. It neither dials nor starts goroutines.
 func New(cfg Config) (*Relay, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	rt, err := router.New(cfg.Router)

@@ -295,7 +295,7 @@ func TestCheckPartitions(t *testing.T) {
 		t.Errorf("Round(drop) on a plain outbox = %v; want an error saying it is not partitioned", err)
 	}
 	cfg := retention.Config{Slot: slot, Retention: time.Hour, Partitions: "truncate"}
-	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "want delete") {
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `Partitions: "truncate" is not one of delete`) {
 		t.Errorf("Validate(Partitions: truncate) = %v; want an error naming the values", err)
 	}
 }
