@@ -59,6 +59,9 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		return exitcode.Failure
 	}
 	fmt.Fprintf(stderr, "outbox-relay: %s\n", ops.PrintableText(err.Error()))
+	if fix := hint(err); fix != "" {
+		fmt.Fprintf(stderr, "outbox-relay: to fix: %s\n", fix)
+	}
 	if !parsed {
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return exitcode.Usage

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// TestHints: the conditions the packages report without naming a command
+// get the command line's fix, as the operator saw it before the packages
+// stopped spelling commands.
+func TestHints(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want []string
+	}{
+		{"slot missing", fmt.Errorf("start: %w", replication.ErrSlotMissing), []string{`"outbox-relay setup"`, `"outbox-relay recover"`}},
+		{"slot not found", fmt.Errorf("verify: %w", pgslot.ErrNotFound), []string{`"outbox-relay setup"`}},
+		{"plugin", replication.ErrSlotPlugin, []string{`"outbox-relay setup"`, "postgres.slot"}},
+		{"publication missing", replication.ErrPublicationMissing, []string{`"outbox-relay setup"`, `"outbox-relay check"`}},
+		{"publication after the slot", replication.ErrPublicationAfterSlot, []string{"--start-lsn", "--force", `"outbox-relay check"`}},
+		{"idempotence refused", sink.ErrIdempotenceNotAllowed, []string{"kafka.idempotence: false"}},
+		{"start beyond the WAL", &relay.FutureStartError{Requested: 2, Current: 1}, []string{"--start-lsn", "--force"}},
+	}
+	for _, tt := range tests {
+		got := hint(tt.err)
+		for _, w := range tt.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: hint(%v) = %q; want it to name %s", tt.name, tt.err, got, w)
+			}
+		}
+	}
+	if got := hint(&pgslot.GapError{Cause: pgslot.CauseSlotMissing}); got != "" {
+		t.Errorf("hint(*GapError) = %q; want none (the gap names its own fix)", got)
+	}
+}
+
+// TestFieldErrorKeys: a package's *field.Error reaches the operator under the
+// key of the field, and the fields it mentions by their keys.
+func TestFieldErrorKeys(t *testing.T) {
+	for field, key := range map[string]string{
+		"Sink.BatchBytes": "kafka.batch_bytes", "Sink.TLS.CAFile": "kafka.tls.ca_file", "Replication.WalSenderTimeout": "postgres.wal_sender_timeout",
+		"Router.Columns.Payload": "outbox.columns.payload", "Retention.BatchSize": "outbox.retention_batch_size", "Retry.BackoffMax": "retry.backoff_max",
+		"HistoryKeep": "checkpoint.history_keep", "Sink.DisableIdempotence": "kafka.idempotence", "Table": "outbox.table",
+	} {
+		if got := keyOf(field); got != key {
+			t.Errorf("keyOf(%q) = %q; want %q", field, got, key)
+		}
+	}
+	fe := &field.Error{Field: "HistoryKeep", Reason: "1m is shorter than {HistoryInterval} (1h)"}
+	if got, want := keyText(fe), "checkpoint.history_keep: 1m is shorter than checkpoint.history_interval (1h)"; got != want {
+		t.Errorf("keyText(%v) = %q; want %q", fe, got, want)
+	}
+	// Every setting whose field lies in the relay's Config has its path.
+	keys := map[string]bool{}
+	for _, k := range fieldKeys() {
+		keys[k] = true
+	}
+	var c config
+	lo := reflect.ValueOf(&c.Config).Pointer()
+	hi := lo + reflect.TypeOf(c.Config).Size()
+	for _, s := range settings {
+		if s.field == nil {
+			continue
+		}
+		if p := reflect.ValueOf(s.field(&c)).Pointer(); p >= lo && p < hi && !keys[s.key] {
+			t.Errorf("%s: its field is in relay.Config, but fieldKeys does not map it", s.key)
+		}
+	}
+}
+
+// TestIgnoredKeyWarns: kafka.batch_timeout is accepted, and the log says it
+// is ignored.
+func TestIgnoredKeyWarns(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("RELAY_KAFKA_BATCH_TIMEOUT", "5ms")
+	c, err := load(t, writeFile(t, "c.yaml", minimal))
+	if err != nil {
+		t.Fatalf("loadConfig with kafka.batch_timeout: %v; want it accepted", err)
+	}
+	var log bytes.Buffer
+	l, _ := newLogger(&log, "info", "text")
+	c.warnIgnored(l)
+	if !strings.Contains(log.String(), "kafka.batch_timeout") || !strings.Contains(log.String(), "ignored") {
+		t.Errorf("log = %q; want a warning naming kafka.batch_timeout as ignored", log.String())
+	}
+}
