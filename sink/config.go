@@ -98,6 +98,7 @@ const (
 	DefaultBatchBytes   = 1 << 20
 	DefaultWriteTimeout = 10 * time.Second
 	DefaultCompression  = "none"
+	DefaultTopicWait    = defaultTopicWait
 )
 
 // Compressions and SASLMechanisms are the values Compression and
