@@ -523,7 +523,7 @@ func TestStreamSetupErrors(t *testing.T) {
 		{"slot missing", "no_such_slot", "relay_pub", ErrSlotMissing, `replication slot "no_such_slot" does not exist`},
 		{"publication missing", "relay_slot", "no_such_pub", ErrPublicationMissing, `publication "no_such_pub" does not exist`},
 		{"other plugin", "decoding_slot", "relay_pub", ErrSlotPlugin, `uses plugin "test_decoding"`},
-		{"invalid slot name", "Bad-Name", "relay_pub", ErrConfig, `slot name "Bad-Name" is invalid`},
+		{"invalid slot name", "Bad-Name", "relay_pub", ErrConfig, `slot name "Bad-Name" may contain only lower-case letters`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

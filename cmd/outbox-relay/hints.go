@@ -22,8 +22,10 @@ var hints = []struct {
 	{isErr(replication.ErrPublicationMissing), `create it with "outbox-relay setup", then run "outbox-relay check": a publication created after the slot's position cannot decode what was written before it, and check then prints how to start past that point`},
 	{isErr(replication.ErrSlotPlugin), `drop the slot and run "outbox-relay setup", or set postgres.slot to a pgoutput slot`},
 	{isErr(replication.ErrSlotDatabase), `set postgres.dsn to the slot's database, or postgres.slot to a slot of this one ("outbox-relay setup" creates it)`},
-	{isErr(replication.ErrSlotMissing), `run "outbox-relay setup" (or, if a relay delivered from the slot before, "outbox-relay recover")`},
-	{isErr(pgslot.ErrNotFound), `run "outbox-relay setup" (or, if a relay delivered from the slot before, "outbox-relay recover")`},
+	// With a checkpoint, a missing slot is a *pgslot.GapError (recover);
+	// without one, nothing was delivered from it: create it.
+	{isErr(replication.ErrSlotMissing), `run "outbox-relay setup"`},
+	{isErr(pgslot.ErrNotFound), `run "outbox-relay setup"`},
 	{isErr(sink.ErrIdempotenceNotAllowed), `or set kafka.idempotence: false`},
 	{isType[*relay.FutureStartError], `give --start-lsn at or before the server's position, or add --force if that is really meant`},
 }

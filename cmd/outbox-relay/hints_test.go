@@ -23,7 +23,7 @@ func TestHints(t *testing.T) {
 		err  error
 		want []string
 	}{
-		{"slot missing", fmt.Errorf("start: %w", replication.ErrSlotMissing), []string{`"outbox-relay setup"`, `"outbox-relay recover"`}},
+		{"slot missing", fmt.Errorf("start: %w", replication.ErrSlotMissing), []string{`"outbox-relay setup"`}},
 		{"slot not found", fmt.Errorf("verify: %w", pgslot.ErrNotFound), []string{`"outbox-relay setup"`}},
 		{"plugin", replication.ErrSlotPlugin, []string{`"outbox-relay setup"`, "postgres.slot"}},
 		{"publication missing", replication.ErrPublicationMissing, []string{`"outbox-relay setup"`, `"outbox-relay check"`}},
@@ -92,5 +92,21 @@ func TestIgnoredKeyWarns(t *testing.T) {
 	c.warnIgnored(l)
 	if !strings.Contains(log.String(), "kafka.batch_timeout") || !strings.Contains(log.String(), "ignored") {
 		t.Errorf("log = %q; want a warning naming kafka.batch_timeout as ignored", log.String())
+	}
+}
+
+// TestLagMissingSlotHint: a slot that does not exist (and never delivered)
+// is named by the library and fixed by setup, as the operator reads it.
+func TestLagMissingSlotHint(t *testing.T) {
+	_, slot := dbEnv(t)
+	if code, _, stderr := run(t, "setup", "--create-outbox-table"); code != 0 {
+		t.Fatalf("setup = %d: %s", code, stderr)
+	}
+	t.Setenv("RELAY_POSTGRES_SLOT", slot+"_missing")
+	code, _, stderr := run(t, "lag")
+	for _, want := range []string{slot + "_missing", "does not exist", `to fix: run "outbox-relay setup"`} {
+		if code == 0 || !strings.Contains(stderr, want) {
+			t.Errorf("lag with a missing slot = %d, stderr %q; want a failure naming %q", code, stderr, want)
+		}
 	}
 }
