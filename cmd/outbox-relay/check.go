@@ -45,5 +45,6 @@ func (e *env) adminConfig() admin.Config {
 		Retention:           c.Retention.Retention,
 		RetentionPartitions: c.Retention.Partitions,
 		RedactedDSN:         redactDSN(c.Replication.DSN),
+		Fix:                 hint,
 	}
 }

@@ -2,11 +2,15 @@ package main
 
 import (
 	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // hints are the command line's fixes for conditions the packages report.
@@ -27,6 +31,9 @@ var hints = []struct {
 	{isErr(replication.ErrSlotMissing), `run "outbox-relay setup"`},
 	{isErr(pgslot.ErrNotFound), `run "outbox-relay setup"`},
 	{isErr(sink.ErrIdempotenceNotAllowed), `or set kafka.idempotence: false`},
+	{isErr(pgslot.ErrFailoverUnsupported), `set postgres.failover: false and postgres.on_slot_loss: refill, or upgrade to Postgres 17 or later`},
+	{isErr(relay.ErrOutboxMissing), `run "outbox-relay setup --create-outbox-table", or set outbox.table to your outbox table`},
+	{isPgCode("42P01"), `a table the relay needs is missing: run "outbox-relay setup" (as the tables' owner) to create the relay's tables`},
 	{isType[*relay.FutureStartError], `give --start-lsn at or before the server's position, or add --force if that is really meant`},
 }
 
@@ -39,16 +46,60 @@ func isType[T error](err error) bool {
 	return errors.As(err, &t)
 }
 
-// hint is the command line's fix for err, or "". A *pgslot.GapError says its
-// own fix.
+func isPgCode(code string) func(error) bool {
+	return func(err error) bool {
+		var pe *pgconn.PgError
+		return errors.As(err, &pe) && pe.Code == code
+	}
+}
+
+// hint is the command line's fix for err, or "".
 func hint(err error) string {
-	if isType[*pgslot.GapError](err) {
+	var refill *relay.RefillError
+	if errors.As(err, &refill) {
+		if refill.NoHistory {
+			return fmt.Sprintf(`with the relay stopped: 1. "outbox-relay replay --from %s"; 2. create the slot if it is missing or lost (drop a lost one, then "outbox-relay setup"); `+
+				`3. "outbox-relay checkpoint set <the slot's confirmed_flush_lsn, which "outbox-relay check" prints> --yes"; 4. start the relay`, refill.ReplayFrom)
+		}
 		return ""
+	}
+	var gap *pgslot.GapError
+	if errors.As(err, &gap) {
+		return gapFix(gap)
 	}
 	for _, h := range hints {
 		if h.is(err) {
 			return h.fix
 		}
+	}
+	return ""
+}
+
+// gapFix is the command line's way to deliver a slot gap's uncovered range:
+// recover (or postgres.on_slot_loss: refill) when the checkpoint's positions
+// belong to this server's WAL, else replay by time. An old primary
+// (CauseSuperseded) is fixed on the servers; the gap says how.
+func gapFix(e *pgslot.GapError) string {
+	switch {
+	case e.Cause == pgslot.CauseSuperseded:
+		return ""
+	case e.Cause.Refillable():
+		return `run "outbox-relay recover" (with the relay stopped, or set postgres.on_slot_loss: refill and the relay does it by itself): ` +
+			`it creates the slot again, re-delivers from the outbox table every event the checkpoint does not cover, and the relay streams on from the new slot. ` +
+			`"outbox-relay recover --dry-run" says what it would send; "outbox-relay check" warns when the outbox rows or the checkpoint history it needs may be missing` +
+			e.Afterwards() + lagAlert(e)
+	}
+	return fmt.Sprintf(`if postgres.dsn points at the wrong server, fix it. If this server rightly replaced the checkpoint's, with the relay stopped: `+
+		`1. "outbox-relay replay --from %s" (re-sends the events committed after the checkpoint, up to when it runs, and some earlier ones again); `+
+		`2. delete the checkpoint row, whose positions belong to the other WAL (DELETE FROM <checkpoint.table> WHERE slot_name = %s); 3. start the relay, which then starts at the slot`,
+		e.ReplayFrom(), sql.Literal(e.Slot))
+}
+
+// lagAlert names the command that would have warned of a slot about to be
+// lost.
+func lagAlert(e *pgslot.GapError) string {
+	if e.Cause == pgslot.CauseSlotLost {
+		return ` ("outbox-relay lag --max-bytes" alerts before it is)`
 	}
 	return ""
 }

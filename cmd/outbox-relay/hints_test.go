@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -30,6 +31,14 @@ func TestHints(t *testing.T) {
 		{"publication after the slot", replication.ErrPublicationAfterSlot, []string{"--start-lsn", "--force", `"outbox-relay check"`}},
 		{"idempotence refused", sink.ErrIdempotenceNotAllowed, []string{"kafka.idempotence: false"}},
 		{"start beyond the WAL", &relay.FutureStartError{Requested: 2, Current: 1}, []string{"--start-lsn", "--force"}},
+		{"failover on Postgres 15", pgslot.FailoverUnsupported(150007), []string{"postgres.failover: false", "postgres.on_slot_loss: refill"}},
+		{"outbox missing", fmt.Errorf("%w: public.outbox", relay.ErrOutboxMissing), []string{"setup --create-outbox-table", "outbox.table"}},
+		{"slot recreated", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseSlotAhead, From: 1, To: 2}, []string{`"outbox-relay recover"`, "postgres.on_slot_loss: refill", "--dry-run"}},
+		{"slot lost", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseSlotLost, From: 1}, []string{`"outbox-relay recover"`, "max_slot_wal_keep_size", "outbox-relay lag"}},
+		{"another system", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseOtherSystem, From: 1, LastCommitTime: time.Date(2026, 11, 24, 10, 30, 15, 0, time.UTC)},
+			[]string{`"outbox-relay replay --from 2026-11-24T10:29:15Z"`, "postgres.dsn", "DELETE FROM <checkpoint.table>"}},
+		{"refill without history", &relay.RefillError{Gap: &pgslot.GapError{Cause: pgslot.CauseSlotMissing}, NoHistory: true, ReplayFrom: "2026-11-24T10:29:15Z"},
+			[]string{`"outbox-relay replay --from 2026-11-24T10:29:15Z"`, `"outbox-relay setup"`, "checkpoint set", "--yes"}},
 	}
 	for _, tt := range tests {
 		got := hint(tt.err)
@@ -39,8 +48,8 @@ func TestHints(t *testing.T) {
 			}
 		}
 	}
-	if got := hint(&pgslot.GapError{Cause: pgslot.CauseSlotMissing}); got != "" {
-		t.Errorf("hint(*GapError) = %q; want none (the gap names its own fix)", got)
+	if got := hint(&pgslot.GapError{Cause: pgslot.CauseSuperseded}); got != "" {
+		t.Errorf("hint(superseded *GapError) = %q; want none (the fix is on the servers, and the gap says it)", got)
 	}
 }
 

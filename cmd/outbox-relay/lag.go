@@ -163,6 +163,7 @@ func (e *env) opsConfig() ops.Config {
 		Table:           e.cfg.Table,
 		CheckpointTable: e.cfg.CheckpointTable,
 		RetryTable:      e.cfg.RetryTable,
+		Fix:             hint,
 	}
 }
 

@@ -53,6 +53,9 @@ type Config struct {
 	// Scrub removes secrets from an error's text before it is written or
 	// returned (libraries echo what they were given). Default: unchanged.
 	Scrub func(error) error
+	// Fix, when set, says how to fix an error a package returned, in the
+	// command line's words (which command, flag or key); "" for none.
+	Fix func(error) string
 }
 
 func (c *Config) scrub(err error) error {

@@ -195,7 +195,7 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		return err
 	}
 	if cfg.Failover {
-		p, err := failoverProblem(ctx, conn)
+		p, err := failoverProblem(ctx, conn, cfg)
 		if err != nil {
 			return err
 		}

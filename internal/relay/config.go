@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -31,6 +32,10 @@ const (
 	DefaultHistoryInterval    = time.Minute
 	DefaultHistoryKeep        = 30 * 24 * time.Hour
 )
+
+// ErrOutboxMissing is wrapped by Run's error when the outbox table does not
+// exist.
+var ErrOutboxMissing = errors.New("outbox table does not exist")
 
 // Bounds of the in-flight window (Config.MaxInFlightEvents, MaxInFlightBytes).
 const (

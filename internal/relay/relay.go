@@ -440,7 +440,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, pg
 			if unreachable(err) {
 				return err
 			}
-			r.log.Warn("cannot upgrade the retry table: run \"outbox-relay setup\" as its owner", "table", r.cfg.RetryTable, "err", err)
+			r.log.Warn("cannot upgrade the retry table: its owner must (sql/004_retry.sql does)", "table", r.cfg.RetryTable, "err", err)
 		}
 		// Likewise the checkpoint history, new in a later version than the
 		// checkpoint table: delivery does not need it, retention does.
@@ -448,7 +448,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, pg
 			if unreachable(err) {
 				return err
 			}
-			r.log.Warn("cannot create the checkpoint history table: run \"outbox-relay setup\" as its owner; until then no history is recorded and retention deletes nothing",
+			r.log.Warn("cannot create the checkpoint history table: the checkpoint table's owner must (sql/002_relay.sql does); until then no history is recorded and retention deletes nothing",
 				"table", store.HistoryTable(), "err", err)
 		}
 		// Fencing needs the epoch column: a table from before it gets it
@@ -468,7 +468,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, pg
 		// A mapping that cannot work fails now, in check's words, not at
 		// the first event as if the table had changed while running.
 		if r.placer.OID() == 0 {
-			return fmt.Errorf("outbox table %s does not exist: create it (outbox-relay setup --create-outbox-table) or set outbox.table to your outbox table", r.cfg.Table)
+			return fmt.Errorf("%w: %s: create it, or point the relay at your outbox table", ErrOutboxMissing, r.cfg.Table)
 		}
 		if err := placement.CheckColumns(ctx, pool, r.placer.OID(), r.placer.Outbox(), r.router.Needs()); err != nil {
 			return err
@@ -680,10 +680,10 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 		return 0, pgslot.Server{}, err
 	}
 	if sl.Plugin != "pgoutput" {
-		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, sl.Plugin)
+		return 0, pgslot.Server{}, fmt.Errorf("%w: slot %q uses plugin %q: drop it and create it with pgoutput, or use a pgoutput slot", replication.ErrSlotPlugin, slot, sl.Plugin)
 	}
 	if sl.Database != sl.CurrentDatabase {
-		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q belongs to database %q, not %q: set postgres.dsn to that database, or postgres.slot to a slot of this one (\"outbox-relay setup\" creates it)", slot, sl.Database, sl.CurrentDatabase)
+		return 0, pgslot.Server{}, fmt.Errorf("%w: slot %q belongs to database %q, not %q: connect to that database, or use a slot of this one", replication.ErrSlotDatabase, slot, sl.Database, sl.CurrentDatabase)
 	}
 	slotLSN, err := sl.Confirmed()
 	if err != nil {
@@ -691,7 +691,7 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	}
 	cp, err := store.Load(ctx, slot)
 	if err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		return 0, pgslot.Server{}, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+		return 0, pgslot.Server{}, fmt.Errorf("load checkpoint from %s: %w", r.cfg.CheckpointTable, err)
 	}
 	srv, err := r.identify(ctx)
 	if err != nil {
@@ -735,10 +735,10 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 			if !r.cfg.StartLSNForce {
 				return 0, pgslot.Server{}, &FutureStartError{Requested: r.cfg.StartLSN, Current: cur}
 			}
-			r.log.Warn("--start-lsn is AHEAD of the server's WAL, as forced: every event committed before the WAL reaches it is skipped for good",
+			r.log.Warn("the start LSN is AHEAD of the server's WAL, as forced: every event committed before the WAL reaches it is skipped for good",
 				"start_lsn", r.cfg.StartLSN.String(), "current_wal_lsn", cur.String())
 		}
-		r.log.Warn("starting at the operator's --start-lsn: transactions committed before it are NOT delivered",
+		r.log.Warn("starting at the operator's start LSN: transactions committed before it are NOT delivered",
 			"start_lsn", start.String(), "checkpoint", cp.LSN.String(), "slot_confirmed_flush_lsn", slotLSN.String())
 	}
 	if start > cp.LSN {
