@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -66,6 +67,14 @@ func hint(err error) string {
 	var gap *pgslot.GapError
 	if errors.As(err, &gap) {
 		return gapFix(gap)
+	}
+	// The broker refused the relay's own settings: the sink names the
+	// field, the operator knows the key.
+	var auth *sink.AuthError
+	if errors.As(err, &auth) {
+		var fe *field.Error
+		errors.As(field.Within("Sink", auth.FieldError()), &fe)
+		return keyText(fe)
 	}
 	for _, h := range hints {
 		if h.is(err) {

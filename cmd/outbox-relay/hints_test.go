@@ -37,6 +37,8 @@ func TestHints(t *testing.T) {
 		{"slot lost", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseSlotLost, From: 1}, []string{`"outbox-relay recover"`, "max_slot_wal_keep_size", "outbox-relay lag"}},
 		{"another system", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseOtherSystem, From: 1, LastCommitTime: time.Date(2026, 11, 24, 10, 30, 15, 0, time.UTC)},
 			[]string{`"outbox-relay replay --from 2026-11-24T10:29:15Z"`, "postgres.dsn", "DELETE FROM <checkpoint.table>"}},
+		{"SASL refused", &sink.AuthError{Field: "SASL.Password", Reason: "refused: set {SASL.Username} and {SASL.Password} to credentials the cluster knows"},
+			[]string{"kafka.sasl.password: refused: set kafka.sasl.username and kafka.sasl.password"}},
 		{"refill without history", &relay.RefillError{Gap: &pgslot.GapError{Cause: pgslot.CauseSlotMissing}, NoHistory: true, ReplayFrom: "2026-11-24T10:29:15Z"},
 			[]string{`"outbox-relay replay --from 2026-11-24T10:29:15Z"`, `"outbox-relay setup"`, "checkpoint set", "--yes"}},
 	}

@@ -201,7 +201,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	// A TLS failure says what to change in postgres.dsn (see secure.go).
 	defer func() { err = explainTLS(err) }()
 	// Credentials or TLS settings Kafka refuses need an operator: stop before
-	// streaming (a *sink.AuthError names the key), rather than hold every event
+	// streaming (a *sink.AuthError names the field), rather than hold every event
 	// as a Kafka outage. An unreachable Kafka is no reason: the writer waits.
 	if err := r.sink.CheckAuth(ctx); err != nil {
 		return err
