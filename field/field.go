@@ -86,22 +86,24 @@ func Within(prefix string, err error) error {
 	}
 }
 
-// All returns every *Error in err (alone or joined) and the errors that are
-// not one.
+// All returns every *Error in err's tree (alone, wrapped or joined) and the
+// errors that hold none.
 func All(err error) (fields []*Error, others []error) {
-	if err == nil {
+	switch e := err.(type) {
+	case nil:
 		return nil, nil
-	}
-	if joined, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range joined.Unwrap() {
-			f, o := All(e)
+	case *Error:
+		return []*Error{e}, nil
+	case interface{ Unwrap() []error }:
+		for _, x := range e.Unwrap() {
+			f, o := All(x)
 			fields, others = append(fields, f...), append(others, o...)
 		}
 		return fields, others
-	}
-	var fe *Error
-	if errors.As(err, &fe) {
-		return []*Error{fe}, nil
+	case interface{ Unwrap() error }:
+		if f, _ := All(e.Unwrap()); len(f) > 0 {
+			return f, nil
+		}
 	}
 	return nil, []error{err}
 }

@@ -46,5 +46,6 @@ func (e *env) adminConfig() admin.Config {
 		RetentionPartitions: c.Retention.Partitions,
 		RedactedDSN:         redactDSN(c.Replication.DSN),
 		Fix:                 hint,
+		Text:                operatorText,
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -45,6 +46,17 @@ func isErr(target error) func(error) bool {
 func isType[T error](err error) bool {
 	var t T
 	return errors.As(err, &t)
+}
+
+// operatorText is err's text as the operator reads it: every *field.Error
+// of the relay's Config in it under its key (keyText).
+func operatorText(err error) string {
+	msg := err.Error()
+	fes, _ := field.All(err)
+	for _, fe := range fes {
+		msg = strings.Replace(msg, fe.Error(), keyText(fe), 1)
+	}
+	return msg
 }
 
 func isPgCode(code string) func(error) bool {

@@ -121,3 +121,14 @@ func TestLagMissingSlotHint(t *testing.T) {
 		}
 	}
 }
+
+// TestOperatorText: a package's *field.Error inside a run error reads with
+// the key, wherever it is wrapped.
+func TestOperatorText(t *testing.T) {
+	fe := field.Within("Retention", field.Errorf("Retention", `set, but the outbox table has no "created_at" column: add it, or set {Retention} to "" (off)`))
+	err := fmt.Errorf("start: %w", fe)
+	want := `start: outbox.retention: set, but the outbox table has no "created_at" column: add it, or set outbox.retention to "" (off)`
+	if got := operatorText(err); got != want {
+		t.Errorf("operatorText(%v) = %q; want %q", err, got, want)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 )
@@ -74,10 +75,10 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if err := retention.CheckTable(ctx, conn, rc.Table); err != nil {
-		return err
+		return field.Within("Retention", err)
 	}
 	if err := retention.CheckPartitions(ctx, conn, rc.Table, rc.Partitions); err != nil {
-		return err
+		return field.Within("Retention", err)
 	}
 	start := time.Now()
 	res, err := retention.Round(ctx, conn, rc)

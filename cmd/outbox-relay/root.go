@@ -58,7 +58,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, errReported):
 		return exitcode.Failure
 	}
-	fmt.Fprintf(stderr, "outbox-relay: %s\n", ops.PrintableText(err.Error()))
+	fmt.Fprintf(stderr, "outbox-relay: %s\n", ops.PrintableText(operatorText(err)))
 	if fix := hint(err); fix != "" {
 		fmt.Fprintf(stderr, "outbox-relay: to fix: %s\n", fix)
 	}

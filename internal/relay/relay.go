@@ -80,6 +80,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
@@ -476,10 +477,10 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, pg
 		// Retention that cannot work says so at start, not once a minute.
 		if r.cfg.Retention.Retention > 0 {
 			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
-				return err
+				return field.Within("Retention", err)
 			}
 			if err := retention.CheckPartitions(ctx, pool, r.cfg.Table, r.cfg.Retention.Partitions); err != nil {
-				return err
+				return field.Within("Retention", err)
 			}
 		}
 		return gt.load(ctx)

@@ -279,7 +279,7 @@ func TestCheckPartitions(t *testing.T) {
 		{"public.pobox", retention.PartitionsDrop, ""},
 		{"public.pobox", retention.PartitionsDetach, ""},
 		{"public.outbox", retention.PartitionsDelete, ""},
-		{"public.outbox", retention.PartitionsDrop, "is not partitioned: set outbox.retention_partitions to delete"},
+		{"public.outbox", retention.PartitionsDrop, "Partitions: drop, but the outbox table public.outbox is not partitioned: set Partitions to delete"},
 		{"public.hashed", retention.PartitionsDetach, "not partitioned BY RANGE (created_at) alone"},
 	}
 	for _, tt := range tests {

@@ -391,16 +391,16 @@ FROM (SELECT to_regclass($1)::oid AS oid) c`, t.Quoted(), CreatedAtColumn).Scan(
 	case err != nil:
 		return fmt.Errorf("look up outbox table %s: %w", t, err)
 	case !exists:
-		return fmt.Errorf("outbox table %s does not exist: check outbox.table, or run `outbox-relay setup --create-outbox-table`", t)
+		return field.Errorf("Table", "outbox table %s does not exist: create it, or name your outbox table", t)
 	case typ == nil:
-		return fmt.Errorf("outbox.retention is set, but the outbox table %s has no %q column to tell a row's age: add it "+
+		return field.Errorf("Retention", "set, but the outbox table %s has no %q column to tell a row's age: add it "+
 			"(ALTER TABLE %s ADD COLUMN %s timestamptz NOT NULL DEFAULT now(); existing rows get the time of the ALTER) "+
-			"and an index on it, or set outbox.retention to \"\" (off)", t, CreatedAtColumn, t.Quoted(), sql.Ident(CreatedAtColumn))
+			"and an index on it, or set {Retention} to \"\" (off)", t, CreatedAtColumn, t.Quoted(), sql.Ident(CreatedAtColumn))
 	case *typ != "timestamp with time zone" && *typ != "timestamp without time zone":
-		return fmt.Errorf("outbox.retention is set, but %s.%s is %s, not a timestamp: retention cannot tell a row's age; set outbox.retention to \"\" (off)",
+		return field.Errorf("Retention", "set, but %s.%s is %s, not a timestamp: retention cannot tell a row's age; set {Retention} to \"\" (off)",
 			t, CreatedAtColumn, *typ)
 	case !canDelete:
-		return fmt.Errorf("outbox.retention is set, but the relay's role may not delete from %s: GRANT DELETE ON %s TO <the relay's role>, or set outbox.retention to \"\" (off)",
+		return field.Errorf("Retention", "set, but the relay's role may not delete from %s: GRANT DELETE ON %s TO <the relay's role>, or set {Retention} to \"\" (off)",
 			t, t.Quoted())
 	}
 	return nil
