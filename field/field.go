@@ -87,7 +87,7 @@ func Within(prefix string, err error) error {
 }
 
 // All returns every *Error in err's tree (alone, wrapped or joined) and the
-// errors that hold none.
+// errors that hold none (of a wrapper that holds some, the inner ones).
 func All(err error) (fields []*Error, others []error) {
 	switch e := err.(type) {
 	case nil:
@@ -101,8 +101,8 @@ func All(err error) (fields []*Error, others []error) {
 		}
 		return fields, others
 	case interface{ Unwrap() error }:
-		if f, _ := All(e.Unwrap()); len(f) > 0 {
-			return f, nil
+		if f, o := All(e.Unwrap()); len(f) > 0 {
+			return f, o
 		}
 	}
 	return nil, []error{err}
