@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/admin"
 )
 
 var update = flag.Bool("update", false, "rewrite the files generated from settings")
@@ -140,7 +142,7 @@ func exampleYAML() string {
 		comment := mdLink.ReplaceAllString(s.doc, "$1, docs/$2")
 		comment = strings.ReplaceAll(comment, "`", "")
 		comment = strings.ToUpper(comment[:1]) + comment[1:] + "."
-		for _, line := range strings.Split(wrapText(comment, 78-len(indent)-2), "\n") {
+		for _, line := range admin.WrapWords(comment, 78-len(indent)-2) {
 			fmt.Fprintf(&b, "%s# %s\n", indent, line)
 		}
 		name := parts[len(parts)-1]
@@ -161,21 +163,4 @@ func exampleYAML() string {
 		}
 	}
 	return b.String()
-}
-
-// wrapText breaks text into lines of at most width bytes, at spaces.
-func wrapText(text string, width int) string {
-	var lines []string
-	line := ""
-	for _, w := range strings.Fields(text) {
-		if line != "" && len(line)+1+len(w) > width {
-			lines = append(lines, line)
-			line = ""
-		}
-		if line != "" {
-			line += " "
-		}
-		line += w
-	}
-	return strings.Join(append(lines, line), "\n")
 }
