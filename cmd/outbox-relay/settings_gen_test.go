@@ -140,8 +140,10 @@ func exampleYAML() string {
 		open = sections
 		indent := strings.Repeat("  ", len(sections))
 		comment := mdLink.ReplaceAllString(s.doc, "$1, docs/$2")
-		comment = strings.ReplaceAll(comment, "`", "")
-		comment = strings.ToUpper(comment[:1]) + comment[1:] + "."
+		if !strings.HasPrefix(comment, "`") { // a value keeps its case
+			comment = strings.ToUpper(comment[:1]) + comment[1:]
+		}
+		comment = strings.ReplaceAll(comment, "`", "") + "."
 		for _, line := range admin.WrapWords(comment, 78-len(indent)-2) {
 			fmt.Fprintf(&b, "%s# %s\n", indent, line)
 		}
