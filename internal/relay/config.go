@@ -150,9 +150,6 @@ func (c *Config) Validate() error {
 // the pipeline needs before the configurations it holds are built.
 func (c *Config) validate() error {
 	var v field.Checker
-	if c.Replication.DSN == "" {
-		v.Add(field.Required("Replication.DSN", "set the Postgres connection string"))
-	}
 	field.Default(&c.Replication.Slot, sql.DefaultSlot)
 	field.Default(&c.Replication.Publication, sql.DefaultPublication)
 	field.OneOf(&v, "OnSlotLoss", &c.OnSlotLoss, OnSlotLossFail, OnSlotLossFail, OnSlotLossRefill)
