@@ -1,9 +1,11 @@
 package router_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/router"
 )
 
@@ -31,11 +33,20 @@ func TestEventTypeOptional(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := router.New(tt.cfg)
+			cfg := tt.cfg
+			verr := cfg.Validate()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("New = %v; want an error with %q", err, tt.wantErr)
 				}
+				var fe *field.Error
+				if !errors.As(verr, &fe) || !strings.Contains(fe.Error(), tt.wantErr) {
+					t.Errorf("Validate = %v; want the *field.Error New reports, with %q", verr, tt.wantErr)
+				}
 				return
+			}
+			if verr != nil {
+				t.Errorf("Validate = %v; want nil, as New", verr)
 			}
 			if err != nil {
 				t.Fatal(err)

@@ -84,8 +84,11 @@ type routing struct {
 }
 
 // Validate fills defaults and returns what cannot work, as a *field.Error
-// naming the field and the fix. New calls it.
+// naming the field and the fix: what New would refuse.
 func (c *Config) Validate() error {
+	if _, err := New(*c); err != nil {
+		return err
+	}
 	_, err := c.validate()
 	return err
 }
