@@ -60,18 +60,30 @@ func (b *bench) runOnce(ctx context.Context, run int) error {
 	return errors.Join(errs...)
 }
 
-// workloadDB creates a fresh database with the relay's objects (by `outbox-relay
-// setup`) and the extra publications and slots given.
-func (b *bench) workloadDB(ctx context.Context, name string, run int, pubs, slots func(*benchDB) []string) (*benchDB, error) {
-	db, err := b.freshDatabase(ctx, name)
+// workloadDB creates a fresh database, outbox_bench_<stamp>_<label>, with the
+// relay's objects (by `outbox-relay setup`), Debezium's publication when it
+// runs, and for a drain the slots of pg_recvlogical and Debezium: they exist
+// before the backlog, so all read the same WAL.
+func (b *bench) workloadDB(ctx context.Context, label string, drain bool) (*benchDB, error) {
+	db, err := b.freshDatabase(ctx, fmt.Sprintf("outbox_bench_%s_%s", b.stamp, label))
 	if err != nil {
 		return nil, err
 	}
-	if err := b.relaySetup(ctx, db, name); err != nil {
+	if err := b.relaySetup(ctx, db, label); err != nil {
 		// The bench's own DDL below still lets the other systems run.
 		b.log.Warn("outbox-relay setup failed; creating the objects without it", "err", err)
 	}
-	if err := db.ensureObjects(ctx, append([]string{db.Publication}, pubs(db)...), append([]string{db.RelaySlot}, slots(db)...)); err != nil {
+	pubs, slots := []string{db.Publication}, []string{db.RelaySlot}
+	if drain {
+		slots = append(slots, db.RecvSlot)
+	}
+	if b.debezium() {
+		pubs = append(pubs, db.DbzPublication)
+		if drain {
+			slots = append(slots, db.DbzSlot)
+		}
+	}
+	if err := db.ensureObjects(ctx, pubs, slots); err != nil {
 		var derr error
 		b.dropDatabase(ctx, db, &derr)
 		return nil, errors.Join(err, derr)

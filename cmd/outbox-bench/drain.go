@@ -19,19 +19,7 @@ import (
 func (b *bench) drainWorkload(ctx context.Context, run, per int) (d DrainRun, err error) {
 	d = DrainRun{Run: run, PerTxn: per, RecvFirst: run%2 == 1}
 	fail := func(err error) (DrainRun, error) { d.Err = err.Error(); return d, err }
-	pubs := func(db *benchDB) []string {
-		if b.debezium() {
-			return []string{db.DbzPublication}
-		}
-		return nil
-	}
-	slots := func(db *benchDB) []string {
-		if b.debezium() {
-			return []string{db.RecvSlot, db.DbzSlot}
-		}
-		return []string{db.RecvSlot}
-	}
-	db, err := b.workloadDB(ctx, fmt.Sprintf("outbox_bench_%s_r%d_d%d", b.stamp, run, per), run, pubs, slots)
+	db, err := b.workloadDB(ctx, fmt.Sprintf("r%d_d%d", run, per), true)
 	if err != nil {
 		return fail(err)
 	}

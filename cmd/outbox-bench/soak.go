@@ -20,7 +20,9 @@ import (
 // half of its measured drain capacity and checks that nothing creeps: resident
 // memory stays flat, the p99 latency does not drift and every event arrives.
 // Per-minute figures, not per-event samples, are kept: 30 minutes at 70k
-// events/s are over 100 million events.
+// events/s are over 100 million events. It ends at its duration, however far
+// the producer got, and appends each minute's row to report.md and soak.jsonl
+// once that minute's events have had soakRowGrace to arrive.
 
 // Soak verdicts: the median of the per-minute values over the last window
 // against the first window (window = 10 minutes, or a third of a shorter soak).
@@ -315,8 +317,7 @@ func (b *bench) soak(ctx context.Context) error {
 		r.CapacityRate = d.RelayRate()
 		r.TargetRate = max(int(r.CapacityRate/2), per)
 	}
-	none := func(*benchDB) []string { return nil }
-	db, err := b.workloadDB(ctx, fmt.Sprintf("outbox_bench_%s_soak", b.stamp), 1, none, none)
+	db, err := b.workloadDB(ctx, "soak", false)
 	if err != nil {
 		return err
 	}

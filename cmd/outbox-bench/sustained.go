@@ -78,14 +78,7 @@ func (b *bench) sustainedRate(per int) int {
 // sustainedWorkload runs the relay, then Debezium, at a fixed rate of
 // transactions of per events, in a fresh database.
 func (b *bench) sustainedWorkload(ctx context.Context, run, per int) (err error) {
-	db, err := b.workloadDB(ctx, fmt.Sprintf("outbox_bench_%s_r%d_s%d", b.stamp, run, per), run,
-		func(db *benchDB) []string {
-			if b.debezium() {
-				return []string{db.DbzPublication}
-			}
-			return nil
-		},
-		func(*benchDB) []string { return nil })
+	db, err := b.workloadDB(ctx, fmt.Sprintf("r%d_s%d", run, per), false)
 	if err != nil {
 		return err
 	}
