@@ -263,7 +263,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rep := &Report{
 		Started: started,
-		Command: strings.Join(append([]string{"outbox-bench"}, args...), " "),
+		Command: commandLine(args),
 		Env:     environment(ctx, o),
 		Config:  o.Settings,
 	}
@@ -315,6 +315,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// commandLine is the invocation as the report shows it, the value of
+// -cleanup-dsn (a superuser's password, often) left out.
+func commandLine(args []string) string {
+	out := []string{"outbox-bench"}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "cleanup-dsn" {
+			out = append(out, "-cleanup-dsn=…")
+			if !hasValue {
+				i++
+			}
+			continue
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
 }
 
 // environment describes the machine and the servers, best effort.

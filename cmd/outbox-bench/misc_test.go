@@ -127,3 +127,19 @@ func TestLatencySamples(t *testing.T) {
 		t.Errorf("after reset and one add: count() = %d, duplicates %d, %d samples; want 1, 0, 1", got, s.duplicates, len(s.ack))
 	}
 }
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-runs", "3", "-peers", "debezium"}, "outbox-bench -runs 3 -peers debezium"},
+		{[]string{"-cleanup-dsn", "postgres://postgres:secret@127.0.0.1/postgres", "-runs", "1"}, "outbox-bench -cleanup-dsn=… -runs 1"},
+		{[]string{"--cleanup-dsn=postgres://postgres:secret@127.0.0.1/postgres"}, "outbox-bench -cleanup-dsn=…"},
+	}
+	for _, tt := range tests {
+		if got := commandLine(tt.args); got != tt.want {
+			t.Errorf("commandLine(%q) = %q; want %q", tt.args, got, tt.want)
+		}
+	}
+}
