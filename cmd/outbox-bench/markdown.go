@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -181,7 +182,12 @@ func cell(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
-func fmtMB(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+// fmtMB prints bytes as MiB with one decimal, thousands grouped: "1,163.1 MiB".
+func fmtMB(b int64) string {
+	whole, frac, _ := strings.Cut(fmt.Sprintf("%.1f", float64(b)/(1<<20)), ".")
+	n, _ := strconv.Atoi(whole)
+	return fmtCount(n) + "." + frac + " MiB"
+}
 
 func fmtRate(r float64) string { return fmtCount(int(r + 0.5)) }
 

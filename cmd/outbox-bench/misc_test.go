@@ -94,6 +94,15 @@ func TestFmt(t *testing.T) {
 			t.Errorf("fmtDur(%s) = %q; want %q", tt.d, got, tt.want)
 		}
 	}
+	sizes := []struct {
+		b    int64
+		want string
+	}{{0, "0.0 MiB"}, {42 << 20, "42.0 MiB"}, {1219624960, "1,163.1 MiB"}, {(1 << 20) - 1, "1.0 MiB"}}
+	for _, tt := range sizes {
+		if got := fmtMB(tt.b); got != tt.want {
+			t.Errorf("fmtMB(%d) = %q; want %q", tt.b, got, tt.want)
+		}
+	}
 }
 
 func TestLatencySamples(t *testing.T) {
