@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -111,7 +110,6 @@ func (b *bench) startDebezium(ctx context.Context, db *benchDB, slot, label stri
 	}
 	o := dbzTuning
 	o.DSN, o.Slot, o.Publication, o.TopicPrefix = db.DSN, slot, db.DbzPublication, db.Name
-	o.Props = maps.Clone(o.Props)
 	w := &dbzWorker{dir: dir, logCopy: filepath.Join(b.dir, label+".log"), launched: time.Now()}
 	w.Connect, err = debezium.Launch(ctx, o, b.o.Brokers, dir)
 	if err != nil {

@@ -15,18 +15,20 @@ import (
 // capacity.
 const probeDuration = 5 * time.Second
 
-// A runningSink is the relay or Debezium while it delivers a sustained phase.
+// A runningSink is the relay or Debezium while it delivers a sustained phase;
+// stop ends it and says what it cost.
 type runningSink interface {
 	exited() bool
 	exitErr() string
 	logTail(n int) string
 	cpu() (time.Duration, error)
 	peakRSS() (int64, error)
+	stop() usage
 }
 
 // A sustainedSink is what delivers the sustained phase's events: the relay or
 // Debezium. start launches it and returns once it reads its slot, so that its
-// start-up is not counted as latency; stop ends it and says what it cost.
+// start-up is not counted as latency.
 type sustainedSink struct {
 	name       string // relay or debezium: in the report, logs and errors
 	typePrefix string // aggregate-type prefix of the phase: fresh topics per sink
@@ -40,6 +42,8 @@ type sustainedSink struct {
 // relayProc is the relay as a runningSink.
 type relayProc struct{ *proc }
 
+func (r relayProc) stop() usage { return r.proc.stop(30 * time.Second) }
+
 func (b *bench) relaySink(db *benchDB, run, per int) sustainedSink {
 	return sustainedSink{
 		name: "relay", typePrefix: fmt.Sprintf("b%sr%ds%d_", b.stamp, run, per), topics: topicsFor,
@@ -51,17 +55,6 @@ func (b *bench) relaySink(db *benchDB, run, per int) sustainedSink {
 			return relayProc{p}, nil
 		},
 	}
-}
-
-// stopSink ends a sink and returns its CPU time from start to exit.
-func stopSink(s runningSink) time.Duration {
-	switch s := s.(type) {
-	case relayProc:
-		return s.stop(30 * time.Second).CPU
-	case *dbzWorker:
-		return s.stop().CPU
-	}
-	return 0
 }
 
 // sustainedRate is the events/s of the sustained workload of per events per
@@ -133,7 +126,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink s
 	stopped := false
 	defer func() {
 		if !stopped {
-			stopSink(running)
+			running.stop()
 		}
 	}()
 
@@ -176,7 +169,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink s
 		s.PhaseCPUSec = (cpu1 - cpu0).Seconds()
 	}
 	stopped = true
-	s.CPUSec = stopSink(running).Seconds()
+	s.CPUSec = running.stop().CPU.Seconds()
 	stopConsumer()
 	if err := g.Wait(); err != nil && s.Err == "" {
 		s.Err = err.Error()
