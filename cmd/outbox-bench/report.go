@@ -166,7 +166,10 @@ type SustainedRun struct {
 	PeakRSS      int64   `json:"peak_rss_bytes"`
 	CPUSec       float64 `json:"cpu_seconds"`       // start to exit
 	PhaseCPUSec  float64 `json:"phase_cpu_seconds"` // during the timed phase only
-	Err          string  `json:"error,omitempty"`
+	// BenchCPUSec is the bench's own CPU in the timed phase (producer and
+	// consumer), which the sink competes with on a small machine.
+	BenchCPUSec float64 `json:"bench_cpu_seconds"`
+	Err         string  `json:"error,omitempty"`
 }
 
 // Summary holds the medians over the runs that finished, per workload.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"time"
@@ -154,6 +155,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink s
 
 	b.log.Info("sustained phase", "run", run, "sink", sink.name, "per_txn", per, "rate", rate, "duration", b.o.Duration)
 	cpu0, _ := running.cpu()
+	self0, _ := pidCPU(os.Getpid())
 	start := time.Now()
 	if s.Events, s.Commits, err = insertAtRate(ctx, p, commits, rate, per, b.o.Duration); err != nil {
 		return fail(err)
@@ -167,6 +169,9 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink s
 	}
 	if cpu1, err := running.cpu(); err == nil {
 		s.PhaseCPUSec = (cpu1 - cpu0).Seconds()
+	}
+	if self1, err := pidCPU(os.Getpid()); err == nil {
+		s.BenchCPUSec = (self1 - self0).Seconds()
 	}
 	stopped = true
 	s.CPUSec = running.stop().CPU.Seconds()
