@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
@@ -126,7 +125,7 @@ func (s *fakeSink) Write(ctx context.Context, evs []event.Event) error {
 		if s.fail != nil {
 			if err := s.fail(e); err != nil {
 				failed[e.Lane()] = true
-				we.Failures = append(we.Failures, sink.Failure{Index: i, Err: err})
+				we.Failures = append(we.Failures, sink.Failure{Index: i, Err: err, Permanent: true, Reason: err.Error()})
 				continue
 			}
 		}
@@ -175,6 +174,10 @@ func (t *fakeRetry) Undelivered(ctx context.Context, aggs []string) (map[string]
 	}
 	return out, nil
 }
+
+// errTooLarge is a refusal of the fake sink's: permanent, as Kafka's refusal
+// of a too-large message is.
+var errTooLarge = errors.New("the message is larger than Kafka accepts")
 
 var testOutbox = &replication.Relation{Namespace: "public", Name: "outbox", Columns: []replication.Column{
 	{Name: "id"}, {Name: "aggregate_type"}, {Name: "aggregate_id"}, {Name: "event_type"}, {Name: "payload"}, {Name: "headers"},
@@ -358,7 +361,7 @@ func TestPipelineConfirmsOnlyHandled(t *testing.T) {
 		{"clean", &fakeSink{}, []txn{{{"Order", "a", "1"}, {"Order", "b", "1"}}, {{"Order", "a", "2"}}}, 1},
 		{"one refused", &fakeSink{fail: func(e *event.Event) error {
 			if string(e.Value) == "2" {
-				return kafka.MessageSizeTooLarge
+				return errTooLarge
 			}
 			return nil
 		}}, []txn{{{"Order", "a", "1"}, {"Order", "a", "2"}, {"Order", "a", "3"}, {"Order", "b", "1"}}, {{"Order", "a", "4"}, {"Order", "b", "2"}}}, 2},
@@ -392,7 +395,7 @@ func TestPipelineConfirmsOnlyHandled(t *testing.T) {
 func TestPipelineFailureHoldsItsLaneOnly(t *testing.T) {
 	s := &fakeSink{fail: func(e *event.Event) error {
 		if e.AggregateID == "a" && string(e.Value) == "2" {
-			return kafka.MessageSizeTooLarge
+			return errTooLarge
 		}
 		return nil
 	}}

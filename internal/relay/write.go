@@ -205,8 +205,8 @@ func refused(we *sink.WriteError, send []event.Event, sendAt []int) []diverted {
 			ev.Waiting = true
 			ev.Reason = "waiting behind an earlier event of the same aggregate that Kafka refused; delivered after it, in order"
 		} else {
-			ev.Reason = sink.Reason(f.Err, e)
-			ev.Permanent = sink.Permanent(f.Err)
+			// What the failure means is the sink's to say.
+			ev.Reason, ev.Permanent = f.Reason, f.Permanent
 		}
 		out = append(out, diverted{place: 2*i + 1, ev: ev})
 	}
