@@ -46,9 +46,7 @@ func (b *leaderBook) count() int {
 }
 
 func newTestLease(b *leaderBook, dur time.Duration) *lease {
-	l := newLease("s", "test", dur, slog.New(slog.DiscardHandler))
-	l.store = b
-	return l
+	return newLease("s", "test", dur, slog.New(slog.DiscardHandler), b, nil, func() checkpoint.Server { return checkpoint.Server{} })
 }
 
 // A lease writes nothing before the stream holds the slot and the former
