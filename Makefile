@@ -62,7 +62,11 @@ dev-env:
 demo:
 	@scripts/demo.sh
 
-# Reports go to docs/bench/<time>/. The bench holds the dev servers shared for its whole
+# The workloads of docs/performance.md in one invocation (drains of 1,000- and 1-event
+# transactions; 10,000 events/s in 100- and 1-event transactions), medians of -runs;
+# BENCH_ARGS="-peers debezium" adds Debezium, BENCH_ARGS="-events 200000 -runs 1
+# -duration 10s" is the quick form. Reports (report.json, report.md, plots) go to
+# docs/bench/<time>/. The bench holds the dev servers shared for its whole
 # run, as testenv's tests do (.dev/fault.lock): it waits while a fault test of a concurrent
 # `go test` has a server stopped on purpose (dev-up would restart it), and no fault test
 # stops one under it. -o: a server that `up` starts must not inherit the lock.
@@ -71,9 +75,10 @@ bench: build
 	flock -o -s .dev/fault.lock bash -c '$(DEV) up && $(WITH_DEV_ENV) $(GO) run ./cmd/outbox-bench $(BENCH_ARGS)'
 
 # A soak (not in CI): the relay's drain capacity first, then the relay at half of it for
-# SOAK (30m), RSS and commit→ack p99 per minute (report.md, soak.svg); PASS/FAIL on flat
-# RSS, no p99 drift and every event delivered. BENCH_ARGS adds flags (-rate N skips the
-# capacity drain). Same shared lock as bench.
+# SOAK (30m), RSS and commit→ack p99 per minute, appended to report.md and soak.jsonl as
+# the minutes pass (soak.svg at the end); it ends at SOAK however far the producer got.
+# PASS/FAIL on flat RSS, no p99 drift and every event delivered. BENCH_ARGS adds flags
+# (-rate N skips the capacity drain). Same shared lock as bench.
 SOAK ?= 30m
 bench-soak: build
 	@mkdir -p .dev

@@ -61,7 +61,7 @@ func TestKafkaBrokerRejectsTooLarge(t *testing.T) {
 	if !errors.As(err, &werr) || len(werr.Failures) != 3 || werr.Failures[0].Index != 4 {
 		t.Fatalf("Write = %v; want 3 Failures: index 4, then 6 and 8 held behind it", err)
 	}
-	if f := werr.Failures[0]; !sink.Permanent(f.Err) {
+	if f := werr.Failures[0]; !f.Permanent {
 		t.Errorf("Permanent(%v) = false; want true", f.Err)
 	}
 	for i, f := range werr.Failures[1:] {
@@ -97,7 +97,7 @@ func TestKafkaUnknownTopic(t *testing.T) {
 		t.Fatalf("Write = %v; want Failures at 1 and 4", err)
 	}
 	for _, f := range werr.Failures {
-		if sink.Permanent(f.Err) || !errors.Is(f.Err, kafka.UnknownTopicOrPartition) {
+		if f.Permanent || !errors.Is(f.Err, kafka.UnknownTopicOrPartition) {
 			t.Errorf("Failure{%d, %v}: want a non-permanent UnknownTopicOrPartition", f.Index, f.Err)
 		}
 	}

@@ -268,12 +268,12 @@ func TestWriteTooLargeForBatch(t *testing.T) {
 	in[17].Value = make([]byte, 100_000)
 	err := k.Write(context.Background(), evs(in))
 	var werr *sink.WriteError
-	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 17 || !sink.Permanent(werr.Failures[0].Err) {
+	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 17 || !werr.Failures[0].Permanent {
 		t.Fatalf("Write = %v; want a permanent Failure at index 17 first", err)
 	}
 	var held []int
 	for _, f := range werr.Failures[1:] {
-		if !errors.Is(f.Err, sink.ErrBehind) || sink.Permanent(f.Err) {
+		if !errors.Is(f.Err, sink.ErrBehind) || f.Permanent {
 			t.Errorf("Failure{%d, %v}: want ErrBehind, not permanent", f.Index, f.Err)
 		}
 		held = append(held, f.Index)
@@ -309,7 +309,7 @@ func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
 	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 11 {
 		t.Fatalf("Write = %v; want a Failure at index 11 first", err)
 	}
-	if f := werr.Failures[0]; !sink.Permanent(f.Err) || !errors.Is(f.Err, kafka.MessageSizeTooLarge) {
+	if f := werr.Failures[0]; !f.Permanent || !errors.Is(f.Err, kafka.MessageSizeTooLarge) {
 		t.Errorf("Failure{%d, %v}: want a permanent MessageSizeTooLarge", f.Index, f.Err)
 	}
 	for _, f := range werr.Failures[1:] {
@@ -351,7 +351,7 @@ func TestWriteUnknownTopic(t *testing.T) {
 	}
 	var got []string
 	for _, f := range werr.Failures {
-		got = append(got, fmt.Sprintf("%d permanent=%t", f.Index, sink.Permanent(f.Err)))
+		got = append(got, fmt.Sprintf("%d permanent=%t", f.Index, f.Permanent))
 		if !strings.Contains(f.Err.Error(), `"missing"`) {
 			t.Errorf("Failure{%d, %v}: want the error to name the topic", f.Index, f.Err)
 		}
@@ -377,7 +377,7 @@ func TestWriteTopicAuthorizationFailed(t *testing.T) {
 		t.Fatalf("Write = %v; want Failures at 4 and 7", err)
 	}
 	for _, f := range werr.Failures {
-		if !sink.Permanent(f.Err) {
+		if !f.Permanent {
 			t.Errorf("Permanent(%v) = false; want true", f.Err)
 		}
 	}
@@ -427,34 +427,6 @@ func TestWriteCancelledWhileRetrying(t *testing.T) {
 	defer cancel()
 	if err := k.Write(ctx, evs(msgs("orders", 5, 1))); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Write(leader never available) = %v; want context.DeadlineExceeded", err)
-	}
-}
-
-func TestPermanent(t *testing.T) {
-	tests := []struct {
-		err  error
-		want bool
-	}{
-		{kafka.MessageSizeTooLarge, true},
-		{kafka.MessageTooLargeError{}, true},
-		{kafka.InvalidTopic, true},
-		{kafka.TopicAuthorizationFailed, true},
-		{kafka.InvalidMessage, true},
-		{kafka.InvalidRecord, true},
-		{kafka.RecordListTooLarge, true},
-		{fmt.Errorf("topic %q: %w", "x", kafka.InvalidTopic), true},
-		{kafka.UnknownTopicOrPartition, false},
-		{kafka.NotEnoughReplicas, false},
-		{kafka.LeaderNotAvailable, false},
-		{kafka.RequestTimedOut, false},
-		{kafka.NetworkException, false},
-		{context.DeadlineExceeded, false},
-		{errors.New("dial tcp 127.0.0.1:1: connection refused"), false},
-	}
-	for _, tt := range tests {
-		if got := sink.Permanent(tt.err); got != tt.want {
-			t.Errorf("Permanent(%q) = %t; want %t", tt.err, got, tt.want)
-		}
 	}
 }
 

@@ -49,7 +49,7 @@ func writeMixed(t *testing.T, k *sink.Kafka, kc *testenv.KafkaCluster, good, bad
 		t.Fatalf("Write = %v; want Failures at 1 and 3 (topic %q)", err, bad)
 	}
 	for _, f := range werr.Failures {
-		if got := sink.Permanent(f.Err); got != permanent {
+		if got := f.Permanent; got != permanent {
 			t.Errorf("Permanent(%v) = %t; want %t", f.Err, got, permanent)
 		}
 		if !errors.Is(f.Err, target) {

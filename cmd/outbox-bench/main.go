@@ -1,12 +1,18 @@
-// Command outbox-bench measures the real outbox-relay binary (issue #6): how
-// fast it drains a backlog compared with pg_recvlogical on a second slot over
-// the same WAL (the ceiling of one slot on this machine), and the latency from
-// COMMIT to Kafka acknowledgement and to a consumer at a fixed insert rate.
+// Command outbox-bench measures the real outbox-relay binary on the workloads
+// users run (issue 23): backlog drains in transactions of 1,000 and of one
+// event, against pg_recvlogical on a slot of its own over the same WAL (the
+// ceiling of one slot on this machine) and Debezium (-peers debezium); and the
+// latency from COMMIT to Kafka acknowledgement at a fixed rate in transactions
+// of 100 and of one event, the relay and Debezium in turn. It writes
+// report.json (every figure), report.md (one table, the command and the
+// environment) and plots; -soak instead runs the relay for a long time and
+// writes its per-minute table as it goes.
 //
 // Invariants: every database, slot and topic it creates is unique to the
 // invocation and dropped before it exits, also on failure and Ctrl-C; no slot
 // is left behind inactive (it would retain WAL). It talks only to loopback
-// addresses. Targets are printed PASS/FAIL, never asserted by tests.
+// addresses. Targets are printed PASS/FAIL, never asserted by tests. No figure
+// is written into a report but from a measurement of the same invocation.
 package main
 
 import (
@@ -20,12 +26,19 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv/debezium"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -47,28 +60,36 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&o.Events, "events", 500000, "backlog events to drain")
+	fs.IntVar(&o.Events, "events", 500000, "backlog events of each drain")
 	fs.IntVar(&o.PayloadBytes, "payload-bytes", 300, "approximate JSON payload size")
-	fs.IntVar(&o.PerTxn, "per-txn", 1000, "events per transaction in the backlog")
+	drainPer := fs.String("per-txn", "1000,1", "events per transaction of the drains, comma-separated: one drain workload each")
 	fs.IntVar(&o.Aggregates, "aggregates", 1000, "distinct aggregate ids (spread over 5 aggregate types)")
-	fs.IntVar(&o.Rate, "rate", 10000, "sustained insert rate, events/s")
-	fs.DurationVar(&o.Duration, "duration", 60*time.Second, "sustained phase length")
-	fs.IntVar(&o.SustainedPerTxn, "sustained-per-txn", 100, "events per transaction in the sustained phase")
+	fs.IntVar(&o.Rate, "rate", 10000, "sustained insert rate, events/s (lowered to what the producer holds)")
+	fs.DurationVar(&o.Duration, "duration", 60*time.Second, "length of each sustained phase")
+	sustainedPer := fs.String("sustained-per-txn", "100,1", "events per transaction of the sustained phases, comma-separated")
+	fs.IntVar(&o.Producers, "producers", 8, "producer connections of the sustained phases and the soak")
 	fs.IntVar(&o.Runs, "runs", 3, "runs; medians are reported")
-	fs.BoolVar(&o.SkipDrain, "skip-drain", false, "skip the backlog drain")
-	fs.BoolVar(&o.SkipSustained, "skip-sustained", false, "skip the sustained-rate phase")
+	fs.BoolVar(&o.SkipDrain, "skip-drain", false, "skip the backlog drains")
+	fs.BoolVar(&o.SkipSustained, "skip-sustained", false, "skip the sustained-rate phases")
 	fs.BoolVar(&o.Quick, "quick", false, "smoke run: 20k events, 5 s at 2k events/s, 1 run (explicit flags win)")
 	fs.StringVar(&o.RelayBin, "relay", "bin/outbox-relay", "outbox-relay binary")
 	fs.StringVar(&o.RecvBin, "pg-recvlogical", "/usr/lib/postgresql/15/bin/pg_recvlogical", "pg_recvlogical binary")
 	fs.StringVar(&o.OutDir, "out", "docs/bench", "reports directory: each invocation writes <out>/<time>/ and links <out>/latest")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "longest wait for one drain or one process")
 	peers := fs.String("peers", "", "comma-separated peers to run beside pg_recvlogical and the relay: debezium "+
-		"(Kafka Connect standalone + Debezium "+dbzVersion+"; jars from `make debezium-libs`, Java 17)")
+		"(Kafka Connect standalone + Debezium "+debezium.Version+"; jars from `make debezium-libs`, Java 17)")
 	fs.DurationVar(&o.Soak, "soak", 0, "instead of the runs: measure drain capacity (or take -rate), then run the relay "+
-		"at half of it for this long, reporting RSS and p99 per minute (`make bench-soak`)")
+		"at half of it for this long, reporting RSS and p99 per minute as it goes (`make bench-soak`)")
 	fs.StringVar(&o.CleanupDSN, "cleanup-dsn", os.Getenv("RELAY_BENCH_CLEANUP_DSN"), "DSN that drops the bench's slots and "+
 		"databases, e.g. the dev superuser's (default $RELAY_BENCH_CLEANUP_DSN, else RELAY_POSTGRES_DSN)")
 	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var err error
+	if o.DrainPerTxn, err = parseInts("-per-txn", *drainPer); err != nil {
+		return o, err
+	}
+	if o.SustainedPerTxn, err = parseInts("-sustained-per-txn", *sustainedPer); err != nil {
 		return o, err
 	}
 	for p := range strings.SplitSeq(*peers, ",") {
@@ -76,13 +97,13 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 			o.Peers = append(o.Peers, p)
 		}
 	}
-	fs.Visit(func(f *flag.Flag) { o.RateSet = o.RateSet || f.Name == "rate" })
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	o.RateSet = set["rate"]
 	if o.Soak > 0 {
 		o.Runs = 1
 	}
 	if o.Quick {
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["events"] {
 			o.Events = 20000
 		}
@@ -105,16 +126,35 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	return o, o.validate()
 }
 
+// parseInts reads a comma-separated list of positive integers.
+func parseInts(flag, s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%s: %q is not a positive number", flag, f)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: give at least one number", flag)
+	}
+	return out, nil
+}
+
 func (o *options) validate() error {
 	switch {
 	case o.PostgresDSN == "":
 		return errors.New("RELAY_POSTGRES_DSN is empty: set it to a superuser DSN of a wal_level=logical server on 127.0.0.1")
 	case len(o.Brokers) == 0:
 		return errors.New("RELAY_KAFKA_BROKERS is empty: set it to host:port of a broker on 127.0.0.1")
-	case o.Events < 1 || o.PerTxn < 1 || o.Aggregates < 1 || o.Runs < 1 || o.SustainedPerTxn < 1:
-		return errors.New("-events, -per-txn, -aggregates, -sustained-per-txn and -runs must be at least 1")
-	case o.Rate < o.SustainedPerTxn:
-		return fmt.Errorf("-rate %d is below -sustained-per-txn %d: lower -sustained-per-txn", o.Rate, o.SustainedPerTxn)
+	case o.Events < 1 || o.Aggregates < 1 || o.Runs < 1 || o.Producers < 1:
+		return errors.New("-events, -aggregates, -producers and -runs must be at least 1")
+	case o.Rate < slices.Max(o.SustainedPerTxn):
+		return fmt.Errorf("-rate %d is below -sustained-per-txn %d: lower -sustained-per-txn", o.Rate, slices.Max(o.SustainedPerTxn))
 	case o.SkipDrain && o.SkipSustained:
 		return errors.New("-skip-drain and -skip-sustained together leave nothing to measure")
 	case o.Soak < 0 || (o.Soak > 0 && o.Soak < time.Minute):
@@ -223,25 +263,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rep := &Report{
 		Started: started,
-		Host:    fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
+		Command: commandLine(args),
+		Env:     environment(ctx, o),
 		Config:  o.Settings,
-		AckHist: NewHistogram(100*time.Microsecond, 100*time.Second, 10), ReceiptHist: NewHistogram(100*time.Microsecond, 100*time.Second, 10),
 	}
 	b := &bench{o: o, dir: dir, stamp: stamp, log: log, rep: rep, created: &created{}}
 	if b.debezium() {
-		if _, err := dbzLibs(); err != nil {
-			fmt.Fprintln(stderr, "outbox-bench:", err)
-			return 2
-		}
-		rep.DbzConfig = dbzConfigText()
-		rep.DbzAckHist = NewHistogram(100*time.Microsecond, 100*time.Second, 10)
-		rep.DbzReceiptHist = NewHistogram(100*time.Microsecond, 100*time.Second, 10)
+		rep.Debezium = dbzSetup()
 	}
 	if o.Soak > 0 {
 		log.Info("soak", "duration", o.Soak)
 		if err := b.soak(ctx); err != nil {
 			log.Error("soak failed", "err", err)
 			rep.Errors = append(rep.Errors, fmt.Sprintf("soak: %v", err))
+		}
+	} else if !o.SkipSustained && slices.Contains(o.SustainedPerTxn, 1) {
+		if rep.Producer, err = b.probeProducer(ctx); err != nil {
+			log.Error("producer probe failed", "err", err)
+			rep.Errors = append(rep.Errors, fmt.Sprintf("producer probe: %v", err))
 		}
 	}
 	for i := 1; o.Soak == 0 && i <= o.Runs && ctx.Err() == nil; i++ {
@@ -278,38 +317,68 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// writeResults writes report.md, results.json and latency.svg into dir and
-// points <out>/latest at it.
-func writeResults(rep *Report, dir, out string) error {
-	var md strings.Builder
-	if err := rep.writeMarkdown(&md); err != nil {
-		return fmt.Errorf("render report: %w", err)
+// commandLine is the invocation as the report shows it, the value of
+// -cleanup-dsn (a superuser's password, often) left out.
+func commandLine(args []string) string {
+	out := []string{"outbox-bench"}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "cleanup-dsn" {
+			out = append(out, "-cleanup-dsn=…")
+			if !hasValue {
+				i++
+			}
+			continue
+		}
+		out = append(out, a)
 	}
+	return strings.Join(out, " ")
+}
+
+// environment describes the machine and the servers, best effort.
+func environment(ctx context.Context, o options) Env {
+	e := Env{Host: runtime.GOOS + "/" + runtime.GOARCH, CPUs: runtime.NumCPU(), Go: runtime.Version()}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			e.Load, _ = strconv.ParseFloat(f[0], 64)
+		}
+	}
+	if conn, err := pgx.Connect(ctx, o.PostgresDSN); err == nil {
+		var v string
+		if conn.QueryRow(ctx, "SHOW server_version").Scan(&v) == nil {
+			e.Postgres = "PostgreSQL " + v
+		}
+		conn.Close(ctx)
+	}
+	if out, err := exec.CommandContext(ctx, o.RelayBin, "version").Output(); err == nil {
+		e.Relay = strings.TrimSpace(string(out))
+	}
+	return e
+}
+
+// writeResults writes report.json, report.md and the plots into dir and
+// points <out>/latest at it. report.json goes first: it is the source of the
+// others.
+func writeResults(rep *Report, dir, out string) error {
 	js, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode results: %w", err)
 	}
-	var svg strings.Builder
-	panels := []histPanel{
-		{Title: "outbox-relay: commit → Kafka ack", Hist: rep.AckHist, Lat: rep.Summary.Ack},
-		{Title: "outbox-relay: commit → consumer receipt", Hist: rep.ReceiptHist, Lat: rep.Summary.Receipt},
+	if err := os.WriteFile(filepath.Join(dir, "report.json"), append(js, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write report.json: %w", err)
 	}
-	if rep.DbzAckHist != nil {
-		panels = append(panels, histPanel{Title: "Debezium " + dbzVersion + ": commit → Kafka ack", Hist: rep.DbzAckHist, Lat: rep.Summary.DbzAck})
+	var md strings.Builder
+	if err := rep.writeMarkdown(&md); err != nil {
+		return fmt.Errorf("render report: %w", err)
 	}
-	if err := writeSVG(&svg, panels, comparisonBars(rep)); err != nil {
-		return fmt.Errorf("render svg: %w", err)
+	files, err := rep.plots()
+	if err != nil {
+		return err
 	}
-	files := map[string]string{"report.md": md.String(), "results.json": string(js) + "\n", "latency.svg": svg.String()}
-	if rep.Soak != nil {
-		var soak strings.Builder
-		if err := writeSoakSVG(&soak, rep.Soak); err != nil {
-			return fmt.Errorf("render soak svg: %w", err)
-		}
-		files["soak.svg"] = soak.String()
-	}
+	files["report.md"] = []byte(md.String())
 	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", name, err)
 		}
 	}

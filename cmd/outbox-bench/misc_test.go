@@ -94,6 +94,15 @@ func TestFmt(t *testing.T) {
 			t.Errorf("fmtDur(%s) = %q; want %q", tt.d, got, tt.want)
 		}
 	}
+	sizes := []struct {
+		b    int64
+		want string
+	}{{0, "0.0 MiB"}, {42 << 20, "42.0 MiB"}, {1219624960, "1,163.1 MiB"}, {(1 << 20) - 1, "1.0 MiB"}}
+	for _, tt := range sizes {
+		if got := fmtMB(tt.b); got != tt.want {
+			t.Errorf("fmtMB(%d) = %q; want %q", tt.b, got, tt.want)
+		}
+	}
 }
 
 func TestLatencySamples(t *testing.T) {
@@ -125,5 +134,21 @@ func TestLatencySamples(t *testing.T) {
 	s.add(msg(1, 10, time.Millisecond), base, commits) // seq 10 is new again after reset
 	if got := s.count(); got != 1 || s.duplicates != 0 || len(s.ack) != 1 {
 		t.Errorf("after reset and one add: count() = %d, duplicates %d, %d samples; want 1, 0, 1", got, s.duplicates, len(s.ack))
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-runs", "3", "-peers", "debezium"}, "outbox-bench -runs 3 -peers debezium"},
+		{[]string{"-cleanup-dsn", "postgres://postgres:secret@127.0.0.1/postgres", "-runs", "1"}, "outbox-bench -cleanup-dsn=… -runs 1"},
+		{[]string{"--cleanup-dsn=postgres://postgres:secret@127.0.0.1/postgres"}, "outbox-bench -cleanup-dsn=…"},
+	}
+	for _, tt := range tests {
+		if got := commandLine(tt.args); got != tt.want {
+			t.Errorf("commandLine(%q) = %q; want %q", tt.args, got, tt.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -49,19 +50,18 @@ FROM generate_series(0, $7::int - 1) AS g`
 // Example: {"pad": "", "seq": 123456, "txn": 1234, "ts_ns": 1760000000000000000}
 const payloadOverhead = 72
 
-// benchDB is one fresh database holding the outbox, its publication and the
-// two slots of one run.
+// benchDB is one fresh database holding the outbox, its publications and the
+// slots of one workload of one run.
 type benchDB struct {
-	Name             string
-	AdminDSN         string // the database named by RELAY_POSTGRES_DSN
-	CleanupDSN       string // drops slots and the database: -cleanup-dsn, else AdminDSN
-	DSN              string // the fresh database
-	Publication      string
-	RelaySlot        string
-	RecvSlot         string
-	DbzPublication   string // Debezium's own (publication.autocreate.mode=disabled)
-	DbzSlot          string // Debezium's drain slot
-	DbzSustainedSlot string // Debezium's sustained-phase slot, created after the drain
+	Name           string
+	AdminDSN       string // the database named by RELAY_POSTGRES_DSN
+	CleanupDSN     string // drops slots and the database: -cleanup-dsn, else AdminDSN
+	DSN            string // the fresh database
+	Publication    string
+	RelaySlot      string
+	RecvSlot       string
+	DbzPublication string // Debezium's own, so that its slot reads what the others read
+	DbzSlot        string
 }
 
 // withDatabase returns dsn (URL or key=value form) pointed at database name.
@@ -95,16 +95,15 @@ func createDatabase(ctx context.Context, adminDSN, cleanupDSN, name string) (*be
 		cleanupDSN = adminDSN
 	}
 	return &benchDB{
-		Name:             name,
-		AdminDSN:         adminDSN,
-		CleanupDSN:       cleanupDSN,
-		DSN:              dsn,
-		Publication:      name + "_pub",
-		RelaySlot:        name + "_relay",
-		RecvSlot:         name + "_recv",
-		DbzPublication:   name + "_dbzpub",
-		DbzSlot:          name + "_dbz",
-		DbzSustainedSlot: name + "_dbzs",
+		Name:           name,
+		AdminDSN:       adminDSN,
+		CleanupDSN:     cleanupDSN,
+		DSN:            dsn,
+		Publication:    name + "_pub",
+		RelaySlot:      name + "_relay",
+		RecvSlot:       name + "_recv",
+		DbzPublication: name + "_dbzpub",
+		DbzSlot:        name + "_dbz",
 	}, nil
 }
 
@@ -170,7 +169,7 @@ func (db *benchDB) drop(ctx context.Context) error {
 
 // slots are every slot a run may create in db.
 func (db *benchDB) slots() []string {
-	return []string{db.RelaySlot, db.RecvSlot, db.DbzSlot, db.DbzSustainedSlot}
+	return []string{db.RelaySlot, db.RecvSlot, db.DbzSlot}
 }
 
 // dropRetryFor bounds dropDatabase's retries: an autovacuum worker that has
@@ -273,48 +272,107 @@ func dropSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
 	}
 }
 
-// producer inserts events into the bench database over one connection.
+// backlogProc commits txns transactions of per events each on the server, one
+// COMMIT per transaction (a procedure may commit between statements): a backlog of
+// a million one-event transactions costs no client round trips. Its parameters
+// are insertSQL's, plus the number of transactions.
+const backlogProc = `CREATE OR REPLACE PROCEDURE public.outbox_bench_backlog(
+	types text[], seq0 bigint, aggs bigint, txn0 bigint, pad int, per int, txns int)
+LANGUAGE plpgsql AS $$
+BEGIN
+	FOR i IN 0 .. txns - 1 LOOP
+		INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		SELECT gen_random_uuid(),
+			types[(((seq0 + i::bigint * per + g) % aggs) % 5) + 1],
+			'agg-' || ((seq0 + i::bigint * per + g) % aggs),
+			'created',
+			jsonb_build_object('txn', txn0 + i, 'seq', seq0 + i::bigint * per + g,
+				'ts_ns', (extract(epoch FROM clock_timestamp()) * 1e9)::bigint, 'pad', repeat('x', pad))
+		FROM generate_series(0, per - 1) AS g;
+		COMMIT;
+	END LOOP;
+END $$`
+
+// producer inserts events into the bench database over one or more
+// connections; sequence and transaction numbers are unique across them.
 type producer struct {
-	conn       *pgx.Conn
+	conns      []*pgx.Conn
 	types      []string
 	aggregates int
 	pad        int
-	seq        int64
-	txn        int64
+	seq        atomic.Int64
+	txn        atomic.Int64
 }
 
-func newProducer(ctx context.Context, dsn, typePrefix string, aggregates, payloadBytes int) (*producer, error) {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return nil, fmt.Errorf("connect producer: %w", err)
-	}
+// newProducer connects conns times (at least once).
+func newProducer(ctx context.Context, dsn, typePrefix string, aggregates, payloadBytes, conns int) (*producer, error) {
 	types := make([]string, len(aggregateTypes))
 	for i, t := range aggregateTypes {
 		types[i] = typePrefix + t
 	}
-	return &producer{conn: conn, types: types, aggregates: aggregates, pad: max(payloadBytes-payloadOverhead, 0)}, nil
+	p := &producer{types: types, aggregates: aggregates, pad: max(payloadBytes-payloadOverhead, 0)}
+	for range max(conns, 1) {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			p.close(ctx)
+			return nil, fmt.Errorf("connect producer: %w", err)
+		}
+		p.conns = append(p.conns, conn)
+	}
+	return p, nil
 }
 
-func (p *producer) close(ctx context.Context) { p.conn.Close(ctx) }
+func (p *producer) close(ctx context.Context) {
+	for _, c := range p.conns {
+		c.Close(ctx)
+	}
+}
 
-// insertTxn commits one transaction of n events and returns its number and
-// the wall time right after COMMIT returned.
-func (p *producer) insertTxn(ctx context.Context, n int) (txn int64, committed time.Time, err error) {
-	p.txn++
-	txn = p.txn
+// reserve takes n sequence numbers and one transaction number.
+func (p *producer) reserve(n int) (txn, seq0 int64) {
+	return p.txn.Add(1), p.seq.Add(int64(n)) - int64(n)
+}
+
+// insertTxn commits one transaction of n events on connection c and returns
+// its number and the wall time right after COMMIT returned. Connections may be
+// used concurrently, each by one goroutine.
+func (p *producer) insertTxn(ctx context.Context, c, n int) (txn int64, committed time.Time, err error) {
+	txn, seq0 := p.reserve(n)
 	sent := time.Now()
-	if _, err := p.conn.Exec(ctx, insertSQL, p.types, p.seq, p.aggregates, txn, sent.UnixNano(), p.pad, n); err != nil {
+	if _, err := p.conns[c].Exec(ctx, insertSQL, p.types, seq0, p.aggregates, txn, sent.UnixNano(), p.pad, n); err != nil {
 		return 0, time.Time{}, fmt.Errorf("insert txn %d: %w", txn, err)
 	}
-	committed = time.Now()
-	p.seq += int64(n)
-	return txn, committed, nil
+	return txn, time.Now(), nil
+}
+
+// insertBacklog commits txns transactions of per events on the server
+// (backlogProc), with asynchronous commit: the WAL is the same, the wait for
+// each commit's flush is not part of the backlog under test.
+func (p *producer) insertBacklog(ctx context.Context, per, txns int) error {
+	if txns <= 0 {
+		return nil
+	}
+	c := p.conns[0]
+	if _, err := c.Exec(ctx, backlogProc); err != nil {
+		return fmt.Errorf("create backlog procedure: %w", err)
+	}
+	if _, err := c.Exec(ctx, "SET synchronous_commit = off"); err != nil {
+		return fmt.Errorf("backlog: %w", err)
+	}
+	defer c.Exec(context.WithoutCancel(ctx), "RESET synchronous_commit") //nolint:errcheck // the session ends soon after
+	txn0, seq0 := p.reserve(per * txns)
+	p.txn.Add(int64(txns - 1))
+	if _, err := c.Exec(ctx, "CALL public.outbox_bench_backlog($1, $2, $3, $4, $5, $6, $7)",
+		p.types, seq0, p.aggregates, txn0, p.pad, per, txns); err != nil {
+		return fmt.Errorf("insert backlog: %w", err)
+	}
+	return nil
 }
 
 // walLSN returns pg_current_wal_lsn().
 func (p *producer) walLSN(ctx context.Context) (pglogrepl.LSN, error) {
 	var s string
-	if err := p.conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
+	if err := p.conns[0].QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
 		return 0, fmt.Errorf("current wal lsn: %w", err)
 	}
 	return pglogrepl.ParseLSN(s)
@@ -326,23 +384,22 @@ func (p *producer) walLSN(ctx context.Context) (pglogrepl.LSN, error) {
 // idle, the server's WAL end), so a confirmed_flush_lsn above it means the
 // whole backlog was confirmed, even while other databases write WAL.
 func (p *producer) insertLastTxn(ctx context.Context, n int) (beforeCommit pglogrepl.LSN, err error) {
-	tx, err := p.conn.Begin(ctx)
+	tx, err := p.conns[0].Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(ctx)
-	p.txn++
-	if _, err := tx.Exec(ctx, insertSQL, p.types, p.seq, p.aggregates, p.txn, time.Now().UnixNano(), p.pad, n); err != nil {
-		return 0, fmt.Errorf("insert txn %d: %w", p.txn, err)
+	txn, seq0 := p.reserve(n)
+	if _, err := tx.Exec(ctx, insertSQL, p.types, seq0, p.aggregates, txn, time.Now().UnixNano(), p.pad, n); err != nil {
+		return 0, fmt.Errorf("insert txn %d: %w", txn, err)
 	}
 	var s string
 	if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&s); err != nil {
 		return 0, fmt.Errorf("wal insert lsn: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("commit txn %d: %w", p.txn, err)
+		return 0, fmt.Errorf("commit txn %d: %w", txn, err)
 	}
-	p.seq += int64(n)
 	return pglogrepl.ParseLSN(s)
 }
 
@@ -350,7 +407,7 @@ func (p *producer) insertLastTxn(ctx context.Context, n int) (beforeCommit pglog
 // them (jsonb's text output).
 func (p *producer) payloadBytes(ctx context.Context) (int64, error) {
 	var n int64
-	if err := p.conn.QueryRow(ctx, "SELECT coalesce(sum(octet_length(payload::text)), 0) FROM public.outbox").Scan(&n); err != nil {
+	if err := p.conns[0].QueryRow(ctx, "SELECT coalesce(sum(octet_length(payload::text)), 0) FROM public.outbox").Scan(&n); err != nil {
 		return 0, fmt.Errorf("sum payload bytes: %w", err)
 	}
 	return n, nil

@@ -25,9 +25,6 @@ type proc struct {
 	done    chan struct{} // closed when the process has exited
 	ended   time.Time     // set before done is closed
 	waitErr error
-	// afterStop, when set, runs once after the process has exited in stop:
-	// Debezium's worker removes its properties files (they hold a password).
-	afterStop func()
 }
 
 // usage is what a finished child cost.
@@ -77,13 +74,33 @@ func (p *proc) exited() bool {
 
 // peakRSS returns VmHWM of the running process in bytes: the kernel's own
 // high-water mark, so one read before stopping covers the whole run.
-func (p *proc) peakRSS() (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+func (p *proc) peakRSS() (int64, error) { return pidStatus(p.cmd.Process.Pid, "VmHWM:") }
+
+// rss returns VmRSS of the running process in bytes: what it holds now, for
+// the soak's per-minute samples (VmHWM only ever grows).
+func (p *proc) rss() (int64, error) { return pidStatus(p.cmd.Process.Pid, "VmRSS:") }
+
+// cpu returns the CPU time (user + system) the running process has used so
+// far: a reading inside a phase, where rusage only gives the total after exit.
+func (p *proc) cpu() (time.Duration, error) { return pidCPU(p.cmd.Process.Pid) }
+
+// pidStatus reads the "<key>  1234 kB" line of /proc/PID/status in bytes.
+func pidStatus(pid int, key string) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, fmt.Errorf("read status: %w", err)
 	}
 	defer f.Close()
-	return parseVmHWM(f)
+	return parseStatusKB(f, key)
+}
+
+// pidCPU reads the CPU time of a running process from /proc/PID/stat.
+func pidCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read stat: %w", err)
+	}
+	return parseStatCPU(string(b))
 }
 
 // parseVmHWM reads the "VmHWM:  1234 kB" line of /proc/PID/status.
@@ -128,10 +145,6 @@ func (p *proc) stop(grace time.Duration) usage {
 			<-p.done
 		}
 	}
-	if f := p.afterStop; f != nil {
-		p.afterStop = nil
-		f()
-	}
 	return p.usage()
 }
 
@@ -150,8 +163,14 @@ func (p *proc) usage() usage {
 }
 
 // logTail returns the last lines of the process's log, for error messages.
-func (p *proc) logTail(n int) string {
-	b, err := os.ReadFile(p.logPath)
+func (p *proc) logTail(n int) string { return fileTail(p.logPath, n) }
+
+// exitErr is how the process ended when that was not a clean exit, else "".
+func (p *proc) exitErr() string { return p.usage().ExitError }
+
+// fileTail returns the last n lines of a log file, "" when it cannot be read.
+func fileTail(path string, n int) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}
@@ -165,17 +184,6 @@ func (p *proc) logTail(n int) string {
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times: 100 on every
 // Linux architecture the bench runs on (sysconf would need cgo).
 const clockTicks = 100
-
-// cpu returns the CPU time (user + system) the running process has used so
-// far, from /proc/PID/stat: a reading inside a phase, where rusage only gives
-// the total after exit.
-func (p *proc) cpu() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, fmt.Errorf("read stat: %w", err)
-	}
-	return parseStatCPU(string(b))
-}
 
 // parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat
 // line. The command name (field 2) may hold spaces and parentheses, so fields
@@ -199,15 +207,4 @@ func parseStatCPU(stat string) (time.Duration, error) {
 		ticks += n
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, nil
-}
-
-// rss returns VmRSS of the running process in bytes: what it holds now, for
-// the soak's per-minute samples (VmHWM only ever grows).
-func (p *proc) rss() (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, fmt.Errorf("read status: %w", err)
-	}
-	defer f.Close()
-	return parseStatusKB(f, "VmRSS:")
 }

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -16,7 +20,9 @@ import (
 // half of its measured drain capacity and checks that nothing creeps: resident
 // memory stays flat, the p99 latency does not drift and every event arrives.
 // Per-minute figures, not per-event samples, are kept: 30 minutes at 70k
-// events/s are over 100 million events.
+// events/s are over 100 million events. It ends at its duration, however far
+// the producer got, and appends each minute's row to report.md and soak.jsonl
+// once that minute's events have had soakRowGrace to arrive.
 
 // Soak verdicts: the median of the per-minute values over the last window
 // against the first window (window = 10 minutes, or a third of a shorter soak).
@@ -28,12 +34,14 @@ const (
 	soakRSSInterval = 5 * time.Second      // VmRSS sampling
 	soakWaitLast    = 120 * time.Second    // for the last events after the producer stops
 	soakHistLow     = 100 * time.Microsecond
+	soakRowGrace    = 10 * time.Second // for a minute's last events before its row is written
 )
 
 // SoakResult is one soak.
 type SoakResult struct {
 	CapacityRate float64       `json:"capacity_events_per_s"` // the relay's measured drain; 0 when -rate was given
 	TargetRate   int           `json:"target_rate"`
+	PerTxn       int           `json:"per_txn"`
 	AchievedRate float64       `json:"achieved_rate"`
 	Duration     time.Duration `json:"duration_ns"`
 	Events       int64         `json:"events"`   // committed, the warm-up transaction included
@@ -242,23 +250,31 @@ func pctChange(a, b int64) float64 {
 }
 
 func (r *SoakResult) writeMarkdown(b *strings.Builder) {
-	fmt.Fprintf(b, "\n## Soak\n\n%s at %s events/s", r.Duration, fmtCount(r.TargetRate))
-	if r.CapacityRate > 0 {
-		fmt.Fprintf(b, " (half of the relay's measured drain, %s events/s)", fmtRate(r.CapacityRate))
-	}
-	fmt.Fprintf(b, "; achieved %s events/s. Per minute of commit time: the relay's highest VmRSS sampled every %s and "+
-		"commit → Kafka ack (LogAppendTime) percentiles from a histogram with 100 buckets per decade (upper bucket edges: at most 2.3%% high). "+
-		"Verdicts compare the median over the last %d minutes with the first %d.\n\n",
-		fmtRate(r.AchievedRate), soakRSSInterval, r.Window, r.Window)
-	fmt.Fprintf(b, "Delivered %s of %s events, %s duplicates, %s unknown records.\n\n![soak: RSS and p99 per minute](soak.svg)\n\n",
-		fmtCount(int(r.Received)), fmtCount(int(r.Events)), fmtCount(int(r.Duplicates)), fmtCount(int(r.Unknown)))
-	b.WriteString("| minute | events | RSS | ack p50 | ack p99 | ack max |\n| --- | --- | --- | --- | --- | --- |\n")
+	r.writeTableHead(b)
 	for _, m := range r.Minutes {
-		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s |\n", m.Minute, fmtCount(m.Events), fmtMB(m.RSS), fmtDur(m.P50), fmtDur(m.P99), fmtDur(m.Max))
+		writeSoakRow(b, m)
 	}
+	fmt.Fprintf(b, "\nAchieved %s events/s; delivered %s of %s events, %s duplicates, %s unknown records.\n",
+		fmtRate(r.AchievedRate), fmtCount(int(r.Received)), fmtCount(int(r.Events)), fmtCount(int(r.Duplicates)), fmtCount(int(r.Unknown)))
 	if r.Err != "" {
 		fmt.Fprintf(b, "\nError: %s\n", cell(r.Err))
 	}
+}
+
+// writeTableHead opens the soak's section and its per-minute table, to which
+// rows are appended as the minutes pass.
+func (r *SoakResult) writeTableHead(b *strings.Builder) {
+	fmt.Fprintf(b, "\n## Soak\n\n%s of the relay at %s events/s in transactions of %d", r.Duration, fmtCount(r.TargetRate), r.PerTxn)
+	if r.CapacityRate > 0 {
+		fmt.Fprintf(b, " (half of its drain measured just before, %s events/s)", fmtRate(r.CapacityRate))
+	}
+	fmt.Fprintf(b, ". Per minute of commit time: the relay's highest VmRSS (sampled every %s) and commit → Kafka ack "+
+		"percentiles (histogram buckets of at most 2.3%%).\n\n![soak: RSS and latency per minute](soak.svg)\n\n", soakRSSInterval)
+	b.WriteString("| minute | events | RSS | ack p50 | ack p99 | ack max |\n| --- | --- | --- | --- | --- | --- |\n")
+}
+
+func writeSoakRow(b *strings.Builder, m SoakMinute) {
+	fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s |\n", m.Minute, fmtCount(m.Events), fmtMB(m.RSS), fmtDur(m.P50), fmtDur(m.P99), fmtDur(m.Max))
 }
 
 func (r *SoakResult) writeSummary(b *strings.Builder) {
@@ -286,35 +302,26 @@ func (h *Histogram) Quantile(p float64) time.Duration {
 	return h.Edge(len(h.Counts))
 }
 
-// soak runs one soak in a fresh database: a drain to measure capacity (unless
-// -rate was given), then the relay at half of it for -soak.
-func (b *bench) soak(ctx context.Context) (err error) {
-	db, err := b.freshDatabase(ctx, fmt.Sprintf("outbox_bench_%s_soak", b.stamp))
+// soak measures the relay's drain capacity (unless -rate was given), then runs
+// it at half of that for -soak in a fresh database.
+func (b *bench) soak(ctx context.Context) error {
+	per := b.o.SustainedPerTxn[0]
+	r := &SoakResult{TargetRate: b.o.Rate, PerTxn: per, Duration: b.o.Soak}
+	b.rep.Soak = r
+	if !b.o.RateSet {
+		d, err := b.drainWorkload(ctx, 1, b.o.DrainPerTxn[0])
+		b.rep.Drain = append(b.rep.Drain, d)
+		if err != nil {
+			return fmt.Errorf("capacity drain: %w", err)
+		}
+		r.CapacityRate = d.RelayRate()
+		r.TargetRate = max(int(r.CapacityRate/2), per)
+	}
+	db, err := b.workloadDB(ctx, "soak", false)
 	if err != nil {
 		return err
 	}
 	defer b.dropDatabase(ctx, db, &err)
-	if err := b.relaySetup(ctx, db, 1); err != nil {
-		b.log.Warn("outbox-relay setup failed; creating the objects without it", "err", err)
-	}
-	slots := []string{db.RelaySlot}
-	if !b.o.RateSet {
-		slots = append(slots, db.RecvSlot)
-	}
-	if err := db.ensureObjects(ctx, []string{db.Publication}, slots); err != nil {
-		return err
-	}
-	r := &SoakResult{TargetRate: b.o.Rate, Duration: b.o.Soak}
-	b.rep.Soak = r
-	if !b.o.RateSet {
-		d := b.drain(ctx, db, 1)
-		b.rep.Drain = append(b.rep.Drain, d)
-		if d.Err != "" {
-			return fmt.Errorf("capacity drain: %s", d.Err)
-		}
-		r.CapacityRate = d.RelayRate()
-		r.TargetRate = max(int(r.CapacityRate/2), b.o.SustainedPerTxn)
-	}
 	if err := b.soakPhase(ctx, db, r); err != nil {
 		r.Err = err.Error()
 		return err
@@ -330,7 +337,7 @@ func (b *bench) soakPhase(ctx context.Context, db *benchDB, r *SoakResult) error
 		return err
 	}
 	defer b.deleteTopics(ctx, client, topics)
-	p, err := newProducer(ctx, db.DSN, prefix, b.o.Aggregates, b.o.PayloadBytes)
+	p, err := newProducer(ctx, db.DSN, prefix, b.o.Aggregates, b.o.PayloadBytes, b.o.Producers)
 	if err != nil {
 		return err
 	}
@@ -343,79 +350,133 @@ func (b *bench) soakPhase(ctx context.Context, db *benchDB, r *SoakResult) error
 	g.Go(func() error { return consume(cctx, b.o.Brokers, topics, commits, samples) })
 	defer func() { stopBackground(); _ = g.Wait() }()
 
-	relay, err := startProc(b.o.RelayBin, []string{"run"}, b.relayEnv(db), b.dir+"/relay-soak.log")
+	relay, err := startProc(b.o.RelayBin, []string{"run"}, b.relayEnv(db), filepath.Join(b.dir, "relay-soak.log"))
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
 	defer relay.stop(30 * time.Second)
-	per := b.o.SustainedPerTxn
-	txn, at, err := p.insertTxn(ctx, per)
+	txn, at, err := p.insertTxn(ctx, 0, r.PerTxn)
 	if err != nil {
 		return err
 	}
 	commits.set(txn, at)
-	r.Events += int64(per)
+	r.Events += int64(r.PerTxn)
 	if err := waitCount(ctx, samples, r.Events, time.Minute, relay); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 
 	start := time.Now()
 	samples.start(start)
-	g.Go(func() error {
-		t := time.NewTicker(soakRSSInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-cctx.Done():
-				return nil
-			case now := <-t.C:
-				if rss, err := relay.rss(); err == nil {
-					samples.sampleRSS(now, rss)
-				}
-			}
-		}
-	})
-	b.log.Info("soak", "rate", r.TargetRate, "duration", r.Duration)
-	interval := time.Duration(float64(time.Second) * float64(per) / float64(r.TargetRate))
-	var phaseEvents int64
-	lastLog := start
-	for i := 0; ; i++ {
-		next := start.Add(time.Duration(i) * interval)
-		if next.Sub(start) >= r.Duration {
-			break
-		}
-		if d := time.Until(next); d > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(d):
-			}
-		}
-		if relay.exited() {
-			return fmt.Errorf("relay exited: %s: %s", relay.usage().ExitError, relay.logTail(10))
-		}
-		txn, at, err := p.insertTxn(ctx, per)
-		if err != nil {
-			return err
-		}
-		commits.set(txn, at)
-		phaseEvents += int64(per)
-		if time.Since(lastLog) >= time.Minute {
-			lastLog = time.Now()
-			b.log.Info("soak progress", "elapsed", time.Since(start).Round(time.Second), "events", phaseEvents, "delivered", samples.count())
-		}
+	// The producer stops at once when the relay exits: nothing would deliver.
+	pctx, stopProducer := context.WithCancelCause(ctx)
+	defer stopProducer(nil)
+	w, err := newSoakWriter(b.dir, b.rep, r)
+	if err != nil {
+		return err
+	}
+	g.Go(func() error { b.soakWatch(cctx, start, relay, samples, w, stopProducer); return nil })
+	b.log.Info("soak", "rate", r.TargetRate, "per_txn", r.PerTxn, "duration", r.Duration)
+	phaseEvents, _, err := insertAtRate(pctx, p, commits, r.TargetRate, r.PerTxn, r.Duration)
+	if cause := context.Cause(pctx); cause != nil && ctx.Err() == nil {
+		err = cause
 	}
 	r.AchievedRate = float64(phaseEvents) / time.Since(start).Seconds()
-	r.Events += phaseEvents
+	r.Events += int64(phaseEvents)
+	if err != nil {
+		return err
+	}
 	waitErr := waitCount(ctx, samples, r.Events, soakWaitLast, relay)
 	stopBackground()
 	_ = g.Wait()
 	samples.resolve(commits)
-	minutes := int(math.Ceil(r.Duration.Minutes()))
-	r.Minutes = samples.minutes(minutes)
+	r.Minutes = samples.minutes(int(math.Ceil(r.Duration.Minutes())))
+	if err := w.finish(r.Minutes); err != nil {
+		b.log.Warn("soak: write the last minutes' rows", "err", err)
+	}
 	samples.mu.Lock()
 	r.Received, r.Duplicates, r.Unknown = samples.received, samples.duplicates, samples.unknown
 	samples.mu.Unlock()
 	r.summarize()
 	return waitErr
+}
+
+// soakWatch samples the relay's RSS, writes each minute's row once its events
+// have had soakRowGrace to arrive, and stops the producer if the relay exits.
+func (b *bench) soakWatch(ctx context.Context, start time.Time, relay *proc, s *soakSamples, w *soakWriter, stopProducer context.CancelCauseFunc) {
+	t := time.NewTicker(soakRSSInterval)
+	defer t.Stop()
+	minutes := int(math.Ceil(b.o.Soak.Minutes()))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if relay.exited() {
+				stopProducer(fmt.Errorf("relay exited: %s: %s", relay.exitErr(), relay.logTail(10)))
+				return
+			}
+			if rss, err := relay.rss(); err == nil {
+				s.sampleRSS(now, rss)
+			}
+			for w.written < minutes && now.Sub(start) >= time.Duration(w.written+1)*time.Minute+soakRowGrace {
+				m := s.minutes(w.written + 1)[w.written]
+				if err := w.add(m); err != nil {
+					b.log.Warn("soak: write the minute's row", "err", err)
+				}
+				b.log.Info("soak minute", "minute", m.Minute, "events", m.Events, "rss_bytes", m.RSS, "p99", m.P99, "delivered", s.count())
+			}
+		}
+	}
+}
+
+// soakWriter appends each minute of the soak to report.md (begun with the
+// header) and to soak.jsonl while the soak runs, so that a long soak shows its
+// progress and a killed one leaves what it measured. The final report.md
+// replaces the first with every late event counted.
+type soakWriter struct {
+	md, jsonl string
+	written   int // minutes written
+}
+
+func newSoakWriter(dir string, rep *Report, r *SoakResult) (*soakWriter, error) {
+	w := &soakWriter{md: filepath.Join(dir, "report.md"), jsonl: filepath.Join(dir, "soak.jsonl")}
+	var b strings.Builder
+	rep.writeHeader(&b)
+	r.writeTableHead(&b)
+	if err := os.WriteFile(w.md, []byte(b.String()), 0o644); err != nil {
+		return nil, fmt.Errorf("soak: %w", err)
+	}
+	if err := os.WriteFile(w.jsonl, nil, 0o644); err != nil {
+		return nil, fmt.Errorf("soak: %w", err)
+	}
+	return w, nil
+}
+
+func (w *soakWriter) add(m SoakMinute) error {
+	var b strings.Builder
+	writeSoakRow(&b, m)
+	js, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	w.written++
+	return errors.Join(appendFile(w.md, []byte(b.String())), appendFile(w.jsonl, append(js, '\n')))
+}
+
+// finish writes the minutes the soak ended before writing.
+func (w *soakWriter) finish(ms []SoakMinute) error {
+	var errs []error
+	for _, m := range ms[min(w.written, len(ms)):] {
+		errs = append(errs, w.add(m))
+	}
+	return errors.Join(errs...)
+}
+
+func appendFile(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	return errors.Join(err, f.Close())
 }

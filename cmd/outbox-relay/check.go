@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
@@ -15,7 +17,12 @@ func newCheckCmd(wrap wrapFunc) *cobra.Command {
 and exits 1 if any failed. It changes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
-			if admin.Check(cmd.Context(), e.adminConfig(), e.stdout) > 0 {
+			ks, closeSinks, err := newSinks(e.cfg.sinkConfig(e.log), 1)
+			if err != nil {
+				return fmt.Errorf("%w: %w", errConfig, err)
+			}
+			defer closeSinks()
+			if admin.Check(cmd.Context(), e.adminConfig(), ks[0], e.stdout) > 0 {
 				return errReported
 			}
 			return nil

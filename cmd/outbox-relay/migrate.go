@@ -23,7 +23,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/debezium"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
-	"github.com/outbox-relay/outbox-relay/sink"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -239,7 +238,7 @@ func takeOver(ctx context.Context, e *env, w io.Writer, connector map[string]str
 		offsets, err = debezium.ReadOffsetFile(offsetsFile)
 	} else {
 		from = "topic " + offsetsTopic
-		offsets, err = readOffsetsTopic(ctx, e, offsetsTopic)
+		offsets, err = debezium.ReadOffsets(ctx, e.cfg.sinkConfig(e.log), offsetsTopic)
 	}
 	if err != nil {
 		return err
@@ -325,18 +324,4 @@ func orNoneText(s string) string {
 		return "none"
 	}
 	return s
-}
-
-// readOffsetsTopic reads a Connect offsets topic with the relay's Kafka
-// settings; the latest record of each connector wins.
-func readOffsetsTopic(ctx context.Context, e *env, topic string) ([]debezium.Offset, error) {
-	var records []debezium.Record
-	err := sink.ReadTopic(ctx, e.cfg.sinkConfig(e.log), topic, func(key, value []byte) error {
-		records = append(records, debezium.Record{Key: key, Value: value})
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read offsets topic %q: %w", topic, err)
-	}
-	return debezium.LatestOffsets(records)
 }

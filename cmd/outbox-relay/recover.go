@@ -44,10 +44,11 @@ replay by time. Exit 0 when refilled or when there was nothing to refill.
 			if !dryRun && len(e.cfg.Sink.Brokers) == 0 {
 				return usageErrorf("kafka.brokers: empty; recover sends to Kafka (set it, or use --dry-run)")
 			}
-			r, err := relay.New(e.cfg.relayConfig(e.log))
+			r, closeSinks, err := newRelay(e.cfg.relayConfig(e.log))
 			if err != nil {
 				return fmt.Errorf("%w: %w", errConfig, err)
 			}
+			defer closeSinks()
 			ctx, stop := signalContext(cmd.Context(), e)
 			defer stop()
 			res, err := r.Recover(ctx, dryRun)

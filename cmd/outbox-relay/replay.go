@@ -18,7 +18,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -149,14 +148,14 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 	defer pool.Close()
 	outbox, _ := sql.ParseTable(c.Table)
 	checkpoint, _ := sql.ParseTable(c.CheckpointTable)
-	var k *sink.Kafka
 	var s replay.Sink = dryRunSink{}
 	if !a.dryRun {
-		if k, err = sink.New(c.sinkConfig(e.log)); err != nil {
+		ks, closeSinks, err := newSinks(c.sinkConfig(e.log), 1)
+		if err != nil {
 			return err
 		}
-		defer k.Close()
-		s = k
+		defer closeSinks()
+		s = ks[0]
 	}
 	progress := newProgressWriter(stderr, e, a.id)
 	r, err := replay.New(ctx, pool, s, replay.Config{

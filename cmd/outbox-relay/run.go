@@ -18,7 +18,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
-	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 )
 
@@ -74,10 +73,11 @@ reaches that position would be skipped for good.`,
 				}()
 				rc.Spans = tr
 			}
-			r, err := relay.New(rc)
+			r, closeSinks, err := newRelay(rc)
 			if err != nil {
 				return fmt.Errorf("%w: %w", errConfig, err)
 			}
+			defer closeSinks()
 			setMemoryLimit(e)
 			defer startProfiles(e.log)() // RELAY_CPUPROFILE etc.: profile.go
 			ctx, stop := signalContext(cmd.Context(), e)

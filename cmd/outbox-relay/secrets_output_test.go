@@ -214,14 +214,7 @@ func (s *secretsRun) mustExec(t *testing.T, extra []string, args ...string) {
 // are delivered), scraping its HTTP endpoints, then stops it with SIGTERM.
 func (s *secretsRun) runFor(t *testing.T, extra []string, d time.Duration, deliver bool) {
 	t.Helper()
-	listen := freeAddr(t)
-	cmd := exec.Command(s.bin, "run")
-	cmd.Env = append(s.env(extra), "RELAY_METRICS_LISTEN="+listen)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out, listen := s.startRun(t, extra)
 	defer cmd.Process.Kill()
 	deadline := time.Now().Add(d)
 	if deliver {
@@ -254,6 +247,21 @@ func (s *secretsRun) runFor(t *testing.T, extra []string, d time.Duration, deliv
 		t.Errorf("run did not stop within 60s of SIGTERM")
 	}
 	fmt.Fprintf(&s.out, "$ outbox-relay run\n%s\n", out.String())
+}
+
+// startRun starts `outbox-relay run` with its metrics on a free address,
+// its output kept in out.
+func (s *secretsRun) startRun(t *testing.T, extra []string) (cmd *exec.Cmd, out *bytes.Buffer, listen string) {
+	t.Helper()
+	listen = freeAddr(t)
+	cmd = exec.Command(s.bin, "run")
+	cmd.Env = append(s.env(extra), "RELAY_METRICS_LISTEN="+listen)
+	out = &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, out, listen
 }
 
 // delivered: the slot confirmed the last insert and, when the unroutable
@@ -349,13 +357,41 @@ func (s *secretsRun) commands(t *testing.T) {
 		"transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n")
 	s.exec(t, none, "migrate", "debezium", props)
 
-	// A panic, with the configuration loaded.
-	if code := s.exec(t, []string{testPanicEnv + "=1"}, "status"); code != 2 {
-		t.Errorf("status with %s=1: exit %d; want 2, a Go panic", testPanicEnv, code)
+	// A crash, with the configuration loaded.
+	if code := s.crash(t); code != 2 {
+		t.Errorf("run killed with SIGQUIT: exit %d; want 2, a Go crash", code)
 	}
-	if !strings.Contains(s.out.String(), "panic: "+testPanicEnv) {
-		t.Errorf("no panic output seen")
+	if !strings.Contains(s.out.String(), "SIGQUIT: quit") || !strings.Contains(s.out.String(), "\ngoroutine ") {
+		t.Errorf("no crash output seen (SIGQUIT and the goroutines' stacks)")
 	}
+}
+
+// crash starts `outbox-relay run`, waits until it serves /healthz (the
+// configuration loaded, the relay running), and kills it with SIGQUIT: the Go
+// runtime prints every goroutine's stack, with its arguments' words, as an
+// unrecovered panic does, and exits 2. It returns the exit code.
+func (s *secretsRun) crash(t *testing.T) int {
+	t.Helper()
+	cmd, out, listen := s.startRun(t, nil)
+	defer cmd.Process.Kill()
+	fmt.Fprintf(&s.out, "$ curl /healthz\n%s\n", httpGet(t, "http://"+listen+"/healthz"))
+	if err := cmd.Process.Signal(syscall.SIGQUIT); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-waited:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("run did not exit within 60s of SIGQUIT")
+	}
+	fmt.Fprintf(&s.out, "$ outbox-relay run (killed with SIGQUIT)\n%s\n", out.String())
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode()
+	}
+	return 0
 }
 
 // assertClean fails if any form of a secret appears in the output once the

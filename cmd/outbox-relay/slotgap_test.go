@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
-	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
@@ -29,10 +28,11 @@ func startRelay(t *testing.T) *relayProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(cfg.relayConfig(slog.New(slog.NewTextHandler(tLog{t}, nil))))
+	r, closeSinks, err := newRelay(cfg.relayConfig(slog.New(slog.NewTextHandler(tLog{t}, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(closeSinks) // after the relay stopped: cleanups run last first
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &relayProcess{cancel: cancel, done: make(chan error, 1)}
 	go func() { p.done <- r.Run(ctx) }()
@@ -150,10 +150,11 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(cfg.relayConfig(slog.New(slog.NewTextHandler(tLog{t}, nil))))
+	r, closeSinks, err := newRelay(cfg.relayConfig(slog.New(slog.NewTextHandler(tLog{t}, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer closeSinks()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	runErr := r.Run(ctx)
 	cancel()

@@ -40,7 +40,7 @@ type Config struct {
 	Router          router.Config
 	CheckpointTable sql.Table
 	RetryTable      sql.Table
-	Kafka           sink.Config // Check pings the brokers with it
+	Kafka           sink.Config // the settings Check's Kafka connects with, for its messages
 	// Retention is outbox.retention (0: off): Check then checks what it
 	// needs of the outbox table.
 	Retention time.Duration

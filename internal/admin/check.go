@@ -17,7 +17,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/router"
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -25,10 +24,10 @@ import (
 // they find, writes one line per check ("ok" or "FAIL" with what to do) and a
 // final count of failures, and returns the number that failed. It changes
 // nothing.
-func Check(ctx context.Context, cfg Config, w io.Writer) (failed int) {
+func Check(ctx context.Context, cfg Config, k Kafka, w io.Writer) (failed int) {
 	c := &checker{out: w}
 	checkPostgres(ctx, &cfg, c)
-	checkKafka(ctx, &cfg, c)
+	checkKafka(ctx, &cfg, k, c)
 	if c.failed > 0 {
 		fmt.Fprintf(w, "%d check(s) failed\n", c.failed)
 	}
@@ -370,10 +369,20 @@ func checkReplicationConn(ctx context.Context, cfg *Config, c *checker) {
 	c.ok("replication connection", "system %s, timeline %d, WAL at %s", sys.SystemID, sys.Timeline, sys.XLogPos)
 }
 
-func checkKafka(ctx context.Context, cfg *Config, c *checker) {
+// Kafka is what Check asks Kafka, with the relay's settings (cfg.Kafka):
+// sink.Kafka is one. Ping returns nil once a broker answers a fresh metadata
+// request; CheckIdempotence once a broker hands out a producer id, as the
+// relay's first idempotent write asks. Both block until answered or ctx is
+// done.
+type Kafka interface {
+	Ping(ctx context.Context) error
+	CheckIdempotence(ctx context.Context) error
+}
+
+func checkKafka(ctx context.Context, cfg *Config, k Kafka, c *checker) {
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if err := pingKafka(cctx, cfg.Kafka); err != nil {
+	if err := k.Ping(cctx); err != nil {
 		c.fail("kafka", "%v; check kafka.brokers, TLS and SASL settings", cfg.scrub(err))
 		return
 	}
@@ -381,32 +390,11 @@ func checkKafka(ctx context.Context, cfg *Config, c *checker) {
 	if cfg.Kafka.DisableIdempotence {
 		return
 	}
-	if err := idempotentKafka(cctx, cfg.Kafka); err != nil {
+	// A principal without IdempotentWrite (Kafka before 3.0, or no WRITE
+	// on any topic) is refused a producer id.
+	if err := k.CheckIdempotence(cctx); err != nil {
 		c.fail("kafka idempotence", "%v", cfg.scrub(err))
 		return
 	}
 	c.ok("kafka idempotence", "the broker hands the relay a producer id (idempotent writes allowed)")
-}
-
-// idempotentKafka asks a broker for a producer id, as the relay's first write
-// does: a principal without IdempotentWrite (Kafka before 3.0, or no WRITE
-// on any topic) is refused one.
-func idempotentKafka(ctx context.Context, cfg sink.Config) error {
-	k, err := sink.New(cfg)
-	if err != nil {
-		return err
-	}
-	defer k.Close()
-	return k.CheckIdempotence(ctx)
-}
-
-// pingKafka asks the brokers for metadata. sink.New neither dials nor starts
-// goroutines.
-func pingKafka(ctx context.Context, cfg sink.Config) error {
-	k, err := sink.New(cfg)
-	if err != nil {
-		return err
-	}
-	defer k.Close()
-	return k.Ping(ctx)
 }

@@ -205,7 +205,18 @@ type running struct {
 }
 
 func (e *env) start(cfg relay.Config) {
-	r, err := relay.New(cfg)
+	// Two sinks, as the CLI builds them: the pipeline's and the retry
+	// worker's, closed after the relay stopped (cleanups run last first).
+	var sinks relay.Sinks
+	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
+		k, err := sink.New(cfg.Sink)
+		if err != nil {
+			e.t.Fatalf("sink.New: %v", err)
+		}
+		e.t.Cleanup(func() { k.Close() })
+		*s = k
+	}
+	r, err := relay.New(cfg, sinks)
 	if err != nil {
 		e.t.Fatalf("relay.New: %v", err)
 	}

@@ -23,13 +23,10 @@ type committer struct {
 	m        *metrics.Metrics
 	win      *window
 	log      *slog.Logger
-	slot     string
 	interval time.Duration
 	urgent   int
 	health   *health
-	history  *historian        // nil records no history
-	lease    *lease            // nil: saves are not fenced (tests of the stage alone)
-	recorded checkpoint.Server // the server the checkpoint row names, as this term last recorded it
+	history  *historian
 
 	mu         sync.Mutex
 	acked      pglogrepl.LSN
@@ -42,11 +39,11 @@ type committer struct {
 	saved pglogrepl.LSN // run's goroutine only (read after run returns)
 }
 
-func newCommitter(store checkpointSaver, stream confirmer, win *window, h *health, m *metrics.Metrics, log *slog.Logger, cfg Config, start pglogrepl.LSN) *committer {
+func newCommitter(store checkpointSaver, stream confirmer, win *window, h *health, hist *historian, m *metrics.Metrics, log *slog.Logger, cfg Config, start pglogrepl.LSN) *committer {
 	return &committer{
-		store: store, stream: stream, win: win, health: h, m: m, log: log,
-		slot: cfg.Replication.Slot, interval: cfg.CheckpointInterval,
-		urgent: cfg.MaxInFlightEvents / 2, saved: start,
+		store: store, stream: stream, win: win, health: h, history: hist, m: m, log: log,
+		interval: cfg.CheckpointInterval,
+		urgent:   cfg.MaxInFlightEvents / 2, saved: start,
 		notify: make(chan struct{}, 1),
 	}
 }
@@ -149,81 +146,19 @@ func (c *committer) serverStopping(err error) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "57P01" && pgErr.Code != "57P03" {
 		return
 	}
-	if r, ok := c.stream.(interface{ Restart() }); ok {
-		c.log.Info("the server is shutting down: closing the replication connection so that its shutdown can complete", "err", err)
-		r.Restart()
-	}
+	c.log.Info("the server is shutting down: closing the replication connection so that its shutdown can complete", "err", err)
+	c.stream.Restart()
 }
 
 // save retries until the checkpoint is durable or ctx is done: Postgres may be
-// restarting, and the stream will be waiting for it too.
+// restarting, and the stream will be waiting for it too. A save that finds a
+// newer epoch is not retried: it ends the term.
 func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
-	if c.lease == nil {
-		return persist(ctx, c.log, "save checkpoint "+lsn.String(), c.health.watch("checkpoint", func() error {
-			err := c.store.Save(ctx, c.slot, lsn, commitTime)
-			c.serverStopping(err)
-			return err
-		}))
-	}
-	epoch, err := c.lease.wait(ctx)
-	if err != nil {
-		return err
-	}
-	// Fenced: a save that finds a newer epoch is not retried, it ends the
-	// term; one that succeeds proves leadership for the writers.
 	return retryIf(ctx, c.log, "save checkpoint "+lsn.String(), func(err error) bool {
 		return !errors.Is(err, checkpoint.ErrFenced)
 	}, c.health.watch("checkpoint", func() error {
-		at := time.Now()
-		if err := c.recordServer(ctx, epoch); err != nil {
-			return err
-		}
-		if err := c.store.SaveFenced(ctx, c.slot, epoch, lsn, commitTime); err != nil {
-			c.serverStopping(err)
-			return err
-		}
-		c.lease.proven(at)
-		// What the HA tests check across processes: saves of one epoch
-		// all begin before any save of a later one, and LSNs never fall.
-		c.log.Debug("checkpoint saved", "lsn", lsn.String(), "epoch", epoch, "began", at.UTC().Format(time.RFC3339Nano))
-		return nil
-	}))
-}
-
-// serverRecorder is checkpoint.Store's RecordServer.
-type serverRecorder interface {
-	RecordServer(ctx context.Context, slot string, epoch int64, srv checkpoint.Server) error
-}
-
-// recordServer records the stream's server with the checkpoint when it
-// changed since the takeover recorded it: after a promotion that the stream
-// found continues from the confirmed position (a later timeline), the
-// positions saved next are that timeline's. Without it a restart would
-// judge them against the old timeline, which ended before them, and refuse
-// the slot as forked.
-func (c *committer) recordServer(ctx context.Context, epoch int64) error {
-	rs, ok := c.store.(serverRecorder)
-	if !ok || c.lease == nil || c.lease.server == nil {
-		return nil
-	}
-	srv := c.lease.server()
-	if srv.Timeline == 0 || srv == c.recorded {
-		return nil
-	}
-	if c.recorded.Timeline == 0 {
-		// The takeover recorded the server the term started on.
-		c.lease.mu.Lock()
-		c.recorded = c.lease.takenOn
-		c.lease.mu.Unlock()
-		if srv == c.recorded {
-			return nil
-		}
-	}
-	if err := rs.RecordServer(ctx, c.slot, epoch, srv); err != nil {
+		err := c.store.save(ctx, lsn, commitTime)
+		c.serverStopping(err)
 		return err
-	}
-	c.log.Info("recorded the new timeline with the checkpoint (a promotion the stream followed)",
-		"slot", c.slot, "timeline", srv.Timeline, "previous_timeline", c.recorded.Timeline)
-	c.recorded = srv
-	return nil
+	}))
 }

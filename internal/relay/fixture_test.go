@@ -107,6 +107,26 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// newRelay builds a relay with two sinks of cfg.Sink, as the CLI does
+// (cmd/outbox-relay's newRelay), closed once the test and its cleanups that
+// stop the relay are done.
+func newRelay(t testing.TB, cfg relay.Config) (*relay.Relay, error) {
+	t.Helper()
+	if cfg.Sink.Logger == nil {
+		cfg.Sink.Logger = cfg.Logger
+	}
+	var sinks relay.Sinks
+	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
+		k, err := sink.New(cfg.Sink)
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { k.Close() })
+		*s = k
+	}
+	return relay.New(cfg, sinks)
+}
+
 // running is a relay started in this process.
 type running struct {
 	cancel context.CancelFunc
@@ -115,7 +135,7 @@ type running struct {
 
 func (f *fixture) start(t testing.TB, cfg relay.Config) *running {
 	t.Helper()
-	r, err := relay.New(cfg)
+	r, err := newRelay(t, cfg)
 	if err != nil {
 		t.Fatalf("relay.New: %v", err)
 	}

@@ -7,21 +7,31 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
 )
 
 // gate is the set of aggregates with undelivered rows in the retry table.
 // While an aggregate is in it, its events go into the table behind those rows
 // instead of to Kafka, so they cannot overtake them (DESIGN invariant 6).
 //
-// mu serialises the writer's inserts with unblocking: an aggregate is taken
-// out only after the table is seen to hold none of its rows, under the same
-// lock as every insert, so a row being inserted always keeps it blocked.
+// The gate alone touches its lock and its set. mu serialises inserts into the
+// table (park) with unblocking (release): an aggregate is taken out only
+// after the table is seen to hold none of its rows, under the same lock as
+// every insert, so a row being inserted always keeps it blocked. Its methods
+// are safe for concurrent use: the writer diverts and parks, the retry
+// worker's Delivered hook and the sweep release.
 type gate struct {
 	store retryTable
 	log   *slog.Logger
 
 	mu      sync.Mutex
 	blocked map[string]struct{}
+}
+
+func newGate(store retryTable, log *slog.Logger) *gate {
+	return &gate{store: store, log: log, blocked: map[string]struct{}{}}
 }
 
 // load rebuilds the set from the table, at start.
@@ -38,6 +48,82 @@ func (g *gate) load(ctx context.Context) error {
 	}
 	if len(aggs) > 0 {
 		g.log.Info("aggregates waiting in the retry table: their new events queue behind them", "aggregates", len(aggs))
+	}
+	return nil
+}
+
+// closed reports whether any aggregate is blocked: when none is, a chunk
+// without route failures goes to Kafka whole, without divert.
+func (g *gate) closed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.blocked) > 0
+}
+
+// holds reports whether agg is blocked: it has rows in the retry table.
+func (g *gate) holds(agg string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, ok := g.blocked[agg]
+	return ok
+}
+
+// diverted is an event bound for the retry table, with its place in the chunk.
+type diverted struct {
+	place int // 2*i+1 for c.evs[i]; 2*before for a route failure
+	ev    retry.Event
+}
+
+// divert splits c into the events to write now and the events that go to
+// the retry table: route failures, and every event of an aggregate that is
+// blocked (before this chunk, or by a route failure earlier in it). It returns
+// the index in c.evs of every event to write.
+func (g *gate) divert(c *chunk) (send []event.Event, sendAt []int, out []diverted) {
+	local := map[string]struct{}{}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	blocked := func(agg string) bool {
+		if _, ok := g.blocked[agg]; ok {
+			return true
+		}
+		_, ok := local[agg]
+		return ok
+	}
+	fi := 0
+	takeFailures := func(upTo int) {
+		for ; fi < len(c.fails) && c.fails[fi].before <= upTo; fi++ {
+			f := &c.fails[fi]
+			ev := failureEvent(f)
+			local[ev.Aggregate] = struct{}{}
+			out = append(out, diverted{place: 2 * f.before, ev: ev})
+		}
+	}
+	for i := range c.evs {
+		takeFailures(i)
+		m := &c.evs[i]
+		if blocked(m.Lane().String()) {
+			out = append(out, diverted{place: 2*i + 1, ev: waitingEvent(m, "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order")})
+			continue
+		}
+		send = append(send, *m)
+		sendAt = append(sendAt, i)
+	}
+	takeFailures(len(c.evs))
+	return send, sendAt, out
+}
+
+// park inserts evs into the retry table, in order, and blocks their
+// aggregates, under the lock release takes: once it returns nil the rows are
+// durable and their aggregates stay blocked until release finds the rows
+// gone. One attempt: the caller retries.
+func (g *gate) park(ctx context.Context, evs []retry.Event) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.store.Insert(ctx, evs); err != nil {
+		return err
+	}
+	for _, ev := range evs {
+		g.blocked[ev.Aggregate] = struct{}{}
 	}
 	return nil
 }

@@ -48,11 +48,7 @@ func newHistorian(store historyRecorder, log *slog.Logger, cfg Config) *historia
 }
 
 // offer hands the historian a checkpoint that was saved. It does not block.
-// A nil historian records nothing.
 func (h *historian) offer(lsn pglogrepl.LSN, commit time.Time) {
-	if h == nil {
-		return
-	}
 	h.mu.Lock()
 	if lsn > h.lsn {
 		h.lsn, h.commit = lsn, commit

@@ -244,7 +244,7 @@ func TestRetryTableStoresHostileEvents(t *testing.T) {
 func TestSchemaDriftStops(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.retryConfig(t)
-	r, err := relay.New(cfg)
+	r, err := newRelay(t, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestStartLSNBeyondWALRefused(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config(t)
 	cfg.StartLSN = pglogrepl.LSN(1 << 40)
-	r, err := relay.New(cfg)
+	r, err := newRelay(t, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,19 +23,16 @@ func (s *steps) add(format string, args ...any) {
 	s.mu.Unlock()
 }
 
-func (s *steps) Save(_ context.Context, _ string, lsn pglogrepl.LSN, _ time.Time) error {
+func (s *steps) save(_ context.Context, lsn pglogrepl.LSN, _ time.Time) error {
 	s.add("save %s", lsn)
 	return nil
 }
 
-func (s *steps) SaveFenced(ctx context.Context, slot string, _ int64, lsn pglogrepl.LSN, t time.Time) error {
-	return s.Save(ctx, slot, lsn, t)
-}
-
 func (s *steps) Confirm(lsn pglogrepl.LSN) { s.add("confirm %s", lsn) }
+func (s *steps) Restart()                  { s.add("restart") }
 
 // TestIdlePositionSavedBeforeConfirmed: an idle position offered by the
-// stream is saved as the checkpoint and only then confirmed (DESIGN
+// stream (replication.Config.Idle, wired to the committer by newTerm) is saved as the checkpoint and only then confirmed (DESIGN
 // invariant 14: the checkpoint explains every position of the slot), and an
 // offer below what is acknowledged changes nothing.
 func TestIdlePositionSavedBeforeConfirmed(t *testing.T) {
@@ -43,15 +40,12 @@ func TestIdlePositionSavedBeforeConfirmed(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	cfg := Config{CheckpointInterval: time.Millisecond, MaxInFlightEvents: 10}
 	win := newWindow(10, 1<<20)
-	com := newCommitter(s, s, win, newHealth(time.Minute, log), nil, log, cfg, 0x100)
-	idle := &idleAdvance{}
-	idle.offer(0x150) // before the committer exists: dropped
-	idle.com.Store(com)
+	com := newCommitter(s, s, win, newHealth(time.Minute, log), newHistorian(noHistory{}, log, cfg), nil, log, cfg, 0x100)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- com.run(ctx) }()
 
-	idle.offer(0x200)
+	com.idle(0x200)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		s.mu.Lock()
@@ -62,7 +56,7 @@ func TestIdlePositionSavedBeforeConfirmed(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	idle.offer(0x180) // behind what is saved: nothing
+	com.idle(0x180) // behind what is saved: nothing
 	com.close()
 	if err := <-done; err != nil {
 		t.Fatalf("committer run = %v", err)

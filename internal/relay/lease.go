@@ -8,10 +8,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
@@ -60,16 +62,50 @@ const (
 	DefaultStandbyPoll   = 250 * time.Millisecond
 )
 
-// leaderStore is the part of checkpoint.Store the lease needs.
+// A fence says whether this relay may start a write (to Kafka or the retry
+// table): the term's lease. check returns nil while this relay leads,
+// proven within the lease. It blocks until the term's epoch is taken, and
+// while leadership cannot be proven (the database unreachable: no write on
+// hope); it returns ctx's error, or one wrapping checkpoint.ErrFenced once
+// another relay took over. Safe for concurrent use.
+type fence interface {
+	check(ctx context.Context) error
+}
+
+// A checkpointSaver saves the checkpoint of the term's slot: the lease's
+// save, fenced by its epoch. save blocks until the term's epoch is taken. It
+// is durable when it returns nil, and proves leadership for the fence; an
+// error wrapping checkpoint.ErrFenced means another relay leads and the term
+// is over (the caller must not retry it); other errors may pass, and are
+// retried by the committer. One goroutine calls it.
+type checkpointSaver interface {
+	save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error
+}
+
+// leaderStore is how the lease takes and proves leadership: checkpoint.Store's
+// TakeOver (a new epoch in the slot's checkpoint row, fencing every former
+// leader) and Verify (nil while epoch is the row's; a *checkpoint.FencedError
+// once another relay took over). Safe for concurrent use.
 type leaderStore interface {
 	TakeOver(ctx context.Context, slot, leader string, srv checkpoint.Server) (int64, error)
 	Verify(ctx context.Context, slot string, epoch int64) error
 }
 
+// fencedStore is how the lease saves the checkpoint: checkpoint.Store's
+// SaveFenced (durable when it returns nil; a *checkpoint.FencedError when the
+// row holds a newer epoch, nothing saved) and RecordServer (the server whose
+// WAL the saved positions are, under the same fence).
+type fencedStore interface {
+	SaveFenced(ctx context.Context, slot string, epoch int64, lsn pglogrepl.LSN, commitTime time.Time) error
+	RecordServer(ctx context.Context, slot string, epoch int64, srv checkpoint.Server) error
+}
+
 // A lease is one term's leadership: its epoch, once taken, and its last
-// proof. check is called by the writers before each write.
+// proof. It is the term's fence (check, before each write) and its
+// checkpointSaver (save).
 type lease struct {
-	store leaderStore // set by lead before the term starts
+	store leaderStore
+	saves fencedStore
 	slot  string
 	who   string
 	dur   time.Duration
@@ -77,8 +113,6 @@ type lease struct {
 	// server is the server the stream holds the slot on, recorded with the
 	// epoch: the checkpoint's positions are that server's WAL.
 	server func() checkpoint.Server
-	// takenOn is the server TakeOver recorded (under mu).
-	takenOn checkpoint.Server
 
 	startedOnce sync.Once
 	startedC    chan struct{} // closed when the stream first holds the slot
@@ -86,11 +120,12 @@ type lease struct {
 
 	mu       sync.Mutex
 	epoch    int64
-	provenAt time.Time // zero: never proven
+	provenAt time.Time         // zero: never proven
+	recorded checkpoint.Server // the server the checkpoint row names, as this term last recorded it
 }
 
-func newLease(slot, who string, dur time.Duration, log *slog.Logger) *lease {
-	return &lease{slot: slot, who: who, dur: dur, log: log,
+func newLease(slot, who string, dur time.Duration, log *slog.Logger, store leaderStore, saves fencedStore, server func() checkpoint.Server) *lease {
+	return &lease{slot: slot, who: who, dur: dur, log: log, store: store, saves: saves, server: server,
 		startedC: make(chan struct{}), takenC: make(chan struct{})}
 }
 
@@ -109,14 +144,11 @@ func (l *lease) take(ctx context.Context) error {
 	var epoch int64
 	if err := persist(ctx, l.log, "take over the slot (new epoch)", func() error {
 		var err error
-		var srv checkpoint.Server
-		if l.server != nil {
-			srv = l.server()
-		}
+		srv := l.server()
 		epoch, err = l.store.TakeOver(ctx, l.slot, l.who, srv)
 		if err == nil {
 			l.mu.Lock()
-			l.takenOn = srv
+			l.recorded = srv
 			l.mu.Unlock()
 		}
 		return err
@@ -150,7 +182,7 @@ func (l *lease) taken(epoch int64) {
 	close(l.takenC)
 }
 
-// taken returns the epoch once take is done.
+// wait returns the epoch once take (or taken) is done.
 func (l *lease) wait(ctx context.Context) (int64, error) {
 	select {
 	case <-l.takenC:
@@ -202,6 +234,52 @@ func (l *lease) proven(at time.Time) {
 		l.provenAt = at
 	}
 	l.mu.Unlock()
+}
+
+// save saves lsn as the checkpoint, fenced by the term's epoch (see
+// checkpointSaver). One that succeeds proves leadership for check.
+func (l *lease) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
+	epoch, err := l.wait(ctx)
+	if err != nil {
+		return err
+	}
+	at := time.Now()
+	if err := l.recordServer(ctx, epoch); err != nil {
+		return err
+	}
+	if err := l.saves.SaveFenced(ctx, l.slot, epoch, lsn, commitTime); err != nil {
+		return err
+	}
+	l.proven(at)
+	// What the HA tests check across processes: saves of one epoch all
+	// begin before any save of a later one, and LSNs never fall.
+	l.log.Debug("checkpoint saved", "lsn", lsn.String(), "epoch", epoch, "began", at.UTC().Format(time.RFC3339Nano))
+	return nil
+}
+
+// recordServer records the stream's server with the checkpoint when it
+// changed since the takeover recorded it: after a promotion that the stream
+// found continues from the confirmed position (a later timeline), the
+// positions saved next are that timeline's. Without it a restart would
+// judge them against the old timeline, which ended before them, and refuse
+// the slot as forked.
+func (l *lease) recordServer(ctx context.Context, epoch int64) error {
+	srv := l.server()
+	l.mu.Lock()
+	prev := l.recorded
+	l.mu.Unlock()
+	if srv.Timeline == 0 || srv == prev {
+		return nil
+	}
+	if err := l.saves.RecordServer(ctx, l.slot, epoch, srv); err != nil {
+		return err
+	}
+	l.log.Info("recorded the new timeline with the checkpoint (a promotion the stream followed)",
+		"slot", l.slot, "timeline", srv.Timeline, "previous_timeline", prev.Timeline)
+	l.mu.Lock()
+	l.recorded = srv
+	l.mu.Unlock()
+	return nil
 }
 
 // standBy returns once the slot is free (no walsender holds it), waiting as
@@ -271,15 +349,12 @@ func (r *Relay) holder(ctx context.Context, pool *pgxpool.Pool, sl pgslot.Slot) 
 // guardedSink lets the retry worker write to Kafka only while this relay
 // leads, as the pipeline's writer does.
 type guardedSink struct {
-	lease *lease
-	sink  interface {
-		Write(ctx context.Context, events []event.Event) error
-		Ping(ctx context.Context) error
-	}
+	fence fence
+	sink  retry.Sink
 }
 
 func (g guardedSink) Write(ctx context.Context, events []event.Event) error {
-	if err := g.lease.check(ctx); err != nil {
+	if err := g.fence.check(ctx); err != nil {
 		return err
 	}
 	return g.sink.Write(ctx, events)

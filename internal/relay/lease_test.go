@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 )
@@ -46,9 +49,7 @@ func (b *leaderBook) count() int {
 }
 
 func newTestLease(b *leaderBook, dur time.Duration) *lease {
-	l := newLease("s", "test", dur, slog.New(slog.DiscardHandler))
-	l.store = b
-	return l
+	return newLease("s", "test", dur, slog.New(slog.DiscardHandler), b, nil, func() checkpoint.Server { return checkpoint.Server{} })
 }
 
 // A lease writes nothing before the stream holds the slot and the former
@@ -133,5 +134,74 @@ func TestLeaseUnreachable(t *testing.T) {
 	}
 	if book.count() < 2 {
 		t.Errorf("%d verify attempts; want retries", book.count())
+	}
+}
+
+// saveBook is a fencedStore in memory: what was saved and recorded, and
+// whether the row holds a newer epoch.
+type saveBook struct {
+	mu      sync.Mutex
+	saved   []pglogrepl.LSN
+	servers []checkpoint.Server
+	newer   int64 // a newer epoch in the row: saves are fenced
+}
+
+func (b *saveBook) SaveFenced(_ context.Context, slot string, epoch int64, lsn pglogrepl.LSN, _ time.Time) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.newer > epoch {
+		return &checkpoint.FencedError{Slot: slot, Epoch: epoch, Newest: b.newer}
+	}
+	b.saved = append(b.saved, lsn)
+	return nil
+}
+
+func (b *saveBook) RecordServer(_ context.Context, _ string, _ int64, srv checkpoint.Server) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.servers = append(b.servers, srv)
+	return nil
+}
+
+// A lease's save is fenced by its epoch and proves leadership; the server
+// is recorded with the checkpoint again only when the stream followed a
+// promotion to a new timeline, once.
+func TestLeaseSave(t *testing.T) {
+	ctx := t.Context()
+	book, saves := &leaderBook{}, &saveBook{}
+	srv := checkpoint.Server{SystemID: "7", Timeline: 1}
+	l := newLease("s", "test", 50*time.Millisecond, slog.New(slog.DiscardHandler), book, saves, func() checkpoint.Server { return srv })
+	l.started()
+	if err := l.take(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.save(ctx, 0x10, time.Now()); err != nil {
+		t.Fatalf("save = %v", err)
+	}
+	srv.Timeline = 2 // a promotion the stream followed
+	for _, lsn := range []pglogrepl.LSN{0x20, 0x30} {
+		if err := l.save(ctx, lsn, time.Now()); err != nil {
+			t.Fatalf("save %s = %v", lsn, err)
+		}
+	}
+	if want := []checkpoint.Server{{SystemID: "7", Timeline: 2}}; !slices.Equal(saves.servers, want) {
+		t.Errorf("servers recorded = %v; want %v (the takeover recorded timeline 1)", saves.servers, want)
+	}
+	if want := []pglogrepl.LSN{0x10, 0x20, 0x30}; !slices.Equal(saves.saved, want) {
+		t.Errorf("saved = %v; want %v", saves.saved, want)
+	}
+
+	time.Sleep(60 * time.Millisecond) // the proof goes stale
+	if err := l.save(ctx, 0x40, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	n := book.count()
+	if err := l.check(ctx); err != nil || book.count() != n {
+		t.Errorf("check after a save = %v with %d queries; want nil, 0 (the save proved leadership)", err, book.count()-n)
+	}
+
+	saves.newer = 2 // another relay took over
+	if err := l.save(ctx, 0x50, time.Now()); !errors.Is(err, checkpoint.ErrFenced) {
+		t.Errorf("save after a takeover = %v; want checkpoint.ErrFenced", err)
 	}
 }

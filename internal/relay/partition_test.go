@@ -75,7 +75,7 @@ func (f *fixture) stoppedBefore(t *testing.T) pglogrepl.LSN {
 // *placement.Error it stopped with (failing the test on any other outcome).
 func runToStop(t *testing.T, cfg relay.Config) (*placement.Error, error) {
 	t.Helper()
-	r, err := relay.New(cfg)
+	r, err := newRelay(t, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func TestPartitionedOutboxUnplaced(t *testing.T) {
 
 	// Restarted without the fix, it reports the stop on /readyz until it
 	// stops there again.
-	r2, err := relay.New(f.config(t))
+	r2, err := newRelay(t, f.config(t))
 	if err != nil {
 		t.Fatal(err)
 	}

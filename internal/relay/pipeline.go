@@ -5,21 +5,39 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
 )
 
 // The pipeline's stages are types that own their state (routeStage, writer,
 // committer, gate), connected by channels of chunks and by the small
-// interfaces below, declared here where they are consumed, so that the
-// failure logic runs in unit tests with hand-written fakes.
+// interfaces below and in lease.go, declared where they are consumed.
+// newPipeline wires them, the one way lead runs them; the server-free tests
+// hand it fakes at the boundaries.
 
-// An eventSink delivers events: sink.Kafka's contract. Write blocks until
-// every event is acknowledged, or returns ctx's error (it blocks through
-// broker-wide outages), or a *sink.WriteError listing the events that failed
-// on their own; every event it does not list was acknowledged. One goroutine
-// calls it.
+// A Sink delivers the relay's events to the broker; sink.Kafka is one, and a
+// new sink need only keep this contract. Write blocks until every event is
+// acknowledged, or returns ctx's error (it blocks through broker-wide
+// outages, which are never an event's failure), or a *sink.WriteError
+// listing the events that failed on their own, each with what its failure
+// means (Permanent, Reason; sink.ErrBehind for an event held behind a failed
+// one of its lane); every event it does not list was acknowledged. Ping asks
+// the broker now, not a cache: nil when it answers. Outage reports the
+// broker-wide failure streak Write is in: since when (zero: none) and its
+// latest cause. Write is called from one goroutine at a time; Ping and Outage
+// from any, also while Write blocks.
+type Sink interface {
+	Write(ctx context.Context, events []event.Event) error
+	Ping(ctx context.Context) error
+	Outage() (since time.Time, cause error)
+}
+
+// An eventSink is the part of a Sink the writer uses.
 type eventSink interface {
 	Write(ctx context.Context, events []event.Event) error
 }
@@ -33,14 +51,6 @@ type retryTable interface {
 	Undelivered(ctx context.Context, aggregates []string) (map[string]bool, error)
 }
 
-// A checkpointSaver persists the checkpoint: checkpoint.Store's contract.
-// Save is durable when it returns nil.
-// SaveFenced is Save for the leader of epoch (see lease.go).
-type checkpointSaver interface {
-	Save(ctx context.Context, slot string, lsn pglogrepl.LSN, commitTime time.Time) error
-	SaveFenced(ctx context.Context, slot string, epoch int64, lsn pglogrepl.LSN, commitTime time.Time) error
-}
-
 // An acker takes the chunks the writer finished (every event acknowledged
 // or stored), in order, and is closed after the last: the committer, or a
 // refill's tally.
@@ -49,10 +59,82 @@ type acker interface {
 	close()
 }
 
-// A confirmer reports a position as handled to the server: the stream's
-// Confirm. It does not block.
+// A confirmer is the committer's side of the stream (replication.Stream):
+// Confirm reports a position as handled to the server; Restart ends the
+// current replication connection (the stream reconnects and resumes from the
+// confirmed position), for a server that is shutting down and waits for its
+// walsender's client. Neither blocks.
 type confirmer interface {
 	Confirm(lsn pglogrepl.LSN)
+	Restart()
+}
+
+// A pipeline is the data path of one term, wired as lead runs it:
+//
+//	batches → route stage ─chunks→ writer ─acks→ committer ─Confirm→ stream
+//	                                  └─ gate → retry table
+//
+// The writer asks the fence before each write and the committer saves
+// through the saver (both the term's lease); every chunk is written in order
+// by the one writer, which is what keeps the acknowledged prefix contiguous.
+type pipeline struct {
+	route  *routeStage
+	writer *writer
+	com    *committer
+	gate   *gate
+	win    *window
+	health *health
+	hist   *historian
+}
+
+// ends are a pipeline's boundaries: what lead passes from the term, and the
+// tests as fakes.
+type ends struct {
+	router  *router.Router // the term's own: a router is not safe for concurrent use
+	placer  *placement.Placer
+	sink    eventSink
+	gate    *gate // loaded from the retry table
+	fence   fence
+	saver   checkpointSaver
+	stream  confirmer
+	history historyRecorder
+}
+
+// newPipeline wires a pipeline that starts after start (the position the
+// stream starts from, already saved).
+func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
+	win := newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
+	h := newHealth(cfg.StallAfter, cfg.Logger)
+	hist := newHistorian(e.history, cfg.Logger, cfg)
+	return &pipeline{
+		route: &routeStage{
+			router: e.router, placer: e.placer, win: win,
+			maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
+			log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
+			isOutbox: make(map[*replication.Relation]bool),
+		},
+		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans},
+		com:    newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
+		gate:   e.gate, win: win, health: h, hist: hist,
+	}
+}
+
+// run runs the route stage, the writer and the committer on g. The route
+// stage reads in until stop is closed (it stops at a transaction boundary),
+// in is closed, or ctx ends; the committer returns once it saved the
+// checkpoint of everything read. routed sees the route stage's error before
+// g does (lead turns a stop before a schema change into a drain); committed
+// runs when the committer returns.
+func (p *pipeline) run(ctx context.Context, g *errgroup.Group, stop <-chan struct{}, in <-chan replication.Batch, routed func(error) error, committed func()) {
+	// Unbuffered: the route stage grows its chunk while the writer is busy
+	// (see routeStage.run).
+	chunks := make(chan *chunk)
+	g.Go(func() error { return routed(p.route.run(ctx, stop, in, chunks)) })
+	g.Go(func() error { return p.writer.run(ctx, chunks, p.com) })
+	g.Go(func() error {
+		defer committed()
+		return p.com.run(ctx)
+	})
 }
 
 // A chunk is what the route stage hands the writer: events in commit order

@@ -1,10 +1,11 @@
 package relay
 
 // Unit tests of the pipeline's failure logic, without Postgres or Kafka: the
-// real route stage, writer, committer, gate and window, wired as Run wires
-// them, with hand-written fakes at the boundaries (sink, retry table,
-// checkpoint store, the stream's Confirm). Integration tests against real
-// servers are in relay_test.go and beside it.
+// real route stage, writer, committer, gate and window, wired by newPipeline
+// as lead wires them, with hand-written fakes at the boundaries (sink, retry
+// table, the lease's fence and fenced save, the stream's Confirm, the
+// checkpoint history). Integration tests against real servers are in
+// relay_test.go and beside it.
 
 import (
 	"context"
@@ -18,7 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/segmentio/kafka-go"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
@@ -72,12 +73,11 @@ func (l *ledger) Confirm(lsn pglogrepl.LSN) {
 	l.confirmed = append(l.confirmed, lsn)
 }
 
-// Save is the checkpoint store's side.
-func (l *ledger) SaveFenced(ctx context.Context, slot string, _ int64, lsn pglogrepl.LSN, commitTime time.Time) error {
-	return l.Save(ctx, slot, lsn, commitTime)
-}
+// Restart is the stream's side too: nothing to close here.
+func (l *ledger) Restart() {}
 
-func (l *ledger) Save(ctx context.Context, slot string, lsn pglogrepl.LSN, commitTime time.Time) error {
+// save is the lease's side: the fenced checkpoint save.
+func (l *ledger) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if n := len(l.saved); n > 0 && lsn <= l.saved[n-1] {
@@ -96,9 +96,10 @@ func (l *ledger) lastConfirmed() pglogrepl.LSN {
 	return l.confirmed[len(l.confirmed)-1]
 }
 
-// fakeSink acknowledges every event but those fail refuses, keeping the
-// sink's contract: later events of a refused event's lane in the same Write
-// fail with ErrBehind. block, when set, holds every Write until closed.
+// fakeSink acknowledges every event but those fail refuses (permanently,
+// with the error's text as the reason), keeping the sink's contract: later
+// events of a refused event's lane in the same Write fail with ErrBehind.
+// block, when set, holds every Write until closed.
 type fakeSink struct {
 	l     *ledger
 	fail  func(e *event.Event) error
@@ -120,13 +121,13 @@ func (s *fakeSink) Write(ctx context.Context, evs []event.Event) error {
 	for i := range evs {
 		e := &evs[i]
 		if failed[e.Lane()] {
-			we.Failures = append(we.Failures, sink.Failure{Index: i, Err: sink.ErrBehind})
+			we.Failures = append(we.Failures, sink.Failure{Index: i, Err: sink.ErrBehind, Reason: "behind"})
 			continue
 		}
 		if s.fail != nil {
 			if err := s.fail(e); err != nil {
 				failed[e.Lane()] = true
-				we.Failures = append(we.Failures, sink.Failure{Index: i, Err: err})
+				we.Failures = append(we.Failures, sink.Failure{Index: i, Err: err, Permanent: true, Reason: err.Error()})
 				continue
 			}
 		}
@@ -176,6 +177,10 @@ func (t *fakeRetry) Undelivered(ctx context.Context, aggs []string) (map[string]
 	return out, nil
 }
 
+// errTooLarge is a refusal of the fake sink's: permanent, as Kafka's refusal
+// of a too-large message is.
+var errTooLarge = errors.New("the message is larger than Kafka accepts")
+
 var testOutbox = &replication.Relation{Namespace: "public", Name: "outbox", Columns: []replication.Column{
 	{Name: "id"}, {Name: "aggregate_type"}, {Name: "aggregate_id"}, {Name: "event_type"}, {Name: "payload"}, {Name: "headers"},
 }}
@@ -187,6 +192,7 @@ type txn [][3]string
 // pipe is the pipeline under test.
 type pipe struct {
 	l      *ledger
+	pl     *pipeline
 	in     chan replication.Batch
 	stop   chan struct{}
 	done   chan error
@@ -196,9 +202,23 @@ type pipe struct {
 
 type pipeConfig struct {
 	sink              *fakeSink
+	fence             fence // nil: a fence that always lets the writer write
 	maxInFlightEvents int
 	batchSize         int
-	history           historyRecorder // nil: no checkpoint history
+	history           historyRecorder // nil: a history that records nothing
+}
+
+// open is a fence that always lets the writer write: this relay leads.
+type open struct{}
+
+func (open) check(context.Context) error { return nil }
+
+// noHistory is a checkpoint history that records nothing.
+type noHistory struct{}
+
+func (noHistory) Record(context.Context, string, pglogrepl.LSN, time.Time) error { return nil }
+func (noHistory) PruneHistory(context.Context, string, time.Duration, int) (int64, error) {
+	return 0, nil
 }
 
 func startPipe(t *testing.T, pc pipeConfig) *pipe {
@@ -208,14 +228,21 @@ func startPipe(t *testing.T, pc pipeConfig) *pipe {
 		pc.sink = &fakeSink{}
 	}
 	pc.sink.l = l
+	if pc.fence == nil {
+		pc.fence = open{}
+	}
+	if pc.history == nil {
+		pc.history = noHistory{}
+	}
 	if pc.maxInFlightEvents == 0 {
 		pc.maxInFlightEvents = 1000
 	}
 	if pc.batchSize == 0 {
 		pc.batchSize = 100
 	}
+	log := slog.New(slog.DiscardHandler)
 	cfg := Config{Replication: replication.Config{DSN: "unused", Slot: "s"}, MaxInFlightEvents: pc.maxInFlightEvents,
-		CheckpointInterval: time.Millisecond, Router: router.Config{Topic: "t.{aggregate_type}"}}
+		CheckpointInterval: time.Millisecond, StallAfter: time.Minute, Router: router.Config{Topic: "t.{aggregate_type}"}, Logger: log}
 	cfg.Sink.BatchSize = pc.batchSize
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
@@ -224,42 +251,28 @@ func startPipe(t *testing.T, pc pipeConfig) *pipe {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.DiscardHandler)
-	win := newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
-	h := newHealth(time.Minute, log)
-	gt := &gate{store: &fakeRetry{l}, log: log}
+	gt := newGate(&fakeRetry{l}, log)
 	if err := gt.load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	rs := &routeStage{router: rt, win: win, placer: placement.New(nil, placement.Config{Outbox: sql.Table{Schema: "public", Name: "outbox"}}), maxMsgs: pc.batchSize, maxBytes: 1 << 20,
-		log: log, isOutbox: map[*replication.Relation]bool{}}
-	w := &writer{sink: pc.sink, gate: gt, win: win, health: h, log: log}
-	com := newCommitter(l, l, win, h, nil, log, cfg, 0)
-	var hist *historian
-	if pc.history != nil {
-		hist = newHistorian(pc.history, log, cfg)
-		com.history = hist
-	}
+	pl := newPipeline(cfg, ends{
+		router: rt, placer: placement.New(nil, placement.Config{Outbox: sql.Table{Schema: "public", Name: "outbox"}}),
+		sink: pc.sink, gate: gt, fence: pc.fence, saver: l, stream: l, history: pc.history,
+	}, 0)
 
-	p := &pipe{l: l, in: make(chan replication.Batch), stop: make(chan struct{}), done: make(chan error, 1), lsn: 0x1000}
+	p := &pipe{l: l, pl: pl, in: make(chan replication.Batch), stop: make(chan struct{}), done: make(chan error, 1), lsn: 0x1000}
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
-	chunks := make(chan *chunk, 4)
-	errs := make(chan error, 3)
-	go func() { errs <- rs.run(ctx, p.stop, p.in, chunks) }()
-	go func() { errs <- w.run(ctx, chunks, com) }()
-	go func() { errs <- com.run(ctx) }()
-	if hist != nil {
-		go hist.run(ctx)
-	}
+	// As lead runs it: a stage's failure cancels the others.
+	g, gctx := errgroup.WithContext(ctx)
+	pl.run(gctx, g, p.stop, p.in, func(err error) error { return err }, func() {})
+	go pl.hist.run(ctx)
 	go func() {
-		var all []error
-		for range 3 {
-			if err := <-errs; err != nil && !errors.Is(err, context.Canceled) {
-				all = append(all, err)
-			}
+		if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+			p.done <- err
+			return
 		}
-		p.done <- errors.Join(all...)
+		p.done <- nil
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -338,6 +351,14 @@ func (l *ledger) lanes() map[string][]string {
 	return out
 }
 
+// dropParked removes agg's rows from the retry table: delivered by the
+// worker (their events stay handled).
+func (l *ledger) dropParked(agg string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.parked = slices.DeleteFunc(l.parked, func(e retry.Event) bool { return e.Aggregate == agg })
+}
+
 func (l *ledger) parkedLanes() map[string][]string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -358,7 +379,7 @@ func TestPipelineConfirmsOnlyHandled(t *testing.T) {
 		{"clean", &fakeSink{}, []txn{{{"Order", "a", "1"}, {"Order", "b", "1"}}, {{"Order", "a", "2"}}}, 1},
 		{"one refused", &fakeSink{fail: func(e *event.Event) error {
 			if string(e.Value) == "2" {
-				return kafka.MessageSizeTooLarge
+				return errTooLarge
 			}
 			return nil
 		}}, []txn{{{"Order", "a", "1"}, {"Order", "a", "2"}, {"Order", "a", "3"}, {"Order", "b", "1"}}, {{"Order", "a", "4"}, {"Order", "b", "2"}}}, 2},
@@ -392,7 +413,7 @@ func TestPipelineConfirmsOnlyHandled(t *testing.T) {
 func TestPipelineFailureHoldsItsLaneOnly(t *testing.T) {
 	s := &fakeSink{fail: func(e *event.Event) error {
 		if e.AggregateID == "a" && string(e.Value) == "2" {
-			return kafka.MessageSizeTooLarge
+			return errTooLarge
 		}
 		return nil
 	}}

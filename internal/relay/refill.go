@@ -101,7 +101,6 @@ var ErrNoGap = errors.New("the slot continues from the checkpoint: nothing to re
 // forked timeline), or ErrNoGap. With dryRun it changes nothing and counts
 // what it would send.
 func (r *Relay) Recover(ctx context.Context, dryRun bool) (*RefillResult, error) {
-	defer r.sink.Close()
 	pool, err := pgxpool.New(ctx, r.cfg.Replication.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
@@ -115,7 +114,7 @@ func (r *Relay) Recover(ctx context.Context, dryRun bool) (*RefillResult, error)
 		return nil, ErrNoGap
 	}
 	if !dryRun {
-		if err := r.sink.CheckAuth(ctx); err != nil {
+		if err := r.checkAuth(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -239,8 +238,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	if err != nil {
 		return nil, err
 	}
-	ls := newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, log)
-	ls.store = store
+	ls := newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, log, store, store, func() checkpoint.Server { return srv.Server })
 	if err := sleep(ctx, r.cfg.LeaseDuration); err != nil {
 		return nil, err
 	}
@@ -457,12 +455,12 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	gt := &gate{store: rstore, log: r.log}
+	gt := newGate(rstore, r.log)
 	if err := gt.load(ctx); err != nil {
 		return 0, time.Time{}, err
 	}
 	win := newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes)
-	w := &writer{sink: r.sink, gate: gt, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m, lease: ls}
+	w := &writer{sink: r.sink, gate: gt, fence: ls, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m}
 	tally := &refillTally{}
 	chunks := make(chan *chunk)
 	g, gctx := errgroup.WithContext(ctx)
@@ -519,13 +517,11 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 			// can have such rows.
 			var ask []event.Event
 			var askAt []int
-			gt.mu.Lock()
 			for i := range read {
-				if _, ok := gt.blocked[read[i].m.Lane().String()]; ok {
+				if gt.holds(read[i].m.Lane().String()) {
 					ask, askAt = append(ask, read[i].m.Event), append(askAt, i)
 				}
 			}
-			gt.mu.Unlock()
 			held := map[int]bool{}
 			if len(ask) > 0 {
 				h, err := rstore.Held(gctx, ask, "refill:"+res.ID+":")

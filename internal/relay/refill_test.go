@@ -97,7 +97,7 @@ func TestRefillRecreatedSlot(t *testing.T) {
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	f.produce(t, 1, 5, 0) // decoded by the recreated slot, and in the table
 
-	r, err := relay.New(cfg)
+	r, err := newRelay(t, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestRefillRecreatedSlot(t *testing.T) {
 	took := time.Since(began)
 
 	// Nothing left to refill; run streams on from the new slot.
-	r2, _ := relay.New(cfg)
+	r2, _ := newRelay(t, cfg)
 	if _, err := r2.Recover(context.Background(), true); !errors.Is(err, relay.ErrNoGap) {
 		t.Errorf("Recover after the refill = %v; want ErrNoGap", err)
 	}
@@ -397,7 +397,7 @@ func TestRefillRefused(t *testing.T) {
 	f.produce(t, 1, 5, 0)
 
 	f.pg.Exec(t, `UPDATE outbox_relay_checkpoint SET system_identifier = '1' WHERE slot_name = $1`, f.slot)
-	r, _ := relay.New(cfg)
+	r, _ := newRelay(t, cfg)
 	_, err := r.Recover(context.Background(), false)
 	var gap *pgslot.GapError
 	if !errors.As(err, &gap) || gap.Cause != pgslot.CauseOtherSystem || exitcode.Of(err) != exitcode.Gap {
@@ -409,7 +409,7 @@ func TestRefillRefused(t *testing.T) {
 
 	f.pg.Exec(t, `UPDATE outbox_relay_checkpoint SET system_identifier = (SELECT system_identifier::text FROM pg_control_system()) WHERE slot_name = $1`, f.slot)
 	f.pg.Exec(t, `DELETE FROM outbox_relay_checkpoint_history WHERE slot_name = $1`, f.slot)
-	r, _ = relay.New(cfg)
+	r, _ = newRelay(t, cfg)
 	_, err = r.Recover(context.Background(), false)
 	var re *relay.RefillError
 	if !errors.As(err, &re) || exitcode.Of(err) != exitcode.Gap || !strings.Contains(err.Error(), "no row at or before the checkpoint") {

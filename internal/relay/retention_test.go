@@ -164,7 +164,7 @@ func TestRetentionLongTransaction(t *testing.T) {
 func TestRetentionNeedsCreatedAt(t *testing.T) {
 	f := newFixture(t)
 	f.pg.Exec(t, `ALTER TABLE outbox DROP COLUMN created_at`)
-	r, err := relay.New(retentionConfig(t, f))
+	r, err := newRelay(t, retentionConfig(t, f))
 	if err != nil {
 		t.Fatal(err)
 	}

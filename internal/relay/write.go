@@ -28,7 +28,7 @@ type writer struct {
 	health *health
 	log    *slog.Logger
 	m      *metrics.Metrics
-	lease  *lease       // nil: writes are not fenced (tests of the stage alone)
+	fence  fence        // asked before every write
 	spans  SpanExporter // nil: no spans
 }
 
@@ -39,16 +39,13 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 	for c := range in {
 		send, sendAt := c.evs, []int(nil) // sendAt nil: send is c.evs
 		var parked []diverted
-		r.gate.mu.Lock()
-		anyBlocked := len(r.gate.blocked) > 0
-		r.gate.mu.Unlock()
-		if anyBlocked || len(c.fails) > 0 {
-			send, sendAt, parked = r.divert(c)
+		if len(c.fails) > 0 || r.gate.closed() {
+			send, sendAt, parked = r.gate.divert(c)
 		}
-		if (len(send) > 0 || len(parked) > 0) && r.lease != nil {
+		if len(send) > 0 || len(parked) > 0 {
 			// A write only while leading, proven within the lease: a
 			// former leader that wakes up learns here that it lost.
-			if err := r.lease.check(ctx); err != nil {
+			if err := r.fence.check(ctx); err != nil {
 				return err
 			}
 		}
@@ -128,53 +125,6 @@ func (r *writer) observe(c *chunk, sent []event.Event, parked int) {
 	r.m.SetInFlight(r.win.usage())
 }
 
-// diverted is an event bound for the retry table, with its place in the chunk.
-type diverted struct {
-	place int // 2*i+1 for c.evs[i]; 2*before for a route failure
-	ev    retry.Event
-}
-
-// divert splits c into the events to write now and the events that go to
-// the retry table: route failures, and every event of an aggregate that is
-// blocked (before this chunk, or by a route failure earlier in it). It returns
-// the index in c.evs of every event to write.
-func (r *writer) divert(c *chunk) (send []event.Event, sendAt []int, out []diverted) {
-	local := map[string]struct{}{}
-	r.gate.mu.Lock()
-	defer r.gate.mu.Unlock()
-	blocked := func(agg string) bool {
-		if _, ok := r.gate.blocked[agg]; ok {
-			return true
-		}
-		_, ok := local[agg]
-		return ok
-	}
-	fi := 0
-	takeFailures := func(upTo int) {
-		for ; fi < len(c.fails) && c.fails[fi].before <= upTo; fi++ {
-			f := &c.fails[fi]
-			ev := failureEvent(f)
-			local[ev.Aggregate] = struct{}{}
-			out = append(out, diverted{place: 2 * f.before, ev: ev})
-		}
-	}
-	for i := range c.evs {
-		takeFailures(i)
-		m := &c.evs[i]
-		if blocked(m.Lane().String()) {
-			ev := retry.NewEvent(m)
-			ev.Waiting = true
-			ev.Reason = "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order"
-			out = append(out, diverted{place: 2*i + 1, ev: ev})
-			continue
-		}
-		send = append(send, *m)
-		sendAt = append(sendAt, i)
-	}
-	takeFailures(len(c.evs))
-	return send, sendAt, out
-}
-
 // failureEvent is the retry row of an event the router refused. Routing
 // failures are permanent: the row goes dead at once, for an operator to fix
 // the routing config (the worker routes again) or the data, and requeue.
@@ -190,6 +140,14 @@ func failureEvent(f *routeFailure) retry.Event {
 	return ev
 }
 
+// waitingEvent is the retry row of an event that waits behind an earlier
+// event of its aggregate: delivered after it, never on its own.
+func waitingEvent(e *event.Event, reason string) retry.Event {
+	ev := retry.NewEvent(e)
+	ev.Waiting, ev.Reason = true, reason
+	return ev
+}
+
 // refused turns the sink's per-event failures into retry rows. sendAt maps
 // send to the chunk's events; nil when send is all of them.
 func refused(we *sink.WriteError, send []event.Event, sendAt []int) []diverted {
@@ -200,13 +158,13 @@ func refused(we *sink.WriteError, send []event.Event, sendAt []int) []diverted {
 			i = sendAt[f.Index]
 		}
 		e := &send[f.Index]
-		ev := retry.NewEvent(e)
+		var ev retry.Event
 		if errors.Is(f.Err, sink.ErrBehind) {
-			ev.Waiting = true
-			ev.Reason = "waiting behind an earlier event of the same aggregate that Kafka refused; delivered after it, in order"
+			ev = waitingEvent(e, "waiting behind an earlier event of the same aggregate that Kafka refused; delivered after it, in order")
 		} else {
-			ev.Reason = sink.Reason(f.Err, e)
-			ev.Permanent = sink.Permanent(f.Err)
+			// What the failure means is the sink's to say.
+			ev = retry.NewEvent(e)
+			ev.Reason, ev.Permanent = f.Reason, f.Permanent
 		}
 		out = append(out, diverted{place: 2*i + 1, ev: ev})
 	}
@@ -214,7 +172,7 @@ func refused(we *sink.WriteError, send []event.Event, sendAt []int) []diverted {
 }
 
 // park writes the diverted events to the retry table, in chunk order, and
-// blocks their aggregates. It retries until the rows are durable or ctx is
+// blocks their aggregates (gate.park). It retries until the rows are durable or ctx is
 // done: their LSN must not be confirmed before.
 func (r *writer) park(ctx context.Context, ds []diverted) error {
 	slices.SortFunc(ds, func(a, b diverted) int { return cmp.Compare(a.place, b.place) })
@@ -223,15 +181,7 @@ func (r *writer) park(ctx context.Context, ds []diverted) error {
 		evs[i] = d.ev
 	}
 	err := persist(ctx, r.log, fmt.Sprintf("write %d events to the retry table (nothing after them is confirmed until they are stored)", len(evs)), r.health.watch("retry_table", func() error {
-		r.gate.mu.Lock()
-		defer r.gate.mu.Unlock()
-		if err := r.gate.store.Insert(ctx, evs); err != nil {
-			return err
-		}
-		for _, ev := range evs {
-			r.gate.blocked[ev.Aggregate] = struct{}{}
-		}
-		return nil
+		return r.gate.park(ctx, evs)
 	}))
 	if err != nil {
 		return err

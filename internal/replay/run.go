@@ -179,7 +179,7 @@ func (r *Replayer) Run(ctx context.Context) error {
 			}
 			_ = r.save(context.WithoutCancel(ctx), false)
 			return fmt.Errorf("replay stopped at event %s (topic %s): %v; fix the cause and run the replay again with --id %s: it resumes at this event",
-				bad.ID, bad.Topic, sink.Reason(first.Err, &bad), r.cfg.ID)
+				bad.ID, bad.Topic, first.Reason, r.cfg.ID)
 		}
 		r.state.Position = keys[len(keys)-1]
 		r.state.Sent += int64(len(send))

@@ -355,8 +355,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 					"aggregate", rows[0].Aggregate, "events", acked)
 			}
 			d.attempted += first.Index + 1
-			d.failed = &failure{row: rows[first.Index], reason: sink.Reason(first.Err, &msgs[first.Index]),
-				permanent: sink.Permanent(first.Err)}
+			d.failed = &failure{row: rows[first.Index], reason: first.Reason, permanent: first.Permanent}
 			return sendFailed
 		default:
 			d.attempted += len(msgs)

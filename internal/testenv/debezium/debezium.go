@@ -27,7 +27,9 @@
 // publication and slot), two workers at once included, and a distributed worker a
 // few seconds more (creating its topics, joining its group): start as few as a test
 // needs.
-// Everything here is for tests only and fails the test (t.Fatalf) on error.
+// Everything here fails the test (t.Fatalf) on error, except Launch and Close, the
+// same runner for a command: outbox-bench runs Debezium as a peer through them, its
+// throughput tuning passed as Options (JVMFlags, Props, WorkerProps).
 package debezium
 
 import (
@@ -43,6 +45,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,7 +126,17 @@ type Options struct {
 	Props map[string]string
 	// WorkerProps are added to the worker's properties last, overriding Start's.
 	WorkerProps map[string]string
+	// JVMFlags replace the JVM's options (the class path, log4j file and main class
+	// are always Start's). Default: C1 only, the serial collector and a 512 MiB heap
+	// (testJVMFlags): a test's worker lives for seconds on shared cores. A long run
+	// measuring throughput (outbox-bench) wants C2 and a pause-time collector.
+	JVMFlags []string
 }
+
+// testJVMFlags are the JVM options when Options.JVMFlags is nil: C1 only and the
+// serial collector, because a worker lives for seconds, so start-up time matters
+// more than peak throughput, and two cores are shared.
+var testJVMFlags = []string{"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms64m", "-Xmx512m", "-Djava.awt.headless=true"}
 
 // Connect is a running (or ended) Kafka Connect worker with one Debezium connector.
 // Its methods are safe for concurrent use.
@@ -161,19 +174,79 @@ func Start(t testing.TB, opts Options) *Connect {
 	libs := requireLibs(t)
 	kafka := testenv.Kafka(t)
 	o := opts.validate(t)
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	c, err := launch(ctx, o, libs, kafka.Brokers, t.TempDir(), testenv.UniqueName(t, "dbz_connect"))
+	if c != nil {
+		t.Cleanup(func() {
+			c.kill()
+			if t.Failed() {
+				c.logTail(t)
+			}
+		})
+	}
+	if err != nil {
+		if c != nil {
+			c.mu.Lock()
+			c.tailLogged = true
+			c.mu.Unlock()
+		}
+		t.Fatalf("debezium: %v", err)
+	}
+	t.Logf("debezium: connector %s streaming from slot %s after %s (REST %s, log %s)",
+		c.name, c.slot, time.Since(began).Round(time.Millisecond), c.url, c.logFile)
+	return c
+}
+
+// Launch is Start for a command (outbox-bench), not a test: it writes the worker's
+// files into dir (which must exist; the properties hold the database password),
+// streams to brokers and returns once Debezium streams, or an error with the log's
+// tail, the JVM killed. It waits at most two minutes, less if ctx ends first.
+// Slot, Publication and TopicPrefix have no default here: pass them. The caller
+// must end the worker with Close (Pdeathsig kills it should the caller die first).
+func Launch(ctx context.Context, opts Options, brokers []string, dir string) (*Connect, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if o.Slot == "" || o.Publication == "" || o.TopicPrefix == "" {
+		return nil, errors.New("debezium: Launch needs Options.Slot, Publication and TopicPrefix")
+	}
+	if o.Distributed {
+		return nil, errors.New("debezium: Launch runs standalone workers only: leave Options.Distributed false")
+	}
+	libs, err := libsDirectory()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	c, err := launch(ctx, o, libs, brokers, dir, "")
+	if err != nil {
+		if c != nil {
+			c.kill()
+		}
+		return nil, fmt.Errorf("debezium: %w", err)
+	}
+	return c, nil
+}
+
+// launch starts the JVM with its files in dir and waits until it streams. On an
+// error after the JVM started it returns the worker too, already killed, so the
+// caller can read its log. group names a distributed worker's group and topics.
+func launch(ctx context.Context, o Options, libs string, brokers []string, dir, group string) (*Connect, error) {
 	db, err := pgx.ParseConfig(o.DSN)
 	if err != nil {
-		t.Fatalf("debezium: parse Options.DSN: %v", err)
+		return nil, fmt.Errorf("parse Options.DSN: %w", err)
 	}
 	if strings.HasPrefix(db.Host, "/") {
-		t.Fatalf("debezium: Options.DSN names the Unix socket directory %s: Debezium (JDBC) needs a TCP host such as 127.0.0.1", db.Host)
+		return nil, fmt.Errorf("Options.DSN names the Unix socket directory %s: Debezium (JDBC) needs a TCP host such as 127.0.0.1", db.Host)
 	}
 	port, err := freePort()
 	if err != nil {
-		t.Fatalf("debezium: find a free port for the REST listener: %v", err)
+		return nil, fmt.Errorf("find a free port for the REST listener: %w", err)
 	}
-
-	dir := t.TempDir()
 	c := &Connect{
 		name:          o.Name,
 		slot:          o.Slot,
@@ -189,31 +262,33 @@ func Start(t testing.TB, opts Options) *Connect {
 	var worker map[string]string
 	mainClass, args := standaloneClass, []string{workerFile, connectorFile}
 	if o.Distributed {
-		worker = o.distributedProps(kafka.Brokers, testenv.UniqueName(t, "dbz_connect"), port)
+		worker = o.distributedProps(brokers, group, port)
 		c.offsetsTopic = worker["offset.storage.topic"]
 		mainClass, args = distributedClass, []string{workerFile}
 	} else {
 		c.offsetFile = filepath.Join(dir, "offsets.dat")
-		worker = o.standaloneProps(kafka.Brokers, c.offsetFile, port)
+		worker = o.standaloneProps(brokers, c.offsetFile, port)
 	}
 	connector := o.connectorProps(db)
-	writeProps(t, workerFile, worker)
-	writeProps(t, connectorFile, connector)
-	writeProps(t, log4jFile, log4jProps)
+	for path, props := range map[string]map[string]string{workerFile: worker, connectorFile: connector, log4jFile: log4jProps} {
+		if err := writeProps(path, props); err != nil {
+			return nil, err
+		}
+	}
 
 	logf, err := os.Create(c.logFile)
 	if err != nil {
-		t.Fatalf("debezium: create log: %v", err)
+		return nil, fmt.Errorf("create log: %w", err)
 	}
 	defer logf.Close() // the child has its own descriptor
-	c.cmd = exec.Command("java", append([]string{
-		// C1 only and the serial collector: a worker lives for seconds, so start-up
-		// time matters more than peak throughput, and two cores are shared.
-		"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms64m", "-Xmx512m",
-		"-Djava.awt.headless=true",
-		"-Dlog4j.configuration=file:" + log4jFile,
+	jvm := o.JVMFlags
+	if jvm == nil {
+		jvm = testJVMFlags
+	}
+	c.cmd = exec.Command("java", append(append(slices.Clone(jvm),
+		"-Dlog4j.configuration=file:"+log4jFile,
 		"-cp", filepath.Join(libs, "*"),
-		mainClass}, args...)...)
+		mainClass), args...)...)
 	c.cmd.Dir = dir
 	// log4j writes to stdout, so one file holds the log and whatever the JVM prints
 	// before logging starts or when it dies.
@@ -225,32 +300,18 @@ func Start(t testing.TB, opts Options) *Connect {
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	began := time.Now()
 	if err := c.cmd.Start(); err != nil {
-		t.Fatalf("debezium: start java (Java 17 is needed; `scripts/dev.sh deps` installs it): %v", err)
+		return nil, fmt.Errorf("start java (Java 17 is needed; `scripts/dev.sh deps` installs it): %w", err)
 	}
 	go func() {
 		c.waitErr = c.cmd.Wait()
 		close(c.done)
 	}()
-	t.Cleanup(func() {
-		c.kill()
-		if t.Failed() {
-			c.logTail(t)
-		}
-	})
-
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
 	if err := c.start(ctx, o, connector); err != nil {
 		c.kill()
-		c.mu.Lock()
-		c.tailLogged = true
-		c.mu.Unlock()
-		t.Fatalf("debezium: connector %s not streaming %s after %s: %v\nlast lines of %s:\n%s",
+		return c, fmt.Errorf("connector %s not streaming %s after %s: %w\nlast lines of %s:\n%s",
 			c.name, o.Table, time.Since(began).Round(time.Millisecond), err, c.logFile, tail(c.logFile, tailLines))
 	}
-	t.Logf("debezium: connector %s streaming from slot %s after %s (REST %s, log %s)",
-		c.name, c.slot, time.Since(began).Round(time.Millisecond), c.url, c.logFile)
-	return c
+	return c, nil
 }
 
 // start creates the connector of a distributed worker and waits until it streams.
@@ -274,15 +335,34 @@ func (c *Connect) Stop(t testing.TB) {
 		return
 	}
 	began := time.Now()
+	if err := c.terminate(); err != nil {
+		t.Errorf("debezium: %v (log %s)", err, c.logFile)
+		return
+	}
+	t.Logf("debezium: worker stopped after %s (%v)", time.Since(began).Round(time.Millisecond), c.waitErr)
+}
+
+// Close is Stop for a command: SIGTERM, then SIGKILL after a minute, which it
+// reports as an error. Close after Stop, Kill or Close does nothing.
+func (c *Connect) Close() error {
+	if c.exited() {
+		return nil
+	}
+	return c.terminate()
+}
+
+// terminate sends SIGTERM and waits; a worker that ignores it for stopTimeout is
+// killed and reported.
+func (c *Connect) terminate() error {
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		t.Fatalf("debezium: stop worker: %v", err)
+		return fmt.Errorf("stop worker: %w", err)
 	}
 	select {
 	case <-c.done:
-		t.Logf("debezium: worker stopped after %s (%v)", time.Since(began).Round(time.Millisecond), c.waitErr)
+		return nil
 	case <-time.After(stopTimeout):
 		c.kill()
-		t.Errorf("debezium: worker ignored SIGTERM for %s: killed it (log %s)", stopTimeout, c.logFile)
+		return fmt.Errorf("worker ignored SIGTERM for %s: killed it", stopTimeout)
 	}
 }
 
@@ -337,6 +417,31 @@ func (c *Connect) Slot() string { return c.slot }
 
 // Publication is the publication Debezium streams (Options.Publication or its default).
 func (c *Connect) Publication() string { return c.publication }
+
+// Pid is the JVM's process id, for reading its CPU time and memory in /proc.
+func (c *Connect) Pid() int { return c.cmd.Process.Pid }
+
+// ProcessState is the ended JVM's exit status and resource usage; nil while it runs.
+func (c *Connect) ProcessState() *os.ProcessState {
+	if !c.exited() {
+		return nil
+	}
+	return c.cmd.ProcessState
+}
+
+// Exited is closed when the JVM has exited.
+func (c *Connect) Exited() <-chan struct{} { return c.done }
+
+// Failed returns the trace of a FAILED connector or task, nil while both run or the
+// REST server does not answer. Debezium's task stops for good on some errors (a
+// record over the producer's max.request.size), which otherwise looks like a stall.
+func (c *Connect) Failed(ctx context.Context) error {
+	st, err := dbz.GetConnectorStatus(ctx, &http.Client{Timeout: 2 * time.Second}, c.url, c.name)
+	if err != nil {
+		return nil
+	}
+	return st.Failed(false)
+}
 
 // logTail logs the end of the log once per worker.
 func (c *Connect) logTail(t testing.TB) {
@@ -459,7 +564,8 @@ func (c *Connect) waitStreaming(ctx context.Context, dsn string) error {
 	}
 }
 
-// validate fills the defaults of a copy of o and fails the test on a bad value.
+// validate fills the defaults of a copy of o, names included, and fails the test on
+// a bad value.
 func (o Options) validate(t testing.TB) Options {
 	t.Helper()
 	if o.DSN == "" {
@@ -471,11 +577,24 @@ func (o Options) validate(t testing.TB) Options {
 	if o.Publication == "" {
 		o.Publication = testenv.UniqueName(t, "dbz_pub")
 	}
-	if o.Table == "" {
-		o.Table = "public.outbox"
-	}
 	if o.TopicPrefix == "" {
 		o.TopicPrefix = testenv.UniqueName(t, "dbz")
+	}
+	o, err := o.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// withDefaults fills the defaults that need no test (all but the names) of a copy
+// of o and rejects a bad value.
+func (o Options) withDefaults() (Options, error) {
+	if o.DSN == "" {
+		return o, errors.New("debezium: Options.DSN is empty")
+	}
+	if o.Table == "" {
+		o.Table = "public.outbox"
 	}
 	if o.Name == "" {
 		o.Name = "outbox"
@@ -484,15 +603,15 @@ func (o Options) validate(t testing.TB) Options {
 		o.Converter = "string"
 	}
 	if o.Converter != "string" && o.Converter != "json" {
-		t.Fatalf("debezium: Options.Converter = %q: use \"string\" or \"json\"", o.Converter)
+		return o, fmt.Errorf("debezium: Options.Converter = %q: use \"string\" or \"json\"", o.Converter)
 	}
 	if o.OffsetFlushInterval == 0 {
 		o.OffsetFlushInterval = time.Second
 	}
 	if o.OffsetFlushInterval < 0 {
-		t.Fatalf("debezium: Options.OffsetFlushInterval = %s: use a positive duration or 0 for 1s", o.OffsetFlushInterval)
+		return o, fmt.Errorf("debezium: Options.OffsetFlushInterval = %s: use a positive duration or 0 for 1s", o.OffsetFlushInterval)
 	}
-	return o
+	return o, nil
 }
 
 // standaloneProps are a standalone worker's properties, its offsets in offsetFile.
@@ -601,11 +720,11 @@ var log4jProps = map[string]string{
 
 // writeProps writes a Java properties file, sorted so the file reads the same on every
 // run (debezium.FormatProperties).
-func writeProps(t testing.TB, path string, props map[string]string) {
-	t.Helper()
+func writeProps(path string, props map[string]string) error {
 	if err := os.WriteFile(path, []byte(dbz.FormatProperties(props)), 0o600); err != nil {
-		t.Fatalf("debezium: write %s: %v", path, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
+	return nil
 }
 
 // skipUnlessServers skips under -short when a server is not configured, as testenv
@@ -626,16 +745,25 @@ func skipUnlessServers(t testing.TB) {
 // requireLibs returns the jar directory or fails the test naming how to fill it.
 func requireLibs(t testing.TB) string {
 	t.Helper()
+	dir, err := libsDirectory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// libsDirectory returns the jar directory, or an error naming how to fill it.
+func libsDirectory() (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
-		t.Fatalf("debezium: no cache directory for the Kafka Connect + Debezium jars: %v", err)
+		return "", fmt.Errorf("debezium: no cache directory for the Kafka Connect + Debezium jars: %w", err)
 	}
 	dir := filepath.Join(cache, libsDir)
 	// scripts/dev.sh writes .complete last: without it the download was cut short.
 	if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
-		t.Fatalf("debezium: the Kafka Connect + Debezium %s jars are missing from %s: %s", Version, dir, howToFetch)
+		return "", fmt.Errorf("debezium: the Kafka Connect + Debezium %s jars are missing from %s: %s", Version, dir, howToFetch)
 	}
-	return dir
+	return dir, nil
 }
 
 // freePort returns a loopback port that was free a moment ago; a worker that loses

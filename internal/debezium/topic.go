@@ -1,4 +1,4 @@
-package sink
+package debezium
 
 import (
 	"context"
@@ -12,9 +12,27 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
+
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// ReadTopic calls fn with the key and value of every record of topic, from
+// ReadOffsets reads a Kafka Connect offsets topic with cfg's connection
+// settings (readTopic) and returns the latest offset of each connector
+// (LatestOffsets). It connects for the call only, joins no consumer group and
+// commits nothing.
+func ReadOffsets(ctx context.Context, cfg sink.Config, topic string) ([]Offset, error) {
+	var records []Record
+	err := readTopic(ctx, cfg, topic, func(key, value []byte) error {
+		records = append(records, Record{Key: key, Value: value})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read offsets topic %q: %w", topic, err)
+	}
+	return LatestOffsets(records)
+}
+
+// readTopic calls fn with the key and value of every record of topic, from
 // the earliest offset of each partition up to its end as of the call, in
 // offset order within a partition, partition after partition. A nil key or
 // value is Kafka's null (a nil value is a tombstone), an empty one is empty.
@@ -28,28 +46,19 @@ import (
 // support writes in transactions: an aborted offset was never in force.
 // For a topic written without transactions it is the high watermark.
 //
-// ReadTopic uses cfg's brokers, TLS, SASL and client id, connects for the call
-// only and joins no consumer group; it commits nothing. It blocks until the
-// records are read, fn fails, or ctx is done; without a deadline in ctx each
-// request is bounded by cfg's WriteTimeout. It is for reading a small topic
-// once (Kafka Connect's offsets), not for consuming.
-func ReadTopic(ctx context.Context, cfg Config, topic string, fn func(key, value []byte) error) error {
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("read topic %q: kafka config: %w", topic, err)
-	}
-	mech, _ := cfg.mechanism()
-	tc, err := cfg.tlsConfig()
+// readTopic uses cfg's brokers, TLS, SASL and client id (sink.Client),
+// connects for the call only and joins no consumer group; it commits
+// nothing. It blocks until the records are read, fn fails, or ctx is done;
+// without a deadline in ctx each request is bounded by cfg's WriteTimeout.
+// It is for reading a small topic once (Kafka Connect's offsets), not for
+// consuming.
+func readTopic(ctx context.Context, cfg sink.Config, topic string, fn func(key, value []byte) error) error {
+	c, err := sink.Client(cfg)
 	if err != nil {
-		return fmt.Errorf("read topic %q: kafka config: %w", topic, err)
+		return fmt.Errorf("read topic %q: %w", topic, err)
 	}
-	t := &kafka.Transport{ClientID: cfg.ClientID, TLS: tc, SASL: mech}
-	defer t.CloseIdleConnections()
-	r := &topicReader{
-		client:  &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: t, Timeout: cfg.WriteTimeout},
-		topic:   topic,
-		fn:      fn,
-		timeout: cfg.WriteTimeout,
-	}
+	defer c.Close()
+	r := &topicReader{client: c.Client, topic: topic, fn: fn, timeout: c.Timeout}
 	parts, err := r.partitions(ctx)
 	if err != nil {
 		return fmt.Errorf("read topic %q from %s: %w", topic, strings.Join(cfg.Brokers, ","), err)

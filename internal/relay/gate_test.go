@@ -1,0 +1,228 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
+)
+
+// rows is a retry table in memory: the undelivered rows of each aggregate.
+// While insertGate is set, Insert waits for it to close (a slow insert).
+type rows struct {
+	mu         sync.Mutex
+	n          map[string]int
+	asked      [][]string // every Undelivered call's aggregates
+	fail       error      // Undelivered fails while set
+	insertGate chan struct{}
+	inserting  chan struct{} // closed when an Insert begins, if set
+}
+
+func (r *rows) Insert(ctx context.Context, evs []retry.Event) error {
+	r.mu.Lock()
+	wait, began := r.insertGate, r.inserting
+	r.mu.Unlock()
+	if began != nil {
+		close(began)
+	}
+	if wait != nil {
+		<-wait
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range evs {
+		r.n[e.Aggregate]++
+	}
+	return nil
+}
+
+func (r *rows) Aggregates(context.Context) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for a, n := range r.n {
+		if n > 0 {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+func (r *rows) Undelivered(_ context.Context, aggs []string) (map[string]bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asked = append(r.asked, slices.Clone(aggs))
+	if r.fail != nil {
+		return nil, r.fail
+	}
+	out := map[string]bool{}
+	for _, a := range aggs {
+		out[a] = r.n[a] > 0
+	}
+	return out, nil
+}
+
+// deliver removes an aggregate's rows: the retry worker delivered them, or
+// an operator dropped them.
+func (r *rows) deliver(agg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.n, agg)
+}
+
+func loadedGate(t *testing.T, r *rows) *gate {
+	t.Helper()
+	g := newGate(r, slog.New(slog.DiscardHandler))
+	if err := g.load(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// release unblocks an aggregate only once the table holds none of its rows,
+// asks the table only about aggregates that are blocked, and keeps them
+// blocked while the table cannot say.
+func TestGateRelease(t *testing.T) {
+	r := &rows{n: map[string]int{"a": 1, "b": 2}}
+	g := loadedGate(t, r)
+	if !g.closed() || !g.holds("a") || !g.holds("b") {
+		t.Fatalf("after load: closed %t, holds(a) %t, holds(b) %t; want all true", g.closed(), g.holds("a"), g.holds("b"))
+	}
+
+	r.deliver("a")
+	g.release(t.Context(), []string{"a", "b", "c"})
+	if g.holds("a") || !g.holds("b") {
+		t.Errorf("after a's rows were delivered: holds(a) %t, holds(b) %t; want false, true", g.holds("a"), g.holds("b"))
+	}
+	if want := [][]string{{"a", "b"}}; !slices.EqualFunc(r.asked, want, slices.Equal) {
+		t.Errorf("Undelivered asked %q; want %q (c was never blocked)", r.asked, want)
+	}
+
+	g.release(t.Context(), []string{"a"}) // no longer blocked: nothing to ask
+	if len(r.asked) != 1 {
+		t.Errorf("release of an aggregate not blocked asked the table: %q", r.asked)
+	}
+
+	r.fail = errors.New("connection refused")
+	r.deliver("b")
+	g.release(t.Context(), []string{"b"})
+	if !g.holds("b") {
+		t.Error("b unblocked while the table could not say whether it has rows left")
+	}
+	r.fail = nil
+	g.release(t.Context(), []string{"b"})
+	if g.holds("b") || g.closed() {
+		t.Errorf("after b's rows were delivered and the table answered: holds(b) %t, closed %t; want false, false", g.holds("b"), g.closed())
+	}
+}
+
+// sweep releases, every interval, the blocked aggregates whose rows another
+// process delivered or dropped, and keeps the others.
+func TestGateSweep(t *testing.T) {
+	r := &rows{n: map[string]int{"a": 1, "b": 1}}
+	g := loadedGate(t, r)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { g.sweep(ctx, 5*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	r.deliver("a")
+	deadline := time.Now().Add(5 * time.Second)
+	for g.holds("a") {
+		if time.Now().After(deadline) {
+			t.Fatal("sweep did not release a within 5s of its rows being delivered")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !g.holds("b") {
+		t.Error("sweep released b, which still has a row")
+	}
+}
+
+// A release that runs while the writer parks a row of its aggregate waits
+// for the insert, sees the row, and keeps the aggregate blocked: an event
+// parked behind a row is never overtaken by a later event sent to Kafka.
+func TestGateParkBeatsRelease(t *testing.T) {
+	r := &rows{n: map[string]int{"a": 1}}
+	g := loadedGate(t, r)
+	r.deliver("a") // the worker delivered a's row; its Delivered hook is about to release
+	r.insertGate, r.inserting = make(chan struct{}), make(chan struct{})
+	parked := make(chan error, 1)
+	go func() { parked <- g.park(t.Context(), []retry.Event{{Aggregate: "a"}}) }()
+	<-r.inserting
+	released := make(chan struct{})
+	go func() { g.release(t.Context(), []string{"a"}); close(released) }()
+	select {
+	case <-released:
+		t.Fatal("release returned while a row of a was being inserted")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(r.insertGate)
+	if err := <-parked; err != nil {
+		t.Fatal(err)
+	}
+	<-released
+	if !g.holds("a") {
+		t.Error("a was unblocked although a row of it was inserted before the release looked")
+	}
+}
+
+// A fenced writer writes nothing: neither to Kafka nor to the retry table,
+// and nothing is confirmed. The pipeline stops with the fence's error.
+func TestPipelineFencedWritesNothing(t *testing.T) {
+	fenced := fenceFunc(func(context.Context) error {
+		return &checkpoint.FencedError{Slot: "s", Epoch: 1, Newest: 2}
+	})
+	p := startPipe(t, pipeConfig{fence: fenced})
+	p.send(t, txn{{"Order", "a", "1"}, {"Bad Type!", "b", "1"}}, 2)
+	select {
+	case err := <-p.done:
+		if !errors.Is(err, checkpoint.ErrFenced) {
+			t.Errorf("pipeline stopped with %v; want checkpoint.ErrFenced", err)
+		}
+		p.done <- nil // for the cleanup
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pipeline did not stop when fenced")
+	}
+	p.l.mu.Lock()
+	defer p.l.mu.Unlock()
+	if len(p.l.acked) != 0 || len(p.l.parked) != 0 || len(p.l.confirmed) != 0 {
+		t.Errorf("fenced: %d acknowledged, %d stored, %d confirmed; want none", len(p.l.acked), len(p.l.parked), len(p.l.confirmed))
+	}
+}
+
+type fenceFunc func(context.Context) error
+
+func (f fenceFunc) check(ctx context.Context) error { return f(ctx) }
+
+// Once the retry worker delivered an aggregate's rows and released it, the
+// aggregate's new events go to Kafka again; until then they queue behind.
+func TestPipelineUnblocksAfterDelivery(t *testing.T) {
+	s := &fakeSink{fail: func(e *event.Event) error {
+		if string(e.Value) == "2" {
+			return errTooLarge
+		}
+		return nil
+	}}
+	p := startPipe(t, pipeConfig{sink: s})
+	p.send(t, txn{{"Order", "a", "1"}, {"Order", "a", "2"}}, 2)
+	p.waitConfirmed(t, p.send(t, txn{{"Order", "a", "3"}}, 1))
+	if got, want := p.l.parkedLanes()["a"], []string{"2", "3 (waiting)"}; !slices.Equal(got, want) {
+		t.Fatalf("retry rows of a = %q; want %q", got, want)
+	}
+
+	lane := p.l.parked[0].Aggregate
+	p.l.dropParked(lane) // the worker delivered them
+	p.pl.gate.release(t.Context(), []string{lane})
+	p.waitConfirmed(t, p.send(t, txn{{"Order", "a", "4"}}, 1))
+	if got, want := p.l.lanes()["a"], []string{"1", "4"}; !slices.Equal(got, want) {
+		t.Errorf("acknowledged of a = %q; want %q (4 sent once a was released)", got, want)
+	}
+}

@@ -1,0 +1,268 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
+)
+
+// A term is one term of leadership: everything that lives from taking the
+// slot to losing it (or stopping), built once by newTerm from where the term
+// starts (open) and dropped whole when lead returns. A term that lost the
+// slot delivers and saves nothing more; the next term builds its own.
+type term struct {
+	start   pglogrepl.LSN
+	store   *checkpoint.Store
+	stopped *checkpoint.Stop // the last run's stop record, nil when none
+	stream  *replication.Stream
+	lease   *lease
+	pipe    *pipeline
+	worker  *retry.Worker
+}
+
+// newTerm opens the term (open: where it starts, checked) and builds its
+// stream, lease, pipeline and retry worker. Nothing runs yet.
+func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) {
+	o, err := r.open(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	t := &term{start: o.start, store: o.store}
+	slot := r.cfg.Replication.Slot
+	t.lease = newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, r.log, o.store, o.store, func() checkpoint.Server {
+		if srv := t.stream.Server(); srv != nil {
+			return srv.Server
+		}
+		return checkpoint.Server{}
+	})
+	rcfg := r.cfg.Replication
+	// The stream's connections must reach the server the checkpoint was
+	// checked against (a failover while running is refused the same way).
+	rcfg.Server = &o.srv
+	rcfg.Started = t.lease.started
+	// An idle position is saved by the committer before it is confirmed.
+	rcfg.Idle = func(lsn pglogrepl.LSN) { t.pipe.com.idle(lsn) }
+	t.stream = replication.New(rcfg)
+	rt, err := router.New(r.cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	t.pipe = newPipeline(r.cfg, ends{
+		router: rt, placer: o.placer, sink: r.sink, gate: o.gate,
+		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store,
+	}, o.start)
+	if t.worker, err = r.retryWorker(o.rstore, o.gate, t.lease); err != nil {
+		return nil, err
+	}
+	// Why this slot's relay last stopped before a transaction, if it did:
+	// /readyz says so until the checkpoint passes it (the fix applied) or
+	// the relay stops there again.
+	if t.stopped, err = o.store.Stopped(ctx, slot); err != nil {
+		r.log.Warn("cannot read the stop record of the last run", "err", err)
+	}
+	return t, nil
+}
+
+// lead runs term t: the pipeline, from the checkpoint, until ctx is
+// cancelled (drain, final checkpoint), a failure, or the loss of the slot
+// (errStandBy: nothing drained, nothing more delivered or saved).
+//
+//	stream ─batches→ route ─chunks→ writer ─acks→ committer ─Confirm→ stream
+//	                                   └─ gate, retry table ←─ retry worker
+func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
+	// The pipeline outlives ctx by the drain: it runs on a context of its own
+	// that only a failure or the drain deadline cancels.
+	pctx, fail := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer fail(nil)
+	defer context.AfterFunc(ctx, func() {
+		r.log.Info("shutdown requested: draining", "timeout", r.cfg.ShutdownTimeout.String())
+		t := time.AfterFunc(r.cfg.ShutdownTimeout, func() { fail(ErrDrainTimeout) })
+		context.AfterFunc(pctx, func() { t.Stop() })
+	})()
+	g, gctx := errgroup.WithContext(pctx)
+	// The stream and its companions live until the final checkpoint.
+	streamCtx, stopStream := context.WithCancel(gctx)
+	defer stopStream()
+	// Batches in this channel are outside the window (it is taken when a
+	// batch is routed): keep it short, it only smooths hand-overs.
+	batches := make(chan replication.Batch, 4)
+
+	r.live.Store(t)
+	defer r.live.Store(nil)
+	defer r.m.SetActive(false)
+	if err := r.sampleMetrics(streamCtx, g, pool); err != nil {
+		return err
+	}
+	g.Go(func() error {
+		if err := t.lease.take(streamCtx); err != nil {
+			return ignoreCanceled(err)
+		}
+		epoch, err := t.lease.wait(streamCtx)
+		if err != nil {
+			return ignoreCanceled(err)
+		}
+		r.m.TookOver(epoch)
+		return nil
+	})
+	g.Go(func() error { return r.runStream(streamCtx, gctx, t, batches) })
+	g.Go(func() error { return ignoreCanceled(t.worker.Run(streamCtx)) })
+	g.Go(func() error { r.pumpStats(streamCtx, t); return nil })
+	g.Go(func() error { t.pipe.gate.sweep(streamCtx, 30*time.Second); return nil })
+	g.Go(func() error { t.pipe.hist.run(streamCtx); return nil })
+	if r.cfg.Retention.Retention > 0 {
+		g.Go(func() error { r.runRetention(streamCtx, pool); return nil })
+	}
+	var schemaStop error
+	t.pipe.run(gctx, g, ctx.Done(), batches, func(err error) error {
+		if se := (*stopError)(nil); errors.As(err, &se) {
+			// Not a failure of the pipeline: drain what came before the
+			// change and save its checkpoint, as at a clean stop, so that a
+			// restart resends nothing already delivered; then stop with it.
+			schemaStop = err
+			t := time.AfterFunc(r.cfg.ShutdownTimeout, func() { fail(ErrDrainTimeout) })
+			context.AfterFunc(pctx, func() { t.Stop() })
+			return nil
+		}
+		return err
+	}, stopStream) // the final checkpoint is confirmed: the stream may close
+	err := g.Wait()
+	if cause := context.Cause(pctx); errors.Is(cause, ErrDrainTimeout) {
+		return fmt.Errorf("%w after %s: the events not yet confirmed will be sent again on the next start",
+			ErrDrainTimeout, r.cfg.ShutdownTimeout)
+	}
+	if errors.Is(err, replication.ErrSlotActive) || errors.Is(err, checkpoint.ErrFenced) {
+		return fmt.Errorf("%w: %w", errStandBy, err)
+	}
+	if err != nil {
+		return err
+	}
+	if schemaStop != nil {
+		r.log.Info("stopped", "checkpoint", t.pipe.com.saved.String())
+		// For lag, status and the next run's /readyz, while the relay is
+		// down: a failure to record it loses nothing, the error says all.
+		se := (*stopError)(nil)
+		errors.As(schemaStop, &se)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := t.store.RecordStop(rctx, r.cfg.Replication.Slot, se.lsn, schemaStop.Error()); err != nil {
+			r.log.Warn("cannot record the stop in the checkpoint table", "err", err)
+		}
+		return schemaStop
+	}
+	if ctx.Err() != nil {
+		r.log.Info("stopped", "checkpoint", t.pipe.com.saved.String())
+		return ctx.Err()
+	}
+	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
+}
+
+// retryWorker builds the retry worker of a term. It writes to Kafka beside
+// the pipeline: a sink (Sinks.Retry) and a router of its own, as neither is
+// safe for concurrent use, and only while the term leads (fence).
+// Per-aggregate order holds because the pipeline writes no event of a lane
+// the worker has rows of (the gate), which the worker releases.
+func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence) (*retry.Worker, error) {
+	wrouter, err := router.New(r.cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	wcfg := r.cfg.Retry
+	wcfg.Store, wcfg.Topic, wcfg.Logger = rstore, wrouter.Topic, r.log.With("component", "retry")
+	wcfg.Sink = guardedSink{fence: f, sink: r.retrySink}
+	wcfg.Headers = wrouter.Headers()
+	wcfg.Delivered = func(agg string) {
+		// Called from the worker's goroutine while it runs: bounded, as a
+		// hung query must not hold up the worker.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		gt.release(ctx, []string{agg})
+	}
+	return retry.NewWorker(wcfg)
+}
+
+// runStream runs the replication stream until streamCtx ends; stopped by the
+// committer after the final checkpoint (gctx still live), that is no error.
+func (r *Relay) runStream(streamCtx, gctx context.Context, t *term, out chan<- replication.Batch) error {
+	err := t.stream.Run(streamCtx, t.start, out)
+	var de *replication.DecodeError
+	if errors.As(err, &de) {
+		r.m.DecodeError()
+	}
+	if errors.Is(err, replication.ErrGap) {
+		r.m.SetSlotGap(true)
+	}
+	if streamCtx.Err() != nil && gctx.Err() == nil {
+		return nil
+	}
+	return err
+}
+
+// sampleMetrics starts the metrics sampler of a term, when metrics are on.
+func (r *Relay) sampleMetrics(ctx context.Context, g *errgroup.Group, pool *pgxpool.Pool) error {
+	if r.m == nil {
+		return nil
+	}
+	sampler, err := metrics.NewSampler(r.m, pool, metrics.SamplerConfig{
+		Slot: r.cfg.Replication.Slot, RetryTable: r.cfg.RetryTable, Logger: r.log})
+	if err != nil {
+		return fmt.Errorf("metrics sampler: %w", err)
+	}
+	g.Go(func() error { return ignoreCanceled(sampler.Run(ctx)) })
+	return nil
+}
+
+// pumpStats turns the stream's and the retry worker's counters into metrics,
+// and samples the health checks, once a second.
+func (r *Relay) pumpStats(ctx context.Context, t *term) {
+	var last replication.Stats
+	var lastW retry.WorkerStats
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		st := t.stream.Stats()
+		now := time.Now()
+		t.pipe.health.sample(st.ConfirmedLSN, st.ServerWALEnd, now)
+		since, cause := r.sink.Outage()
+		failing, why := t.pipe.health.failing(now, st.Streaming, since, cause)
+		r.m.SetHealth(failing, t.pipe.health.stalledFor(now))
+		t.pipe.health.warn(now, why)
+		if r.m == nil {
+			continue
+		}
+		for range st.Reconnects - last.Reconnects {
+			r.m.Reconnected()
+		}
+		for range st.IgnoredUpdates - last.IgnoredUpdates {
+			r.m.IgnoredChange("update")
+		}
+		for range st.IgnoredDeletes - last.IgnoredDeletes {
+			r.m.IgnoredChange("delete")
+		}
+		for range st.IgnoredTruncates - last.IgnoredTruncates {
+			r.m.IgnoredChange("truncate")
+		}
+		r.m.UnsolicitedMessages("stream_abort", st.SkippedStreamAborts-last.SkippedStreamAborts)
+		r.m.UnsolicitedMessages("unknown", st.SkippedUnknownMessages-last.SkippedUnknownMessages)
+		last = st
+		ws := t.worker.Stats()
+		r.m.RetryWorked(ws.Attempted-lastW.Attempted, ws.Succeeded-lastW.Succeeded, ws.DeadLettered-lastW.DeadLettered)
+		lastW = ws
+		r.m.SetInFlight(t.pipe.win.usage())
+	}
+}

@@ -1,0 +1,65 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/event"
+)
+
+// What a kafka-go error means for the event: the one place that knows.
+func TestPermanent(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{kafka.MessageSizeTooLarge, true},
+		{kafka.MessageTooLargeError{}, true},
+		{kafka.InvalidTopic, true},
+		{kafka.TopicAuthorizationFailed, true},
+		{kafka.InvalidMessage, true},
+		{kafka.InvalidRecord, true},
+		{kafka.RecordListTooLarge, true},
+		{fmt.Errorf("topic %q: %w", "x", kafka.InvalidTopic), true},
+		{kafka.UnknownTopicOrPartition, false},
+		{kafka.NotEnoughReplicas, false},
+		{kafka.LeaderNotAvailable, false},
+		{kafka.RequestTimedOut, false},
+		{kafka.NetworkException, false},
+		{context.DeadlineExceeded, false},
+		{errors.New("dial tcp 127.0.0.1:1: connection refused"), false},
+	}
+	for _, tt := range tests {
+		if got := permanent(tt.err); got != tt.want {
+			t.Errorf("permanent(%q) = %t; want %t", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestJudge(t *testing.T) {
+	events := []event.Event{{Topic: "orders", Key: []byte("k"), Value: make([]byte, 10)}, {Topic: "orders", Key: []byte("k")}, {Topic: "x"}}
+	fails := []Failure{
+		{Index: 0, Err: kafka.MessageSizeTooLarge},
+		{Index: 1, Err: ErrBehind},
+		{Index: 2, Err: kafka.UnknownTopicOrPartition},
+	}
+	judge(fails, events)
+	want := []struct {
+		permanent bool
+		reason    string
+	}{
+		{true, `the message (11 bytes) is larger than Kafka accepts for topic "orders"`},
+		{false, "an earlier message with the same key failed"},
+		{false, `topic "x" does not exist`},
+	}
+	for i, f := range fails {
+		if f.Permanent != want[i].permanent || !strings.Contains(f.Reason, want[i].reason) {
+			t.Errorf("failure %d (%v): Permanent %t, Reason %q; want %t and a reason containing %q", i, f.Err, f.Permanent, f.Reason, want[i].permanent, want[i].reason)
+		}
+	}
+}

@@ -1,0 +1,440 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/event"
+)
+
+// Write and its rounds: how a call is cut into produce rounds, how a round's
+// failures are told apart (broker-wide, a topic's, a record's) and narrowed
+// down to their culprits, in the order the package doc promises.
+
+// Write produces each event as a record (topic, key, value, headers) and
+// blocks until every one is acknowledged by Kafka with acks=all, or has
+// failed for a reason of its own. Broker-wide failures (unreachable, not
+// enough replicas, leader not available, timeouts) are retried with backoff
+// until ctx is done: the caller must hold its LSN meanwhile, nothing is
+// dropped. It returns nil, ctx's error, or a *WriteError listing, by index in
+// events, the events that failed on their own; every event not listed was
+// acknowledged. Not safe for concurrent use (one writer keeps per-partition
+// order).
+//
+// Every event must have its Topic set. events is not modified, and its bytes
+// must not be modified until Write returns.
+func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
+	msgs := k.records(events)
+	defer k.release()
+	st := &writeState{msgs: msgs}
+	// Chunk boundaries in input order; see the package doc for why a call is
+	// capped at BatchSize messages and BatchBytes bytes.
+	var idx []int
+	var chunkBytes int64
+	flush := func() error {
+		if len(idx) == 0 {
+			return nil
+		}
+		err := k.write(ctx, st, idx)
+		idx, chunkBytes = idx[:0], 0
+		return err
+	}
+	for i := range msgs {
+		if msgs[i].Topic == "" {
+			// A caller's bug; kafka-go would refuse the whole call for it.
+			st.fail(i, fmt.Errorf("message has no topic: %w", kafka.InvalidTopic))
+			continue
+		}
+		if st.held(i) {
+			st.fail(i, ErrBehind)
+			continue
+		}
+		if err := checkTopicName(msgs[i].Topic); err != nil {
+			// With auto-creation off kafka-go would call it unknown, and the
+			// broker would never say it is invalid.
+			st.fail(i, err)
+			continue
+		}
+		n := messageSize(&msgs[i])
+		if n > k.cfg.BatchBytes {
+			st.fail(i, fmt.Errorf("message of %d bytes is larger than the %d-byte batch limit (sink batch bytes): %w", n, k.cfg.BatchBytes, kafka.MessageSizeTooLarge))
+			continue
+		}
+		if len(idx) == k.cfg.BatchSize || chunkBytes+n > k.cfg.BatchBytes {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		idx = append(idx, i)
+		chunkBytes += n
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	if len(st.fails) == 0 {
+		return nil
+	}
+	k.stats.failures.Add(int64(len(st.fails)))
+	slices.SortFunc(st.fails, func(a, b Failure) int { return a.Index - b.Index })
+	judge(st.fails, events)
+	return &WriteError{Failures: st.fails}
+}
+
+// writeState is one Write's messages and failures so far.
+type writeState struct {
+	msgs   []kafka.Message
+	fails  []Failure
+	failed map[event.Lane]int   // lane of every failed message → its lowest index
+	since  map[string]time.Time // topics waited for (being created) → since when
+}
+
+func orderKey(m *kafka.Message) event.Lane { return event.Lane{Topic: m.Topic, Key: string(m.Key)} }
+
+// records turns events into kafka-go records, sharing the events' bytes, in
+// buffers reused from Write to Write (release).
+func (k *Kafka) records(events []event.Event) []kafka.Message {
+	n := 0
+	for i := range events {
+		n += len(events[i].Headers)
+	}
+	if cap(k.msgBuf) < len(events) {
+		k.msgBuf = make([]kafka.Message, len(events))
+	}
+	if cap(k.hdrBuf) < n {
+		k.hdrBuf = make([]kafka.Header, n)
+	}
+	msgs, hs := k.msgBuf[:len(events)], k.hdrBuf[:n]
+	for i := range events {
+		e := &events[i]
+		h := hs[:len(e.Headers):len(e.Headers)]
+		hs = hs[len(e.Headers):]
+		for j, x := range e.Headers {
+			h[j] = kafka.Header(x)
+		}
+		msgs[i] = kafka.Message{Topic: e.Topic, Key: e.Key, Value: e.Value, Headers: h, Time: e.Time}
+	}
+	k.msgBuf, k.hdrBuf = msgs, k.hdrBuf[:n]
+	return msgs
+}
+
+// release readies the record buffers for the next Write: cleared, so that
+// they pin no rows, or dropped when a produce request of this Write may
+// still read them (it failed or was abandoned: kafka-go's connection can
+// outlive the call).
+func (k *Kafka) release() {
+	if k.abandoned {
+		k.msgBuf, k.hdrBuf, k.abandoned = nil, nil, false
+		return
+	}
+	clear(k.msgBuf)
+	clear(k.hdrBuf)
+}
+
+func (st *writeState) fail(i int, err error) {
+	st.fails = append(st.fails, Failure{Index: i, Err: err})
+	if st.failed == nil {
+		st.failed = make(map[event.Lane]int)
+	}
+	k := orderKey(&st.msgs[i])
+	if first, ok := st.failed[k]; !ok || i < first {
+		st.failed[k] = i
+	}
+}
+
+// held reports whether message i must wait behind a failed one: an earlier
+// message of its key failed.
+func (st *writeState) held(i int) bool {
+	if len(st.failed) == 0 {
+		return false
+	}
+	first, ok := st.failed[orderKey(&st.msgs[i])]
+	return ok && first < i
+}
+
+// hold fails the messages of idx that must wait behind a failed one and
+// returns the others, in order.
+func (st *writeState) hold(idx []int) []int {
+	if len(st.failed) == 0 {
+		return idx
+	}
+	out := make([]int, 0, len(idx))
+	for _, i := range idx {
+		if st.held(i) {
+			st.fail(i, ErrBehind)
+			continue
+		}
+		out = append(out, i)
+	}
+	return out
+}
+
+// write writes msgs[idx...] in order until each is acknowledged or has failed
+// on its own, appending those to fails. It returns only nil or ctx's error.
+func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
+	msgs := st.msgs
+	attempt := 0
+	for {
+		if idx = st.hold(idx); len(idx) == 0 {
+			return nil
+		}
+		batch := gather(msgs, idx)
+		err := k.produce(ctx, batch)
+		k.stats.writes.Add(1)
+		if err == nil {
+			k.acked(batch, nil)
+			if attempt > 0 {
+				k.log.Info("kafka write recovered", "attempts", attempt+1)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+
+		var werrs kafka.WriteErrors
+		if !errors.As(err, &werrs) || len(werrs) != len(batch) {
+			// The whole call was refused before anything was produced:
+			// metadata for a topic, or the connection.
+			switch {
+			case !perMessage(err):
+				// Broker-wide: retry the same call below.
+			case !oneTopic(batch):
+				// kafka-go does not say which topic failed: write each topic
+				// on its own. Topics are independent for ordering.
+				for _, group := range byTopic(msgs, idx) {
+					if err := k.write(ctx, st, group); err != nil {
+						return err
+					}
+				}
+				return nil
+			case topicLevel(err):
+				ferr, wait := k.topicFailure(ctx, st, msgs[idx[0]].Topic, err)
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if wait {
+					if err := sleep(ctx, topicPoll); err != nil {
+						return err
+					}
+					continue
+				}
+				for _, i := range idx {
+					if st.held(i) {
+						st.fail(i, ErrBehind)
+					} else {
+						st.fail(i, ferr)
+					}
+				}
+				return nil
+			case len(idx) == 1:
+				st.fail(idx[0], err)
+				return nil
+			default:
+				// Not expected (sizes are checked up front), but a
+				// record-level refusal of the whole call is narrowed down
+				// like one of a batch.
+				half := len(idx) / 2
+				if err := k.write(ctx, st, idx[:half]); err != nil {
+					return err
+				}
+				return k.write(ctx, st, idx[half:])
+			}
+			if err := k.backoff(ctx, attempt, err); err != nil {
+				return err
+			}
+			attempt++
+			continue
+		}
+
+		// Per partition: each partition's batch succeeded or failed whole.
+		k.acked(batch, werrs)
+		var retry, isolate []int
+		var retryErr error
+		records := 0
+		for _, e := range werrs {
+			if e != nil && perMessage(e) && !topicLevel(e) {
+				records++
+			}
+		}
+		// A topic-level answer for a partition (its leader does not know the
+		// topic yet, or may not write it) is decided once per topic.
+		var topicErrs map[string]error
+		for j, e := range werrs {
+			switch {
+			case e == nil:
+			case !perMessage(e):
+				retry = append(retry, idx[j])
+				retryErr = e
+			case topicLevel(e):
+				topic := msgs[idx[j]].Topic
+				ferr, seen := topicErrs[topic]
+				if !seen {
+					var wait bool
+					if ferr, wait = k.topicFailure(ctx, st, topic, e); ctx.Err() != nil {
+						return ctx.Err()
+					} else if wait {
+						ferr = nil
+					}
+					if topicErrs == nil {
+						topicErrs = make(map[string]error)
+					}
+					topicErrs[topic] = ferr
+				}
+				if ferr == nil {
+					retry = append(retry, idx[j])
+				} else {
+					st.fail(idx[j], ferr)
+				}
+			case records > 1:
+				isolate = append(isolate, idx[j])
+			default:
+				st.fail(idx[j], e)
+			}
+		}
+		if len(isolate) > 0 {
+			// A record-level error for a batch of several messages: find the
+			// culprits by halves, each half in order after the one before.
+			half := len(isolate) / 2
+			if err := k.write(ctx, st, isolate[:half]); err != nil {
+				return err
+			}
+			if err := k.write(ctx, st, isolate[half:]); err != nil {
+				return err
+			}
+		}
+		if len(retry) == 0 {
+			return nil
+		}
+		// Only the failed partitions' messages go again, before anything
+		// that follows them in the input.
+		if retryErr != nil {
+			if err := k.backoff(ctx, attempt, retryErr); err != nil {
+				return err
+			}
+			attempt++
+		} else if err := sleep(ctx, topicPoll); err != nil {
+			// Only topics being created: not an outage.
+			return err
+		}
+		idx = retry
+	}
+}
+
+// backoff counts a broker-wide failure, records it as (part of) an outage,
+// and waits before the next attempt.
+func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
+	k.stats.brokerErrors.Add(1)
+	k.stats.retries.Add(1)
+	k.outage.mu.Lock()
+	if k.outage.since.IsZero() {
+		k.outage.since = time.Now()
+	}
+	k.outage.cause = cause
+	k.outage.mu.Unlock()
+	// Jittered: relays restarted together do not hammer a recovering
+	// cluster in step.
+	d := backoff.Delay(k.cfg.RetryMin, k.cfg.RetryMax, attempt)
+	// The first failure and then every tenth: an outage is visible without a
+	// line per retry.
+	if attempt%10 == 0 {
+		k.log.Warn("kafka unavailable, retrying", "attempt", attempt+1, "backoff", d, "err", cause)
+	}
+	return sleep(ctx, d)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (k *Kafka) acked(batch []kafka.Message, werrs kafka.WriteErrors) {
+	var n, b int64
+	for i := range batch {
+		if werrs == nil || werrs[i] == nil {
+			n++
+			b += int64(len(batch[i].Key) + len(batch[i].Value))
+		}
+	}
+	k.stats.messages.Add(n)
+	k.stats.bytes.Add(b)
+	if n > 0 {
+		k.outage.mu.Lock()
+		k.outage.since, k.outage.cause = time.Time{}, nil
+		k.outage.mu.Unlock()
+	}
+}
+
+// gather returns the messages at idx, without copying when idx is one
+// contiguous run (the common case).
+func gather(msgs []kafka.Message, idx []int) []kafka.Message {
+	if idx[len(idx)-1]-idx[0] == len(idx)-1 {
+		return msgs[idx[0] : idx[0]+len(idx)]
+	}
+	out := make([]kafka.Message, len(idx))
+	for j, i := range idx {
+		out[j] = msgs[i]
+	}
+	return out
+}
+
+func oneTopic(batch []kafka.Message) bool {
+	for i := range batch {
+		if batch[i].Topic != batch[0].Topic {
+			return false
+		}
+	}
+	return true
+}
+
+// byTopic groups idx by topic, in order of first appearance, keeping input
+// order within each group.
+func byTopic(msgs []kafka.Message, idx []int) [][]int {
+	var groups [][]int
+	pos := make(map[string]int)
+	for _, i := range idx {
+		g, ok := pos[msgs[i].Topic]
+		if !ok {
+			g = len(groups)
+			pos[msgs[i].Topic] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// messageSize is a message's size as kafka-go's Writer counts it against
+// BatchBytes (kafka.Message.totalSize, unexported): the v0/v1 message format's
+// fixed overhead, key and value, and the headers as varint-prefixed strings.
+func messageSize(m *kafka.Message) int64 {
+	const fixed = 4 + 1 + 1 + 4 + 4 + 8 // crc, magic, attributes, key and value lengths, timestamp
+	n := int64(fixed + len(m.Key) + len(m.Value))
+	n += varintLen(len(m.Headers))
+	for _, h := range m.Headers {
+		n += varintLen(len(h.Key)) + int64(len(h.Key)) + varintLen(len(h.Value)) + int64(len(h.Value))
+	}
+	return n
+}
+
+// varintLen is the length of n as a zig-zag varint.
+func varintLen(n int) int64 {
+	u := uint64(int64(n)<<1) ^ uint64(int64(n)>>63)
+	l := int64(1)
+	for u >= 0x80 {
+		u >>= 7
+		l++
+	}
+	return l
+}
