@@ -32,7 +32,7 @@ var hints = []struct {
 	// without one, nothing was delivered from it: create it.
 	{isErr(replication.ErrSlotMissing), `run "outbox-relay setup"`},
 	{isErr(pgslot.ErrNotFound), `run "outbox-relay setup"`},
-	{isErr(sink.ErrIdempotenceNotAllowed), `or set kafka.idempotence: false`},
+	{isErr(sink.ErrIdempotenceNotAllowed), `grant the Kafka principal IdempotentWrite on the cluster, or set kafka.idempotence: false`},
 	{isErr(pgslot.ErrFailoverUnsupported), `set postgres.failover: false and postgres.on_slot_loss: refill, or upgrade to Postgres 17 or later`},
 	{isErr(relay.ErrOutboxMissing), `run "outbox-relay setup --create-outbox-table", or set outbox.table to your outbox table`},
 	{isPgCode("42P01"), `a table the relay needs is missing: run "outbox-relay setup" (as the tables' owner) to create the relay's tables`},
