@@ -198,8 +198,8 @@ type NoHorizonKind string
 
 // The reasons for no horizon.
 const (
-	NoCheckpointTable NoHorizonKind = "no_checkpoint_table" // run setup
-	NoHistoryTable    NoHorizonKind = "no_history_table"    // run setup
+	NoCheckpointTable NoHorizonKind = "no_checkpoint_table" // create the relay's tables
+	NoHistoryTable    NoHorizonKind = "no_history_table"    // create the relay's tables
 	NoCheckpoint      NoHorizonKind = "no_checkpoint"       // nothing delivered yet
 	NotCovered        NoHorizonKind = "not_covered"         // no history row reached by the checkpoint yet
 	HorizonTooOld     NoHorizonKind = "too_old"             // snapshot_xmin too old to compare with 32-bit xids
@@ -227,9 +227,9 @@ func FindHorizon(ctx context.Context, q Querier, checkpointTable, slot string) (
 	}
 	switch {
 	case !cpOK:
-		return nil, &NoHorizonError{slot, NoCheckpointTable, fmt.Sprintf("the checkpoint table %s does not exist: run `outbox-relay setup`", t)}
+		return nil, &NoHorizonError{slot, NoCheckpointTable, fmt.Sprintf("the checkpoint table %s does not exist: create it (sql/002_relay.sql)", t)}
 	case !histOK:
-		return nil, &NoHorizonError{slot, NoHistoryTable, fmt.Sprintf("the checkpoint history table %s does not exist: run `outbox-relay setup` (or start the relay with the rights to create it)", h)}
+		return nil, &NoHorizonError{slot, NoHistoryTable, fmt.Sprintf("the checkpoint history table %s does not exist: create it (sql/002_relay.sql), or start the relay with the rights to create it", h)}
 	}
 	var (
 		covered                  *string

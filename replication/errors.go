@@ -28,6 +28,11 @@ var (
 	// ErrPublicationMissing: the publication does not exist (or did not yet
 	// exist at the slot's position).
 	ErrPublicationMissing = errors.New("publication does not exist")
+	// ErrPublicationAfterSlot (which wraps ErrPublicationMissing): the
+	// publication exists, but not at the slot's position (created, or
+	// dropped and recreated, after it), so the slot cannot decode past that
+	// point: start past it, or create the slot again.
+	ErrPublicationAfterSlot = fmt.Errorf("%w at the slot's position", ErrPublicationMissing)
 	// ErrAuth: the server rejected the credentials.
 	ErrAuth = errors.New("authentication failed")
 	// ErrPermission: the role may not replicate or read what the stream needs.

@@ -140,7 +140,7 @@ func (s *Stream) Stats() Stats {
 // Run again after Run returned.
 func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch) error {
 	if err := s.cfg.validate(); err != nil {
-		return &fatalError{msg: err.Error(), sentinel: ErrConfig}
+		return &fatalError{msg: "replication config", sentinel: ErrConfig, cause: err}
 	}
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("replication: Run called while already running")
@@ -314,7 +314,7 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 	case err != nil:
 		return 0, s.classify("check slot", err)
 	case slot.Plugin != "pgoutput":
-		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or configure another slot", s.cfg.Slot, slot.Plugin), sentinel: ErrSlotPlugin}
+		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput: drop it and create it with pgoutput, or use another slot", s.cfg.Slot, slot.Plugin), sentinel: ErrSlotPlugin}
 	case slot.Database != slot.CurrentDatabase:
 		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: fix the DSN's database or the slot name", s.cfg.Slot, slot.Database, slot.CurrentDatabase), sentinel: ErrSlotDatabase}
 	}
@@ -335,8 +335,8 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 		return 0, s.classify("check publication", err)
 	}
 	if len(res) != 1 || len(res[0].Rows) != 1 {
-		return 0, &fatalError{msg: fmt.Sprintf("publication %q does not exist in database %q: create it with \"outbox-relay setup\", then run \"outbox-relay check\": "+
-			"a publication created after the slot's position cannot decode what was written before it, and check then prints how to start past that point", s.cfg.Publication, slot.CurrentDatabase), sentinel: ErrPublicationMissing}
+		return 0, &fatalError{msg: fmt.Sprintf("publication %q does not exist in database %q: create it; "+
+			"a publication created after the slot's position cannot decode what was written before it", s.cfg.Publication, slot.CurrentDatabase), sentinel: ErrPublicationMissing}
 	}
 	lsn, err := slot.Confirmed()
 	if err != nil {
@@ -394,9 +394,8 @@ func (s *Stream) checkServer(ctx context.Context, conn *pgconn.PgConn, slotLSN p
 // not exist"), 18 leaves the change out with a warning (SkippedPublication).
 func (s *Stream) publicationAtSlotError(op string, err error) error {
 	return &fatalError{msg: fmt.Sprintf("%s: publication %q does not exist at the slot's position: it was created (or dropped and recreated) after slot %q's confirmed position, "+
-		"and the slot cannot decode past that point with this publication; start past it with "+
-		"\"outbox-relay run --start-lsn <pg_current_wal_lsn() now> --force\" (\"outbox-relay check\" prints that position; events committed in between are skipped: re-insert or replay them), "+
-		"or drop the slot and run \"outbox-relay setup\" to create slot (and publication) again", op, s.cfg.Publication, s.cfg.Slot), sentinel: ErrPublicationMissing, cause: err}
+		"and the slot cannot decode past that point with this publication; start past it (events committed in between are skipped: re-insert or replay them), "+
+		"or create the slot (and publication) again", op, s.cfg.Publication, s.cfg.Slot), sentinel: ErrPublicationAfterSlot, cause: err}
 }
 
 // classify turns a server or network error into a fatalError with advice when
@@ -421,11 +420,11 @@ func (s *Stream) classify(op string, err error) error {
 		// "setup" cannot help: it finds the publication and the slot in place.
 		return s.publicationAtSlotError(op, err)
 	case pgErr.Code == "42704":
-		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q does not exist: run \"outbox-relay setup\"", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
+		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q does not exist", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
 	case pgErr.Code == "55006": // object_in_use
 		return fmt.Errorf("%s: %w: %w", op, errSlotBusy, err)
 	case pgErr.Code == "55000": // object_not_in_prerequisite_state: e.g. an invalidated slot
-		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q cannot be used: recreate it with \"outbox-relay setup\" and check for lost events", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
+		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q cannot be used: create it again and check for lost events", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

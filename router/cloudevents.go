@@ -3,9 +3,10 @@ package router
 import (
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/field"
 )
 
 // # CloudEvents
@@ -51,14 +52,6 @@ type CloudEvents struct {
 	ContentType string
 }
 
-// Config keys, for error messages.
-const (
-	keyFormat        = "message.format"
-	keyCEMode        = "message.cloudevents.mode"
-	keyCESource      = "message.cloudevents.source"
-	keyCEContentType = "message.cloudevents.content_type"
-)
-
 // The headers of the binary mode, and the content type of the structured one.
 const (
 	ceSpecVersion       = "1.0"
@@ -79,29 +72,29 @@ func (c *Config) validateCloudEvents(rt *routing) error {
 	switch ce.Mode {
 	case "":
 		if ce.Source != "" || ce.ContentType != "" {
-			return fmt.Errorf("%s or %s is set but %s is not cloudevents: set %s: cloudevents, or remove them", keyCESource, keyCEContentType, keyFormat, keyFormat)
+			return field.Errorf("CloudEvents.Source", "{CloudEvents.Source} or {CloudEvents.ContentType} is set but {CloudEvents.Mode} is not: set the mode, or remove them")
 		}
 		return nil
 	case CloudEventsBinary, CloudEventsStructured:
 	default:
-		return fmt.Errorf("%s %q: use %q (attributes in ce_* headers, the payload as the value) or %q (the whole event as JSON in the value)", keyCEMode, ce.Mode, CloudEventsBinary, CloudEventsStructured)
+		return field.Errorf("CloudEvents.Mode", "%q: use %q (attributes in ce_* headers, the payload as the value) or %q (the whole event as JSON in the value)", ce.Mode, CloudEventsBinary, CloudEventsStructured)
 	}
 	if strings.TrimSpace(ce.Source) == "" {
-		return fmt.Errorf("%s is empty: CloudEvents need a source attribute, a URI-reference naming where the events come from (e.g. /orders-service/outbox)", keyCESource)
+		return field.Required("CloudEvents.Source", "CloudEvents need a source attribute, a URI-reference naming where the events come from (e.g. /orders-service/outbox)")
 	}
 	if c.Converter == ConverterJSON {
-		return fmt.Errorf("%s cloudevents and %s %s do not go together: CloudEvents define the value themselves; set %s to %s", keyFormat, keyConverter, ConverterJSON, keyConverter, ConverterString)
+		return field.Errorf("Converter", "%s and CloudEvents do not go together: CloudEvents define the value themselves; use %s", ConverterJSON, ConverterString)
 	}
 	for _, f := range c.Fields {
 		if f.Placement == PlaceEnvelope {
-			return fmt.Errorf("%s places %s in the envelope, which %s cloudevents does not have: place it as a header instead (%s:header:%s)", keyFields, f.Column, keyFormat, f.Column, f.Alias)
+			return field.Errorf("Fields", "places %s in the envelope, which a CloudEvent does not have: place it as a header instead (%s:header:%s)", f.Column, f.Column, f.Alias)
 		}
 	}
 	if ce.Mode == CloudEventsStructured && c.TombstoneOnEmptyPayload {
-		return fmt.Errorf("message.tombstone_on_empty_payload and %s %s do not go together: a structured CloudEvent is the record's value, which a tombstone removes; use %s %s or no tombstones", keyCEMode, CloudEventsStructured, keyCEMode, CloudEventsBinary)
+		return field.Errorf("TombstoneOnEmptyPayload", "tombstones and {CloudEvents.Mode} %s do not go together: a structured CloudEvent is the record's value, which a tombstone removes; use %s or no tombstones", CloudEventsStructured, CloudEventsBinary)
 	}
 	if c.Columns.EventType == NoHeaders {
-		return fmt.Errorf("%s cloudevents needs the event type column (the required type attribute), and %sevent_type is %q: map it to a column", keyFormat, keyColumns, NoHeaders)
+		return field.Errorf("Columns.EventType", "%q, but a CloudEvent needs the event type column (its required type attribute): map it to a column", NoHeaders)
 	}
 	if ce.Mode == CloudEventsBinary {
 		for _, n := range ceHeaders {

@@ -9,6 +9,8 @@ import (
 	"time"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/outbox-relay/outbox-relay/field"
 )
 
 // A Converter says how keys and values are written, matching the Kafka
@@ -66,7 +68,7 @@ func ParseFields(s string) ([]Field, error) {
 			parts[i] = strings.TrimSpace(parts[i])
 		}
 		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" {
-			return nil, fmt.Errorf("%s entry %q: want column:placement or column:placement:alias, placement header or envelope", keyFields, entry)
+			return nil, field.Errorf("Fields", "entry %q: want column:placement or column:placement:alias, placement header or envelope", entry)
 		}
 		f := Field{Column: parts[0], Placement: Placement(strings.ToLower(parts[1])), Alias: parts[0]}
 		if len(parts) == 3 && parts[2] != "" {
@@ -75,9 +77,9 @@ func ParseFields(s string) ([]Field, error) {
 		switch f.Placement {
 		case PlaceHeader, PlaceEnvelope:
 		case "partition":
-			return nil, fmt.Errorf("%s entry %q: the partition placement is not supported: the relay sends each aggregate to the partition its key hashes to, which keeps its events in order; remove the entry", keyFields, entry)
+			return nil, field.Errorf("Fields", "entry %q: the partition placement is not supported: the relay sends each aggregate to the partition its key hashes to, which keeps its events in order; remove the entry", entry)
 		default:
-			return nil, fmt.Errorf("%s entry %q: placement %q is not header or envelope", keyFields, entry, parts[1])
+			return nil, field.Errorf("Fields", "entry %q: placement %q is not header or envelope", entry, parts[1])
 		}
 		fs = append(fs, f)
 	}
@@ -129,7 +131,7 @@ func NewHeaderSet(names []string) (HeaderSet, error) {
 		case HeaderAggregateType:
 			s.mask |= hAggregateType
 		default:
-			return HeaderSet{}, fmt.Errorf("%s: %q is not one of the relay's headers (%s); send other columns as headers with %s", keyHeaders, n, strings.Join(DefaultHeaders, ", "), keyFields)
+			return HeaderSet{}, field.Errorf("Headers", "%q is not one of the relay's headers (%s); send other columns as headers with {Fields}", n, strings.Join(DefaultHeaders, ", "))
 		}
 	}
 	return s, nil
@@ -207,11 +209,11 @@ type topicRegex struct {
 func compileTopicRegex(regex, replacement string) (topicRegex, error) {
 	re, err := regexp.Compile(`^(?:` + regex + `)$`)
 	if err != nil {
-		return topicRegex{}, fmt.Errorf("%s %q: %v (the relay takes Java's syntax except lookaround and backreferences)", keyTopicRegex, regex, err)
+		return topicRegex{}, field.Errorf("TopicRegex", "%q: %v (the relay takes Java's syntax except lookaround and backreferences)", regex, err)
 	}
 	tmpl, err := javaReplacement(replacement, re)
 	if err != nil {
-		return topicRegex{}, fmt.Errorf("%s %q: %v", keyTopicReplacement, replacement, err)
+		return topicRegex{}, field.Errorf("TopicReplacement", "%q: %v", replacement, err)
 	}
 	return topicRegex{re: re, template: tmpl}, nil
 }

@@ -47,6 +47,7 @@ import (
 	"strconv"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -228,11 +229,11 @@ func New(cfg Config) (*Router, error) {
 		r.envelope = r.envelope || f.Placement == PlaceEnvelope
 	}
 	if r.cols.EventType == NoHeaders && r.UsesEventType() {
-		what := keyHeaders + " includes " + HeaderEventType
+		what := "{Headers} includes " + HeaderEventType
 		if !r.rt.headers.has(hEventType) {
-			what = fmt.Sprintf("%s %q uses {event_type}", keyTopic, cfg.Topic)
+			what = fmt.Sprintf("{Topic} %q uses {event_type}", cfg.Topic)
 		}
-		return nil, fmt.Errorf("router config: %sevent_type is %q (no event type column) but %s: map the column, or stop using the event type", keyColumns, NoHeaders, what)
+		return nil, field.Errorf("Columns.EventType", "%q (no event type column) but %s: map the column, or stop using the event type", NoHeaders, what)
 	}
 	if !tmpl.useEventType || rt.regex != nil {
 		r.topics = make(map[string]string)

@@ -99,7 +99,7 @@ or active), 2 bad LSN, refused position, or no --yes.`,
 }
 
 func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) error {
-	pc, err := pgxpool.ParseConfig(e.cfg.Postgres.DSN)
+	pc, err := pgxpool.ParseConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
@@ -107,10 +107,10 @@ func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) err
 	pc.ConnConfig.RuntimeParams["application_name"] = "outbox-relay checkpoint set"
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 	}
 	defer pool.Close()
-	slot := e.cfg.Postgres.Slot
+	slot := e.cfg.Replication.Slot
 
 	sl, err := pgslot.Read(ctx, pool, slot)
 	if err != nil {
@@ -119,10 +119,10 @@ func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) err
 	if sl.Active {
 		return activeSlotError(sl)
 	}
-	store := checkpoint.New(pool, e.cfg.Checkpoint.Table)
+	store := checkpoint.New(pool, e.cfg.CheckpointTable)
 	cp, err := store.Load(ctx, slot)
 	if err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		return fmt.Errorf("%w (run `outbox-relay setup` if the table %s is missing)", err, e.cfg.Checkpoint.Table)
+		return fmt.Errorf("%w (run `outbox-relay setup` if the table %s is missing)", err, e.cfg.CheckpointTable)
 	}
 	slotLSN, err := sl.Confirmed()
 	if err != nil {
@@ -248,7 +248,7 @@ func activeSlotError(sl pgslot.Slot) error {
 // pg_logical_slot_peek_binary_changes, which moves nothing. It gives up after
 // countTimeout.
 func countSkipped(ctx context.Context, pool *pgxpool.Pool, e *env, from, to pglogrepl.LSN) (events, txns int64, err error) {
-	outbox, err := sql.ParseTable(e.cfg.Outbox.Table)
+	outbox, err := sql.ParseTable(e.cfg.Table)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -277,7 +277,7 @@ func countSkipped(ctx context.Context, pool *pgxpool.Pool, e *env, from, to pglo
     FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, NULL, 'proto_version', '1', 'publication_names', $3)
     GROUP BY xid) t
 WHERE n > 0 AND end_lsn > $4::text::pg_lsn AND end_lsn <= $2::text::pg_lsn`,
-		e.cfg.Postgres.Slot, to.String(), sql.Ident(e.cfg.Postgres.Publication), from.String(), rel[:]).Scan(&events, &txns)
+		e.cfg.Replication.Slot, to.String(), sql.Ident(e.cfg.Replication.Publication), from.String(), rel[:]).Scan(&events, &txns)
 	if err != nil {
 		if ctx.Err() == nil && isQueryCanceled(err) {
 			return 0, 0, fmt.Errorf("decoding took longer than %s", countTimeout)

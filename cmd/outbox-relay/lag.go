@@ -122,7 +122,7 @@ type opsConn struct {
 }
 
 func newOpsConn(e *env, applicationName string) (*opsConn, error) {
-	cfg, err := pgx.ParseConfig(e.cfg.Postgres.DSN)
+	cfg, err := pgx.ParseConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
@@ -131,7 +131,7 @@ func newOpsConn(e *env, applicationName string) (*opsConn, error) {
 	rp["default_transaction_read_only"] = "on"
 	rp["statement_timeout"] = "10s"
 	rp["lock_timeout"] = "5s"
-	return &opsConn{cfg: cfg, dsn: e.cfg.Postgres.DSN}, nil
+	return &opsConn{cfg: cfg, dsn: e.cfg.Replication.DSN}, nil
 }
 
 // QueryRow implements ops.Querier.
@@ -159,10 +159,11 @@ func (r errRow) Scan(...any) error { return r.err }
 // opsConfig names what lag and status examine.
 func (e *env) opsConfig() ops.Config {
 	return ops.Config{
-		Slot:            e.cfg.Postgres.Slot,
-		Table:           e.cfg.Outbox.Table,
-		CheckpointTable: e.cfg.Checkpoint.Table,
-		RetryTable:      e.cfg.Retry.Table,
+		Slot:            e.cfg.Replication.Slot,
+		Table:           e.cfg.Table,
+		CheckpointTable: e.cfg.CheckpointTable,
+		RetryTable:      e.cfg.RetryTable,
+		Fix:             hint,
 	}
 }
 

@@ -143,7 +143,7 @@ func checkPlanTable(ctx context.Context, dsn, source string, plan *debezium.Plan
 		plan.Gaps = append(plan.Gaps, debezium.Gap{DebeziumKey: "transforms", Why: fmt.Sprintf("the relay refuses the converted config: %v", err)})
 		return nil
 	}
-	table, err := outboxsql.ParseTable(cfg.Outbox.Table)
+	table, err := outboxsql.ParseTable(cfg.Table)
 	if err != nil {
 		return err
 	}
@@ -267,24 +267,24 @@ func takeOver(ctx context.Context, e *env, w io.Writer, connector map[string]str
 	}
 
 	cfg := e.cfg
-	pool, err := pgxpool.New(ctx, cfg.Postgres.DSN)
+	pool, err := pgxpool.New(ctx, cfg.Replication.DSN)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	sl, err := pgslot.Read(ctx, pool, cfg.Postgres.Slot)
+	sl, err := pgslot.Read(ctx, pool, cfg.Replication.Slot)
 	if err != nil {
 		return err
 	}
 	if sl.Plugin != "pgoutput" {
-		return fmt.Errorf("slot %q uses plugin %q: the relay reads pgoutput only; create a new slot (outbox-relay setup) and deliver what Debezium had not sent another way, or switch Debezium to plugin.name=pgoutput first", cfg.Postgres.Slot, sl.Plugin)
+		return fmt.Errorf("slot %q uses plugin %q: the relay reads pgoutput only; create a new slot (outbox-relay setup) and deliver what Debezium had not sent another way, or switch Debezium to plugin.name=pgoutput first", cfg.Replication.Slot, sl.Plugin)
 	}
 	if sl.Active {
 		pid := "?"
 		if sl.ActivePID != nil {
 			pid = fmt.Sprint(*sl.ActivePID)
 		}
-		return fmt.Errorf("slot %q is in use (pid %s): stop Debezium's connector first, then run this again", cfg.Postgres.Slot, pid)
+		return fmt.Errorf("slot %q is in use (pid %s): stop Debezium's connector first, then run this again", cfg.Replication.Slot, pid)
 	}
 	confirmed, err := sl.Confirmed()
 	if err != nil {
@@ -303,19 +303,19 @@ func takeOver(ctx context.Context, e *env, w io.Writer, connector map[string]str
 	if err := admin.Setup(ctx, e.adminConfig(), false, w); err != nil {
 		return err
 	}
-	store := checkpoint.New(pool, cfg.Checkpoint.Table)
-	cp, err := store.Load(ctx, cfg.Postgres.Slot)
+	store := checkpoint.New(pool, cfg.CheckpointTable)
+	cp, err := store.Load(ctx, cfg.Replication.Slot)
 	switch {
 	case errors.Is(err, checkpoint.ErrNoCheckpoint):
 	case err != nil:
 		return err
 	case cp.LSN > start:
-		return fmt.Errorf("the relay's checkpoint of slot %q is already at %s, past Debezium's %s: a relay has run on this slot since; start it as it is (outbox-relay run)", cfg.Postgres.Slot, cp.LSN, start)
+		return fmt.Errorf("the relay's checkpoint of slot %q is already at %s, past Debezium's %s: a relay has run on this slot since; start it as it is (outbox-relay run)", cfg.Replication.Slot, cp.LSN, start)
 	}
-	if err := store.Save(ctx, cfg.Postgres.Slot, start, time.Time{}); err != nil {
+	if err := store.Save(ctx, cfg.Replication.Slot, start, time.Time{}); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "checkpoint of slot %s set to %s: start the relay with this config (outbox-relay run); it sends every transaction committed after Debezium's last\n", cfg.Postgres.Slot, start)
+	fmt.Fprintf(w, "checkpoint of slot %s set to %s: start the relay with this config (outbox-relay run); it sends every transaction committed after Debezium's last\n", cfg.Replication.Slot, start)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -124,7 +125,7 @@ func TestInFlightBounds(t *testing.T) {
 		want   int64
 	}{
 		{8 << 20, 32<<20 + 16<<20},
-		{maxInFlightBytes, 32<<20 + 2*maxInFlightBytes},
+		{relay.MaxInFlightBytesLimit, 32<<20 + 2*relay.MaxInFlightBytesLimit},
 		{math.MaxInt, math.MaxInt64},
 		{math.MaxInt64/2 - 1, math.MaxInt64},
 		{0, 32 << 20},

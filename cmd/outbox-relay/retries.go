@@ -22,7 +22,7 @@ import (
 )
 
 // retryTable is the configured retry table (retry.table).
-func (e *env) retryTable() string { return e.cfg.Retry.Table }
+func (e *env) retryTable() string { return e.cfg.RetryTable }
 
 func newRetriesCmd(wrap wrapFunc) *cobra.Command {
 	cmd := &cobra.Command{
@@ -59,7 +59,7 @@ An ID is the SEQ number that list shows, or the event id.`,
 // openRetryStore connects for a retries subcommand. List and show run in
 // read-only sessions, so that looking can never change anything.
 func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, func(), error) {
-	pc, err := pgxpool.ParseConfig(e.cfg.Postgres.DSN)
+	pc, err := pgxpool.ParseConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
@@ -71,7 +71,7 @@ func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, f
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 	}
 	s, err := retry.NewStore(pool, e.retryTable())
 	if err != nil {

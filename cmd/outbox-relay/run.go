@@ -84,11 +84,11 @@ reaches that position would be skipped for good.`,
 			defer stop()
 			e.log.Info("starting",
 				"version", version,
-				"postgres", redactDSN(e.cfg.Postgres.DSN),
-				"slot", e.cfg.Postgres.Slot,
-				"publication", e.cfg.Postgres.Publication,
-				"table", e.cfg.Outbox.Table,
-				"brokers", strings.Join(e.cfg.Kafka.Brokers, ","),
+				"postgres", redactDSN(e.cfg.Replication.DSN),
+				"slot", e.cfg.Replication.Slot,
+				"publication", e.cfg.Replication.Publication,
+				"table", e.cfg.Table,
+				"brokers", strings.Join(e.cfg.Sink.Brokers, ","),
 				"start_lsn", startLSN,
 				"force", force)
 			err = r.Run(ctx)
@@ -139,9 +139,9 @@ func isHex8(s string) bool {
 func checkStartLSN(ctx context.Context, e *env, lsn pglogrepl.LSN, force bool) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(cctx, e.cfg.Postgres.DSN)
+	conn, err := pgx.Connect(cctx, e.cfg.Replication.DSN)
 	if err != nil {
-		err = fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+		err = fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 		e.log.Warn("cannot check --start-lsn against the server's WAL position now; the relay checks it when it connects", "error", err)
 		return nil
 	}
@@ -216,7 +216,7 @@ func setMemoryLimit(e *env) {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		return
 	}
-	limit := memoryLimit(e.cfg.Pipeline.MaxInFlightBytes)
+	limit := memoryLimit(e.cfg.MaxInFlightBytes)
 	debug.SetMemoryLimit(limit)
 	e.log.Info("soft memory limit set (GOMEMLIMIT overrides it)", "bytes", limit)
 }

@@ -53,6 +53,19 @@ type Config struct {
 	// Scrub removes secrets from an error's text before it is written or
 	// returned (libraries echo what they were given). Default: unchanged.
 	Scrub func(error) error
+	// Fix, when set, says how to fix an error a package returned, in the
+	// command line's words (which command, flag or key); "" for none.
+	Fix func(error) string
+	// Text, when set, is an error's text as the operator reads it: a
+	// *field.Error of the relay's Config under its key. Default: Error().
+	Text func(error) string
+}
+
+func (c *Config) text(err error) string {
+	if c.Text == nil {
+		return err.Error()
+	}
+	return c.Text(err)
 }
 
 func (c *Config) scrub(err error) error {

@@ -195,7 +195,7 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		return err
 	}
 	if cfg.Failover {
-		p, err := failoverProblem(ctx, conn)
+		p, err := failoverProblem(ctx, conn, cfg)
 		if err != nil {
 			return err
 		}
@@ -283,7 +283,7 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	block := func(comment string, stmts ...string) {
 		b.WriteString("\n")
 		for _, para := range strings.Split(comment, "\n") {
-			for _, line := range wrapWords(para, 80) {
+			for _, line := range WrapWords(para, 80) {
 				b.WriteString(strings.TrimRight("-- "+line, " ") + "\n")
 			}
 		}
@@ -333,8 +333,9 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	return err
 }
 
-// wrapWords breaks text into lines of at most width bytes, at spaces.
-func wrapWords(text string, width int) []string {
+// WrapWords breaks text into lines of at most width bytes, at spaces (the
+// printed SQL of setup, and the comments of config.example.yaml).
+func WrapWords(text string, width int) []string {
 	var lines []string
 	line := ""
 	for _, w := range strings.Fields(text) {

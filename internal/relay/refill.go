@@ -147,7 +147,7 @@ func (r *Relay) findGap(ctx context.Context, pool *pgxpool.Pool) (*pgslot.GapErr
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+		return nil, fmt.Errorf("load checkpoint from %s: %w", r.cfg.CheckpointTable, err)
 	}
 	srv, err := r.identify(ctx)
 	if err != nil {
@@ -187,7 +187,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	if dryRun {
 		text, args := sel.SQL()
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&res.Events); err != nil {
-			return nil, fmt.Errorf("refill --dry-run: count the rows: %w", err)
+			return nil, fmt.Errorf("refill (dry run): count the rows: %w", err)
 		}
 		return res, nil
 	}
@@ -300,6 +300,11 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 type RefillError struct {
 	Gap    *pgslot.GapError
 	Reason string
+	// NoHistory: the checkpoint history has no row at or before the
+	// checkpoint; the range can only be delivered by time (ReplayFrom),
+	// after which the checkpoint is set to the slot's position.
+	NoHistory  bool
+	ReplayFrom string
 }
 
 func (e *RefillError) Error() string {
@@ -323,16 +328,16 @@ func (r *Relay) canRefill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.G
 	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+sql.CheckpointHistoryName(ct).Quoted()+` WHERE slot_name = $1 AND snapshot_lsn <= $2::text::pg_lsn)`,
 		r.cfg.Replication.Slot, cp.LSN.String()).Scan(&ok)
 	if err != nil {
-		return fmt.Errorf("refill: read the checkpoint history (run \"outbox-relay setup\" to create it): %w", err)
+		return fmt.Errorf("refill: read the checkpoint history: %w", err)
 	}
 	if !ok {
 		from := "<the time of the last event delivered, a minute early>"
 		if !cp.LastCommitTime.IsZero() {
 			from = cp.LastCommitTime.Add(-time.Minute).UTC().Truncate(time.Second).Format(time.RFC3339)
 		}
-		return &RefillError{Gap: gap, Reason: fmt.Sprintf("the checkpoint history has no row at or before the checkpoint %s, so the rows it does not cover cannot be told apart. "+
-			"Deliver them by time instead, with the relay stopped: 1. outbox-relay replay --from %s; 2. create the slot if it is missing or lost "+
-			"(drop a lost one, then \"outbox-relay setup\"); 3. outbox-relay checkpoint set <the slot's confirmed_flush_lsn, which \"outbox-relay check\" prints> --yes; 4. start the relay",
+		return &RefillError{Gap: gap, NoHistory: true, ReplayFrom: from, Reason: fmt.Sprintf("the checkpoint history has no row at or before the checkpoint %s, so the rows it does not cover cannot be told apart. "+
+			"Deliver them by time instead, with the relay stopped: 1. replay the events committed since %s; 2. create the slot if it is missing or lost "+
+			"(drop a lost one first); 3. set the checkpoint to the slot's confirmed_flush_lsn; 4. start the relay",
 			cp.LSN, from)}
 	}
 	return nil

@@ -10,9 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -55,7 +57,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 			if unreachable(err) {
 				return err
 			}
-			r.log.Warn("cannot upgrade the retry table: run \"outbox-relay setup\" as its owner", "table", r.cfg.RetryTable, "err", err)
+			r.log.Warn("cannot upgrade the retry table: its owner must (sql/004_retry.sql does)", "table", r.cfg.RetryTable, "err", err)
 		}
 		// Likewise the checkpoint history, new in a later version than the
 		// checkpoint table: delivery does not need it, retention does.
@@ -63,7 +65,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 			if unreachable(err) {
 				return err
 			}
-			r.log.Warn("cannot create the checkpoint history table: run \"outbox-relay setup\" as its owner; until then no history is recorded and retention deletes nothing",
+			r.log.Warn("cannot create the checkpoint history table: the checkpoint table's owner must (sql/002_relay.sql does); until then no history is recorded and retention deletes nothing",
 				"table", store.HistoryTable(), "err", err)
 		}
 		// Fencing needs the epoch column: a table from before it gets it
@@ -83,7 +85,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 		// A mapping that cannot work fails now, in check's words, not at
 		// the first event as if the table had changed while running.
 		if o.placer.OID() == 0 {
-			return fmt.Errorf("outbox table %s does not exist: create it (outbox-relay setup --create-outbox-table) or set outbox.table to your outbox table", r.cfg.Table)
+			return fmt.Errorf("%w: %s: create it, or point the relay at your outbox table", ErrOutboxMissing, r.cfg.Table)
 		}
 		if err := placement.CheckColumns(ctx, pool, o.placer.OID(), o.placer.Outbox(), r.router.Needs()); err != nil {
 			return err
@@ -91,10 +93,10 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 		// Retention that cannot work says so at start, not once a minute.
 		if r.cfg.Retention.Retention > 0 {
 			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
-				return err
+				return field.Within("Retention", err)
 			}
 			if err := retention.CheckPartitions(ctx, pool, r.cfg.Table, r.cfg.Retention.Partitions); err != nil {
-				return err
+				return field.Within("Retention", err)
 			}
 		}
 		return o.gate.load(ctx)
@@ -130,10 +132,10 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 		return 0, pgslot.Server{}, err
 	}
 	if sl.Plugin != "pgoutput" {
-		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, sl.Plugin)
+		return 0, pgslot.Server{}, fmt.Errorf("%w: slot %q uses plugin %q: drop it and create it with pgoutput, or use a pgoutput slot", replication.ErrSlotPlugin, slot, sl.Plugin)
 	}
 	if sl.Database != sl.CurrentDatabase {
-		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q belongs to database %q, not %q: set postgres.dsn to that database, or postgres.slot to a slot of this one (\"outbox-relay setup\" creates it)", slot, sl.Database, sl.CurrentDatabase)
+		return 0, pgslot.Server{}, fmt.Errorf("%w: slot %q belongs to database %q, not %q: connect to that database, or use a slot of this one", replication.ErrSlotDatabase, slot, sl.Database, sl.CurrentDatabase)
 	}
 	slotLSN, err := sl.Confirmed()
 	if err != nil {
@@ -141,7 +143,7 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	}
 	cp, err := store.Load(ctx, slot)
 	if err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		return 0, pgslot.Server{}, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+		return 0, pgslot.Server{}, fmt.Errorf("load checkpoint from %s: %w", r.cfg.CheckpointTable, err)
 	}
 	srv, err := r.identify(ctx)
 	if err != nil {
@@ -185,10 +187,10 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 			if !r.cfg.StartLSNForce {
 				return 0, pgslot.Server{}, &FutureStartError{Requested: r.cfg.StartLSN, Current: cur}
 			}
-			r.log.Warn("--start-lsn is AHEAD of the server's WAL, as forced: every event committed before the WAL reaches it is skipped for good",
+			r.log.Warn("the start LSN is AHEAD of the server's WAL, as forced: every event committed before the WAL reaches it is skipped for good",
 				"start_lsn", r.cfg.StartLSN.String(), "current_wal_lsn", cur.String())
 		}
-		r.log.Warn("starting at the operator's --start-lsn: transactions committed before it are NOT delivered",
+		r.log.Warn("starting at the operator's start LSN: transactions committed before it are NOT delivered",
 			"start_lsn", start.String(), "checkpoint", cp.LSN.String(), "slot_confirmed_flush_lsn", slotLSN.String())
 	}
 	if start > cp.LSN {

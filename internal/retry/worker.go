@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -29,7 +30,7 @@ type Sink interface {
 	Ping(ctx context.Context) error
 }
 
-// Defaults of WorkerConfig's zero values, exported for the CLI's key table.
+// Defaults of WorkerConfig's zero values.
 const (
 	DefaultBackoffMin   = time.Second
 	DefaultBackoffMax   = 5 * time.Minute
@@ -71,32 +72,36 @@ type WorkerConfig struct {
 	Logger  *slog.Logger // default discards
 }
 
+// Validate fills the defaults of the tunables (backoff, maximum age and
+// attempts, poll interval, attempt timeout, batch size) and returns every
+// one that cannot work, each a *field.Error naming its field. NewWorker also
+// wants Store, Sink and Topic.
+func (c *WorkerConfig) Validate() error {
+	var v field.Checker
+	field.Positive(&v, "BackoffMin", &c.BackoffMin, DefaultBackoffMin)
+	field.Positive(&v, "BackoffMax", &c.BackoffMax, DefaultBackoffMax)
+	field.Positive(&v, "MaxAge", &c.MaxAge, DefaultMaxAge)
+	field.Positive(&v, "PollInterval", &c.PollInterval, DefaultPollInterval)
+	field.Positive(&v, "AttemptTimeout", &c.AttemptTimeout, 30*time.Second)
+	field.Positive(&v, "BatchSize", &c.BatchSize, 100)
+	if c.MaxAttempts < 0 {
+		v.Errorf("MaxAttempts", "%d is negative; use 0 for no limit ({MaxAge} still applies)", c.MaxAttempts)
+	}
+	if c.BackoffMax < c.BackoffMin {
+		v.Errorf("BackoffMax", "%s is less than {BackoffMin} %s; raise it", c.BackoffMax, c.BackoffMin)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return v.Err()
+}
+
 func (c *WorkerConfig) validate() error {
 	if c.Store == nil || c.Sink == nil || c.Topic == nil {
 		return errors.New("retry worker: store, sink and topic function are required")
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.BackoffMin, DefaultBackoffMin)
-	def(&c.BackoffMax, DefaultBackoffMax)
-	def(&c.MaxAge, DefaultMaxAge)
-	def(&c.PollInterval, DefaultPollInterval)
-	def(&c.AttemptTimeout, 30*time.Second)
-	if c.BatchSize == 0 {
-		c.BatchSize = 100
-	}
-	if c.BackoffMin < 0 || c.BackoffMax < 0 || c.MaxAge < 0 || c.PollInterval < 0 || c.AttemptTimeout < 0 ||
-		c.MaxAttempts < 0 || c.BatchSize < 0 {
-		return errors.New("retry worker: negative backoff, max age, max attempts, poll interval, attempt timeout or batch size: use 0 for the default")
-	}
-	if c.BackoffMin > c.BackoffMax {
-		return fmt.Errorf("retry worker: backoff min %s is above backoff max %s: lower the min or raise the max", c.BackoffMin, c.BackoffMax)
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("retry worker: %w", err)
 	}
 	return nil
 }

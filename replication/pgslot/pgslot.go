@@ -27,7 +27,7 @@ var ErrNotFound = errors.New("replication slot not found")
 type notFoundError struct{ slot string }
 
 func (e *notFoundError) Error() string {
-	return fmt.Sprintf("replication slot %q does not exist: run \"outbox-relay setup\"", e.slot)
+	return fmt.Sprintf("replication slot %q does not exist", e.slot)
 }
 func (e *notFoundError) Unwrap() error { return ErrNotFound }
 
