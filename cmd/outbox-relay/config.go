@@ -69,7 +69,7 @@ var defaults = map[string]string{
 	"outbox.columns.headers":              "",
 	"outbox.columns.timestamp":            "",
 	"outbox.columns.tracing_span_context": "",
-	"message.headers":                     "", // the layout's: layoutHeaders
+	"message.headers":                     "", // the layout's: sql.Layout.Headers
 	"message.fields":                      "",
 	"message.converter":                   string(router.ConverterString),
 	"message.tombstone_on_empty_payload":  "false",
@@ -201,7 +201,7 @@ type config struct {
 		RetentionPartitions                       retention.PartitionMode
 	}
 	Message struct {
-		Headers   []string // nil: the layout's (layoutHeaders)
+		Headers   []string // nil: the layout's (sql.Layout.Headers)
 		Fields    []router.Field
 		Converter router.Converter
 		Tombstone bool
@@ -694,7 +694,7 @@ func (c *config) validate() error {
 		c.Outbox.Columns = c.Outbox.Columns.Fill(cols)
 	}
 	if c.Message.Headers == nil {
-		c.Message.Headers = layoutHeaders(c.Outbox.Layout)
+		c.Message.Headers = c.Outbox.Layout.Headers()
 	}
 	def((*string)(&c.Message.Converter), "message.converter")
 	def(&c.Message.Format, "message.format")
@@ -879,15 +879,6 @@ func (c *config) cloudEvents() router.CloudEvents {
 		ce.Mode = ""
 	}
 	return ce
-}
-
-// layoutHeaders is message.headers' default: the relay's three headers for
-// its own layout, only id for Debezium's, as Debezium's router sends.
-func layoutHeaders(l sql.Layout) []string {
-	if l == sql.LayoutDebezium {
-		return []string{router.HeaderID}
-	}
-	return slices.Clone(router.DefaultHeaders)
 }
 
 func (c *config) sinkConfig(log *slog.Logger) sink.Config {

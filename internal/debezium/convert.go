@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // A Plan is what Convert makes of a Debezium connector's configuration: the
@@ -67,15 +68,19 @@ const (
 	redacted = "(secret, not shown)"
 )
 
-// The EventRouter's column options, their Debezium defaults (which
-// outbox.layout debezium sets) and the relay key each maps to.
+// debeziumColumns are the EventRouter's default columns: the Debezium
+// layout's, which outbox.layout debezium sets.
+var debeziumColumns, _ = sql.LayoutDebezium.Columns()
+
+// The EventRouter's column options, their Debezium defaults and the relay
+// key each maps to.
 var routerColumns = []struct{ option, def, relayKey string }{
-	{"table.field.event.id", "id", "outbox.columns.id"},
-	{"route.by.field", "aggregatetype", "outbox.columns.aggregate_type"},
-	{"table.field.event.key", "aggregateid", "outbox.columns.aggregate_id"},
-	{"table.field.event.type", "type", "outbox.columns.event_type"},
-	{"table.field.event.payload", "payload", "outbox.columns.payload"},
-	{"table.field.event.timestamp", "", "outbox.columns.timestamp"},
+	{"table.field.event.id", debeziumColumns.ID, "outbox.columns.id"},
+	{"route.by.field", debeziumColumns.AggregateType, "outbox.columns.aggregate_type"},
+	{"table.field.event.key", debeziumColumns.AggregateID, "outbox.columns.aggregate_id"},
+	{"table.field.event.type", debeziumColumns.EventType, "outbox.columns.event_type"},
+	{"table.field.event.payload", debeziumColumns.Payload, "outbox.columns.payload"},
+	{"table.field.event.timestamp", debeziumColumns.Timestamp, "outbox.columns.timestamp"},
 }
 
 // Convert maps a Debezium PostgreSQL connector's configuration (connector)
@@ -343,7 +348,7 @@ func (c *converter) table() {
 // outbox maps the EventRouter's options.
 func (c *converter) outbox() {
 	typeKey := c.routerKey("type")
-	c.set("outbox.layout", "debezium", typeKey)
+	c.set("outbox.layout", string(sql.LayoutDebezium), typeKey)
 	for _, col := range routerColumns {
 		v, has := c.opt(col.option)
 		if has && v != "" && v != col.def {
@@ -371,7 +376,7 @@ func (c *converter) outbox() {
 			c.set("topics.replacement", repl, c.routerKey("route.topic.replacement"))
 		}
 	}
-	c.set("message.headers", "id", typeKey)
+	c.set("message.headers", strings.Join(sql.LayoutDebezium.Headers(), ","), typeKey)
 	if v, has := c.opt("table.fields.additional.placement"); has && v != "" {
 		c.fields(v)
 	}
