@@ -313,10 +313,9 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 		return 0, &fatalError{msg: err.Error(), sentinel: ErrSlotMissing}
 	case err != nil:
 		return 0, s.classify("check slot", err)
-	case slot.Plugin != "pgoutput":
-		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or configure another slot", s.cfg.Slot, slot.Plugin), sentinel: ErrSlotPlugin}
-	case slot.Database != slot.CurrentDatabase:
-		return 0, &fatalError{msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: fix the DSN's database or the slot name", s.cfg.Slot, slot.Database, slot.CurrentDatabase), sentinel: ErrSlotDatabase}
+	}
+	if err := slot.Usable(); err != nil {
+		return 0, &fatalError{msg: err.Error(), sentinel: errors.Unwrap(err)} // ErrSlotPlugin or ErrSlotDatabase
 	}
 	if slot.Lost() {
 		// Invalidated while this stream was away from it: it cannot

@@ -128,9 +128,9 @@ func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) err
 	if err != nil {
 		return err
 	}
-	cur, err := pglogrepl.ParseLSN(sl.CurrentWALLSN)
+	cur, err := sl.CurrentWAL()
 	if err != nil {
-		return fmt.Errorf("the server's current WAL position %q: %w", sl.CurrentWALLSN, err)
+		return err
 	}
 	resume, _ := checkpoint.Start(cp.LSN, slotLSN, 0)
 	switch {
@@ -149,9 +149,8 @@ func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) err
 		// something else, and run refuses it (pgslot.Verify). Setting the
 		// checkpoint to its position accepts that gap.
 		return acceptGap(ctx, e, store, slot, cp.LSN, lsn, yes)
-	case lsn > cur:
-		return usageErrorf("%s is beyond the server's current WAL position %s: every event committed until the WAL reaches it "+
-			"would be skipped, including events not written yet; give a position at or before %s", lsn, cur, cur)
+	case sl.Reached(lsn) != nil:
+		return usageErrorf("%v, including events not written yet; give a position at or before %s", sl.Reached(lsn), cur)
 	}
 
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)

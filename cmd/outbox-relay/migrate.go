@@ -276,8 +276,10 @@ func takeOver(ctx context.Context, e *env, w io.Writer, connector map[string]str
 	if err != nil {
 		return err
 	}
-	if sl.Plugin != "pgoutput" {
-		return fmt.Errorf("slot %q uses plugin %q: the relay reads pgoutput only; create a new slot (outbox-relay setup) and deliver what Debezium had not sent another way, or switch Debezium to plugin.name=pgoutput first", cfg.Postgres.Slot, sl.Plugin)
+	if err := sl.Usable(); errors.Is(err, pgslot.ErrPlugin) {
+		var u *pgslot.UnusableError
+		errors.As(err, &u)
+		return fmt.Errorf("slot %q %s: the relay reads pgoutput only; create a new slot (outbox-relay setup) and deliver what Debezium had not sent another way, or switch Debezium to plugin.name=pgoutput first", cfg.Postgres.Slot, u.Reason)
 	}
 	if sl.Active {
 		pid := "?"

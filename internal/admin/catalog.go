@@ -150,15 +150,13 @@ type slotInfo struct {
 
 // problem describes what is wrong with an existing slot for this relay, or "".
 func (s slotInfo) problem(name string) string {
+	var u *pgslot.UnusableError
 	switch {
-	case s.Type != "logical":
-		return fmt.Sprintf("is a %s slot; drop it (SELECT pg_drop_replication_slot(%s)) or set postgres.slot to another name",
-			s.Type, sql.Literal(name))
-	case s.Database != s.CurrentDatabase:
-		return fmt.Sprintf("belongs to database %q, not %q; set postgres.slot to another name", s.Database, s.CurrentDatabase)
-	case s.Plugin != "pgoutput":
-		return fmt.Sprintf("uses plugin %q, not pgoutput; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, or set postgres.slot to another name",
-			s.Plugin, sql.Literal(name))
+	case errors.As(s.Usable(), &u) && u.Err == pgslot.ErrDatabase:
+		return u.Reason + "; set postgres.slot to another name"
+	case u != nil:
+		return fmt.Sprintf("%s; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, or set postgres.slot to another name",
+			u.Reason, sql.Literal(name))
 	case s.Lost():
 		return fmt.Sprintf("has lost WAL it needed (wal_status lost, max_slot_wal_keep_size exceeded) and cannot stream; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, then re-insert the events since its last confirmed position",
 			sql.Literal(name))
@@ -202,7 +200,7 @@ const peekTimeout = 10 * time.Second
 // nothing, within peekTimeout.
 func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub string, s slotInfo) (string, error) {
 	slotName := s.Name
-	if !s.Exists || s.Active || s.Plugin != "pgoutput" || s.Database != s.CurrentDatabase || s.CatalogXmin == nil {
+	if !s.Exists || s.Active || s.Usable() != nil || s.CatalogXmin == nil {
 		return "", nil // missing or unusable pieces are reported on their own
 	}
 	var younger bool

@@ -68,10 +68,9 @@ func CheckpointShow(ctx context.Context, q Querier, cfg Config) (*CheckpointRepo
 		return nil, err
 	}
 	r := &CheckpointReport{SlotName: cfg.Slot}
-	err := q.QueryRow(ctx, `SELECT now(), (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-       ELSE pg_catalog.pg_current_wal_lsn() END)::text`).Scan(&r.CheckedAt, &r.CurrentWALLSN)
-	if err != nil {
-		return nil, fmt.Errorf("read the server's WAL position: %w", err)
+	var err error
+	if r.CurrentWALLSN, r.CheckedAt, err = pgslot.ReadWAL(ctx, q); err != nil {
+		return nil, err
 	}
 	switch sl, err := pgslot.Read(ctx, q, cfg.Slot); {
 	case errors.Is(err, pgslot.ErrNotFound):

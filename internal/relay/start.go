@@ -129,11 +129,8 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	if err != nil {
 		return 0, pgslot.Server{}, err
 	}
-	if sl.Plugin != "pgoutput" {
-		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, sl.Plugin)
-	}
-	if sl.Database != sl.CurrentDatabase {
-		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q belongs to database %q, not %q: set postgres.dsn to that database, or postgres.slot to a slot of this one (\"outbox-relay setup\" creates it)", slot, sl.Database, sl.CurrentDatabase)
+	if err := sl.Usable(); err != nil {
+		return 0, pgslot.Server{}, err
 	}
 	slotLSN, err := sl.Confirmed()
 	if err != nil {
@@ -177,11 +174,11 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	if r.cfg.StartLSN != 0 {
 		// A position the WAL has not reached yet would skip every event
 		// committed until it does, silently: refuse it unless forced.
-		cur, err := pglogrepl.ParseLSN(sl.CurrentWALLSN)
+		cur, err := sl.CurrentWAL()
 		if err != nil {
-			return 0, pgslot.Server{}, fmt.Errorf("parse the current WAL position %q: %w", sl.CurrentWALLSN, err)
+			return 0, pgslot.Server{}, err
 		}
-		if r.cfg.StartLSN > cur {
+		if sl.Reached(r.cfg.StartLSN) != nil {
 			if !r.cfg.StartLSNForce {
 				return 0, pgslot.Server{}, &FutureStartError{Requested: r.cfg.StartLSN, Current: cur}
 			}
