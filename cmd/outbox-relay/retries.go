@@ -252,7 +252,7 @@ func retryEntryToJSON(en retry.Entry, withBody bool) retryEntryJSON {
 			return &s
 		}
 		j.Key, j.Value = enc(en.Key), enc(en.Value)
-		for _, h := range en.Headers {
+		for _, h := range en.Extra {
 			hj := retryHeaderJSON{Key: h.Key, Value: string(h.Value)}
 			if !utf8.ValidString(h.Key) || !utf8.Valid(h.Value) {
 				hj = retryHeaderJSON{Key: hex.EncodeToString([]byte(h.Key)), Value: hex.EncodeToString(h.Value), Encoding: "hex"}
@@ -352,13 +352,13 @@ func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 	}
 	row("key", "%s", bytesText(en.Key))
 	row("value", "%s", bytesText(en.Value))
-	if len(en.Headers) == 0 {
+	if len(en.Extra) == 0 {
 		row("headers", "-")
 	}
 	tw.Flush()
-	if len(en.Headers) > 0 {
+	if len(en.Extra) > 0 {
 		fmt.Fprintln(w, "headers:")
-		for _, h := range en.Headers {
+		for _, h := range en.Extra {
 			fmt.Fprintf(w, "  %s: %s\n", ops.Printable(h.Key), ops.Printable(bytesText(h.Value)))
 		}
 	}

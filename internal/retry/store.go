@@ -34,10 +34,11 @@ type Header = event.Header
 // An Event is what the pipeline diverts to the retry table. Empty strings,
 // a zero SourceLSN and a zero CommitTime are stored as NULL.
 //
-// Headers are the event's extra headers, from the outbox headers column. The
-// Worker sends the relay's own (id, event_type, aggregate_type) from EventID,
-// EventType and AggregateType with router.Headers, which also drops extra
-// entries of those names.
+// Extra are the event's extra headers (event.Event.Extra: the header fields
+// and the outbox headers column's); as in the envelope, they never include
+// the relay's own. The Worker sends the relay's own (id, event_type,
+// aggregate_type) from EventID, EventType and AggregateType with
+// router.Headers, which also drops extra entries of those names.
 type Event struct {
 	EventKey      string // unique and deterministic: event.PositionKey
 	EventID       string // sent as header id; the relay's own headers come from these three fields
@@ -47,7 +48,7 @@ type Event struct {
 	EventType     string // sent as header event_type
 	Topic         string // "" when the event could not be routed
 	Key, Value    []byte
-	Headers       []Header      // extra headers only (event.Event.Extra), any bytes
+	Extra         []Header      // extra headers only (event.Event.Extra), any bytes
 	SourceLSN     pglogrepl.LSN // end LSN of the transaction that inserted the event
 	CommitTime    time.Time
 	MessageTime   time.Time // the message's timestamp (event.Event.Time); zero: when sent
@@ -71,7 +72,7 @@ func NewEvent(e *event.Event) Event {
 		Topic:         e.Topic,
 		Key:           e.Key,
 		Value:         e.Value,
-		Headers:       e.Extra,
+		Extra:         e.Extra,
 		SourceLSN:     e.CommitLSN,
 		CommitTime:    e.CommitTime,
 		MessageTime:   e.Time,
@@ -89,7 +90,7 @@ type Entry struct {
 	EventType     string
 	Topic         string
 	Key, Value    []byte
-	Headers       []Header // extra headers; older rows may hold id, event_type, aggregate_type too
+	Extra         []Header // extra headers (event.Event.Extra); older rows may hold id, event_type, aggregate_type too
 	Status        Status
 	Waiting       bool
 	Attempts      int
@@ -259,7 +260,7 @@ func (s *Store) insertRows(ctx context.Context, db execer, events []Event) error
 		ids[i], types[i], aggIDs[i] = nullable(e.EventID), nullable(e.AggregateType), nullable(e.AggregateID)
 		evTypes[i], tps[i], reasons[i] = nullable(e.EventType), nullable(e.Topic), nullable(e.Reason)
 		msgKeys[i], values[i] = e.Key, e.Value
-		h, err := encodeHeaders(e.Headers)
+		h, err := encodeHeaders(e.Extra)
 		if err != nil {
 			return fmt.Errorf("encode headers of event %q: %w", e.EventKey, err)
 		}
@@ -604,7 +605,7 @@ func scanEntry(row pgx.Row) (Entry, error) {
 		}
 	}
 	if headers != nil {
-		if e.Headers, err = decodeHeaders(headers); err != nil {
+		if e.Extra, err = decodeHeaders(headers); err != nil {
 			e.unreadable = fmt.Sprintf("its stored headers cannot be decoded (%v)", err)
 		}
 	}

@@ -90,7 +90,6 @@ var ErrGap = fmt.Errorf("replication slot does not continue from the checkpoint"
 
 func (e *GapError) Unwrap() error { return ErrGap }
 
-
 // Range is the uncovered range as text: "From..To", or "From.." when the
 // slot has no position to resume from.
 func (e *GapError) Range() string {
