@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	ev "github.com/outbox-relay/outbox-relay/event"
 	"slices"
 	"testing"
 	"time"
+
+	ev "github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 )
