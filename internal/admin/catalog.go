@@ -240,7 +240,7 @@ func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub string, s slotIn
 			pub, slotName, deref(confirmed), at, fix), nil
 	case errors.As(peekErr, &pgErr) && (pgErr.Code == "55006" || pgErr.Code == "55000"):
 		return "", nil // a relay took the slot meanwhile, or the slot is lost (reported with the slot)
-	case errors.As(peekErr, &pgErr) && pgErr.Code == "57014": // query_canceled: the statement timeout
+	case errors.Is(peekErr, pgslot.ErrPeekTimeout):
 		return fmt.Sprintf("publication %s was created or altered after the position of slot %s (confirmed up to %s), "+
 			"and a trial decoding did not finish within %s: if `run` fails with \"publication does not exist at the slot's position\", %s",
 			pub, slotName, deref(confirmed), peekTimeout, fix), nil
@@ -265,30 +265,13 @@ func peekSlot(ctx context.Context, admin *pgx.Conn, pub, slotName string) error 
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := peekSlotOn(ctx, conn, pub, slotName); err != nil {
+	if err := pgslot.Peek(ctx, conn, slotName, pub, peekTimeout); err != nil {
 		return err
 	}
 	if skipped != nil {
 		return (*pgconn.PgError)(skipped)
 	}
 	return nil
-}
-
-func peekSlotOn(ctx context.Context, conn *pgx.Conn, pub, slotName string) error {
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", peekTimeout.Milliseconds())); err != nil {
-		return err
-	}
-	var n int64
-	// Up to the current position, not just the first change: pgoutput looks
-	// publications up again after every catalog change, so a change written
-	// while the publication was missing fails even after earlier ones decoded.
-	return tx.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), NULL,
-	'proto_version', '1', 'publication_names', $2)`, slotName, pub).Scan(&n)
 }
 
 // atLSN is " at <LSN>" from a decoding error's context ("... associated LSN
