@@ -155,12 +155,8 @@ func (w *Worker) Run(ctx context.Context) error {
 				break
 			}
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return err
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/testcontainers/testcontainers-go"
 )
 
 // PG is a database of its own for one test.
@@ -161,28 +162,14 @@ func (p *PG) Pool(t testing.TB) *pgxpool.Pool {
 // down. The caller must hold Exclusive.
 func StopPostgres(t testing.TB) {
 	t.Helper()
-	requireExclusive(t, "StopPostgres")
-	admin := postgresAdminDSN(t)
-	if c := containers.postgres; c != nil {
-		stopContainer(t, c)
-	} else {
-		checkDevPort(t, "RELAY_DEV_PG_PORT", defaultDevPGPort, dsnPort(t, admin))
-		runDev(t, "pg-stop-immediate")
-	}
+	postgresFault(t, "StopPostgres", "pg-stop-immediate", stopContainer)
 }
 
 // StartPostgres starts Postgres again and returns once it accepts connections. The
 // caller must hold Exclusive.
 func StartPostgres(t testing.TB) {
 	t.Helper()
-	requireExclusive(t, "StartPostgres")
-	admin := postgresAdminDSN(t)
-	if c := containers.postgres; c != nil {
-		startContainer(t, c)
-	} else {
-		checkDevPort(t, "RELAY_DEV_PG_PORT", defaultDevPGPort, dsnPort(t, admin))
-		runDev(t, "pg-start")
-	}
+	admin := postgresFault(t, "StartPostgres", "pg-start", startContainer)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for {
@@ -200,6 +187,22 @@ func StartPostgres(t testing.TB) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// postgresFault is the shape of the Postgres fault helpers, as kafkaFault is
+// of Kafka's: check Exclusive, act on the container or run the dev script
+// (after checking it is the dev server). It returns the admin DSN.
+func postgresFault(t testing.TB, name, devCmd string, container func(testing.TB, testcontainers.Container)) string {
+	t.Helper()
+	requireExclusive(t, name)
+	admin := postgresAdminDSN(t)
+	if c := containers.postgres; c != nil {
+		container(t, c)
+	} else {
+		checkDevPort(t, "RELAY_DEV_PG_PORT", defaultDevPGPort, dsnPort(t, admin))
+		runDev(t, devCmd)
+	}
+	return admin
 }
 
 func dsnPort(t testing.TB, dsn string) string {

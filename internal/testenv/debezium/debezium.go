@@ -471,12 +471,8 @@ func (c *Connect) createConnector(ctx context.Context, config map[string]string)
 	client := &http.Client{Timeout: 30 * time.Second}
 	last := errors.New("no answer yet")
 	for {
-		select {
-		case <-c.done:
-			return fmt.Errorf("java exited: %v", c.waitErr)
-		case <-ctx.Done():
-			return fmt.Errorf("create connector: %w; last: %v", ctx.Err(), last)
-		case <-time.After(250 * time.Millisecond):
+		if err := c.tick(ctx, last); err != nil {
+			return fmt.Errorf("create connector: %w", err)
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url+"/connectors", bytes.NewReader(body))
 		if err != nil {
@@ -509,6 +505,20 @@ func (c *Connect) createConnector(ctx context.Context, config map[string]string)
 	}
 }
 
+// tick waits for the next poll of the REST API, 250 ms; it returns an error
+// instead when the JVM exits or ctx is done, naming last, the last poll's
+// failure.
+func (c *Connect) tick(ctx context.Context, last error) error {
+	select {
+	case <-c.done:
+		return fmt.Errorf("java exited: %v", c.waitErr)
+	case <-ctx.Done():
+		return fmt.Errorf("%w; last: %v", ctx.Err(), last)
+	case <-time.After(250 * time.Millisecond):
+		return nil
+	}
+}
+
 // waitStreaming polls the REST status and the slot until both say Debezium streams,
 // and fails early when the JVM exits or the connector or task has FAILED.
 func (c *Connect) waitStreaming(ctx context.Context, dsn string) error {
@@ -521,12 +531,8 @@ func (c *Connect) waitStreaming(ctx context.Context, dsn string) error {
 	}()
 	last := errors.New("no answer yet")
 	for {
-		select {
-		case <-c.done:
-			return fmt.Errorf("java exited: %v", c.waitErr)
-		case <-ctx.Done():
-			return fmt.Errorf("%w; last: %v", ctx.Err(), last)
-		case <-time.After(250 * time.Millisecond):
+		if err := c.tick(ctx, last); err != nil {
+			return err
 		}
 		st, err := dbz.GetConnectorStatus(ctx, client, c.url, c.name)
 		if err != nil {
