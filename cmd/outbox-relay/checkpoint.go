@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"text/tabwriter"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -114,8 +113,8 @@ func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) err
 		return nil
 	}
 
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, ops.Printable(v)) }
+	tw := ops.NewTable(e.stdout)
+	row := tw.Row
 	row("slot", skip.Slot+" (inactive)")
 	switch {
 	case skip.Gap:

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -161,8 +160,8 @@ LEFT JOIN LATERAL (SELECT * FROM `+t+` WHERE slot_name = $1 ORDER BY lsn DESC LI
 
 // WriteText writes the report as an aligned two-column table for people.
 func (r *CheckpointReport) WriteText(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, Printable(v)) }
+	tw := NewTable(w)
+	row := tw.Row
 	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
 	switch {
 	case r.Slot == nil:
