@@ -51,31 +51,9 @@ func (r *Router) topic(aggregateType, eventType []byte) (string, string) {
 	}
 	if r.tmpl.useEventType && len(eventType) == 0 {
 		return "", fmt.Sprintf("the event type is NULL or empty but %s %q uses {event_type}: insert the event with an event type, or add an override in %s for aggregate type %q",
-			keyTopic, r.tmplString(), keyOverrides, aggregateType)
+			keyTopic, r.tmpl.String(), keyOverrides, aggregateType)
 	}
-	n := 0
-	for _, p := range r.tmpl.parts {
-		switch p.placeholder {
-		case literal:
-			n += len(p.lit)
-		case aggregateTypeP:
-			n += len(aggregateType)
-		case eventTypeP:
-			n += len(eventType)
-		}
-	}
-	b := make([]byte, 0, n)
-	for _, p := range r.tmpl.parts {
-		switch p.placeholder {
-		case literal:
-			b = append(b, p.lit...)
-		case aggregateTypeP:
-			b = append(b, aggregateType...)
-		case eventTypeP:
-			b = append(b, eventType...)
-		}
-	}
-	topic := string(b)
+	topic := r.tmpl.expand(aggregateType, eventType)
 	if why := invalidTopic(topic); why != "" {
 		return "", fmt.Sprintf("topic %q for aggregate type %q %s; add an override in %s or change %s", topic, aggregateType, why, keyOverrides, keyTopic)
 	}
@@ -93,19 +71,37 @@ func (r *Router) cacheTopic(aggregateType []byte, topic string) {
 	r.topics[string(aggregateType)] = topic
 }
 
-func (r *Router) tmplString() string {
-	var s string
-	for _, p := range r.tmpl.parts {
+// expand returns the topic the template gives the aggregate and event type,
+// in one allocation.
+func (t *template) expand(aggregateType, eventType []byte) string {
+	n := 0
+	for _, p := range t.parts {
 		switch p.placeholder {
 		case literal:
-			s += p.lit
+			n += len(p.lit)
 		case aggregateTypeP:
-			s += "{aggregate_type}"
+			n += len(aggregateType)
 		case eventTypeP:
-			s += "{event_type}"
+			n += len(eventType)
 		}
 	}
-	return s
+	b := make([]byte, 0, n)
+	for _, p := range t.parts {
+		switch p.placeholder {
+		case literal:
+			b = append(b, p.lit...)
+		case aggregateTypeP:
+			b = append(b, aggregateType...)
+		case eventTypeP:
+			b = append(b, eventType...)
+		}
+	}
+	return string(b)
+}
+
+// String is the template as configured.
+func (t *template) String() string {
+	return t.expand([]byte("{aggregate_type}"), []byte("{event_type}"))
 }
 
 // topicRegex is Debezium's route.topic.regex / route.topic.replacement: the
@@ -199,4 +195,53 @@ func (t *topicRegex) topic(aggregateType []byte) string {
 		return string(aggregateType)
 	}
 	return string(t.re.Expand(nil, []byte(t.template), aggregateType, m))
+}
+
+// A template is a parsed topic template: literal text and placeholders.
+type template struct {
+	parts        []part
+	constant     bool // no placeholders: the topic is parts[0].lit (or "")
+	useEventType bool
+}
+
+type part struct {
+	lit         string
+	placeholder placeholder
+}
+
+type placeholder uint8
+
+const (
+	literal placeholder = iota
+	aggregateTypeP
+	eventTypeP
+)
+
+// maxTopicLen is Kafka's limit on a topic name's length.
+const maxTopicLen = 249
+
+// invalidTopic says why topic is not a legal Kafka topic name, or returns "".
+func invalidTopic(topic string) string {
+	switch {
+	case topic == "":
+		return "is empty: a Kafka topic name needs 1 to 249 characters"
+	case topic == "." || topic == "..":
+		return "is not allowed as a Kafka topic name"
+	case len(topic) > maxTopicLen:
+		return fmt.Sprintf("is %d characters long: Kafka allows at most %d", len(topic), maxTopicLen)
+	}
+	return invalidTopicChars(topic)
+}
+
+func invalidTopicChars(s string) string {
+	for i := 0; i < len(s); i++ {
+		if !legalTopicByte(s[i]) {
+			return fmt.Sprintf("contains %q: Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-'", s[i])
+		}
+	}
+	return ""
+}
+
+func legalTopicByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
