@@ -209,7 +209,7 @@ type retryEntryJSON struct {
 	Key           *string           `json:"key,omitempty"`
 	Value         *string           `json:"value,omitempty"`
 	Encoding      string            `json:"encoding,omitempty"` // of key and value: utf8 or hex
-	Headers       []retryHeaderJSON `json:"headers,omitempty"`
+	Extra         []retryHeaderJSON `json:"headers,omitempty"`  // the extra headers (retry.Entry.Extra)
 	LastResort    bool              `json:"last_resort"`
 }
 
@@ -266,7 +266,7 @@ func retryEntryToJSON(en retry.Entry, withBody bool) retryEntryJSON {
 			if !utf8.ValidString(h.Key) || !utf8.Valid(h.Value) {
 				hj = retryHeaderJSON{Key: hex.EncodeToString([]byte(h.Key)), Value: hex.EncodeToString(h.Value), Encoding: "hex"}
 			}
-			j.Headers = append(j.Headers, hj)
+			j.Extra = append(j.Extra, hj)
 		}
 	}
 	return j
