@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
@@ -43,26 +42,17 @@ func TestUsable(t *testing.T) {
 
 func TestReached(t *testing.T) {
 	s := pgslot.Slot{CurrentWALLSN: "0/100"}
-	for _, lsn := range []string{"0/0", "0/FF", "0/100"} {
-		if err := s.Reached(mustLSN(t, lsn)); err != nil {
-			t.Errorf("Reached(%s) at 0/100 = %v; want nil", lsn, err)
+	for _, at := range []string{"0/0", "0/FF", "0/100"} {
+		if err := s.Reached(lsn(t, at)); err != nil {
+			t.Errorf("Reached(%s) at 0/100 = %v; want nil", at, err)
 		}
 	}
 	var b *pgslot.BeyondWALError
-	if err := s.Reached(mustLSN(t, "0/101")); !errors.As(err, &b) || b.Current != mustLSN(t, "0/100") ||
+	if err := s.Reached(lsn(t, "0/101")); !errors.As(err, &b) || b.Current != lsn(t, "0/100") ||
 		!strings.Contains(err.Error(), "0/101 is beyond the server's current WAL position 0/100") {
 		t.Errorf("Reached(0/101) at 0/100 = %v; want a *BeyondWALError", err)
 	}
 	if err := (pgslot.Slot{}).Reached(1); err == nil || errors.As(err, &b) {
 		t.Errorf("Reached on a slot read without a WAL position = %v; want a parse error", err)
 	}
-}
-
-func mustLSN(t *testing.T, s string) pglogrepl.LSN {
-	t.Helper()
-	lsn, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lsn
 }
