@@ -59,11 +59,29 @@ const (
 	ceStructuredContent = "application/cloudevents+json; charset=UTF-8"
 )
 
+// ceNames are the context attributes the relay writes after specversion, in
+// the structured mode's order, with their binary mode's header names: the
+// one list both modes write from.
+var ceNames = [...]struct{ attr, header string }{
+	{"id", "ce_id"}, {"source", "ce_source"}, {"type", "ce_type"}, {"subject", "ce_subject"}, {"time", "ce_time"},
+	{"datacontenttype", HeaderContentType}, {"partitionkey", "ce_partitionkey"},
+	{"traceparent", "ce_traceparent"}, {"tracestate", "ce_tracestate"},
+}
+
+// ceContentTypeAttr is the index of datacontenttype in ceNames: the binary
+// mode writes it last, as the content-type header.
+const ceContentTypeAttr = 5
+
 // ceHeaders are the header names the relay sets in binary mode: an entry of
 // the headers column with one of these names is dropped (counted as dropped
 // headers), so that the attributes are the row's.
-var ceHeaders = []string{"ce_specversion", "ce_id", "ce_source", "ce_type", "ce_subject", "ce_time",
-	"ce_partitionkey", "ce_traceparent", "ce_tracestate", HeaderContentType}
+var ceHeaders = func() []string {
+	hs := []string{"ce_specversion"}
+	for _, n := range ceNames {
+		hs = append(hs, n.header)
+	}
+	return hs
+}()
 
 // validateCloudEvents checks the CloudEvents settings against the rest of
 // the message settings, and reserves the header names the mode sets.
@@ -157,6 +175,11 @@ func (r *Router) ceAttrs(m *Message, pos *positions) ceAttributes {
 	return a
 }
 
+// values returns the attributes' values in ceNames' order; "" leaves one out.
+func (a ceAttributes) values(source string) [len(ceNames)]string {
+	return [...]string{a.id, source, a.typ, a.subject, a.time, a.contentType, a.subject, a.traceparent, a.tracestate}
+}
+
 // ceBinaryHeaders appends the binary mode's headers to m.Extra.
 func (r *Router) ceBinaryHeaders(m *Message, a ceAttributes) {
 	add := func(k, v string) {
@@ -165,14 +188,12 @@ func (r *Router) ceBinaryHeaders(m *Message, a ceAttributes) {
 		}
 	}
 	add("ce_specversion", ceSpecVersion)
-	add("ce_id", a.id)
-	add("ce_source", r.ce.source)
-	add("ce_type", a.typ)
-	add("ce_subject", a.subject)
-	add("ce_time", a.time)
-	add("ce_partitionkey", a.subject)
-	add("ce_traceparent", a.traceparent)
-	add("ce_tracestate", a.tracestate)
+	vs := a.values(r.ce.source)
+	for i, n := range ceNames {
+		if i != ceContentTypeAttr {
+			add(n.header, vs[i])
+		}
+	}
 	add(HeaderContentType, a.contentType)
 }
 
@@ -184,23 +205,14 @@ func (r *Router) ceBinaryHeaders(m *Message, a ceAttributes) {
 func (r *Router) ceStructured(m *Message, pos *positions, a ceAttributes, payload []byte) []byte {
 	b := make([]byte, 0, len(payload)+256)
 	b = append(b, `{"specversion":"`+ceSpecVersion+`"`...)
-	attr := func(k, v string) {
+	for i, v := range a.values(r.ce.source) {
 		if v != "" {
 			b = append(b, ',', '"')
-			b = append(b, k...)
+			b = append(b, ceNames[i].attr...)
 			b = append(b, '"', ':')
 			b = jsonString(b, []byte(v))
 		}
 	}
-	attr("id", a.id)
-	attr("source", r.ce.source)
-	attr("type", a.typ)
-	attr("subject", a.subject)
-	attr("time", a.time)
-	attr("datacontenttype", a.contentType)
-	attr("partitionkey", a.subject)
-	attr("traceparent", a.traceparent)
-	attr("tracestate", a.tracestate)
 	switch {
 	case payload == nil:
 	case pos.payloadBytea:

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"fmt"
 	"sort"
 	"strings"
 
@@ -222,26 +221,6 @@ func (c *Config) validateTopics() (template, error) {
 	return tmpl, nil
 }
 
-// A template is a parsed topic template: literal text and placeholders.
-type template struct {
-	parts        []part
-	constant     bool // no placeholders: the topic is parts[0].lit (or "")
-	useEventType bool
-}
-
-type part struct {
-	lit         string
-	placeholder placeholder
-}
-
-type placeholder uint8
-
-const (
-	literal placeholder = iota
-	aggregateTypeP
-	eventTypeP
-)
-
 func parseTemplate(s string) (template, error) {
 	var t template
 	rest := s
@@ -292,33 +271,4 @@ func parseTemplate(s string) (template, error) {
 		}
 	}
 	return t, nil
-}
-
-// maxTopicLen is Kafka's limit on a topic name's length.
-const maxTopicLen = 249
-
-// invalidTopic says why topic is not a legal Kafka topic name, or returns "".
-func invalidTopic(topic string) string {
-	switch {
-	case topic == "":
-		return "is empty: a Kafka topic name needs 1 to 249 characters"
-	case topic == "." || topic == "..":
-		return "is not allowed as a Kafka topic name"
-	case len(topic) > maxTopicLen:
-		return fmt.Sprintf("is %d characters long: Kafka allows at most %d", len(topic), maxTopicLen)
-	}
-	return invalidTopicChars(topic)
-}
-
-func invalidTopicChars(s string) string {
-	for i := 0; i < len(s); i++ {
-		if !legalTopicByte(s[i]) {
-			return fmt.Sprintf("contains %q: Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-'", s[i])
-		}
-	}
-	return ""
-}
-
-func legalTopicByte(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/url"
 	"reflect"
-	"slices"
 	"strings"
 	"sync"
 
@@ -76,7 +75,7 @@ func (c *config) validate() error {
 		c.Router.Columns = c.Router.Columns.Fill(cols)
 	}
 	if c.Router.Headers == nil {
-		c.Router.Headers = layoutHeaders(c.Layout)
+		c.Router.Headers = c.Layout.Headers()
 	}
 	switch c.Format {
 	case "", "plain":
@@ -197,15 +196,6 @@ var fieldKeys = sync.OnceValue(func() map[string]string {
 	walk("", reflect.ValueOf(&c.Config).Elem())
 	return paths
 })
-
-// layoutHeaders is message.headers' default: the relay's three headers for
-// its own layout, only id for Debezium's, as Debezium's router sends.
-func layoutHeaders(l sql.Layout) []string {
-	if l == sql.LayoutDebezium {
-		return []string{router.HeaderID}
-	}
-	return slices.Clone(router.DefaultHeaders)
-}
 
 // warnIgnored logs each key that was set but is accepted and ignored.
 func (c *config) warnIgnored(log *slog.Logger) {

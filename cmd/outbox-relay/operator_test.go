@@ -2,11 +2,12 @@ package main
 
 import (
 	"context"
-	"github.com/outbox-relay/outbox-relay/event"
 	"math"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -154,7 +155,7 @@ func TestRetriesEscapeControls(t *testing.T) {
 	}
 	ev := retry.Event{EventKey: "ev-\x1b1", EventID: "ev-\x1b1", Aggregate: (event.Lane{Topic: "t\x1b", Key: "k\r"}).String(),
 		AggregateType: "Order\x1b[2J\rX\a", AggregateID: "k\r", EventType: "Created\a", Topic: "t\x1b",
-		Key: []byte("k\r"), Value: []byte("v\x1b[31m"), Headers: []retry.Header{{Key: "h\x1b", Value: []byte("\a")}},
+		Key: []byte("k\r"), Value: []byte("v\x1b[31m"), Extra: []retry.Header{{Key: "h\x1b", Value: []byte("\a")}},
 		Permanent: true, Reason: "invalid topic \x1b]0;pwned\a"}
 	if err := s.Insert(context.Background(), []retry.Event{ev}); err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -82,8 +81,8 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	}
 	start := time.Now()
 	res, err := retention.Round(ctx, conn, rc)
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, ops.Printable(v)) }
+	tw := ops.NewTable(e.stdout)
+	row := tw.Row
 	age := daysText(rc.Retention)
 	if h := res.Horizon; h != nil {
 		commit := "commit time unknown"

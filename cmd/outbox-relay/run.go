@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
 func newRunCmd(wrap wrapFunc) *cobra.Command {
@@ -146,20 +148,18 @@ func checkStartLSN(ctx context.Context, e *env, lsn pglogrepl.LSN, force bool) e
 		return nil
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var current string
-	if err := conn.QueryRow(cctx, `SELECT pg_current_wal_lsn()::text`).Scan(&current); err != nil {
-		e.log.Warn("cannot read pg_current_wal_lsn() to check --start-lsn; the relay checks it when it connects", "error", err)
+	var beyond *pgslot.BeyondWALError
+	switch err := pgslot.ReachedNow(cctx, conn, lsn); {
+	case err == nil:
 		return nil
-	}
-	cur, err := pglogrepl.ParseLSN(current)
-	if err != nil || lsn <= cur {
+	case !errors.As(err, &beyond):
+		e.log.Warn("cannot read the server's WAL position to check --start-lsn; the relay checks it when it connects", "error", err)
 		return nil
+	case !force:
+		return usageErrorf("--start-lsn %v for good; to start from now use --start-lsn %s, "+
+			"or add --force if skipping up to %s is really intended", beyond, beyond.Current, lsn)
 	}
-	if !force {
-		return usageErrorf("--start-lsn %s is beyond the server's current WAL position %s: every event committed "+
-			"until the WAL reaches it would be skipped for good; to start from now use --start-lsn %s, "+
-			"or add --force if skipping up to %s is really intended", lsn, cur, cur, lsn)
-	}
+	cur := beyond.Current
 	e.log.Warn("--force: starting beyond the server's current WAL position; every event committed until the WAL reaches it is SKIPPED FOR GOOD",
 		"start_lsn", lsn.String(), "current_wal_lsn", cur.String(), "skipped_bytes_at_least", uint64(lsn-cur))
 	return nil

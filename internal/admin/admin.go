@@ -1,8 +1,11 @@
-// Package admin prepares and examines what the relay needs in Postgres and
-// Kafka: Setup creates what is missing (the `outbox-relay setup` command) and
-// Check runs the preflight checks (`outbox-relay check`). Both write one line
-// per finding for people and take their names from a Config; the CLI only
-// loads the configuration and calls them.
+// Package admin prepares, examines and changes what the relay keeps in
+// Postgres and Kafka: Setup creates what is missing (the `outbox-relay setup`
+// command), Check runs the preflight checks (`outbox-relay check`), PlanSkip
+// and Skip.Apply move a checkpoint forward (`outbox-relay checkpoint set`),
+// and TakeOver starts the relay's checkpoint where Debezium stopped
+// (`outbox-relay migrate debezium --takeover`). They take their names from a
+// Config; Setup, Check and TakeOver write one line per finding for people.
+// The CLI only loads the configuration, calls them and prints.
 //
 // Names travel to the catalog as query parameters; only DDL built by package
 // sql puts them into SQL text. Every line written is escaped

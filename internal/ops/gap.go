@@ -3,11 +3,6 @@ package ops
 import (
 	"context"
 	"errors"
-	"fmt"
-	"time"
-
-	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -63,32 +58,12 @@ func FindGap(ctx context.Context, q Querier, table, slot string, fix func(error)
 	if err != nil {
 		return nil, err
 	}
-	var (
-		cp         checkpoint.Checkpoint
-		lsn        string
-		lastCommit *time.Time
-		systemID   *string
-		timeline   *int32
-	)
-	err = q.QueryRow(ctx, `SELECT lsn::text, last_commit_time, to_jsonb(c)->>'system_identifier', (to_jsonb(c)->>'timeline_id')::int
-FROM `+t+` c WHERE slot_name = $1`, slot).Scan(&lsn, &lastCommit, &systemID, &timeline)
-	if errors.Is(err, pgx.ErrNoRows) {
+	cp, err := checkpoint.Read(ctx, q, table, slot)
+	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read checkpoint from %s: %w", t, err)
-	}
-	if cp.LSN, err = pglogrepl.ParseLSN(lsn); err != nil {
-		return nil, fmt.Errorf("read checkpoint from %s: %w", t, err)
-	}
-	if lastCommit != nil {
-		cp.LastCommitTime = *lastCommit
-	}
-	if systemID != nil {
-		cp.Server.SystemID = *systemID
-	}
-	if timeline != nil {
-		cp.Server.Timeline = *timeline
+		return nil, err
 	}
 	srv, err := pgslot.IdentifyQuerier(ctx, q)
 	if err != nil {

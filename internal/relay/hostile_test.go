@@ -106,7 +106,7 @@ func TestHeadersCannotOverrideIdentity(t *testing.T) {
 		if !r.Waiting {
 			t.Errorf("event %s: waiting = false; want it waiting behind %s", e.ID, head)
 		}
-		for _, h := range r.Headers {
+		for _, h := range r.Extra {
 			if (router.HeaderSet{}).Reserved(h.Key) {
 				t.Errorf("event %s: retry row stores header %q=%q; the relay's own headers come from the row's columns", e.ID, h.Key, h.Value)
 			}

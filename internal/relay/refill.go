@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
@@ -239,7 +240,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, err
 	}
 	ls := newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, log, store, store, func() checkpoint.Server { return srv.Server })
-	if err := sleep(ctx, r.cfg.LeaseDuration); err != nil {
+	if err := backoff.Sleep(ctx, r.cfg.LeaseDuration); err != nil {
 		return nil, err
 	}
 	ls.taken(epoch)
@@ -391,7 +392,7 @@ func (r *Relay) dropSlot(ctx context.Context, pool *pgxpool.Pool) error {
 			return fmt.Errorf("refill: replication slot %q is active (%s): another process streams it; stop it (or, if it is another relay of this group, let it refill) and recover again",
 				slot, r.holder(ctx, pool, sl))
 		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 250*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -577,15 +578,4 @@ func newRefillID() string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	return time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

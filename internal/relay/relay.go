@@ -99,8 +99,8 @@ type FutureStartError struct {
 }
 
 func (e *FutureStartError) Error() string {
-	return fmt.Sprintf("start LSN %s is beyond the server's current WAL position %s: every event committed before the WAL reaches it would be skipped; give a position at or before %s, or force it if that is really meant",
-		e.Requested, e.Current, e.Current)
+	return fmt.Sprintf("start position: %v; give a position at or before %s, or force it if that is really meant",
+		&pgslot.BeyondWALError{LSN: e.Requested, Current: e.Current}, e.Current)
 }
 
 // Relay streams outbox inserts from a replication slot to Kafka. What lives

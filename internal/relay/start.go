@@ -14,7 +14,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -131,11 +130,8 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	if err != nil {
 		return 0, pgslot.Server{}, err
 	}
-	if sl.Plugin != "pgoutput" {
-		return 0, pgslot.Server{}, fmt.Errorf("%w: slot %q uses plugin %q: drop it and create it with pgoutput, or use a pgoutput slot", replication.ErrSlotPlugin, slot, sl.Plugin)
-	}
-	if sl.Database != sl.CurrentDatabase {
-		return 0, pgslot.Server{}, fmt.Errorf("%w: slot %q belongs to database %q, not %q: connect to that database, or use a slot of this one", replication.ErrSlotDatabase, slot, sl.Database, sl.CurrentDatabase)
+	if err := sl.Usable(); err != nil {
+		return 0, pgslot.Server{}, err
 	}
 	slotLSN, err := sl.Confirmed()
 	if err != nil {
@@ -179,11 +175,11 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	if r.cfg.StartLSN != 0 {
 		// A position the WAL has not reached yet would skip every event
 		// committed until it does, silently: refuse it unless forced.
-		cur, err := pglogrepl.ParseLSN(sl.CurrentWALLSN)
+		cur, err := sl.CurrentWAL()
 		if err != nil {
-			return 0, pgslot.Server{}, fmt.Errorf("parse the current WAL position %q: %w", sl.CurrentWALLSN, err)
+			return 0, pgslot.Server{}, err
 		}
-		if r.cfg.StartLSN > cur {
+		if sl.Reached(r.cfg.StartLSN) != nil {
 			if !r.cfg.StartLSNForce {
 				return 0, pgslot.Server{}, &FutureStartError{Requested: r.cfg.StartLSN, Current: cur}
 			}

@@ -94,6 +94,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -304,12 +305,8 @@ DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT c FROM batch)) AND (tabl
 		if n < int64(cfg.BatchSize) {
 			return nil
 		}
-		tm := time.NewTimer(cfg.Pause)
-		select {
-		case <-tm.C:
-		case <-ctx.Done():
-			tm.Stop()
-			return ctx.Err()
+		if err := backoff.Sleep(ctx, cfg.Pause); err != nil {
+			return err
 		}
 	}
 }

@@ -160,12 +160,8 @@ func (w *Worker) Run(ctx context.Context) error {
 				break
 			}
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return err
 		}
 	}
 }
@@ -381,10 +377,10 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 // earlier versions stored the relay's own
 // headers too; HeaderSet.Build drops them, so they are not sent twice.
 func (e *Entry) event(topic string, set router.HeaderSet) event.Event {
-	hs, _ := set.Build([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Headers)
+	hs, _ := set.Build([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Extra)
 	return event.Event{
 		ID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
-		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Headers, Time: e.MessageTime,
+		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Extra, Time: e.MessageTime,
 		CommitLSN: e.SourceLSN, CommitTime: e.CommitTime,
 	}
 }
