@@ -114,6 +114,20 @@ func (kd *keyed) check(t *testing.T, kc *testenv.KafkaCluster) {
 	}
 }
 
+// wantPipelined checks that some Send went out while an earlier one was in
+// flight, and that no new producer id was needed (resends keep it).
+func wantPipelined(t *testing.T, k *sink.Kafka) {
+	t.Helper()
+	s := k.Stats()
+	if s.Pipelined == 0 {
+		t.Errorf("Stats().Pipelined = 0: no Send went out while an earlier one was in flight")
+	}
+	if s.ProducerResets != 0 {
+		t.Errorf("Stats().ProducerResets = %d; want 0: resends keep the producer id", s.ProducerResets)
+	}
+	t.Logf("stats %+v", s)
+}
+
 // Several Sends in flight at once on one connection, of one round each or
 // of several (a Send larger than BatchBytes): every value once, in order,
 // and the requests really were pipelined.
@@ -147,14 +161,7 @@ func TestKafkaPipelineOrder(t *testing.T) {
 				t.Fatalf("Wait = %v", err)
 			}
 			kd.check(t, kc)
-			s := k.Stats()
-			if s.Pipelined == 0 {
-				t.Errorf("Stats().Pipelined = 0: no Send went out while an earlier one was in flight")
-			}
-			if s.ProducerResets != 0 {
-				t.Errorf("Stats().ProducerResets = %d; want 0", s.ProducerResets)
-			}
-			t.Logf("stats %+v", s)
+			wantPipelined(t, k)
 		})
 	}
 }
@@ -199,14 +206,7 @@ func TestKafkaPipelineLostAcks(t *testing.T) {
 				t.Fatalf("%d replies still to drop; the fault did not happen", n)
 			}
 			kd.check(t, kc)
-			s := k.Stats()
-			if s.Pipelined == 0 {
-				t.Errorf("Stats().Pipelined = 0: nothing was pipelined")
-			}
-			if s.ProducerResets != 0 {
-				t.Errorf("Stats().ProducerResets = %d; want 0: resends keep the producer id", s.ProducerResets)
-			}
-			t.Logf("stats %+v", s)
+			wantPipelined(t, k)
 		})
 	}
 }
@@ -237,29 +237,7 @@ func TestKafkaPipelineKillAndPause(t *testing.T) {
 		}
 		done <- w.flush(ctx)
 	}()
-	running := func(d time.Duration) {
-		select {
-		case err := <-done:
-			t.Fatalf("writer stopped: %v", err)
-		case <-time.After(d):
-		}
-	}
-	running(time.Second)
-	testenv.StopKafka(t)
-	running(500 * time.Millisecond)
-	testenv.StartKafka(t)
-	running(2 * time.Second)
-	paused := true
-	testenv.PauseKafka(t)
-	t.Cleanup(func() {
-		if paused {
-			testenv.ResumeKafka(t)
-		}
-	})
-	running(5 * time.Second) // beyond WriteTimeout: requests time out mid-produce
-	testenv.ResumeKafka(t)
-	paused = false
-	running(2 * time.Second)
+	killAndPause(t, done)
 	stop.Store(true)
 	if err := <-done; err != nil {
 		t.Fatalf("writer: %v", err)
