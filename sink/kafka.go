@@ -121,6 +121,7 @@ type Kafka struct {
 	groupOf    map[topicPartition]int
 	groups     []*partitionBatch
 	spare      []*partitionBatch // partition batches whose buffers may be reused
+	spareBytes int64             // their buffers' capacity
 	topicParts []topicCount
 	parts      []int
 	brokers    map[int32]string // broker id → host:port, from metadata

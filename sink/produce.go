@@ -189,6 +189,7 @@ func (k *Kafka) newGroup(tp topicPartition) *partitionBatch {
 	if n := len(k.spare); n > 0 {
 		g := k.spare[n-1]
 		k.spare = k.spare[:n-1]
+		k.spareBytes -= int64(cap(g.buf) + cap(g.scratch))
 		*g = partitionBatch{topic: tp.topic, partition: tp.partition, idx: g.idx[:0], buf: g.buf[:0], scratch: g.scratch[:0]}
 		return g
 	}
@@ -196,16 +197,17 @@ func (k *Kafka) newGroup(tp topicPartition) *partitionBatch {
 }
 
 // keepGroups returns to the pool the partition batches whose buffers nothing
-// keeps, up to about two calls' worth of buffers (a call is at most
-// BatchBytes): a call whose messages went to few partitions must not leave a
-// large buffer at every place.
+// keeps, with buffers up to about two rounds' worth in all (a round is at
+// most BatchBytes): what a burst encoded must not stay in memory.
 func (k *Kafka) keepGroups(groups []*partitionBatch) {
 	for _, g := range groups {
 		if !g.reusable() || len(k.spare) >= 256 {
 			continue
 		}
-		if int64(cap(g.buf)+cap(g.scratch)) > k.cfg.BatchBytes {
+		if n := int64(cap(g.buf) + cap(g.scratch)); k.spareBytes+n > 2*k.cfg.BatchBytes {
 			g.buf, g.scratch = nil, nil
+		} else {
+			k.spareBytes += n
 		}
 		g.records, g.seq, g.sent, g.err = nil, nil, nil, nil
 		k.spare = append(k.spare, g)

@@ -170,7 +170,7 @@ func (k *Kafka) records(events []event.Event) ([]kafka.Message, []kafka.Header) 
 // (the batches are encoded before), so a call's buffers are free when it
 // returns.
 func (k *Kafka) release(msgs []kafka.Message, hdrs []kafka.Header) {
-	if msgs == nil || len(k.msgFree) >= 2*DefaultMaxInFlight {
+	if msgs == nil || len(k.msgFree) > k.cfg.MaxInFlight {
 		return
 	}
 	clear(msgs)
