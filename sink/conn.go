@@ -244,8 +244,8 @@ func (c *brokerConn) readLoop() {
 			for {
 				select {
 				case cl := <-c.queue:
-					cl.finish(nil, c.failure())
 					<-c.slots
+					cl.finish(nil, c.failure())
 				default:
 					return
 				}
@@ -260,12 +260,13 @@ func (c *brokerConn) readLoop() {
 			c.mu.Lock()
 			c.failLocked(fmt.Errorf("read from kafka broker %s: %w", c.addr, err))
 			c.mu.Unlock()
-			cl.finish(nil, c.failure())
 			<-c.slots
+			cl.finish(nil, c.failure())
 			continue
 		}
-		cl.finish(res, nil)
+		// The slot first: the sender woken by the answer may send at once.
 		<-c.slots
+		cl.finish(res, nil)
 	}
 }
 
