@@ -23,7 +23,12 @@ import (
 // what keeps the acknowledged prefix contiguous.
 //
 // Up to depth chunks are sent before the first of them is finished
-// (sink.Kafka pipelines them with order kept: sink/pipeline.go); a chunk is
+// (sink.Kafka pipelines them with order kept: sink/pipeline.go), while
+// they hold less than bulk bytes: pipelining hides Kafka's round trip from a
+// moderate stream, whose chunks are small; on a backlog chunks grow large,
+// one in flight keeps the broker busy, and more would only cut the next
+// chunks smaller (more requests for the same events) and hold more memory. A
+// chunk is
 // finished (its failures parked, then acknowledged to the committer) only
 // after every chunk before it. A chunk sent before an earlier one's failures
 // were parked was diverted without them: the sink fails its events of those
@@ -38,6 +43,7 @@ type writer struct {
 	fence  fence        // asked before every write
 	spans  SpanExporter // nil: no spans
 	depth  int          // chunks sent and not yet finished, at most; 0 means 1
+	bulk   int          // bytes of chunks sent and not yet finished above which no more are sent
 }
 
 // sent is a chunk on its way: what went to the sink, and what is parked.
@@ -54,6 +60,7 @@ type sent struct {
 // stops).
 func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 	var queue []*sent
+	held := 0 // bytes of the chunks in queue
 	defer func() {
 		if len(queue) > 0 {
 			r.sink.Abandon()
@@ -66,6 +73,7 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 		if len(queue) > 0 {
 			select {
 			case <-queue[0].done():
+				held -= queue[0].c.bytes
 				if err := r.finish(ctx, queue[0], com); err != nil {
 					return err
 				}
@@ -75,7 +83,7 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 			}
 		}
 		var inCh <-chan *chunk
-		if len(queue) < depth {
+		if len(queue) == 0 || len(queue) < depth && held < r.bulk {
 			inCh = in
 		}
 		var doneCh <-chan struct{}
@@ -98,7 +106,9 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 				return err
 			}
 			queue = append(queue, s)
+			held += c.bytes
 		case <-doneCh:
+			held -= queue[0].c.bytes
 			if err := r.finish(ctx, queue[0], com); err != nil {
 				return err
 			}
