@@ -36,10 +36,17 @@ type Config struct {
 	// it). Default false: idempotent, which needs Kafka 0.11 or later and,
 	// before Kafka 3.0, the IdempotentWrite permission on the cluster.
 	DisableIdempotence bool
-	TLS                TLSConfig
-	SASL               SASLConfig
-	RetryMin           time.Duration // default 100ms: first backoff after a broker-wide failure
-	RetryMax           time.Duration // default 5s: longest backoff; each wait is jittered
+	// MaxInFlight bounds the produce requests in flight on one broker
+	// connection (pipeline.go), default 5, the Java producer's
+	// max.in.flight.requests.per.connection and the most batches of one
+	// producer a broker deduplicates per partition; 1 is stop-and-wait.
+	// Without idempotence writes are stop-and-wait whatever it is: a resent
+	// request could land after a later one.
+	MaxInFlight int
+	TLS         TLSConfig
+	SASL        SASLConfig
+	RetryMin    time.Duration // default 100ms: first backoff after a broker-wide failure
+	RetryMax    time.Duration // default 5s: longest backoff; each wait is jittered
 	// AllowAutoTopicCreation lets the client ask the broker to create a missing
 	// topic (the broker also needs auto.create.topics.enable). Default false,
 	// unlike Debezium's Java producer: a topic auto-created with the broker's
@@ -99,6 +106,7 @@ const (
 	DefaultWriteTimeout = 10 * time.Second
 	DefaultCompression  = "none"
 	DefaultTopicWait    = defaultTopicWait
+	DefaultMaxInFlight  = 5
 )
 
 // Compressions and SASLMechanisms are the values Compression and
@@ -137,6 +145,11 @@ func (c *Config) Validate() error {
 	// Kafka sizes are int32: a produce request cannot be larger.
 	if c.BatchBytes > 0 && (c.BatchBytes < minBatchBytes || c.BatchBytes > math.MaxInt32) {
 		v.Errorf("BatchBytes", "%d is out of range; use %d (64 KiB) to %d bytes, at most the topics' max.message.bytes (default %d): it is also the largest event sent", c.BatchBytes, minBatchBytes, int64(math.MaxInt32), DefaultBatchBytes)
+	}
+	// A broker deduplicates the last five batches of a producer per
+	// partition: more in flight could store a resent one twice.
+	if field.Positive(&v, "MaxInFlight", &c.MaxInFlight, DefaultMaxInFlight); c.MaxInFlight > DefaultMaxInFlight {
+		v.Errorf("MaxInFlight", "%d is out of range; use 1 (stop-and-wait) to %d (default)", c.MaxInFlight, DefaultMaxInFlight)
 	}
 	field.Positive(&v, "WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout)
 	field.Positive(&v, "TopicWait", &c.TopicWait, defaultTopicWait)

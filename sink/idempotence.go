@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,9 +29,10 @@ import (
 // records: a new batch sent with the sequence of a batch it already appended
 // is "acknowledged" and dropped — an event lost without an error. So:
 //
-//   - A batch's sequence numbers are taken (the partition's next sequence
-//     advances) only when the broker acknowledged it (or answered
-//     DUPLICATE_SEQUENCE_NUMBER: it has it).
+//   - A batch takes the partition's next sequence numbers when it is sent
+//     (several batches of a partition may be in flight: pipeline.go) and
+//     keeps them, with its bytes, until the broker acknowledged it (or
+//     answered DUPLICATE_SEQUENCE_NUMBER: it has it).
 //   - A batch whose outcome is unknown (timeout, connection lost, ctx done,
 //     NOT_ENOUGH_REPLICAS_AFTER_APPEND, any answer not known to come before
 //     the append) stays pending on its partition with its bytes. The next
@@ -42,9 +44,13 @@ import (
 //     0: the pending batch can no longer be taken for it.
 //   - A batch the broker refused before appending it (too large, corrupt,
 //     unknown topic, not authorized, not enough replicas, a sequence or
-//     producer error) did not take its sequence numbers: the next batch uses
-//     them, unless an earlier send of the same batch is still unknown.
-//   - OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID,
+//     producer error) frees its sequence numbers for the next batch, unless
+//     an earlier send of the same batch is still unknown, or a batch sent
+//     after it is (in flight, or unknown): then the next batch must be that
+//     one again, or take a new producer id.
+//   - OUT_OF_ORDER_SEQUENCE_NUMBER for a batch sent behind others of its
+//     partition says only that one of those was not appended: it is sent
+//     again after them. Otherwise it, UNKNOWN_PRODUCER_ID,
 //     INVALID_PRODUCER_EPOCH, PRODUCER_FENCED and INVALID_PRODUCER_ID_MAPPING
 //     mean the broker's state of the producer and ours differ (it expired the
 //     producer, lost its state in an unclean leader election, …): as the Java
@@ -55,11 +61,11 @@ import (
 // the old one: those sent again under the new id are new writes, stored twice
 // if the first send was in fact appended. That is at least once, as before,
 // and happens only after the sink gave up on a batch, never on its own
-// retries. State is guarded by the Write goroutine: produce assigns sequence
-// numbers before a round, a request's goroutine records its own partition's
-// outcome, and produce reads it after the round, or, for requests left
-// running when ctx ended, at the start of the next round after waiting for
-// them.
+// retries. State belongs to the goroutine that writes: encode assigns
+// sequence numbers as a request is built, and land records a request's
+// answer once it is in (at Wait for a pipelined Send, after the round
+// otherwise, or, for requests left running when ctx ended, before the next
+// call sends anything); connections only deliver answers.
 
 // maxResets bounds the new producer ids one produce call asks for before it
 // leaves the failed partitions to Write's retries with backoff: a broker that
@@ -74,21 +80,172 @@ type producer struct {
 	seqs  map[topicPartition]*sequence
 }
 
-// sequence is one partition's sequence numbers: written by the goroutine of
-// that partition's request during a round, read by produce between rounds.
+// sequence is one partition's sequence numbers under the current producer
+// id, read and written by the goroutine that calls Write (or Send and Wait):
+// requests' answers are recorded there (land), never by the connection.
 type sequence struct {
-	next    int32     // base sequence of the next batch
-	pending bool      // sent holds a batch sent with next whose outcome is unknown
-	sent    sentBatch // valid while pending
+	next int32 // base sequence of the next new batch
+	// sent holds the batches sent with sequence numbers from the first not
+	// known to be acknowledged on, in sequence order: in flight (several
+	// when pipelined), or failed and kept for a byte-identical resend.
+	sent []*sentBatch
+	// acked: a batch was acknowledged under this producer id, so the broker
+	// holds the producer's state for the partition and refuses a batch
+	// whose sequence does not follow the last one it appended. Only then are
+	// batches pipelined: for a producer it has no state of, a broker takes
+	// any sequence, so a second batch could be appended although the first
+	// was refused.
+	acked bool
 }
 
 // sentBatch is a batch as it was sent: its bytes (never written again, so
 // that a resend is byte-identical), the uncompressed records they hold, for
 // comparing a candidate resend with, and the time it was encoded with.
 type sentBatch struct {
+	base           int32
 	batch, records []byte
 	count          int
 	now            time.Time
+	state          sendState
+	// maybe: an earlier send of the batch had an unknown outcome, so a later
+	// refusal does not free its sequence numbers.
+	maybe bool
+	// behind: sent while earlier batches of the partition were in flight; a
+	// sequence error then means only that one of those failed.
+	behind bool
+}
+
+type sendState uint8
+
+const (
+	inFlight sendState = iota
+	unknown            // may have been appended
+	refused            // answered before it was appended: its numbers are free
+	appended           // acknowledged
+)
+
+// settle drops the acknowledged batches at the front, and frees the numbers
+// of refused batches when no batch after them may have been appended.
+func (s *sequence) settle() {
+	for len(s.sent) > 0 && s.sent[0].state == appended {
+		s.sent[0] = nil
+		s.sent = s.sent[1:]
+	}
+	if len(s.sent) == 0 {
+		s.sent = nil
+		return
+	}
+	if s.sent[0].state != refused {
+		return
+	}
+	for _, b := range s.sent {
+		if b.state == unknown || b.state == inFlight {
+			return
+		}
+	}
+	s.next = s.sent[0].base
+	s.sent = nil
+}
+
+// clear reports whether new batches may be pipelined on the partition:
+// acknowledged before under this producer id, and nothing failed.
+func (s *sequence) clear() bool {
+	if !s.acked {
+		return false
+	}
+	for _, b := range s.sent {
+		if b.state != inFlight {
+			return false
+		}
+	}
+	return true
+}
+
+// encode writes g's record batch into g.buf and, with idempotence, places it
+// in its partition's sequence: a new batch takes the next numbers; a batch
+// for numbers whose earlier send failed with an unknown outcome must hold
+// the same records, and is then sent as those bytes; else it is not sent
+// (errSequenceReused) and produce takes a new producer id.
+func (k *Kafka) encode(batch []kafka.Message, g *partitionBatch) error {
+	g.now = time.Now()
+	g.sent = nil
+	hdr := noProducer
+	var prev *sentBatch
+	if !k.cfg.DisableIdempotence {
+		g.seq = k.sequenceOf(topicPartition{g.topic, g.partition})
+		g.seq.settle()
+		base := g.seq.next
+		if len(g.seq.sent) > 0 && g.seq.sent[0].state != inFlight {
+			prev = g.seq.sent[0]
+			if prev.state != unknown {
+				// Refused, with a later batch that may have been appended.
+				return errSequenceReused
+			}
+			g.now, base = prev.now, prev.base
+		}
+		g.hdr = batchHeader{producerID: k.prod.id, epoch: k.prod.epoch, baseSeq: base}
+		hdr = g.hdr
+	}
+	if k.compression == 0 {
+		g.buf = appendRecordBatch(g.buf[:0], batch, g.idx, g.now, hdr)
+		g.records = g.buf[batchOverhead:]
+	} else {
+		var err error
+		g.buf, g.scratch, err = appendCompressedBatch(g.buf[:0], g.scratch, batch, g.idx, g.now, hdr, k.compression.Codec())
+		if err != nil {
+			return err
+		}
+		g.records = g.scratch
+	}
+	if g.seq == nil {
+		return nil
+	}
+	if prev != nil {
+		if prev.count != len(g.idx) || !bytes.Equal(prev.records, g.records) {
+			return errSequenceReused
+		}
+		g.buf = prev.batch
+		prev.state, prev.behind = inFlight, false
+		g.sent = prev
+		return nil
+	}
+	g.sent = &sentBatch{base: g.hdr.baseSeq, batch: g.buf, records: g.records, count: len(g.idx), now: g.now, behind: len(g.seq.sent) > 0}
+	g.seq.sent = append(g.seq.sent, g.sent)
+	g.seq.next = nextSequence(g.hdr.baseSeq, len(g.idx))
+	return nil
+}
+
+// landGroup records the outcome of g's send (err nil: acknowledged; written
+// false: the request never reached the broker) in its partition's sequence
+// numbers, and returns the error to report for g: a ProducerStateError when
+// the broker's state of the producer and ours differ.
+func (k *Kafka) landGroup(g *partitionBatch, err error, written bool) error {
+	b := g.sent
+	if b == nil {
+		return err
+	}
+	switch {
+	case err == nil || errors.Is(err, kafka.DuplicateSequenceNumber):
+		// DUPLICATE_SEQUENCE_NUMBER: the broker has the batch.
+		b.state = appended
+		g.seq.acked = true
+		g.seq.settle()
+		return nil
+	case !written || notAppended(err):
+		if b.maybe {
+			b.state = unknown
+		} else {
+			b.state = refused
+		}
+		g.seq.settle()
+		if producerState(err) && !b.behind {
+			return &ProducerStateError{Err: err}
+		}
+		// Behind a batch that failed, a sequence error says only that.
+	default:
+		b.state, b.maybe = unknown, true
+	}
+	return err
 }
 
 // errSequenceReused is produceOne's refusal to send a batch under a pending
@@ -201,7 +358,7 @@ func (k *Kafka) initProducer(ctx context.Context, reason string) error {
 	defer cancel()
 	var res *initproducerid.Response
 	for attempt := 0; ; attempt++ {
-		m, err := k.transport.RoundTrip(ctx, k.addr, &initProducerIDRequest{ProducerID: -1, ProducerEpoch: -1})
+		m, err := k.transport.Load().RoundTrip(ctx, k.addr, &initProducerIDRequest{ProducerID: -1, ProducerEpoch: -1})
 		if err != nil {
 			return fmt.Errorf("init producer id: %w", err)
 		}
@@ -254,6 +411,7 @@ func (k *Kafka) CheckIdempotence(ctx context.Context) error {
 	if k.cfg.DisableIdempotence {
 		return nil
 	}
-	probe := &Kafka{cfg: k.cfg, addr: k.addr, transport: k.transport, log: k.log, prod: producer{id: -1}}
+	probe := &Kafka{cfg: k.cfg, addr: k.addr, log: k.log, prod: producer{id: -1}}
+	probe.transport.Store(k.transport.Load())
 	return probe.initProducer(ctx, "check")
 }

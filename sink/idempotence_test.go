@@ -186,6 +186,36 @@ func TestKafkaGaveUpBatchNewProducerID(t *testing.T) {
 	t.Logf("abandoned batch: %d records stored", abandonedSeen)
 }
 
+// killAndPause kills the broker (kill -9) and starts it again, then freezes
+// it for longer than a WriteTimeout of 2s, while a writer runs; it fails the
+// test if the writer stops (sends on done) meanwhile.
+func killAndPause(t *testing.T, done <-chan error) {
+	t.Helper()
+	running := func(d time.Duration) {
+		select {
+		case err := <-done:
+			t.Fatalf("writer stopped: %v", err)
+		case <-time.After(d):
+		}
+	}
+	running(time.Second)
+	testenv.StopKafka(t)
+	running(500 * time.Millisecond)
+	testenv.StartKafka(t)
+	running(2 * time.Second)
+	paused := true
+	testenv.PauseKafka(t)
+	t.Cleanup(func() {
+		if paused {
+			testenv.ResumeKafka(t)
+		}
+	})
+	running(5 * time.Second) // beyond WriteTimeout: requests time out mid-produce
+	testenv.ResumeKafka(t)
+	paused = false
+	running(2 * time.Second)
+}
+
 // Broker killed (kill -9) and frozen while a writer produces continuously:
 // the sink's resends of batches whose acknowledgement never came are stored
 // once; every key's values arrive exactly once, in order.
@@ -223,29 +253,7 @@ func TestKafkaKillAndPauseNoDuplicates(t *testing.T) {
 			}
 		}
 	}()
-	running := func(d time.Duration) {
-		select {
-		case err := <-done:
-			t.Fatalf("writer stopped: %v", err)
-		case <-time.After(d):
-		}
-	}
-	running(time.Second)
-	testenv.StopKafka(t)
-	running(500 * time.Millisecond)
-	testenv.StartKafka(t)
-	running(2 * time.Second)
-	paused := true
-	testenv.PauseKafka(t)
-	t.Cleanup(func() {
-		if paused {
-			testenv.ResumeKafka(t)
-		}
-	})
-	running(5 * time.Second) // beyond WriteTimeout: requests time out mid-produce
-	testenv.ResumeKafka(t)
-	paused = false
-	running(2 * time.Second)
+	killAndPause(t, done)
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatalf("writer: %v", err)

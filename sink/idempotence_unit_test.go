@@ -3,6 +3,7 @@ package sink
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math"
 	"reflect"
 	"testing"
@@ -124,5 +125,93 @@ func TestAppendRecordBatchAllocations(t *testing.T) {
 		if n := testing.AllocsPerRun(20, func() { buf = appendRecordBatch(buf[:0], msgs, idx, time.Now(), hdr) }); n != 0 {
 			t.Errorf("appendRecordBatch(%+v, 1000 records) allocates %.0f times; want 0", hdr, n)
 		}
+	}
+}
+
+// The sequence numbers of a partition with several batches in flight
+// (pipeline.go): which batch may be sent next, and under which numbers, after
+// each combination of answers.
+func TestSequencePipelined(t *testing.T) {
+	msgs := []kafka.Message{{Value: []byte("a")}, {Value: []byte("b")}, {Value: []byte("c")}, {Value: []byte("d")}}
+	const (
+		ack = iota
+		refuse
+		lose
+	)
+	answer := func(k *Kafka, g *partitionBatch, a int) error {
+		switch a {
+		case ack:
+			return k.landGroup(g, nil, true)
+		case refuse:
+			return k.landGroup(g, kafka.OutOfOrderSequenceNumber, true)
+		default:
+			return k.landGroup(g, kafka.RequestTimedOut, true)
+		}
+	}
+	tests := []struct {
+		name     string
+		first    int // answer to the first batch (records a, b)
+		second   int // answer to the second (c, d), sent behind it
+		resend   []int32
+		wantBase int32
+		wantErr  error
+	}{
+		// Both appended: the next batch follows them.
+		{name: "both acknowledged", first: ack, second: ack, resend: []int32{0}, wantBase: 14},
+		// The first refused, the second (behind it) refused too: the
+		// numbers are free again, from the first's base.
+		{name: "first refused, second refused behind it", first: refuse, second: refuse, resend: []int32{0, 1}, wantBase: 10},
+		// The first lost, the second acknowledged: the first is in the log
+		// (the broker checks order), and only it may be sent again, as is.
+		{name: "first lost, second acknowledged: the first again", first: lose, second: ack, resend: []int32{0, 1}, wantBase: 10},
+		{name: "first lost, second acknowledged: other records", first: lose, second: ack, resend: []int32{0}, wantErr: errSequenceReused},
+		// The first lost, the second refused: the first again, as is.
+		{name: "first lost, second refused", first: lose, second: refuse, resend: []int32{0, 1}, wantBase: 10},
+		// The first refused, the second lost (it may have been appended,
+		// as far as the sink can tell): no batch under those numbers.
+		{name: "first refused, second lost", first: refuse, second: lose, resend: []int32{0, 1}, wantErr: errSequenceReused},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := &Kafka{prod: producer{id: 7, seqs: map[topicPartition]*sequence{}}}
+			tp := topicPartition{"t", 0}
+			s := k.sequenceOf(tp)
+			s.next, s.acked = 10, true
+			g1 := &partitionBatch{topic: "t", idx: []int32{0, 1}}
+			g2 := &partitionBatch{topic: "t", idx: []int32{2, 3}}
+			for _, g := range []*partitionBatch{g1, g2} {
+				if err := k.encode(msgs, g); err != nil {
+					t.Fatalf("encode = %v", err)
+				}
+			}
+			if g1.hdr.baseSeq != 10 || g2.hdr.baseSeq != 12 || !g2.sent.behind {
+				t.Fatalf("pipelined bases %d, %d (behind %v); want 10, 12 (behind)", g1.hdr.baseSeq, g2.hdr.baseSeq, g2.sent.behind)
+			}
+			err1, err2 := answer(k, g1, tt.first), answer(k, g2, tt.second)
+			var pse *ProducerStateError
+			if errors.As(err1, &pse) && tt.first == refuse {
+				// The head's sequence error is the broker's state: fine.
+			} else if errors.As(err2, &pse) {
+				t.Errorf("second batch's error = %v; want no producer state error behind a failed batch", err2)
+			}
+			if tt.first == ack && tt.second == ack {
+				g := &partitionBatch{topic: "t", idx: tt.resend}
+				if err := k.encode(msgs, g); err != nil || g.hdr.baseSeq != tt.wantBase {
+					t.Errorf("next batch: base %d, %v; want %d, nil", g.hdr.baseSeq, err, tt.wantBase)
+				}
+				return
+			}
+			g := &partitionBatch{topic: "t", idx: tt.resend}
+			err := k.encode(msgs, g)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("encode of %v = %v; want %v", tt.resend, err, tt.wantErr)
+			}
+			if err == nil && g.hdr.baseSeq != tt.wantBase {
+				t.Errorf("encode of %v: base %d; want %d", tt.resend, g.hdr.baseSeq, tt.wantBase)
+			}
+			if err == nil && tt.first == lose && !bytes.Equal(g.buf, g1.buf) {
+				t.Errorf("a batch whose outcome is unknown went again with other bytes")
+			}
+		})
 	}
 }

@@ -31,8 +31,10 @@
 //     partitioner (so Debezium's and ours agree).
 //   - A sequence number is never used for other records (idempotence.go).
 //     The producer is idempotent unless DisableIdempotence: each batch
-//     carries a producer id, epoch and per-partition base sequence, which
-//     advance only when the broker acknowledged the batch. A batch whose
+//     carries a producer id, epoch and per-partition base sequence, taken
+//     in order as batches are sent and kept by a batch until the broker
+//     acknowledged it (or refused it with nothing after it that may have
+//     been appended: then they are free again). A batch whose
 //     outcome is unknown (timeout, connection lost, ctx done) is sent again
 //     byte-identical, with the same sequence numbers, and the broker stores
 //     it once; any other batch for that partition first takes a new producer
@@ -47,12 +49,16 @@
 //     transactions; DUPLICATE_SEQUENCE_NUMBER is an acknowledgement. Neither
 //     is ever a message's failure.
 //
-// Why per-key order holds with kafka-go: Write caps each produce round at
-// BatchSize messages and BatchBytes bytes (counted as kafka-go counts them),
-// and a round sends one produce request per partition with that partition's
-// messages in input order (produce.go, kafka-go's Client.RawProduce), so a round
-// succeeds or fails all-or-nothing per partition, and the messages of failed
-// partitions are written again before the next round starts. A message larger
+// Why per-key order holds: Write caps each produce round at BatchSize
+// messages and BatchBytes bytes (counted as kafka-go counts them), and a
+// round sends one record batch per partition with that partition's messages
+// in input order (produce.go), so a round succeeds or fails all-or-nothing
+// per partition, and the messages of failed partitions are written again
+// before the next round starts. Several rounds may be in flight at once
+// (Send, pipeline.go, up to MaxInFlight requests per broker connection) only
+// with idempotence, whose sequence numbers keep a partition's batches in
+// order at the broker, and only while nothing fails: a failure drains the
+// pipe and the rest is written one round at a time, as above. A message larger
 // than BatchBytes would make Kafka refuse its whole partition's request, and
 // an unknown topic fails the whole round at the metadata step: Write checks
 // sizes and topic names up front, and on a topic-level error splits the round
@@ -71,50 +77,63 @@
 // acknowledged (with idempotence the next Write waits for those requests
 // first, as they settle their partitions' sequence numbers).
 //
-// Write is not safe for concurrent use: one caller at a time keeps the
-// per-partition order described above. Ping, Outage and Stats may be called
+// Write, Send, a Delivery's Wait and Abandon are not safe for concurrent use:
+// one caller at a time keeps the per-partition order described above. Ping, Outage and Stats may be called
 // from any goroutine, also while Write blocks.
 package sink
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 )
 
 // A Kafka writes messages to Kafka. See the package doc for its guarantees.
 type Kafka struct {
 	cfg         Config
 	addr        net.Addr
-	transport   *kafka.Transport
+	tls         *tls.Config
+	mech        sasl.Mechanism
 	compression kafka.Compression
 	log         *slog.Logger
 	stats       stats
-	inflight    sync.WaitGroup // produce requests running (see produce.go)
 
-	// Write's goroutine only: see produce.go and topic.go.
+	// transport serves metadata (for the sink's own topics only: see
+	// metadataFor), producer ids and topic diagnostics; produce requests
+	// go on the sink's own pipelined connections (conn.go).
+	transport atomic.Pointer[kafka.Transport]
+	connMu    sync.Mutex // guards conns, for Close
+	conns     map[int32]*brokerConn
+
+	// Write's (or Send's and Wait's) goroutine only: see produce.go,
+	// pipeline.go and topic.go.
 	balancer   kafka.Murmur2Balancer
 	groupOf    map[topicPartition]int
 	groups     []*partitionBatch
+	spare      []*partitionBatch // partition batches whose buffers may be reused
+	spareBytes int64             // their buffers' capacity
 	topicParts []topicCount
 	parts      []int
+	brokers    map[int32]string // broker id → host:port, from metadata
+	retired    []*brokerConn    // connections to a broker's former address
+	topics     map[string]bool  // the topics metadata is fetched for
 	missing    map[string]missing
-	msgBuf     []kafka.Message // records of the current Write
-	hdrBuf     []kafka.Header
-	abandoned  bool // a produce request of this Write failed or was left running
+	msgFree    []recordBufs // record buffers for the next calls (write.go)
 	prod       producer
-	// straggling receives once per produce request that a round left
-	// running when its ctx ended (stragglers of them still to come): the
-	// next round waits for them, as they record their partitions' outcome.
-	straggling chan struct{}
-	stragglers int
+	// stragglers are produce requests a cancelled call left in flight: the
+	// next call records their outcome first.
+	stragglers []*flight
+	pipe       pipe // Sends not yet waited for (pipeline.go)
 
 	outage outage
 }
@@ -128,7 +147,7 @@ type outage struct {
 }
 
 type stats struct {
-	writes, messages, bytes, retries, brokerErrors, failures, producerResets atomic.Int64
+	writes, messages, bytes, retries, brokerErrors, failures, producerResets, pipelined atomic.Int64
 }
 
 // Stats counts what a Kafka has done since New.
@@ -143,6 +162,9 @@ type Stats struct {
 	// a batch whose outcome stayed unknown, or a broker's answer that it
 	// lost track of the producer (idempotence.go).
 	ProducerResets int64
+	// Pipelined counts Sends whose requests went out while an earlier
+	// Send's were still unanswered (pipeline.go).
+	Pipelined int64
 }
 
 // New validates cfg and builds the Writer and its Transport. It neither dials
@@ -157,19 +179,57 @@ func New(cfg Config) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka sink config: %w", err)
 	}
-	transport := &kafka.Transport{
-		ClientID: cfg.ClientID,
-		TLS:      tc,
-		SASL:     mech,
+	k := &Kafka{cfg: cfg, addr: kafka.TCP(cfg.Brokers...), tls: tc, mech: mech,
+		compression: compression, log: cfg.Logger,
+		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}
+	k.transport.Store(k.newTransport(nil))
+	return k, nil
+}
+
+// newTransport returns a kafka-go Transport whose metadata cache holds the
+// given topics (none: the brokers only).
+func (k *Kafka) newTransport(topics []string) *kafka.Transport {
+	if topics == nil {
+		topics = []string{}
+	}
+	return &kafka.Transport{
+		ClientID: k.cfg.ClientID,
+		TLS:      k.tls,
+		SASL:     k.mech,
 		// kafka-go caches topic metadata for 6s by default: a topic an
 		// operator just created would still be "unknown" to a retry for that
-		// long. One metadata request a second is cheap.
-		MetadataTTL: time.Second,
-		Dial:        cfg.Dial,
+		// long. One metadata request a second is cheap, for the sink's own
+		// topics: kafka-go asks for every topic of the cluster unless told
+		// which (11% of the relay's CPU with a broker of thousands of
+		// topics).
+		MetadataTTL:    time.Second,
+		MetadataTopics: topics,
+		Dial:           k.cfg.Dial,
 	}
-	return &Kafka{cfg: cfg, addr: kafka.TCP(cfg.Brokers...), transport: transport,
-		compression: compression, log: cfg.Logger,
-		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}, nil
+}
+
+// metadataFor returns the Transport whose metadata cache covers topic. The
+// first time a topic is asked for, the Transport is replaced by one whose
+// cache holds it too (kafka-go fixes a Transport's topics when it is made);
+// topics are few and change rarely.
+func (k *Kafka) metadataFor(topic string) *kafka.Transport {
+	t := k.transport.Load()
+	if k.topics[topic] {
+		return t
+	}
+	if k.topics == nil {
+		k.topics = make(map[string]bool)
+	}
+	k.topics[topic] = true
+	names := make([]string, 0, len(k.topics))
+	for name := range k.topics {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	nt := k.newTransport(names)
+	k.transport.Store(nt)
+	t.CloseIdleConnections()
+	return nt
 }
 
 // Outage reports the broker-wide failure streak Write is in: since when, and
@@ -195,10 +255,10 @@ func (k *Kafka) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
 	defer cancel()
 	t := &kafka.Transport{
-		ClientID: k.transport.ClientID,
-		TLS:      k.transport.TLS,
-		SASL:     k.transport.SASL,
-		Dial:     k.transport.Dial,
+		ClientID: k.cfg.ClientID,
+		TLS:      k.tls,
+		SASL:     k.mech,
+		Dial:     k.cfg.Dial,
 		// Brokers only: the answer's size does not grow with the cluster's
 		// topics. The request is the pool's first discovery, sent now.
 		MetadataTopics: []string{},
@@ -227,13 +287,23 @@ func (k *Kafka) Stats() Stats {
 		Failures:     k.stats.failures.Load(),
 
 		ProducerResets: k.stats.producerResets.Load(),
+		Pipelined:      k.stats.pipelined.Load(),
 	}
 }
 
 // Close waits for produce requests in flight (after a cancelled Write; each
 // ends within WriteTimeout) and closes the connections.
 func (k *Kafka) Close() error {
-	k.inflight.Wait()
-	k.transport.CloseIdleConnections()
+	k.connMu.Lock()
+	conns := k.conns
+	k.conns = nil
+	k.connMu.Unlock()
+	for _, c := range conns {
+		c.close()
+	}
+	for _, c := range k.retired {
+		c.close()
+	}
+	k.transport.Load().CloseIdleConnections()
 	return nil
 }

@@ -203,12 +203,14 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 	return err, false
 }
 
-// lookTopic reports from the Writer's metadata cache (refreshed every
-// MetadataTTL, all topics) whether topic is known, and the name of an
-// existing topic it collides with, if any. Both are false/"" when the cache
-// cannot be read.
+// lookTopic asks a broker for every topic's metadata (the sink's own cache
+// holds only its topics: kafka.go) and reports whether topic is known, and
+// the name of an existing topic it collides with, if any. Both are false/""
+// when no broker answers. A diagnosis, made when a topic fails, not per write.
 func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collides string) {
-	c := &kafka.Client{Addr: k.addr, Transport: k.transport, Timeout: k.cfg.WriteTimeout}
+	t := &kafka.Transport{ClientID: k.cfg.ClientID, TLS: k.tls, SASL: k.mech, Dial: k.cfg.Dial, MetadataTTL: time.Hour}
+	defer t.CloseIdleConnections()
+	c := &kafka.Client{Addr: k.addr, Transport: t, Timeout: k.cfg.WriteTimeout}
 	resp, err := c.Metadata(ctx, &kafka.MetadataRequest{})
 	if err != nil {
 		return false, ""
@@ -217,7 +219,7 @@ func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collid
 	for _, t := range resp.Topics {
 		switch {
 		case t.Name == topic:
-			known = true
+			known = t.Error == nil
 		case unifiedTopic(t.Name) == u:
 			collides = t.Name
 		}
@@ -234,7 +236,7 @@ func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collid
 func (k *Kafka) validateCreate(ctx context.Context, topic string) (string, kafka.Error) {
 	ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
 	defer cancel()
-	resp, err := k.transport.RoundTrip(ctx, k.addr, &createtopics.Request{
+	resp, err := k.transport.Load().RoundTrip(ctx, k.addr, &createtopics.Request{
 		Topics: []createtopics.RequestTopic{{
 			Name:              topic,
 			NumPartitions:     -1,

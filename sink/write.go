@@ -30,9 +30,22 @@ import (
 // Every event must have its Topic set. events is not modified, and its bytes
 // must not be modified until Write returns.
 func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
-	msgs := k.records(events)
-	defer k.release()
-	st := &writeState{msgs: msgs}
+	return k.Send(ctx, events).Wait(ctx)
+}
+
+// writeAll writes a call's messages as Write promises, one round at a time.
+func (k *Kafka) writeAll(ctx context.Context, msgs []kafka.Message, events []event.Event) error {
+	st := k.newWriteState(msgs)
+	if err := k.writeRounds(ctx, st, nil); err != nil {
+		return err
+	}
+	return k.finish(st, events)
+}
+
+// writeRounds writes st.msgs[at...] (all of them when at is nil), in input
+// order, one round at a time.
+func (k *Kafka) writeRounds(ctx context.Context, st *writeState, at []int) error {
+	msgs := st.msgs
 	// Chunk boundaries in input order; see the package doc for why a call is
 	// capped at BatchSize messages and BatchBytes bytes.
 	var idx []int
@@ -45,7 +58,15 @@ func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
 		idx, chunkBytes = idx[:0], 0
 		return err
 	}
-	for i := range msgs {
+	n := len(msgs)
+	if at != nil {
+		n = len(at)
+	}
+	for j := range n {
+		i := j
+		if at != nil {
+			i = at[j]
+		}
 		if msgs[i].Topic == "" {
 			// A caller's bug; kafka-go would refuse the whole call for it.
 			st.fail(i, fmt.Errorf("message has no topic: %w", kafka.InvalidTopic))
@@ -61,22 +82,24 @@ func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
 			st.fail(i, err)
 			continue
 		}
-		n := messageSize(&msgs[i])
-		if n > k.cfg.BatchBytes {
-			st.fail(i, fmt.Errorf("message of %d bytes is larger than the %d-byte batch limit (sink batch bytes): %w", n, k.cfg.BatchBytes, kafka.MessageSizeTooLarge))
+		size := messageSize(&msgs[i])
+		if size > k.cfg.BatchBytes {
+			st.fail(i, fmt.Errorf("message of %d bytes is larger than the %d-byte batch limit (sink batch bytes): %w", size, k.cfg.BatchBytes, kafka.MessageSizeTooLarge))
 			continue
 		}
-		if len(idx) == k.cfg.BatchSize || chunkBytes+n > k.cfg.BatchBytes {
+		if len(idx) == k.cfg.BatchSize || chunkBytes+size > k.cfg.BatchBytes {
 			if err := flush(); err != nil {
 				return err
 			}
 		}
 		idx = append(idx, i)
-		chunkBytes += n
+		chunkBytes += size
 	}
-	if err := flush(); err != nil {
-		return err
-	}
+	return flush()
+}
+
+// finish returns the *WriteError of a call's failures, or nil.
+func (k *Kafka) finish(st *writeState, events []event.Event) error {
 	if len(st.fails) == 0 {
 		return nil
 	}
@@ -90,26 +113,46 @@ func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
 type writeState struct {
 	msgs   []kafka.Message
 	fails  []Failure
-	failed map[event.Lane]int   // lane of every failed message → its lowest index
+	failed map[event.Lane]int   // lane of every failed message → its lowest index (-1: held by an earlier call)
 	since  map[string]time.Time // topics waited for (being created) → since when
+}
+
+// newWriteState starts a call's state, its messages of lanes held by an
+// earlier call's failures (pipeline.go) failing with ErrBehind.
+func (k *Kafka) newWriteState(msgs []kafka.Message) *writeState {
+	st := &writeState{msgs: msgs}
+	if len(k.pipe.holds) > 0 {
+		st.failed = make(map[event.Lane]int, len(k.pipe.holds))
+		for lane := range k.pipe.holds {
+			st.failed[lane] = -1
+		}
+	}
+	return st
 }
 
 func orderKey(m *kafka.Message) event.Lane { return event.Lane{Topic: m.Topic, Key: string(m.Key)} }
 
 // records turns events into kafka-go records, sharing the events' bytes, in
-// buffers reused from Write to Write (release).
-func (k *Kafka) records(events []event.Event) []kafka.Message {
+// buffers reused from call to call (release).
+func (k *Kafka) records(events []event.Event) ([]kafka.Message, []kafka.Header) {
 	n := 0
 	for i := range events {
 		n += len(events[i].Headers)
 	}
-	if cap(k.msgBuf) < len(events) {
-		k.msgBuf = make([]kafka.Message, len(events))
+	var msgs []kafka.Message
+	var hs []kafka.Header
+	if l := len(k.msgFree); l > 0 {
+		msgs, hs = k.msgFree[l-1].msgs, k.msgFree[l-1].hdrs
+		k.msgFree = k.msgFree[:l-1]
 	}
-	if cap(k.hdrBuf) < n {
-		k.hdrBuf = make([]kafka.Header, n)
+	if cap(msgs) < len(events) {
+		msgs = make([]kafka.Message, len(events))
 	}
-	msgs, hs := k.msgBuf[:len(events)], k.hdrBuf[:n]
+	if cap(hs) < n {
+		hs = make([]kafka.Header, n)
+	}
+	msgs, hs = msgs[:len(events)], hs[:n]
+	all := hs
 	for i := range events {
 		e := &events[i]
 		h := hs[:len(e.Headers):len(e.Headers)]
@@ -119,21 +162,25 @@ func (k *Kafka) records(events []event.Event) []kafka.Message {
 		}
 		msgs[i] = kafka.Message{Topic: e.Topic, Key: e.Key, Value: e.Value, Headers: h, Time: e.Time}
 	}
-	k.msgBuf, k.hdrBuf = msgs, k.hdrBuf[:n]
-	return msgs
+	return msgs, all
 }
 
-// release readies the record buffers for the next Write: cleared, so that
-// they pin no rows, or dropped when a produce request of this Write may
-// still read them (it failed or was abandoned: kafka-go's connection can
-// outlive the call).
-func (k *Kafka) release() {
-	if k.abandoned {
-		k.msgBuf, k.hdrBuf, k.abandoned = nil, nil, false
+// release keeps a call's record buffers for a later call, cleared so that
+// they pin no rows. Produce requests never read them after they were sent
+// (the batches are encoded before), so a call's buffers are free when it
+// returns.
+func (k *Kafka) release(msgs []kafka.Message, hdrs []kafka.Header) {
+	if msgs == nil || len(k.msgFree) > k.cfg.MaxInFlight {
 		return
 	}
-	clear(k.msgBuf)
-	clear(k.hdrBuf)
+	clear(msgs)
+	clear(hdrs)
+	k.msgFree = append(k.msgFree, recordBufs{msgs[:0], hdrs[:0]})
+}
+
+type recordBufs struct {
+	msgs []kafka.Message
+	hdrs []kafka.Header
 }
 
 func (st *writeState) fail(i int, err error) {

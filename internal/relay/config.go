@@ -195,6 +195,7 @@ func (c *Config) validate() error {
 	field.Positive(&v, "StallAfter", &c.StallAfter, DefaultStallAfter)
 	field.Default(&c.Sink.BatchSize, sink.DefaultBatchSize)
 	field.Default(&c.Sink.BatchBytes, sink.DefaultBatchBytes)
+	field.Default(&c.Sink.MaxInFlight, sink.DefaultMaxInFlight)
 	field.Default(&c.RetryTable, sql.DefaultRetryTable)
 	if _, err := sql.ParseTable(c.RetryTable); err != nil {
 		v.Errorf("RetryTable", "%v", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // The pipeline's stages are types that own their state (routeStage, writer,
@@ -26,20 +27,28 @@ import (
 // outages, which are never an event's failure), or a *sink.WriteError
 // listing the events that failed on their own, each with what its failure
 // means (Permanent, Reason; sink.ErrBehind for an event held behind a failed
-// one of its lane); every event it does not list was acknowledged. Ping asks
-// the broker now, not a cache: nil when it answers. Outage reports the
-// broker-wide failure streak Write is in: since when (zero: none) and its
-// latest cause. Write is called from one goroutine at a time; Ping and Outage
+// one of its lane); every event it does not list was acknowledged. Send
+// starts a write and returns its sink.Delivery, whose Wait returns what Write
+// would; Deliveries are waited for in the order of their Sends, and a later
+// Send's events of a lane that failed in an earlier one fail with
+// sink.ErrBehind. Abandon gives up on every Send not yet waited for (none of
+// their events counts as acknowledged). Ping asks the broker now, not a
+// cache: nil when it answers. Outage reports the broker-wide failure streak
+// Write is in: since when (zero: none) and its latest cause. Write, Send,
+// Wait and Abandon are called from one goroutine at a time; Ping and Outage
 // from any, also while Write blocks.
 type Sink interface {
 	Write(ctx context.Context, events []event.Event) error
+	Send(ctx context.Context, events []event.Event) sink.Delivery
+	Abandon()
 	Ping(ctx context.Context) error
 	Outage() (since time.Time, cause error)
 }
 
 // An eventSink is the part of a Sink the writer uses.
 type eventSink interface {
-	Write(ctx context.Context, events []event.Event) error
+	Send(ctx context.Context, events []event.Event) sink.Delivery
+	Abandon()
 }
 
 // A retryTable stores the events the pipeline diverts: retry.Store's
@@ -76,7 +85,8 @@ type confirmer interface {
 //
 // The writer asks the fence before each write and the committer saves
 // through the saver (both the term's lease); every chunk is written in order
-// by the one writer, which is what keeps the acknowledged prefix contiguous.
+// by the one writer (several in flight, finished in order), which is what
+// keeps the acknowledged prefix contiguous.
 type pipeline struct {
 	route  *routeStage
 	writer *writer
@@ -113,9 +123,10 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 			log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
 			isOutbox: make(map[*replication.Relation]bool),
 		},
-		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans},
-		com:    newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
-		gate:   e.gate, win: win, health: h, hist: hist,
+		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans,
+			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes)},
+		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
+		gate: e.gate, win: win, health: h, hist: hist,
 	}
 }
 

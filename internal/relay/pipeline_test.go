@@ -100,13 +100,56 @@ func (l *ledger) lastConfirmed() pglogrepl.LSN {
 // with the error's text as the reason), keeping the sink's contract: later
 // events of a refused event's lane in the same Write fail with ErrBehind.
 // block, when set, holds every Write until closed.
+//
+// Send queues a write that its Wait makes, in order; an event that failed
+// holds its lane in the writes sent before that Wait returned, as sink.Kafka
+// promises (its pipelined batches behind a failed one are not appended).
 type fakeSink struct {
 	l     *ledger
 	fail  func(e *event.Event) error
 	block chan struct{}
+
+	queue []*fakeDelivery
+	holds map[event.Lane]bool
 }
 
-func (s *fakeSink) Write(ctx context.Context, evs []event.Event) error {
+type fakeDelivery struct {
+	s   *fakeSink
+	evs []event.Event
+}
+
+func (s *fakeSink) Send(ctx context.Context, evs []event.Event) sink.Delivery {
+	d := &fakeDelivery{s: s, evs: evs}
+	s.queue = append(s.queue, d)
+	return d
+}
+
+func (s *fakeSink) Abandon() { s.queue, s.holds = nil, nil }
+
+func (d *fakeDelivery) Done() <-chan struct{} { return closedCh }
+
+func (d *fakeDelivery) Wait(ctx context.Context) error {
+	s := d.s
+	if len(s.queue) == 0 || s.queue[0] != d {
+		return errors.New("fakeSink: Wait out of order or abandoned")
+	}
+	s.queue = s.queue[1:]
+	err := s.write(ctx, d.evs, s.holds)
+	var we *sink.WriteError
+	if len(s.queue) == 0 {
+		s.holds = nil
+	} else if errors.As(err, &we) {
+		if s.holds == nil {
+			s.holds = map[event.Lane]bool{}
+		}
+		for _, f := range we.Failures {
+			s.holds[d.evs[f.Index].Lane()] = true
+		}
+	}
+	return err
+}
+
+func (s *fakeSink) write(ctx context.Context, evs []event.Event, held map[event.Lane]bool) error {
 	if s.block != nil {
 		select {
 		case <-s.block:
@@ -118,6 +161,9 @@ func (s *fakeSink) Write(ctx context.Context, evs []event.Event) error {
 	defer s.l.mu.Unlock()
 	var we sink.WriteError
 	failed := map[event.Lane]bool{}
+	for lane := range held {
+		failed[lane] = true
+	}
 	for i := range evs {
 		e := &evs[i]
 		if failed[e.Lane()] {

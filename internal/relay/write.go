@@ -19,8 +19,20 @@ import (
 // A writer sends chunks to Kafka in order, diverts to the retry table what
 // must not or could not go (route failures, events of blocked lanes, events
 // Kafka refused), and hands every chunk to the committer once each of its
-// events is acknowledged or stored. One writer, writing chunks in order, is
+// events is acknowledged or stored. One writer, finishing chunks in order, is
 // what keeps the acknowledged prefix contiguous.
+//
+// Up to depth chunks are sent before the first of them is finished
+// (sink.Kafka pipelines them with order kept: sink/pipeline.go), while
+// they hold less than bulk bytes: pipelining hides Kafka's round trip from a
+// moderate stream, whose chunks are small; on a backlog chunks grow large,
+// one in flight keeps the broker busy, and more would only cut the next
+// chunks smaller (more requests for the same events) and hold more memory. A
+// chunk is
+// finished (its failures parked, then acknowledged to the committer) only
+// after every chunk before it. A chunk sent before an earlier one's failures
+// were parked was diverted without them: the sink fails its events of those
+// lanes with sink.ErrBehind, and they are parked behind the failures.
 type writer struct {
 	sink   eventSink
 	gate   *gate
@@ -30,60 +42,150 @@ type writer struct {
 	m      *metrics.Metrics
 	fence  fence        // asked before every write
 	spans  SpanExporter // nil: no spans
+	depth  int          // chunks sent and not yet finished, at most; 0 means 1
+	bulk   int          // bytes of chunks sent and not yet finished above which no more are sent
+}
+
+// sent is a chunk on its way: what went to the sink, and what is parked.
+type sent struct {
+	c      *chunk
+	send   []event.Event
+	sendAt []int // nil: send is c.evs
+	parked []diverted
+	d      sink.Delivery // nil: nothing sent
 }
 
 // run writes the chunks of in until it is closed, then closes com. It
 // returns ctx's error, or an error that is not one event's (the caller
 // stops).
 func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
-	for c := range in {
-		send, sendAt := c.evs, []int(nil) // sendAt nil: send is c.evs
-		var parked []diverted
-		if len(c.fails) > 0 || r.gate.closed() {
-			send, sendAt, parked = r.gate.divert(c)
+	var queue []*sent
+	held := 0 // bytes of the chunks in queue
+	defer func() {
+		if len(queue) > 0 {
+			r.sink.Abandon()
 		}
-		if len(send) > 0 || len(parked) > 0 {
-			// A write only while leading, proven within the lease: a
-			// former leader that wakes up learns here that it lost.
-			if err := r.fence.check(ctx); err != nil {
-				return err
-			}
-		}
-		if len(send) > 0 {
-			r.health.waitFor("Kafka to acknowledge %d events", len(send))
-			if err := r.sink.Write(ctx, send); err != nil {
-				var we *sink.WriteError
-				if !errors.As(err, &we) {
-					return fmt.Errorf("write to kafka: %w", err)
+	}()
+	depth := max(r.depth, 1)
+	for in != nil || len(queue) > 0 {
+		// A chunk whose answers are in is finished first: that frees the
+		// window and lets the committer confirm as early as possible.
+		if len(queue) > 0 {
+			select {
+			case <-queue[0].done():
+				held -= queue[0].c.bytes
+				if err := r.finish(ctx, queue[0], com); err != nil {
+					return err
 				}
-				parked = append(parked, refused(we, send, sendAt)...)
-				send = acknowledged(send, we)
+				queue = queue[1:]
+				continue
+			default:
 			}
 		}
-		if len(parked) > 0 {
-			// Durable in the retry table before the chunk's LSN can be
-			// confirmed: the table is where these events now live.
-			r.health.waitFor("the retry table to store %d events", len(parked))
-			if err := r.park(ctx, parked); err != nil {
+		var inCh <-chan *chunk
+		if len(queue) == 0 || len(queue) < depth && held < r.bulk {
+			inCh = in
+		}
+		var doneCh <-chan struct{}
+		if len(queue) > 0 {
+			doneCh = queue[0].done()
+			if inCh == nil {
+				// Nothing else to do: Wait blocks until the answers are in
+				// and writes again what failed.
+				doneCh = closedCh
+			}
+		}
+		select {
+		case c, ok := <-inCh:
+			if !ok {
+				in = nil
+				continue
+			}
+			s, err := r.start(ctx, c)
+			if err != nil {
 				return err
 			}
+			queue = append(queue, s)
+			held += c.bytes
+		case <-doneCh:
+			held -= queue[0].c.bytes
+			if err := r.finish(ctx, queue[0], com); err != nil {
+				return err
+			}
+			queue = queue[1:]
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		r.win.giveBytes(c.bytes)
-		com.ack(c)
-		r.health.progress()
-		if r.m != nil && len(send) > 0 {
-			r.observe(c, send, len(parked))
-		}
-		if r.spans != nil && len(send) > 0 {
-			r.spans.Delivered(send, time.Now())
-		}
-		// Nothing reads c's events any more: the sink copied what it
-		// sends, the retry table what it stores (their bytes are the
-		// rows', which stay untouched).
-		r.win.recycle(c.evs)
-		c.evs = nil
 	}
 	com.close()
+	return nil
+}
+
+var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (s *sent) done() <-chan struct{} {
+	if s.d == nil {
+		return closedCh
+	}
+	return s.d.Done()
+}
+
+// start diverts what must not go to Kafka and sends the rest.
+func (r *writer) start(ctx context.Context, c *chunk) (*sent, error) {
+	s := &sent{c: c, send: c.evs}
+	if len(c.fails) > 0 || r.gate.closed() {
+		s.send, s.sendAt, s.parked = r.gate.divert(c)
+	}
+	if len(s.send) > 0 || len(s.parked) > 0 {
+		// A write only while leading, proven within the lease: a
+		// former leader that wakes up learns here that it lost.
+		if err := r.fence.check(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if len(s.send) > 0 {
+		s.d = r.sink.Send(ctx, s.send)
+	}
+	return s, nil
+}
+
+// finish waits for a sent chunk's acknowledgements, parks what Kafka
+// refused, and hands the chunk to com.
+func (r *writer) finish(ctx context.Context, s *sent, com acker) error {
+	c, send := s.c, s.send
+	if s.d != nil {
+		r.health.waitFor("Kafka to acknowledge %d events", len(send))
+		if err := s.d.Wait(ctx); err != nil {
+			var we *sink.WriteError
+			if !errors.As(err, &we) {
+				return fmt.Errorf("write to kafka: %w", err)
+			}
+			s.parked = append(s.parked, refused(we, send, s.sendAt)...)
+			send = acknowledged(send, we)
+		}
+	}
+	if len(s.parked) > 0 {
+		// Durable in the retry table before the chunk's LSN can be
+		// confirmed: the table is where these events now live.
+		r.health.waitFor("the retry table to store %d events", len(s.parked))
+		if err := r.park(ctx, s.parked); err != nil {
+			return err
+		}
+	}
+	r.win.giveBytes(c.bytes)
+	com.ack(c)
+	r.health.progress()
+	if r.m != nil && len(send) > 0 {
+		r.observe(c, send, len(s.parked))
+	}
+	if r.spans != nil && len(send) > 0 {
+		r.spans.Delivered(send, time.Now())
+	}
+	// Nothing reads c's events any more: the sink copied what it
+	// sends, the retry table what it stores (their bytes are the
+	// rows', which stay untouched).
+	r.win.recycle(c.evs)
+	c.evs = nil
 	return nil
 }
 
