@@ -127,6 +127,8 @@ type Router struct {
 
 	topics map[string]string // aggregate type → topic; only when the template ignores the event type
 
+	msg *messageShape // what RouteMessage reads; built on its first call
+
 	// Per-event allocations, shared: see strings and headers.
 	interned map[string]string // aggregate and event types seen, which repeat
 	scratch  []byte
@@ -174,7 +176,11 @@ func New(cfg Config) (*Router, error) {
 // the aggregate id is missing), so the failure path can store the event for
 // retry in its aggregate's place; Headers is then nil.
 func (r *Router) Route(row replication.Row) (Message, error) {
-	pos := r.positions(row.Relation)
+	return r.route(row, r.positions(row.Relation))
+}
+
+// route is Route with the row's column positions.
+func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	if pos.err != nil {
 		return Message{}, pos.err
 	}
