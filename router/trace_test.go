@@ -49,7 +49,6 @@ func TestValidTraceparent(t *testing.T) {
 	}
 }
 
-
 // ceRel is an outbox relation with a timestamp and a tracing column.
 var ceRel = &replication.Relation{Namespace: "public", Name: "outbox", Columns: []replication.Column{
 	{Name: "id", TypeOID: textOID}, {Name: "aggregate_type", TypeOID: textOID}, {Name: "aggregate_id", TypeOID: textOID},
