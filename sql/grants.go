@@ -190,13 +190,23 @@ func Do(body string) string {
 // CreatePublicationIfMissing returns CreatePublication guarded by a lookup
 // of pg_publication, for scripts (Go code looks it up first, as setup does).
 func CreatePublicationIfMissing(name string, outbox Table) string {
+	return ifNoPublication(name, CreatePublication(name, outbox))
+}
+
+// CreateMessagesPublicationIfMissing returns CreateMessagesPublication
+// guarded by a lookup of pg_publication, for scripts.
+func CreateMessagesPublicationIfMissing(name string) string {
+	return ifNoPublication(name, CreateMessagesPublication(name))
+}
+
+func ifNoPublication(name, create string) string {
 	return Do(fmt.Sprintf(`
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = %s) THEN
         %s;
     END IF;
 END
-`, Literal(name), CreatePublication(name, outbox)))
+`, Literal(name), create))
 }
 
 // CreateSlotIfMissing returns CreateSlot guarded by a lookup of

@@ -165,6 +165,13 @@ func CreatePublication(name string, outbox Table) string {
 		Ident(name), outbox.Quoted())
 }
 
+// CreateMessagesPublication returns the statement creating a publication of
+// no table, for a relay that reads logical decoding messages only: pgoutput
+// needs a publication by name, and messages are sent whatever it covers.
+func CreateMessagesPublication(name string) string {
+	return fmt.Sprintf(`CREATE PUBLICATION %s WITH (publish = 'insert')`, Ident(name))
+}
+
 // PublishViaRoot returns the statement that makes an existing publication
 // publish partitions' inserts under their root's name (see CreatePublication).
 // Idempotent.

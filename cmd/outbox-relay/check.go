@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -43,6 +44,8 @@ func (e *env) adminConfig() admin.Config {
 		Publication:         c.Replication.Publication,
 		Failover:            c.Failover,
 		OutboxTable:         outbox,
+		MessagesOnly:        c.Source == relay.SourceMessages,
+		Messages:            len(c.Replication.MessagePrefixes) > 0,
 		Layout:              c.Layout,
 		Columns:             sql.Columns(c.Router.Columns),
 		Router:              c.routerConfig(),

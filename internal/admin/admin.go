@@ -36,8 +36,13 @@ type Config struct {
 	// (Postgres 17+), check verifies the primary's and standbys' side.
 	Failover    bool
 	OutboxTable sql.Table
-	Layout      sql.Layout  // the outbox.layout preset: setup's table types
-	Columns     sql.Columns // empty fields: the layout's
+	// MessagesOnly: the relay reads logical decoding messages only
+	// (outbox.source messages): the outbox table is then the optional
+	// archive, and the publication must cover no table the relay would
+	// read inserts of. Messages (messages or both) needs Postgres 14+.
+	MessagesOnly, Messages bool
+	Layout                 sql.Layout  // the outbox.layout preset: setup's table types
+	Columns                sql.Columns // empty fields: the layout's
 	// Router is the relay's routing: the columns it reads (check and
 	// setup compare them with the table, as run does at start).
 	Router          router.Config

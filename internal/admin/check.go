@@ -133,10 +133,22 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	switch {
 	case err != nil:
 		c.fail("outbox table", "%v", cfg.scrub(err))
+	case oid == 0 && cfg.MessagesOnly:
+		c.ok("outbox table", "%s does not exist: events come from logical decoding messages (outbox.source: messages); without this archive, replay and recover have no rows to read (see docs/outbox-table.md)", outbox)
 	case oid == 0:
 		c.fail("outbox table", "%s does not exist; run `outbox-relay setup --create-outbox-table`, or set outbox.table", outbox)
 	default:
 		checkColumns(ctx, conn, oid, outbox, cfg, c)
+	}
+	if cfg.Messages {
+		switch p, err := messagesProblem(ctx, conn); {
+		case err != nil:
+			c.fail("messages", "%v", cfg.scrub(err))
+		case p != "":
+			c.fail("messages", "%s", p)
+		default:
+			c.ok("messages", "the server's pgoutput sends logical decoding messages")
+		}
 	}
 
 	// Publication.
@@ -147,6 +159,11 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 		c.fail("publication", "%v", cfg.scrub(err))
 	case !pub.Exists:
 		c.fail("publication", "%s does not exist; run `outbox-relay setup`", pubName)
+	case cfg.MessagesOnly && oid != 0 && pub.Covers:
+		c.fail("publication", "%s covers %s, whose inserts stop a relay that reads messages only; ALTER PUBLICATION %s DROP TABLE %s, or set outbox.source: both if its inserts are events too",
+			pubName, outbox, sql.Ident(pubName), outbox.Quoted())
+	case cfg.MessagesOnly:
+		c.ok("publication", "%s exists (covers %s; the relay reads messages only)", pubName, publicationTables(pub))
 	case oid != 0 && !pub.Covers:
 		c.fail("publication", "%s does not cover %s (it covers %s); ALTER PUBLICATION %s ADD TABLE %s",
 			pubName, outbox, publicationTables(pub), sql.Ident(pubName), outbox.Quoted())

@@ -61,8 +61,19 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 			return err
 		}
 		say("outbox table %s: created (%s layout)", outbox, cfg.Layout)
+	case cfg.MessagesOnly:
+		say("outbox table %s: none; events come from logical decoding messages (outbox.source: messages), and this table is only the optional archive replay and recover read", outbox)
 	default:
 		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
+	}
+	if cfg.Messages {
+		p, err := messagesProblem(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if p != "" {
+			problem("messages: %s", p)
+		}
 	}
 
 	// The columns the relay reads, as run checks them at start: a mapping
@@ -162,6 +173,16 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		return err
 	}
 	switch {
+	case cfg.MessagesOnly && !pub.Exists:
+		if _, err := conn.Exec(ctx, sql.CreateMessagesPublication(pubName)); err != nil {
+			return fmt.Errorf("create publication %s: %w", pubName, err)
+		}
+		say("publication %s: created for no table (logical decoding messages are sent whatever it covers)", pubName)
+	case cfg.MessagesOnly && oid != 0 && pub.Covers:
+		problem("publication %s: covers %s, whose inserts would stop a relay that reads messages only; fix: ALTER PUBLICATION %s DROP TABLE %s, or set outbox.source: both if its inserts are events too",
+			pubName, outbox, sql.Ident(pubName), outbox.Quoted())
+	case cfg.MessagesOnly:
+		say("publication %s: already exists", pubName)
 	case !pub.Exists && oid == 0:
 		problem("publication %s: not created: the outbox table is missing", pubName)
 	case !pub.Exists:
@@ -302,9 +323,15 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	block("The checkpoint history (replay and retention map LSNs to rows with it).", sql.CheckpointHistoryTable(o.Checkpoint)...)
 	block("The retry table: failed events, and those waiting behind them.", sql.RetryTable(o.Retry)...)
 	block("The replay table: replay's resumable runs.", sql.ReplayTable(o.Checkpoint))
-	block("The publication of the outbox table, inserts only; a partitioned outbox's partitions\n"+
-		"publish under its name (an existing publication gets the option too).",
-		sql.CreatePublicationIfMissing(cfg.Publication, o.Outbox), sql.PublishViaRoot(cfg.Publication))
+	if cfg.MessagesOnly {
+		block("The publication, of no table: the relay reads logical decoding messages, which\n"+
+			"pgoutput sends whatever the publication covers.",
+			sql.CreateMessagesPublicationIfMissing(cfg.Publication))
+	} else {
+		block("The publication of the outbox table, inserts only; a partitioned outbox's partitions\n"+
+			"publish under its name (an existing publication gets the option too).",
+			sql.CreatePublicationIfMissing(cfg.Publication, o.Outbox), sql.PublishViaRoot(cfg.Publication))
+	}
 	block("The relay's role: LOGIN REPLICATION, created without a password if missing\n"+
 		"(set one: \\password in psql). Needs a superuser; on a managed service grant\n"+
 		"its replication role instead (AWS RDS: GRANT rds_replication TO "+inComment+").",

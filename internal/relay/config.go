@@ -33,6 +33,21 @@ const (
 	DefaultHistoryKeep        = 30 * 24 * time.Hour
 )
 
+// Values of Config.Source.
+const (
+	SourceTable    = "table"
+	SourceMessages = "messages"
+	SourceBoth     = "both"
+)
+
+// DefaultMessagePrefix is the default of Replication.MessagePrefixes when
+// the source includes messages.
+const DefaultMessagePrefix = "outbox"
+
+// readsTable and readsMessages say what the source includes.
+func (c *Config) readsTable() bool    { return c.Source != SourceMessages }
+func (c *Config) readsMessages() bool { return c.Source == SourceMessages || c.Source == SourceBoth }
+
 // ErrOutboxMissing is wrapped by Run's error when the outbox table does not
 // exist.
 var ErrOutboxMissing = errors.New("outbox table does not exist")
@@ -48,6 +63,14 @@ const (
 type Config struct {
 	Replication replication.Config // DSN, slot and publication are required
 	Table       string             // outbox table, default "public.outbox"
+	// Source says where events come from: SourceTable (the default:
+	// inserts into Table), SourceMessages (transactional logical decoding
+	// messages with one of Replication.MessagePrefixes, default
+	// DefaultMessagePrefix, whose content the router reads as a row,
+	// router.RouteMessage; Table is then only the optional archive that
+	// refill and replay read), or SourceBoth. With SourceTable,
+	// Replication.MessagePrefixes is cleared.
+	Source string
 	// Failover (postgres.failover) requires a server that has failover
 	// slots (Postgres 17+): refused at start on an older one, since the
 	// operator counts on a slot that survives a promotion. A slot that is
@@ -153,6 +176,13 @@ func (c *Config) validate() error {
 	field.Default(&c.Replication.Slot, sql.DefaultSlot)
 	field.Default(&c.Replication.Publication, sql.DefaultPublication)
 	field.OneOf(&v, "OnSlotLoss", &c.OnSlotLoss, OnSlotLossFail, OnSlotLossFail, OnSlotLossRefill)
+	field.OneOf(&v, "Source", &c.Source, SourceTable, SourceTable, SourceMessages, SourceBoth)
+	switch {
+	case !c.readsMessages():
+		c.Replication.MessagePrefixes = nil
+	case len(c.Replication.MessagePrefixes) == 0:
+		c.Replication.MessagePrefixes = []string{DefaultMessagePrefix}
+	}
 	field.Default(&c.Table, sql.DefaultOutboxTable)
 	if !strings.Contains(c.Table, ".") {
 		c.Table = "public." + c.Table

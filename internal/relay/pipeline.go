@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -111,12 +112,20 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 			router: e.router, placer: e.placer, win: win,
 			maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
 			log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
+			msgM:     cfg.Metrics.Table(messagesLabel(cfg.Replication.MessagePrefixes)),
+			tables:   cfg.readsTable(),
 			isOutbox: make(map[*replication.Relation]bool),
 		},
 		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans},
 		com:    newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate:   e.gate, win: win, health: h, hist: hist,
 	}
+}
+
+// messagesLabel is the table label of events read from logical decoding
+// messages: "messages:" and the prefixes.
+func messagesLabel(prefixes []string) string {
+	return "messages:" + strings.Join(prefixes, ",")
 }
 
 // run runs the route stage, the writer and the committer on g. The route

@@ -27,6 +27,10 @@ type routeStage struct {
 	log      *slog.Logger
 	m        *metrics.Metrics
 	tableM   *metrics.Table
+	msgM     *metrics.Table // events read from logical decoding messages
+	// tables: inserts are events (the source includes the table); without
+	// it every insert the publication delivers stops the relay.
+	tables bool
 
 	isOutbox       map[*replication.Relation]bool
 	partitionNamed bool // logged that partitions arrive under their own names
@@ -118,23 +122,31 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 		for i := range b.Rows {
 			row := &b.Rows[i]
 			cur.trailing++
-			cur.bytes += rowBytes(row)
+			cur.bytes += row.Size()
 			txnRow++
-			deliver, err := r.outbox(ctx, row.Relation)
-			if err != nil {
-				var pe *placement.Error
-				if errors.As(err, &pe) {
-					r.m.PlacementStop()
-					return stopBefore(&b, txnRow, err)
+			var m router.Message
+			var err error
+			if row.Message != nil {
+				// A message's content is routed as the row it stands for.
+				r.msgM.Received(1)
+				m, err = r.router.RouteMessage(row.Message.Content)
+			} else {
+				deliver, err := r.outbox(ctx, row.Relation)
+				if err != nil {
+					var pe *placement.Error
+					if errors.As(err, &pe) {
+						r.m.PlacementStop()
+						return stopBefore(&b, txnRow, err)
+					}
+					return err
 				}
-				return err
+				if !deliver {
+					r.m.IgnoredChange("other_table")
+					continue
+				}
+				routed++
+				m, err = r.router.Route(*row)
 			}
-			if !deliver {
-				r.m.IgnoredChange("other_table")
-				continue
-			}
-			routed++
-			m, err := r.router.Route(*row)
 			r.headerTrouble(&m)
 			m.CommitLSN, m.CommitTime, m.Pos = b.CommitLSN, b.CommitTime, txnRow
 			if err != nil {
@@ -180,6 +192,15 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 func (r *routeStage) outbox(ctx context.Context, rel *replication.Relation) (bool, error) {
 	if is, ok := r.isOutbox[rel]; ok {
 		return is, nil
+	}
+	if !r.tables {
+		// Whether the table's inserts are events too (a table outbox
+		// being moved to messages) or the publication covers a table by
+		// mistake (the archive), the operator knows, not the relay.
+		table := rel.Namespace + "." + rel.Name
+		return false, &placement.Error{Placement: placement.Placement{Action: placement.Stop, Table: table,
+			What: "the relay reads logical decoding messages only (outbox.source: messages), but the publication delivered an insert into it",
+			Fix:  fmt.Sprintf("if its inserts are outbox events, set outbox.source: both; if they are not, remove %s from the publication (ALTER PUBLICATION ... DROP TABLE); then restart the relay (nothing from this insert on was confirmed, so nothing is lost)", table)}}
 	}
 	var pl placement.Placement
 	err := retryIf(ctx, r.log, "look up a table the publication delivered", unreachable, func() error {
@@ -246,12 +267,4 @@ func (r *routeStage) headerTrouble(m *router.Message) {
 		r.log.Warn("headers column ignored: event delivered without its extra headers",
 			"event_id", m.ID, "aggregate_type", m.AggregateType, "reason", m.BadHeaders)
 	}
-}
-
-func rowBytes(row *replication.Row) int {
-	n := 0
-	for _, v := range row.Values {
-		n += len(v)
-	}
-	return n
 }

@@ -83,11 +83,15 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 		}
 		// A mapping that cannot work fails now, in check's words, not at
 		// the first event as if the table had changed while running.
-		if o.placer.OID() == 0 {
+		switch {
+		case o.placer.OID() == 0 && r.cfg.readsTable():
 			return fmt.Errorf("%w: %s: create it, or point the relay at your outbox table", ErrOutboxMissing, r.cfg.Table)
-		}
-		if err := placement.CheckColumns(ctx, pool, o.placer.OID(), o.placer.Outbox(), r.router.Needs()); err != nil {
-			return err
+		case o.placer.OID() != 0:
+			// With messages only, the table is the archive refill and
+			// replay read: its columns must still fit.
+			if err := placement.CheckColumns(ctx, pool, o.placer.OID(), o.placer.Outbox(), r.router.Needs()); err != nil {
+				return err
+			}
 		}
 		// Retention that cannot work says so at start, not once a minute.
 		if r.cfg.Retention.Retention > 0 {

@@ -144,6 +144,15 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 	if errors.Is(err, replication.ErrSlotActive) || errors.Is(err, checkpoint.ErrFenced) {
 		return fmt.Errorf("%w: %w", errStandBy, err)
 	}
+	if nt := (*replication.NonTransactionalError)(nil); errors.As(err, &nt) {
+		// Like a stop before a transaction: lag, status and the next
+		// run's /readyz say why until the checkpoint passes it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if rerr := t.store.RecordStop(rctx, r.cfg.Replication.Slot, nt.LSN, err.Error()); rerr != nil {
+			r.log.Warn("cannot record the stop in the checkpoint table", "err", rerr)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -256,6 +265,9 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 		}
 		for range st.IgnoredTruncates - last.IgnoredTruncates {
 			r.m.IgnoredChange("truncate")
+		}
+		for range st.SkippedNonTransactional - last.SkippedNonTransactional {
+			r.m.IgnoredChange("non_transactional_message")
 		}
 		r.m.UnsolicitedMessages("stream_abort", st.SkippedStreamAborts-last.SkippedStreamAborts)
 		r.m.UnsolicitedMessages("unknown", st.SkippedUnknownMessages-last.SkippedUnknownMessages)
