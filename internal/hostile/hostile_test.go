@@ -104,8 +104,8 @@ type env struct {
 	// cover, their archive: the truth the checker reads (see messages.go).
 	messages bool
 	g        *gen
-	rng    *mrand.Rand
-	cfg    relay.Config
+	rng      *mrand.Rand
+	cfg      relay.Config
 
 	headersColumn bool // the table still has its headers column
 	extraHeaders  map[int64]bool
