@@ -101,7 +101,7 @@ type env struct {
 	kind   string
 	// messages: the events are logical decoding messages (outbox.source
 	// messages), and the outbox table, which the publication does not
-	// cover, their archive: the truth the checker reads (see messages.go).
+	// cover, their archive: the truth the checker reads (see messages_test.go).
 	messages bool
 	g        *gen
 	rng      *mrand.Rand

@@ -195,3 +195,41 @@ func TestMessagesNonTransactional(t *testing.T) {
 	}
 	run.stop(t)
 }
+
+// TestMessagesRefillFromArchive: a message outbox whose slot was dropped
+// and recreated while the relay was stopped is healed from its archive
+// table (outbox.table), as docs/outbox-table.md says: the messages
+// committed without a slot are in no WAL, their archive rows are.
+func TestMessagesRefillFromArchive(t *testing.T) {
+	f, cfg := messagesFixture(t)
+	cfg.HistoryInterval = 100 * time.Millisecond
+	emit := func(txns, n int) {
+		for range txns {
+			f.emitTx(t, f.makeEvents(n))
+		}
+	}
+	run := f.start(t, cfg)
+	emit(3, 5)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	emit(3, 5) // no slot: only the archive has them
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	emit(1, 5)
+
+	r, err := newRelay(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if _, err := r.Recover(context.Background(), false); err != nil {
+		t.Fatalf("Recover = %v; want a refill from the archive", err)
+	}
+	took := time.Since(began)
+	f.start(t, cfg)
+	emit(2, 5)
+	f.waitAll(t, time.Minute)
+	f.assertHealed(t, "message outbox, slot recreated while stopped, recover from the archive", took)
+}
