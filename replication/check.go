@@ -84,7 +84,7 @@ func (s *Stream) checkMessages(ctx context.Context, conn *pgconn.PgConn) error {
 		return fmt.Errorf("check the server version: %w", err)
 	}
 	if v < MessagesMinVersion {
-		return &fatalError{msg: fmt.Sprintf("the server runs Postgres %d.%d, whose pgoutput cannot send logical decoding messages (Postgres 14 and later can): upgrade the server, or read an outbox table instead", v/10000, v%10000/100),
+		return &fatalError{msg: fmt.Sprintf("the server runs Postgres %d (server_version_num %d), whose pgoutput cannot send logical decoding messages (Postgres 14 and later can): upgrade the server, or read an outbox table instead", v/10000, v),
 			sentinel: ErrMessagesUnsupported}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -82,5 +83,22 @@ func TestStreamStopsAtNonTransactionalMessage(t *testing.T) {
 	}
 	if st := s.Stats(); st.ConfirmedLSN >= nt.LSN {
 		t.Errorf("confirmed %s; want before the message at %s", st.ConfirmedLSN, nt.LSN)
+	}
+}
+
+// TestStreamMessagesUnsupported: before Postgres 14 pgoutput has no
+// messages option; the stream refuses to start, naming the version, rather
+// than fail on START_REPLICATION's "unrecognized pgoutput option".
+func TestStreamMessagesUnsupported(t *testing.T) {
+	db := outboxDB(t)
+	if v := db.value("SHOW server_version_num"); v >= "140000" {
+		t.Skipf("Postgres %s sends messages (the make test-pg-matrix run on 13 checks the refusal)", v)
+	}
+	s := New(Config{DSN: db.dsn, Slot: "relay_slot", Publication: "relay_pub", MessagePrefixes: []string{"outbox"}, Logger: testLogger(t)})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := s.Run(ctx, 0, make(chan Batch))
+	if !errors.Is(err, ErrMessagesUnsupported) || !strings.Contains(err.Error(), "Postgres 13") {
+		t.Fatalf("Run = %v; want ErrMessagesUnsupported naming Postgres 13", err)
 	}
 }
