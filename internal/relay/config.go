@@ -33,6 +33,42 @@ const (
 	DefaultHistoryKeep        = 30 * 24 * time.Hour
 )
 
+// An OutboxTable is one more outbox table of Config.Tables: its name
+// (table or schema.table, public by default) and how its rows are routed.
+type OutboxTable struct {
+	Table  string
+	Router router.Config
+}
+
+// outbox is one outbox table as the relay reads it: the first is Table
+// with Router, then Tables.
+type outbox struct {
+	name   string // schema.table
+	router router.Config
+}
+
+// outboxes lists every outbox table, Table first. Validated names.
+func (c *Config) outboxes() []outbox {
+	out := []outbox{{name: c.Table, router: c.Router}}
+	for _, t := range c.Tables {
+		out = append(out, outbox{name: t.Table, router: t.Router})
+	}
+	return out
+}
+
+// routers returns a new router per outbox table, as outboxes.
+func (c *Config) routers() ([]*router.Router, error) {
+	var out []*router.Router
+	for _, o := range c.outboxes() {
+		rt, err := router.New(o.router)
+		if err != nil {
+			return nil, fmt.Errorf("outbox table %s: %w", o.name, err)
+		}
+		out = append(out, rt)
+	}
+	return out, nil
+}
+
 // Values of Config.Source.
 const (
 	SourceTable    = "table"
@@ -71,6 +107,12 @@ type Config struct {
 	// refill and replay read), or SourceBoth. With SourceTable,
 	// Replication.MessagePrefixes is cleared.
 	Source string
+	// Tables are more outbox tables, read on the same slot and publication
+	// as Table: each with its own routing (columns, topics, message
+	// options), its events in commit order with every other table's, per
+	// aggregate in order within the table. Table and Router are the first
+	// outbox; a name may appear once.
+	Tables []OutboxTable
 	// Failover (postgres.failover) requires a server that has failover
 	// slots (Postgres 17+): refused at start on an older one, since the
 	// operator counts on a slot that survives a promotion. A slot that is
@@ -163,6 +205,9 @@ func (c *Config) Validate() error {
 	v.Add(c.validate())
 	v.Add(field.Within("Replication", c.Replication.Validate()))
 	v.Add(field.Within("Router", c.Router.Validate()))
+	for i := range c.Tables {
+		v.Add(field.Within(fmt.Sprintf("Tables[%d].Router", i), c.Tables[i].Router.Validate()))
+	}
 	v.Add(field.Within("Sink", c.Sink.Validate()))
 	v.Add(field.Within("Retention", c.Retention.Validate()))
 	v.Add(field.Within("Retry", c.Retry.Validate()))
@@ -189,6 +234,29 @@ func (c *Config) validate() error {
 	}
 	if _, err := sql.ParseTable(c.Table); err != nil {
 		v.Errorf("Table", "%v", err)
+	}
+	seen := map[string]bool{c.Table: true}
+	for i := range c.Tables {
+		t := &c.Tables[i]
+		name := fmt.Sprintf("Tables[%d].Table", i)
+		if t.Table == "" {
+			v.Add(field.Required(name, "name the outbox table"))
+			continue
+		}
+		if !strings.Contains(t.Table, ".") {
+			t.Table = "public." + t.Table
+		}
+		if _, err := sql.ParseTable(t.Table); err != nil {
+			v.Errorf(name, "%v", err)
+		} else if seen[t.Table] {
+			v.Errorf(name, "%s is named twice: list each outbox table once", t.Table)
+		} else if _, other := c.OtherTables[t.Table]; other {
+			v.Errorf(name, "%s is also in {OtherTables}: remove it there", t.Table)
+		}
+		seen[t.Table] = true
+	}
+	if len(c.Tables) > 0 && !c.readsTable() {
+		v.Errorf("Tables", "lists outbox tables but {Source} is %s: read tables too (%s), or remove the list", c.Source, SourceBoth)
 	}
 	for name, a := range c.OtherTables {
 		if t, err := sql.ParseTable(name); err != nil || t.Schema == "" {

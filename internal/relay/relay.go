@@ -109,7 +109,7 @@ func (e *FutureStartError) Error() string {
 type Relay struct {
 	cfg       Config
 	log       *slog.Logger
-	router    *router.Router // validated config; each term routes with its own
+	routers   []*router.Router // per outbox table (Config.outboxes), validated; each term routes with its own
 	sink      Sink
 	retrySink Sink
 	m         *metrics.Metrics             // nil records nothing
@@ -154,11 +154,11 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 	if sinks.Stream == nil || sinks.Retry == nil {
 		return nil, errors.New("relay: a sink for the stream and one for the retry worker are required")
 	}
-	rt, err := router.New(cfg.Router)
+	rts, err := cfg.routers()
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, router: rt, sink: sinks.Stream, retrySink: sinks.Retry, m: cfg.Metrics}
+	r := &Relay{cfg: cfg, log: cfg.Logger, routers: rts, sink: sinks.Stream, retrySink: sinks.Retry, m: cfg.Metrics}
 	r.m.SetRole(r.Role)
 	return r, nil
 }
