@@ -217,7 +217,7 @@ func (r *routeStage) outbox(ctx context.Context, rel *replication.Relation) (int
 		table := rel.Namespace + "." + rel.Name
 		return -1, &placement.Error{Placement: placement.Placement{Action: placement.Stop, Table: table,
 			What: "the relay reads logical decoding messages only (outbox.source: messages), but the publication delivered an insert into it",
-			Fix: fmt.Sprintf("if its inserts are outbox events, set outbox.source: both; if they are not, remove %s from the publication (ALTER PUBLICATION ... DROP TABLE); then restart the relay (nothing from this insert on was confirmed, so nothing is lost)", table)}}
+			Fix:  fmt.Sprintf("if its inserts are outbox events, set outbox.source: both; if they are not, remove %s from the publication (ALTER PUBLICATION ... DROP TABLE); then restart the relay (nothing from this insert on was confirmed, so nothing is lost)", table)}}
 	}
 	for t, s := range r.tables {
 		if s.placer.Named(rel.Namespace, rel.Name) {

@@ -25,11 +25,11 @@ import (
 // opened is what a term starts from: where, on which server, and the
 // tables and catalog it works with, checked.
 type opened struct {
-	start  pglogrepl.LSN
-	srv    pgslot.Server
-	store  *checkpoint.Store
-	rstore *retry.Store
-	gate   *gate // loaded
+	start   pglogrepl.LSN
+	srv     pgslot.Server
+	store   *checkpoint.Store
+	rstore  *retry.Store
+	gate    *gate               // loaded
 	placers []*placement.Placer // per outbox table, as Config.outboxes
 }
 

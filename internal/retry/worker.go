@@ -80,7 +80,7 @@ type WorkerConfig struct {
 	// their own table's rules, when the relay reads several; a row of
 	// another table, or of none, takes Topic and Headers.
 	Tables map[string]Routing
-	Logger  *slog.Logger // default discards
+	Logger *slog.Logger // default discards
 }
 
 // Validate fills the defaults of the tunables (backoff, maximum age and
