@@ -61,6 +61,7 @@ const (
 	fields                 // router.ParseFields
 	mapping                // a map of name: value, case kept
 	placements             // a map of schema.table: deliver|ignore
+	tables                 // outbox.tables: a list of objects (tables.go)
 	ignored                // accepted for compatibility, warned about, unused
 )
 
@@ -101,6 +102,10 @@ var settings = []setting{
 		doc:  `table or schema.table, exact (case-sensitive) names; may be partitioned (see [Partitioned outbox tables](outbox-table.md#partitioned-outbox-tables))`,
 		flag: "outbox-table", usage: "outbox table, table or schema.table",
 		field: func(c *config) any { return &c.Table }},
+	{key: "outbox.tables", def: "", kind: tables, shown: "none",
+		doc:   "more outbox tables read on the same slot and publication, each `{table: schema.name, layout: …, columns: {…}, topics: {…}, message: {…}}` with the settings of its own; it takes `topics.*` and `message.*` from the top level unless it sets them, its columns and `message.headers` from its own layout. `RELAY_OUTBOX_TABLES` takes the list as YAML or JSON. See [Several outbox tables](outbox-table.md#several-outbox-tables-one-relay)",
+		entry: "{table: schema.name, …}",
+		field: func(c *config) any { return &c.Tables }},
 	{key: "outbox.source", def: relay.SourceTable, kind: lower,
 		doc:   "where events come from: `table` (inserts into `outbox.table`), `messages` (transactional `pg_logical_emit_message` messages with a prefix of `outbox.messages.prefixes`, Postgres 14+; `outbox.table` is then the optional archive that `replay` and `recover` read) or `both`. See [A table-less outbox: logical decoding messages](outbox-table.md#a-table-less-outbox-logical-decoding-messages)",
 		field: func(c *config) any { return &c.Source }},
