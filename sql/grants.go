@@ -189,8 +189,8 @@ func Do(body string) string {
 
 // CreatePublicationIfMissing returns CreatePublication guarded by a lookup
 // of pg_publication, for scripts (Go code looks it up first, as setup does).
-func CreatePublicationIfMissing(name string, outbox Table) string {
-	return ifNoPublication(name, CreatePublication(name, outbox))
+func CreatePublicationIfMissing(name string, outbox Table, more ...Table) string {
+	return ifNoPublication(name, CreatePublication(name, outbox, more...))
 }
 
 // CreateMessagesPublicationIfMissing returns CreateMessagesPublication

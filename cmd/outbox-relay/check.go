@@ -38,7 +38,13 @@ func (e *env) adminConfig() admin.Config {
 	outbox, _ := sql.ParseTable(c.Table)
 	checkpoint, _ := sql.ParseTable(c.CheckpointTable)
 	retryTable, _ := sql.ParseTable(c.RetryTable)
+	var more []admin.Table
+	for i, t := range c.Tables {
+		name, _ := sql.ParseTable(t.Table)
+		more = append(more, admin.Table{Name: name, Layout: c.TableLayouts[i], Columns: sql.Columns(t.Router.Columns), Router: t.Router})
+	}
 	return admin.Config{
+		Tables:              more,
 		DSN:                 c.Replication.DSN,
 		Slot:                c.Replication.Slot,
 		Publication:         c.Replication.Publication,

@@ -32,10 +32,11 @@ type config struct {
 	// it must never be printed: redactDSN renders it.
 	relay.Config
 
-	PasswordFile     string     // postgres.password_file
-	SASLPasswordFile string     // kafka.sasl.password_file
-	Layout           sql.Layout // outbox.layout: the columns' and headers' defaults
-	Format           string     // message.format: plain or cloudevents
+	PasswordFile     string       // postgres.password_file
+	SASLPasswordFile string       // kafka.sasl.password_file
+	Layout           sql.Layout   // outbox.layout: the columns' and headers' defaults
+	TableLayouts     []sql.Layout // the layout of each of outbox.tables (relay.Config.Tables)
+	Format           string       // message.format: plain or cloudevents
 	Tracing          struct{ OTLPEndpoint, ServiceName string }
 	Log              struct{ Level, Format string }
 }

@@ -151,6 +151,7 @@ func readTables(entries []map[string]any, c *config) error {
 			errs = append(errs, fmt.Errorf("%s: %w", where, err))
 		}
 		c.Tables = append(c.Tables, relay.OutboxTable{Table: ec.Table, Router: ec.Router})
+		c.TableLayouts = append(c.TableLayouts, ec.Layout)
 	}
 	return errors.Join(errs...)
 }

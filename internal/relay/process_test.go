@@ -39,6 +39,12 @@ func (f *fixture) startProcess(t *testing.T) *proc {
 		"RELAY_METRICS_LISTEN=",
 		"RELAY_LOG_FORMAT=json",
 	)
+	return f.runProcess(t, cmd)
+}
+
+// runProcess starts cmd, killing it at the end of the test if it runs.
+func (f *fixture) runProcess(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
 	out := &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
