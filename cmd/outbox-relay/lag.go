@@ -124,6 +124,7 @@ func (e *env) opsConfig() ops.Config {
 	return ops.Config{
 		Slot:            e.cfg.Replication.Slot,
 		Table:           e.cfg.Table,
+		Tables:          e.cfg.moreTables(),
 		CheckpointTable: e.cfg.CheckpointTable,
 		RetryTable:      e.cfg.RetryTable,
 		Fix:             hint,

@@ -185,3 +185,12 @@ func tableFieldKey(f string) (string, bool) {
 	}
 	return "", false
 }
+
+// moreTables names the tables of outbox.tables.
+func (c *config) moreTables() []string {
+	var out []string
+	for _, t := range c.Tables {
+		out = append(out, t.Table)
+	}
+	return out
+}

@@ -26,8 +26,11 @@ type Querier interface {
 // Config names what to examine. The zero value of every field but Slot means
 // its documented default.
 type Config struct {
-	Slot            string // replication slot; required
-	Table           string // outbox table, default sql.DefaultOutboxTable
+	Slot  string // replication slot; required
+	Table string // outbox table, default sql.DefaultOutboxTable
+	// Tables are more outbox tables read on the slot (outbox.tables): Lag
+	// estimates the time lag of each too (LagReport.Tables).
+	Tables          []string
 	CreatedAtColumn string // default "created_at"
 	CheckpointTable string // default sql.DefaultCheckpointTable
 	RetryTable      string // default sql.DefaultRetryTable
@@ -109,6 +112,12 @@ type TimeLag struct {
 	slotAtRisk bool // "caught up" was withheld: the slot is lost or unreserved
 }
 
+// TableLag is the time lag of one more outbox table.
+type TableLag struct {
+	Table   string  `json:"table"`
+	TimeLag TimeLag `json:"time_lag"`
+}
+
 // Retry summarises the retry table.
 type Retry struct {
 	Pending                 int64    `json:"pending"`
@@ -126,7 +135,10 @@ type LagReport struct {
 	RetainedWALBytes *int64      `json:"retained_wal_bytes"`
 	Checkpoint       *Checkpoint `json:"checkpoint"`
 	TimeLag          TimeLag     `json:"time_lag"`
-	Retry            *Retry      `json:"retry"`
+	// Tables holds the time lag of each more outbox table (Config.Tables),
+	// in their order; TimeLag is the first table's.
+	Tables []TableLag `json:"tables,omitempty"`
+	Retry  *Retry     `json:"retry"`
 	// SlotGap is set when the slot does not continue from the checkpoint:
 	// run refuses to stream it (see FindGap).
 	SlotGap *SlotGap `json:"slot_gap"`
@@ -377,6 +389,18 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	// delivered through it. "caught up" would tell the operator all is well.
 	if r.TimeLag.State == StateCaughtUp && r.Slot.atRisk() {
 		r.TimeLag.State, r.TimeLag.Seconds, r.TimeLag.slotAtRisk = StateUnknown, nil, true
+	}
+	for _, t := range cfg.Tables {
+		tc := cfg
+		tc.Table = t
+		tl, err := queryTimeLag(ctx, q, tc, r.Checkpoint)
+		if err != nil {
+			return nil, err
+		}
+		if tl.State == StateCaughtUp && r.Slot.atRisk() {
+			tl.State, tl.Seconds, tl.slotAtRisk = StateUnknown, nil, true
+		}
+		r.Tables = append(r.Tables, TableLag{Table: t, TimeLag: tl})
 	}
 	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable); err != nil {
 		return nil, err

@@ -15,7 +15,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/router"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -204,7 +206,9 @@ func (f *fixture) checkTables(t *testing.T, evs []written, maxDups int) {
 			tb := threeTables[e.table]
 			var keys []string
 			for _, h := range m.Headers {
-				keys = append(keys, h.Key)
+				if h.Key != relay.HeaderRefillID { // a refilled event's mark
+					keys = append(keys, h.Key)
+				}
 			}
 			if want := f.tablesTopic(tb, e.aggType); tp != want || d.Key != e.agg || !jsonEqual(d.Value, e.payload) ||
 				strings.Join(keys, ",") != strings.Join(tb.headers, ",") {
@@ -260,16 +264,75 @@ func TestSeveralTablesSIGKILL(t *testing.T) {
 	for range 10 {
 		p.tx(t, f, 3+p.rng.IntN(60))
 	}
-	waitFor(t, 3*time.Minute, "every event in Kafka", func() (bool, string) {
-		n := 0
-		for _, tb := range threeTables {
-			for _, at := range aggregateTypes {
-				n += len(f.kafka.ReadAll(t, f.tablesTopic(tb, at)))
-			}
-		}
-		return n >= len(p.written), fmt.Sprintf("%d of %d", n, len(p.written))
-	})
+	f.waitTables(t, len(p.written))
 	ends := f.commitEnds(t)
 	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
 	f.checkTables(t, p.written, kills*processWindow)
+}
+
+// tablesConfig is the in-process form of tablesFixture's config file.
+func (f *fixture) tablesConfig(t *testing.T) relay.Config {
+	cfg := f.config(t)
+	cfg.Router.Topic = f.prefix + ".a.{aggregate_type}"
+	dbz, err := outboxsql.LayoutDebezium.Columns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Tables = []relay.OutboxTable{
+		{Table: "billing.outbox", Router: router.Config{Columns: dbz, Headers: outboxsql.LayoutDebezium.Headers(), Topic: f.prefix + ".b.{aggregate_type}"}},
+		{Table: "shipping.events", Router: router.Config{Columns: router.Columns{AggregateType: "kind", Payload: "body", Headers: router.NoHeaders},
+			Topic: f.prefix + ".c.{aggregate_type}", Overrides: map[string]string{"Invoice": f.prefix + ".invoices"}}},
+	}
+	return cfg
+}
+
+// TestSeveralTablesRefill: a slot dropped and recreated while the relay of
+// three tables was stopped is refilled from all three tables.
+func TestSeveralTablesRefill(t *testing.T) {
+	f, _ := tablesFixture(t)
+	cfg := f.tablesConfig(t)
+	cfg.HistoryInterval = 100 * time.Millisecond
+	p := &tablesProducer{rng: mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 4)), seq: map[string]int{}}
+	run := f.start(t, cfg)
+	for range 5 {
+		p.tx(t, f, 3+p.rng.IntN(20))
+	}
+	f.waitTables(t, len(p.written))
+	f.waitHistoryCovered(t)
+	run.stop(t)
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	for range 5 {
+		p.tx(t, f, 3+p.rng.IntN(20)) // no slot: only the tables have them
+	}
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
+	p.tx(t, f, 6)
+
+	r, err := newRelay(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Recover(context.Background(), false)
+	if err != nil {
+		t.Fatalf("Recover = %v; want a refill of the three tables", err)
+	}
+	t.Logf("refill: %d events", res.Events)
+	f.start(t, cfg)
+	p.tx(t, f, 9)
+	f.waitTables(t, len(p.written))
+	f.checkTables(t, p.written, len(p.written))
+}
+
+// waitTables waits until at least n events are on the three tables' topics.
+func (f *fixture) waitTables(t *testing.T, n int) {
+	t.Helper()
+	waitFor(t, 3*time.Minute, "every event in Kafka", func() (bool, string) {
+		got := 0
+		for _, tb := range threeTables {
+			for _, at := range aggregateTypes {
+				got += len(f.kafka.ReadAll(t, f.tablesTopic(tb, at)))
+			}
+		}
+		return got >= n, fmt.Sprintf("%d of %d", got, n)
+	})
 }
