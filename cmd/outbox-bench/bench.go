@@ -49,6 +49,13 @@ func (b *bench) runOnce(ctx context.Context, run int) error {
 			errs = append(errs, fmt.Errorf("drain %d per txn: %w", per, err))
 		}
 	}
+	if !b.o.SkipDrain && b.o.Tables > 1 && ctx.Err() == nil {
+		t, err := b.tablesWorkload(ctx, run)
+		b.rep.Tables = append(b.rep.Tables, t)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tables: %w", err))
+		}
+	}
 	for _, per := range b.o.SustainedPerTxn {
 		if b.o.SkipSustained || ctx.Err() != nil {
 			break
