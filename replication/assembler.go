@@ -351,16 +351,26 @@ func (a *assembler) commit(body []byte) (Batch, bool, error) {
 	return b, true, nil
 }
 
-func (a *assembler) insert(body []byte) (Batch, bool, error) {
-	if err := a.inTxn('I'); err != nil {
-		return Batch{}, false, err
+// wanted reports whether the next row of the open transaction (an insert,
+// or a message: t) is to be emitted: not when the transaction was delivered
+// already, nor when a reconnect resends a row emitted before.
+func (a *assembler) wanted(t byte) (bool, error) {
+	if err := a.inTxn(t); err != nil {
+		return false, err
 	}
 	if a.skip {
-		return Batch{}, false, nil
+		return false, nil
 	}
 	if a.dropRows > 0 {
 		a.dropRows--
-		return Batch{}, false, nil
+		return false, nil
+	}
+	return true, nil
+}
+
+func (a *assembler) insert(body []byte) (Batch, bool, error) {
+	if ok, err := a.wanted('I'); !ok {
+		return Batch{}, false, err
 	}
 	relID, values, size, err := parseInsert(body, &a.hdrs)
 	if err != nil {
@@ -450,15 +460,8 @@ func (a *assembler) message(lsn pglogrepl.LSN, body []byte) (Batch, bool, error)
 	if flags&1 == 0 {
 		return Batch{}, false, a.nonTransactional(at, prefix, len(content))
 	}
-	if err := a.inTxn('M'); err != nil {
+	if ok, err := a.wanted('M'); !ok {
 		return Batch{}, false, err
-	}
-	if a.skip {
-		return Batch{}, false, nil
-	}
-	if a.dropRows > 0 {
-		a.dropRows--
-		return Batch{}, false, nil
 	}
 	m := &Message{Prefix: prefix, Content: append(make([]byte, 0, len(content)), content...), LSN: at}
 	a.stats.messages.Add(1)

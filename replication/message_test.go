@@ -157,6 +157,7 @@ func TestNonTransactionalMessage(t *testing.T) {
 	})
 }
 
+// driveCfg is drive with a stream of cfg.
 func driveCfg(t *testing.T, cfg Config, script []walMessage) run {
 	t.Helper()
 	logs := &logLines{}

@@ -67,6 +67,24 @@ func (b *bench) runOnce(ctx context.Context, run int) error {
 	return errors.Join(errs...)
 }
 
+// inTurn runs the sides of a workload one after the other, each even when
+// an earlier one failed, until ctx is done; it returns every failure.
+func inTurn(ctx context.Context, sides []func() error) error {
+	var errs []error
+	for _, f := range sides {
+		if ctx.Err() != nil {
+			break
+		}
+		if err := f(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if ctx.Err() != nil {
+		errs = append(errs, ctx.Err())
+	}
+	return errors.Join(errs...)
+}
+
 // workloadDB creates a fresh database, outbox_bench_<stamp>_<label>, with the
 // relay's objects (by `outbox-relay setup`), Debezium's publication when it
 // runs, and for a drain the slots of pg_recvlogical and Debezium: they exist

@@ -270,7 +270,7 @@ func (r *Report) writeTables(b *strings.Builder) {
 	fmt.Fprintf(b, "\n%d outbox tables, a backlog of %s events in transactions of %s spread over them (%s of WAL): one relay on one slot "+
 		"(`outbox.tables`) against a relay and a slot per table, each side until every event is in Kafka and every slot confirmed; "+
 		"median of %d run(s).\n\n", t0.Tables, fmtCount(int(t0.Events)), fmtCount(t0.PerTxn), fmtMB(t0.WALBytes), len(ok))
-	b.WriteString("| workload | system | events/s | seconds | CPU s | CPU s per M events | peak RSS |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| workload | system | events/s | seconds | relay CPU s | walsender CPU s | CPU s per M events (both) | peak RSS |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	wl := fmt.Sprintf("%d tables, %s events", t0.Tables, fmtCount(int(t0.Events)))
 	for _, side := range []struct {
 		name string
@@ -281,8 +281,9 @@ func (r *Report) writeTables(b *strings.Builder) {
 	} {
 		sec := med(func(t TablesRun) float64 { return side.get(t).Sec })
 		cpu := med(func(t TablesRun) float64 { return side.get(t).CPUSec })
+		wal := med(func(t TablesRun) float64 { return side.get(t).WalsenderCPUSec })
 		rss := med(func(t TablesRun) float64 { return float64(side.get(t).PeakRSS) })
-		fmt.Fprintf(b, "| %s | %s | %s | %.1f | %.1f | %.2f | %s |\n", wl, side.name,
-			fmtRate(perSec(float64(t0.Events), sec)), sec, cpu, cpu/(float64(t0.Events)/1e6), fmtMB(int64(rss)))
+		fmt.Fprintf(b, "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %s |\n", wl, side.name,
+			fmtRate(perSec(float64(t0.Events), sec)), sec, cpu, wal, (cpu+wal)/(float64(t0.Events)/1e6), fmtMB(int64(rss)))
 	}
 }

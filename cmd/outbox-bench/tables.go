@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -41,6 +40,9 @@ type TablesRun struct {
 type SideRun struct {
 	Sec     float64 `json:"seconds"`        // start → every event in Kafka and every slot confirmed
 	CPUSec  float64 `json:"cpu_seconds"`    // the relay processes', summed
+	// WalsenderCPUSec is the CPU of the slots' walsenders (Postgres
+	// decoding the WAL for them), summed, read from /proc when drained.
+	WalsenderCPUSec float64 `json:"walsender_cpu_seconds"`
 	PeakRSS int64   `json:"peak_rss_bytes"` // VmHWM, summed over the processes
 	Records int64   `json:"kafka_records"`  // more than Events means duplicates
 }
@@ -142,16 +144,7 @@ func (b *bench) tablesWorkload(ctx context.Context, run int) (t TablesRun, err e
 	if !t.OneFirst {
 		order = []func() error{many, one}
 	}
-	var errs []error
-	for _, f := range order {
-		if ctx.Err() != nil {
-			break
-		}
-		if err := f(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := inTurn(ctx, order); err != nil {
 		return fail(err)
 	}
 	b.log.Info("tables drained", "run", run, "tables", len(nm.tables),
@@ -367,6 +360,21 @@ func (b *bench) tablesSide(ctx context.Context, db *benchDB, label string, specs
 		}
 	}
 	s.Sec = doneAt.Sub(began).Seconds()
+	// The walsenders run as long as their relay: what they used so far is
+	// the decoding of this side's WAL (Postgres is on this machine).
+	var pids []int32
+	rows, err := conn.Query(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = ANY($1) AND active_pid IS NOT NULL", slots)
+	if err == nil {
+		pids, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+	}
+	if err != nil {
+		return s, fmt.Errorf("walsenders of %s: %w", label, err)
+	}
+	for _, pid := range pids {
+		if c, err := pidCPU(int(pid)); err == nil {
+			s.WalsenderCPUSec += c.Seconds()
+		}
+	}
 	for _, p := range procs {
 		rss, rssErr := p.peakRSS()
 		u := p.stop(30 * time.Second)

@@ -42,12 +42,6 @@ func messagesFixture(t *testing.T) (*fixture, relay.Config) {
 
 func (f *fixture) emitTx(t testing.TB, evs []event, extra ...string) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
 	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO orders (note) VALUES ('business row')`)
 	for _, e := range evs {
@@ -56,8 +50,20 @@ func (f *fixture) emitTx(t testing.TB, evs []event, extra ...string) {
 	for _, sql := range extra {
 		b.Queue(sql)
 	}
+	f.commitBatch(t, b)
+}
+
+// commitBatch sends b in one transaction and commits it.
+func (f *fixture) commitBatch(t testing.TB, b *pgx.Batch) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		t.Fatalf("emit: %v", err)
+		t.Fatalf("send batch: %v", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/router"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
@@ -120,12 +117,6 @@ type tablesProducer struct {
 
 func (p *tablesProducer) tx(t *testing.T, f *fixture, n int) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
 	b := &pgx.Batch{}
 	var evs []written
 	for i := range n {
@@ -142,30 +133,13 @@ func (p *tablesProducer) tx(t *testing.T, f *fixture, n int) {
 		b.Queue(threeTables[ti].insert, e.id, e.aggType, e.agg, at+"Changed", e.payload)
 		evs = append(evs, e)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		t.Fatalf("insert: %v", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.commitBatch(t, b)
 	p.written = append(p.written, evs...)
 }
 
 func (f *fixture) startTablesProcess(t *testing.T, config string) *proc {
 	t.Helper()
-	cmd := exec.Command(testenv.RelayBinary(t), "run", "--config", config)
-	cmd.Env = append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+f.pg.DSN,
-		"RELAY_POSTGRES_SLOT="+f.slot,
-		"RELAY_POSTGRES_PUBLICATION="+f.pub,
-		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
-		"RELAY_KAFKA_BROKERS="+joinComma(f.kafka.Brokers),
-		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(processWindow),
-		"RELAY_CHECKPOINT_INTERVAL=100ms",
-		"RELAY_METRICS_LISTEN=",
-		"RELAY_LOG_FORMAT=json",
-	)
-	return f.runProcess(t, cmd)
+	return f.startProcessWith(t, []string{"run", "--config", config})
 }
 
 // checkTables compares Kafka with what was written: every event on its
