@@ -41,7 +41,8 @@
 // headers (the relay's own, the fields', the headers column's), converter.go
 // writes the key and the value, values.go a column's value as Debezium's
 // converters write it, trace.go and cloudevents.go the trace context and
-// CloudEvents; config.go validates a Config.
+// CloudEvents, message.go the content of a logical decoding message (routed
+// as the row it stands for); config.go validates a Config.
 package router
 
 import (
