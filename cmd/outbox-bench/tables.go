@@ -38,13 +38,13 @@ type TablesRun struct {
 
 // SideRun is one side of the tables workload.
 type SideRun struct {
-	Sec     float64 `json:"seconds"`        // start → every event in Kafka and every slot confirmed
-	CPUSec  float64 `json:"cpu_seconds"`    // the relay processes', summed
+	Sec    float64 `json:"seconds"`     // start → every event in Kafka and every slot confirmed
+	CPUSec float64 `json:"cpu_seconds"` // the relay processes', summed
 	// WalsenderCPUSec is the CPU of the slots' walsenders (Postgres
 	// decoding the WAL for them), summed, read from /proc when drained.
 	WalsenderCPUSec float64 `json:"walsender_cpu_seconds"`
-	PeakRSS int64   `json:"peak_rss_bytes"` // VmHWM, summed over the processes
-	Records int64   `json:"kafka_records"`  // more than Events means duplicates
+	PeakRSS         int64   `json:"peak_rss_bytes"` // VmHWM, summed over the processes
+	Records         int64   `json:"kafka_records"`  // more than Events means duplicates
 }
 
 // Rate is the side's events/s; zero when it did not finish.
