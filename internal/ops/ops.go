@@ -30,7 +30,11 @@ type Config struct {
 	Table string // outbox table, default sql.DefaultOutboxTable
 	// Tables are more outbox tables read on the slot (outbox.tables): Lag
 	// estimates the time lag of each too (LagReport.Tables).
-	Tables          []string
+	Tables []string
+	// TableOptional: events come from logical decoding messages and the
+	// table is only an archive, which may not exist; then the time lag is
+	// unknown rather than an error.
+	TableOptional   bool
 	CreatedAtColumn string // default "created_at"
 	CheckpointTable string // default sql.DefaultCheckpointTable
 	RetryTable      string // default sql.DefaultRetryTable
@@ -417,13 +421,17 @@ func queryTimeLag(ctx context.Context, q Querier, cfg Config, cp *Checkpoint) (T
 	if err != nil {
 		return tl, err
 	}
-	if t == "" {
-		return tl, fmt.Errorf("outbox table %q does not exist: check the table setting or run `outbox-relay setup`", cfg.Table)
-	}
 	var since *time.Time
 	if cp != nil {
 		since = cp.LastCommitTime
 		tl.LastDeliveredAgeSeconds = cp.lastDeliveredAge
+	}
+	if t == "" && cfg.TableOptional {
+		tl.State = StateUnknown
+		return tl, nil
+	}
+	if t == "" {
+		return tl, fmt.Errorf("outbox table %q does not exist: check the table setting or run `outbox-relay setup`", cfg.Table)
 	}
 	col := sql.Ident(cfg.CreatedAtColumn)
 	// A plain range condition (rather than "$1 IS NULL OR col > $1") lets the
