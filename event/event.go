@@ -65,6 +65,11 @@ type Event struct {
 	// names it, and it is exported once Kafka acknowledged the event.
 	Span *Span
 
+	// Table is the outbox table the event was read from (schema.name), ""
+	// for an event of a logical decoding message. With several outbox
+	// tables it says whose routing the retry worker applies.
+	Table string
+
 	// Refill is the id of the refill that read the event from the outbox
 	// table rather than from the WAL (relay.Refill), "" for the stream's.
 	// Its commit LSN is then unknown: Pos is its place in the refill.

@@ -36,7 +36,9 @@ func (e *Error) Error() string { return e.Field + ": " + e.Text(nil) }
 
 func (e *Error) Unwrap() error { return e.Err }
 
-var ref = regexp.MustCompile(`\{([A-Z][A-Za-z0-9.]*)\}`)
+// ref matches a {Field} reference, also to a field of a list's element
+// ({Tables[0].Router.Topic}).
+var ref = regexp.MustCompile(`\{([A-Z][A-Za-z0-9.]*(?:\[[0-9]+\][A-Za-z0-9.]*)*)\}`)
 
 // Text is Reason with every {Field} reference replaced by name(Field), or by
 // the field's path when name is nil.

@@ -17,6 +17,9 @@ type counters struct {
 	ignoredUpdates   atomic.Uint64
 	ignoredDeletes   atomic.Uint64
 	ignoredTruncates atomic.Uint64
+	messages         atomic.Uint64    // transactional messages with a configured prefix, emitted
+	otherMessages    atomic.Uint64    // messages with other prefixes, skipped
+	nonTransactional atomic.Uint64    // non-transactional messages with a configured prefix, skipped
 	unsolicited      [2]atomic.Uint64 // by unsolicited kind
 	skipped          atomic.Uint64
 	reconnects       atomic.Uint64
@@ -58,6 +61,11 @@ type assembler struct {
 	relations map[uint32]*Relation
 	hdrs      slab
 
+	prefixes        map[string]bool // Config.MessagePrefixes
+	ignoreNonTxn    bool            // Config.NonTransactional is ignore
+	nonTxnLogged    bool
+	otherPrefixSeen bool
+
 	// The open transaction.
 	open     bool
 	skip     bool // drop the whole transaction: already delivered
@@ -84,14 +92,22 @@ type assembler struct {
 }
 
 func newAssembler(cfg Config, start pglogrepl.LSN, stats *counters) *assembler {
-	return &assembler{
-		maxRows:   cfg.MaxBatchRows,
-		maxBytes:  cfg.MaxBatchBytes,
-		start:     start,
-		log:       cfg.Logger,
-		stats:     stats,
-		relations: make(map[uint32]*Relation),
+	a := &assembler{
+		maxRows:      cfg.MaxBatchRows,
+		maxBytes:     cfg.MaxBatchBytes,
+		start:        start,
+		log:          cfg.Logger,
+		stats:        stats,
+		relations:    make(map[uint32]*Relation),
+		ignoreNonTxn: cfg.NonTransactional == NonTransactionalIgnore,
 	}
+	if len(cfg.MessagePrefixes) > 0 {
+		a.prefixes = make(map[string]bool, len(cfg.MessagePrefixes))
+		for _, p := range cfg.MessagePrefixes {
+			a.prefixes[p] = true
+		}
+	}
+	return a
 }
 
 // reset forgets the connection's state: the open transaction (the server sends
@@ -111,10 +127,11 @@ func (a *assembler) idle() bool { return !a.open && a.partialCommit == 0 && !a.u
 // when one is ready. Errors are *DecodeError, except for a gap in what the
 // server resent after a reconnect.
 func (a *assembler) handle(lsn pglogrepl.LSN, msg []byte) (Batch, bool, error) {
-	b, ok, err := a.handleMsg(msg)
+	b, ok, err := a.handleMsg(lsn, msg)
 	if err != nil {
 		var gap *gapError
-		if errors.As(err, &gap) {
+		var nt *NonTransactionalError
+		if errors.As(err, &gap) || errors.As(err, &nt) {
 			return Batch{}, false, err
 		}
 		return Batch{}, false, &DecodeError{LSN: lsn, Err: err}
@@ -130,7 +147,7 @@ func (e *gapError) Error() string {
 	return fmt.Sprintf("transaction committed at %s was emitted only partly and not resent (next commit %s): was the slot advanced by another client?", e.commit, e.next)
 }
 
-func (a *assembler) handleMsg(msg []byte) (Batch, bool, error) {
+func (a *assembler) handleMsg(lsn pglogrepl.LSN, msg []byte) (Batch, bool, error) {
 	if len(msg) == 0 {
 		return Batch{}, false, errors.New("empty message")
 	}
@@ -175,9 +192,11 @@ func (a *assembler) handleMsg(msg []byte) (Batch, bool, error) {
 			a.ignore(kindTruncate, &a.stats.ignoredTruncates, id)
 		}
 		return Batch{}, false, nil
-	case 'Y', 'O', 'M':
-		// Type (only for non-built-in types, values are text anyway), Origin
-		// and logical decoding messages carry nothing the relay forwards.
+	case 'M':
+		return a.message(lsn, body)
+	case 'Y', 'O':
+		// Type (only for non-built-in types, values are text anyway) and
+		// Origin carry nothing the relay forwards.
 		return Batch{}, false, nil
 	case 'A':
 		return Batch{}, false, a.streamAbort(body)
@@ -332,16 +351,26 @@ func (a *assembler) commit(body []byte) (Batch, bool, error) {
 	return b, true, nil
 }
 
-func (a *assembler) insert(body []byte) (Batch, bool, error) {
-	if err := a.inTxn('I'); err != nil {
-		return Batch{}, false, err
+// wanted reports whether the next row of the open transaction (an insert,
+// or a message: t) is to be emitted: not when the transaction was delivered
+// already, nor when a reconnect resends a row emitted before.
+func (a *assembler) wanted(t byte) (bool, error) {
+	if err := a.inTxn(t); err != nil {
+		return false, err
 	}
 	if a.skip {
-		return Batch{}, false, nil
+		return false, nil
 	}
 	if a.dropRows > 0 {
 		a.dropRows--
-		return Batch{}, false, nil
+		return false, nil
+	}
+	return true, nil
+}
+
+func (a *assembler) insert(body []byte) (Batch, bool, error) {
+	if ok, err := a.wanted('I'); !ok {
+		return Batch{}, false, err
 	}
 	relID, values, size, err := parseInsert(body, &a.hdrs)
 	if err != nil {
@@ -354,8 +383,14 @@ func (a *assembler) insert(body []byte) (Batch, bool, error) {
 	if len(values) != len(rel.Columns) {
 		return Batch{}, false, fmt.Errorf("insert into %s.%s: %d values for %d columns", rel.Namespace, rel.Name, len(values), len(rel.Columns))
 	}
-	// A full batch is handed on only when the next row arrives, so that a
-	// transaction of exactly MaxBatchRows rows is one Last batch.
+	out, ready := a.add(Row{Relation: rel, Values: values}, size)
+	return out, ready, nil
+}
+
+// add appends row (of size bytes) to the open transaction's batch. A full
+// batch is handed on only when the next row arrives, so that a transaction
+// of exactly MaxBatchRows rows is one Last batch.
+func (a *assembler) add(row Row, size int) (Batch, bool) {
 	var out Batch
 	var ready bool
 	if len(a.cur.Rows) > 0 && (len(a.cur.Rows)+1 > a.maxRows || a.cur.Bytes+size > a.maxBytes) {
@@ -367,10 +402,10 @@ func (a *assembler) insert(body []byte) (Batch, bool, error) {
 	if a.cur.Rows == nil {
 		a.cur.Rows = make([]Row, 0, min(a.maxRows, 64))
 	}
-	a.cur.Rows = append(a.cur.Rows, Row{Relation: rel, Values: values})
+	a.cur.Rows = append(a.cur.Rows, row)
 	a.cur.Bytes += size
 	a.txnRows++
-	return out, ready, nil
+	return out, ready
 }
 
 func (a *assembler) ignore(kind int, n *atomic.Uint64, relID uint32) {
@@ -388,4 +423,68 @@ func (a *assembler) ignore(kind int, n *atomic.Uint64, relID uint32) {
 	}
 	a.log.Warn("ignoring change: only inserts are relayed (logged once per kind, see stats for counts)",
 		"kind", kindNames[kind], "table", table)
+}
+
+// message handles a logical decoding message (pgoutput sends them when
+// MessagePrefixes asks for them). A transactional one with a configured
+// prefix becomes a Row of its transaction, in its place among the inserts,
+// and follows every rule an insert does (skipped in a transaction already
+// delivered, dropped when a reconnect resends it). Messages of other
+// prefixes are skipped. A non-transactional one with a configured prefix is
+// never an event: it was written whether its transaction committed or not.
+func (a *assembler) message(lsn pglogrepl.LSN, body []byte) (Batch, bool, error) {
+	r := reader{b: body}
+	flags := r.u8()
+	at := r.lsn()
+	prefix := r.str()
+	content := r.take(int(r.u32()))
+	if r.err != nil {
+		return Batch{}, false, fmt.Errorf("message: %w", r.err)
+	}
+	if len(r.b) != 0 {
+		return Batch{}, false, fmt.Errorf("message with prefix %q: %d bytes after its content", prefix, len(r.b))
+	}
+	if at == 0 {
+		at = lsn
+	}
+	if !a.prefixes[prefix] {
+		if a.prefixes != nil {
+			a.stats.otherMessages.Add(1)
+			if !a.otherPrefixSeen {
+				a.otherPrefixSeen = true
+				a.log.Info("skipping logical decoding messages of a prefix the relay does not read (logged once, see stats for counts)", "prefix", prefix)
+			}
+		}
+		return Batch{}, false, nil
+	}
+	if flags&1 == 0 {
+		return Batch{}, false, a.nonTransactional(at, prefix, len(content))
+	}
+	if ok, err := a.wanted('M'); !ok {
+		return Batch{}, false, err
+	}
+	m := &Message{Prefix: prefix, Content: append(make([]byte, 0, len(content)), content...), LSN: at}
+	a.stats.messages.Add(1)
+	out, ready := a.add(Row{Message: m}, len(content))
+	return out, ready, nil
+}
+
+// nonTransactional handles a non-transactional message with a configured
+// prefix: skipped (counted, logged once) or, by default, the end of Run
+// before anything past it is confirmed. One the relay has passed already
+// (the slot went back after a crash) is skipped either way.
+func (a *assembler) nonTransactional(at pglogrepl.LSN, prefix string, size int) error {
+	if at < a.start || at < a.lastEnd {
+		return nil
+	}
+	if !a.ignoreNonTxn {
+		return &NonTransactionalError{LSN: at, Prefix: prefix, Size: size}
+	}
+	a.stats.nonTransactional.Add(1)
+	if !a.nonTxnLogged {
+		a.nonTxnLogged = true
+		a.log.Warn("skipping a non-transactional logical decoding message: it is written whether its transaction commits or not, so it is no event (logged once, see stats for counts)",
+			"prefix", prefix, "lsn", at.String(), "bytes", size)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
@@ -51,11 +52,42 @@ func (s *Stream) checkSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.
 		return 0, &fatalError{msg: fmt.Sprintf("publication %q does not exist in database %q: create it; "+
 			"a publication created after the slot's position cannot decode what was written before it", s.cfg.Publication, slot.CurrentDatabase), sentinel: ErrPublicationMissing}
 	}
+	if len(s.cfg.MessagePrefixes) > 0 {
+		if err := s.checkMessages(ctx, conn); err != nil {
+			return 0, err
+		}
+	}
 	lsn, err := slot.Confirmed()
 	if err != nil {
 		return 0, fmt.Errorf("check slot: %w", err)
 	}
 	return lsn, nil
+}
+
+// MessagesMinVersion is the first server_version_num whose pgoutput sends
+// logical decoding messages (its messages option).
+const MessagesMinVersion = 140000
+
+// checkMessages refuses a server whose pgoutput cannot send logical
+// decoding messages: Postgres 13 would refuse the option at
+// START_REPLICATION with an obscure "unrecognized pgoutput option".
+func (s *Stream) checkMessages(ctx context.Context, conn *pgconn.PgConn) error {
+	res, err := conn.Exec(ctx, `SELECT current_setting('server_version_num')`).ReadAll()
+	if err != nil {
+		return s.classify("check the server version", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 {
+		return fmt.Errorf("check the server version: no answer")
+	}
+	v, err := strconv.Atoi(string(res[0].Rows[0][0]))
+	if err != nil {
+		return fmt.Errorf("check the server version: %w", err)
+	}
+	if v < MessagesMinVersion {
+		return &fatalError{msg: fmt.Sprintf("the server runs Postgres %d (server_version_num %d), whose pgoutput cannot send logical decoding messages (Postgres 14 and later can): upgrade the server, or read an outbox table instead", v/10000, v),
+			sentinel: ErrMessagesUnsupported}
+	}
+	return nil
 }
 
 // checkServer refuses a connection on which streaming would not continue

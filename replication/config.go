@@ -3,6 +3,7 @@ package replication
 import (
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -53,8 +54,28 @@ type Config struct {
 	// the first connection is the reference for the later ones.
 	Server *pgslot.Server
 
+	// MessagePrefixes, when not empty, asks pgoutput for logical decoding
+	// messages (its messages option, Postgres 14 and later; Run refuses an
+	// older server with ErrMessagesUnsupported) and hands on, as Rows of
+	// their transaction, the transactional ones whose prefix is listed.
+	// Messages of other prefixes are skipped and counted.
+	MessagePrefixes []string
+	// NonTransactional is what a non-transactional message with a listed
+	// prefix does: such a message is written at once, committed or not
+	// (a rolled-back transaction's too), and belongs to no transaction, so
+	// it is never handed on. NonTransactionalStop (the default) ends Run
+	// with a *NonTransactionalError before anything past it is confirmed;
+	// NonTransactionalIgnore skips it, counted (Stats) and logged once.
+	NonTransactional string
+
 	Logger *slog.Logger // default discards
 }
+
+// Values of Config.NonTransactional.
+const (
+	NonTransactionalStop   = "stop"
+	NonTransactionalIgnore = "ignore"
+)
 
 // DefaultStatusInterval is Config.StatusInterval's default, and the CLI's
 // (postgres.status_interval): well below wal_sender_timeout's default 60s.
@@ -102,6 +123,9 @@ func (cfg Config) withDefaults() Config {
 		// A status update well inside the timeout, even if one is late.
 		cfg.StatusInterval = cfg.WalSenderTimeout / 3
 	}
+	if cfg.NonTransactional == "" {
+		cfg.NonTransactional = NonTransactionalStop
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -148,6 +172,22 @@ func (cfg Config) validate() error {
 	}
 	if cfg.MaxBatchBytes < 0 {
 		v.Errorf("MaxBatchBytes", "%d must not be negative", cfg.MaxBatchBytes)
+	}
+	seen := map[string]bool{}
+	for _, p := range cfg.MessagePrefixes {
+		switch {
+		case p == "":
+			// pg_logical_emit_message refuses an empty prefix.
+			v.Errorf("MessagePrefixes", "an empty prefix: Postgres refuses to emit a message without one; name the prefix the application writes")
+		case seen[p]:
+			v.Errorf("MessagePrefixes", "%q twice: list each prefix once", p)
+		case strings.ContainsRune(p, 0):
+			v.Errorf("MessagePrefixes", "%q holds a NUL byte, which no prefix can", p)
+		}
+		seen[p] = true
+	}
+	if cfg.NonTransactional != NonTransactionalStop && cfg.NonTransactional != NonTransactionalIgnore {
+		v.Errorf("NonTransactional", "%q: want %q (stop before it) or %q (skip it)", cfg.NonTransactional, NonTransactionalStop, NonTransactionalIgnore)
 	}
 	return v.Err()
 }

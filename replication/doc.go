@@ -58,6 +58,18 @@
 //   - A message proto_version 1 does not send is skipped only where it cannot
 //     hold or retract a row; anywhere else Run stops before confirming
 //     anything at or after it (see below).
+//   - With Config.MessagePrefixes, pgoutput's messages option is asked for
+//     (Postgres 14+; an older server is refused before START_REPLICATION,
+//     ErrMessagesUnsupported). A transactional logical decoding message with
+//     a listed prefix is a Row of its transaction (Row.Message), in its place
+//     among the inserts, under every rule of an insert: it arrives only once
+//     its transaction committed (never for a rolled-back transaction or
+//     savepoint), is confirmed only with its transaction, and is dropped,
+//     not repeated, when a reconnect resends it. A non-transactional one is
+//     written whether its transaction commits or not, so it is never handed
+//     on: Run stops before it (*NonTransactionalError, the default) or skips
+//     it (Config.NonTransactional ignore). Messages of other prefixes are
+//     skipped and counted.
 //
 // # Messages the relay did not ask for
 //

@@ -52,7 +52,33 @@ var (
 	// system, or on a timeline that forked before it. The error is a
 	// *pgslot.GapError that names the uncovered range and the fix.
 	ErrGap = pgslot.ErrGap
+	// ErrMessagesUnsupported: Config.MessagePrefixes asks for logical
+	// decoding messages, which pgoutput sends from Postgres 14 on; the
+	// server is older.
+	ErrMessagesUnsupported = errors.New("pgoutput sends logical decoding messages from Postgres 14 on")
+	// ErrNonTransactional: a non-transactional logical decoding message
+	// with a configured prefix arrived and Config.NonTransactional is
+	// NonTransactionalStop. It comes wrapped in a *NonTransactionalError.
+	ErrNonTransactional = errors.New("non-transactional logical decoding message")
 )
+
+// A NonTransactionalError stops Run at a non-transactional logical decoding
+// message with a configured prefix (Config.NonTransactional stop). Such a
+// message is written to the WAL at once, whether its transaction commits or
+// rolls back, so it is no event; nothing at or after LSN was confirmed.
+type NonTransactionalError struct {
+	LSN    pglogrepl.LSN
+	Prefix string
+	Size   int // bytes of content
+}
+
+func (e *NonTransactionalError) Error() string {
+	return fmt.Sprintf("a non-transactional logical decoding message with prefix %q (%d bytes) at %s: it is written whether its transaction commits or rolls back, so it is not sent as an event; "+
+		"emit events with pg_logical_emit_message(true, ...), and skip such messages or stop at them by configuration; nothing at or after it was confirmed",
+		e.Prefix, e.Size, e.LSN)
+}
+
+func (e *NonTransactionalError) Unwrap() error { return ErrNonTransactional }
 
 // SkippedPublication reports whether a notice from the server says that pgoutput
 // decoded a change without the publication, because the publication did not exist

@@ -86,10 +86,16 @@ func storeMax(v *atomic.Uint64, n uint64) bool {
 // Stats is a snapshot of a Stream's counters since New.
 type Stats struct {
 	ReceivedTransactions uint64 // transactions emitted (Last batches), including ones without rows
-	ReceivedRows         uint64 // rows emitted
-	IgnoredUpdates       uint64
-	IgnoredDeletes       uint64
-	IgnoredTruncates     uint64 // one per truncated relation
+	ReceivedRows         uint64 // rows emitted (inserts and messages)
+	ReceivedMessages     uint64 // of them, transactional messages with a configured prefix
+	// Logical decoding messages skipped: of other prefixes, and
+	// non-transactional ones of a configured prefix
+	// (Config.NonTransactional ignore).
+	SkippedMessages         uint64
+	SkippedNonTransactional uint64
+	IgnoredUpdates          uint64
+	IgnoredDeletes          uint64
+	IgnoredTruncates        uint64 // one per truncated relation
 	// Messages proto_version 1 does not send, skipped because they carry no
 	// row (see the package doc): Stream Aborts, and messages of an unknown
 	// type between transactions.
@@ -106,18 +112,21 @@ type Stats struct {
 // Stats returns a snapshot of the counters. Safe for concurrent use.
 func (s *Stream) Stats() Stats {
 	st := Stats{
-		ReceivedTransactions:   s.stats.transactions.Load(),
-		ReceivedRows:           s.stats.rows.Load(),
-		IgnoredUpdates:         s.stats.ignoredUpdates.Load(),
-		IgnoredDeletes:         s.stats.ignoredDeletes.Load(),
-		IgnoredTruncates:       s.stats.ignoredTruncates.Load(),
-		SkippedStreamAborts:    s.stats.unsolicited[unsolicitedStreamAbort].Load(),
-		SkippedUnknownMessages: s.stats.unsolicited[unsolicitedUnknown].Load(),
-		SkippedTransactions:    s.stats.skipped.Load(),
-		Reconnects:             s.stats.reconnects.Load(),
-		ConfirmedLSN:           pglogrepl.LSN(s.confirmed.Load()),
-		ServerWALEnd:           pglogrepl.LSN(s.stats.serverWALEnd.Load()),
-		Streaming:              s.stats.streaming.Load(),
+		ReceivedTransactions:    s.stats.transactions.Load(),
+		ReceivedRows:            s.stats.rows.Load(),
+		ReceivedMessages:        s.stats.messages.Load(),
+		SkippedMessages:         s.stats.otherMessages.Load(),
+		SkippedNonTransactional: s.stats.nonTransactional.Load(),
+		IgnoredUpdates:          s.stats.ignoredUpdates.Load(),
+		IgnoredDeletes:          s.stats.ignoredDeletes.Load(),
+		IgnoredTruncates:        s.stats.ignoredTruncates.Load(),
+		SkippedStreamAborts:     s.stats.unsolicited[unsolicitedStreamAbort].Load(),
+		SkippedUnknownMessages:  s.stats.unsolicited[unsolicitedUnknown].Load(),
+		SkippedTransactions:     s.stats.skipped.Load(),
+		Reconnects:              s.stats.reconnects.Load(),
+		ConfirmedLSN:            pglogrepl.LSN(s.confirmed.Load()),
+		ServerWALEnd:            pglogrepl.LSN(s.stats.serverWALEnd.Load()),
+		Streaming:               s.stats.streaming.Load(),
 	}
 	if ns := s.stats.lastMessageAt.Load(); ns != 0 {
 		st.LastMessageAt = time.Unix(0, ns)
@@ -134,7 +143,8 @@ func (s *Stream) Stats() Stats {
 // Run blocks until ctx is done, returning an error that wraps ctx.Err(), or
 // until a non-retryable error: one wrapping ErrSlotMissing, ErrSlotPlugin,
 // ErrSlotDatabase, ErrSlotActive, ErrPublicationMissing, ErrAuth,
-// ErrPermission or ErrConfig, or a *DecodeError. Lost connections are retried
+// ErrPermission, ErrConfig or ErrMessagesUnsupported, or a *DecodeError or
+// *NonTransactionalError. Lost connections are retried
 // with backoff. Run must not be called again while it runs; a Stream may be
 // Run again after Run returned.
 func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch) error {
@@ -206,7 +216,8 @@ func isFatal(err error) bool {
 	var d *DecodeError
 	var g *gapError
 	var sg *pgslot.GapError
-	return errors.As(err, &f) || errors.As(err, &d) || errors.As(err, &g) || errors.As(err, &sg)
+	var nt *NonTransactionalError
+	return errors.As(err, &f) || errors.As(err, &d) || errors.As(err, &g) || errors.As(err, &sg) || errors.As(err, &nt)
 }
 
 // session runs one connection: connect, check the slot, START_REPLICATION,
@@ -250,7 +261,7 @@ func (s *Stream) session(parent context.Context, asm *assembler, out chan<- Batc
 	storeMax(&s.confirmed, uint64(slotLSN))
 	from := pglogrepl.LSN(s.confirmed.Load())
 	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, from, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)},
+		PluginArgs: s.pluginArgs(),
 	})
 	if err != nil {
 		err = s.classify("start replication", err)
@@ -268,6 +279,16 @@ func (s *Stream) session(parent context.Context, asm *assembler, out chan<- Batc
 	}
 	s.cfg.Logger.Info("replication started", "slot", s.cfg.Slot, "publication", s.cfg.Publication, "start_lsn", from.String())
 	return true, s.stream(ctx, conn, asm, out, st)
+}
+
+// pluginArgs are pgoutput's options: proto_version 1, the publication, and
+// logical decoding messages when the stream reads them.
+func (s *Stream) pluginArgs() []string {
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)}
+	if len(s.cfg.MessagePrefixes) > 0 {
+		args = append(args, "messages 'true'")
+	}
+	return args
 }
 
 func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {

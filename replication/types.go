@@ -29,9 +29,37 @@ type Column struct {
 // A Row is one inserted tuple. Values are in pgoutput's text format, one per
 // column of Relation, and nil for SQL NULL. The bytes are owned by the Row (copied
 // out of the connection's read buffer).
+//
+// A Row that carries a logical decoding message (Message set) has no
+// Relation and no Values: it stands in the transaction where the message was
+// emitted, so that it keeps its place among the inserts.
 type Row struct {
 	Relation *Relation
 	Values   [][]byte
+	Message  *Message
+}
+
+// A Message is a transactional logical decoding message
+// (pg_logical_emit_message(true, prefix, content)) with one of the prefixes
+// the stream asked for (Config.MessagePrefixes). Its bytes are owned by the
+// Message.
+type Message struct {
+	Prefix  string
+	Content []byte
+	LSN     pglogrepl.LSN // where it was written in the WAL
+}
+
+// Size is what the row counts against batch and in-flight byte budgets: its
+// values, or its message's content.
+func (r *Row) Size() int {
+	if r.Message != nil {
+		return len(r.Message.Content)
+	}
+	n := 0
+	for _, v := range r.Values {
+		n += len(v)
+	}
+	return n
 }
 
 // A Batch holds the inserts of one committed transaction, in WAL order.
@@ -41,7 +69,8 @@ type Row struct {
 // transaction arrives as several Batches that share CommitLSN, and only the last
 // one has Last set and carries EndLSN. Only a Last batch's EndLSN may ever be
 // confirmed. A transaction whose only changes are ignored (UPDATE/DELETE/TRUNCATE
-// on the outbox) still yields one Last batch with no rows, so that it is confirmed.
+// on the outbox, or messages of other prefixes) still yields one Last batch with
+// no rows, so that it is confirmed.
 type Batch struct {
 	Xid        uint32
 	CommitLSN  pglogrepl.LSN // LSN of the commit record (the Begin message's FinalLSN)

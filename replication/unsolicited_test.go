@@ -64,31 +64,7 @@ type run struct {
 
 func drive(t *testing.T, script []walMessage) run {
 	t.Helper()
-	logs := &logLines{}
-	s := New(Config{Logger: slog.New(logs)})
-	asm := newAssembler(s.cfg, 0, &s.stats)
-	var r run
-	emit := func(b Batch) error {
-		r.batches = append(r.batches, b)
-		if b.Last {
-			s.Confirm(b.EndLSN)
-		}
-		return nil
-	}
-	for _, m := range script {
-		if m.Data == nil {
-			s.advanceIdle(asm, serverWALEnd)
-			continue
-		}
-		xld := pglogrepl.XLogData{WALStart: m.LSN, ServerWALEnd: m.LSN, WALData: m.Data}
-		if r.err = s.xlogData(asm, xld, emit); r.err != nil {
-			break
-		}
-	}
-	r.stats = s.Stats()
-	r.confirmed = r.stats.ConfirmedLSN
-	r.warns = logs.warns
-	return r
+	return driveCfg(t, Config{}, script)
 }
 
 func concat(parts ...[]walMessage) []walMessage {

@@ -41,7 +41,8 @@
 // headers (the relay's own, the fields', the headers column's), converter.go
 // writes the key and the value, values.go a column's value as Debezium's
 // converters write it, trace.go and cloudevents.go the trace context and
-// CloudEvents; config.go validates a Config.
+// CloudEvents, message.go the content of a logical decoding message (routed
+// as the row it stands for); config.go validates a Config.
 package router
 
 import (
@@ -127,6 +128,8 @@ type Router struct {
 
 	topics map[string]string // aggregate type → topic; only when the template ignores the event type
 
+	msg *messageShape // what RouteMessage reads; built on its first call
+
 	// Per-event allocations, shared: see strings and headers.
 	interned map[string]string // aggregate and event types seen, which repeat
 	scratch  []byte
@@ -174,7 +177,11 @@ func New(cfg Config) (*Router, error) {
 // the aggregate id is missing), so the failure path can store the event for
 // retry in its aggregate's place; Headers is then nil.
 func (r *Router) Route(row replication.Row) (Message, error) {
-	pos := r.positions(row.Relation)
+	return r.route(row, r.positions(row.Relation))
+}
+
+// route is Route with the row's column positions.
+func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	if pos.err != nil {
 		return Message{}, pos.err
 	}

@@ -49,9 +49,6 @@ func TestValidTraceparent(t *testing.T) {
 	}
 }
 
-// textOID is text's type OID.
-const textOID = 25
-
 // ceRel is an outbox relation with a timestamp and a tracing column.
 var ceRel = &replication.Relation{Namespace: "public", Name: "outbox", Columns: []replication.Column{
 	{Name: "id", TypeOID: textOID}, {Name: "aggregate_type", TypeOID: textOID}, {Name: "aggregate_id", TypeOID: textOID},

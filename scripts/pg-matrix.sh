@@ -50,7 +50,7 @@ PG_MATRIX_PACKAGES=(
 PG_MATRIX_RUN='^('\
 'TestLeastPrivilege|TestCheckWarnsSuperuser|TestCheckGood|TestCheckBroken|TestSetup.*|TestGrant.*|'\
 'TestPublicationRecreatedAfterSlot|TestStartLSNBeyondWAL.*|TestCheckpointSet.*|TestPrune|'\
-'TestEndToEnd|TestSIGKILLMidStream|TestSIGTERMMidStream|TestIdleAdvancesSlot|TestPostgresRestart|TestSchemaDriftStops|'\
+'TestEndToEnd|TestMessagesEndToEnd|TestSIGKILLMidStream|TestSIGTERMMidStream|TestIdleAdvancesSlot|TestPostgresRestart|TestSchemaDriftStops|'\
 'TestFaultSuite|TestHighAvailability|TestHostile|'\
 'TestLag.*|TestStatus|TestMetricsDuringRun|'\
 'TestReplay(ByTimeAggregateAndTopic|FromLSN|OrderWithConcurrentWriters|Resume|BesideLiveRelay|KilledAndResumed)|'\

@@ -57,12 +57,14 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_retry" (
     "created_at" timestamptz NOT NULL DEFAULT now(),
     "updated_at" timestamptz NOT NULL DEFAULT now(),
     "last_resort" bytea,
-    "message_time" timestamptz
+    "message_time" timestamptz,
+    "outbox_table" text
 );
 
--- Tables made before last-resort records and message timestamps existed.
+-- Tables made before last-resort records, message timestamps and several outbox tables existed.
 ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "last_resort" bytea;
 ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "message_time" timestamptz;
+ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "outbox_table" text;
 
 -- The retry worker polls for due rows with it.
 CREATE INDEX IF NOT EXISTS "outbox_relay_retry_status_next_attempt_at_idx"

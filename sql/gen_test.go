@@ -54,7 +54,7 @@ func files(t *testing.T) map[string]string {
 	outboxStmts := sql.OutboxTable(outbox, sql.Columns{}, sql.LayoutRelay)
 	retryStmts := sql.RetryTable(retry)
 	historyStmts := sql.CheckpointHistoryTable(checkpoint)
-	if len(outboxStmts) != 2 || len(retryStmts) != 6 || len(historyStmts) != 2 {
+	if len(outboxStmts) != 2 || len(retryStmts) != 7 || len(historyStmts) != 2 {
 		t.Fatalf("OutboxTable, RetryTable or CheckpointHistoryTable changed its statements: update the comments of files()")
 	}
 	return map[string]string{
@@ -72,9 +72,9 @@ func files(t *testing.T) map[string]string {
 				"\nWHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = " + sql.Literal(sql.DefaultSlot) + ")"}}),
 		"004_retry.sql": render(header004,
 			block{"", retryStmts[:1]},
-			block{"Tables made before last-resort records and message timestamps existed.", retryStmts[1:3]},
-			block{"The retry worker polls for due rows with it.", retryStmts[3:4]},
-			block{comment004Aggregate, retryStmts[4:]}),
+			block{"Tables made before last-resort records, message timestamps and several outbox tables existed.", retryStmts[1:4]},
+			block{"The retry worker polls for due rows with it.", retryStmts[4:5]},
+			block{comment004Aggregate, retryStmts[5:]}),
 		"005_replay.sql": render(header005, block{"", []string{sql.ReplayTable(checkpoint)}}),
 		"006_grants.sql": render(header006, grantBlocks(sql.DefaultObjects(), sql.DefaultRole)...),
 	}

@@ -16,7 +16,10 @@ const DefaultRole = "outbox_relay"
 
 // Objects names what the relay's role works on, as configured.
 type Objects struct {
-	Outbox     Table
+	Outbox Table
+	// More are the other outbox tables (outbox.tables): the same
+	// privileges as Outbox.
+	More       []Table
 	Checkpoint Table // its history and the replay table are beside it
 	Retry      Table
 	// Retention is true when outbox.retention is on: the relay (and prune)
@@ -92,7 +95,7 @@ func (p Privilege) Revoke(role string, privs ...string) string {
 func RelayPrivileges(o Objects) []Privilege {
 	var ps []Privilege
 	seen := map[string]bool{}
-	for _, t := range []Table{o.Outbox, o.Checkpoint, o.Retry} {
+	for _, t := range append([]Table{o.Outbox, o.Checkpoint, o.Retry}, o.More...) {
 		s := t.Schema
 		if s == "" {
 			s = "public"
@@ -122,8 +125,13 @@ func TablePrivileges(o Objects) []Privilege {
 		outbox.Privileges = append(outbox.Privileges, "DELETE")
 		outbox.Why += "; outbox.retention (run, prune) deletes delivered rows"
 	}
-	return []Privilege{
-		outbox,
+	ps := []Privilege{outbox}
+	for _, t := range o.More {
+		more := outbox
+		more.Object = t
+		ps = append(ps, more)
+	}
+	return append(ps, []Privilege{
 		{Kind: Relation, Object: o.Checkpoint, What: "checkpoint table", Privileges: []string{"SELECT", "INSERT", "UPDATE"},
 			Why: "run saves the checkpoint (INSERT ... ON CONFLICT DO UPDATE), checkpoint set moves it; lag, status and checkpoint show read it"},
 		{Kind: Relation, Object: CheckpointHistoryName(o.Checkpoint), What: "checkpoint history table", Privileges: []string{"SELECT", "INSERT", "DELETE"},
@@ -134,7 +142,7 @@ func TablePrivileges(o Objects) []Privilege {
 			Why: "inserting into the retry table draws its seq (bigserial)"},
 		{Kind: Relation, Object: ReplayTableName(o.Checkpoint), What: "replay table", Privileges: []string{"SELECT", "INSERT", "UPDATE"},
 			Why: "replay saves each run's progress, to resume it by --id"},
-	}
+	}...)
 }
 
 // RetrySequence returns the name PostgreSQL gives the sequence of the retry
@@ -189,14 +197,24 @@ func Do(body string) string {
 
 // CreatePublicationIfMissing returns CreatePublication guarded by a lookup
 // of pg_publication, for scripts (Go code looks it up first, as setup does).
-func CreatePublicationIfMissing(name string, outbox Table) string {
+func CreatePublicationIfMissing(name string, outbox Table, more ...Table) string {
+	return ifNoPublication(name, CreatePublication(name, outbox, more...))
+}
+
+// CreateMessagesPublicationIfMissing returns CreateMessagesPublication
+// guarded by a lookup of pg_publication, for scripts.
+func CreateMessagesPublicationIfMissing(name string) string {
+	return ifNoPublication(name, CreateMessagesPublication(name))
+}
+
+func ifNoPublication(name, create string) string {
 	return Do(fmt.Sprintf(`
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = %s) THEN
         %s;
     END IF;
 END
-`, Literal(name), CreatePublication(name, outbox)))
+`, Literal(name), create))
 }
 
 // CreateSlotIfMissing returns CreateSlot guarded by a lookup of

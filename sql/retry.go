@@ -9,8 +9,8 @@ const DefaultRetryTable = "outbox_relay_retry"
 // could not be delivered, and those waiting behind them) and its indexes, if
 // missing: (status, next_attempt_at) for the retry worker's poll, and
 // (md5(aggregate), seq) for finding the head of an aggregate. They also
-// upgrade a table made by an earlier version: the last_resort and
-// message_time columns are added, and the old (aggregate, seq) index, which refused aggregates longer
+// upgrade a table made by an earlier version: the last_resort,
+// message_time and outbox_table columns are added, and the old (aggregate, seq) index, which refused aggregates longer
 // than a btree entry can hold, is replaced.
 //
 // No btree index holds unbounded text: event_key is a WAL position
@@ -42,10 +42,12 @@ func RetryTable(t Table) []string {
     "created_at" timestamptz NOT NULL DEFAULT now(),
     "updated_at" timestamptz NOT NULL DEFAULT now(),
     "last_resort" bytea,
-    "message_time" timestamptz
+    "message_time" timestamptz,
+    "outbox_table" text
 )`, t.Quoted()),
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "last_resort" bytea`, t.Quoted()),
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "message_time" timestamptz`, t.Quoted()),
+		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "outbox_table" text`, t.Quoted()),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s
     ON %s ("status", "next_attempt_at")`,
 			Ident(indexName(t.Name, "status_next_attempt_at_idx")), t.Quoted()),

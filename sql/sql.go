@@ -160,9 +160,22 @@ func CheckpointUpgrade(t Table) string {
 // not the partition's, so a partition attached, detached or dropped later
 // never makes an insert look like another table's. On a table that is not
 // partitioned it changes nothing.
-func CreatePublication(name string, outbox Table) string {
+//
+// More tables (several outbox tables on one slot) are published alike.
+func CreatePublication(name string, outbox Table, more ...Table) string {
+	list := outbox.Quoted()
+	for _, t := range more {
+		list += ", " + t.Quoted()
+	}
 	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)`,
-		Ident(name), outbox.Quoted())
+		Ident(name), list)
+}
+
+// CreateMessagesPublication returns the statement creating a publication of
+// no table, for a relay that reads logical decoding messages only: pgoutput
+// needs a publication by name, and messages are sent whatever it covers.
+func CreateMessagesPublication(name string) string {
+	return fmt.Sprintf(`CREATE PUBLICATION %s WITH (publish = 'insert')`, Ident(name))
 }
 
 // PublishViaRoot returns the statement that makes an existing publication

@@ -49,6 +49,13 @@ func (b *bench) runOnce(ctx context.Context, run int) error {
 			errs = append(errs, fmt.Errorf("drain %d per txn: %w", per, err))
 		}
 	}
+	if !b.o.SkipDrain && b.o.Tables > 1 && ctx.Err() == nil {
+		t, err := b.tablesWorkload(ctx, run)
+		b.rep.Tables = append(b.rep.Tables, t)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tables: %w", err))
+		}
+	}
 	for _, per := range b.o.SustainedPerTxn {
 		if b.o.SkipSustained || ctx.Err() != nil {
 			break
@@ -56,6 +63,24 @@ func (b *bench) runOnce(ctx context.Context, run int) error {
 		if err := b.sustainedWorkload(ctx, run, per); err != nil {
 			errs = append(errs, fmt.Errorf("sustained %d per txn: %w", per, err))
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// inTurn runs the sides of a workload one after the other, each even when
+// an earlier one failed, until ctx is done; it returns every failure.
+func inTurn(ctx context.Context, sides []func() error) error {
+	var errs []error
+	for _, f := range sides {
+		if ctx.Err() != nil {
+			break
+		}
+		if err := f(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if ctx.Err() != nil {
+		errs = append(errs, ctx.Err())
 	}
 	return errors.Join(errs...)
 }

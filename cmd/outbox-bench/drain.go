@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -85,19 +84,7 @@ func (b *bench) drain(ctx context.Context, db *benchDB, d *DrainRun) error {
 	if b.debezium() {
 		order = append(order, func() error { return b.drainDebezium(ctx, db, prefix, d) })
 	}
-	var errs []error
-	for _, f := range order {
-		if ctx.Err() != nil {
-			break
-		}
-		if err := f(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if ctx.Err() != nil {
-		errs = append(errs, ctx.Err())
-	}
-	return errors.Join(errs...)
+	return inTurn(ctx, order)
 }
 
 func (b *bench) drainRecvlogical(ctx context.Context, db *benchDB, endLSN pglogrepl.LSN, d *DrainRun) error {

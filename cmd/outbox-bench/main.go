@@ -71,6 +71,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.Runs, "runs", 3, "runs; medians are reported")
 	fs.BoolVar(&o.SkipDrain, "skip-drain", false, "skip the backlog drains")
 	fs.BoolVar(&o.SkipSustained, "skip-sustained", false, "skip the sustained-rate phases")
+	fs.IntVar(&o.Tables, "tables", 3, "outbox tables of the tables workload: the -events backlog over them, read by one relay on one slot "+
+		"against a relay and a slot per table (the first -per-txn size); 0 or 1 skips it")
 	fs.BoolVar(&o.Quick, "quick", false, "smoke run: 20k events, 5 s at 2k events/s, 1 run (explicit flags win)")
 	fs.StringVar(&o.RelayBin, "relay", "bin/outbox-relay", "outbox-relay binary")
 	fs.StringVar(&o.RecvBin, "pg-recvlogical", "/usr/lib/postgresql/15/bin/pg_recvlogical", "pg_recvlogical binary")

@@ -25,6 +25,7 @@ func (r *Report) writeMarkdown(w io.Writer) error {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Name, t.Want, cell(got), verdict(t.Pass))
 		}
 	}
+	r.writeTables(&b)
 	if r.Soak != nil {
 		r.Soak.writeMarkdown(&b)
 	}
@@ -244,4 +245,45 @@ func trimFloat(f float64) string {
 		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
 	}
 	return s
+}
+
+// writeTables writes the tables workload's medians: one relay on one slot
+// against a relay and a slot per table, over the same backlog.
+func (r *Report) writeTables(b *strings.Builder) {
+	var ok []TablesRun
+	for _, t := range r.Tables {
+		if t.Err == "" {
+			ok = append(ok, t)
+		}
+	}
+	if len(ok) == 0 {
+		return
+	}
+	med := func(f func(TablesRun) float64) float64 {
+		xs := make([]float64, len(ok))
+		for i, t := range ok {
+			xs[i] = f(t)
+		}
+		return Median(xs)
+	}
+	t0 := ok[0]
+	fmt.Fprintf(b, "\n%d outbox tables, a backlog of %s events in transactions of %s spread over them (%s of WAL): one relay on one slot "+
+		"(`outbox.tables`) against a relay and a slot per table, each side until every event is in Kafka and every slot confirmed; "+
+		"median of %d run(s).\n\n", t0.Tables, fmtCount(int(t0.Events)), fmtCount(t0.PerTxn), fmtMB(t0.WALBytes), len(ok))
+	b.WriteString("| workload | system | events/s | seconds | relay CPU s | walsender CPU s | CPU s per M events (both) | peak RSS |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	wl := fmt.Sprintf("%d tables, %s events", t0.Tables, fmtCount(int(t0.Events)))
+	for _, side := range []struct {
+		name string
+		get  func(TablesRun) SideRun
+	}{
+		{"**one relay, one slot**", func(t TablesRun) SideRun { return t.One }},
+		{fmt.Sprintf("%d relays, %d slots", t0.Tables, t0.Tables), func(t TablesRun) SideRun { return t.Many }},
+	} {
+		sec := med(func(t TablesRun) float64 { return side.get(t).Sec })
+		cpu := med(func(t TablesRun) float64 { return side.get(t).CPUSec })
+		wal := med(func(t TablesRun) float64 { return side.get(t).WalsenderCPUSec })
+		rss := med(func(t TablesRun) float64 { return float64(side.get(t).PeakRSS) })
+		fmt.Fprintf(b, "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %s |\n", wl, side.name,
+			fmtRate(perSec(float64(t0.Events), sec)), sec, cpu, wal, (cpu+wal)/(float64(t0.Events)/1e6), fmtMB(int64(rss)))
+	}
 }

@@ -62,6 +62,7 @@ type benchDB struct {
 	RecvSlot       string
 	DbzPublication string // Debezium's own, so that its slot reads what the others read
 	DbzSlot        string
+	ExtraSlots     []string // a workload's own slots (the tables workload's)
 }
 
 // withDatabase returns dsn (URL or key=value form) pointed at database name.
@@ -169,7 +170,7 @@ func (db *benchDB) drop(ctx context.Context) error {
 
 // slots are every slot a run may create in db.
 func (db *benchDB) slots() []string {
-	return []string{db.RelaySlot, db.RecvSlot, db.DbzSlot}
+	return append([]string{db.RelaySlot, db.RecvSlot, db.DbzSlot}, db.ExtraSlots...)
 }
 
 // dropRetryFor bounds dropDatabase's retries: an autovacuum worker that has

@@ -18,6 +18,8 @@ type Report struct {
 	Producer  *ProducerProbe `json:"producer,omitempty"`
 	Drain     []DrainRun     `json:"drain,omitempty"`
 	Sustained []SustainedRun `json:"sustained,omitempty"`
+	// Tables are the runs of the tables workload (tables.go).
+	Tables []TablesRun `json:"tables,omitempty"`
 	// Debezium is its tuning as it ran (-peers debezium).
 	Debezium *DebeziumSetup `json:"debezium,omitempty"`
 	Soak     *SoakResult    `json:"soak,omitempty"`
@@ -57,6 +59,7 @@ type Settings struct {
 	SkipSustained   bool          `json:"skip_sustained"`
 	Peers           []string      `json:"peers,omitempty"`
 	Soak            time.Duration `json:"soak_ns,omitempty"`
+	Tables          int           `json:"tables"` // of the tables workload; 0: not run
 }
 
 // ProducerProbe is the producer's capacity: one-event transactions committed

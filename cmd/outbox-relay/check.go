@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -37,12 +38,20 @@ func (e *env) adminConfig() admin.Config {
 	outbox, _ := sql.ParseTable(c.Table)
 	checkpoint, _ := sql.ParseTable(c.CheckpointTable)
 	retryTable, _ := sql.ParseTable(c.RetryTable)
+	var more []admin.Table
+	for i, t := range c.Tables {
+		name, _ := sql.ParseTable(t.Table)
+		more = append(more, admin.Table{Name: name, Layout: c.TableLayouts[i], Columns: sql.Columns(t.Router.Columns), Router: t.Router})
+	}
 	return admin.Config{
+		Tables:              more,
 		DSN:                 c.Replication.DSN,
 		Slot:                c.Replication.Slot,
 		Publication:         c.Replication.Publication,
 		Failover:            c.Failover,
 		OutboxTable:         outbox,
+		MessagesOnly:        c.Source == relay.SourceMessages,
+		Messages:            len(c.Replication.MessagePrefixes) > 0,
 		Layout:              c.Layout,
 		Columns:             sql.Columns(c.Router.Columns),
 		Router:              c.routerConfig(),

@@ -32,10 +32,11 @@ type config struct {
 	// it must never be printed: redactDSN renders it.
 	relay.Config
 
-	PasswordFile     string     // postgres.password_file
-	SASLPasswordFile string     // kafka.sasl.password_file
-	Layout           sql.Layout // outbox.layout: the columns' and headers' defaults
-	Format           string     // message.format: plain or cloudevents
+	PasswordFile     string       // postgres.password_file
+	SASLPasswordFile string       // kafka.sasl.password_file
+	Layout           sql.Layout   // outbox.layout: the columns' and headers' defaults
+	TableLayouts     []sql.Layout // the layout of each of outbox.tables (relay.Config.Tables)
+	Format           string       // message.format: plain or cloudevents
 	Tracing          struct{ OTLPEndpoint, ServiceName string }
 	Log              struct{ Level, Format string }
 }
@@ -66,33 +67,7 @@ func (c *config) validate() error {
 		errs = append(errs, err)
 	}
 
-	// The presets: the layout names the columns and the headers, the format
-	// turns CloudEvents on.
-	field.Default(&c.Layout, sql.LayoutRelay)
-	if cols, err := c.Layout.Columns(); err != nil {
-		errs = append(errs, err)
-	} else {
-		c.Router.Columns = c.Router.Columns.Fill(cols)
-	}
-	if c.Router.Headers == nil {
-		c.Router.Headers = c.Layout.Headers()
-	}
-	switch c.Format {
-	case "", "plain":
-		c.Format = "plain"
-		// Mode off; a source or content type is then refused by the router.
-		c.Router.CloudEvents.Mode = ""
-	case "cloudevents":
-		field.Default(&c.Router.CloudEvents.Mode, router.CloudEventsBinary)
-		if c.Router.CloudEvents.Source == "" {
-			// The outbox table names where the events come from until the
-			// operator names the service.
-			c.Router.CloudEvents.Source = "/outbox-relay/" + c.Table
-		}
-	default:
-		bad("message.format", "%q: use plain (the payload as the value, the relay's headers) or cloudevents (CloudEvents 1.0 in the Kafka protocol binding; message.cloudevents.mode says binary or structured)", c.Format)
-	}
-	c.Router.Spans = c.Tracing.OTLPEndpoint != ""
+	errs = append(errs, c.presets()...)
 
 	// Every package's own checks, under the operator's keys.
 	for _, fe := range fieldErrors(c.Config.Validate(), &errs) {
@@ -124,6 +99,39 @@ func (c *config) validate() error {
 	return errors.Join(errs...)
 }
 
+// presets applies the layout (it names the columns and the headers) and the
+// format (it turns CloudEvents on) to the router's configuration: the top
+// level's, and each of outbox.tables'.
+func (c *config) presets() []error {
+	var errs []error
+	field.Default(&c.Layout, sql.LayoutRelay)
+	if cols, err := c.Layout.Columns(); err != nil {
+		errs = append(errs, err)
+	} else {
+		c.Router.Columns = c.Router.Columns.Fill(cols)
+	}
+	if c.Router.Headers == nil {
+		c.Router.Headers = c.Layout.Headers()
+	}
+	switch c.Format {
+	case "", "plain":
+		c.Format = "plain"
+		// Mode off; a source or content type is then refused by the router.
+		c.Router.CloudEvents.Mode = ""
+	case "cloudevents":
+		field.Default(&c.Router.CloudEvents.Mode, router.CloudEventsBinary)
+		if c.Router.CloudEvents.Source == "" {
+			// The outbox table names where the events come from until the
+			// operator names the service.
+			c.Router.CloudEvents.Source = "/outbox-relay/" + c.Table
+		}
+	default:
+		errs = append(errs, fmt.Errorf("message.format: %q: use plain (the payload as the value, the relay's headers) or cloudevents (CloudEvents 1.0 in the Kafka protocol binding; message.cloudevents.mode says binary or structured)", c.Format))
+	}
+	c.Router.Spans = c.Tracing.OTLPEndpoint != ""
+	return errs
+}
+
 // fieldErrors returns the *field.Error values in err and appends the other
 // errors to others.
 func fieldErrors(err error, others *[]error) []*field.Error {
@@ -141,7 +149,7 @@ func keyText(fe *field.Error) string {
 		return fmt.Sprintf("%s: empty; set it in the config file or %s=%s", key, envName(key), s.example)
 	}
 	text := fe.Text(func(f string) string {
-		if k, ok := fieldKeys()[f]; ok {
+		if k := keyOf(f); k != f {
 			return k
 		}
 		return "{" + f + "}"
@@ -156,6 +164,9 @@ func keyText(fe *field.Error) string {
 // field itself when no setting holds it.
 func keyOf(f string) string {
 	if k, ok := fieldKeys()[f]; ok {
+		return k
+	}
+	if k, ok := tableFieldKey(f); ok {
 		return k
 	}
 	return f

@@ -36,6 +36,8 @@ var hints = []struct {
 	{isErr(pgslot.ErrFailoverUnsupported), `set postgres.failover: false and postgres.on_slot_loss: refill, or upgrade to Postgres 17 or later`},
 	{isErr(relay.ErrOutboxMissing), `run "outbox-relay setup --create-outbox-table", or set outbox.table to your outbox table`},
 	{isPgCode("42P01"), `a table the relay needs is missing: run "outbox-relay setup" (as the tables' owner) to create the relay's tables`},
+	{isErr(replication.ErrMessagesUnsupported), `upgrade the server to Postgres 14 or later, or set outbox.source: table and write the events to an outbox table`},
+	{isErr(replication.ErrNonTransactional), `make the application emit its events with pg_logical_emit_message(true, ...); to skip such messages (they are never sent), set outbox.messages.non_transactional: ignore and restart the relay`},
 	{isType[*relay.FutureStartError], `give --start-lsn at or before the server's position, or add --force if that is really meant`},
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 )
 
 const (
@@ -124,6 +125,8 @@ func (e *env) opsConfig() ops.Config {
 	return ops.Config{
 		Slot:            e.cfg.Replication.Slot,
 		Table:           e.cfg.Table,
+		Tables:          e.cfg.moreTables(),
+		TableOptional:   e.cfg.Source == relay.SourceMessages,
 		CheckpointTable: e.cfg.CheckpointTable,
 		RetryTable:      e.cfg.RetryTable,
 		Fix:             hint,

@@ -35,7 +35,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	// An empty RELAY_METRICS_LISTEN must be able to disable metrics.
 	v.AllowEmptyEnv(true)
 	for _, s := range settings {
-		if s.isMap() {
+		if s.isMap() || s.kind == tables {
 			continue
 		}
 		// An ignored key has no default, so that IsSet tells whether the
@@ -54,6 +54,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	}
 
 	maps := map[string]map[string]string{}
+	var outboxTables []map[string]any
 	if file != "" {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -62,7 +63,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		// viper folds keys to lower case, which would corrupt the
 		// aggregate types in topics.overrides and hide typos of upper-case
 		// keys: the file is walked here for both.
-		if maps, err = checkKeys(raw); err != nil {
+		if maps, outboxTables, err = checkKeys(raw); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
 		v.SetConfigFile(file)
@@ -81,12 +82,22 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		}
 	}
 
+	if es, ok, err := tablesFromEnv(); err != nil {
+		return nil, err
+	} else if ok {
+		outboxTables = es
+	}
+
 	l := loader{v: v, maps: maps}
 	c := &config{}
 	for i := range settings {
 		l.read(&settings[i], c)
 	}
 	if err := errors.Join(l.errs...); err != nil {
+		return c, err
+	}
+	// Each table of outbox.tables starts from the top level as read.
+	if err := readTables(outboxTables, c); err != nil {
 		return c, err
 	}
 	c.kafkaOptional = !needKafka
@@ -109,6 +120,9 @@ func (l *loader) read(s *setting, c *config) {
 			c.ignored = append(c.ignored, key)
 		}
 		return
+	}
+	if s.kind == tables {
+		return // readTables, once every other key is read
 	}
 	p := s.field(c)
 	switch s.kind {
@@ -261,16 +275,25 @@ func parseMapEnv(s *setting, env string) (map[string]string, error) {
 // checkKeys rejects keys of the YAML document that are not config keys (typos
 // would otherwise be ignored silently) and returns the map keys' values with
 // their keys' case intact.
-func checkKeys(raw []byte) (map[string]map[string]string, error) {
+func checkKeys(raw []byte) (map[string]map[string]string, []map[string]any, error) {
 	var doc map[string]any
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	maps := map[string]map[string]string{}
+	var outboxTables []map[string]any
 	var walk func(prefix string, m map[string]any) error
 	walk = func(prefix string, m map[string]any) error {
 		for k, val := range m {
 			key := prefix + k
+			if s := settingOf(key); s != nil && s.kind == tables {
+				es, err := tablesEntries(val)
+				if err != nil {
+					return err
+				}
+				outboxTables = es
+				continue
+			}
 			if s := settingOf(key); s != nil && s.isMap() {
 				if val == nil {
 					continue
@@ -312,7 +335,8 @@ func checkKeys(raw []byte) (map[string]map[string]string, error) {
 		}
 		return nil
 	}
-	return maps, walk("", doc)
+	err := walk("", doc)
+	return maps, outboxTables, err
 }
 
 func isSection(prefix string) bool {

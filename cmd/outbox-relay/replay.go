@@ -23,15 +23,15 @@ import (
 
 func newReplayCmd(wrap wrapFunc) *cobra.Command {
 	var (
-		id, from, to, fromLSN, fromEvent, topic, orderBy string
-		aggTypes, aggIDs                                 []string
-		rate                                             float64
-		batch                                            int
-		dryRun                                           bool
+		id, from, to, fromLSN, fromEvent, topic, orderBy, table string
+		aggTypes, aggIDs                                        []string
+		rate                                                    float64
+		batch                                                   int
+		dryRun                                                  bool
 	)
 	cmd := &cobra.Command{
 		Annotations: map[string]string{"kafka": "optional"}, // --dry-run needs none
-		Use:         "replay [--id ID] [--from TIME | --from-lsn LSN | --from-event ID] [--to TIME] [--aggregate-type T]... [--aggregate-id ID]... [--topic T] [--order-by COLUMN] [--rate N] [--dry-run]",
+		Use:         "replay [--id ID] [--table TABLE] [--from TIME | --from-lsn LSN | --from-event ID] [--to TIME] [--aggregate-type T]... [--aggregate-id ID]... [--topic T] [--order-by COLUMN] [--rate N] [--dry-run]",
 		Short:       "Re-deliver events still in the outbox table, marked as a replay",
 		Long: `replay reads rows still in the outbox table and sends them again, routed as the
 relay routes them (or all to --topic), each with the header replay_id=<run id>.
@@ -49,7 +49,9 @@ bigserial column: insert order) or, without it, created_at then ctid (see
 "Replaying events" in docs/retention-and-replay.md). Rows are read in pages (--batch); the position is
 saved after each page Kafka acknowledged: run again with the same --id to
 continue a run that was stopped or failed. --dry-run prints how many events and
-bytes would go and sends nothing. --rate limits events per second.`,
+bytes would go and sends nothing. --rate limits events per second. With several
+outbox tables (outbox.tables), --table names the one to replay (default
+outbox.table), routed by its own settings.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
 			sel := replay.Selection{FromEvent: fromEvent, AggregateTypes: aggTypes, AggregateIDs: aggIDs}
@@ -89,12 +91,13 @@ bytes would go and sends nothing. --rate limits events per second.`,
 				_, _ = rand.Read(b)
 				id = "replay-" + time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b)
 			}
-			return runReplay(cmd.Context(), e, cmd.ErrOrStderr(), replayArgs{id: id, sel: sel, topic: topic, orderBy: orderBy,
+			return runReplay(cmd.Context(), e, cmd.ErrOrStderr(), replayArgs{id: id, sel: sel, topic: topic, orderBy: orderBy, table: table,
 				rate: rate, batch: batch, dryRun: dryRun})
 		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&id, "id", "", "the run's id: the same id resumes a stopped run (default: a new id, printed)")
+	f.StringVar(&table, "table", "", "the outbox table to replay: outbox.table (the default) or one of outbox.tables")
 	f.StringVar(&from, "from", "", "rows whose created_at is at or after this time (RFC 3339, \"2006-01-02 15:04:05\" UTC, or a duration ago like 24h or 7d)")
 	f.StringVar(&fromLSN, "from-lsn", "", "rows of transactions committed after this checkpoint LSN (with the checkpoint history)")
 	f.StringVar(&fromEvent, "from-event", "", "the row with this event id, and every row after it")
@@ -110,7 +113,7 @@ bytes would go and sends nothing. --rate limits events per second.`,
 }
 
 type replayArgs struct {
-	id             string
+	id, table      string
 	sel            replay.Selection
 	topic, orderBy string
 	rate           float64
@@ -146,7 +149,23 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
 	defer pool.Close()
-	outbox, _ := sql.ParseTable(c.Table)
+	name, rc := c.Table, c.routerConfig()
+	if a.table != "" {
+		want := a.table
+		if !strings.Contains(want, ".") {
+			want = "public." + want
+		}
+		found := want == c.Table
+		for _, t := range c.Tables {
+			if t.Table == want {
+				name, rc, found = t.Table, t.Router, true
+			}
+		}
+		if !found {
+			return usageErrorf("--table %s: not an outbox table of the configuration (outbox.table, outbox.tables)", a.table)
+		}
+	}
+	outbox, _ := sql.ParseTable(name)
 	checkpoint, _ := sql.ParseTable(c.CheckpointTable)
 	var s replay.Sink = dryRunSink{}
 	if !a.dryRun {
@@ -160,7 +179,7 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 	progress := newProgressWriter(stderr, e, a.id)
 	r, err := replay.New(ctx, pool, s, replay.Config{
 		ID: a.id, Selection: a.sel, Topic: a.topic, OrderBy: a.orderBy, Rate: a.rate, BatchSize: a.batch,
-		Outbox: outbox, Columns: sql.Columns(c.Router.Columns), Router: c.routerConfig(),
+		Outbox: outbox, Columns: sql.Columns(rc.Columns), Router: rc,
 		CheckpointTable: checkpoint, Slot: c.Replication.Slot, Log: e.log, Progress: progress.update,
 	})
 	if err != nil {

@@ -196,6 +196,7 @@ type retryEntryJSON struct {
 	AggregateID   *string           `json:"aggregate_id"`
 	EventType     *string           `json:"event_type"`
 	Topic         *string           `json:"topic"`
+	OutboxTable   *string           `json:"outbox_table"` // null for a logical decoding message's event
 	Status        string            `json:"status"`
 	Waiting       bool              `json:"waiting"`
 	Attempts      int               `json:"attempts"`
@@ -232,7 +233,7 @@ func retryEntryToJSON(en retry.Entry, withBody bool) retryEntryJSON {
 	j := retryEntryJSON{
 		Seq: en.Seq, EventKey: en.EventKey, EventID: nullIfEmpty(en.EventID), Aggregate: en.Aggregate,
 		AggregateType: nullIfEmpty(en.AggregateType), AggregateID: nullIfEmpty(en.AggregateID),
-		EventType: nullIfEmpty(en.EventType), Topic: nullIfEmpty(en.Topic), Status: string(en.Status),
+		EventType: nullIfEmpty(en.EventType), Topic: nullIfEmpty(en.Topic), OutboxTable: nullIfEmpty(en.Table), Status: string(en.Status),
 		Waiting: en.Waiting, Attempts: en.Attempts, NextAttemptAt: en.NextAttemptAt, LastError: en.LastError,
 		FirstFailedAt: en.FirstFailedAt, CreatedAt: en.CreatedAt, UpdatedAt: en.UpdatedAt,
 		LastResort: en.LastResort,
@@ -337,6 +338,7 @@ func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 	row("aggregate id", "%s", dashIfEmpty(en.AggregateID))
 	row("event type", "%s", dashIfEmpty(en.EventType))
 	row("topic", "%s", dashIfEmpty(en.Topic))
+	row("outbox table", "%s", dashIfEmpty(en.Table))
 	row("attempts", "%d", en.Attempts)
 	switch {
 	case en.Status == retry.StatusDead:

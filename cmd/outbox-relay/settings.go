@@ -61,6 +61,7 @@ const (
 	fields                 // router.ParseFields
 	mapping                // a map of name: value, case kept
 	placements             // a map of schema.table: deliver|ignore
+	tables                 // outbox.tables: a list of objects (tables.go)
 	ignored                // accepted for compatibility, warned about, unused
 )
 
@@ -101,6 +102,19 @@ var settings = []setting{
 		doc:  `table or schema.table, exact (case-sensitive) names; may be partitioned (see [Partitioned outbox tables](outbox-table.md#partitioned-outbox-tables))`,
 		flag: "outbox-table", usage: "outbox table, table or schema.table",
 		field: func(c *config) any { return &c.Table }},
+	{key: "outbox.tables", def: "", kind: tables, shown: "none",
+		doc:   "more outbox tables read on the same slot and publication, each `{table: schema.name, layout: …, columns: {…}, topics: {…}, message: {…}}` with the settings of its own; it takes `topics.*` and `message.*` from the top level unless it sets them, its columns and `message.headers` from its own layout. `RELAY_OUTBOX_TABLES` takes the list as YAML or JSON. See [Several outbox tables](outbox-table.md#several-outbox-tables-one-relay)",
+		entry: "{table: schema.name, …}",
+		field: func(c *config) any { return &c.Tables }},
+	{key: "outbox.source", def: relay.SourceTable, kind: lower,
+		doc:   "where events come from: `table` (inserts into `outbox.table`), `messages` (transactional `pg_logical_emit_message` messages with a prefix of `outbox.messages.prefixes`, Postgres 14+; `outbox.table` is then the optional archive that `replay` and `recover` read) or `both`. See [A table-less outbox: logical decoding messages](outbox-table.md#a-table-less-outbox-logical-decoding-messages)",
+		field: func(c *config) any { return &c.Source }},
+	{key: "outbox.messages.prefixes", def: relay.DefaultMessagePrefix, kind: list,
+		doc:   "with `outbox.source` `messages` or `both`: the prefixes of the messages that are events (a YAML list, or one comma-separated string); messages of other prefixes are skipped",
+		field: func(c *config) any { return &c.Replication.MessagePrefixes }},
+	{key: "outbox.messages.non_transactional", def: replication.NonTransactionalStop, kind: lower,
+		doc:   "a non-transactional message with one of the prefixes is written whether its transaction commits or not, so it is never sent: `stop` (the relay stops before it, saying so, and confirms nothing past it) or `ignore` (skipped, counted in `ignored_changes_total{kind=\"non_transactional_message\"}`, logged once)",
+		field: func(c *config) any { return &c.Replication.NonTransactional }},
 	{key: "outbox.other_tables", def: "{}", kind: placements,
 		entry: "schema.table: deliver|ignore", example: "public.outbox_2026_01=deliver,public.audit=ignore",
 		doc:   "what inserts under another table's name are, when the relay cannot tell by itself: `schema.table: deliver` (outbox events) or `ignore`; `RELAY_OUTBOX_OTHER_TABLES=public.outbox_2026_01=deliver`. See [When an insert arrives under another name](outbox-table.md#when-an-insert-arrives-under-another-name)",

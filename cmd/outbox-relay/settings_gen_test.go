@@ -151,6 +151,8 @@ func exampleYAML() string {
 		switch {
 		case s.isMap():
 			fmt.Fprintf(&b, "%s%s: {}\n", indent, name)
+		case s.kind == tables:
+			fmt.Fprintf(&b, "%s%s: []\n", indent, name)
 		case s.kind == list && s.example != "":
 			fmt.Fprintf(&b, "%s%s:\n%s  - %s\n", indent, name, indent, s.example)
 		default:

@@ -262,3 +262,73 @@ func TestSetupPartitionedOutbox(t *testing.T) {
 		t.Errorf("publication created by setup: pubviaroot = %s; want true", got)
 	}
 }
+
+// TestSetupMessages: with outbox.source messages, setup needs no outbox
+// table (the archive is optional) and creates a publication of no table;
+// check agrees; an archive in the publication is a problem for both.
+func TestSetupMessages(t *testing.T) {
+	dsn, slot := dbEnv(t)
+	if v := queryString(t, dsn, `SHOW server_version_num`); v < "140000" {
+		t.Skipf("Postgres %s: pgoutput sends logical decoding messages from 14 on", v)
+	}
+	t.Setenv("RELAY_OUTBOX_SOURCE", "messages")
+	code, out, errOut := run(t, "setup")
+	if code != exitcode.OK {
+		t.Fatalf("setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	wantLines(t, "setup", out,
+		"outbox table public.outbox: none; events come from logical decoding messages",
+		"publication outbox_relay: created for no table",
+		"slot "+slot+": created (pgoutput) at ")
+	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); n != "0" {
+		t.Errorf("the publication covers %s tables; want none", n)
+	}
+	code, out, _ = run(t, "check")
+	wantLines(t, "check", out, "does not exist: events come from logical decoding messages", "the server's pgoutput sends logical decoding messages")
+
+	// An archive the publication covers would stop the relay at its first row.
+	execSQL(t, dsn, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregate_type text, aggregate_id text, event_type text, payload jsonb, headers jsonb)`,
+		`ALTER PUBLICATION outbox_relay ADD TABLE outbox`)
+	code, out, _ = run(t, "setup")
+	if code != exitcode.Failure {
+		t.Errorf("setup with the archive published: exit = %d; want %d", code, exitcode.Failure)
+	}
+	wantLines(t, "setup", out, `publication outbox_relay: covers public.outbox, whose inserts would stop a relay that reads messages only; fix: ALTER PUBLICATION "outbox_relay" DROP TABLE "public"."outbox"`)
+	code, out, _ = run(t, "check")
+	if code == exitcode.OK {
+		t.Errorf("check with the archive published: exit 0; want a failure")
+	}
+	wantLines(t, "check", out, `covers public.outbox, whose inserts stop a relay that reads messages only`)
+}
+
+// TestSetupTables: setup creates every table of outbox.tables in its layout
+// and one publication of all; check then passes them, and names a table the
+// publication does not cover.
+func TestSetupTables(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	execSQL(t, dsn, `CREATE SCHEMA billing`)
+	t.Setenv("RELAY_OUTBOX_TABLES", `[{table: billing.outbox, layout: debezium}, {table: shipping_events}]`)
+	code, out, errOut := run(t, "setup", "--create-outbox-table")
+	if code != exitcode.OK {
+		t.Fatalf("setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	wantLines(t, "setup", out,
+		"outbox table billing.outbox: created (debezium layout)",
+		"outbox table public.shipping_events: created (relay layout)",
+		"publication outbox_relay: created for public.outbox, billing.outbox, public.shipping_events")
+	if got := queryString(t, dsn, `SELECT string_agg(schemaname || '.' || tablename, ',' ORDER BY schemaname, tablename) FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); got != "billing.outbox,public.outbox,public.shipping_events" {
+		t.Errorf("the publication covers %s; want the three tables", got)
+	}
+	if got := queryString(t, dsn, `SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'billing.outbox'::regclass AND attnum > 0`); !strings.Contains(got, "aggregatetype") {
+		t.Errorf("billing.outbox has columns %s; want Debezium's", got)
+	}
+	_, out, _ = run(t, "check")
+	wantLines(t, "check", out, "billing.outbox has the mapped columns", "covers the outbox table public.shipping_events")
+
+	execSQL(t, dsn, `ALTER PUBLICATION outbox_relay DROP TABLE shipping_events`)
+	code, out, _ = run(t, "check")
+	if code == exitcode.OK {
+		t.Errorf("check with a table out of the publication: exit 0; want a failure")
+	}
+	wantLines(t, "check", out, `does not cover the outbox table public.shipping_events; ALTER PUBLICATION "outbox_relay" ADD TABLE "public"."shipping_events"`)
+}

@@ -36,11 +36,20 @@ type Config struct {
 	// (Postgres 17+), check verifies the primary's and standbys' side.
 	Failover    bool
 	OutboxTable sql.Table
-	Layout      sql.Layout  // the outbox.layout preset: setup's table types
-	Columns     sql.Columns // empty fields: the layout's
+	// MessagesOnly: the relay reads logical decoding messages only
+	// (outbox.source messages): the outbox table is then the optional
+	// archive, and the publication must cover no table the relay would
+	// read inserts of. Messages (messages or both) needs Postgres 14+.
+	MessagesOnly, Messages bool
+	Layout                 sql.Layout  // the outbox.layout preset: setup's table types
+	Columns                sql.Columns // empty fields: the layout's
 	// Router is the relay's routing: the columns it reads (check and
 	// setup compare them with the table, as run does at start).
-	Router          router.Config
+	Router router.Config
+	// Tables are more outbox tables (outbox.tables), read on the same
+	// slot: setup creates (with createOutbox) and publishes each, check
+	// checks each.
+	Tables          []Table
 	CheckpointTable sql.Table
 	RetryTable      sql.Table
 	Kafka           sink.Config // the settings Check's Kafka connects with, for its messages
@@ -62,6 +71,15 @@ type Config struct {
 	// Text, when set, is an error's text as the operator reads it: a
 	// *field.Error of the relay's Config under its key. Default: Error().
 	Text func(error) string
+}
+
+// A Table is one more outbox table: its name, its layout and columns (what
+// setup creates), and its routing (the columns the relay reads).
+type Table struct {
+	Name    sql.Table
+	Layout  sql.Layout
+	Columns sql.Columns
+	Router  router.Config
 }
 
 func (c *Config) text(err error) string {

@@ -282,3 +282,16 @@ func atLSN(e *pgconn.PgError) string {
 	}
 	return ""
 }
+
+// messagesProblem says why the server cannot send logical decoding
+// messages to the relay (pgoutput's messages option is Postgres 14+), or "".
+func messagesProblem(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var v int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
+		return "", fmt.Errorf("read the server version: %w", err)
+	}
+	if v < replication.MessagesMinVersion {
+		return fmt.Sprintf("the server runs Postgres %d, whose pgoutput cannot send logical decoding messages (14 and later can); upgrade, or set outbox.source: table", v/10000), nil
+	}
+	return "", nil
+}

@@ -133,10 +133,49 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	switch {
 	case err != nil:
 		c.fail("outbox table", "%v", cfg.scrub(err))
+	case oid == 0 && cfg.MessagesOnly:
+		c.ok("outbox table", "%s does not exist: events come from logical decoding messages (outbox.source: messages); without this archive, replay and recover have no rows to read (see docs/outbox-table.md)", outbox)
 	case oid == 0:
 		c.fail("outbox table", "%s does not exist; run `outbox-relay setup --create-outbox-table`, or set outbox.table", outbox)
 	default:
 		checkColumns(ctx, conn, oid, outbox, cfg, c)
+	}
+	if cfg.Messages {
+		switch p, err := messagesProblem(ctx, conn); {
+		case err != nil:
+			c.fail("messages", "%v", cfg.scrub(err))
+		case p != "":
+			c.fail("messages", "%s", p)
+		default:
+			c.ok("messages", "the server's pgoutput sends logical decoding messages")
+		}
+	}
+
+	// The other outbox tables, each with its columns and in the publication.
+	for _, t := range cfg.Tables {
+		toid, err := tableOID(ctx, conn, t.Name)
+		switch {
+		case err != nil:
+			c.fail("outbox table", "%v", cfg.scrub(err))
+			continue
+		case toid == 0:
+			c.fail("outbox table", "%s (outbox.tables) does not exist; run `outbox-relay setup --create-outbox-table`, or remove it from outbox.tables", t.Name)
+			continue
+		}
+		if err := tableColumns(ctx, conn, toid, t.Name, t.Router); err != nil {
+			c.fail("outbox table", "%v", strings.TrimPrefix(err.Error(), "outbox table "))
+		} else {
+			c.ok("outbox table", "%s has the mapped columns with usable types", t.Name)
+		}
+		switch tp, err := publication(ctx, conn, cfg.Publication, toid); {
+		case err != nil:
+			c.fail("publication", "%v", cfg.scrub(err))
+		case tp.Exists && !tp.Covers:
+			c.fail("publication", "%s does not cover the outbox table %s; ALTER PUBLICATION %s ADD TABLE %s",
+				cfg.Publication, t.Name, sql.Ident(cfg.Publication), t.Name.Quoted())
+		case tp.Exists:
+			c.ok("publication", "%s covers the outbox table %s", cfg.Publication, t.Name)
+		}
 	}
 
 	// Publication.
@@ -147,6 +186,11 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 		c.fail("publication", "%v", cfg.scrub(err))
 	case !pub.Exists:
 		c.fail("publication", "%s does not exist; run `outbox-relay setup`", pubName)
+	case cfg.MessagesOnly && oid != 0 && pub.Covers:
+		c.fail("publication", "%s covers %s, whose inserts stop a relay that reads messages only; ALTER PUBLICATION %s DROP TABLE %s, or set outbox.source: both if its inserts are events too",
+			pubName, outbox, sql.Ident(pubName), outbox.Quoted())
+	case cfg.MessagesOnly:
+		c.ok("publication", "%s exists (covers %s; the relay reads messages only)", pubName, publicationTables(pub))
 	case oid != 0 && !pub.Covers:
 		c.fail("publication", "%s does not cover %s (it covers %s); ALTER PUBLICATION %s ADD TABLE %s",
 			pubName, outbox, publicationTables(pub), sql.Ident(pubName), outbox.Quoted())
@@ -337,7 +381,12 @@ func checkColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Tab
 // outboxColumns returns the *placement.ColumnsError of the outbox table's
 // columns against what the relay's router reads, as run reports it at start.
 func outboxColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Table, cfg *Config) error {
-	rt, err := router.New(cfg.Router)
+	return tableColumns(ctx, conn, oid, table, cfg.Router)
+}
+
+// tableColumns is outboxColumns for a table routed by rc.
+func tableColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Table, rc router.Config) error {
+	rt, err := router.New(rc)
 	if err != nil {
 		return err
 	}

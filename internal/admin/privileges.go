@@ -13,7 +13,11 @@ import (
 
 // objects names what the relay's role works on, for sql.RelayPrivileges.
 func (c *Config) objects() sql.Objects {
-	return sql.Objects{Outbox: c.OutboxTable, Checkpoint: c.CheckpointTable, Retry: c.RetryTable, Retention: c.Retention > 0}
+	o := sql.Objects{Outbox: c.OutboxTable, Checkpoint: c.CheckpointTable, Retry: c.RetryTable, Retention: c.Retention > 0}
+	for _, t := range c.Tables {
+		o.More = append(o.More, t.Name)
+	}
+	return o
 }
 
 // checkPrivileges fails once per object on which the connecting role lacks

@@ -61,8 +61,19 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 			return err
 		}
 		say("outbox table %s: created (%s layout)", outbox, cfg.Layout)
+	case cfg.MessagesOnly:
+		say("outbox table %s: none; events come from logical decoding messages (outbox.source: messages), and this table is only the optional archive replay and recover read", outbox)
 	default:
 		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
+	}
+	if cfg.Messages {
+		p, err := messagesProblem(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if p != "" {
+			problem("messages: %s", p)
+		}
 	}
 
 	// The columns the relay reads, as run checks them at start: a mapping
@@ -75,6 +86,42 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		case err != nil:
 			return err
 		}
+	}
+
+	// The other outbox tables (outbox.tables), each as the first.
+	var more []sql.Table
+	moreOIDs := map[sql.Table]uint32{}
+	for _, t := range cfg.Tables {
+		toid, err := tableOID(ctx, conn, t.Name)
+		if err != nil {
+			return err
+		}
+		switch {
+		case toid != 0:
+			say("outbox table %s: already exists", t.Name)
+		case createOutbox:
+			for _, stmt := range sql.OutboxTable(t.Name, t.Columns, t.Layout) {
+				if _, err := conn.Exec(ctx, stmt); err != nil {
+					return fmt.Errorf("create outbox table %s: %w", t.Name, err)
+				}
+			}
+			if toid, err = tableOID(ctx, conn, t.Name); err != nil {
+				return err
+			}
+			say("outbox table %s: created (%s layout)", t.Name, t.Layout)
+		default:
+			problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or remove it from outbox.tables", t.Name)
+			continue
+		}
+		var ce *placement.ColumnsError
+		switch err := tableColumns(ctx, conn, toid, t.Name, t.Router); {
+		case errors.As(err, &ce):
+			problem("%v", err)
+		case err != nil:
+			return err
+		}
+		more = append(more, t.Name)
+		moreOIDs[t.Name] = toid
 	}
 
 	checkpoint := cfg.CheckpointTable
@@ -162,13 +209,28 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		return err
 	}
 	switch {
+	case cfg.MessagesOnly && !pub.Exists:
+		if _, err := conn.Exec(ctx, sql.CreateMessagesPublication(pubName)); err != nil {
+			return fmt.Errorf("create publication %s: %w", pubName, err)
+		}
+		say("publication %s: created for no table (logical decoding messages are sent whatever it covers)", pubName)
+	case cfg.MessagesOnly && oid != 0 && pub.Covers:
+		problem("publication %s: covers %s, whose inserts would stop a relay that reads messages only; fix: ALTER PUBLICATION %s DROP TABLE %s, or set outbox.source: both if its inserts are events too",
+			pubName, outbox, sql.Ident(pubName), outbox.Quoted())
+	case cfg.MessagesOnly:
+		say("publication %s: already exists", pubName)
 	case !pub.Exists && oid == 0:
 		problem("publication %s: not created: the outbox table is missing", pubName)
 	case !pub.Exists:
-		if _, err := conn.Exec(ctx, sql.CreatePublication(pubName, outbox)); err != nil {
+		if _, err := conn.Exec(ctx, sql.CreatePublication(pubName, outbox, more...)); err != nil {
 			return fmt.Errorf("create publication %s: %w", pubName, err)
 		}
-		say("publication %s: created for %s, inserts only, partitions under the table's name (publish_via_partition_root)", pubName, outbox)
+		names := outbox.String()
+		for _, t := range more {
+			names += ", " + t.String()
+		}
+		say("publication %s: created for %s, inserts only, partitions under the table's name (publish_via_partition_root)", pubName, names)
+		pub.Exists, more = true, nil // all covered
 	case oid == 0:
 		say("publication %s: already exists", pubName)
 	case !pub.Covers:
@@ -187,6 +249,21 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		say("publication %s: already exists, covers the partitioned %s; set publish_via_partition_root = true, so that its partitions' inserts arrive under its name", pubName, outbox)
 	default:
 		say("publication %s: already exists, covers %s", pubName, outbox)
+	}
+
+	// An existing publication must cover every other outbox table too.
+	for _, t := range more {
+		if !pub.Exists || cfg.MessagesOnly {
+			break
+		}
+		tp, err := publication(ctx, conn, pubName, moreOIDs[t])
+		if err != nil {
+			return err
+		}
+		if !tp.Covers {
+			problem("publication %s: does not cover the outbox table %s; fix: ALTER PUBLICATION %s ADD TABLE %s",
+				pubName, t, sql.Ident(pubName), t.Quoted())
+		}
 	}
 
 	slotName := cfg.Slot
@@ -293,8 +370,15 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 -- %s, names any that is missing.
 `, inComment, inComment, inComment)
 	o := cfg.objects()
+	var more []sql.Table
+	for _, t := range cfg.Tables {
+		more = append(more, t.Name)
+	}
 	if createOutbox {
 		block(fmt.Sprintf("The outbox table (%s layout).", cfg.Layout), sql.OutboxTable(o.Outbox, cfg.Columns, cfg.Layout)...)
+		for _, t := range cfg.Tables {
+			block(fmt.Sprintf("The outbox table %s (%s layout).", t.Name, t.Layout), sql.OutboxTable(t.Name, t.Columns, t.Layout)...)
+		}
 	}
 	block("The checkpoint table: the last transaction delivered, one row per slot, and the\n"+
 		"epoch of the relay that leads the slot (a table from an earlier version gets the column).",
@@ -302,9 +386,15 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	block("The checkpoint history (replay and retention map LSNs to rows with it).", sql.CheckpointHistoryTable(o.Checkpoint)...)
 	block("The retry table: failed events, and those waiting behind them.", sql.RetryTable(o.Retry)...)
 	block("The replay table: replay's resumable runs.", sql.ReplayTable(o.Checkpoint))
-	block("The publication of the outbox table, inserts only; a partitioned outbox's partitions\n"+
-		"publish under its name (an existing publication gets the option too).",
-		sql.CreatePublicationIfMissing(cfg.Publication, o.Outbox), sql.PublishViaRoot(cfg.Publication))
+	if cfg.MessagesOnly {
+		block("The publication, of no table: the relay reads logical decoding messages, which\n"+
+			"pgoutput sends whatever the publication covers.",
+			sql.CreateMessagesPublicationIfMissing(cfg.Publication))
+	} else {
+		block("The publication of the outbox table, inserts only; a partitioned outbox's partitions\n"+
+			"publish under its name (an existing publication gets the option too).",
+			sql.CreatePublicationIfMissing(cfg.Publication, o.Outbox, more...), sql.PublishViaRoot(cfg.Publication))
+	}
 	block("The relay's role: LOGIN REPLICATION, created without a password if missing\n"+
 		"(set one: \\password in psql). Needs a superuser; on a managed service grant\n"+
 		"its replication role instead (AWS RDS: GRANT rds_replication TO "+inComment+").",

@@ -59,6 +59,9 @@ type producer struct {
 	rng     *mrand.Rand
 	rate    float64 // events per second
 	poisonP float64 // chance that a transaction carries a poison event
+	// messages: each event is also emitted as a transactional logical
+	// decoding message, in the statement that archives it (emitSQL).
+	messages bool
 
 	mu    sync.Mutex
 	stats producerStats
@@ -100,7 +103,7 @@ func (p *producer) Run(ctx context.Context) error {
 		}
 		evs := p.makeTx()
 		start := time.Now()
-		err := insertTx(ctx, conn, evs)
+		err := insertTx(ctx, conn, evs, p.messages)
 		if err == nil {
 			p.committed(evs)
 		} else {
@@ -254,7 +257,14 @@ func (p *producer) committed(evs []outboxEvent) {
 	}
 }
 
-func insertTx(ctx context.Context, conn *pgx.Conn, evs []outboxEvent) error {
+// emitSQL archives an event and emits it as a logical decoding message in
+// one statement, as docs/outbox-table.md shows an application doing it.
+const emitSQL = `WITH e AS (
+	INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::jsonb) RETURNING *)
+SELECT pg_logical_emit_message(true, 'outbox', json_build_object('id', id, 'aggregate_type', aggregate_type,
+	'aggregate_id', aggregate_id, 'event_type', event_type, 'payload', payload, 'headers', headers)::text) FROM e`
+
+func insertTx(ctx context.Context, conn *pgx.Conn, evs []outboxEvent, messages bool) error {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -262,8 +272,11 @@ func insertTx(ctx context.Context, conn *pgx.Conn, evs []outboxEvent) error {
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	b := &pgx.Batch{}
 	for _, e := range evs {
-		b.Queue(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::jsonb)`,
-			e.id, e.aggType, e.aggID, e.aggType+"Changed", e.payload)
+		stmt := `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::jsonb)`
+		if messages {
+			stmt = emitSQL
+		}
+		b.Queue(stmt, e.id, e.aggType, e.aggID, e.aggType+"Changed", e.payload)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("insert: %w", err)

@@ -95,6 +95,7 @@ type suite struct {
 	proxy  *Proxy
 	sup    *supervisor
 
+	messages   bool              // events are logical decoding messages, the outbox table their archive
 	count      map[faultKind]int // faults injected
 	midKills   int               // relay kills in the middle of an outage (also in count[relayKill])
 	kafkaDown  bool
@@ -119,6 +120,36 @@ func TestFaultSuite(t *testing.T) {
 	} else if v != "" && v != "reduced" {
 		t.Fatalf("RELAY_FAULTS=%q; want full, reduced or unset", v)
 	}
+	runFaultSuite(t, m, false)
+}
+
+// messagesMode is the run of TestFaultSuiteMessages: the relay's own faults
+// and cuts of its network to Postgres (an in-process proxy), which need no
+// server to themselves.
+var messagesMode = mode{
+	name:   "messages",
+	faults: map[faultKind]int{relayKill: 8, relayTerm: 1, pgCut: 1},
+	gap:    [2]time.Duration{500 * time.Millisecond, 2 * time.Second}, down: [2]time.Duration{time.Second, 3 * time.Second},
+	killMid: 0.25, rate: 500, drainMax: 5 * time.Minute,
+}
+
+// TestFaultSuiteMessages is the fault suite of a table-less outbox
+// (outbox.source: messages): the producer emits each event as a
+// transactional logical decoding message and, in the same statement, writes
+// it to an archive table the publication does not cover, which the checker
+// reads as the truth (the archive docs/outbox-table.md recommends). Every
+// guarantee of the table outbox is checked the same way.
+func TestFaultSuiteMessages(t *testing.T) {
+	m := messagesMode
+	if os.Getenv("RELAY_FAULTS") == "full" {
+		m.faults = map[faultKind]int{relayKill: 30, relayTerm: 3, pgCut: 5}
+	}
+	runFaultSuite(t, m, true)
+}
+
+// runFaultSuite is one run of the fault suite; with messages, events are
+// logical decoding messages (see TestFaultSuiteMessages).
+func runFaultSuite(t *testing.T, m mode, messages bool) {
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("RELAY_FAULTS_SEED"); v != "" {
 		var err error
@@ -128,7 +159,7 @@ func TestFaultSuite(t *testing.T) {
 	}
 	t.Logf("fault suite: %s mode, seed %d (replay the fault order with RELAY_FAULTS_SEED=%d)", m.name, seed, seed)
 
-	s := &suite{t: t, m: m, rng: mrand.New(mrand.NewPCG(seed, 1)), began: time.Now(), count: map[faultKind]int{}}
+	s := &suite{t: t, m: m, rng: mrand.New(mrand.NewPCG(seed, 1)), began: time.Now(), count: map[faultKind]int{}, messages: messages}
 	bin := testenv.RelayBinary(t)
 	s.pg = testenv.Postgres(t)
 	s.kafka = testenv.Kafka(t)
@@ -159,7 +190,11 @@ func TestFaultSuite(t *testing.T) {
 	}
 	defer relayLog.Close()
 	t.Logf("relay output: %s", relayLog.Name())
-	s.sup = &supervisor{bin: bin, log: relayLog, reqs: make(chan signalReq), env: append(os.Environ(),
+	env := os.Environ()
+	if messages {
+		env = append(env, "RELAY_OUTBOX_SOURCE=messages")
+	}
+	s.sup = &supervisor{bin: bin, log: relayLog, reqs: make(chan signalReq), env: append(env,
 		"RELAY_POSTGRES_DSN="+withHostPort(s.pg.DSN, s.proxy.Addr()),
 		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
 		"RELAY_POSTGRES_SLOT="+s.slot,
@@ -172,6 +207,7 @@ func TestFaultSuite(t *testing.T) {
 		"RELAY_LOG_FORMAT=json",
 	)}
 	prod := newProducer(s.pg.DSN, seed, m.rate)
+	prod.messages = messages
 
 	// Three goroutines with owners: the proxy and the relay supervisor until the end
 	// (services), the producer until the faults are over.
@@ -392,7 +428,12 @@ func (s *suite) setupDatabase() {
 	for _, stmt := range outboxsql.RetryTable(retryTable) {
 		s.pg.Exec(s.t, stmt)
 	}
-	s.pg.Exec(s.t, outboxsql.CreatePublication("outbox_relay", outbox))
+	if s.messages {
+		// The archive is not published: its inserts are no events.
+		s.pg.Exec(s.t, outboxsql.CreateMessagesPublication("outbox_relay"))
+	} else {
+		s.pg.Exec(s.t, outboxsql.CreatePublication("outbox_relay", outbox))
+	}
 	s.pg.Exec(s.t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, s.slot)
 	s.pg.Exec(s.t, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, s.probe)
 	s.pg.Exec(s.t, `CREATE TABLE retry_audit (event_key text, event_id text, status text, waiting boolean, last_error text,

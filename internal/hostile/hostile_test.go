@@ -75,9 +75,13 @@ func TestHostile(t *testing.T) {
 	for i, kind := range m.kinds {
 		t.Run(kind, func(t *testing.T) {
 			t.Logf("seed %d (replay with RELAY_HOSTILE_SEED=%d)", s, s)
-			runHostile(t, m, kind, s+uint64(i))
+			runHostile(t, m, kind, s+uint64(i), false)
 		})
 	}
+	t.Run("messages", func(t *testing.T) {
+		t.Logf("seed %d (replay with RELAY_HOSTILE_SEED=%d)", s, s)
+		runHostile(t, m, "text", s+50, true)
+	})
 	t.Run("schema_drift", func(t *testing.T) {
 		t.Logf("seed %d (replay with RELAY_HOSTILE_SEED=%d)", s, s)
 		runDrift(t, s+100)
@@ -95,9 +99,13 @@ type env struct {
 	slot   string
 	probe  string
 	kind   string
-	g      *gen
-	rng    *mrand.Rand
-	cfg    relay.Config
+	// messages: the events are logical decoding messages (outbox.source
+	// messages), and the outbox table, which the publication does not
+	// cover, their archive: the truth the checker reads (see messages_test.go).
+	messages bool
+	g        *gen
+	rng      *mrand.Rand
+	cfg      relay.Config
 
 	headersColumn bool // the table still has its headers column
 	extraHeaders  map[int64]bool
@@ -117,8 +125,8 @@ type env struct {
 	nextColumn int
 }
 
-func newEnv(t *testing.T, kind string, g *gen, seed uint64) *env {
-	e := &env{
+func newEnv(t *testing.T, kind string, g *gen, seed uint64, messages bool) *env {
+	e := &env{messages: messages,
 		t: t, pg: testenv.Postgres(t), kafka: testenv.Kafka(t),
 		prefix: testenv.UniqueName(t, "h"), slot: testenv.UniqueName(t, "slot"), probe: testenv.UniqueName(t, "probe"),
 		kind: kind, g: g, rng: mrand.New(mrand.NewPCG(seed, 7)),
@@ -144,7 +152,18 @@ func newEnv(t *testing.T, kind string, g *gen, seed uint64) *env {
 	for _, stmt := range outboxsql.RetryTable(outboxsql.Table{Schema: "public", Name: "outbox_relay_retry"}) {
 		e.pg.Exec(t, stmt)
 	}
-	e.pg.Exec(t, outboxsql.CreatePublication("outbox_relay", outboxsql.Table{Schema: "public", Name: "outbox"}))
+	if messages {
+		var v int
+		if err := e.pool.QueryRow(context.Background(), `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v < replication.MessagesMinVersion {
+			t.Skipf("Postgres %d: pgoutput sends logical decoding messages from 14 on", v)
+		}
+		e.pg.Exec(t, outboxsql.CreateMessagesPublication("outbox_relay"))
+	} else {
+		e.pg.Exec(t, outboxsql.CreatePublication("outbox_relay", outboxsql.Table{Schema: "public", Name: "outbox"}))
+	}
 	e.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.slot)
 	e.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, e.probe)
 	for _, typ := range validTypes {
@@ -170,6 +189,9 @@ func newEnv(t *testing.T, kind string, g *gen, seed uint64) *env {
 		MaxInFlightEvents:  window,
 		ShutdownTimeout:    10 * time.Second,
 		Logger:             testLogger(t),
+	}
+	if messages {
+		e.cfg.Source = relay.SourceMessages
 	}
 	return e
 }
@@ -304,6 +326,10 @@ func (e *env) insert(evs []ev) {
 	}
 	b := &pgx.Batch{}
 	for _, v := range evs {
+		if e.messages {
+			e.queueMessage(b, &v)
+			continue
+		}
 		if e.headersColumn {
 			b.Queue(fmt.Sprintf(`INSERT INTO outbox (hnum, hseq, id, aggregate_type, aggregate_id, event_type, payload, headers)
 				VALUES ($1, $2, $3, $4, $5, $6, $7::text::%[1]s, $8::text::%[1]s)`, e.kind),
@@ -595,10 +621,10 @@ func (e *env) settle(timeout time.Duration, preDrop map[int64]*string) {
 
 // ---------------------------------------------------------------- the runs
 
-func runHostile(t *testing.T, m mode, kind string, seed uint64) {
+func runHostile(t *testing.T, m mode, kind string, seed uint64, messages bool) {
 	g := newGen(seed, kind)
 	g.tooLarge = m.tooLarge
-	e := newEnv(t, kind, g, seed)
+	e := newEnv(t, kind, g, seed, messages)
 	began := time.Now()
 	e.start(e.cfg)
 
@@ -639,7 +665,7 @@ func runHostile(t *testing.T, m mode, kind string, seed uint64) {
 // restarted with outbox.columns.headers = "-" it must lose nothing.
 func runDrift(t *testing.T, seed uint64) {
 	g := newGen(seed, "jsonb")
-	e := newEnv(t, "jsonb", g, seed)
+	e := newEnv(t, "jsonb", g, seed, false)
 	e.start(e.cfg)
 	batch := func(n int) {
 		for range n {

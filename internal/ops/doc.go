@@ -64,6 +64,8 @@
 //	time_lag.seconds               number  age of that event; 0 when caught up; null when unknown
 //	time_lag.last_delivered_age_seconds
 //	                               number  now - checkpoint.last_commit_time, or null
+//	tables                         array   with outbox.tables only: {table, time_lag} of each of them
+//	                                       (time_lag above is outbox.table's); absent otherwise
 //	retry                          object  the retry table's figures, or null when it does not exist
 //	retry.pending                  int     events waiting for another attempt
 //	retry.dead                     int     events that will not be retried (dead letters)

@@ -155,6 +155,36 @@ func TestLagMissingOutboxTable(t *testing.T) {
 	}
 }
 
+// TestLagMessagesWithoutArchive: a relay that reads logical decoding
+// messages may keep no archive table; its time lag is then unknown.
+func TestLagMessagesWithoutArchive(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.cfg
+	cfg.Table, cfg.TableOptional = f.schema+".nope", true
+	r, err := ops.Lag(context.Background(), f.conn, cfg)
+	if err != nil || r.TimeLag.State != ops.StateUnknown {
+		t.Fatalf("Lag(messages, no archive) = %+v, %v; want the time lag unknown", r, err)
+	}
+}
+
+// TestLagSeveralTables gives each table of outbox.tables its time lag.
+func TestLagSeveralTables(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.cfg
+	cfg.Tables = []string{cfg.Table}
+	r, err := ops.Lag(context.Background(), f.conn, cfg)
+	if err != nil || len(r.Tables) != 1 || r.Tables[0].Table != cfg.Table || r.Tables[0].TimeLag.State != r.TimeLag.State {
+		t.Fatalf("Lag(two tables) = %+v, %v; want the second table's time lag beside the first's", r, err)
+	}
+	var out strings.Builder
+	if err := ops.RunLag(context.Background(), f.conn, cfg, &out, ops.LagOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "time lag "+cfg.Table) {
+		t.Errorf("lag output lacks the line of the second table:\n%s", out.String())
+	}
+}
+
 // TestRunLagThresholds checks the exit codes that cron jobs and probes rely on.
 func TestRunLagThresholds(t *testing.T) {
 	f := newFixture(t)

@@ -26,8 +26,15 @@ type Querier interface {
 // Config names what to examine. The zero value of every field but Slot means
 // its documented default.
 type Config struct {
-	Slot            string // replication slot; required
-	Table           string // outbox table, default sql.DefaultOutboxTable
+	Slot  string // replication slot; required
+	Table string // outbox table, default sql.DefaultOutboxTable
+	// Tables are more outbox tables read on the slot (outbox.tables): Lag
+	// estimates the time lag of each too (LagReport.Tables).
+	Tables []string
+	// TableOptional: events come from logical decoding messages and the
+	// table is only an archive, which may not exist; then the time lag is
+	// unknown rather than an error.
+	TableOptional   bool
 	CreatedAtColumn string // default "created_at"
 	CheckpointTable string // default sql.DefaultCheckpointTable
 	RetryTable      string // default sql.DefaultRetryTable
@@ -109,6 +116,12 @@ type TimeLag struct {
 	slotAtRisk bool // "caught up" was withheld: the slot is lost or unreserved
 }
 
+// TableLag is the time lag of one more outbox table.
+type TableLag struct {
+	Table   string  `json:"table"`
+	TimeLag TimeLag `json:"time_lag"`
+}
+
 // Retry summarises the retry table.
 type Retry struct {
 	Pending                 int64    `json:"pending"`
@@ -126,7 +139,10 @@ type LagReport struct {
 	RetainedWALBytes *int64      `json:"retained_wal_bytes"`
 	Checkpoint       *Checkpoint `json:"checkpoint"`
 	TimeLag          TimeLag     `json:"time_lag"`
-	Retry            *Retry      `json:"retry"`
+	// Tables holds the time lag of each more outbox table (Config.Tables),
+	// in their order; TimeLag is the first table's.
+	Tables []TableLag `json:"tables,omitempty"`
+	Retry  *Retry     `json:"retry"`
 	// SlotGap is set when the slot does not continue from the checkpoint:
 	// run refuses to stream it (see FindGap).
 	SlotGap *SlotGap `json:"slot_gap"`
@@ -378,6 +394,18 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	if r.TimeLag.State == StateCaughtUp && r.Slot.atRisk() {
 		r.TimeLag.State, r.TimeLag.Seconds, r.TimeLag.slotAtRisk = StateUnknown, nil, true
 	}
+	for _, t := range cfg.Tables {
+		tc := cfg
+		tc.Table = t
+		tl, err := queryTimeLag(ctx, q, tc, r.Checkpoint)
+		if err != nil {
+			return nil, err
+		}
+		if tl.State == StateCaughtUp && r.Slot.atRisk() {
+			tl.State, tl.Seconds, tl.slotAtRisk = StateUnknown, nil, true
+		}
+		r.Tables = append(r.Tables, TableLag{Table: t, TimeLag: tl})
+	}
 	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable); err != nil {
 		return nil, err
 	}
@@ -393,13 +421,17 @@ func queryTimeLag(ctx context.Context, q Querier, cfg Config, cp *Checkpoint) (T
 	if err != nil {
 		return tl, err
 	}
-	if t == "" {
-		return tl, fmt.Errorf("outbox table %q does not exist: check the table setting or run `outbox-relay setup`", cfg.Table)
-	}
 	var since *time.Time
 	if cp != nil {
 		since = cp.LastCommitTime
 		tl.LastDeliveredAgeSeconds = cp.lastDeliveredAge
+	}
+	if t == "" && cfg.TableOptional {
+		tl.State = StateUnknown
+		return tl, nil
+	}
+	if t == "" {
+		return tl, fmt.Errorf("outbox table %q does not exist: check the table setting or run `outbox-relay setup`", cfg.Table)
 	}
 	col := sql.Ident(cfg.CreatedAtColumn)
 	// A plain range condition (rather than "$1 IS NULL OR col > $1") lets the

@@ -54,6 +54,9 @@ func (r *LagReport) WriteText(w io.Writer) error {
 		row("checkpoint", "none saved")
 	}
 	row("time lag", timeLag(r.TimeLag, r.Slot))
+	for _, t := range r.Tables {
+		row("time lag "+t.Table, timeLag(t.TimeLag, r.Slot))
+	}
 	if s := r.TimeLag.LastDeliveredAgeSeconds; s != nil {
 		row("last delivered", "committed "+seconds(*s)+" ago")
 	} else {

@@ -39,6 +39,11 @@ func (t Thresholds) Check(r *LagReport) error {
 	if t.MaxSeconds > 0 && r.TimeLag.Seconds != nil && *r.TimeLag.Seconds > t.MaxSeconds {
 		ex = append(ex, fmt.Sprintf("time_lag.seconds %.3f > %g", *r.TimeLag.Seconds, t.MaxSeconds))
 	}
+	for _, tl := range r.Tables {
+		if s := tl.TimeLag.Seconds; t.MaxSeconds > 0 && s != nil && *s > t.MaxSeconds {
+			ex = append(ex, fmt.Sprintf("tables[%s].time_lag.seconds %.3f > %g", tl.Table, *s, t.MaxSeconds))
+		}
+	}
 	if len(ex) == 0 {
 		return nil
 	}

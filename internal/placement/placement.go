@@ -156,6 +156,10 @@ func (p *Placer) Partitioned() bool { return p.relkind == "p" }
 // Outbox returns the outbox as Init resolved it: schema.name.
 func (p *Placer) Outbox() string { return p.schema + "." + p.name }
 
+// Named reports whether schema.name is the outbox's name as Init resolved
+// it: an insert under it is the outbox's, with no need to ask the catalog.
+func (p *Placer) Named(schema, name string) bool { return schema == p.schema && name == p.name }
+
 // Place decides what inserts arriving under the relation oid, named
 // schema.name, are.
 func (p *Placer) Place(ctx context.Context, oid uint32, schema, name string) (Placement, error) {

@@ -33,6 +33,57 @@ const (
 	DefaultHistoryKeep        = 30 * 24 * time.Hour
 )
 
+// An OutboxTable is one more outbox table of Config.Tables: its name
+// (table or schema.table, public by default) and how its rows are routed.
+type OutboxTable struct {
+	Table  string
+	Router router.Config
+}
+
+// outbox is one outbox table as the relay reads it: the first is Table
+// with Router, then Tables.
+type outbox struct {
+	name   string // schema.table
+	router router.Config
+}
+
+// outboxes lists every outbox table, Table first. Validated names.
+func (c *Config) outboxes() []outbox {
+	out := []outbox{{name: c.Table, router: c.Router}}
+	for _, t := range c.Tables {
+		out = append(out, outbox{name: t.Table, router: t.Router})
+	}
+	return out
+}
+
+// routers returns a new router per outbox table, as outboxes.
+func (c *Config) routers() ([]*router.Router, error) {
+	var out []*router.Router
+	for _, o := range c.outboxes() {
+		rt, err := router.New(o.router)
+		if err != nil {
+			return nil, fmt.Errorf("outbox table %s: %w", o.name, err)
+		}
+		out = append(out, rt)
+	}
+	return out, nil
+}
+
+// Values of Config.Source.
+const (
+	SourceTable    = "table"
+	SourceMessages = "messages"
+	SourceBoth     = "both"
+)
+
+// DefaultMessagePrefix is the default of Replication.MessagePrefixes when
+// the source includes messages.
+const DefaultMessagePrefix = "outbox"
+
+// readsTable and readsMessages say what the source includes.
+func (c *Config) readsTable() bool    { return c.Source != SourceMessages }
+func (c *Config) readsMessages() bool { return c.Source == SourceMessages || c.Source == SourceBoth }
+
 // ErrOutboxMissing is wrapped by Run's error when the outbox table does not
 // exist.
 var ErrOutboxMissing = errors.New("outbox table does not exist")
@@ -48,6 +99,20 @@ const (
 type Config struct {
 	Replication replication.Config // DSN, slot and publication are required
 	Table       string             // outbox table, default "public.outbox"
+	// Source says where events come from: SourceTable (the default:
+	// inserts into Table), SourceMessages (transactional logical decoding
+	// messages with one of Replication.MessagePrefixes, default
+	// DefaultMessagePrefix, whose content the router reads as a row,
+	// router.RouteMessage; Table is then only the optional archive that
+	// refill and replay read), or SourceBoth. With SourceTable,
+	// Replication.MessagePrefixes is cleared.
+	Source string
+	// Tables are more outbox tables, read on the same slot and publication
+	// as Table: each with its own routing (columns, topics, message
+	// options), its events in commit order with every other table's, per
+	// aggregate in order within the table. Table and Router are the first
+	// outbox; a name may appear once.
+	Tables []OutboxTable
 	// Failover (postgres.failover) requires a server that has failover
 	// slots (Postgres 17+): refused at start on an older one, since the
 	// operator counts on a slot that survives a promotion. A slot that is
@@ -140,6 +205,9 @@ func (c *Config) Validate() error {
 	v.Add(c.validate())
 	v.Add(field.Within("Replication", c.Replication.Validate()))
 	v.Add(field.Within("Router", c.Router.Validate()))
+	for i := range c.Tables {
+		v.Add(field.Within(fmt.Sprintf("Tables[%d].Router", i), c.Tables[i].Router.Validate()))
+	}
 	v.Add(field.Within("Sink", c.Sink.Validate()))
 	v.Add(field.Within("Retention", c.Retention.Validate()))
 	v.Add(field.Within("Retry", c.Retry.Validate()))
@@ -153,12 +221,42 @@ func (c *Config) validate() error {
 	field.Default(&c.Replication.Slot, sql.DefaultSlot)
 	field.Default(&c.Replication.Publication, sql.DefaultPublication)
 	field.OneOf(&v, "OnSlotLoss", &c.OnSlotLoss, OnSlotLossFail, OnSlotLossFail, OnSlotLossRefill)
+	field.OneOf(&v, "Source", &c.Source, SourceTable, SourceTable, SourceMessages, SourceBoth)
+	switch {
+	case !c.readsMessages():
+		c.Replication.MessagePrefixes = nil
+	case len(c.Replication.MessagePrefixes) == 0:
+		c.Replication.MessagePrefixes = []string{DefaultMessagePrefix}
+	}
 	field.Default(&c.Table, sql.DefaultOutboxTable)
 	if !strings.Contains(c.Table, ".") {
 		c.Table = "public." + c.Table
 	}
 	if _, err := sql.ParseTable(c.Table); err != nil {
 		v.Errorf("Table", "%v", err)
+	}
+	seen := map[string]bool{c.Table: true}
+	for i := range c.Tables {
+		t := &c.Tables[i]
+		name := fmt.Sprintf("Tables[%d].Table", i)
+		if t.Table == "" {
+			v.Add(field.Required(name, "name the outbox table"))
+			continue
+		}
+		if !strings.Contains(t.Table, ".") {
+			t.Table = "public." + t.Table
+		}
+		if _, err := sql.ParseTable(t.Table); err != nil {
+			v.Errorf(name, "%v", err)
+		} else if seen[t.Table] {
+			v.Errorf(name, "%s is named twice: list each outbox table once", t.Table)
+		} else if _, other := c.OtherTables[t.Table]; other {
+			v.Errorf(name, "%s is also in {OtherTables}: remove it there", t.Table)
+		}
+		seen[t.Table] = true
+	}
+	if len(c.Tables) > 0 && !c.readsTable() {
+		v.Errorf("Tables", "lists outbox tables but {Source} is %s: read tables too (%s), or remove the list", c.Source, SourceBoth)
 	}
 	for name, a := range c.OtherTables {
 		if t, err := sql.ParseTable(name); err != nil || t.Schema == "" {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -100,8 +101,11 @@ type pipeline struct {
 // ends are a pipeline's boundaries: what lead passes from the term, and the
 // tests as fakes.
 type ends struct {
-	router  *router.Router // the term's own: a router is not safe for concurrent use
-	placer  *placement.Placer
+	// routers and placers: one of each per outbox table, as
+	// Config.outboxes. The routers are the term's own: a router is not
+	// safe for concurrent use.
+	routers []*router.Router
+	placers []*placement.Placer
 	sink    eventSink
 	gate    *gate // loaded from the retry table
 	fence   fence
@@ -118,16 +122,35 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 	hist := newHistorian(e.history, cfg.Logger, cfg)
 	return &pipeline{
 		route: &routeStage{
-			router: e.router, placer: e.placer, win: win,
+			tables: sources(cfg, e), win: win,
 			maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
-			log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
-			isOutbox: make(map[*replication.Relation]bool),
+			log: cfg.Logger, m: cfg.Metrics,
+			msgM:       cfg.Metrics.Table(messagesLabel(cfg.Replication.MessagePrefixes)),
+			readTables: cfg.readsTable(),
+			outboxOf:   make(map[*replication.Relation]int),
+			received:   make([]int, len(e.routers)),
 		},
 		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans,
 			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes)},
 		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate: e.gate, win: win, health: h, hist: hist,
 	}
+}
+
+// sources are the outbox tables of the route stage: their names, routers,
+// placers and counters.
+func sources(cfg Config, e ends) []source {
+	var out []source
+	for i, o := range cfg.outboxes() {
+		out = append(out, source{name: o.name, router: e.routers[i], placer: e.placers[i], m: cfg.Metrics.Table(o.name)})
+	}
+	return out
+}
+
+// messagesLabel is the table label of events read from logical decoding
+// messages: "messages:" and the prefixes.
+func messagesLabel(prefixes []string) string {
+	return "messages:" + strings.Join(prefixes, ",")
 }
 
 // run runs the route stage, the writer and the committer on g. The route

@@ -302,7 +302,7 @@ func startPipe(t *testing.T, pc pipeConfig) *pipe {
 		t.Fatal(err)
 	}
 	pl := newPipeline(cfg, ends{
-		router: rt, placer: placement.New(nil, placement.Config{Outbox: sql.Table{Schema: "public", Name: "outbox"}}),
+		routers: []*router.Router{rt}, placers: []*placement.Placer{placement.New(nil, placement.Config{Outbox: sql.Table{Schema: "public", Name: "outbox"}})},
 		sink: pc.sink, gate: gt, fence: pc.fence, saver: l, stream: l, history: pc.history,
 	}, 0)
 

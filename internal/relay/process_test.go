@@ -26,19 +26,31 @@ const processWindow = 2000 // pipeline.max_in_flight_events for the process test
 
 func (f *fixture) startProcess(t *testing.T) *proc {
 	t.Helper()
-	cmd := exec.Command(testenv.RelayBinary(t), "run")
-	cmd.Env = append(os.Environ(),
+	return f.startProcessWith(t, []string{"run"}, "RELAY_TOPICS_TEMPLATE="+f.prefix+".{aggregate_type}")
+}
+
+// startProcessWith runs the relay with args and the fixture's settings,
+// then env.
+func (f *fixture) startProcessWith(t *testing.T, args []string, env ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(testenv.RelayBinary(t), args...)
+	cmd.Env = append(append(os.Environ(),
 		"RELAY_POSTGRES_DSN="+f.pg.DSN,
 		"RELAY_POSTGRES_SLOT="+f.slot,
 		"RELAY_POSTGRES_PUBLICATION="+f.pub,
 		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
 		"RELAY_KAFKA_BROKERS="+joinComma(f.kafka.Brokers),
-		"RELAY_TOPICS_TEMPLATE="+f.prefix+".{aggregate_type}",
 		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(processWindow),
 		"RELAY_CHECKPOINT_INTERVAL=100ms",
 		"RELAY_METRICS_LISTEN=",
 		"RELAY_LOG_FORMAT=json",
-	)
+	), env...)
+	return f.runProcess(t, cmd)
+}
+
+// runProcess starts cmd, killing it at the end of the test if it runs.
+func (f *fixture) runProcess(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
 	out := &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -180,15 +180,19 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	if err := r.canRefill(ctx, pool, gap, cp); err != nil {
 		return nil, err
 	}
-	sel, err := r.selectRefill(ctx, pool, cp.LSN)
+	sels, err := r.selectRefill(ctx, pool, cp.LSN)
 	if err != nil {
 		return nil, err
 	}
-	res.Note = sel.Note()
+	res.Note = sels[0].sel.Note()
 	if dryRun {
-		text, args := sel.SQL()
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&res.Events); err != nil {
-			return nil, fmt.Errorf("refill (dry run): count the rows: %w", err)
+		for _, s := range sels {
+			text, args := s.sel.SQL()
+			var n int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&n); err != nil {
+				return nil, fmt.Errorf("refill (dry run): count the rows of %s: %w", s.name, err)
+			}
+			res.Events += n
 		}
 		return res, nil
 	}
@@ -267,7 +271,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	// 3. and 4. Read in the snapshot, deliver as the live relay does. The
 	// replication connection stays open and idle meanwhile: the snapshot
 	// lives as long as it does nothing else.
-	xmin, at, err := r.deliverRefill(ctx, pool, sel, created.SnapshotName, ls, res)
+	xmin, at, err := r.deliverRefill(ctx, pool, sels, created.SnapshotName, ls, res)
 	if err != nil {
 		return nil, fmt.Errorf("refill %s stopped (the checkpoint is unchanged: the next start refills again): %w", res.ID, err)
 	}
@@ -344,21 +348,36 @@ func (r *Relay) canRefill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.G
 	return nil
 }
 
-func (r *Relay) selectRefill(ctx context.Context, pool *pgxpool.Pool, from pglogrepl.LSN) (*replay.Selected, error) {
-	outbox, _ := sql.ParseTable(r.cfg.Table) // validated by New
+// A refillSource is one outbox table's selection of a refill, and its
+// routing.
+type refillSource struct {
+	name   string
+	sel    *replay.Selected
+	router router.Config
+}
+
+// selectRefill selects, in each outbox table, the rows of the transactions
+// the checkpoint may not cover (a refill delivers them table after table:
+// an aggregate is its table's own, so its order is kept).
+func (r *Relay) selectRefill(ctx context.Context, pool *pgxpool.Pool, from pglogrepl.LSN) ([]refillSource, error) {
 	ct, err := sql.ParseTable(r.cfg.CheckpointTable)
 	if err != nil {
 		return nil, err
 	}
-	sel, err := replay.Select(ctx, pool, replay.Config{
-		Selection: replay.Selection{FromLSN: from},
-		Outbox:    outbox, Columns: r.cfg.Router.Columns, Router: r.cfg.Router,
-		CheckpointTable: ct, Slot: r.cfg.Replication.Slot, Log: r.log,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("refill: %w", err)
+	var out []refillSource
+	for _, o := range r.cfg.outboxes() {
+		outbox, _ := sql.ParseTable(o.name) // validated by New
+		sel, err := replay.Select(ctx, pool, replay.Config{
+			Selection: replay.Selection{FromLSN: from},
+			Outbox:    outbox, Columns: o.router.Columns, Router: o.router,
+			CheckpointTable: ct, Slot: r.cfg.Replication.Slot, Log: r.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("refill %s: %w", o.name, err)
+		}
+		out = append(out, refillSource{name: o.name, sel: sel, router: o.router})
 	}
-	return sel, nil
+	return out, nil
 }
 
 // dropSlot drops the slot if it exists. A slot a process streams is
@@ -421,7 +440,7 @@ func (t *refillTally) close()       {}
 // deliverRefill reads the selection in the exported snapshot and hands it to
 // a writer, chunk by chunk; it returns once the writer finished every chunk,
 // with the snapshot's xmin (a full xid) and the server's time.
-func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *replay.Selected, snapshot string, ls *lease, res *RefillResult) (uint64, time.Time, error) {
+func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []refillSource, snapshot string, ls *lease, res *RefillResult) (uint64, time.Time, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, time.Time{}, err
@@ -444,13 +463,15 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("snapshot xmin %q: %w", xminText, err)
 	}
-	text, args := sel.SQL()
-	if _, err := tx.Exec(ctx, "DECLARE refill NO SCROLL CURSOR FOR "+text, args...); err != nil {
-		return 0, time.Time{}, fmt.Errorf("read the outbox table: %w", err)
-	}
-	rt, err := router.New(r.cfg.Router)
-	if err != nil {
-		return 0, time.Time{}, err
+	rts := make([]*router.Router, len(sels))
+	for i, s := range sels {
+		text, args := s.sel.SQL()
+		if _, err := tx.Exec(ctx, fmt.Sprintf("DECLARE refill_%d NO SCROLL CURSOR FOR ", i)+text, args...); err != nil {
+			return 0, time.Time{}, fmt.Errorf("read the outbox table %s: %w", s.name, err)
+		}
+		if rts[i], err = router.New(s.router); err != nil {
+			return 0, time.Time{}, err
+		}
 	}
 	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
 	if err != nil {
@@ -470,9 +491,11 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 	g.Go(func() error {
 		defer close(chunks)
 		// A chunk per fetch: one Kafka write, a few in memory at a time.
-		fetch := fmt.Sprintf("FETCH FORWARD %d FROM refill", max(r.cfg.Sink.BatchSize, 1000))
-		n := 0
-		for {
+		// The tables one after the other, each in its order.
+		n, cur := 0, 0
+		for cur < len(sels) {
+			sel, rt := sels[cur].sel, rts[cur]
+			fetch := fmt.Sprintf("FETCH FORWARD %d FROM refill_%d", max(r.cfg.Sink.BatchSize, 1000), cur)
 			rows, err := tx.Query(gctx, fetch)
 			if err != nil {
 				return fmt.Errorf("read the outbox table: %w", err)
@@ -490,7 +513,7 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 				}
 				n++
 				m, err := rt.Route(row)
-				m.Refill, m.Pos, m.CommitTime = res.ID, n, at
+				m.Refill, m.Pos, m.CommitTime, m.Table = res.ID, n, at, sels[cur].name
 				m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == HeaderRefillID }), header)
 				m.Extra = append(slices.DeleteFunc(slices.Clone(m.Extra), func(h event.Header) bool { return h.Key == HeaderRefillID }), event.Header(header))
 				if err != nil {
@@ -507,7 +530,8 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 				return fmt.Errorf("read the outbox table: %w", err)
 			}
 			if len(read) == 0 {
-				return nil
+				cur++
+				continue
 			}
 			res.Events += int64(len(read))
 			// Events the stream already stored in the retry table are
@@ -551,6 +575,7 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 				return gctx.Err()
 			}
 		}
+		return nil
 	})
 	if err := g.Wait(); err != nil {
 		return 0, time.Time{}, err

@@ -36,6 +36,14 @@
 //   - A change of the outbox table that leaves a mapped column missing stops
 //     the relay before the first event it affects is confirmed
 //     (router.SchemaError): no event is stored or sent incomplete.
+//   - Every outbox table (Config.Table, then Config.Tables) is read on the
+//     one slot, its rows routed by its own router; an insert is the table's
+//     whose name it arrives under, and per-aggregate order holds per table.
+//     With Config.Source messages or both, a transactional logical decoding
+//     message is an event in its place in its transaction, under every rule
+//     above (its content that is no event goes to the retry table, dead);
+//     with messages only, an insert the publication delivers stops the relay
+//     before it.
 //   - An insert under a name other than the outbox's is delivered only when
 //     the catalog shows it is the outbox (a partition of it, or the outbox
 //     under an earlier name), ignored only when it provably is not, and
@@ -109,7 +117,7 @@ func (e *FutureStartError) Error() string {
 type Relay struct {
 	cfg       Config
 	log       *slog.Logger
-	router    *router.Router // validated config; each term routes with its own
+	routers   []*router.Router // per outbox table (Config.outboxes), validated; each term routes with its own
 	sink      Sink
 	retrySink Sink
 	m         *metrics.Metrics             // nil records nothing
@@ -154,11 +162,11 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 	if sinks.Stream == nil || sinks.Retry == nil {
 		return nil, errors.New("relay: a sink for the stream and one for the retry worker are required")
 	}
-	rt, err := router.New(cfg.Router)
+	rts, err := cfg.routers()
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, router: rt, sink: sinks.Stream, retrySink: sinks.Retry, m: cfg.Metrics}
+	r := &Relay{cfg: cfg, log: cfg.Logger, routers: rts, sink: sinks.Stream, retrySink: sinks.Retry, m: cfg.Metrics}
 	r.m.SetRole(r.Role)
 	return r, nil
 }

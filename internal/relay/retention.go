@@ -8,14 +8,15 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 )
 
-// runRetention runs a retention round (package retention) every
+// runRetention runs a retention round (package retention) of one outbox table every
 // Retention.Interval, counted from the end of the previous one, until ctx is
 // done. A failed round is logged and the next one tries again: cleaning up
 // can wait, delivery must not.
-func (r *Relay) runRetention(ctx context.Context, db retention.DB) {
+func (r *Relay) runRetention(ctx context.Context, db retention.DB, table string) {
 	cfg := r.cfg.Retention
+	cfg.Table = table
 	cfg.Deleted = r.m.RetentionDeleted
-	log := r.log.With("component", "retention")
+	log := r.log.With("component", "retention", "table", table)
 	log.Info("retention on: deleting delivered outbox rows older than the retention",
 		"retention", cfg.Retention.String(), "interval", cfg.Interval.String(), "batch_size", cfg.BatchSize,
 		"partitions", string(cfg.Partitions))

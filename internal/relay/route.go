@@ -19,19 +19,32 @@ import (
 // routeStage turns the stream's batches into chunks of routed events, in
 // commit order, taking the window for what it reads.
 type routeStage struct {
-	router   *router.Router
+	// tables are the outbox tables, as Config.outboxes: the first one's
+	// router also routes the events of logical decoding messages.
+	tables   []source
 	win      *window
-	placer   *placement.Placer // set by lead once Postgres is reached
-	maxMsgs  int               // events per chunk
-	maxBytes int               // bytes per chunk
+	maxMsgs  int // events per chunk
+	maxBytes int // bytes per chunk
 	log      *slog.Logger
 	m        *metrics.Metrics
-	tableM   *metrics.Table
+	msgM     *metrics.Table // events read from logical decoding messages
+	// readTables: inserts are events (the source includes tables); without
+	// it every insert the publication delivers stops the relay.
+	readTables bool
 
-	isOutbox       map[*replication.Relation]bool
-	partitionNamed bool // logged that partitions arrive under their own names
+	outboxOf       map[*replication.Relation]int // index in tables; -1: not an outbox
+	received       []int                         // per table, of the batch being routed
+	partitionNamed bool                          // logged that partitions arrive under their own names
 	lastBadHeaders time.Time
 	lastBadTrace   time.Time
+}
+
+// A source is one outbox table as the route stage reads it.
+type source struct {
+	name   string // schema.table, as configured
+	router *router.Router
+	placer *placement.Placer // set by lead once Postgres is reached
+	m      *metrics.Table
 }
 
 // run turns batches into chunks until in is closed, ctx is done, or stop is
@@ -114,27 +127,35 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 		if !inTxn {
 			txnRow = 0
 		}
-		routed := 0
 		for i := range b.Rows {
 			row := &b.Rows[i]
 			cur.trailing++
-			cur.bytes += rowBytes(row)
+			cur.bytes += row.Size()
 			txnRow++
-			deliver, err := r.outbox(ctx, row.Relation)
-			if err != nil {
-				var pe *placement.Error
-				if errors.As(err, &pe) {
-					r.m.PlacementStop()
-					return stopBefore(&b, txnRow, err)
+			var m router.Message
+			var err error
+			if row.Message != nil {
+				// A message's content is routed as the row it stands for.
+				r.msgM.Received(1)
+				m, err = r.tables[0].router.RouteMessage(row.Message.Content)
+			} else {
+				t, perr := r.outbox(ctx, row.Relation)
+				if perr != nil {
+					var pe *placement.Error
+					if errors.As(perr, &pe) {
+						r.m.PlacementStop()
+						return stopBefore(&b, txnRow, perr)
+					}
+					return perr
 				}
-				return err
+				if t < 0 {
+					r.m.IgnoredChange("other_table")
+					continue
+				}
+				r.received[t]++
+				m, err = r.tables[t].router.Route(*row)
+				m.Table = r.tables[t].name
 			}
-			if !deliver {
-				r.m.IgnoredChange("other_table")
-				continue
-			}
-			routed++
-			m, err := r.router.Route(*row)
 			r.headerTrouble(&m)
 			m.CommitLSN, m.CommitTime, m.Pos = b.CommitLSN, b.CommitTime, txnRow
 			if err != nil {
@@ -160,7 +181,12 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 				}
 			}
 		}
-		r.tableM.Received(routed)
+		for t, n := range r.received {
+			if n > 0 {
+				r.tables[t].m.Received(n)
+				r.received[t] = 0
+			}
+		}
 		inTxn = !b.Last
 		if b.Last {
 			cur.endLSN = b.EndLSN
@@ -171,41 +197,77 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 	}
 }
 
-// outbox reports whether inserts under rel are outbox events, asking the
-// placer once per relation (pgoutput announces a relation once per
-// connection and per change of its definition). A *placement.Error says
-// the insert may be an event the relay cannot place: the caller stops
-// before it. The catalog is asked again after a lost connection, never
-// given up on: an unanswered question is no reason to skip an insert.
-func (r *routeStage) outbox(ctx context.Context, rel *replication.Relation) (bool, error) {
-	if is, ok := r.isOutbox[rel]; ok {
-		return is, nil
+// outbox returns which outbox table inserts under rel belong to (its index
+// in tables), or -1 when they are no events, asking the placers once per
+// relation (pgoutput announces a relation once per connection and per
+// change of its definition). An insert under an outbox's own name is that
+// outbox's; otherwise the first placer that delivers it has it, and else
+// a placer's Stop (it may be an event the relay cannot place) wins over
+// the others' Ignore: a *placement.Error, and the caller stops before it.
+// The catalog is asked again after a lost connection, never given up on:
+// an unanswered question is no reason to skip an insert.
+func (r *routeStage) outbox(ctx context.Context, rel *replication.Relation) (int, error) {
+	if t, ok := r.outboxOf[rel]; ok {
+		return t, nil
 	}
-	var pl placement.Placement
-	err := retryIf(ctx, r.log, "look up a table the publication delivered", unreachable, func() error {
-		var err error
-		pl, err = r.placer.Place(ctx, rel.ID, rel.Namespace, rel.Name)
-		return err
-	})
-	if err != nil {
-		return false, err
+	if !r.readTables {
+		// Whether the table's inserts are events too (a table outbox
+		// being moved to messages) or the publication covers a table by
+		// mistake (the archive), the operator knows, not the relay.
+		table := rel.Namespace + "." + rel.Name
+		return -1, &placement.Error{Placement: placement.Placement{Action: placement.Stop, Table: table,
+			What: "the relay reads logical decoding messages only (outbox.source: messages), but the publication delivered an insert into it",
+			Fix:  fmt.Sprintf("if its inserts are outbox events, set outbox.source: both; if they are not, remove %s from the publication (ALTER PUBLICATION ... DROP TABLE); then restart the relay (nothing from this insert on was confirmed, so nothing is lost)", table)}}
 	}
-	switch pl.Action {
-	case placement.Deliver:
-		if pl.Table != r.placer.Outbox() && !r.partitionNamed {
+	for t, s := range r.tables {
+		if s.placer.Named(rel.Namespace, rel.Name) {
+			r.outboxOf[rel] = t
+			return t, nil
+		}
+	}
+	found, pl := -1, placement.Placement{}
+	var stop, ignore *placement.Placement
+	for t, s := range r.tables {
+		var p placement.Placement
+		err := retryIf(ctx, r.log, "look up a table the publication delivered", unreachable, func() error {
+			var err error
+			p, err = s.placer.Place(ctx, rel.ID, rel.Namespace, rel.Name)
+			return err
+		})
+		if err != nil {
+			return -1, err
+		}
+		switch p.Action {
+		case placement.Deliver:
+			found, pl = t, p
+		case placement.Stop:
+			if stop == nil {
+				stop = &p
+			}
+		default:
+			if ignore == nil {
+				ignore = &p
+			}
+		}
+		if found >= 0 {
+			break
+		}
+	}
+	switch {
+	case found >= 0:
+		if !r.partitionNamed {
 			r.partitionNamed = true
 			r.log.Info("inserts arrive under another name than the outbox's; delivered as outbox events",
-				"table", pl.Table, "is", pl.What, "outbox_table", r.placer.Outbox())
+				"table", pl.Table, "is", pl.What, "outbox_table", r.tables[found].placer.Outbox())
 		}
-	case placement.Ignore:
-		r.log.Warn("publication covers a table that is not the outbox: its inserts are ignored (counted in ignored_changes_total{kind=\"other_table\"})",
-			"table", pl.Table, "why", pl.What, "outbox_table", r.placer.Outbox())
+	case stop != nil:
+		return -1, &placement.Error{Placement: *stop}
 	default:
-		return false, &placement.Error{Placement: pl}
+		r.log.Warn("publication covers a table that is not an outbox: its inserts are ignored (counted in ignored_changes_total{kind=\"other_table\"})",
+			"table", ignore.Table, "why", ignore.What)
 	}
-	is := pl.Action == placement.Deliver
-	r.isOutbox[rel] = is
-	return is, nil
+	r.outboxOf[rel] = found
+	return found, nil
 }
 
 // A stopError stops the relay before an event that must not be confirmed
@@ -246,12 +308,4 @@ func (r *routeStage) headerTrouble(m *router.Message) {
 		r.log.Warn("headers column ignored: event delivered without its extra headers",
 			"event_id", m.ID, "aggregate_type", m.AggregateType, "reason", m.BadHeaders)
 	}
-}
-
-func rowBytes(row *replication.Row) int {
-	n := 0
-	for _, v := range row.Values {
-		n += len(v)
-	}
-	return n
 }

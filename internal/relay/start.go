@@ -25,12 +25,12 @@ import (
 // opened is what a term starts from: where, on which server, and the
 // tables and catalog it works with, checked.
 type opened struct {
-	start  pglogrepl.LSN
-	srv    pgslot.Server
-	store  *checkpoint.Store
-	rstore *retry.Store
-	gate   *gate // loaded
-	placer *placement.Placer
+	start   pglogrepl.LSN
+	srv     pgslot.Server
+	store   *checkpoint.Store
+	rstore  *retry.Store
+	gate    *gate               // loaded
+	placers []*placement.Placer // per outbox table, as Config.outboxes
 }
 
 // open resolves where to start and loads the gate, waiting for Postgres if it
@@ -73,29 +73,39 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 		if err := store.MigrateLeader(ctx); err != nil {
 			return err
 		}
-		// What the outbox is (its OID, whether partitioned): inserts under
-		// other names are placed against it.
-		outbox, _ := sql.ParseTable(r.cfg.Table) // validated by New
-		o.placer = placement.New(pool, placement.Config{Outbox: outbox, Publication: r.cfg.Replication.Publication,
-			Others: r.cfg.OtherTables, OthersKey: r.cfg.OtherTablesKey})
-		if err := o.placer.Init(ctx); err != nil {
-			return err
-		}
-		// A mapping that cannot work fails now, in check's words, not at
-		// the first event as if the table had changed while running.
-		if o.placer.OID() == 0 {
-			return fmt.Errorf("%w: %s: create it, or point the relay at your outbox table", ErrOutboxMissing, r.cfg.Table)
-		}
-		if err := placement.CheckColumns(ctx, pool, o.placer.OID(), o.placer.Outbox(), r.router.Needs()); err != nil {
-			return err
+		// What each outbox is (its OID, whether partitioned): inserts under
+		// other names are placed against them.
+		o.placers = nil
+		for i, ob := range r.cfg.outboxes() {
+			table, _ := sql.ParseTable(ob.name) // validated by New
+			p := placement.New(pool, placement.Config{Outbox: table, Publication: r.cfg.Replication.Publication,
+				Others: r.cfg.OtherTables, OthersKey: r.cfg.OtherTablesKey})
+			if err := p.Init(ctx); err != nil {
+				return err
+			}
+			// A mapping that cannot work fails now, in check's words, not
+			// at the first event as if the table had changed while running.
+			switch {
+			case p.OID() == 0 && r.cfg.readsTable():
+				return fmt.Errorf("%w: %s: create it, or point the relay at your outbox table", ErrOutboxMissing, ob.name)
+			case p.OID() != 0:
+				// With messages only, the table is the archive refill and
+				// replay read: its columns must still fit.
+				if err := placement.CheckColumns(ctx, pool, p.OID(), p.Outbox(), r.routers[i].Needs()); err != nil {
+					return err
+				}
+			}
+			o.placers = append(o.placers, p)
 		}
 		// Retention that cannot work says so at start, not once a minute.
 		if r.cfg.Retention.Retention > 0 {
-			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
-				return field.Within("Retention", err)
-			}
-			if err := retention.CheckPartitions(ctx, pool, r.cfg.Table, r.cfg.Retention.Partitions); err != nil {
-				return field.Within("Retention", err)
+			for _, ob := range r.cfg.outboxes() {
+				if err := retention.CheckTable(ctx, pool, ob.name); err != nil {
+					return field.Within("Retention", err)
+				}
+				if err := retention.CheckPartitions(ctx, pool, ob.name, r.cfg.Retention.Partitions); err != nil {
+					return field.Within("Retention", err)
+				}
 			}
 		}
 		return o.gate.load(ctx)

@@ -14,7 +14,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
-	"github.com/outbox-relay/outbox-relay/router"
 )
 
 // A term is one term of leadership: everything that lives from taking the
@@ -54,12 +53,12 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	// An idle position is saved by the committer before it is confirmed.
 	rcfg.Idle = func(lsn pglogrepl.LSN) { t.pipe.com.idle(lsn) }
 	t.stream = replication.New(rcfg)
-	rt, err := router.New(r.cfg.Router)
+	rts, err := r.cfg.routers()
 	if err != nil {
 		return nil, err
 	}
 	t.pipe = newPipeline(r.cfg, ends{
-		router: rt, placer: o.placer, sink: r.sink, gate: o.gate,
+		routers: rts, placers: o.placers, sink: r.sink, gate: o.gate,
 		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store,
 	}, o.start)
 	if t.worker, err = r.retryWorker(o.rstore, o.gate, t.lease); err != nil {
@@ -121,7 +120,9 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 	g.Go(func() error { t.pipe.gate.sweep(streamCtx, 30*time.Second); return nil })
 	g.Go(func() error { t.pipe.hist.run(streamCtx); return nil })
 	if r.cfg.Retention.Retention > 0 {
-		g.Go(func() error { r.runRetention(streamCtx, pool); return nil })
+		for _, o := range r.cfg.outboxes() {
+			g.Go(func() error { r.runRetention(streamCtx, pool, o.name); return nil })
+		}
 	}
 	var schemaStop error
 	t.pipe.run(gctx, g, ctx.Done(), batches, func(err error) error {
@@ -143,6 +144,15 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 	}
 	if errors.Is(err, replication.ErrSlotActive) || errors.Is(err, checkpoint.ErrFenced) {
 		return fmt.Errorf("%w: %w", errStandBy, err)
+	}
+	if nt := (*replication.NonTransactionalError)(nil); errors.As(err, &nt) {
+		// Like a stop before a transaction: lag, status and the next
+		// run's /readyz say why until the checkpoint passes it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if rerr := t.store.RecordStop(rctx, r.cfg.Replication.Slot, nt.LSN, err.Error()); rerr != nil {
+			r.log.Warn("cannot record the stop in the checkpoint table", "err", rerr)
+		}
 	}
 	if err != nil {
 		return err
@@ -173,14 +183,20 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 // Per-aggregate order holds because the pipeline writes no event of a lane
 // the worker has rows of (the gate), which the worker releases.
 func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence) (*retry.Worker, error) {
-	wrouter, err := router.New(r.cfg.Router)
+	wrouters, err := r.cfg.routers()
 	if err != nil {
 		return nil, err
 	}
 	wcfg := r.cfg.Retry
-	wcfg.Store, wcfg.Topic, wcfg.Logger = rstore, wrouter.Topic, r.log.With("component", "retry")
+	wcfg.Store, wcfg.Topic, wcfg.Logger = rstore, wrouters[0].Topic, r.log.With("component", "retry")
 	wcfg.Sink = guardedSink{fence: f, sink: r.retrySink}
-	wcfg.Headers = wrouter.Headers()
+	wcfg.Headers = wrouters[0].Headers()
+	// Each table's rows by its own rules; those of messages (no table)
+	// by the first table's, as the route stage routes them.
+	wcfg.Tables = map[string]retry.Routing{}
+	for i, o := range r.cfg.outboxes() {
+		wcfg.Tables[o.name] = retry.Routing{Topic: wrouters[i].Topic, Headers: wrouters[i].Headers()}
+	}
 	wcfg.Delivered = func(agg string) {
 		// Called from the worker's goroutine while it runs: bounded, as a
 		// hung query must not hold up the worker.
@@ -256,6 +272,9 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 		}
 		for range st.IgnoredTruncates - last.IgnoredTruncates {
 			r.m.IgnoredChange("truncate")
+		}
+		for range st.SkippedNonTransactional - last.SkippedNonTransactional {
+			r.m.IgnoredChange("non_transactional_message")
 		}
 		r.m.UnsolicitedMessages("stream_abort", st.SkippedStreamAborts-last.SkippedStreamAborts)
 		r.m.UnsolicitedMessages("unknown", st.SkippedUnknownMessages-last.SkippedUnknownMessages)

@@ -47,6 +47,7 @@ type Event struct {
 	SourceLSN     pglogrepl.LSN // end LSN of the transaction that inserted the event
 	CommitTime    time.Time
 	MessageTime   time.Time // the message's timestamp (event.Event.Time); zero: when sent
+	Table         string    // the outbox table it was read from (event.Event.Table); "" for a message
 	Reason        string    // what is wrong and how to fix it, in plain words
 	Permanent     bool      // will fail the same way again: stored dead at once
 	Waiting       bool      // diverted only because an earlier event of the aggregate is in the table
@@ -71,6 +72,7 @@ func NewEvent(e *event.Event) Event {
 		SourceLSN:     e.CommitLSN,
 		CommitTime:    e.CommitTime,
 		MessageTime:   e.Time,
+		Table:         e.Table,
 	}
 }
 
@@ -95,6 +97,7 @@ type Entry struct {
 	SourceLSN     pglogrepl.LSN
 	CommitTime    time.Time // zero when unknown
 	MessageTime   time.Time // zero: the time it is sent
+	Table         string    // the outbox table it was read from; "" for a message or a row of an earlier version
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 	// LastResort is true for a row that holds the event only as a document
@@ -160,6 +163,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	var current bool
 	err := s.pool.QueryRow(ctx, `SELECT c.oid IS NOT NULL
     AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'last_resort' AND NOT a.attisdropped)
+    AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'outbox_table' AND NOT a.attisdropped)
     AND EXISTS (SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = c.oid AND ic.relname = $2)
     AND NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = c.oid AND ic.relname = $3)
 FROM (SELECT to_regclass($1)::oid AS oid) c`, s.t.Quoted(), idx, oldIdx).Scan(&current)

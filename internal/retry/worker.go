@@ -30,6 +30,13 @@ type Sink interface {
 	Ping(ctx context.Context) error
 }
 
+// A Routing is how the Worker routes the rows of one outbox table: its
+// router's Topic and the relay's own headers its messages carry.
+type Routing struct {
+	Topic   func(aggregateType, eventType string) (string, error)
+	Headers router.HeaderSet
+}
+
 // Defaults of WorkerConfig's zero values.
 const (
 	DefaultBackoffMin   = time.Second
@@ -69,7 +76,11 @@ type WorkerConfig struct {
 	// Headers is the relay's own headers, as the router sends them
 	// (message.headers); the zero value is all three.
 	Headers router.HeaderSet
-	Logger  *slog.Logger // default discards
+	// Tables routes the rows of the outbox tables named (Entry.Table) by
+	// their own table's rules, when the relay reads several; a row of
+	// another table, or of none, takes Topic and Headers.
+	Tables map[string]Routing
+	Logger *slog.Logger // default discards
 }
 
 // Validate fills the defaults of the tunables (backoff, maximum age and
@@ -197,7 +208,7 @@ FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p"
 		return false, fmt.Errorf("claim due row: %w", s.hint(err))
 	}
 
-	d := &delivery{w: w, tx: tx, topics: map[[2]string]topicResult{}}
+	d := &delivery{w: w, tx: tx, topics: map[[3]string]topicResult{}}
 	res := d.send(ctx, []Entry{head})
 	if res == sendStopped {
 		return false, d.finish(dbctx, ctx)
@@ -267,7 +278,7 @@ type topicResult struct {
 type delivery struct {
 	w         *Worker
 	tx        pgx.Tx
-	topics    map[[2]string]topicResult
+	topics    map[[3]string]topicResult
 	delivered []int64
 	failed    *failure
 	outage    bool
@@ -292,17 +303,21 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			refuse = &failure{row: e, reason: reason, permanent: true}
 			break
 		}
-		k := [2]string{e.AggregateType, e.EventType}
+		rt := Routing{Topic: d.w.cfg.Topic, Headers: d.w.cfg.Headers}
+		if t, ok := d.w.cfg.Tables[e.Table]; ok {
+			rt = t
+		}
+		k := [3]string{e.Table, e.AggregateType, e.EventType}
 		tr, ok := d.topics[k]
 		if !ok {
-			tr.topic, tr.err = d.w.cfg.Topic(e.AggregateType, e.EventType)
+			tr.topic, tr.err = rt.Topic(e.AggregateType, e.EventType)
 			d.topics[k] = tr
 		}
 		if tr.err != nil {
 			refuse = &failure{row: e, reason: routeReason(tr.err), permanent: true}
 			break
 		}
-		msgs = append(msgs, e.event(tr.topic, d.w.cfg.Headers))
+		msgs = append(msgs, e.event(tr.topic, rt.Headers))
 	}
 	if len(msgs) > 0 {
 		actx, cancel := context.WithTimeout(ctx, d.w.cfg.AttemptTimeout)
