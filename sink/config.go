@@ -34,6 +34,15 @@ type Config struct {
 	// it). Default false: idempotent, which needs Kafka 0.11 or later and,
 	// before Kafka 3.0, the IdempotentWrite permission on the cluster.
 	DisableIdempotence bool
+	// TransactionalID, when set, makes the sink transactional (txn.go):
+	// Write writes into a Kafka transaction that Commit or Abort ends, after
+	// InitTransactions took the id. Needs idempotence. Default "": no
+	// transactions.
+	TransactionalID string
+	// TransactionTimeout is how long the coordinator lets a transaction stay
+	// open before it aborts it (transaction.timeout.ms), at most the
+	// broker's transaction.max.timeout.ms. Default 1m.
+	TransactionTimeout time.Duration
 	TLS                TLSConfig
 	SASL               SASLConfig
 	RetryMin           time.Duration // default 100ms: first backoff after a broker-wide failure
@@ -136,6 +145,15 @@ func (c *Config) validate() error {
 	// Kafka sizes are int32: a produce request cannot be larger.
 	if c.BatchBytes < minBatchBytes || c.BatchBytes > math.MaxInt32 {
 		return fmt.Errorf("kafka.batch_bytes is %d; use %d (64 KiB) to %d bytes, at most the topics' max.message.bytes (default 1048576): it is also the largest event the relay sends", c.BatchBytes, minBatchBytes, int64(math.MaxInt32))
+	}
+	if c.TransactionalID != "" && c.DisableIdempotence {
+		return errors.New("a transactional id needs the idempotent producer: enable idempotence, or leave the transactional id empty")
+	}
+	if c.TransactionTimeout < 0 {
+		return errors.New("negative transaction timeout: use 0 for the default")
+	}
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = DefaultTransactionTimeout
 	}
 	if c.TopicWait == 0 {
 		c.TopicWait = defaultTopicWait

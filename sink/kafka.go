@@ -60,6 +60,13 @@
 // each kind of topic trouble). When the broker answers MESSAGE_TOO_LARGE (or
 // another record-level error) for a batch of several
 // messages, Write writes that batch again in halves until it has the culprits.
+//   - With a TransactionalID, writes go into Kafka transactions (txn.go):
+//     a record Write acknowledged is visible to read_committed consumers
+//     only once Commit returned nil, and never after Abort. The producer's
+//     epoch, taken by InitTransactions, fences every earlier producer of
+//     the id; a fenced sink (ErrFenced) never takes a new epoch by itself,
+//     and a producer's trouble ends the transaction (ErrTxnAborted) instead
+//     of taking a new producer id.
 //
 // Delivery is at least once: idempotence removes the duplicates of the
 // sink's own resends, not of what the caller writes again (after a crash,
@@ -110,6 +117,7 @@ type Kafka struct {
 	hdrBuf     []kafka.Header
 	abandoned  bool // a produce request of this Write failed or was left running
 	prod       producer
+	txn        txnState // with a TransactionalID (txn.go)
 	// straggling receives once per produce request that a round left
 	// running when its ctx ended (stragglers of them still to come): the
 	// next round waits for them, as they record their partitions' outcome.

@@ -66,7 +66,8 @@ type partitionBatch struct {
 
 // produce writes batch and returns nil, ctx's error, an error that refused
 // the whole call before anything was produced (metadata, an unknown topic,
-// no producer id), or kafka.WriteErrors with one entry per message of batch
+// no producer id), an error that ends the transaction (txnFatal), or
+// kafka.WriteErrors with one entry per message of batch
 // (nil for those acknowledged).
 func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 	if len(batch) == 0 {
@@ -110,6 +111,9 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 	groups := pool[:n]
 
 	if idempotent && k.prod.id < 0 {
+		if k.transactional() {
+			return errNoTransactions
+		}
 		if err := k.initProducer(ctx, "first produce"); err != nil {
 			return err
 		}
@@ -119,8 +123,24 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 		if idempotent {
 			for _, g := range round {
 				g.seq = k.sequenceOf(topicPartition{g.topic, g.partition})
-				g.hdr = batchHeader{producerID: k.prod.id, epoch: k.prod.epoch, baseSeq: g.seq.next}
+				g.hdr = batchHeader{producerID: k.prod.id, epoch: k.prod.epoch, baseSeq: g.seq.next, transactional: k.transactional()}
 			}
+		}
+		if k.transactional() {
+			// In a transaction (txn.go): its partitions registered first,
+			// and a producer's trouble ends the transaction instead of
+			// taking a new producer id.
+			var err error
+			if round, err = k.addPartitions(ctx, round); err != nil {
+				return err
+			}
+			if err := k.round(ctx, batch, round); err != nil {
+				return err
+			}
+			if err := k.txnFailure(round); err != nil {
+				return err
+			}
+			break
 		}
 		if err := k.round(ctx, batch, round); err != nil {
 			return err
@@ -258,10 +278,11 @@ func (k *Kafka) produceOne(ctx context.Context, batch []kafka.Message, g *partit
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.WriteTimeout)
 		var res *kafka.ProduceResponse
 		res, err = client.RawProduce(rctx, &kafka.RawProduceRequest{
-			Topic:        g.topic,
-			Partition:    g.partition,
-			RequiredAcks: kafka.RequireAll,
-			RawRecords:   protocol.RawRecordSet{Reader: bytes.NewReader(g.buf)},
+			Topic:           g.topic,
+			Partition:       g.partition,
+			RequiredAcks:    kafka.RequireAll,
+			TransactionalID: k.cfg.TransactionalID,
+			RawRecords:      protocol.RawRecordSet{Reader: bytes.NewReader(g.buf)},
 		})
 		cancel()
 		if res != nil {
