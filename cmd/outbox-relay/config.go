@@ -89,6 +89,11 @@ var defaults = map[string]string{
 	"kafka.compression":                   sink.DefaultCompression,
 	"kafka.allow_auto_topic_creation":     strconv.FormatBool(defaultAllowAutoTopicCreation),
 	"kafka.idempotence":                   "true",
+	"kafka.checkpoint_topic":              relay.DefaultCheckpointTopic,
+	"kafka.transaction_timeout":           durationText(sink.DefaultTransactionTimeout),
+	"kafka.transaction_max_events":        strconv.Itoa(relay.DefaultTransactionMaxEvents),
+	"kafka.transaction_max_bytes":         strconv.Itoa(relay.DefaultTransactionMaxBytes),
+	"delivery":                            relay.DeliveryAtLeastOnce,
 	"kafka.tls.enabled":                   "false",
 	"kafka.tls.ca_file":                   "",
 	"kafka.tls.cert_file":                 "",
@@ -222,10 +227,15 @@ type config struct {
 		Compression                string
 		AllowAutoTopicCreation     bool
 		Idempotence                bool
+		CheckpointTopic            string
+		TransactionTimeout         time.Duration
+		TransactionMaxEvents       int
+		TransactionMaxBytes        int
 		TLS                        sink.TLSConfig
 		SASL                       sink.SASLConfig
 		SASLPasswordFile           string
 	}
+	Delivery string
 	Pipeline struct {
 		MaxInFlightEvents, MaxInFlightBytes int
 		ShutdownTimeout                     time.Duration
@@ -377,6 +387,11 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	c.Kafka.Compression = l.str("kafka.compression")
 	c.Kafka.AllowAutoTopicCreation = l.bool("kafka.allow_auto_topic_creation")
 	c.Kafka.Idempotence = l.bool("kafka.idempotence")
+	c.Kafka.CheckpointTopic = l.str("kafka.checkpoint_topic")
+	c.Kafka.TransactionTimeout = l.duration("kafka.transaction_timeout")
+	c.Kafka.TransactionMaxEvents = l.int("kafka.transaction_max_events")
+	c.Kafka.TransactionMaxBytes = l.int("kafka.transaction_max_bytes")
+	c.Delivery = l.str("delivery")
 	c.Kafka.TLS = sink.TLSConfig{
 		Enabled:            l.bool("kafka.tls.enabled"),
 		CAFile:             l.str("kafka.tls.ca_file"),
@@ -784,6 +799,22 @@ func (c *config) validate() error {
 	if n := c.Pipeline.MaxInFlightBytes; n > 0 && (n < minInFlightBytes || n > maxInFlightBytes) {
 		bad("pipeline.max_in_flight_bytes", "%d is out of range; allowed %d (64 KiB) to %d (16 GiB) (default %s)", n, minInFlightBytes, maxInFlightBytes, defaults["pipeline.max_in_flight_bytes"])
 	}
+	switch c.Delivery {
+	case relay.DeliveryAtLeastOnce, relay.DeliveryExactlyOnce:
+		if c.Delivery == relay.DeliveryExactlyOnce && !c.Kafka.Idempotence {
+			bad("delivery", "exactly-once needs the idempotent producer: set kafka.idempotence: true, or delivery: %s", relay.DeliveryAtLeastOnce)
+		}
+	default:
+		bad("delivery", "%q is not one of %s (the default) or %s", c.Delivery, relay.DeliveryAtLeastOnce, relay.DeliveryExactlyOnce)
+	}
+	def(&c.Kafka.CheckpointTopic, "kafka.checkpoint_topic")
+	positive(&c.Kafka.TransactionTimeout, "kafka.transaction_timeout")
+	if n := c.Kafka.TransactionMaxEvents; n < 1 {
+		bad("kafka.transaction_max_events", "%d is out of range; use a number of events of at least 1 (default %s)", n, defaults["kafka.transaction_max_events"])
+	}
+	if n := c.Kafka.TransactionMaxBytes; n < minInFlightBytes {
+		bad("kafka.transaction_max_bytes", "%d is out of range; use at least %d (64 KiB) (default %s)", n, minInFlightBytes, defaults["kafka.transaction_max_bytes"])
+	}
 	positive(&c.Pipeline.ShutdownTimeout, "pipeline.shutdown_timeout")
 	positive(&c.Health.StallAfter, "health.stall_after")
 	def(&c.Checkpoint.Table, "checkpoint.table")
@@ -903,6 +934,7 @@ func (c *config) sinkConfig(log *slog.Logger) sink.Config {
 		SASL:                   c.Kafka.SASL,
 		AllowAutoTopicCreation: c.Kafka.AllowAutoTopicCreation,
 		DisableIdempotence:     !c.Kafka.Idempotence,
+		TransactionTimeout:     c.Kafka.TransactionTimeout,
 		Logger:                 log,
 	}
 }
@@ -927,6 +959,8 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 		OtherTablesKey:     otherTablesKey,
 		Router:             c.routerConfig(),
 		Sink:               c.sinkConfig(log.With("component", "sink")),
+		Delivery:           c.Delivery,
+		CheckpointTopic:    c.Kafka.CheckpointTopic,
 		CheckpointTable:    c.Checkpoint.Table,
 		CheckpointInterval: c.Checkpoint.Interval,
 		HistoryInterval:    c.Checkpoint.HistoryInterval,
@@ -945,7 +979,9 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 			MaxAttempts:  c.Retry.MaxAttempts,
 			PollInterval: c.Retry.PollEvery,
 		},
-		Logger: log,
+		TransactionMaxEvents: c.Kafka.TransactionMaxEvents,
+		TransactionMaxBytes:  c.Kafka.TransactionMaxBytes,
+		Logger:               log,
 	}
 }
 

@@ -57,6 +57,19 @@ type Config struct {
 	Router         router.Config
 	Sink           sink.Config
 
+	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce:
+	// the stream's events written in Kafka transactions together with the
+	// checkpoint (eos.go); the stream sink must then be transactional, with
+	// TransactionalID(slot). CheckpointTopic (default
+	// "outbox-relay-checkpoints", compacted, made by setup) holds the
+	// checkpoint records. TransactionMaxEvents (default 10000) and
+	// TransactionMaxBytes (default 4 MiB) bound a Kafka transaction, which
+	// exceeds them only by holding a single larger Postgres transaction.
+	Delivery             string
+	CheckpointTopic      string
+	TransactionMaxEvents int
+	TransactionMaxBytes  int
+
 	CheckpointTable    string        // default "outbox_relay_checkpoint"
 	CheckpointInterval time.Duration // default 200ms: longest wait between checkpoint saves
 
@@ -140,6 +153,25 @@ func (c *Config) validate() error {
 	case OnSlotLossFail, OnSlotLossRefill:
 	default:
 		return fmt.Errorf("postgres.on_slot_loss %q is not one of fail (stop with exit code 4, the default) or refill (re-deliver the lost range from the outbox table, then stream on)", c.OnSlotLoss)
+	}
+	switch c.Delivery {
+	case "":
+		c.Delivery = DeliveryAtLeastOnce
+	case DeliveryAtLeastOnce, DeliveryExactlyOnce:
+	default:
+		return fmt.Errorf("relay: delivery %q is not one of %s (the default) or %s", c.Delivery, DeliveryAtLeastOnce, DeliveryExactlyOnce)
+	}
+	if c.CheckpointTopic == "" {
+		c.CheckpointTopic = DefaultCheckpointTopic
+	}
+	if c.TransactionMaxEvents < 0 || c.TransactionMaxBytes < 0 {
+		return errors.New("relay: negative transaction bound: use 0 for the default")
+	}
+	if c.TransactionMaxEvents == 0 {
+		c.TransactionMaxEvents = DefaultTransactionMaxEvents
+	}
+	if c.TransactionMaxBytes == 0 {
+		c.TransactionMaxBytes = DefaultTransactionMaxBytes
 	}
 	if c.Replication.Publication == "" {
 		c.Replication.Publication = sql.DefaultPublication

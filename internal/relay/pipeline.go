@@ -98,6 +98,7 @@ type ends struct {
 	saver   checkpointSaver
 	stream  confirmer
 	history historyRecorder
+	eos     *eos // nil: at least once
 }
 
 // newPipeline wires a pipeline that starts after start (the position the
@@ -106,14 +107,19 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 	win := newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
 	h := newHealth(cfg.StallAfter, cfg.Logger)
 	hist := newHistorian(e.history, cfg.Logger, cfg)
+	maxMsgs, maxBytes := cfg.Sink.BatchSize, 4*int(cfg.Sink.BatchBytes)
+	if e.eos != nil {
+		// A chunk that ends a transaction is a Kafka transaction (eos.go).
+		maxMsgs, maxBytes = min(maxMsgs, cfg.TransactionMaxEvents), min(maxBytes, cfg.TransactionMaxBytes)
+	}
 	return &pipeline{
 		route: &routeStage{
 			router: e.router, placer: e.placer, win: win,
-			maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
+			maxMsgs: maxMsgs, maxBytes: maxBytes,
 			log: cfg.Logger, m: cfg.Metrics, tableM: cfg.Metrics.Table(cfg.Table),
 			isOutbox: make(map[*replication.Relation]bool),
 		},
-		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans},
+		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans, eos: e.eos},
 		com:    newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate:   e.gate, win: win, health: h, hist: hist,
 	}

@@ -455,7 +455,14 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 		return 0, time.Time{}, err
 	}
 	win := newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes)
-	w := &writer{sink: r.sink, gate: gt, fence: ls, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m}
+	// A refill is at least once (see above): with exactly-once delivery its
+	// events go outside transactions, by the retry worker's sink, which is
+	// idle between terms, and say so in a header.
+	rsink := r.sink
+	if r.cfg.Delivery == DeliveryExactlyOnce {
+		rsink = r.retrySink
+	}
+	w := &writer{sink: rsink, gate: gt, fence: ls, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m}
 	tally := &refillTally{}
 	chunks := make(chan *chunk)
 	g, gctx := errgroup.WithContext(ctx)
@@ -485,7 +492,9 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 				n++
 				m, err := rt.Route(row)
 				m.Refill, m.Pos, m.CommitTime = res.ID, n, at
-				m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == HeaderRefillID }), header)
+				m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool {
+					return h.Key == HeaderRefillID || h.Key == event.HeaderDelivery
+				}), header, event.AtLeastOnce())
 				m.Extra = append(slices.DeleteFunc(slices.Clone(m.Extra), func(h event.Header) bool { return h.Key == HeaderRefillID }), event.Header(header))
 				if err != nil {
 					var re *router.RouteError

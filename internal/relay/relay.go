@@ -154,6 +154,9 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 	if sinks.Stream == nil || sinks.Retry == nil {
 		return nil, errors.New("relay: a sink for the stream and one for the retry worker are required")
 	}
+	if _, ok := sinks.Stream.(txnSink); !ok && cfg.Delivery == DeliveryExactlyOnce {
+		return nil, errors.New("relay: exactly-once delivery needs a transactional stream sink (sink.Kafka with a TransactionalID)")
+	}
 	rt, err := router.New(cfg.Router)
 	if err != nil {
 		return nil, err
@@ -214,6 +217,10 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		}
 		if errors.Is(err, errStandBy) && rctx.Err() == nil {
 			r.log.Warn("no longer leading: standing by", "slot", r.cfg.Replication.Slot, "reason", err)
+			continue
+		}
+		if errors.Is(err, errRestart) && rctx.Err() == nil {
+			r.log.Warn("leading again from the checkpoint", "slot", r.cfg.Replication.Slot, "reason", err)
 			continue
 		}
 		// A slot lost at start or while streaming: with refill on, heal

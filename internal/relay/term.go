@@ -58,9 +58,14 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	if err != nil {
 		return nil, err
 	}
+	var x *eos
+	if r.cfg.Delivery == DeliveryExactlyOnce {
+		x = &eos{sink: r.sink.(txnSink), topic: r.cfg.CheckpointTopic, slot: slot, epoch: t.lease.wait,
+			server: t.lease.server, term: o.srv, log: r.log}
+	}
 	t.pipe = newPipeline(r.cfg, ends{
 		router: rt, placer: o.placer, sink: r.sink, gate: o.gate,
-		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store,
+		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store, eos: x,
 	}, o.start)
 	if t.worker, err = r.retryWorker(o.rstore, o.gate, t.lease); err != nil {
 		return nil, err

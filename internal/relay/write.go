@@ -30,49 +30,36 @@ type writer struct {
 	m      *metrics.Metrics
 	fence  fence        // asked before every write
 	spans  SpanExporter // nil: no spans
+	eos    *eos         // nil: at least once
 }
 
 // run writes the chunks of in until it is closed, then closes com. It
 // returns ctx's error, or an error that is not one event's (the caller
-// stops).
+// stops). With exactly-once delivery (eos) it first takes the transactional
+// id and writes each chunk as eos.deliver does.
 func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
+	if r.eos != nil {
+		if err := r.eos.start(ctx, r.fence); err != nil {
+			return err
+		}
+	}
 	for c := range in {
-		send, sendAt := c.evs, []int(nil) // sendAt nil: send is c.evs
-		var parked []diverted
-		if len(c.fails) > 0 || r.gate.closed() {
-			send, sendAt, parked = r.gate.divert(c)
+		var send []event.Event
+		var parked int
+		var err error
+		if r.eos != nil {
+			send, parked, err = r.eos.deliver(ctx, r, c)
+		} else {
+			send, parked, err = r.deliver(ctx, c, nil)
 		}
-		if len(send) > 0 || len(parked) > 0 {
-			// A write only while leading, proven within the lease: a
-			// former leader that wakes up learns here that it lost.
-			if err := r.fence.check(ctx); err != nil {
-				return err
-			}
-		}
-		if len(send) > 0 {
-			r.health.waitFor("Kafka to acknowledge %d events", len(send))
-			if err := r.sink.Write(ctx, send); err != nil {
-				var we *sink.WriteError
-				if !errors.As(err, &we) {
-					return fmt.Errorf("write to kafka: %w", err)
-				}
-				parked = append(parked, refused(we, send, sendAt)...)
-				send = acknowledged(send, we)
-			}
-		}
-		if len(parked) > 0 {
-			// Durable in the retry table before the chunk's LSN can be
-			// confirmed: the table is where these events now live.
-			r.health.waitFor("the retry table to store %d events", len(parked))
-			if err := r.park(ctx, parked); err != nil {
-				return err
-			}
+		if err != nil {
+			return err
 		}
 		r.win.giveBytes(c.bytes)
 		com.ack(c)
 		r.health.progress()
 		if r.m != nil && len(send) > 0 {
-			r.observe(c, send, len(parked))
+			r.observe(c, send, parked)
 		}
 		if r.spans != nil && len(send) > 0 {
 			r.spans.Delivered(send, time.Now())
@@ -83,8 +70,61 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 		r.win.recycle(c.evs)
 		c.evs = nil
 	}
+	if r.eos != nil {
+		if err := r.eos.close(ctx); err != nil {
+			return err
+		}
+	}
 	com.close()
 	return nil
+}
+
+// deliver writes the events of c that go to Kafka and parks in the retry
+// table those that must not or could not go, and returns the events Kafka
+// acknowledged and how many were parked: every event of c is then
+// acknowledged or stored. cp, when not nil, is written last in the same
+// Write (exactly-once's checkpoint record); its refusal is an error.
+func (r *writer) deliver(ctx context.Context, c *chunk, cp *event.Event) (sent []event.Event, parked int, err error) {
+	send, sendAt := c.evs, []int(nil) // sendAt nil: send is c.evs
+	var ds []diverted
+	if len(c.fails) > 0 || r.gate.closed() {
+		send, sendAt, ds = r.gate.divert(c)
+	}
+	if len(send) > 0 || len(ds) > 0 || cp != nil {
+		// A write only while leading, proven within the lease: a
+		// former leader that wakes up learns here that it lost.
+		if err := r.fence.check(ctx); err != nil {
+			return nil, 0, err
+		}
+	}
+	if len(send) > 0 || cp != nil {
+		out := send
+		if cp != nil {
+			out = append(send[:len(send):len(send)], *cp)
+		}
+		r.health.waitFor("Kafka to acknowledge %d events", len(out))
+		if err := r.sink.Write(ctx, out); err != nil {
+			var we *sink.WriteError
+			if !errors.As(err, &we) {
+				return nil, 0, fmt.Errorf("write to kafka: %w", err)
+			}
+			if last := we.Failures[len(we.Failures)-1]; cp != nil && last.Index == len(send) {
+				return nil, 0, fmt.Errorf("write the checkpoint record to Kafka topic %s: %s", cp.Topic, last.Reason)
+			}
+			ds = append(ds, refused(we, send, sendAt)...)
+			send = acknowledged(send, we)
+		}
+	}
+	if len(ds) > 0 {
+		// Durable in the retry table before the chunk's LSN can be
+		// confirmed (with exactly-once, before the commit that covers
+		// it): the table is where these events now live.
+		r.health.waitFor("the retry table to store %d events", len(ds))
+		if err := r.park(ctx, ds); err != nil {
+			return nil, 0, err
+		}
+	}
+	return send, len(ds), nil
 }
 
 // acknowledged returns the events of send that we does not list.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -372,11 +373,16 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 
 // event is the envelope of e for topic. Its headers are built as the
 // pipeline builds them: the relay's own from the row's columns, then the
-// stored extra headers (header fields and the headers column's). Rows of
+// stored extra headers (header fields and the headers column's), and
+// event.HeaderDelivery. Rows of
 // earlier versions stored the relay's own
 // headers too; HeaderSet.Build drops them, so they are not sent twice.
 func (e *Entry) event(topic string, set router.HeaderSet) event.Event {
 	hs, _ := set.Build([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Headers)
+	// Sent at least once (this may be its second delivery), also when the
+	// stream delivers exactly once: the header says so, in place of any
+	// stored entry of the name.
+	hs = append(slices.DeleteFunc(hs, func(h event.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
 	return event.Event{
 		ID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
 		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Headers, Time: e.MessageTime,
