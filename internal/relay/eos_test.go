@@ -139,4 +139,3 @@ func TestExactlyOnceKafkaAheadOfPostgres(t *testing.T) {
 			len(got), rep.lost, rep.duplicates, rep.orderViolations, rep.mismatches, rep.firstProblem)
 	}
 }
-
