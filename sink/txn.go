@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // This file is the transactional producer (Kafka's KIP-98 with
@@ -369,22 +370,85 @@ func (k *Kafka) outageOver() {
 	k.outage.mu.Unlock()
 }
 
-// CheckTransactions asks the coordinator of the transactional id for a
-// producer id with it, as InitTransactions does, on a probe of its own: nil
-// when the broker allows it, else an error saying why (wrapping
-// ErrTransactionsNotAllowed, ErrIdempotenceNotAllowed, or the broker's
-// answer, e.g. when its transaction state log cannot be written). It bumps
-// the id's epoch, so it fences a relay running with it: for `check` before a
-// relay runs with the id, or with an id of its own. Safe for concurrent use.
-func (k *Kafka) CheckTransactions(ctx context.Context, transactionalID string) error {
+// CheckTransactions does what a transactional relay does, with a probe of
+// its own under transactionalID: takes the id (InitProducerId at its
+// coordinator), writes one record keyed checkKey to topic in a transaction,
+// aborts it (so no read_committed consumer ever sees it), and reads topic as
+// a read_committed consumer. Nil when all of it is allowed; else an error
+// saying which step failed and why (wrapping ErrTransactionsNotAllowed,
+// ErrIdempotenceNotAllowed, or the broker's answer: a coordinator that stays
+// unavailable means the broker cannot write its transaction state log).
+// Taking the id fences a producer that holds it: use an id no relay runs
+// with. For `check`; safe for concurrent use.
+func (k *Kafka) CheckTransactions(ctx context.Context, transactionalID, topic string) error {
 	cfg := k.cfg
 	cfg.TransactionalID = transactionalID
-	if cfg.TransactionTimeout == 0 {
-		cfg.TransactionTimeout = DefaultTransactionTimeout
-	}
 	probe := &Kafka{cfg: cfg, addr: k.addr, transport: k.transport, log: k.log,
 		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}
 	ctx, cancel := context.WithTimeout(ctx, cfg.WriteTimeout)
 	defer cancel()
-	return probe.InitTransactions(ctx)
+	if err := probe.InitTransactions(ctx); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: the transaction coordinator did not become available: the cluster must be able to create and write __transaction_state (transaction.state.log.replication.factor brokers, default 3, and transaction.state.log.min.isr in sync, default 2)", err)
+		}
+		return err
+	}
+	err := probe.Write(ctx, []event.Event{{Topic: topic, Key: []byte(checkKey), Value: []byte("aborted by check"), Time: time.Now()}})
+	if err != nil {
+		var we *WriteError
+		if errors.As(err, &we) && len(we.Failures) == 1 {
+			return fmt.Errorf("write to %s in a transaction: %s", topic, we.Failures[0].Reason)
+		}
+		return fmt.Errorf("write to %s in a transaction: %w", topic, err)
+	}
+	if err := probe.Abort(ctx); err != nil {
+		return err
+	}
+	if _, _, err := probe.LastCommitted(ctx, topic, []byte(checkKey)); err != nil {
+		return fmt.Errorf("read %s (read_committed): %w", topic, err)
+	}
+	return nil
+}
+
+// checkKey is the key of CheckTransactions' aborted record.
+const checkKey = "outbox-relay check (aborted)"
+
+// CreateCompactedTopic creates topic with one partition, the broker's
+// replication factor and cleanup.policy=compact (a relay's own topic of
+// records keyed by a name, of which only the latest matters), and reports
+// whether it did: false, nil when the topic exists already. Not safe for
+// concurrent use with Write.
+func (k *Kafka) CreateCompactedTopic(ctx context.Context, topic string) (created bool, err error) {
+	c := &kafka.Client{Addr: k.addr, Transport: k.transport, Timeout: k.cfg.WriteTimeout}
+	// Asked first: a principal may describe a topic it may not create, and
+	// Kafka refuses creating an existing topic to it as not authorized.
+	meta, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return false, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	for _, t := range meta.Topics {
+		if t.Name == topic && t.Error == nil && len(t.Partitions) > 0 {
+			return false, nil
+		}
+	}
+	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: 1, ReplicationFactor: -1,
+		ConfigEntries: []kafka.ConfigEntry{
+			{ConfigName: "cleanup.policy", ConfigValue: "compact"},
+			// Segments roll hourly, so that compaction, which skips the
+			// active segment, keeps the topic near one record per key.
+			{ConfigName: "segment.ms", ConfigValue: "3600000"},
+		},
+	}}})
+	if err != nil {
+		return false, fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	switch err := res.Errors[topic]; {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, kafka.TopicAlreadyExists):
+		return false, nil
+	default:
+		return false, fmt.Errorf("create topic %s: %w", topic, err)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -49,6 +50,9 @@ func (e *env) adminConfig() admin.Config {
 		CheckpointTable:     checkpoint,
 		RetryTable:          retryTable,
 		Kafka:               c.sinkConfig(e.log),
+		ExactlyOnce:         c.Delivery == relay.DeliveryExactlyOnce,
+		CheckpointTopic:     c.Kafka.CheckpointTopic,
+		TransactionalID:     relay.TransactionalID(c.Postgres.Slot),
 		Retention:           c.Outbox.Retention,
 		RetentionPartitions: c.Outbox.RetentionPartitions,
 		RedactedDSN:         redactDSN(c.Postgres.DSN),
