@@ -94,9 +94,11 @@ func fenced(err error) bool {
 
 // coordinatorBusy reports whether err is an answer of a transaction
 // coordinator to ask again shortly: it is moving, loading, or still writing
-// the markers of the previous transaction.
+// the markers of the previous transaction, or kafka-go does not know its
+// broker yet (a restarted cluster).
 func coordinatorBusy(err error) bool {
-	return errors.Is(err, kafka.GroupCoordinatorNotAvailable) || // COORDINATOR_NOT_AVAILABLE
+	return errors.Is(err, kafka.BrokerNotAvailable) ||
+		errors.Is(err, kafka.GroupCoordinatorNotAvailable) || // COORDINATOR_NOT_AVAILABLE
 		errors.Is(err, kafka.NotCoordinatorForGroup) || // NOT_COORDINATOR
 		errors.Is(err, kafka.GroupLoadInProgress) || // COORDINATOR_LOAD_IN_PROGRESS
 		errors.Is(err, kafka.ConcurrentTransactions)
