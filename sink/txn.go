@@ -189,9 +189,14 @@ func (k *Kafka) coordinate(ctx context.Context, op string, req func(ctx context.
 			return k.txnError(op, err)
 		}
 		// The coordinator moving, busy, or not reachable: as an outage of
-		// Write, waited out with backoff (CONCURRENT_TRANSACTIONS right
-		// after a commit passes within milliseconds).
+		// Write, waited out with backoff. CONCURRENT_TRANSACTIONS is the
+		// answer to the next transaction's first request until the last
+		// one's markers are written, a few milliseconds after its commit:
+		// asked again soon, as it is on every commit.
 		d := backoff.Delay(20*time.Millisecond, k.cfg.RetryMax, attempt)
+		if errors.Is(err, kafka.ConcurrentTransactions) {
+			d = backoff.Delay(time.Millisecond, 20*time.Millisecond, attempt)
+		}
 		if !coordinatorBusy(err) {
 			k.outageStarts(err)
 			if attempt%10 == 0 {

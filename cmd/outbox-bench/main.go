@@ -71,6 +71,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.Runs, "runs", 3, "runs; medians are reported")
 	fs.BoolVar(&o.SkipDrain, "skip-drain", false, "skip the backlog drains")
 	fs.BoolVar(&o.SkipSustained, "skip-sustained", false, "skip the sustained-rate phases")
+	fs.BoolVar(&o.ExactlyOnce, "exactly-once", true, "also run the relay with delivery: exactly-once, beside at-least-once, in every drain and sustained phase")
 	fs.BoolVar(&o.Quick, "quick", false, "smoke run: 20k events, 5 s at 2k events/s, 1 run (explicit flags win)")
 	fs.StringVar(&o.RelayBin, "relay", "bin/outbox-relay", "outbox-relay binary")
 	fs.StringVar(&o.RecvBin, "pg-recvlogical", "/usr/lib/postgresql/15/bin/pg_recvlogical", "pg_recvlogical binary")

@@ -59,6 +59,7 @@ type benchDB struct {
 	DSN            string // the fresh database
 	Publication    string
 	RelaySlot      string
+	EOSSlot        string // the exactly-once relay's in a drain
 	RecvSlot       string
 	DbzPublication string // Debezium's own, so that its slot reads what the others read
 	DbzSlot        string
@@ -101,6 +102,7 @@ func createDatabase(ctx context.Context, adminDSN, cleanupDSN, name string) (*be
 		DSN:            dsn,
 		Publication:    name + "_pub",
 		RelaySlot:      name + "_relay",
+		EOSSlot:        name + "_eos",
 		RecvSlot:       name + "_recv",
 		DbzPublication: name + "_dbzpub",
 		DbzSlot:        name + "_dbz",
@@ -169,7 +171,7 @@ func (db *benchDB) drop(ctx context.Context) error {
 
 // slots are every slot a run may create in db.
 func (db *benchDB) slots() []string {
-	return []string{db.RelaySlot, db.RecvSlot, db.DbzSlot}
+	return []string{db.RelaySlot, db.EOSSlot, db.RecvSlot, db.DbzSlot}
 }
 
 // dropRetryFor bounds dropDatabase's retries: an autovacuum worker that has
