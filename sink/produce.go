@@ -134,9 +134,7 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 			if round, err = k.addPartitions(ctx, round); err != nil {
 				return err
 			}
-			if err := k.round(ctx, batch, round); err != nil {
-				return err
-			}
+			k.txnRound(ctx, batch, round)
 			if err := k.txnFailure(round); err != nil {
 				return err
 			}
@@ -263,18 +261,14 @@ func (k *Kafka) produceOne(ctx context.Context, batch []kafka.Message, g *partit
 	if err := k.encode(batch, g); err != nil {
 		return err
 	}
-	seq := g.seq
 	// unknown: a send of these sequence numbers may have been appended.
-	unknown := seq != nil && seq.pending
+	unknown := g.seq != nil && g.seq.pending
 	var err error
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if attempt > 0 {
 			time.Sleep(backoff.Delay(produceBackoffMin, produceBackoffMax, attempt-1))
 		}
-		if seq != nil && !seq.pending {
-			seq.pending = true
-			seq.sent = sentBatch{batch: g.buf, records: g.records, count: len(g.idx), now: g.now}
-		}
+		g.sending()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.WriteTimeout)
 		var res *kafka.ProduceResponse
 		res, err = client.RawProduce(rctx, &kafka.RawProduceRequest{
@@ -288,31 +282,49 @@ func (k *Kafka) produceOne(ctx context.Context, batch []kafka.Message, g *partit
 		if res != nil {
 			err = res.Error
 		}
-		if seq != nil {
-			switch {
-			case err == nil || errors.Is(err, kafka.DuplicateSequenceNumber):
-				// DUPLICATE_SEQUENCE_NUMBER: the broker has the batch.
-				seq.next = nextSequence(g.hdr.baseSeq, len(g.idx))
-				seq.pending = false
-				seq.sent = sentBatch{}
-				return nil
-			case notAppended(err):
-				if !unknown {
-					seq.pending = false
-					seq.sent = sentBatch{}
-				}
-				if producerState(err) {
-					return &ProducerStateError{Err: err}
-				}
-			default:
-				unknown = true
-			}
-		}
-		if err == nil || !temporary(err) {
+		if done, err := g.settle(err, &unknown); done {
 			return err
 		}
 	}
 	return err
+}
+
+// sending marks g's batch as sent with its sequence numbers: pending until
+// an answer settles it.
+func (g *partitionBatch) sending() {
+	if g.seq != nil && !g.seq.pending {
+		g.seq.pending = true
+		g.seq.sent = sentBatch{batch: g.buf, records: g.records, count: len(g.idx), now: g.now}
+	}
+}
+
+// settle records the answer err to a send of g's batch in the partition's
+// sequence numbers (idempotence.go) and reports whether the batch is done,
+// with its error: acknowledged, or failed for a reason sending again does not
+// cure. unknown says whether a send of these sequence numbers may have been
+// appended; settle sets it when this one's outcome is unknown.
+func (g *partitionBatch) settle(err error, unknown *bool) (done bool, _ error) {
+	if seq := g.seq; seq != nil {
+		switch {
+		case err == nil || errors.Is(err, kafka.DuplicateSequenceNumber):
+			// DUPLICATE_SEQUENCE_NUMBER: the broker has the batch.
+			seq.next = nextSequence(g.hdr.baseSeq, len(g.idx))
+			seq.pending = false
+			seq.sent = sentBatch{}
+			return true, nil
+		case notAppended(err):
+			if !*unknown {
+				seq.pending = false
+				seq.sent = sentBatch{}
+			}
+			if producerState(err) {
+				return true, &ProducerStateError{Err: err}
+			}
+		default:
+			*unknown = true
+		}
+	}
+	return err == nil || !temporary(err), err
 }
 
 // encode writes g's record batch into g.buf. A batch for sequence numbers

@@ -1,15 +1,22 @@
 package sink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/addpartitionstotxn"
 	"github.com/segmentio/kafka-go/protocol/endtxn"
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
+	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
+	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
+	"github.com/segmentio/kafka-go/protocol/rawproduce"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
@@ -334,6 +341,149 @@ func (k *Kafka) addPartitions(ctx context.Context, groups []*partitionBatch) ([]
 		}
 	}
 	return out, nil
+}
+
+// txnRound is round for a transaction: one produce request per partition
+// leader with all of its partitions' batches, as the Java producer sends
+// them. Since Kafka 3.6 a leader asks the transaction coordinator whether a
+// partition was added to the transaction before it appends the first batch
+// (KIP-890), and it keeps one such question per transactional id: a second
+// request of the same transaction fails the first one's with
+// NOT_ENOUGH_REPLICAS ("Unable to verify the partition has been added to the
+// transaction. Underlying error: NETWORK_EXCEPTION"). One request per
+// partition, at once, failed nearly all of them. Each request runs under
+// WriteTimeout, tried up to maxAttempts times while its answers are
+// temporary; the round waits for them all (ctx's end does not cut a
+// transaction's request short).
+func (k *Kafka) txnRound(ctx context.Context, batch []kafka.Message, groups []*partitionBatch) {
+	unknown := make(map[*partitionBatch]bool, len(groups))
+	var todo []*partitionBatch
+	for _, g := range groups {
+		if g.err = k.encode(batch, g); g.err == nil {
+			unknown[g] = g.seq != nil && g.seq.pending
+			todo = append(todo, g)
+		}
+	}
+	for attempt := 0; attempt < maxAttempts && len(todo) > 0; attempt++ {
+		if attempt > 0 {
+			time.Sleep(backoff.Delay(produceBackoffMin, produceBackoffMax, attempt-1))
+		}
+		byLeader, err := k.leaders(ctx, todo)
+		if err != nil {
+			for _, g := range todo {
+				g.err = err
+			}
+			return
+		}
+		var wg sync.WaitGroup
+		for _, gs := range byLeader {
+			wg.Add(1)
+			k.inflight.Add(1)
+			go func() {
+				defer wg.Done()
+				defer k.inflight.Done()
+				errs := k.produceLeader(ctx, gs)
+				for i, g := range gs {
+					u := unknown[g]
+					_, g.err = g.settle(errs[i], &u)
+					unknown[g] = u
+				}
+			}()
+		}
+		wg.Wait()
+		next := todo[:0]
+		for _, g := range todo {
+			var pse *ProducerStateError
+			if g.err != nil && temporary(g.err) && !errors.As(g.err, &pse) {
+				next = append(next, g)
+			}
+		}
+		todo = next
+	}
+}
+
+// leaders groups groups by their partition's leader, as the Transport's
+// metadata cache knows it.
+func (k *Kafka) leaders(ctx context.Context, groups []*partitionBatch) ([][]*partitionBatch, error) {
+	var topics []string
+	for _, g := range groups {
+		if !slices.Contains(topics, g.topic) {
+			topics = append(topics, g.topic)
+		}
+	}
+	r, err := k.transport.RoundTrip(ctx, k.addr, &metadataAPI.Request{TopicNames: topics})
+	if err != nil {
+		return nil, err
+	}
+	leader := map[topicPartition]int32{}
+	for _, t := range r.(*metadataAPI.Response).Topics {
+		for _, p := range t.Partitions {
+			leader[topicPartition{t.Name, int(p.PartitionIndex)}] = p.LeaderID
+		}
+	}
+	by := map[int32]int{}
+	var out [][]*partitionBatch
+	for _, g := range groups {
+		id, ok := leader[topicPartition{g.topic, g.partition}]
+		if !ok {
+			id = -1 // unknown: a request of its own, which fails as it must
+		}
+		i, seen := by[id]
+		if !seen || id < 0 {
+			i = len(out)
+			by[id] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], g)
+	}
+	return out, nil
+}
+
+// produceLeader sends the batches of gs, all led by one broker, in one
+// produce request of the transaction, and returns each batch's answer.
+func (k *Kafka) produceLeader(ctx context.Context, gs []*partitionBatch) []error {
+	req := &rawproduce.Request{TransactionalID: k.cfg.TransactionalID, Acks: int16(kafka.RequireAll),
+		Timeout: int32(k.cfg.WriteTimeout / time.Millisecond)}
+	for _, g := range gs {
+		g.sending()
+		part := rawproduce.RequestPartition{Partition: int32(g.partition), RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(g.buf)}}
+		if n := len(req.Topics); n > 0 && req.Topics[n-1].Topic == g.topic {
+			req.Topics[n-1].Partitions = append(req.Topics[n-1].Partitions, part)
+		} else {
+			req.Topics = append(req.Topics, rawproduce.RequestTopic{Topic: g.topic, Partitions: []rawproduce.RequestPartition{part}})
+		}
+	}
+	errs := make([]error, len(gs))
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.cfg.WriteTimeout)
+	defer cancel()
+	m, err := k.transport.RoundTrip(rctx, k.addr, req)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	answer := map[topicPartition]error{}
+	for _, t := range m.(*produceAPI.Response).Topics {
+		for _, p := range t.Partitions {
+			var err error
+			if p.ErrorCode != 0 {
+				err = kafka.Error(p.ErrorCode)
+				if p.ErrorMessage != "" {
+					err = fmt.Errorf("%w: %s", err, p.ErrorMessage)
+				}
+			}
+			answer[topicPartition{t.Topic, int(p.Partition)}] = err
+		}
+	}
+	for i, g := range gs {
+		err, ok := answer[topicPartition{g.topic, g.partition}]
+		if !ok {
+			err = fmt.Errorf("produce to %s[%d]: no answer for the partition", g.topic, g.partition)
+		}
+		errs[i] = err
+	}
+	return errs
 }
 
 // txnFailure returns the error that ends a transactional round: a group
