@@ -62,6 +62,12 @@
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
+//   - With exactly-once delivery (eos.go) a chunk's complete transactions
+//     are written in one Kafka transaction with their checkpoint record, and
+//     the chunk reaches the committer only after the Kafka commit: the
+//     Kafka checkpoint is never behind the Postgres one, and a term drops
+//     what it covers. A term takes the slot's transactional id only once it
+//     leads, which fences every former leader's producer in Kafka.
 package relay
 
 import (
