@@ -9,6 +9,7 @@
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -57,3 +58,16 @@ func (b *Backoff) Next() time.Duration {
 
 // Reset makes the next wait Min-sized again.
 func (b *Backoff) Reset() { b.attempt = 0 }
+
+// Sleep waits for d, or until ctx is done, and then returns ctx's error: the
+// wait between two attempts of anything that must stop with its context.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

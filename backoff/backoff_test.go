@@ -1,6 +1,8 @@
 package backoff_test
 
 import (
+	"context"
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -72,5 +74,17 @@ func TestBackoff(t *testing.T) {
 	b.Reset()
 	if got := b.Next(); got > 100*time.Millisecond {
 		t.Errorf("Next() after Reset = %s; want at most 100ms", got)
+	}
+}
+
+func TestSleep(t *testing.T) {
+	if err := backoff.Sleep(context.Background(), time.Millisecond); err != nil {
+		t.Errorf("Sleep(1ms) = %v; want nil", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	if err := backoff.Sleep(ctx, time.Hour); !errors.Is(err, context.Canceled) || time.Since(start) > time.Second {
+		t.Errorf("Sleep(1h) on a cancelled context = %v after %s; want context.Canceled at once", err, time.Since(start))
 	}
 }

@@ -114,6 +114,22 @@ func (s *Store) Load(ctx context.Context, slot string) (Checkpoint, error) {
 	if s.err != nil {
 		return Checkpoint{}, s.err
 	}
+	return load(ctx, s.pool, s.table, slot)
+}
+
+// Read returns the checkpoint saved for slot in table ("table" or
+// "schema.table", as New takes it), or ErrNoCheckpoint, over q: for readers
+// without a Store, such as lag and status.
+func Read(ctx context.Context, q Querier, table, slot string) (Checkpoint, error) {
+	t, err := sql.ParseTable(table)
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("checkpoint table: %w", err)
+	}
+	return load(ctx, q, t.Quoted(), slot)
+}
+
+// load reads slot's row of the quoted table.
+func load(ctx context.Context, q Querier, table, slot string) (Checkpoint, error) {
 	var (
 		lsn        string
 		lastCommit *time.Time
@@ -124,9 +140,9 @@ func (s *Store) Load(ctx context.Context, slot string) (Checkpoint, error) {
 	// The server columns through to_jsonb: a table from before they
 	// existed still loads (the relay upgrades it after reading where to
 	// start, and check or lag must not need it upgraded).
-	err := s.pool.QueryRow(ctx,
+	err := q.QueryRow(ctx,
 		`SELECT lsn::text, last_commit_time, saved_at, to_jsonb(c)->>'system_identifier', (to_jsonb(c)->>'timeline_id')::int
-FROM `+s.table+` AS c WHERE slot_name = $1`,
+FROM `+table+` AS c WHERE slot_name = $1`,
 		slot).Scan(&lsn, &lastCommit, &cp.SavedAt, &systemID, &timeline)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, ErrNoCheckpoint

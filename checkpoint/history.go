@@ -31,23 +31,10 @@ func (s *Store) HistoryTable() string { return sql.CheckpointHistoryName(s.t).St
 // server's snapshot, in one statement (see the package doc). Recording an
 // LSN already recorded changes nothing. It does not touch the checkpoint.
 func (s *Store) Record(ctx context.Context, slot string, lsn pglogrepl.LSN, lastCommit time.Time) error {
-	if s.err != nil {
-		return s.err
-	}
-	var commit *time.Time
-	if !lastCommit.IsZero() {
-		commit = &lastCommit
-	}
 	// One statement: its snapshot is taken before pg_current_wal_insert_lsn()
 	// is read, which is what makes snapshot_lsn a bound on the commits of
 	// every transaction older than snapshot_xmin.
-	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.history+` (slot_name, lsn, last_commit_time, saved_at, snapshot_xmin, snapshot_lsn)
-VALUES ($1, $2::text::pg_lsn, $3, now(), pg_snapshot_xmin(pg_current_snapshot()), pg_current_wal_insert_lsn())
-ON CONFLICT DO NOTHING`, slot, lsn.String(), commit)
-	if err != nil {
-		return fmt.Errorf("record checkpoint history %q at %s in %s: %w", slot, lsn, s.HistoryTable(), err)
-	}
-	return nil
+	return s.record(ctx, slot, lsn, lastCommit, `pg_snapshot_xmin(pg_current_snapshot()), pg_current_wal_insert_lsn()`)
 }
 
 // RecordSnapshot writes a history row for slot's checkpoint lsn with a
@@ -57,6 +44,12 @@ ON CONFLICT DO NOTHING`, slot, lsn.String(), commit)
 // transaction older than that xmin had finished when the snapshot was
 // taken, so if it committed, it did before the consistent point.
 func (s *Store) RecordSnapshot(ctx context.Context, slot string, lsn pglogrepl.LSN, lastCommit time.Time, xmin uint64, snapLSN pglogrepl.LSN) error {
+	return s.record(ctx, slot, lsn, lastCommit, `$4::text::xid8, $5::text::pg_lsn`, strconv.FormatUint(xmin, 10), snapLSN.String())
+}
+
+// record inserts a history row whose snapshot_xmin and snapshot_lsn are the
+// SQL expressions snapshot, which may use the parameters $4 on (args).
+func (s *Store) record(ctx context.Context, slot string, lsn pglogrepl.LSN, lastCommit time.Time, snapshot string, args ...any) error {
 	if s.err != nil {
 		return s.err
 	}
@@ -65,8 +58,8 @@ func (s *Store) RecordSnapshot(ctx context.Context, slot string, lsn pglogrepl.L
 		commit = &lastCommit
 	}
 	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.history+` (slot_name, lsn, last_commit_time, saved_at, snapshot_xmin, snapshot_lsn)
-VALUES ($1, $2::text::pg_lsn, $3, now(), $4::text::xid8, $5::text::pg_lsn)
-ON CONFLICT DO NOTHING`, slot, lsn.String(), commit, strconv.FormatUint(xmin, 10), snapLSN.String())
+VALUES ($1, $2::text::pg_lsn, $3, now(), `+snapshot+`)
+ON CONFLICT DO NOTHING`, append([]any{slot, lsn.String(), commit}, args...)...)
 	if err != nil {
 		return fmt.Errorf("record checkpoint history %q at %s in %s: %w", slot, lsn, s.HistoryTable(), err)
 	}
@@ -198,8 +191,8 @@ type NoHorizonKind string
 
 // The reasons for no horizon.
 const (
-	NoCheckpointTable NoHorizonKind = "no_checkpoint_table" // run setup
-	NoHistoryTable    NoHorizonKind = "no_history_table"    // run setup
+	NoCheckpointTable NoHorizonKind = "no_checkpoint_table" // create the relay's tables
+	NoHistoryTable    NoHorizonKind = "no_history_table"    // create the relay's tables
 	NoCheckpoint      NoHorizonKind = "no_checkpoint"       // nothing delivered yet
 	NotCovered        NoHorizonKind = "not_covered"         // no history row reached by the checkpoint yet
 	HorizonTooOld     NoHorizonKind = "too_old"             // snapshot_xmin too old to compare with 32-bit xids
@@ -227,9 +220,9 @@ func FindHorizon(ctx context.Context, q Querier, checkpointTable, slot string) (
 	}
 	switch {
 	case !cpOK:
-		return nil, &NoHorizonError{slot, NoCheckpointTable, fmt.Sprintf("the checkpoint table %s does not exist: run `outbox-relay setup`", t)}
+		return nil, &NoHorizonError{slot, NoCheckpointTable, fmt.Sprintf("the checkpoint table %s does not exist: create it (sql/002_relay.sql)", t)}
 	case !histOK:
-		return nil, &NoHorizonError{slot, NoHistoryTable, fmt.Sprintf("the checkpoint history table %s does not exist: run `outbox-relay setup` (or start the relay with the rights to create it)", h)}
+		return nil, &NoHorizonError{slot, NoHistoryTable, fmt.Sprintf("the checkpoint history table %s does not exist: create it (sql/002_relay.sql), or start the relay with the rights to create it", h)}
 	}
 	var (
 		covered                  *string

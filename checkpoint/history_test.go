@@ -195,5 +195,5 @@ func TestHorizon(t *testing.T) {
 	if _, err := pool.Exec(ctx, `DROP TABLE outbox_relay_checkpoint_history`); err != nil {
 		t.Fatal(err)
 	}
-	noHorizon("run `outbox-relay setup`")
+	noHorizon("create it (sql/002_relay.sql)")
 }

@@ -70,7 +70,7 @@ WHERE attrelid = $1::regclass AND attname = ANY($2) AND NOT attisdropped`,
 		return nil
 	}
 	if _, err := s.pool.Exec(ctx, sql.CheckpointUpgrade(s.t)); err != nil {
-		return fmt.Errorf("add the columns (%s) of this version to checkpoint table %s: run \"outbox-relay setup\" as the table's owner, or run %q: %w",
+		return fmt.Errorf("add the columns (%s) of this version to checkpoint table %s: as the table's owner, run %q: %w",
 			strings.Join(sql.CheckpointUpgradeColumns, ", "), s.table, sql.CheckpointUpgrade(s.t), err)
 	}
 	return nil

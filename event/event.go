@@ -53,11 +53,16 @@ type Event struct {
 	AggregateID   string
 	Type          string // the event_type column
 
-	Topic   string   // "" when it could not be routed
-	Key     []byte   // the aggregate id's bytes: the Kafka key
-	Value   []byte   // the payload as stored; nil when NULL
-	Headers []Header // what Kafka gets: the relay's own, then Extra
-	Extra   []Header // the headers column's entries the relay kept
+	Topic string // "" when it could not be routed
+	Key   []byte // the aggregate id's bytes: the Kafka key
+	Value []byte // the payload as stored; nil when NULL
+	// Headers are what Kafka gets: the relay's own (id, event_type,
+	// aggregate_type, as configured), then Extra. Extra are the others:
+	// the header fields, the headers column's entries the relay kept, the
+	// trace context and CloudEvents attributes. Every stage and the retry
+	// table (retry.Event.Extra) use these two names in these meanings.
+	Headers []Header
+	Extra   []Header
 
 	// Time is the message's timestamp, from the outbox.columns.timestamp
 	// column; zero means the time Kafka receives it (the producer's now).

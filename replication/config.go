@@ -1,15 +1,15 @@
 package replication
 
 import (
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // Config configures a Stream. The zero value of every field but DSN, Slot and
@@ -108,43 +108,46 @@ func (cfg Config) withDefaults() Config {
 	return cfg
 }
 
-// validate rejects what has no default, saying how to fix it.
-func (cfg Config) validate() error {
-	var errs []error
-	if cfg.DSN == "" {
-		errs = append(errs, errors.New("replication: DSN is empty: set the Postgres connection string"))
-	}
-	if !validSlotName(cfg.Slot) {
-		// START_REPLICATION takes the slot name unquoted, so only the
-		// characters Postgres allows in slot names may pass.
-		errs = append(errs, fmt.Errorf("replication: slot name %q is invalid: use 1-63 characters of a-z, 0-9 and _", cfg.Slot))
-	}
-	if cfg.Publication == "" {
-		errs = append(errs, errors.New("replication: publication is empty: set the publication created by setup"))
-	}
-	if cfg.StatusInterval < 0 || cfg.ReconnectMin < 0 || cfg.ReconnectMax < 0 {
-		errs = append(errs, errors.New("replication: durations must not be negative"))
-	}
-	if cfg.ReconnectMax < cfg.ReconnectMin {
-		errs = append(errs, fmt.Errorf("replication: ReconnectMax %s is below ReconnectMin %s", cfg.ReconnectMax, cfg.ReconnectMin))
-	}
-	if cfg.WalSenderTimeout > 0 && cfg.WalSenderTimeout < time.Second {
-		errs = append(errs, fmt.Errorf("replication: wal_sender_timeout %s is below 1s: Postgres counts it in milliseconds but a pause of the relay (GC, a slow disk) would end its connection", cfg.WalSenderTimeout))
-	}
-	if cfg.MaxBatchRows < 0 || cfg.MaxBatchBytes < 0 {
-		errs = append(errs, errors.New("replication: MaxBatchRows and MaxBatchBytes must not be negative"))
-	}
-	return errors.Join(errs...)
+// Validate fills defaults and returns every value that cannot work, each a
+// *field.Error naming its field and the fix. Run checks the same.
+func (cfg *Config) Validate() error {
+	*cfg = cfg.withDefaults()
+	return cfg.validate()
 }
 
-func validSlotName(s string) bool {
-	if len(s) == 0 || len(s) > 63 {
-		return false
+// validate rejects what has no default, saying how to fix it.
+func (cfg Config) validate() error {
+	var v field.Checker
+	if cfg.DSN == "" {
+		v.Add(field.Required("DSN", "set the Postgres connection string"))
 	}
-	for _, c := range []byte(s) {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			return false
+	// START_REPLICATION takes the slot name unquoted, so only the
+	// characters Postgres allows in slot names may pass.
+	if err := sql.ValidSlotName(cfg.Slot); err != nil {
+		v.Errorf("Slot", "%v", err)
+	}
+	if cfg.Publication == "" {
+		v.Add(field.Required("Publication", "name the publication of the outbox table"))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"StatusInterval", cfg.StatusInterval}, {"ReconnectMin", cfg.ReconnectMin}, {"ReconnectMax", cfg.ReconnectMax}} {
+		if d.v < 0 {
+			v.Errorf(d.name, "%s must not be negative", d.v)
 		}
 	}
-	return true
+	if cfg.ReconnectMax < cfg.ReconnectMin {
+		v.Errorf("ReconnectMax", "%s is below {ReconnectMin} %s", cfg.ReconnectMax, cfg.ReconnectMin)
+	}
+	if cfg.WalSenderTimeout > 0 && cfg.WalSenderTimeout < time.Second {
+		v.Errorf("WalSenderTimeout", "%s is below 1s: Postgres counts it in milliseconds but a pause of the relay (GC, a slow disk) would end its connection", cfg.WalSenderTimeout)
+	}
+	if cfg.MaxBatchRows < 0 {
+		v.Errorf("MaxBatchRows", "%d must not be negative", cfg.MaxBatchRows)
+	}
+	if cfg.MaxBatchBytes < 0 {
+		v.Errorf("MaxBatchBytes", "%d must not be negative", cfg.MaxBatchBytes)
+	}
+	return v.Err()
 }

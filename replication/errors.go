@@ -16,10 +16,12 @@ import (
 var (
 	// ErrSlotMissing: the replication slot does not exist.
 	ErrSlotMissing = errors.New("replication slot does not exist")
-	// ErrSlotPlugin: the slot uses an output plugin other than pgoutput.
-	ErrSlotPlugin = errors.New("replication slot does not use pgoutput")
-	// ErrSlotDatabase: the slot was created in another database than the DSN's.
-	ErrSlotDatabase = errors.New("replication slot belongs to another database")
+	// ErrSlotPlugin (pgslot.ErrPlugin): the slot is physical or uses an
+	// output plugin other than pgoutput.
+	ErrSlotPlugin = pgslot.ErrPlugin
+	// ErrSlotDatabase (pgslot.ErrDatabase): the slot was created in another
+	// database than the DSN's.
+	ErrSlotDatabase = pgslot.ErrDatabase
 	// ErrSlotActive: another process holds the slot (another relay leads,
 	// or the server has not yet noticed that this process's earlier
 	// connection died). Run returns it at once, not retrying: a relay waits
@@ -28,6 +30,11 @@ var (
 	// ErrPublicationMissing: the publication does not exist (or did not yet
 	// exist at the slot's position).
 	ErrPublicationMissing = errors.New("publication does not exist")
+	// ErrPublicationAfterSlot (which wraps ErrPublicationMissing): the
+	// publication exists, but not at the slot's position (created, or
+	// dropped and recreated, after it), so the slot cannot decode past that
+	// point: start past it, or create the slot again.
+	ErrPublicationAfterSlot = fmt.Errorf("%w at the slot's position", ErrPublicationMissing)
 	// ErrAuth: the server rejected the credentials.
 	ErrAuth = errors.New("authentication failed")
 	// ErrPermission: the role may not replicate or read what the stream needs.

@@ -520,10 +520,10 @@ func TestStreamSetupErrors(t *testing.T) {
 		want     error
 		contains string
 	}{
-		{"slot missing", "no_such_slot", "relay_pub", ErrSlotMissing, `replication slot "no_such_slot" does not exist: run "outbox-relay setup"`},
+		{"slot missing", "no_such_slot", "relay_pub", ErrSlotMissing, `replication slot "no_such_slot" does not exist`},
 		{"publication missing", "relay_slot", "no_such_pub", ErrPublicationMissing, `publication "no_such_pub" does not exist`},
 		{"other plugin", "decoding_slot", "relay_pub", ErrSlotPlugin, `uses plugin "test_decoding"`},
-		{"invalid slot name", "Bad-Name", "relay_pub", ErrConfig, `slot name "Bad-Name" is invalid`},
+		{"invalid slot name", "Bad-Name", "relay_pub", ErrConfig, `slot name "Bad-Name" may contain only lower-case letters`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -573,8 +573,8 @@ func TestStreamPublicationRecreated(t *testing.T) {
 			}
 		}
 		cancel()
-		if !errors.Is(err, ErrPublicationMissing) || !strings.Contains(fmt.Sprint(err), "--start-lsn") {
-			t.Fatalf("start %d: Run() = %v; want %v naming --start-lsn", start, err, ErrPublicationMissing)
+		if !errors.Is(err, ErrPublicationAfterSlot) || !errors.Is(err, ErrPublicationMissing) || !strings.Contains(fmt.Sprint(err), "start past it") {
+			t.Fatalf("start %d: Run() = %v; want %v saying to start past it", start, err, ErrPublicationAfterSlot)
 		}
 		// At the first start id 1; later ones may deliver it again (at least once:
 		// 17 and older end the connection before the last status update).

@@ -31,10 +31,10 @@ func TestConfigValidate(t *testing.T) {
 		wantErr string
 	}{
 		{"valid", func(*Config) {}, ""},
-		{"no DSN", func(c *Config) { c.DSN = "" }, "DSN is empty"},
-		{"slot with a dash", func(c *Config) { c.Slot = "relay-slot" }, `slot name "relay-slot" is invalid`},
-		{"slot injection", func(c *Config) { c.Slot = "x LOGICAL 0/0; DROP" }, "is invalid"},
-		{"no publication", func(c *Config) { c.Publication = "" }, "publication is empty"},
+		{"no DSN", func(c *Config) { c.DSN = "" }, "DSN: empty"},
+		{"slot with a dash", func(c *Config) { c.Slot = "relay-slot" }, `Slot: slot name "relay-slot" may contain only`},
+		{"slot injection", func(c *Config) { c.Slot = "x LOGICAL 0/0; DROP" }, "may contain only"},
+		{"no publication", func(c *Config) { c.Publication = "" }, "Publication: empty"},
 		{"backoff inverted", func(c *Config) { c.ReconnectMin = time.Minute }, "below ReconnectMin"},
 		{"negative rows", func(c *Config) { c.MaxBatchRows = -1 }, "must not be negative"},
 	}

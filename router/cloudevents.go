@@ -3,9 +3,10 @@ package router
 import (
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/field"
 )
 
 // # CloudEvents
@@ -51,14 +52,6 @@ type CloudEvents struct {
 	ContentType string
 }
 
-// Config keys, for error messages.
-const (
-	keyFormat        = "message.format"
-	keyCEMode        = "message.cloudevents.mode"
-	keyCESource      = "message.cloudevents.source"
-	keyCEContentType = "message.cloudevents.content_type"
-)
-
 // The headers of the binary mode, and the content type of the structured one.
 const (
 	ceSpecVersion       = "1.0"
@@ -66,11 +59,29 @@ const (
 	ceStructuredContent = "application/cloudevents+json; charset=UTF-8"
 )
 
+// ceNames are the context attributes the relay writes after specversion, in
+// the structured mode's order, with their binary mode's header names: the
+// one list both modes write from.
+var ceNames = [...]struct{ attr, header string }{
+	{"id", "ce_id"}, {"source", "ce_source"}, {"type", "ce_type"}, {"subject", "ce_subject"}, {"time", "ce_time"},
+	{"datacontenttype", HeaderContentType}, {"partitionkey", "ce_partitionkey"},
+	{"traceparent", "ce_traceparent"}, {"tracestate", "ce_tracestate"},
+}
+
+// ceContentTypeAttr is the index of datacontenttype in ceNames: the binary
+// mode writes it last, as the content-type header.
+const ceContentTypeAttr = 5
+
 // ceHeaders are the header names the relay sets in binary mode: an entry of
 // the headers column with one of these names is dropped (counted as dropped
 // headers), so that the attributes are the row's.
-var ceHeaders = []string{"ce_specversion", "ce_id", "ce_source", "ce_type", "ce_subject", "ce_time",
-	"ce_partitionkey", "ce_traceparent", "ce_tracestate", HeaderContentType}
+var ceHeaders = func() []string {
+	hs := []string{"ce_specversion"}
+	for _, n := range ceNames {
+		hs = append(hs, n.header)
+	}
+	return hs
+}()
 
 // validateCloudEvents checks the CloudEvents settings against the rest of
 // the message settings, and reserves the header names the mode sets.
@@ -79,29 +90,29 @@ func (c *Config) validateCloudEvents(rt *routing) error {
 	switch ce.Mode {
 	case "":
 		if ce.Source != "" || ce.ContentType != "" {
-			return fmt.Errorf("%s or %s is set but %s is not cloudevents: set %s: cloudevents, or remove them", keyCESource, keyCEContentType, keyFormat, keyFormat)
+			return field.Errorf("CloudEvents.Source", "{CloudEvents.Source} or {CloudEvents.ContentType} is set but {CloudEvents.Mode} is not: set the mode, or remove them")
 		}
 		return nil
 	case CloudEventsBinary, CloudEventsStructured:
 	default:
-		return fmt.Errorf("%s %q: use %q (attributes in ce_* headers, the payload as the value) or %q (the whole event as JSON in the value)", keyCEMode, ce.Mode, CloudEventsBinary, CloudEventsStructured)
+		return field.Errorf("CloudEvents.Mode", "%q: use %q (attributes in ce_* headers, the payload as the value) or %q (the whole event as JSON in the value)", ce.Mode, CloudEventsBinary, CloudEventsStructured)
 	}
 	if strings.TrimSpace(ce.Source) == "" {
-		return fmt.Errorf("%s is empty: CloudEvents need a source attribute, a URI-reference naming where the events come from (e.g. /orders-service/outbox)", keyCESource)
+		return field.Required("CloudEvents.Source", "CloudEvents need a source attribute, a URI-reference naming where the events come from (e.g. /orders-service/outbox)")
 	}
 	if c.Converter == ConverterJSON {
-		return fmt.Errorf("%s cloudevents and %s %s do not go together: CloudEvents define the value themselves; set %s to %s", keyFormat, keyConverter, ConverterJSON, keyConverter, ConverterString)
+		return field.Errorf("Converter", "%s and CloudEvents do not go together: CloudEvents define the value themselves; use %s", ConverterJSON, ConverterString)
 	}
 	for _, f := range c.Fields {
 		if f.Placement == PlaceEnvelope {
-			return fmt.Errorf("%s places %s in the envelope, which %s cloudevents does not have: place it as a header instead (%s:header:%s)", keyFields, f.Column, keyFormat, f.Column, f.Alias)
+			return field.Errorf("Fields", "places %s in the envelope, which a CloudEvent does not have: place it as a header instead (%s:header:%s)", f.Column, f.Column, f.Alias)
 		}
 	}
 	if ce.Mode == CloudEventsStructured && c.TombstoneOnEmptyPayload {
-		return fmt.Errorf("message.tombstone_on_empty_payload and %s %s do not go together: a structured CloudEvent is the record's value, which a tombstone removes; use %s %s or no tombstones", keyCEMode, CloudEventsStructured, keyCEMode, CloudEventsBinary)
+		return field.Errorf("TombstoneOnEmptyPayload", "tombstones and {CloudEvents.Mode} %s do not go together: a structured CloudEvent is the record's value, which a tombstone removes; use %s or no tombstones", CloudEventsStructured, CloudEventsBinary)
 	}
 	if c.Columns.EventType == NoHeaders {
-		return fmt.Errorf("%s cloudevents needs the event type column (the required type attribute), and %sevent_type is %q: map it to a column", keyFormat, keyColumns, NoHeaders)
+		return field.Errorf("Columns.EventType", "%q, but a CloudEvent needs the event type column (its required type attribute): map it to a column", NoHeaders)
 	}
 	if ce.Mode == CloudEventsBinary {
 		for _, n := range ceHeaders {
@@ -164,6 +175,11 @@ func (r *Router) ceAttrs(m *Message, pos *positions) ceAttributes {
 	return a
 }
 
+// values returns the attributes' values in ceNames' order; "" leaves one out.
+func (a ceAttributes) values(source string) [len(ceNames)]string {
+	return [...]string{a.id, source, a.typ, a.subject, a.time, a.contentType, a.subject, a.traceparent, a.tracestate}
+}
+
 // ceBinaryHeaders appends the binary mode's headers to m.Extra.
 func (r *Router) ceBinaryHeaders(m *Message, a ceAttributes) {
 	add := func(k, v string) {
@@ -172,14 +188,12 @@ func (r *Router) ceBinaryHeaders(m *Message, a ceAttributes) {
 		}
 	}
 	add("ce_specversion", ceSpecVersion)
-	add("ce_id", a.id)
-	add("ce_source", r.ce.source)
-	add("ce_type", a.typ)
-	add("ce_subject", a.subject)
-	add("ce_time", a.time)
-	add("ce_partitionkey", a.subject)
-	add("ce_traceparent", a.traceparent)
-	add("ce_tracestate", a.tracestate)
+	vs := a.values(r.ce.source)
+	for i, n := range ceNames {
+		if i != ceContentTypeAttr {
+			add(n.header, vs[i])
+		}
+	}
 	add(HeaderContentType, a.contentType)
 }
 
@@ -191,23 +205,14 @@ func (r *Router) ceBinaryHeaders(m *Message, a ceAttributes) {
 func (r *Router) ceStructured(m *Message, pos *positions, a ceAttributes, payload []byte) []byte {
 	b := make([]byte, 0, len(payload)+256)
 	b = append(b, `{"specversion":"`+ceSpecVersion+`"`...)
-	attr := func(k, v string) {
+	for i, v := range a.values(r.ce.source) {
 		if v != "" {
 			b = append(b, ',', '"')
-			b = append(b, k...)
+			b = append(b, ceNames[i].attr...)
 			b = append(b, '"', ':')
 			b = jsonString(b, []byte(v))
 		}
 	}
-	attr("id", a.id)
-	attr("source", r.ce.source)
-	attr("type", a.typ)
-	attr("subject", a.subject)
-	attr("time", a.time)
-	attr("datacontenttype", a.contentType)
-	attr("partitionkey", a.subject)
-	attr("traceparent", a.traceparent)
-	attr("tracestate", a.tracestate)
 	switch {
 	case payload == nil:
 	case pos.payloadBytea:

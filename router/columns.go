@@ -1,5 +1,14 @@
 package router
 
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
 // A Need is a column of the outbox table the router reads, and the types it
 // can read it as. Start-up checks (check, setup, run) compare them with the
 // catalog, so that a mapping that cannot work fails before the first event.
@@ -56,3 +65,173 @@ func (r *Router) Needs() []Need {
 	}
 	return needs
 }
+
+// A Placement says where an additional column goes (Debezium's
+// table.fields.additional.placement).
+type Placement string
+
+const (
+	// PlaceHeader sends the column as a Kafka header named by the alias.
+	PlaceHeader Placement = "header"
+	// PlaceEnvelope wraps the value in an envelope {payload, alias: column,
+	// ...}, as Debezium does.
+	PlaceEnvelope Placement = "envelope"
+)
+
+// A Field is an additional column and where it goes.
+type Field struct {
+	Column    string
+	Placement Placement
+	Alias     string // the header or envelope field name; default Column
+}
+
+// ParseFields parses Debezium's table.fields.additional.placement syntax:
+// column:placement[:alias] entries separated by commas, placement header or
+// envelope (partition is not supported: the relay keeps Kafka's key →
+// partition map so that per-aggregate order holds). Spaces around entries
+// and parts are ignored, as Debezium ignores them.
+func ParseFields(s string) ([]Field, error) {
+	var fs []Field
+	for _, entry := range strings.Split(s, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		parts := strings.Split(entry, ":")
+		for i := range parts {
+			parts[i] = strings.TrimSpace(parts[i])
+		}
+		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" {
+			return nil, field.Errorf("Fields", "entry %q: want column:placement or column:placement:alias, placement header or envelope", entry)
+		}
+		f := Field{Column: parts[0], Placement: Placement(strings.ToLower(parts[1])), Alias: parts[0]}
+		if len(parts) == 3 && parts[2] != "" {
+			f.Alias = parts[2]
+		}
+		switch f.Placement {
+		case PlaceHeader, PlaceEnvelope:
+		case "partition":
+			return nil, field.Errorf("Fields", "entry %q: the partition placement is not supported: the relay sends each aggregate to the partition its key hashes to, which keeps its events in order; remove the entry", entry)
+		default:
+			return nil, field.Errorf("Fields", "entry %q: placement %q is not header or envelope", entry, parts[1])
+		}
+		fs = append(fs, f)
+	}
+	return fs, nil
+}
+
+// FieldsString writes fs back in ParseFields' syntax.
+func FieldsString(fs []Field) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		parts[i] = f.Column + ":" + string(f.Placement)
+		if f.Alias != f.Column {
+			parts[i] += ":" + f.Alias
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+type positions struct {
+	id, aggregateType, aggregateID, eventType, payload, headers int // headers -1: none
+	timestamp                                                   int // -1: none
+	trace                                                       int // the tracing span context column; -1: none
+	payloadBytea                                                bool
+	payloadType, keyType                                        colType
+	timestampType                                               uint32
+	fields                                                      []fieldPos // as Router.fields
+	max                                                         int        // highest position used
+	err                                                         *SchemaError
+}
+
+// fieldPos is where an additional field's column is, and its type.
+type fieldPos struct {
+	pos int
+	typ colType
+}
+
+// positions returns the cached column positions for rel, resolving them on
+// the first row of a new Relation value.
+func (r *Router) positions(rel *replication.Relation) *positions {
+	if rel != nil && rel == r.rel {
+		return &r.pos
+	}
+	r.pos = r.resolve(rel)
+	r.rel = rel
+	return &r.pos
+}
+
+func (r *Router) resolve(rel *replication.Relation) positions {
+	if rel == nil {
+		return positions{err: &SchemaError{Reason: "the row has no relation (a decoder bug; please report it)"}}
+	}
+	find := func(name, key string) (int, *SchemaError) {
+		for i, c := range rel.Columns {
+			if c.Name == name {
+				return i, nil
+			}
+		}
+		reason := fmt.Sprintf("it has no column %q (dropped or renamed while the relay ran): restore the column, or set %s%s to its new name", name, keyColumns, key)
+		if key == "headers" {
+			reason += fmt.Sprintf(" (or to %q to send no extra headers)", NoHeaders)
+		}
+		reason += ", then restart the relay; no event from this change on was confirmed, so none is lost"
+		return -1, &SchemaError{Table: relName(rel), Column: name, Reason: reason}
+	}
+	var p positions
+	var err *SchemaError
+	cols := []struct {
+		dst       *int
+		name, key string
+	}{
+		{&p.id, r.cols.ID, "id"},
+		{&p.aggregateType, r.cols.AggregateType, "aggregate_type"},
+		{&p.aggregateID, r.cols.AggregateID, "aggregate_id"},
+		{&p.eventType, r.cols.EventType, "event_type"},
+		{&p.payload, r.cols.Payload, "payload"},
+		{&p.headers, r.cols.Headers, "headers"},
+		{&p.timestamp, r.cols.Timestamp, "timestamp"},
+		{&p.trace, r.cols.TracingSpanContext, "tracing_span_context"},
+	}
+	for _, c := range cols {
+		if c.name == NoHeaders || (c.key == "timestamp" || c.key == "tracing_span_context") && c.name == "" {
+			*c.dst = -1
+			continue
+		}
+		if *c.dst, err = find(c.name, c.key); err != nil {
+			if c.key == "event_type" && !r.UsesEventType() {
+				// Read only when something uses it, as Debezium does.
+				*c.dst = -1
+				continue
+			}
+			return positions{err: err}
+		}
+		p.max = max(p.max, *c.dst)
+	}
+	p.payloadType = colTypeOf(rel.Columns[p.payload])
+	p.payloadBytea = p.payloadType.oid == byteaOID
+	p.keyType = colTypeOf(rel.Columns[p.aggregateID])
+	if p.timestamp >= 0 {
+		p.timestampType = rel.Columns[p.timestamp].TypeOID
+	}
+	for _, f := range r.fields {
+		i, err := find(f.Column, "")
+		if err != nil {
+			err.Reason = fmt.Sprintf("it has no column %q, which %s places as %s %q (dropped or renamed while the relay ran): restore the column or change %s, then restart the relay; no event from this change on was confirmed, so none is lost",
+				f.Column, keyFields, f.Placement, f.Alias, keyFields)
+			return positions{err: err}
+		}
+		p.fields = append(p.fields, fieldPos{pos: i, typ: colTypeOf(rel.Columns[i])})
+		p.max = max(p.max, i)
+	}
+	return p
+}
+
+func relName(rel *replication.Relation) string {
+	if rel.Namespace == "" {
+		return strconv.Quote(rel.Name)
+	}
+	return strconv.Quote(rel.Namespace + "." + rel.Name)
+}
+
+func colTypeOf(c replication.Column) colType { return colType{oid: c.TypeOID, mod: c.TypeMod} }

@@ -1,9 +1,11 @@
 package router_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/router"
 )
 
@@ -23,7 +25,7 @@ func TestEventTypeOptional(t *testing.T) {
 		{"template", router.Config{Columns: dbz, Headers: []string{"id"}, Topic: "t.{event_type}"}, true, ""},
 		{"dash", router.Config{Columns: withEventType(dbz, "-"), Headers: []string{"id"}}, false, ""},
 		{"dash with header", router.Config{Columns: withEventType(dbz, "-"), Headers: []string{"id", "event_type"}}, false,
-			`outbox.columns.event_type is "-" (no event type column) but message.headers includes event_type`},
+			`Columns.EventType: "-" (no event type column) but Headers includes event_type`},
 		{"dash with template", router.Config{Columns: withEventType(dbz, "-"), Headers: []string{"id"}, Topic: "t.{event_type}"}, false,
 			`uses {event_type}`},
 		{"dash for payload", router.Config{Columns: router.Columns{Payload: "-"}}, false, `only the headers and event type columns may be disabled`},
@@ -31,11 +33,20 @@ func TestEventTypeOptional(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := router.New(tt.cfg)
+			cfg := tt.cfg
+			verr := cfg.Validate()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("New = %v; want an error with %q", err, tt.wantErr)
 				}
+				var fe *field.Error
+				if !errors.As(verr, &fe) || !strings.Contains(fe.Error(), tt.wantErr) {
+					t.Errorf("Validate = %v; want the *field.Error New reports, with %q", verr, tt.wantErr)
+				}
 				return
+			}
+			if verr != nil {
+				t.Errorf("Validate = %v; want nil, as New", verr)
 			}
 			if err != nil {
 				t.Fatal(err)

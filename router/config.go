@@ -1,10 +1,10 @@
 package router
 
 import (
-	"fmt"
 	"sort"
 	"strings"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -60,8 +60,8 @@ type Config struct {
 	Spans bool
 }
 
-// Config keys as the operator sees them, used in error messages so that an
-// error says which setting to change.
+// Config keys as the operator sees them, in the reasons of failures found
+// while routing (stored with the event in the retry table) and in Needs.
 const (
 	keyColumns          = "outbox.columns."
 	keyTopic            = "topics.template"
@@ -82,8 +82,17 @@ type routing struct {
 	reserved map[string]bool // the header set's names and the header fields' aliases
 }
 
-// validate fills defaults and rejects bad values with a message that says how
-// to fix them.
+// Validate fills defaults and returns what cannot work, as a *field.Error
+// naming the field and the fix: what New would refuse.
+func (c *Config) Validate() error {
+	if _, err := New(*c); err != nil {
+		return err
+	}
+	_, err := c.validate()
+	return err
+}
+
+// validate is Validate, returning what it made of the Config.
 func (c *Config) validate() (routing, error) {
 	rt, err := c.validateMessage()
 	if err != nil {
@@ -97,10 +106,10 @@ func (c *Config) validate() (routing, error) {
 	}
 	if c.TopicRegex != "" || c.TopicReplacement != "" {
 		if c.TopicRegex == "" || c.TopicReplacement == "" {
-			return routing{}, fmt.Errorf("%s and %s go together: set both (Debezium's route.topic.regex and route.topic.replacement), or neither to use %s", keyTopicRegex, keyTopicReplacement, keyTopic)
+			return routing{}, field.Errorf("TopicRegex", "{TopicRegex} and {TopicReplacement} go together: set both (Debezium's route.topic.regex and route.topic.replacement), or neither to use {Topic}")
 		}
 		if c.Topic != DefaultTopic {
-			return routing{}, fmt.Errorf("%s %q and %s are both set: routing takes one of them; remove one", keyTopic, c.Topic, keyTopicRegex)
+			return routing{}, field.Errorf("Topic", "%q and {TopicRegex} are both set: routing takes one of them; remove one", c.Topic)
 		}
 		re, err := compileTopicRegex(c.TopicRegex, c.TopicReplacement)
 		if err != nil {
@@ -123,7 +132,7 @@ func (c *Config) validateMessage() (routing, error) {
 		c.Converter = ConverterString
 	case ConverterString, ConverterJSON:
 	default:
-		return routing{}, fmt.Errorf("%s %q: use %q (Kafka Connect's StringConverter) or %q (JsonConverter with schemas.enable=false)", keyConverter, c.Converter, ConverterString, ConverterJSON)
+		return routing{}, field.Errorf("Converter", "%q: use %q (Kafka Connect's StringConverter) or %q (JsonConverter with schemas.enable=false)", c.Converter, ConverterString, ConverterJSON)
 	}
 	rt.reserved = make(map[string]bool)
 	for _, n := range rt.headers.Names() {
@@ -132,21 +141,21 @@ func (c *Config) validateMessage() (routing, error) {
 	envelope := map[string]bool{"payload": true}
 	for _, f := range c.Fields {
 		if f.Column == "" || f.Alias == "" {
-			return routing{}, fmt.Errorf("%s: an entry has an empty column or name: want column:placement[:alias]", keyFields)
+			return routing{}, field.Errorf("Fields", "an entry has an empty column or name: want column:placement[:alias]")
 		}
 		switch f.Placement {
 		case PlaceHeader:
 			if rt.reserved[f.Alias] {
-				return routing{}, fmt.Errorf("%s: header %q of column %q is already a header of the relay (%s) or of another field: give it another alias (column:header:alias)", keyFields, f.Alias, f.Column, keyHeaders)
+				return routing{}, field.Errorf("Fields", "header %q of column %q is already a header of the relay ({Headers}) or of another field: give it another alias (column:header:alias)", f.Alias, f.Column)
 			}
 			rt.reserved[f.Alias] = true
 		case PlaceEnvelope:
 			if envelope[f.Alias] {
-				return routing{}, fmt.Errorf("%s: envelope field %q of column %q is already in the envelope (payload is the payload's): give it another alias (column:envelope:alias)", keyFields, f.Alias, f.Column)
+				return routing{}, field.Errorf("Fields", "envelope field %q of column %q is already in the envelope (payload is the payload's): give it another alias (column:envelope:alias)", f.Alias, f.Column)
 			}
 			envelope[f.Alias] = true
 		default:
-			return routing{}, fmt.Errorf("%s: placement %q of column %q is not header or envelope", keyFields, f.Placement, f.Column)
+			return routing{}, field.Errorf("Fields", "placement %q of column %q is not header or envelope", f.Placement, f.Column)
 		}
 	}
 	return rt, nil
@@ -157,33 +166,33 @@ func (c *Config) validateTopics() (template, error) {
 	c.Columns = c.Columns.WithDefaults()
 	cols := []struct {
 		field *string
-		key   string // after outbox.columns.
+		name  string // the field of Columns
 	}{
-		{&c.Columns.ID, "id"},
-		{&c.Columns.AggregateType, "aggregate_type"},
-		{&c.Columns.AggregateID, "aggregate_id"},
-		{&c.Columns.EventType, "event_type"},
-		{&c.Columns.Payload, "payload"},
-		{&c.Columns.Headers, "headers"},
-		{&c.Columns.Timestamp, "timestamp"},
-		{&c.Columns.TracingSpanContext, "tracing_span_context"},
+		{&c.Columns.ID, "ID"},
+		{&c.Columns.AggregateType, "AggregateType"},
+		{&c.Columns.AggregateID, "AggregateID"},
+		{&c.Columns.EventType, "EventType"},
+		{&c.Columns.Payload, "Payload"},
+		{&c.Columns.Headers, "Headers"},
+		{&c.Columns.Timestamp, "Timestamp"},
+		{&c.Columns.TracingSpanContext, "TracingSpanContext"},
 	}
 	seen := make(map[string]string, len(cols))
 	for _, col := range cols {
 		name := *col.field
-		if (col.key == "timestamp" || col.key == "tracing_span_context") && name == "" {
+		if (col.name == "Timestamp" || col.name == "TracingSpanContext") && name == "" {
 			continue
 		}
 		if name == NoHeaders {
-			if col.key != "headers" && col.key != "event_type" {
-				return template{}, fmt.Errorf("%s%s is %q: only the headers and event type columns may be disabled with %q", keyColumns, col.key, name, NoHeaders)
+			if col.name != "Headers" && col.name != "EventType" {
+				return template{}, field.Errorf("Columns."+col.name, "%q: only the headers and event type columns may be disabled with %q", name, NoHeaders)
 			}
 			continue
 		}
 		if other, dup := seen[name]; dup {
-			return template{}, fmt.Errorf("%s%s and %s%s both name column %q: map each to its own column", keyColumns, other, keyColumns, col.key, name)
+			return template{}, field.Errorf("Columns."+col.name, "{Columns.%s} and {Columns.%s} both name column %q: map each to its own column", other, col.name, name)
 		}
-		seen[name] = col.key
+		seen[name] = col.name
 	}
 
 	if c.Topic == "" {
@@ -203,34 +212,14 @@ func (c *Config) validateTopics() (template, error) {
 	for _, aggregateType := range keys {
 		topic := c.Overrides[aggregateType]
 		if aggregateType == "" {
-			return template{}, fmt.Errorf("%s has an empty aggregate type (for topic %q): events with an empty aggregate type are never routed, remove the entry", keyOverrides, topic)
+			return template{}, field.Errorf("Overrides", "an empty aggregate type (for topic %q): events with an empty aggregate type are never routed, remove the entry", topic)
 		}
 		if why := invalidTopic(topic); why != "" {
-			return template{}, fmt.Errorf("%s: topic %q for aggregate type %q %s", keyOverrides, topic, aggregateType, why)
+			return template{}, field.Errorf("Overrides", "topic %q for aggregate type %q %s", topic, aggregateType, why)
 		}
 	}
 	return tmpl, nil
 }
-
-// A template is a parsed topic template: literal text and placeholders.
-type template struct {
-	parts        []part
-	constant     bool // no placeholders: the topic is parts[0].lit (or "")
-	useEventType bool
-}
-
-type part struct {
-	lit         string
-	placeholder placeholder
-}
-
-type placeholder uint8
-
-const (
-	literal placeholder = iota
-	aggregateTypeP
-	eventTypeP
-)
 
 func parseTemplate(s string) (template, error) {
 	var t template
@@ -246,7 +235,7 @@ func parseTemplate(s string) (template, error) {
 		}
 		end := strings.IndexByte(rest[open:], '}')
 		if end < 0 {
-			return template{}, fmt.Errorf("%s %q has an unclosed '{': placeholders are {aggregate_type} and {event_type}", keyTopic, s)
+			return template{}, field.Errorf("Topic", "%q has an unclosed '{': placeholders are {aggregate_type} and {event_type}", s)
 		}
 		name := rest[open+1 : open+end]
 		switch name {
@@ -256,7 +245,7 @@ func parseTemplate(s string) (template, error) {
 			t.parts = append(t.parts, part{placeholder: eventTypeP})
 			t.useEventType = true
 		default:
-			return template{}, fmt.Errorf("%s %q has unknown placeholder {%s}: use {aggregate_type} or {event_type}", keyTopic, s, name)
+			return template{}, field.Errorf("Topic", "%q has unknown placeholder {%s}: use {aggregate_type} or {event_type}", s, name)
 		}
 		rest = rest[open+end+1:]
 	}
@@ -273,42 +262,13 @@ func parseTemplate(s string) (template, error) {
 	// event once their values are known.
 	if lits.Len() > 0 {
 		if why := invalidTopicChars(lits.String()); why != "" {
-			return template{}, fmt.Errorf("%s %q: the text outside placeholders %s", keyTopic, s, why)
+			return template{}, field.Errorf("Topic", "%q: the text outside placeholders %s", s, why)
 		}
 	}
 	if t.constant {
 		if why := invalidTopic(s); why != "" {
-			return template{}, fmt.Errorf("%s %q %s", keyTopic, s, why)
+			return template{}, field.Errorf("Topic", "%q %s", s, why)
 		}
 	}
 	return t, nil
-}
-
-// maxTopicLen is Kafka's limit on a topic name's length.
-const maxTopicLen = 249
-
-// invalidTopic says why topic is not a legal Kafka topic name, or returns "".
-func invalidTopic(topic string) string {
-	switch {
-	case topic == "":
-		return "is empty: a Kafka topic name needs 1 to 249 characters"
-	case topic == "." || topic == "..":
-		return "is not allowed as a Kafka topic name"
-	case len(topic) > maxTopicLen:
-		return fmt.Sprintf("is %d characters long: Kafka allows at most %d", len(topic), maxTopicLen)
-	}
-	return invalidTopicChars(topic)
-}
-
-func invalidTopicChars(s string) string {
-	for i := 0; i < len(s); i++ {
-		if !legalTopicByte(s[i]) {
-			return fmt.Sprintf("contains %q: Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-'", s[i])
-		}
-	}
-	return ""
-}
-
-func legalTopicByte(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }

@@ -110,15 +110,15 @@ func TestNewInvalid(t *testing.T) {
 		cfg       router.Config
 		wantInErr []string
 	}{
-		{"unknown placeholder", router.Config{Topic: "outbox.{aggregate}"}, []string{"topics.template", "{aggregate}", "{aggregate_type}"}},
+		{"unknown placeholder", router.Config{Topic: "outbox.{aggregate}"}, []string{"Topic: ", "{aggregate}", "{aggregate_type}"}},
 		{"unclosed placeholder", router.Config{Topic: "outbox.{aggregate_type"}, []string{"unclosed"}},
-		{"illegal literal", router.Config{Topic: "outbox events.{aggregate_type}"}, []string{"topics.template", "' '"}},
-		{"illegal constant", router.Config{Topic: ".."}, []string{"topics.template", "not allowed"}},
-		{"illegal override", router.Config{Overrides: map[string]string{"Order": "orders/eu"}}, []string{"topics.overrides", `"orders/eu"`, `"Order"`}},
-		{"empty override topic", router.Config{Overrides: map[string]string{"Order": ""}}, []string{"topics.overrides", "empty"}},
-		{"empty override key", router.Config{Overrides: map[string]string{"": "orders"}}, []string{"topics.overrides", "empty aggregate type"}},
-		{"duplicate column", router.Config{Columns: router.Columns{AggregateID: "aggregate_type"}}, []string{"outbox.columns.aggregate_type", "outbox.columns.aggregate_id"}},
-		{"disable required column", router.Config{Columns: router.Columns{Payload: "-"}}, []string{"outbox.columns.payload", "only the headers"}},
+		{"illegal literal", router.Config{Topic: "outbox events.{aggregate_type}"}, []string{"Topic: ", "' '"}},
+		{"illegal constant", router.Config{Topic: ".."}, []string{"Topic: ", "not allowed"}},
+		{"illegal override", router.Config{Overrides: map[string]string{"Order": "orders/eu"}}, []string{"Overrides: ", `"orders/eu"`, `"Order"`}},
+		{"empty override topic", router.Config{Overrides: map[string]string{"Order": ""}}, []string{"Overrides: ", "empty"}},
+		{"empty override key", router.Config{Overrides: map[string]string{"": "orders"}}, []string{"Overrides: ", "empty aggregate type"}},
+		{"duplicate column", router.Config{Columns: router.Columns{AggregateID: "aggregate_type"}}, []string{"Columns.AggregateType", "Columns.AggregateID"}},
+		{"disable required column", router.Config{Columns: router.Columns{Payload: "-"}}, []string{"Columns.Payload: ", "only the headers"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,8 +1,16 @@
 package router
 
 import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // W3C Trace Context header names, as OpenTelemetry's Kafka instrumentations
@@ -11,6 +19,70 @@ const (
 	HeaderTraceparent = "traceparent"
 	HeaderTracestate  = "tracestate"
 )
+
+// traceHeaders sends the tracing span context column's trace context as the
+// traceparent and tracestate headers, in place of entries of those names
+// from the headers column: the column is the row's own record of its trace,
+// as for Debezium. A NULL or empty column leaves the headers column's.
+func (r *Router) traceHeaders(m *Message, text []byte) {
+	if len(bytes.TrimSpace(text)) == 0 {
+		return
+	}
+	tc, ok := parseSpanContext(text)
+	if !ok {
+		m.BadTrace = fmt.Sprintf("the tracing span context column %q holds no valid W3C traceparent (traceparent=00-<32 hex>-<16 hex>-<2 hex> in Java properties text): the event is delivered without it", r.cols.TracingSpanContext)
+		return
+	}
+	if tc.parent == "" {
+		return
+	}
+	m.Extra = slices.DeleteFunc(m.Extra, func(h Header) bool { return h.Key == HeaderTraceparent || h.Key == HeaderTracestate })
+	m.Extra = append(m.Extra, Header{Key: HeaderTraceparent, Value: []byte(tc.parent)})
+	if tc.state != "" {
+		m.Extra = append(m.Extra, Header{Key: HeaderTracestate, Value: []byte(tc.state)})
+	}
+}
+
+// span gives m a span of the relay's own when its extra headers carry a
+// valid traceparent (from the tracing column or the headers column): a new
+// span id in the same trace, parented by the row's span, and the traceparent
+// header rewritten to name it, so that consumers' spans are children of the
+// relay's, which is exported once Kafka acknowledges the event.
+func (r *Router) span(m *Message) {
+	for i, h := range m.Extra {
+		if h.Key != HeaderTraceparent || !validTraceparent(string(h.Value)) {
+			continue
+		}
+		s := &event.Span{}
+		v := h.Value
+		hex.Decode(s.TraceID[:], v[3:35])
+		hex.Decode(s.Parent[:], v[36:52])
+		var f [1]byte
+		hex.Decode(f[:], v[53:55])
+		s.Flags = f[0]
+		for {
+			binary.LittleEndian.PutUint64(s.SpanID[:], rand.Uint64())
+			if s.SpanID != [8]byte{} {
+				break
+			}
+		}
+		for _, st := range m.Extra {
+			if st.Key == HeaderTracestate {
+				s.State = string(st.Value)
+			}
+		}
+		tp := make([]byte, 0, 55)
+		tp = append(tp, "00-"...)
+		tp = hex.AppendEncode(tp, s.TraceID[:])
+		tp = append(tp, '-')
+		tp = hex.AppendEncode(tp, s.SpanID[:])
+		tp = append(tp, '-')
+		tp = hex.AppendEncode(tp, f[:])
+		m.Extra[i].Value = tp
+		m.Span = s
+		return
+	}
+}
 
 // traceContext is a row's trace context: a valid traceparent, and the
 // tracestate that goes with it ("" when none).

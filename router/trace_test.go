@@ -138,10 +138,10 @@ func TestCloudEventsConfigErrors(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{CloudEvents: CloudEvents{Mode: "binary"}}, "message.cloudevents.source is empty"},
-		{Config{CloudEvents: CloudEvents{Mode: "json", Source: "/s"}}, `message.cloudevents.mode "json"`},
-		{Config{CloudEvents: CloudEvents{Source: "/s"}}, "but message.format is not cloudevents"},
-		{Config{Converter: ConverterJSON, CloudEvents: CloudEvents{Mode: "binary", Source: "/s"}}, "set message.converter to string"},
+		{Config{CloudEvents: CloudEvents{Mode: "binary"}}, "CloudEvents.Source: empty"},
+		{Config{CloudEvents: CloudEvents{Mode: "json", Source: "/s"}}, `CloudEvents.Mode: "json"`},
+		{Config{CloudEvents: CloudEvents{Source: "/s"}}, "is set but CloudEvents.Mode is not"},
+		{Config{Converter: ConverterJSON, CloudEvents: CloudEvents{Mode: "binary", Source: "/s"}}, "Converter: json and CloudEvents do not go together"},
 		{Config{Fields: []Field{{Column: "c", Placement: PlaceEnvelope, Alias: "c"}}, CloudEvents: CloudEvents{Mode: "binary", Source: "/s"}}, "place it as a header instead"},
 		{Config{TombstoneOnEmptyPayload: true, CloudEvents: CloudEvents{Mode: "structured", Source: "/s"}}, "a tombstone removes"},
 		{Config{Columns: Columns{EventType: NoHeaders}, Headers: []string{"id"}, CloudEvents: CloudEvents{Mode: "binary", Source: "/s"}}, "needs the event type column"},

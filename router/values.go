@@ -481,3 +481,19 @@ func parseArray(s string) ([]*string, bool) {
 	}
 	return items, true
 }
+
+// parseTimestamp parses pgoutput's text of a timestamp (withZone false:
+// read as UTC, as Debezium reads it) or timestamptz (Postgres writes the
+// offset as +HH, +HH:MM or +HH:MM:SS).
+func parseTimestamp(v []byte, withZone bool) (time.Time, bool) {
+	layouts := []string{"2006-01-02 15:04:05.999999"}
+	if withZone {
+		layouts = []string{"2006-01-02 15:04:05.999999Z07", "2006-01-02 15:04:05.999999Z07:00", "2006-01-02 15:04:05.999999Z07:00:00"}
+	}
+	for _, layout := range layouts {
+		if t, err := time.Parse(layout, string(v)); err == nil {
+			return t, true
+		}
+	}
+	return time.Time{}, false
+}

@@ -10,21 +10,28 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/field"
 )
 
 // AuthError is a broker's refusal of the relay's own settings: its SASL
 // credentials or mechanism, or a TLS handshake that fails on certificates (the
 // broker's is not trusted or does not name the broker, or the broker wants a
 // client certificate it does not get or does not trust). Unlike an outage,
-// waiting does not fix it: Key names the setting to change.
+// waiting does not fix it: Field names the field of Config to change.
 type AuthError struct {
-	Key    string // the configuration key to fix, like "kafka.sasl.password"
-	Reason string // what is wrong, in plain words, with the fix
+	Field  string // the field of Config to fix, like "SASL.Password"
+	Reason string // what is wrong, in plain words, with the fix; {Field} names other fields
 	Err    error  // what kafka-go or crypto/tls answered
 }
 
 func (e *AuthError) Error() string {
-	return fmt.Sprintf("kafka refused the connection: %s: %s (%v)", e.Key, e.Reason, e.Err)
+	return fmt.Sprintf("kafka refused the connection: %s (%v)", e.FieldError(), e.Err)
+}
+
+// FieldError is the refusal as a *field.Error of the field to change.
+func (e *AuthError) FieldError() *field.Error {
+	return &field.Error{Field: e.Field, Reason: e.Reason}
 }
 
 func (e *AuthError) Unwrap() error { return e.Err }
@@ -63,39 +70,39 @@ func (k *Kafka) authError(err error) error {
 	msg := err.Error()
 	switch {
 	case errors.Is(err, kafka.SASLAuthenticationFailed):
-		return &AuthError{Key: "kafka.sasl.password", Err: err,
-			Reason: fmt.Sprintf("the broker refused the SASL %s login of user %q: set kafka.sasl.username and kafka.sasl.password to credentials the cluster knows", mech, sasl.Username)}
+		return &AuthError{Field: "SASL.Password", Err: err,
+			Reason: fmt.Sprintf("the broker refused the SASL %s login of user %q: set {SASL.Username} and {SASL.Password} to credentials the cluster knows", mech, sasl.Username)}
 	case errors.Is(err, kafka.UnsupportedSASLMechanism):
-		return &AuthError{Key: "kafka.sasl.mechanism", Err: err,
-			Reason: fmt.Sprintf("the broker does not offer SASL %s on this listener: set kafka.sasl.mechanism to one it has enabled (sasl.enabled.mechanisms), or use the listener that offers it", mech)}
+		return &AuthError{Field: "SASL.Mechanism", Err: err,
+			Reason: fmt.Sprintf("the broker does not offer SASL %s on this listener: set {SASL.Mechanism} to one it has enabled (sasl.enabled.mechanisms), or use the listener that offers it", mech)}
 	case errors.As(err, &unknown):
-		return &AuthError{Key: "kafka.tls.ca_file", Err: err,
-			Reason: "the broker's certificate is not signed by a trusted CA: set kafka.tls.ca_file to the CA (PEM) that signed it"}
+		return &AuthError{Field: "TLS.CAFile", Err: err,
+			Reason: "the broker's certificate is not signed by a trusted CA: set {TLS.CAFile} to the CA (PEM) that signed it"}
 	case errors.As(err, &host):
-		return &AuthError{Key: "kafka.tls.server_name", Err: err,
-			Reason: "the broker's certificate does not name the host the relay connects to: use a broker address the certificate names (kafka.brokers, and advertised.listeners on the broker), or set kafka.tls.server_name to a name it holds"}
+		return &AuthError{Field: "TLS.ServerName", Err: err,
+			Reason: "the broker's certificate does not name the host the relay connects to: use a broker address the certificate names ({Brokers}, and advertised.listeners on the broker), or set {TLS.ServerName} to a name it holds"}
 	case errors.As(err, &invalid):
-		return &AuthError{Key: "kafka.tls.ca_file", Err: err,
+		return &AuthError{Field: "TLS.CAFile", Err: err,
 			Reason: "the broker's certificate is not valid (expired, not yet valid, or not for a server): renew it on the broker"}
 	case errors.As(err, &verify):
-		return &AuthError{Key: "kafka.tls.ca_file", Err: err,
-			Reason: "the broker's certificate failed verification: check kafka.tls.ca_file against the broker's certificate"}
+		return &AuthError{Field: "TLS.CAFile", Err: err,
+			Reason: "the broker's certificate failed verification: check {TLS.CAFile} against the broker's certificate"}
 	case errors.As(err, &rec) || strings.Contains(msg, "first record does not look like a TLS handshake"):
-		return &AuthError{Key: "kafka.tls.enabled", Err: err,
-			Reason: "the broker does not speak TLS on this listener: set kafka.tls.enabled: false, or use its SSL or SASL_SSL listener"}
+		return &AuthError{Field: "TLS.Enabled", Err: err,
+			Reason: "the broker does not speak TLS on this listener: turn {TLS.Enabled} off, or use its SSL or SASL_SSL listener"}
 	case !k.cfg.TLS.Enabled && strings.Contains(msg, "expecting TLS"):
 		// kafka-go's words when a TLS listener hangs up on a plain client.
-		return &AuthError{Key: "kafka.tls.enabled", Err: err,
-			Reason: "the broker expects TLS on this listener: set kafka.tls.enabled: true (with kafka.tls.ca_file for a private CA), or use a plain listener"}
+		return &AuthError{Field: "TLS.Enabled", Err: err,
+			Reason: "the broker expects TLS on this listener: turn {TLS.Enabled} on (with {TLS.CAFile} for a private CA), or use a plain listener"}
 	case strings.Contains(msg, "remote error: tls: certificate required"),
 		strings.Contains(msg, "remote error: tls: bad certificate"),
 		strings.Contains(msg, "remote error: tls: unknown certificate authority"),
 		strings.Contains(msg, "remote error: tls: handshake failure") && k.cfg.TLS.CertFile == "":
-		why := "the broker requires a client certificate signed by a CA it trusts (ssl.client.auth=required): set kafka.tls.cert_file and kafka.tls.key_file to one"
+		why := "the broker requires a client certificate signed by a CA it trusts (ssl.client.auth=required): set {TLS.CertFile} and {TLS.KeyFile} to one"
 		if k.cfg.TLS.CertFile != "" {
-			why = "the broker does not accept the client certificate in kafka.tls.cert_file: use one signed by a CA in the broker's ssl.truststore"
+			why = "the broker does not accept the client certificate in {TLS.CertFile}: use one signed by a CA in the broker's ssl.truststore"
 		}
-		return &AuthError{Key: "kafka.tls.cert_file", Err: err, Reason: why}
+		return &AuthError{Field: "TLS.CertFile", Err: err, Reason: why}
 	}
 	return nil
 }

@@ -11,7 +11,7 @@ import (
 // It is for a reader beside the relay (the sink only writes): the caller
 // closes it with Close. It neither dials nor starts goroutines.
 func Client(cfg Config) (*ReadClient, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka config: %w", err)
 	}
 	mech, _ := cfg.mechanism()

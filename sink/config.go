@@ -4,12 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,15 +16,18 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/outbox-relay/outbox-relay/field"
 )
 
-// Config configures a Kafka sink. Zero values mean the documented defaults.
+// Config configures a Kafka sink. Zero values mean the documented defaults;
+// Validate fills them in and names the field of each value that cannot work
+// (a *field.Error).
 type Config struct {
 	Brokers      []string      // host:port of one or more bootstrap brokers; required
 	ClientID     string        // default "outbox-relay"
 	BatchSize    int           // max messages per produce call, default 10000; 1 to 1000000
 	BatchBytes   int64         // default 1048576 (Kafka's default message.max.bytes); also the per-call byte cap and the largest message sent; 65536 to 2147483647
-	BatchTimeout time.Duration // accepted for compatibility; unused since Write produces each call at once (produce.go)
 	WriteTimeout time.Duration // default 10s: one produce request
 	Compression  string        // none (default), gzip, snappy, lz4 or zstd; idempotent either way
 	// DisableIdempotence turns the idempotent producer off (idempotence.go):
@@ -55,9 +57,8 @@ type Config struct {
 	// Failure naming the topic, for the operator to create it. With it on, an
 	// unknown topic is waited for up to TopicWait (the broker is creating it),
 	// then its messages fail like a missing topic's; other topics are not held
-	// up meanwhile beyond that wait. The zero value is false; the CLI
-	// defaults to true (defaultAllowAutoTopicCreation in cmd/outbox-relay,
-	// which says why).
+	// up meanwhile beyond that wait. The zero value is false; the relay's
+	// command line defaults to true (and says why).
 	AllowAutoTopicCreation bool
 	// TopicWait bounds how long one Write waits for a topic that Kafka does
 	// not know yet but may be creating (auto-creation on, or a topic just
@@ -89,7 +90,7 @@ type SASLConfig struct {
 	Password  string
 }
 
-// Bounds of BatchSize and BatchBytes; see validate.
+// Bounds of BatchSize and BatchBytes; see Validate.
 const (
 	maxBatchSize  = 1_000_000
 	minBatchBytes = 64 << 10
@@ -99,136 +100,140 @@ const (
 // the real retrying, with backoff, until the context is done.
 const maxAttempts = 3
 
-// Defaults of Config's zero values, exported for the CLI's key table.
+// Defaults of Config's zero values.
 const (
 	DefaultClientID     = "outbox-relay"
 	DefaultBatchSize    = 10000
 	DefaultBatchBytes   = 1 << 20
-	DefaultBatchTimeout = 2 * time.Millisecond
 	DefaultWriteTimeout = 10 * time.Second
 	DefaultCompression  = "none"
+	DefaultTopicWait    = defaultTopicWait
 )
 
-// validate fills defaults and rejects bad values with a message saying how to
-// fix them.
-func (c *Config) validate() error {
+// Compressions and SASLMechanisms are the values Compression and
+// SASL.Mechanism take (lower case; Validate folds them).
+var (
+	Compressions   = []string{"none", "gzip", "snappy", "lz4", "zstd"}
+	SASLMechanisms = []string{"plain", "scram-sha-256", "scram-sha-512"}
+)
+
+// Validate fills defaults and returns every value that cannot work, each a
+// *field.Error naming its field and the fix. It reads the TLS files (local
+// files only; nothing is dialled). New and ReadTopic call it.
+func (c *Config) Validate() error {
+	var v field.Checker
 	if len(c.Brokers) == 0 {
-		return errors.New("no brokers: set kafka.brokers to host:port of at least one broker")
+		v.Add(field.Required("Brokers", "give host:port of at least one broker"))
 	}
 	for _, b := range c.Brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil {
-			return fmt.Errorf("broker %q is not host:port: %w", b, err)
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			v.Errorf("Brokers", "%q is not host:port; write it like kafka-1:9092", b)
 		}
 	}
-	if c.ClientID == "" {
-		c.ClientID = DefaultClientID
-	}
-	if c.BatchTimeout < 0 || c.WriteTimeout < 0 || c.RetryMin < 0 || c.RetryMax < 0 || c.TopicWait < 0 {
-		return errors.New("negative timeout or retry backoff: use 0 for the default")
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.BatchBytes == 0 {
-		c.BatchBytes = DefaultBatchBytes
-	}
+	field.Default(&c.ClientID, DefaultClientID)
+	field.Positive(&v, "BatchSize", &c.BatchSize, DefaultBatchSize)
+	field.Positive(&v, "BatchBytes", &c.BatchBytes, DefaultBatchBytes)
 	// BatchSize bounds one produce call and the Writer's per-partition
 	// buffers. Above a million a call never fills by count anyway (BatchBytes
 	// stops it first: even empty messages take 22 bytes), so a larger value
 	// is a typo, not a tuning.
-	if c.BatchSize < 1 || c.BatchSize > maxBatchSize {
-		return fmt.Errorf("kafka.batch_size is %d; use a number of messages per produce call from 1 to %d (default 10000)", c.BatchSize, maxBatchSize)
+	if c.BatchSize > maxBatchSize {
+		v.Errorf("BatchSize", "%d is out of range; use a number of messages per produce call from 1 to %d (default %d)", c.BatchSize, maxBatchSize, DefaultBatchSize)
 	}
 	// BatchBytes is also the largest message the relay sends: anything larger
 	// fails as too large and goes to the retry table dead. Below 64 KiB
-	// ordinary events would (kafka.batch_bytes: 1 made every event dead).
+	// ordinary events would (a batch of 1 byte made every event dead).
 	// Kafka sizes are int32: a produce request cannot be larger.
-	if c.BatchBytes < minBatchBytes || c.BatchBytes > math.MaxInt32 {
-		return fmt.Errorf("kafka.batch_bytes is %d; use %d (64 KiB) to %d bytes, at most the topics' max.message.bytes (default 1048576): it is also the largest event the relay sends", c.BatchBytes, minBatchBytes, int64(math.MaxInt32))
+	if c.BatchBytes > 0 && (c.BatchBytes < minBatchBytes || c.BatchBytes > math.MaxInt32) {
+		v.Errorf("BatchBytes", "%d is out of range; use %d (64 KiB) to %d bytes, at most the topics' max.message.bytes (default %d): it is also the largest event sent", c.BatchBytes, minBatchBytes, int64(math.MaxInt32), DefaultBatchBytes)
 	}
 	if c.TransactionalID != "" && c.DisableIdempotence {
-		return errors.New("a transactional id needs the idempotent producer: enable idempotence, or leave the transactional id empty")
+		v.Errorf("TransactionalID", "needs the idempotent producer: set {DisableIdempotence} false, or leave it empty")
 	}
-	if c.TransactionTimeout < 0 {
-		return errors.New("negative transaction timeout: use 0 for the default")
-	}
-	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = DefaultTransactionTimeout
-	}
-	if c.TopicWait == 0 {
-		c.TopicWait = defaultTopicWait
-	}
-	if c.BatchTimeout == 0 {
-		c.BatchTimeout = DefaultBatchTimeout
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
-	}
-	if c.RetryMin == 0 {
-		c.RetryMin = 100 * time.Millisecond
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = 5 * time.Second
-	}
+	field.Positive(&v, "TransactionTimeout", &c.TransactionTimeout, DefaultTransactionTimeout)
+	field.Positive(&v, "WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout)
+	field.Positive(&v, "TopicWait", &c.TopicWait, defaultTopicWait)
+	field.Positive(&v, "RetryMin", &c.RetryMin, 100*time.Millisecond)
+	field.Positive(&v, "RetryMax", &c.RetryMax, 5*time.Second)
 	if c.RetryMin > c.RetryMax {
-		return fmt.Errorf("retry min %s is above retry max %s: lower the min or raise the max", c.RetryMin, c.RetryMax)
+		v.Errorf("RetryMax", "%s is below {RetryMin} %s: raise it", c.RetryMax, c.RetryMin)
 	}
-	if _, err := c.compression(); err != nil {
-		return err
-	}
-	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		return errors.New("tls cert file and key file go together: set both or neither")
-	}
-	if _, err := c.mechanism(); err != nil {
-		return err
+	c.Compression = strings.ToLower(c.Compression)
+	field.OneOf(&v, "Compression", &c.Compression, DefaultCompression, Compressions...)
+	c.validateTLS(&v)
+	c.SASL.Mechanism = strings.ToLower(c.SASL.Mechanism)
+	switch {
+	case c.SASL.Mechanism == "":
+		if c.SASL.Username != "" || c.SASL.Password != "" {
+			v.Errorf("SASL.Mechanism", "empty, but a SASL username or password is set; set it to one of %s", strings.Join(SASLMechanisms, ", "))
+		}
+	case !slices.Contains(SASLMechanisms, c.SASL.Mechanism):
+		v.Errorf("SASL.Mechanism", "%q is not one of %s", c.SASL.Mechanism, strings.Join(SASLMechanisms, ", "))
+	case c.SASL.Username == "":
+		v.Add(field.Required("SASL.Username", "SASL "+c.SASL.Mechanism+" needs a username"))
+	default:
+		_, err := c.mechanism()
+		v.Add(err)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return nil
+	return v.Err()
 }
 
-func (c *Config) compression() (kafka.Compression, error) {
-	switch strings.ToLower(c.Compression) {
-	case "", "none":
-		return 0, nil
-	case "gzip":
-		return kafka.Gzip, nil
-	case "snappy":
-		return kafka.Snappy, nil
-	case "lz4":
-		return kafka.Lz4, nil
-	case "zstd":
-		return kafka.Zstd, nil
+// validateTLS checks the TLS files: set only with TLS on, the client
+// certificate and its key together, each readable, as tlsConfig reads them.
+func (c *Config) validateTLS(v *field.Checker) {
+	t := c.TLS
+	files := []struct{ name, path string }{{"TLS.CAFile", t.CAFile}, {"TLS.CertFile", t.CertFile}, {"TLS.KeyFile", t.KeyFile}}
+	readable := true
+	for _, f := range files {
+		if f.path == "" {
+			continue
+		}
+		if !t.Enabled {
+			v.Errorf(f.name, "set, but {TLS.Enabled} is false; enable TLS or unset it")
+			readable = false
+		} else if _, err := os.ReadFile(f.path); err != nil {
+			v.Errorf(f.name, "cannot read it: %v", err)
+			readable = false
+		}
 	}
-	return 0, fmt.Errorf("unknown compression %q: use none, gzip, snappy, lz4 or zstd", c.Compression)
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		v.Errorf("TLS.CertFile", "{TLS.CertFile} and {TLS.KeyFile} go together; set both for a client certificate, or neither")
+		readable = false
+	}
+	if readable {
+		if _, err := c.tlsConfig(); err != nil {
+			v.Add(err)
+		}
+	}
 }
 
+// compression is Compression as kafka-go's codec; Validate has checked it.
+func (c *Config) compression() kafka.Compression {
+	return map[string]kafka.Compression{"gzip": kafka.Gzip, "snappy": kafka.Snappy, "lz4": kafka.Lz4, "zstd": kafka.Zstd}[c.Compression]
+}
+
+// mechanism is SASL as kafka-go's mechanism, nil for none; Validate has
+// checked the name and the username.
 func (c *Config) mechanism() (sasl.Mechanism, error) {
-	m := strings.ToLower(c.SASL.Mechanism)
-	if m == "" {
+	var algo scram.Algorithm
+	switch c.SASL.Mechanism {
+	case "":
 		return nil, nil
-	}
-	if c.SASL.Username == "" {
-		return nil, fmt.Errorf("sasl mechanism %s needs a username", m)
-	}
-	switch m {
 	case "plain":
 		return plain.Mechanism{Username: c.SASL.Username, Password: c.SASL.Password}, nil
 	case "scram-sha-256":
-		mech, err := scram.Mechanism(scram.SHA256, c.SASL.Username, c.SASL.Password)
-		if err != nil {
-			return nil, fmt.Errorf("sasl scram-sha-256: %w", err)
-		}
-		return mech, nil
-	case "scram-sha-512":
-		mech, err := scram.Mechanism(scram.SHA512, c.SASL.Username, c.SASL.Password)
-		if err != nil {
-			return nil, fmt.Errorf("sasl scram-sha-512: %w", err)
-		}
-		return mech, nil
+		algo = scram.SHA256
+	default:
+		algo = scram.SHA512
 	}
-	return nil, fmt.Errorf("unknown sasl mechanism %q: use plain, scram-sha-256 or scram-sha-512", c.SASL.Mechanism)
+	mech, err := scram.Mechanism(algo, c.SASL.Username, c.SASL.Password)
+	if err != nil {
+		return nil, field.Errorf("SASL.Password", "SASL %s cannot use these credentials: %v", c.SASL.Mechanism, err)
+	}
+	return mech, nil
 }
 
 // tlsConfig reads the certificate files (local files only; nothing is dialed).
@@ -244,18 +249,18 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 	if c.TLS.CAFile != "" {
 		pem, err := os.ReadFile(c.TLS.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("read tls ca file: %w", err)
+			return nil, field.Errorf("TLS.CAFile", "cannot read it: %v", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca file %q holds no PEM certificate", c.TLS.CAFile)
+			return nil, field.Errorf("TLS.CAFile", "%q holds no PEM certificate", c.TLS.CAFile)
 		}
 		tc.RootCAs = pool
 	}
 	if c.TLS.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.TLS.CertFile, c.TLS.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("load tls client certificate: %w", err)
+			return nil, field.Errorf("TLS.CertFile", "cannot load the client certificate and its key: %v", err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}

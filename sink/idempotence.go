@@ -188,7 +188,7 @@ var _ protocol.BrokerMessage = (*initProducerIDRequest)(nil)
 
 // ErrIdempotenceNotAllowed is returned (wrapped) when the cluster refuses the
 // relay's principal a producer id: it lacks the IdempotentWrite permission.
-var ErrIdempotenceNotAllowed = errors.New("the Kafka principal may not write idempotently (CLUSTER_AUTHORIZATION_FAILED for InitProducerId): grant it IdempotentWrite on the cluster (Kafka before 3.0; from 3.0 WRITE on any topic implies it), or set kafka.idempotence: false")
+var ErrIdempotenceNotAllowed = errors.New("the Kafka principal may not write idempotently (CLUSTER_AUTHORIZATION_FAILED for InitProducerId): grant it IdempotentWrite on the cluster (Kafka before 3.0; from 3.0 WRITE on any topic implies it), or turn idempotence off")
 
 // initProducer asks a broker for a new producer id and epoch and starts every
 // partition's sequence at 0. On an error the producer stays without an id

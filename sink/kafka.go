@@ -156,10 +156,10 @@ type Stats struct {
 // New validates cfg and builds the Writer and its Transport. It neither dials
 // nor starts goroutines; the first Write or Ping connects.
 func New(cfg Config) (*Kafka, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka sink config: %w", err)
 	}
-	compression, _ := cfg.compression()
+	compression := cfg.compression()
 	mech, _ := cfg.mechanism()
 	tc, err := cfg.tlsConfig()
 	if err != nil {

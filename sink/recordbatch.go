@@ -52,29 +52,40 @@ var noProducer = batchHeader{producerID: -1, epoch: -1, baseSeq: -1}
 // io.Writer into pages.
 func appendRecordBatch(dst []byte, msgs []kafka.Message, idx []int32, now time.Time, hdr batchHeader) []byte {
 	dst = slices.Grow(dst, batchOverhead+recordsBound(msgs, idx))
-	sizeAt := len(dst)
-	dst = binary.BigEndian.AppendUint32(dst, 0) // record set size, below
-	start := len(dst)
-	dst = binary.BigEndian.AppendUint64(dst, 0)                  // base offset
-	dst = binary.BigEndian.AppendUint32(dst, 0)                  // batch length, below
-	dst = binary.BigEndian.AppendUint32(dst, 0xFFFFFFFF)         // partition leader epoch: -1
-	dst = append(dst, 2)                                         // magic
-	dst = binary.BigEndian.AppendUint32(dst, 0)                  // CRC-32C, below
-	dst = binary.BigEndian.AppendUint16(dst, 0)                  // attributes: no compression, create time
-	dst = binary.BigEndian.AppendUint32(dst, uint32(len(idx)-1)) // last offset delta
-	tsAt := len(dst)
-	dst = binary.BigEndian.AppendUint64(dst, 0) // first timestamp, below
-	dst = binary.BigEndian.AppendUint64(dst, 0) // max timestamp, below
-	dst = binary.BigEndian.AppendUint64(dst, uint64(hdr.producerID))
-	dst = binary.BigEndian.AppendUint16(dst, uint16(hdr.epoch))
-	dst = binary.BigEndian.AppendUint32(dst, uint32(hdr.baseSeq))
-	dst = binary.BigEndian.AppendUint32(dst, uint32(len(idx))) // records
-
+	// Attributes 0: no compression, create time; the timestamps once the
+	// records are written.
+	dst, sizeAt, start, tsAt := appendBatchHeader(dst, len(idx), 0, 0, 0, hdr)
 	dst, first, maxTS := appendRecords(dst, msgs, idx, now)
 	binary.BigEndian.PutUint64(dst[tsAt:], uint64(first))
 	binary.BigEndian.PutUint64(dst[tsAt+8:], uint64(maxTS))
 	markTransactional(dst[start:], hdr)
 	return finishBatch(dst, sizeAt, start)
+}
+
+// appendBatchHeader appends the int32 size of a record batch of n records
+// and its header, up to the record count, with attributes attrs and the
+// timestamps first and maxTS (0 to fill in later, at tsAt). It returns where
+// the size and the batch start, for finishBatch, which fills in the sizes and
+// the CRC.
+func appendBatchHeader(dst []byte, n int, attrs uint16, first, maxTS int64, hdr batchHeader) (_ []byte, sizeAt, start, tsAt int) {
+	sizeAt = len(dst)
+	dst = binary.BigEndian.AppendUint32(dst, 0) // record set size, below
+	start = len(dst)
+	dst = binary.BigEndian.AppendUint64(dst, 0)          // base offset
+	dst = binary.BigEndian.AppendUint32(dst, 0)          // batch length, below
+	dst = binary.BigEndian.AppendUint32(dst, 0xFFFFFFFF) // partition leader epoch: -1
+	dst = append(dst, 2)                                 // magic
+	dst = binary.BigEndian.AppendUint32(dst, 0)          // CRC-32C, below
+	dst = binary.BigEndian.AppendUint16(dst, attrs)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(n-1)) // last offset delta
+	tsAt = len(dst)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(first))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(maxTS))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(hdr.producerID))
+	dst = binary.BigEndian.AppendUint16(dst, uint16(hdr.epoch))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(hdr.baseSeq))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(n)) // records
+	return dst, sizeAt, start, tsAt
 }
 
 // finishBatch fills in the sizes and the CRC of the batch that starts at
@@ -150,22 +161,8 @@ func appendCompressedBatch(dst, scratch []byte, msgs []kafka.Message, idx []int3
 	scratch = slices.Grow(scratch[:0], recordsBound(msgs, idx))
 	scratch, first, maxTS := appendRecords(scratch, msgs, idx, now)
 	dst = slices.Grow(dst, batchOverhead+len(scratch)/2)
-	sizeAt := len(dst)
-	dst = binary.BigEndian.AppendUint32(dst, 0) // record set size, below
-	start := len(dst)
-	dst = binary.BigEndian.AppendUint64(dst, 0)                    // base offset
-	dst = binary.BigEndian.AppendUint32(dst, 0)                    // batch length, below
-	dst = binary.BigEndian.AppendUint32(dst, 0xFFFFFFFF)           // partition leader epoch: -1
-	dst = append(dst, 2)                                           // magic
-	dst = binary.BigEndian.AppendUint32(dst, 0)                    // CRC-32C, below
-	dst = binary.BigEndian.AppendUint16(dst, uint16(codec.Code())) // attributes: the codec, create time
-	dst = binary.BigEndian.AppendUint32(dst, uint32(len(idx)-1))   // last offset delta
-	dst = binary.BigEndian.AppendUint64(dst, uint64(first))
-	dst = binary.BigEndian.AppendUint64(dst, uint64(maxTS))
-	dst = binary.BigEndian.AppendUint64(dst, uint64(hdr.producerID))
-	dst = binary.BigEndian.AppendUint16(dst, uint16(hdr.epoch))
-	dst = binary.BigEndian.AppendUint32(dst, uint32(hdr.baseSeq))
-	dst = binary.BigEndian.AppendUint32(dst, uint32(len(idx))) // records
+	// Attributes: the codec, create time.
+	dst, sizeAt, start, _ := appendBatchHeader(dst, len(idx), uint16(codec.Code()), first, maxTS, hdr)
 	w := &appender{b: dst}
 	zw := codec.NewWriter(w)
 	if _, err := zw.Write(scratch); err != nil {

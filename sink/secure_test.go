@@ -69,7 +69,7 @@ func TestSecureMTLS(t *testing.T) {
 	writeAndRead(t, kc, mtlsConfig(kc, kc.Files.KafkaClientCert, kc.Files.KafkaClientKey), allowedTopic(t, kc), 10)
 }
 
-// Settings the broker refuses are an *AuthError naming the key to fix, found
+// Settings the broker refuses are an *AuthError naming the field to fix, found
 // within seconds by CheckAuth: not an outage to wait out.
 func TestSecureCheckAuthRefusals(t *testing.T) {
 	kc := testenv.KafkaSecure(t)
@@ -84,12 +84,12 @@ func TestSecureCheckAuthRefusals(t *testing.T) {
 		key     string
 		message string // in the error, in plain words
 	}{
-		{"wrong password", scramConfig(kc, "not-"+kc.Password), "kafka.sasl.password", "refused the SASL SCRAM-SHA-512 login of user"},
-		{"untrusted broker certificate", noCA, "kafka.tls.ca_file", "not signed by a trusted CA"},
-		{"wrong server name", wrongName, "kafka.tls.server_name", "does not name the host"},
-		{"no client certificate on the mTLS listener", mtlsConfig(kc, "", ""), "kafka.tls.cert_file", "requires a client certificate"},
-		{"client certificate of another CA", mtlsConfig(kc, kc.Files.OtherClientCert, kc.Files.OtherClientKey), "kafka.tls.cert_file", "does not accept the client certificate"},
-		{"no TLS on a TLS listener", plainToTLS, "kafka.tls.enabled", "expects TLS"},
+		{"wrong password", scramConfig(kc, "not-"+kc.Password), "SASL.Password", "refused the SASL SCRAM-SHA-512 login of user"},
+		{"untrusted broker certificate", noCA, "TLS.CAFile", "not signed by a trusted CA"},
+		{"wrong server name", wrongName, "TLS.ServerName", "does not name the host"},
+		{"no client certificate on the mTLS listener", mtlsConfig(kc, "", ""), "TLS.CertFile", "requires a client certificate"},
+		{"client certificate of another CA", mtlsConfig(kc, kc.Files.OtherClientCert, kc.Files.OtherClientKey), "TLS.CertFile", "does not accept the client certificate"},
+		{"no TLS on a TLS listener", plainToTLS, "TLS.Enabled", "expects TLS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,8 +103,8 @@ func TestSecureCheckAuthRefusals(t *testing.T) {
 			if !errors.As(err, &ae) {
 				t.Fatalf("CheckAuth = %v; want an *AuthError naming %s", err, tt.key)
 			}
-			if ae.Key != tt.key || !strings.Contains(err.Error(), tt.key) || !strings.Contains(err.Error(), tt.message) {
-				t.Errorf("CheckAuth = %q (key %s); want key %s and %q", err, ae.Key, tt.key, tt.message)
+			if ae.Field != tt.key || !strings.Contains(err.Error(), tt.key) || !strings.Contains(err.Error(), tt.message) {
+				t.Errorf("CheckAuth = %q (field %s); want field %s and %q", err, ae.Field, tt.key, tt.message)
 			}
 			if strings.Contains(err.Error(), kc.Password) {
 				t.Errorf("CheckAuth = %q shows the password", err)

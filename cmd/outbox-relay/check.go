@@ -35,26 +35,28 @@ and exits 1 if any failed. It changes nothing.`,
 func (e *env) adminConfig() admin.Config {
 	c := e.cfg
 	// The names were validated with the configuration.
-	outbox, _ := sql.ParseTable(c.Outbox.Table)
-	checkpoint, _ := sql.ParseTable(c.Checkpoint.Table)
-	retryTable, _ := sql.ParseTable(c.Retry.Table)
+	outbox, _ := sql.ParseTable(c.Table)
+	checkpoint, _ := sql.ParseTable(c.CheckpointTable)
+	retryTable, _ := sql.ParseTable(c.RetryTable)
 	return admin.Config{
-		DSN:                 c.Postgres.DSN,
-		Slot:                c.Postgres.Slot,
-		Publication:         c.Postgres.Publication,
-		Failover:            c.Postgres.Failover,
+		DSN:                 c.Replication.DSN,
+		Slot:                c.Replication.Slot,
+		Publication:         c.Replication.Publication,
+		Failover:            c.Failover,
 		OutboxTable:         outbox,
-		Layout:              c.Outbox.Layout,
-		Columns:             sql.Columns(c.Outbox.Columns),
+		Layout:              c.Layout,
+		Columns:             sql.Columns(c.Router.Columns),
 		Router:              c.routerConfig(),
 		CheckpointTable:     checkpoint,
 		RetryTable:          retryTable,
 		Kafka:               c.sinkConfig(e.log),
 		ExactlyOnce:         c.Delivery == relay.DeliveryExactlyOnce,
-		CheckpointTopic:     c.Kafka.CheckpointTopic,
-		TransactionalID:     relay.TransactionalID(c.Postgres.Slot),
-		Retention:           c.Outbox.Retention,
-		RetentionPartitions: c.Outbox.RetentionPartitions,
-		RedactedDSN:         redactDSN(c.Postgres.DSN),
+		CheckpointTopic:     c.CheckpointTopic,
+		TransactionalID:     relay.TransactionalID(c.Replication.Slot),
+		Retention:           c.Retention.Retention,
+		RetentionPartitions: c.Retention.Partitions,
+		RedactedDSN:         redactDSN(c.Replication.DSN),
+		Fix:                 hint,
+		Text:                operatorText,
 	}
 }

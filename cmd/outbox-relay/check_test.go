@@ -68,7 +68,7 @@ func TestCheckBroken(t *testing.T) {
 			env: map[string]string{"RELAY_OUTBOX_RETENTION": "7d"},
 			want: []string{
 				"ok    outbox table: public.outbox has the mapped columns with usable types",
-				`FAIL  retention: outbox.retention is set, but the outbox table public.outbox has no "created_at" column`,
+				`FAIL  retention: outbox.retention: set, but the outbox table public.outbox has no "created_at" column`,
 			},
 		},
 		{
@@ -78,7 +78,7 @@ func TestCheckBroken(t *testing.T) {
 			},
 			env: map[string]string{"RELAY_OUTBOX_RETENTION": "7d", "RELAY_OUTBOX_RETENTION_PARTITIONS": "drop"},
 			want: []string{
-				`FAIL  retention: outbox.retention_partitions is drop, but the outbox table public.outbox is not partitioned: set outbox.retention_partitions to delete (rows)`,
+				`FAIL  retention: outbox.retention_partitions: drop, but the outbox table public.outbox is not partitioned: set outbox.retention_partitions to delete (rows)`,
 			},
 		},
 		{

@@ -2,21 +2,15 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"text/tabwriter"
-	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
-	"github.com/outbox-relay/outbox-relay/replication/pgslot"
-	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 func newCheckpointCmd(wrap wrapFunc) *cobra.Command {
@@ -53,10 +47,6 @@ fields listed in docs/operating.md.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (field names in docs/operating.md)")
 	return cmd
 }
-
-// countTimeout bounds the decoding that counts the events a skip passes
-// over: a skip over gigabytes of WAL is still allowed, uncounted.
-const countTimeout = 30 * time.Second
 
 func newCheckpointSetCmd(wrap wrapFunc) *cobra.Command {
 	var yes bool
@@ -99,7 +89,7 @@ or active), 2 bad LSN, refused position, or no --yes.`,
 }
 
 func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) error {
-	pc, err := pgxpool.ParseConfig(e.cfg.Postgres.DSN)
+	pc, err := pgxpool.ParseConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
@@ -107,188 +97,74 @@ func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) err
 	pc.ConnConfig.RuntimeParams["application_name"] = "outbox-relay checkpoint set"
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 	}
 	defer pool.Close()
-	slot := e.cfg.Postgres.Slot
-
-	sl, err := pgslot.Read(ctx, pool, slot)
-	if err != nil {
-		return err // a missing slot says to run setup
-	}
-	if sl.Active {
-		return activeSlotError(sl)
-	}
-	store := checkpoint.New(pool, e.cfg.Checkpoint.Table)
-	cp, err := store.Load(ctx, slot)
-	if err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		return fmt.Errorf("%w (run `outbox-relay setup` if the table %s is missing)", err, e.cfg.Checkpoint.Table)
-	}
-	slotLSN, err := sl.Confirmed()
-	if err != nil {
-		return err
-	}
-	cur, err := pglogrepl.ParseLSN(sl.CurrentWALLSN)
-	if err != nil {
-		return fmt.Errorf("the server's current WAL position %q: %w", sl.CurrentWALLSN, err)
-	}
-	resume, _ := checkpoint.Start(cp.LSN, slotLSN, 0)
+	cfg := e.adminConfig()
+	skip, err := admin.PlanSkip(ctx, pool, cfg, lsn)
+	var refused *admin.SkipRefusedError
 	switch {
-	case lsn < cp.LSN:
-		return usageErrorf("%s is behind the checkpoint %s: the checkpoint never moves back (the relay drops transactions at or "+
-			"before it as already delivered, which is what keeps a slot that went back in a crash from resending them); "+
-			"to deliver events again, replay them from the outbox table (`outbox-relay replay`)", lsn, cp.LSN)
-	case lsn < slotLSN:
-		return usageErrorf("%s is behind the slot's confirmed position %s: the server no longer keeps that WAL for the slot, "+
-			"and the next run starts at %s anyway", lsn, slotLSN, resume)
-	case lsn == resume && lsn <= cp.LSN:
-		fmt.Fprintf(e.stdout, "slot %s already resumes at %s: nothing to skip\n", ops.Printable(slot), lsn)
+	case errors.As(err, &refused):
+		return usageErrorf("%w", err)
+	case err != nil:
+		return err
+	case skip.Nothing:
+		fmt.Fprintf(e.stdout, "slot %s already resumes at %s: nothing to skip\n", ops.Printable(skip.Slot), lsn)
 		return nil
-	case lsn == resume:
-		// The slot is ahead of the checkpoint: it was recreated or moved by
-		// something else, and run refuses it (pgslot.Verify). Setting the
-		// checkpoint to its position accepts that gap.
-		return acceptGap(ctx, e, store, slot, cp.LSN, lsn, yes)
-	case lsn > cur:
-		return usageErrorf("%s is beyond the server's current WAL position %s: every event committed until the WAL reaches it "+
-			"would be skipped, including events not written yet; give a position at or before %s", lsn, cur, cur)
 	}
 
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, ops.Printable(v)) }
-	row("slot", slot+" (inactive)")
-	if cp.LSN != 0 {
-		row("checkpoint", fmt.Sprintf("%s  (the slot has confirmed %s; the next run resumes at %s)", cp.LSN, slotLSN, resume))
-	} else {
-		row("checkpoint", fmt.Sprintf("none saved  (the slot has confirmed %s; the next run resumes there)", slotLSN))
+	tw := ops.NewTable(e.stdout)
+	row := tw.Row
+	row("slot", skip.Slot+" (inactive)")
+	switch {
+	case skip.Gap:
+		row("checkpoint", fmt.Sprintf("%s  (the slot has confirmed %s, ahead of it: recreated or moved by something other than the relay)", skip.Checkpoint, skip.To))
+	case skip.Checkpoint != 0:
+		row("checkpoint", fmt.Sprintf("%s  (the slot has confirmed %s; the next run resumes at %s)", skip.Checkpoint, skip.SlotLSN, skip.Resume))
+	default:
+		row("checkpoint", fmt.Sprintf("none saved  (the slot has confirmed %s; the next run resumes there)", skip.SlotLSN))
 	}
 	row("new checkpoint", lsn.String())
-	row("skipped", fmt.Sprintf("every transaction that commits after %s and at or before %s: %s of WAL", resume, lsn, ops.Bytes(int64(lsn-resume))))
-	events, txns, err := countSkipped(ctx, pool, e, resume, lsn)
-	if err != nil {
-		row("", "outbox events in it: not counted ("+err.Error()+")")
-	} else {
-		row("", fmt.Sprintf("%d outbox events in %d transactions (decoded from the slot, which does not move)", events, txns))
+	switch {
+	case skip.Gap:
+		row("gap accepted", fmt.Sprintf("the events committed after %s and at or before %s are not in this slot: the relay never delivers them (`outbox-relay replay --from-lsn %s` re-delivers them from the outbox table)", skip.Checkpoint, skip.To, skip.Checkpoint))
+	default:
+		row("skipped", fmt.Sprintf("every transaction that commits after %s and at or before %s: %s of WAL", skip.Resume, lsn, ops.Bytes(int64(lsn-skip.Resume))))
+		if skip.CountErr != nil {
+			row("", "outbox events in it: not counted ("+skip.CountErr.Error()+")")
+		} else {
+			row("", fmt.Sprintf("%d outbox events in %d transactions (decoded from the slot, which does not move)", skip.Events, skip.Txns))
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write: %w", err)
+	}
+	if !yes && skip.Gap {
+		return usageErrorf("checkpoint not moved: run again with --yes to accept the gap (replay its events first, or they are lost for Kafka)")
 	}
 	if !yes {
 		return usageErrorf("checkpoint not moved: skipped events are never delivered by the relay (replay can re-deliver rows " +
 			"still in the outbox table); run again with --yes to skip them")
 	}
 
-	moved, err := store.Skip(ctx, slot, lsn)
-	if err != nil {
-		return err
-	}
-	if !moved {
+	done, err := skip.Apply(ctx, pool, cfg)
+	if errors.Is(err, admin.ErrCheckpointPassed) {
 		return fmt.Errorf("checkpoint not moved: it reached %s or beyond meanwhile (a relay ran?): see `outbox-relay checkpoint show`", lsn)
 	}
-	// The history shows the skip; without a history table the skip stands.
-	if err := store.Record(ctx, slot, lsn, time.Time{}); err != nil {
-		e.log.Warn("checkpoint moved, but not recorded in the checkpoint history", "err", err)
-	}
-	fmt.Fprintf(e.stdout, "checkpoint of slot %s moved to %s: the next `outbox-relay run` starts there\n", ops.Printable(slot), lsn)
-	// A relay that connected between the check and the move started from
-	// the old position: it delivers the events instead of skipping them.
-	if sl, err := pgslot.Read(ctx, pool, slot); err == nil && sl.Active {
-		e.log.Warn("the slot became active while the checkpoint was being moved: that relay started from the old position and delivers the events before it; restart it to skip them",
-			"slot", slot)
-	}
-	return nil
-}
-
-// acceptGap moves the checkpoint up to a slot that is ahead of it: the
-// transactions committed in between were never decoded by this slot, so
-// nothing can count them; replay re-delivers them from the outbox table.
-func acceptGap(ctx context.Context, e *env, store *checkpoint.Store, slot string, from, to pglogrepl.LSN, yes bool) error {
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, ops.Printable(v)) }
-	row("slot", slot+" (inactive)")
-	row("checkpoint", fmt.Sprintf("%s  (the slot has confirmed %s, ahead of it: recreated or moved by something other than the relay)", from, to))
-	row("new checkpoint", to.String())
-	row("gap accepted", fmt.Sprintf("the events committed after %s and at or before %s are not in this slot: the relay never delivers them (`outbox-relay replay --from-lsn %s` re-delivers them from the outbox table)", from, to, from))
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("write: %w", err)
-	}
-	if !yes {
-		return usageErrorf("checkpoint not moved: run again with --yes to accept the gap (replay its events first, or they are lost for Kafka)")
-	}
-	moved, err := store.Skip(ctx, slot, to)
 	if err != nil {
 		return err
 	}
-	if !moved {
-		return fmt.Errorf("checkpoint not moved: it reached %s or beyond meanwhile (a relay ran?): see `outbox-relay checkpoint show`", to)
+	if done.HistoryErr != nil {
+		e.log.Warn("checkpoint moved, but not recorded in the checkpoint history", "err", done.HistoryErr)
 	}
-	if err := store.Record(ctx, slot, to, time.Time{}); err != nil {
-		e.log.Warn("checkpoint moved, but not recorded in the checkpoint history", "err", err)
+	if skip.Gap {
+		fmt.Fprintf(e.stdout, "checkpoint of slot %s moved to %s, the slot's position: the next `outbox-relay run` streams on from there\n", ops.Printable(skip.Slot), lsn)
+		return nil
 	}
-	fmt.Fprintf(e.stdout, "checkpoint of slot %s moved to %s, the slot's position: the next `outbox-relay run` streams on from there\n", ops.Printable(slot), to)
+	fmt.Fprintf(e.stdout, "checkpoint of slot %s moved to %s: the next `outbox-relay run` starts there\n", ops.Printable(skip.Slot), lsn)
+	if done.Active {
+		e.log.Warn("the slot became active while the checkpoint was being moved: that relay started from the old position and delivers the events before it; restart it to skip them",
+			"slot", skip.Slot)
+	}
 	return nil
-}
-
-// activeSlotError refuses to move the checkpoint of a slot that is streamed:
-// a running relay would go on from its own position.
-func activeSlotError(sl pgslot.Slot) error {
-	who := ""
-	if sl.ActivePID != nil {
-		who = fmt.Sprintf(" by PID %d", *sl.ActivePID)
-	}
-	if w := sl.Walsender; w != nil && w.ApplicationName != nil {
-		who += fmt.Sprintf(" (%s)", *w.ApplicationName)
-	}
-	return fmt.Errorf("slot %s is active%s: a relay (or something else) is streaming it and would go on from its own position; "+
-		"stop it first, then run this again (the next run starts at the new checkpoint)", sl.Name, who)
-}
-
-// countSkipped counts the outbox events of the transactions that end after
-// from and at or before to, by decoding the slot up to to with
-// pg_logical_slot_peek_binary_changes, which moves nothing. It gives up after
-// countTimeout.
-func countSkipped(ctx context.Context, pool *pgxpool.Pool, e *env, from, to pglogrepl.LSN) (events, txns int64, err error) {
-	outbox, err := sql.ParseTable(e.cfg.Outbox.Table)
-	if err != nil {
-		return 0, 0, err
-	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	var oid *uint32
-	if err := tx.QueryRow(ctx, `SELECT to_regclass($1)::oid`, outbox.Quoted()).Scan(&oid); err != nil {
-		return 0, 0, err
-	}
-	if oid == nil {
-		return 0, 0, fmt.Errorf("the outbox table %s does not exist", outbox)
-	}
-	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, fmt.Sprint(countTimeout.Milliseconds())); err != nil {
-		return 0, 0, err
-	}
-	// pgoutput v1, binary: an insert is 'I' (73) then the relation's OID;
-	// a commit is 'C' (67), and its row's lsn is the transaction's end.
-	var rel [4]byte
-	binary.BigEndian.PutUint32(rel[:], *oid)
-	err = tx.QueryRow(ctx, `SELECT coalesce(sum(n), 0), count(*) FROM (
-    SELECT count(*) FILTER (WHERE get_byte(data, 0) = 73 AND substring(data FROM 2 FOR 4) = $5) AS n,
-           max(lsn) FILTER (WHERE get_byte(data, 0) = 67) AS end_lsn
-    FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, NULL, 'proto_version', '1', 'publication_names', $3)
-    GROUP BY xid) t
-WHERE n > 0 AND end_lsn > $4::text::pg_lsn AND end_lsn <= $2::text::pg_lsn`,
-		e.cfg.Postgres.Slot, to.String(), sql.Ident(e.cfg.Postgres.Publication), from.String(), rel[:]).Scan(&events, &txns)
-	if err != nil {
-		if ctx.Err() == nil && isQueryCanceled(err) {
-			return 0, 0, fmt.Errorf("decoding took longer than %s", countTimeout)
-		}
-		return 0, 0, err
-	}
-	return events, txns, nil
-}
-
-// isQueryCanceled reports a statement cancelled by statement_timeout.
-func isQueryCanceled(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }

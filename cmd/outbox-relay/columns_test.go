@@ -66,7 +66,7 @@ func TestDebeziumTableWithoutEventType(t *testing.T) {
 	// "-": no event type column, and nothing may use it.
 	t.Setenv("RELAY_OUTBOX_COLUMNS_EVENT_TYPE", "-")
 	code, _, errOut = run(t, "check")
-	if code != exitcode.Usage || !strings.Contains(errOut, `outbox.columns.event_type is "-" (no event type column) but message.headers includes event_type`) {
+	if code != exitcode.Usage || !strings.Contains(errOut, `outbox.columns.event_type: "-" (no event type column) but message.headers includes event_type`) {
 		t.Errorf("check with event_type \"-\" and the event_type header: exit %d; want 2\n%s", code, errOut)
 	}
 	t.Setenv("RELAY_MESSAGE_HEADERS", "id")

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,11 +19,8 @@ import (
 // developer's environment cannot leak into it.
 func cleanEnv(t *testing.T) {
 	t.Helper()
-	for key := range defaults {
-		unsetenv(t, envName(key))
-	}
-	for key := range mapKeys {
-		unsetenv(t, envName(key))
+	for _, s := range settings {
+		unsetenv(t, envName(s.key))
 	}
 }
 
@@ -67,8 +63,11 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("loadConfig(%q): %v", path, err)
 	}
-	if c.Postgres.Slot != "outbox_relay" || c.Kafka.BatchTimeout != 2*time.Millisecond || !c.Kafka.AllowAutoTopicCreation {
+	if c.Replication.Slot != "outbox_relay" || c.Sink.BatchSize != 10000 || !c.Sink.AllowAutoTopicCreation || c.Sink.DisableIdempotence {
 		t.Errorf("loadConfig(%q) = %+v; want the defaults", path, c)
+	}
+	if len(c.ignored) > 0 {
+		t.Errorf("loadConfig(%q) found ignored keys %q; the example holds none", path, c.ignored)
 	}
 
 	// Every key is documented, with its default.
@@ -82,18 +81,17 @@ func TestExampleConfig(t *testing.T) {
 	}
 	got := map[string]string{}
 	flatten("", doc, got)
-	for key, def := range defaults {
-		v, ok := got[key]
+	for _, s := range settings {
+		v, ok := got[s.key]
 		switch {
+		case s.kind == ignored:
+			if ok {
+				t.Errorf("config.example.yaml has %q, which is ignored", s.key)
+			}
 		case !ok:
-			t.Errorf("config.example.yaml lacks key %q", key)
-		case def != "" && v != def:
-			t.Errorf("config.example.yaml: %s = %q; want the default %q", key, v, def)
-		}
-	}
-	for key := range mapKeys {
-		if _, ok := got[key]; !ok {
-			t.Errorf("config.example.yaml lacks key %q", key)
+			t.Errorf("config.example.yaml lacks key %q", s.key)
+		case s.def != "" && !s.isMap() && v != s.def:
+			t.Errorf("config.example.yaml: %s = %q; want the default %q", s.key, v, s.def)
 		}
 	}
 }
@@ -102,7 +100,7 @@ func flatten(prefix string, m map[string]any, out map[string]string) {
 	for k, v := range m {
 		switch v := v.(type) {
 		case map[string]any:
-			if _, ok := mapKeys[prefix+k]; ok {
+			if s := settingOf(prefix + k); s != nil && s.isMap() {
 				out[prefix+k] = fmt.Sprint(v)
 				continue
 			}
@@ -147,15 +145,15 @@ kafka:
 		t.Fatal(err)
 	}
 	tests := []struct{ key, got, want string }{
-		{"postgres.slot (flag over env over file)", c.Postgres.Slot, "flag_slot"},
-		{"postgres.publication (env over file)", c.Postgres.Publication, "env_pub"},
-		{"kafka.brokers (env over file)", strings.Join(c.Kafka.Brokers, ","), "env1:9092,env2:9092"},
-		{"kafka.batch_size (env over default)", fmt.Sprint(c.Kafka.BatchSize), "500"},
-		{"kafka.client_id (file)", c.Kafka.ClientID, "from-file"},
-		{"postgres.status_interval (file)", c.Postgres.StatusInterval.String(), "3s"},
+		{"postgres.slot (flag over env over file)", c.Replication.Slot, "flag_slot"},
+		{"postgres.publication (env over file)", c.Replication.Publication, "env_pub"},
+		{"kafka.brokers (env over file)", strings.Join(c.Sink.Brokers, ","), "env1:9092,env2:9092"},
+		{"kafka.batch_size (env over default)", fmt.Sprint(c.Sink.BatchSize), "500"},
+		{"kafka.client_id (file)", c.Sink.ClientID, "from-file"},
+		{"postgres.status_interval (file)", c.Replication.StatusInterval.String(), "3s"},
 		{"log.level (file)", c.Log.Level, "warn"},
-		{"kafka.write_timeout (default)", c.Kafka.WriteTimeout.String(), "10s"},
-		{"metrics.listen (default)", c.Metrics.Listen, "127.0.0.1:9187"},
+		{"kafka.write_timeout (default)", c.Sink.WriteTimeout.String(), "10s"},
+		{"metrics.listen (default)", c.MetricsListen, "127.0.0.1:9187"},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
@@ -177,17 +175,17 @@ func TestEnvOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Kafka.AllowAutoTopicCreation {
+	if c.Sink.AllowAutoTopicCreation {
 		t.Errorf("kafka.allow_auto_topic_creation = true; want false from RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION")
 	}
-	if c.Metrics.Listen != "" {
-		t.Errorf("metrics.listen = %q; want \"\" from an empty RELAY_METRICS_LISTEN", c.Metrics.Listen)
+	if c.MetricsListen != "" {
+		t.Errorf("metrics.listen = %q; want \"\" from an empty RELAY_METRICS_LISTEN", c.MetricsListen)
 	}
-	if want := map[string]string{"OrderPlaced": "orders", "Payment": "payments"}; !maps.Equal(c.Topics.Overrides, want) {
-		t.Errorf("topics.overrides = %v; want %v", c.Topics.Overrides, want)
+	if want := map[string]string{"OrderPlaced": "orders", "Payment": "payments"}; !maps.Equal(c.Router.Overrides, want) {
+		t.Errorf("topics.overrides = %v; want %v", c.Router.Overrides, want)
 	}
-	if c.Outbox.Columns.Payload != "body" {
-		t.Errorf("outbox.columns.payload = %q; want %q", c.Outbox.Columns.Payload, "body")
+	if c.Router.Columns.Payload != "body" {
+		t.Errorf("outbox.columns.payload = %q; want %q", c.Router.Columns.Payload, "body")
 	}
 }
 
@@ -206,11 +204,11 @@ topics:
 		t.Fatal(err)
 	}
 	want := map[string]string{"OrderPlaced": "orders", "orderplaced": "lower-orders"}
-	if !maps.Equal(c.Topics.Overrides, want) {
-		t.Errorf("topics.overrides = %v; want %v", c.Topics.Overrides, want)
+	if !maps.Equal(c.Router.Overrides, want) {
+		t.Errorf("topics.overrides = %v; want %v", c.Router.Overrides, want)
 	}
-	if c.Topics.Template != "events.{aggregate_type}" {
-		t.Errorf("topics.template = %q; want %q", c.Topics.Template, "events.{aggregate_type}")
+	if c.Router.Topic != "events.{aggregate_type}" {
+		t.Errorf("topics.template = %q; want %q", c.Router.Topic, "events.{aggregate_type}")
 	}
 }
 
@@ -228,7 +226,7 @@ func TestBrokerForms(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := strings.Join(c.Kafka.Brokers, ","); got != tt.want {
+			if got := strings.Join(c.Sink.Brokers, ","); got != tt.want {
 				t.Errorf("kafka.brokers = %q; want %q", got, tt.want)
 			}
 		})
@@ -253,7 +251,7 @@ func TestValidationErrors(t *testing.T) {
 		{"dsn unparsable", "", map[string]string{"RELAY_POSTGRES_DSN": "postgres://relay:pw@db:notaport/app"},
 			"postgres.dsn: `postgres://relay:…` cannot be parsed as a connection URL (invalid port)"},
 		{"brokers missing", "", map[string]string{"RELAY_KAFKA_BROKERS": ""},
-			"kafka.brokers: empty; set it in the config file or RELAY_KAFKA_BROKERS=host:9092"},
+			"kafka.brokers: empty; set it in the config file or RELAY_KAFKA_BROKERS=localhost:9092"},
 		{"broker without port", "", map[string]string{"RELAY_KAFKA_BROKERS": "kafka"},
 			`kafka.brokers: "kafka" is not host:port`},
 		{"unknown key", "  brokerz: [x:1]\n", nil,
@@ -298,13 +296,13 @@ func TestValidationErrors(t *testing.T) {
 		{"checkpoint table", "", map[string]string{"RELAY_CHECKPOINT_TABLE": "x."},
 			`checkpoint.table: table name "x.": want table or schema.table`},
 		{"topic template (router.New)", "topics:\n  template: \"outbox.{aggregate}\"\n", nil,
-			`topics.template "outbox.{aggregate}" has unknown placeholder {aggregate}`},
+			`topics.template: "outbox.{aggregate}" has unknown placeholder {aggregate}`},
 		{"topic override (router.New)", "topics:\n  overrides:\n    Order: \"bad topic!\"\n", nil,
 			`topics.overrides: topic "bad topic!" for aggregate type "Order"`},
 		{"overrides env", "", map[string]string{"RELAY_TOPICS_OVERRIDES": "Order"},
 			`RELAY_TOPICS_OVERRIDES: "Order" is not aggregate_type=topic`},
 		{"duplicate column (router.New)", "", map[string]string{"RELAY_OUTBOX_COLUMNS_PAYLOAD": "id"},
-			`both name column "id"`},
+			`outbox.columns.payload: outbox.columns.id and outbox.columns.payload both name column "id"`},
 		{"metrics listen", "", map[string]string{"RELAY_METRICS_LISTEN": "nonsense"},
 			`metrics.listen: "nonsense" is not host:port`},
 		{"log level", "", map[string]string{"RELAY_LOG_LEVEL": "loud"},
@@ -340,8 +338,8 @@ func TestAllErrorsAtOnce(t *testing.T) {
 	t.Setenv("RELAY_LOG_FORMAT", "xml")
 	_, err := load(t, "")
 	for _, want := range []string{"postgres.dsn", "kafka.brokers", "kafka.compression", "log.format"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("loadConfig error = %v; want it to name %s", err, want)
+		if err == nil || strings.Count(err.Error(), want+":") != 1 {
+			t.Errorf("loadConfig error = %v; want it to name %s once", err, want)
 		}
 	}
 }
@@ -374,8 +372,8 @@ func TestEditDistanceSuggestions(t *testing.T) {
 			t.Errorf("nearestKey(%q) = %q; want %q", tt.in, got, tt.want)
 		}
 	}
-	if !slices.Contains(slices.Collect(maps.Keys(defaults)), "kafka.sasl.password") {
-		t.Error("defaults lacks kafka.sasl.password")
+	if settingOf("kafka.sasl.password") == nil {
+		t.Error("settings lacks kafka.sasl.password")
 	}
 }
 

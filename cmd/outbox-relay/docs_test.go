@@ -6,8 +6,8 @@ package main
 // does not exist; and the other way round, when docs/configuration.md lacks
 // a key (or gives it a wrong default or variable) or docs/commands.md a
 // command or flag. The sources of truth are the relay's own: the cobra
-// command tree (newRootCmd), the configuration keys (defaults and mapKeys in
-// config.go), the chart's values.yaml and the Makefile. No server is needed;
+// command tree (newRootCmd), the configuration keys (settings in
+// settings.go), the chart's values.yaml and the Makefile. No server is needed;
 // they run in make test-short too.
 //
 // What counts as a mention, precisely (so that prose is never flagged):
@@ -277,11 +277,8 @@ func TestGitHubSlug(t *testing.T) {
 // realKeys is every configuration key with its default: the relay's own list.
 func realKeys() map[string]string {
 	keys := map[string]string{}
-	for k, v := range defaults {
-		keys[k] = v
-	}
-	for k := range mapKeys {
-		keys[k] = "{}"
+	for _, s := range settings {
+		keys[s.key] = s.def
 	}
 	return keys
 }

@@ -62,8 +62,8 @@ func TestRetentionConfig(t *testing.T) {
 		t.Errorf("retention 7d, batch 50, partitions Drop, history_keep 2d12h: got %+v, keep %s", rc.Retention, rc.HistoryKeep)
 	}
 	t.Setenv("RELAY_OUTBOX_RETENTION", "off")
-	if c, err := load(t, writeFile(t, "c.yaml", minimal+"outbox:\n  retention: 7d\n")); err != nil || c.Outbox.Retention != 0 {
-		t.Errorf("RELAY_OUTBOX_RETENTION=off over a file's 7d: retention %v, %v; want off", c.Outbox.Retention, err)
+	if c, err := load(t, writeFile(t, "c.yaml", minimal+"outbox:\n  retention: 7d\n")); err != nil || c.Retention.Retention != 0 {
+		t.Errorf("RELAY_OUTBOX_RETENTION=off over a file's 7d: retention %v, %v; want off", c.Retention.Retention, err)
 	}
 
 	for _, tt := range []struct{ env, value, want string }{

@@ -8,13 +8,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// validateSink lets the sink reject what only it knows to be wrong. sink.New
-// neither dials nor starts goroutines.
-func validateSink(cfg sink.Config) error {
-	_, err := sink.New(cfg)
-	return err
-}
-
 // newSinks builds n Kafka sinks of cfg, and closes them with done: the one
 // place a command builds the sinks it writes with (run's and recover's two,
 // replay's one) or asks Kafka with (check's). Packages take them as their

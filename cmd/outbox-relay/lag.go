@@ -9,7 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
@@ -111,58 +110,23 @@ func parseInterval(s string) (time.Duration, error) {
 	return time.Duration(secs * float64(time.Second)), nil
 }
 
-// opsConn is the read-only session of lag and status. It dials on first use
-// and again after the connection is lost, so that --watch survives a server
-// restart. The session is read-only and bounded in time so that a check can
-// neither change anything nor hang behind a lock. Not safe for concurrent use.
-type opsConn struct {
-	cfg  *pgx.ConnConfig
-	dsn  string
-	conn *pgx.Conn
-}
-
-func newOpsConn(e *env, applicationName string) (*opsConn, error) {
-	cfg, err := pgx.ParseConfig(e.cfg.Postgres.DSN)
+// newOpsConn is the read-only session of lag, status and checkpoint show.
+func newOpsConn(e *env, applicationName string) (*ops.Session, error) {
+	s, err := ops.NewSession(e.cfg.Replication.DSN, redactDSN(e.cfg.Replication.DSN), applicationName)
 	if err != nil {
 		return nil, fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
-	rp := cfg.RuntimeParams
-	rp["application_name"] = applicationName
-	rp["default_transaction_read_only"] = "on"
-	rp["statement_timeout"] = "10s"
-	rp["lock_timeout"] = "5s"
-	return &opsConn{cfg: cfg, dsn: e.cfg.Postgres.DSN}, nil
+	return s, nil
 }
-
-// QueryRow implements ops.Querier.
-func (c *opsConn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if c.conn == nil || c.conn.IsClosed() {
-		conn, err := pgx.ConnectConfig(ctx, c.cfg)
-		if err != nil {
-			return errRow{fmt.Errorf("connect to postgres %s: %w", redactDSN(c.dsn), err)}
-		}
-		c.conn = conn
-	}
-	return c.conn.QueryRow(ctx, sql, args...)
-}
-
-func (c *opsConn) Close(ctx context.Context) {
-	if c.conn != nil {
-		c.conn.Close(ctx)
-	}
-}
-
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
 
 // opsConfig names what lag and status examine.
 func (e *env) opsConfig() ops.Config {
 	return ops.Config{
-		Slot:            e.cfg.Postgres.Slot,
-		Table:           e.cfg.Outbox.Table,
-		CheckpointTable: e.cfg.Checkpoint.Table,
-		RetryTable:      e.cfg.Retry.Table,
+		Slot:            e.cfg.Replication.Slot,
+		Table:           e.cfg.Table,
+		CheckpointTable: e.cfg.CheckpointTable,
+		RetryTable:      e.cfg.RetryTable,
+		Fix:             hint,
 	}
 }
 

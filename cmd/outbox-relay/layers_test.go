@@ -1,7 +1,10 @@
 package main
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -31,5 +34,30 @@ func TestLayers(t *testing.T) {
 	}
 	if checked < 7 {
 		t.Fatalf("checked %d library packages; want at least event, backoff, replication, replication/pgslot, router, sink, checkpoint, sql", checked)
+	}
+}
+
+// TestCommandsHoldNoLogic holds the rule of docs/contributing.md#where-a-change-goes:
+// a command parses, calls a package and prints, so no file of this package
+// but the tests speaks SQL or decodes the WAL.
+func TestCommandsHoldNoLogic(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlish := regexp.MustCompile("[`\"]\\s*(SELECT|INSERT INTO|UPDATE|DELETE FROM|CREATE|ALTER|SET) |pg_logical_slot_")
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if sqlish.MatchString(line) && !strings.HasPrefix(strings.TrimSpace(line), "//") {
+				t.Errorf("%s:%d: SQL in a command: %s; its logic belongs in the package that owns the concept (docs/contributing.md#where-a-change-goes)", f, i+1, strings.TrimSpace(line))
+			}
+		}
 	}
 }

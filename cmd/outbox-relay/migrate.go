@@ -3,26 +3,21 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/debezium"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
-	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -143,7 +138,7 @@ func checkPlanTable(ctx context.Context, dsn, source string, plan *debezium.Plan
 		plan.Gaps = append(plan.Gaps, debezium.Gap{DebeziumKey: "transforms", Why: fmt.Sprintf("the relay refuses the converted config: %v", err)})
 		return nil
 	}
-	table, err := outboxsql.ParseTable(cfg.Outbox.Table)
+	table, err := outboxsql.ParseTable(cfg.Table)
 	if err != nil {
 		return err
 	}
@@ -226,11 +221,9 @@ func child(parent *yaml.Node, key string) *yaml.Node {
 	return m
 }
 
-// takeOver finds Debezium's last committed position in its offsets, checks
-// the slot is Debezium's and idle, creates the relay's tables and sets the
-// relay's checkpoint there.
+// takeOver reads Debezium's offsets and hands its last committed position to
+// admin.TakeOver.
 func takeOver(ctx context.Context, e *env, w io.Writer, connector map[string]string, offsetsFile, offsetsTopic string) error {
-	name, server := connector["name"], connector["topic.prefix"]
 	var offsets []debezium.Offset
 	var err error
 	from := offsetsFile
@@ -243,85 +236,14 @@ func takeOver(ctx context.Context, e *env, w io.Writer, connector map[string]str
 	if err != nil {
 		return err
 	}
-	var off *debezium.Offset
-	for i := range offsets {
-		o := &offsets[i]
-		if (name == "" || o.Connector == name) && (server == "" || o.Server == server) {
-			if off != nil {
-				return fmt.Errorf("%s holds several offsets for connector %q (server %q): pass the connector's own properties file", from, name, server)
-			}
-			off = o
-		}
-	}
-	if off == nil {
-		var have []string
-		for _, o := range offsets {
-			have = append(have, fmt.Sprintf("%q (server %q)", o.Connector, o.Server))
-		}
-		return fmt.Errorf("%s holds no offset of connector %q (topic.prefix %q); it has %s: pass that connector's properties, or check the worker's offset.storage setting",
-			from, name, server, orNoneText(strings.Join(have, ", ")))
+	off, err := debezium.FindOffset(offsets, connector, from)
+	if err != nil {
+		return err
 	}
 	lsn, why, err := off.ResumeLSN()
 	if err != nil {
 		return err
 	}
-
-	cfg := e.cfg
-	pool, err := pgxpool.New(ctx, cfg.Postgres.DSN)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	sl, err := pgslot.Read(ctx, pool, cfg.Postgres.Slot)
-	if err != nil {
-		return err
-	}
-	if sl.Plugin != "pgoutput" {
-		return fmt.Errorf("slot %q uses plugin %q: the relay reads pgoutput only; create a new slot (outbox-relay setup) and deliver what Debezium had not sent another way, or switch Debezium to plugin.name=pgoutput first", cfg.Postgres.Slot, sl.Plugin)
-	}
-	if sl.Active {
-		pid := "?"
-		if sl.ActivePID != nil {
-			pid = fmt.Sprint(*sl.ActivePID)
-		}
-		return fmt.Errorf("slot %q is in use (pid %s): stop Debezium's connector first, then run this again", cfg.Postgres.Slot, pid)
-	}
-	confirmed, err := sl.Confirmed()
-	if err != nil {
-		return err
-	}
-	start := pglogrepl.LSN(lsn)
-	fmt.Fprintf(w, "Debezium's offset (connector %q, %s): %s\n", off.Connector, from, ops.Printable(why))
-	if start < confirmed {
-		// Debezium confirms the slot only after Connect stored the offset:
-		// a slot ahead means these offsets are older than its last ones,
-		// and the slot's position is the later, still safe, point.
-		fmt.Fprintf(w, "the slot has confirmed up to %s, past the offset's %s (the offsets read are older than Debezium's last): starting at the slot's position\n", confirmed, start)
-		start = confirmed
-	}
-
-	if err := admin.Setup(ctx, e.adminConfig(), false, w); err != nil {
-		return err
-	}
-	store := checkpoint.New(pool, cfg.Checkpoint.Table)
-	cp, err := store.Load(ctx, cfg.Postgres.Slot)
-	switch {
-	case errors.Is(err, checkpoint.ErrNoCheckpoint):
-	case err != nil:
-		return err
-	case cp.LSN > start:
-		return fmt.Errorf("the relay's checkpoint of slot %q is already at %s, past Debezium's %s: a relay has run on this slot since; start it as it is (outbox-relay run)", cfg.Postgres.Slot, cp.LSN, start)
-	}
-	if err := store.Save(ctx, cfg.Postgres.Slot, start, time.Time{}); err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "checkpoint of slot %s set to %s: start the relay with this config (outbox-relay run); it sends every transaction committed after Debezium's last\n", cfg.Postgres.Slot, start)
-	return nil
-}
-
-func orNoneText(s string) string {
-	if s == "" {
-		return "none"
-	}
-	return s
+	origin := fmt.Sprintf("Debezium's offset (connector %q, %s): %s", off.Connector, from, ops.Printable(why))
+	return admin.TakeOver(ctx, e.adminConfig(), pglogrepl.LSN(lsn), origin, w)
 }

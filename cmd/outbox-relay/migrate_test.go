@@ -62,24 +62,24 @@ func TestMigrateDebeziumConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the printed config does not load: %v\n%s", err, out)
 	}
-	if c.Outbox.Layout != sql.LayoutDebezium || c.Outbox.Columns.AggregateID != "aggregate_id" || c.Outbox.Columns.AggregateType != "aggregatetype" ||
-		c.Outbox.Columns.Timestamp != "occurred_at" {
-		t.Errorf("outbox = %+v; want the Debezium layout with aggregate_id and occurred_at", c.Outbox)
+	if c.Layout != sql.LayoutDebezium || c.Router.Columns.AggregateID != "aggregate_id" || c.Router.Columns.AggregateType != "aggregatetype" ||
+		c.Router.Columns.Timestamp != "occurred_at" {
+		t.Errorf("outbox = %+v; want the Debezium layout with aggregate_id and occurred_at", c.Router.Columns)
 	}
-	if got := router.FieldsString(c.Message.Fields); got != "type:header:eventType,tenant:envelope" {
+	if got := router.FieldsString(c.Router.Fields); got != "type:header:eventType,tenant:envelope" {
 		t.Errorf("message.fields = %q", got)
 	}
-	if c.Message.Converter != router.ConverterJSON || !c.Message.Tombstone || strings.Join(c.Message.Headers, ",") != "id" {
-		t.Errorf("message = %+v; want json (the connector's override), tombstones, id only", c.Message)
+	if c.Router.Converter != router.ConverterJSON || !c.Router.TombstoneOnEmptyPayload || strings.Join(c.Router.Headers, ",") != "id" {
+		t.Errorf("message = %+v; want json (the connector's override), tombstones, id only", c.Router)
 	}
-	if c.Topics.Replacement != "events.${routedByValue}" || c.Topics.Regex != "(?<routedByValue>.*)" {
-		t.Errorf("topics = %+v", c.Topics)
+	if c.Router.TopicReplacement != "events.${routedByValue}" || c.Router.TopicRegex != "(?<routedByValue>.*)" {
+		t.Errorf("topics = %+v", c.Router)
 	}
-	if c.Postgres.Slot != "outbox_slot" || c.Postgres.Publication != "outbox_pub" || !strings.HasPrefix(c.Postgres.DSN, "postgres://debezium@db.internal:5432/shop") {
-		t.Errorf("postgres = %+v", c.Postgres)
+	if c.Replication.Slot != "outbox_slot" || c.Replication.Publication != "outbox_pub" || !strings.HasPrefix(c.Replication.DSN, "postgres://debezium@db.internal:5432/shop") {
+		t.Errorf("postgres = %+v", c.Replication)
 	}
-	if strings.Join(c.Kafka.Brokers, ",") != "kafka-1:9092,kafka-2:9092" {
-		t.Errorf("kafka.brokers = %v", c.Kafka.Brokers)
+	if strings.Join(c.Sink.Brokers, ",") != "kafka-1:9092,kafka-2:9092" {
+		t.Errorf("kafka.brokers = %v", c.Sink.Brokers)
 	}
 }
 

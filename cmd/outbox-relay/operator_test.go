@@ -2,16 +2,18 @@ package main
 
 import (
 	"context"
-	"github.com/outbox-relay/outbox-relay/event"
 	"math"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/event"
+
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -124,7 +126,7 @@ func TestInFlightBounds(t *testing.T) {
 		want   int64
 	}{
 		{8 << 20, 32<<20 + 16<<20},
-		{maxInFlightBytes, 32<<20 + 2*maxInFlightBytes},
+		{relay.MaxInFlightBytesLimit, 32<<20 + 2*relay.MaxInFlightBytesLimit},
 		{math.MaxInt, math.MaxInt64},
 		{math.MaxInt64/2 - 1, math.MaxInt64},
 		{0, 32 << 20},
@@ -153,7 +155,7 @@ func TestRetriesEscapeControls(t *testing.T) {
 	}
 	ev := retry.Event{EventKey: "ev-\x1b1", EventID: "ev-\x1b1", Aggregate: (event.Lane{Topic: "t\x1b", Key: "k\r"}).String(),
 		AggregateType: "Order\x1b[2J\rX\a", AggregateID: "k\r", EventType: "Created\a", Topic: "t\x1b",
-		Key: []byte("k\r"), Value: []byte("v\x1b[31m"), Headers: []retry.Header{{Key: "h\x1b", Value: []byte("\a")}},
+		Key: []byte("k\r"), Value: []byte("v\x1b[31m"), Extra: []retry.Header{{Key: "h\x1b", Value: []byte("\a")}},
 		Permanent: true, Reason: "invalid topic \x1b]0;pwned\a"}
 	if err := s.Insert(context.Background(), []retry.Event{ev}); err != nil {
 		t.Fatal(err)

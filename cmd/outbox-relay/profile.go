@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -47,22 +48,21 @@ func startProfiles(log *slog.Logger) (stop func()) {
 		log.Info("writing a profile", "env", env, "path", p)
 		return f
 	}
-	if f := create("RELAY_CPUPROFILE"); f != nil {
-		if err := pprof.StartCPUProfile(f); err != nil {
-			log.Warn("profile not written", "env", "RELAY_CPUPROFILE", "err", err)
-			f.Close()
-		} else {
-			stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	// start starts a profile that runs until stop, into env's file.
+	start := func(env string, begin func(io.Writer) error, stop func()) {
+		f := create(env)
+		if f == nil {
+			return
 		}
-	}
-	if f := create("RELAY_TRACE"); f != nil {
-		if err := trace.Start(f); err != nil {
-			log.Warn("profile not written", "env", "RELAY_TRACE", "err", err)
+		if err := begin(f); err != nil {
+			log.Warn("profile not written", "env", env, "err", err)
 			f.Close()
-		} else {
-			stops = append(stops, func() { trace.Stop(); f.Close() })
+			return
 		}
+		stops = append(stops, func() { stop(); f.Close() })
 	}
+	start("RELAY_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile)
+	start("RELAY_TRACE", trace.Start, trace.Stop)
 	if f := create("RELAY_MEMPROFILE"); f != nil {
 		// The allocation profile at exit: every allocation since start
 		// (alloc_space, alloc_objects) and what was live at the last GC.

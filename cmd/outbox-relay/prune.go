@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 )
@@ -63,26 +63,26 @@ and why, and deletes the delivered old rows of the default partition;
 }
 
 func prune(ctx context.Context, e *env, rc retention.Config) error {
-	cfg, err := pgx.ParseConfig(e.cfg.Postgres.DSN)
+	cfg, err := pgx.ParseConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
 	cfg.RuntimeParams["application_name"] = "outbox-relay prune"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+		return fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if err := retention.CheckTable(ctx, conn, rc.Table); err != nil {
-		return err
+		return field.Within("Retention", err)
 	}
 	if err := retention.CheckPartitions(ctx, conn, rc.Table, rc.Partitions); err != nil {
-		return err
+		return field.Within("Retention", err)
 	}
 	start := time.Now()
 	res, err := retention.Round(ctx, conn, rc)
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, ops.Printable(v)) }
+	tw := ops.NewTable(e.stdout)
+	row := tw.Row
 	age := daysText(rc.Retention)
 	if h := res.Horizon; h != nil {
 		commit := "commit time unknown"

@@ -111,8 +111,8 @@ func TestPrunePartitionsNotOwned(t *testing.T) {
 	t.Setenv("RELAY_OUTBOX_TABLE", "public.pobox")
 	t.Setenv("RELAY_OUTBOX_RETENTION", "7d")
 	for mode, want := range map[string]string{
-		"drop":   "outbox.retention_partitions is drop, but the relay's role does not own the partitions public.pobox_def, public.pobox_old: ALTER TABLE … OWNER TO <relay role>",
-		"detach": "outbox.retention_partitions is detach, but the relay's role does not own the outbox table public.pobox (DETACH PARTITION alters it), nor the partitions public.pobox_def, public.pobox_old: ",
+		"drop":   "outbox.retention_partitions: drop, but the relay's role does not own the partitions public.pobox_def, public.pobox_old: ALTER TABLE … OWNER TO <relay role>",
+		"detach": "outbox.retention_partitions: detach, but the relay's role does not own the outbox table public.pobox (DETACH PARTITION alters it), nor the partitions public.pobox_def, public.pobox_old: ",
 	} {
 		t.Setenv("RELAY_OUTBOX_RETENTION_PARTITIONS", mode)
 		code, out, errOut := run(t, "prune")

@@ -41,7 +41,7 @@ replay by time. Exit 0 when refilled or when there was nothing to refill.
 --dry-run prints what it would send and changes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
-			if !dryRun && len(e.cfg.Kafka.Brokers) == 0 {
+			if !dryRun && len(e.cfg.Sink.Brokers) == 0 {
 				return usageErrorf("kafka.brokers: empty; recover sends to Kafka (set it, or use --dry-run)")
 			}
 			r, closeSinks, err := newRelay(e.cfg.relayConfig(e.log))
@@ -53,7 +53,7 @@ replay by time. Exit 0 when refilled or when there was nothing to refill.
 			defer stop()
 			res, err := r.Recover(ctx, dryRun)
 			if errors.Is(err, relay.ErrNoGap) {
-				fmt.Fprintf(e.stdout, "slot %s continues from the checkpoint: nothing to refill\n", e.cfg.Postgres.Slot)
+				fmt.Fprintf(e.stdout, "slot %s continues from the checkpoint: nothing to refill\n", e.cfg.Replication.Slot)
 				return nil
 			}
 			if err != nil {
@@ -61,11 +61,11 @@ replay by time. Exit 0 when refilled or when there was nothing to refill.
 			}
 			if res.DryRun {
 				fmt.Fprintf(e.stdout, "slot %s: %s; the checkpoint is %s.\nrecover would create the slot again and send %d events now in the outbox table (and any committed before it runs); %s\n",
-					e.cfg.Postgres.Slot, res.Cause, res.From, res.Events, res.Note)
+					e.cfg.Replication.Slot, res.Cause, res.From, res.Events, res.Note)
 				return nil
 			}
 			fmt.Fprintf(e.stdout, "refill %s: slot %s was %s; sent %d events (%d of them stored in the retry table; %d more were there already and stay), checkpoint %s -> %s, in %s; run streams on from the new slot\n",
-				res.ID, e.cfg.Postgres.Slot, res.Cause, res.Events-res.Held, res.Parked, res.Held, res.From, res.To, res.Duration.Round(1e6))
+				res.ID, e.cfg.Replication.Slot, res.Cause, res.Events-res.Held, res.Parked, res.Held, res.From, res.To, res.Duration.Round(1e6))
 			return nil
 		}),
 	}

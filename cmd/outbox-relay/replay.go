@@ -81,7 +81,7 @@ bytes would go and sends nothing. --rate limits events per second.`,
 			if rate < 0 || batch < 0 {
 				return usageErrorf("--rate and --batch must not be negative")
 			}
-			if !dryRun && len(e.cfg.Kafka.Brokers) == 0 {
+			if !dryRun && len(e.cfg.Sink.Brokers) == 0 {
 				return usageErrorf("kafka.brokers: empty; a replay sends to Kafka (set it, or use --dry-run)")
 			}
 			if id == "" {
@@ -141,13 +141,13 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	c := e.cfg
-	pool, err := pgxpool.New(ctx, c.Postgres.DSN)
+	pool, err := pgxpool.New(ctx, c.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
 	defer pool.Close()
-	outbox, _ := sql.ParseTable(c.Outbox.Table)
-	checkpoint, _ := sql.ParseTable(c.Checkpoint.Table)
+	outbox, _ := sql.ParseTable(c.Table)
+	checkpoint, _ := sql.ParseTable(c.CheckpointTable)
 	var s replay.Sink = dryRunSink{}
 	if !a.dryRun {
 		ks, closeSinks, err := newSinks(c.sinkConfig(e.log), 1)
@@ -160,8 +160,8 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 	progress := newProgressWriter(stderr, e, a.id)
 	r, err := replay.New(ctx, pool, s, replay.Config{
 		ID: a.id, Selection: a.sel, Topic: a.topic, OrderBy: a.orderBy, Rate: a.rate, BatchSize: a.batch,
-		Outbox: outbox, Columns: sql.Columns(c.Outbox.Columns), Router: c.routerConfig(),
-		CheckpointTable: checkpoint, Slot: c.Postgres.Slot, Log: e.log, Progress: progress.update,
+		Outbox: outbox, Columns: sql.Columns(c.Router.Columns), Router: c.routerConfig(),
+		CheckpointTable: checkpoint, Slot: c.Replication.Slot, Log: e.log, Progress: progress.update,
 	})
 	if err != nil {
 		return err

@@ -22,7 +22,7 @@ import (
 )
 
 // retryTable is the configured retry table (retry.table).
-func (e *env) retryTable() string { return e.cfg.Retry.Table }
+func (e *env) retryTable() string { return e.cfg.RetryTable }
 
 func newRetriesCmd(wrap wrapFunc) *cobra.Command {
 	cmd := &cobra.Command{
@@ -59,7 +59,7 @@ An ID is the SEQ number that list shows, or the event id.`,
 // openRetryStore connects for a retries subcommand. List and show run in
 // read-only sessions, so that looking can never change anything.
 func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, func(), error) {
-	pc, err := pgxpool.ParseConfig(e.cfg.Postgres.DSN)
+	pc, err := pgxpool.ParseConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
@@ -71,7 +71,7 @@ func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, f
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 	}
 	s, err := retry.NewStore(pool, e.retryTable())
 	if err != nil {
@@ -79,6 +79,18 @@ func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, f
 		return nil, nil, fmt.Errorf("%w: %w", errConfig, err)
 	}
 	return s, pool.Close, nil
+}
+
+// withRetryStore runs f with the store of a retries subcommand (see
+// openRetryStore), explaining a missing retry table instead of quoting
+// Postgres.
+func withRetryStore(ctx context.Context, e *env, readOnly bool, f func(*retry.Store) error) error {
+	s, closeFn, err := openRetryStore(ctx, e, readOnly)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	return retryErr(s, f(s))
 }
 
 // retryErr explains a missing retry table instead of quoting Postgres.
@@ -117,23 +129,20 @@ value (see show).`,
 			if f.Limit < 0 {
 				return fmt.Errorf("%w: --limit %d: want a positive number, or 0 for no limit", errConfig, f.Limit)
 			}
-			s, closeFn, err := openRetryStore(cmd.Context(), e, true)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			entries, err := s.List(cmd.Context(), f)
-			if err != nil {
-				return retryErr(s, err)
-			}
-			if asJSON {
-				return writeRetryEntriesJSON(e.stdout, entries)
-			}
-			writeRetryEntries(e.stdout, entries, time.Now())
-			if f.Limit > 0 && len(entries) == f.Limit {
-				fmt.Fprintf(e.stdout, "(first %d shown; use --limit to see more)\n", f.Limit)
-			}
-			return nil
+			return withRetryStore(cmd.Context(), e, true, func(s *retry.Store) error {
+				entries, err := s.List(cmd.Context(), f)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeRetryEntriesJSON(e.stdout, entries)
+				}
+				writeRetryEntries(e.stdout, entries, time.Now())
+				if f.Limit > 0 && len(entries) == f.Limit {
+					fmt.Fprintf(e.stdout, "(first %d shown; use --limit to see more)\n", f.Limit)
+				}
+				return nil
+			})
 		}),
 	}
 	fl := cmd.Flags()
@@ -200,7 +209,7 @@ type retryEntryJSON struct {
 	Key           *string           `json:"key,omitempty"`
 	Value         *string           `json:"value,omitempty"`
 	Encoding      string            `json:"encoding,omitempty"` // of key and value: utf8 or hex
-	Headers       []retryHeaderJSON `json:"headers,omitempty"`
+	Extra         []retryHeaderJSON `json:"headers,omitempty"`  // the extra headers (retry.Entry.Extra)
 	LastResort    bool              `json:"last_resort"`
 }
 
@@ -252,12 +261,12 @@ func retryEntryToJSON(en retry.Entry, withBody bool) retryEntryJSON {
 			return &s
 		}
 		j.Key, j.Value = enc(en.Key), enc(en.Value)
-		for _, h := range en.Headers {
+		for _, h := range en.Extra {
 			hj := retryHeaderJSON{Key: h.Key, Value: string(h.Value)}
 			if !utf8.ValidString(h.Key) || !utf8.Valid(h.Value) {
 				hj = retryHeaderJSON{Key: hex.EncodeToString([]byte(h.Key)), Value: hex.EncodeToString(h.Value), Encoding: "hex"}
 			}
-			j.Headers = append(j.Headers, hj)
+			j.Extra = append(j.Extra, hj)
 		}
 	}
 	return j
@@ -283,22 +292,19 @@ printed as text when they are UTF-8, else in hex. ID is the SEQ number that
 list shows, or the event id.`,
 		Args: cobra.ExactArgs(1),
 		RunE: wrap(func(cmd *cobra.Command, e *env, args []string) error {
-			s, closeFn, err := openRetryStore(cmd.Context(), e, true)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			en, err := s.Get(cmd.Context(), args[0])
-			if err != nil {
-				return retryErr(s, err)
-			}
-			if asJSON {
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(retryEntryToJSON(en, true))
-			}
-			writeRetryEntry(e.stdout, en, time.Now())
-			return nil
+			return withRetryStore(cmd.Context(), e, true, func(s *retry.Store) error {
+				en, err := s.Get(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					enc := json.NewEncoder(e.stdout)
+					enc.SetIndent("", "  ")
+					return enc.Encode(retryEntryToJSON(en, true))
+				}
+				writeRetryEntry(e.stdout, en, time.Now())
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -352,13 +358,13 @@ func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 	}
 	row("key", "%s", bytesText(en.Key))
 	row("value", "%s", bytesText(en.Value))
-	if len(en.Headers) == 0 {
+	if len(en.Extra) == 0 {
 		row("headers", "-")
 	}
 	tw.Flush()
-	if len(en.Headers) > 0 {
+	if len(en.Extra) > 0 {
 		fmt.Fprintln(w, "headers:")
-		for _, h := range en.Headers {
+		for _, h := range en.Extra {
 			fmt.Fprintf(w, "  %s: %s\n", ops.Printable(h.Key), ops.Printable(bytesText(h.Value)))
 		}
 	}
@@ -389,26 +395,24 @@ requeued.`,
 			if allDead == (len(args) > 0) {
 				return fmt.Errorf("%w: give the IDs to requeue, or --all-dead", errConfig)
 			}
-			s, closeFn, err := openRetryStore(cmd.Context(), e, false)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			var seqs []int64
-			if allDead {
-				seqs, err = s.RequeueAllDead(cmd.Context())
-			} else {
-				seqs, err = s.Requeue(cmd.Context(), args)
-			}
-			if err != nil {
-				return retryErr(s, err)
-			}
-			if allDead && len(seqs) == 0 {
-				fmt.Fprintln(e.stdout, "no dead events to requeue")
+			return withRetryStore(cmd.Context(), e, false, func(s *retry.Store) error {
+				var seqs []int64
+				var err error
+				if allDead {
+					seqs, err = s.RequeueAllDead(cmd.Context())
+				} else {
+					seqs, err = s.Requeue(cmd.Context(), args)
+				}
+				if err != nil {
+					return err
+				}
+				if allDead && len(seqs) == 0 {
+					fmt.Fprintln(e.stdout, "no dead events to requeue")
+					return nil
+				}
+				fmt.Fprintf(e.stdout, "requeued %s\n", countedSeqs(seqs))
 				return nil
-			}
-			fmt.Fprintf(e.stdout, "requeued %s\n", countedSeqs(seqs))
-			return nil
+			})
 		}),
 	}
 	cmd.Flags().BoolVar(&allDead, "all-dead", false, "requeue every dead event")
@@ -430,17 +434,14 @@ nothing is dropped. If an ID does not exist, nothing is dropped.`,
 				return fmt.Errorf("not dropping %s: a dropped event is lost, never delivered to Kafka; "+
 					"requeue it instead if its cause is fixed, or run again with --yes", strings.Join(args, ", "))
 			}
-			s, closeFn, err := openRetryStore(cmd.Context(), e, false)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			seqs, err := s.Drop(cmd.Context(), args)
-			if err != nil {
-				return retryErr(s, err)
-			}
-			fmt.Fprintf(e.stdout, "dropped %s\n", countedSeqs(seqs))
-			return nil
+			return withRetryStore(cmd.Context(), e, false, func(s *retry.Store) error {
+				seqs, err := s.Drop(cmd.Context(), args)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stdout, "dropped %s\n", countedSeqs(seqs))
+				return nil
+			})
 		}),
 	}
 	cmd.Flags().BoolVar(&yes, "yes", false, "confirm: the dropped events are lost")

@@ -6,9 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/outbox-relay/outbox-relay/event"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -73,7 +74,7 @@ func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 	ev := func(key, id string) retry.Event {
 		return retry.Event{EventKey: id, EventID: id, Aggregate: (event.Lane{Topic: "orders", Key: key}).String(),
 			AggregateType: "Order", AggregateID: key, EventType: "Created", Topic: "orders",
-			Key: []byte(key), Value: []byte(`{"n":1}`), Headers: []retry.Header{{Key: "id", Value: []byte(id)}},
+			Key: []byte(key), Value: []byte(`{"n":1}`), Extra: []retry.Header{{Key: "id", Value: []byte(id)}},
 			Reason: `topic "orders" does not exist and the relay does not create topics: create it`}
 	}
 	a1, a2, b1 := ev("A", "ev-a1"), ev("A", "ev-a2"), ev("B", "ev-b1")

@@ -16,19 +16,6 @@ import (
 // version is set at build time: go build -ldflags "-X main.version=v1.2.3".
 var version = "dev"
 
-// flagKeys binds the flags for the common settings to their config keys.
-// Flags win over the environment, which wins over the file.
-var flagKeys = map[string]string{
-	"postgres.dsn":         "postgres-dsn",
-	"postgres.slot":        "slot",
-	"postgres.publication": "publication",
-	"outbox.table":         "outbox-table",
-	"kafka.brokers":        "kafka-brokers",
-	"metrics.listen":       "metrics-listen",
-	"log.level":            "log-level",
-	"log.format":           "log-format",
-}
-
 // errConfig marks configuration errors, for the exit code.
 var errConfig = errors.New("configuration")
 
@@ -66,7 +53,10 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, errReported):
 		return exitcode.Failure
 	}
-	fmt.Fprintf(stderr, "outbox-relay: %s\n", ops.PrintableText(err.Error()))
+	fmt.Fprintf(stderr, "outbox-relay: %s\n", ops.PrintableText(operatorText(err)))
+	if fix := hint(err); fix != "" {
+		fmt.Fprintf(stderr, "outbox-relay: to fix: %s\n", fix)
+	}
 	if !parsed {
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return exitcode.Usage
@@ -104,14 +94,18 @@ RELAY_POSTGRES_PASSWORD, PGPASSWORD, ~/.pgpass) and kafka.sasl.password_file
 	root.SetErr(stderr)
 	pf := root.PersistentFlags()
 	pf.StringVar(&configFile, "config", "", "YAML config file")
-	pf.String("postgres-dsn", "", "Postgres DSN (postgres.dsn); prefer RELAY_POSTGRES_DSN, flags show in ps")
-	pf.String("slot", "", "replication slot (postgres.slot, default "+defaults["postgres.slot"]+")")
-	pf.String("publication", "", "publication (postgres.publication, default "+defaults["postgres.publication"]+")")
-	pf.String("outbox-table", "", "outbox table, table or schema.table (outbox.table, default "+defaults["outbox.table"]+")")
-	pf.String("kafka-brokers", "", "comma-separated host:port list (kafka.brokers)")
-	pf.String("metrics-listen", "", "metrics address (metrics.listen, default "+defaults["metrics.listen"]+`; "" disables)`)
-	pf.String("log-level", "", "debug, info, warn or error (log.level, default "+defaults["log.level"]+")")
-	pf.String("log-format", "", "text or json (log.format, default "+defaults["log.format"]+")")
+	// The flags of the common settings (settings.go): flags win over the
+	// environment, which wins over the file.
+	for _, s := range settings {
+		if s.flag == "" {
+			continue
+		}
+		usage := s.usage + " (" + s.key
+		if s.def != "" {
+			usage += ", default " + s.def
+		}
+		pf.String(s.flag, "", usage+")")
+	}
 
 	// load reads the configuration for a command that needs it; a command
 	// that does not (version) never calls it.
@@ -128,6 +122,7 @@ RELAY_POSTGRES_PASSWORD, PGPASSWORD, ~/.pgpass) and kafka.sasl.password_file
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", errConfig, err)
 		}
+		cfg.warnIgnored(log)
 		return &env{cfg: cfg, log: log, stdout: cmd.OutOrStdout()}, nil
 	}
 	wrap := func(run func(cmd *cobra.Command, e *env, args []string) error) func(*cobra.Command, []string) error {

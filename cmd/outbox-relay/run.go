@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
 func newRunCmd(wrap wrapFunc) *cobra.Command {
@@ -84,11 +86,11 @@ reaches that position would be skipped for good.`,
 			defer stop()
 			e.log.Info("starting",
 				"version", version,
-				"postgres", redactDSN(e.cfg.Postgres.DSN),
-				"slot", e.cfg.Postgres.Slot,
-				"publication", e.cfg.Postgres.Publication,
-				"table", e.cfg.Outbox.Table,
-				"brokers", strings.Join(e.cfg.Kafka.Brokers, ","),
+				"postgres", redactDSN(e.cfg.Replication.DSN),
+				"slot", e.cfg.Replication.Slot,
+				"publication", e.cfg.Replication.Publication,
+				"table", e.cfg.Table,
+				"brokers", strings.Join(e.cfg.Sink.Brokers, ","),
 				"start_lsn", startLSN,
 				"force", force)
 			err = r.Run(ctx)
@@ -139,27 +141,25 @@ func isHex8(s string) bool {
 func checkStartLSN(ctx context.Context, e *env, lsn pglogrepl.LSN, force bool) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(cctx, e.cfg.Postgres.DSN)
+	conn, err := pgx.Connect(cctx, e.cfg.Replication.DSN)
 	if err != nil {
-		err = fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Postgres.DSN), err)
+		err = fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 		e.log.Warn("cannot check --start-lsn against the server's WAL position now; the relay checks it when it connects", "error", err)
 		return nil
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var current string
-	if err := conn.QueryRow(cctx, `SELECT pg_current_wal_lsn()::text`).Scan(&current); err != nil {
-		e.log.Warn("cannot read pg_current_wal_lsn() to check --start-lsn; the relay checks it when it connects", "error", err)
+	var beyond *pgslot.BeyondWALError
+	switch err := pgslot.ReachedNow(cctx, conn, lsn); {
+	case err == nil:
 		return nil
-	}
-	cur, err := pglogrepl.ParseLSN(current)
-	if err != nil || lsn <= cur {
+	case !errors.As(err, &beyond):
+		e.log.Warn("cannot read the server's WAL position to check --start-lsn; the relay checks it when it connects", "error", err)
 		return nil
+	case !force:
+		return usageErrorf("--start-lsn %v for good; to start from now use --start-lsn %s, "+
+			"or add --force if skipping up to %s is really intended", beyond, beyond.Current, lsn)
 	}
-	if !force {
-		return usageErrorf("--start-lsn %s is beyond the server's current WAL position %s: every event committed "+
-			"until the WAL reaches it would be skipped for good; to start from now use --start-lsn %s, "+
-			"or add --force if skipping up to %s is really intended", lsn, cur, cur, lsn)
-	}
+	cur := beyond.Current
 	e.log.Warn("--force: starting beyond the server's current WAL position; every event committed until the WAL reaches it is SKIPPED FOR GOOD",
 		"start_lsn", lsn.String(), "current_wal_lsn", cur.String(), "skipped_bytes_at_least", uint64(lsn-cur))
 	return nil
@@ -216,7 +216,7 @@ func setMemoryLimit(e *env) {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		return
 	}
-	limit := memoryLimit(e.cfg.Pipeline.MaxInFlightBytes)
+	limit := memoryLimit(e.cfg.MaxInFlightBytes)
 	debug.SetMemoryLimit(limit)
 	e.log.Info("soft memory limit set (GOMEMLIMIT overrides it)", "bytes", limit)
 }

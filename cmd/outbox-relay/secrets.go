@@ -55,52 +55,52 @@ func readSecretFile(key, path string) (string, error) {
 }
 
 // applyPostgresPassword puts the password from postgres.password_file or
-// RELAY_POSTGRES_PASSWORD into c.Postgres.DSN, which checkDSN has accepted.
+// RELAY_POSTGRES_PASSWORD into c.Replication.DSN, which checkDSN has accepted.
 func (c *config) applyPostgresPassword() error {
 	envPW, fromEnv := os.LookupEnv(postgresRelayPasswordEnv)
 	fromEnv = fromEnv && envPW != ""
-	if c.Postgres.PasswordFile == "" && !fromEnv {
+	if c.PasswordFile == "" && !fromEnv {
 		return nil // the DSN's own password, PGPASSWORD or ~/.pgpass
 	}
-	if c.Postgres.PasswordFile != "" && fromEnv {
+	if c.PasswordFile != "" && fromEnv {
 		return fmt.Errorf("postgres.password_file: set, and so is %s; keep one of them", postgresRelayPasswordEnv)
 	}
 	source, pw := postgresRelayPasswordEnv, envPW
-	if c.Postgres.PasswordFile != "" {
+	if c.PasswordFile != "" {
 		source = "postgres.password_file"
 		var err error
-		if pw, err = readSecretFile(source, c.Postgres.PasswordFile); err != nil {
+		if pw, err = readSecretFile(source, c.PasswordFile); err != nil {
 			return err
 		}
 	}
-	has, err := dsnHasPassword(c.Postgres.DSN)
+	has, err := dsnHasPassword(c.Replication.DSN)
 	if err != nil {
 		return err
 	}
 	if has {
 		return fmt.Errorf("postgres.dsn: holds a password, and %s is set too; remove the password from the DSN (recommended) or unset %s", source, source)
 	}
-	dsn, err := withPassword(c.Postgres.DSN, pw)
+	dsn, err := withPassword(c.Replication.DSN, pw)
 	if err != nil {
 		return fmt.Errorf("%s: %w", source, err)
 	}
-	c.Postgres.DSN = dsn
+	c.Replication.DSN = dsn
 	return nil
 }
 
-// applySASLPassword reads kafka.sasl.password_file into c.Kafka.SASL.Password.
+// applySASLPassword reads kafka.sasl.password_file into c.Sink.SASL.Password.
 func (c *config) applySASLPassword() error {
-	if c.Kafka.SASLPasswordFile == "" {
+	if c.SASLPasswordFile == "" {
 		return nil
 	}
-	if c.Kafka.SASL.Password != "" {
+	if c.Sink.SASL.Password != "" {
 		return errors.New("kafka.sasl.password_file: set, and so is kafka.sasl.password (RELAY_KAFKA_SASL_PASSWORD or the config file); keep one of them")
 	}
-	pw, err := readSecretFile("kafka.sasl.password_file", c.Kafka.SASLPasswordFile)
+	pw, err := readSecretFile("kafka.sasl.password_file", c.SASLPasswordFile)
 	if err != nil {
 		return err
 	}
-	c.Kafka.SASL.Password = pw
+	c.Sink.SASL.Password = pw
 	return nil
 }
 

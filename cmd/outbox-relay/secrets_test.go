@@ -142,7 +142,7 @@ func TestPasswordSources(t *testing.T) {
 			if err != nil {
 				t.Fatalf("load: %v", err)
 			}
-			pc, err := pgconn.ParseConfig(c.Postgres.DSN)
+			pc, err := pgconn.ParseConfig(c.Replication.DSN)
 			if err != nil {
 				t.Fatalf("the effective DSN does not parse: %v", err)
 			}
@@ -150,7 +150,7 @@ func TestPasswordSources(t *testing.T) {
 				t.Errorf("effective DSN: user %q password %q host %q database %q; want relay, %q, db, app",
 					pc.User, pc.Password, pc.Host, pc.Database, tt.wantPG)
 			}
-			if got := redactDSN(c.Postgres.DSN); strings.Contains(got, tt.wantPG) {
+			if got := redactDSN(c.Replication.DSN); strings.Contains(got, tt.wantPG) {
 				t.Errorf("redactDSN(effective DSN) = %q; contains the password", got)
 			}
 		})
@@ -167,8 +167,8 @@ func TestPasswordSources(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := "sasl " + hostilePassword; c.Kafka.SASL.Password != want {
-			t.Errorf("SASL password = %q; want %q (the file less its \\r\\n)", c.Kafka.SASL.Password, want)
+		if want := "sasl " + hostilePassword; c.Sink.SASL.Password != want {
+			t.Errorf("SASL password = %q; want %q (the file less its \\r\\n)", c.Sink.SASL.Password, want)
 		}
 	})
 }

@@ -162,7 +162,8 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 	if !errors.As(runErr, &gap) || exitcode.Of(runErr) != exitcode.Gap {
 		t.Fatalf("run = %v (exit %d); want a refusal with exit %d", runErr, exitcode.Of(runErr), exitcode.Gap)
 	}
-	msg := runErr.Error()
+	// As the operator reads it: the error, then the command line's fix.
+	msg := runErr.Error() + "\n" + hint(runErr)
 	t.Logf("run refused: %s", msg)
 	for _, want := range []string{rng, "dropped and created again", "\"outbox-relay recover\"", "postgres.on_slot_loss: refill"} {
 		if !strings.Contains(msg, want) {

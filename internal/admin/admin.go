@@ -1,8 +1,11 @@
-// Package admin prepares and examines what the relay needs in Postgres and
-// Kafka: Setup creates what is missing (the `outbox-relay setup` command) and
-// Check runs the preflight checks (`outbox-relay check`). Both write one line
-// per finding for people and take their names from a Config; the CLI only
-// loads the configuration and calls them.
+// Package admin prepares, examines and changes what the relay keeps in
+// Postgres and Kafka: Setup creates what is missing (the `outbox-relay setup`
+// command), Check runs the preflight checks (`outbox-relay check`), PlanSkip
+// and Skip.Apply move a checkpoint forward (`outbox-relay checkpoint set`),
+// and TakeOver starts the relay's checkpoint where Debezium stopped
+// (`outbox-relay migrate debezium --takeover`). They take their names from a
+// Config; Setup, Check and TakeOver write one line per finding for people.
+// The CLI only loads the configuration, calls them and prints.
 //
 // Names travel to the catalog as query parameters; only DDL built by package
 // sql puts them into SQL text. Every line written is escaped
@@ -60,6 +63,19 @@ type Config struct {
 	// Scrub removes secrets from an error's text before it is written or
 	// returned (libraries echo what they were given). Default: unchanged.
 	Scrub func(error) error
+	// Fix, when set, says how to fix an error a package returned, in the
+	// command line's words (which command, flag or key); "" for none.
+	Fix func(error) string
+	// Text, when set, is an error's text as the operator reads it: a
+	// *field.Error of the relay's Config under its key. Default: Error().
+	Text func(error) string
+}
+
+func (c *Config) text(err error) string {
+	if c.Text == nil {
+		return err.Error()
+	}
+	return c.Text(err)
 }
 
 func (c *Config) scrub(err error) error {

@@ -150,15 +150,13 @@ type slotInfo struct {
 
 // problem describes what is wrong with an existing slot for this relay, or "".
 func (s slotInfo) problem(name string) string {
+	var u *pgslot.UnusableError
 	switch {
-	case s.Type != "logical":
-		return fmt.Sprintf("is a %s slot; drop it (SELECT pg_drop_replication_slot(%s)) or set postgres.slot to another name",
-			s.Type, sql.Literal(name))
-	case s.Database != s.CurrentDatabase:
-		return fmt.Sprintf("belongs to database %q, not %q; set postgres.slot to another name", s.Database, s.CurrentDatabase)
-	case s.Plugin != "pgoutput":
-		return fmt.Sprintf("uses plugin %q, not pgoutput; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, or set postgres.slot to another name",
-			s.Plugin, sql.Literal(name))
+	case errors.As(s.Usable(), &u) && u.Err == pgslot.ErrDatabase:
+		return u.Reason + "; set postgres.slot to another name"
+	case u != nil:
+		return fmt.Sprintf("%s; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, or set postgres.slot to another name",
+			u.Reason, sql.Literal(name))
 	case s.Lost():
 		return fmt.Sprintf("has lost WAL it needed (wal_status lost, max_slot_wal_keep_size exceeded) and cannot stream; drop it (SELECT pg_drop_replication_slot(%s)) and run setup, then re-insert the events since its last confirmed position",
 			sql.Literal(name))
@@ -202,7 +200,7 @@ const peekTimeout = 10 * time.Second
 // nothing, within peekTimeout.
 func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub string, s slotInfo) (string, error) {
 	slotName := s.Name
-	if !s.Exists || s.Active || s.Plugin != "pgoutput" || s.Database != s.CurrentDatabase || s.CatalogXmin == nil {
+	if !s.Exists || s.Active || s.Usable() != nil || s.CatalogXmin == nil {
 		return "", nil // missing or unusable pieces are reported on their own
 	}
 	var younger bool
@@ -242,7 +240,7 @@ func publicationAtSlot(ctx context.Context, conn *pgx.Conn, pub string, s slotIn
 			pub, slotName, deref(confirmed), at, fix), nil
 	case errors.As(peekErr, &pgErr) && (pgErr.Code == "55006" || pgErr.Code == "55000"):
 		return "", nil // a relay took the slot meanwhile, or the slot is lost (reported with the slot)
-	case errors.As(peekErr, &pgErr) && pgErr.Code == "57014": // query_canceled: the statement timeout
+	case errors.Is(peekErr, pgslot.ErrPeekTimeout):
 		return fmt.Sprintf("publication %s was created or altered after the position of slot %s (confirmed up to %s), "+
 			"and a trial decoding did not finish within %s: if `run` fails with \"publication does not exist at the slot's position\", %s",
 			pub, slotName, deref(confirmed), peekTimeout, fix), nil
@@ -267,30 +265,13 @@ func peekSlot(ctx context.Context, admin *pgx.Conn, pub, slotName string) error 
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := peekSlotOn(ctx, conn, pub, slotName); err != nil {
+	if err := pgslot.Peek(ctx, conn, slotName, pub, peekTimeout); err != nil {
 		return err
 	}
 	if skipped != nil {
 		return (*pgconn.PgError)(skipped)
 	}
 	return nil
-}
-
-func peekSlotOn(ctx context.Context, conn *pgx.Conn, pub, slotName string) error {
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", peekTimeout.Milliseconds())); err != nil {
-		return err
-	}
-	var n int64
-	// Up to the current position, not just the first change: pgoutput looks
-	// publications up again after every catalog change, so a change written
-	// while the publication was missing fails even after earlier ones decoded.
-	return tx.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), NULL,
-	'proto_version', '1', 'publication_names', $2)`, slotName, pub).Scan(&n)
 }
 
 // atLSN is " at <LSN>" from a decoding error's context ("... associated LSN

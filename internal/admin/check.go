@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -255,9 +256,9 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 		c.fail("retention", "on, but the outbox table %s does not exist", outbox)
 	default:
 		if err := retention.CheckTable(ctx, conn, outbox.String()); err != nil {
-			c.fail("retention", "%v", cfg.scrub(err))
+			c.fail("retention", "%s", cfg.text(field.Within("Retention", cfg.scrub(err))))
 		} else if err := retention.CheckPartitions(ctx, conn, outbox.String(), cfg.RetentionPartitions); err != nil {
-			c.fail("retention", "%v", cfg.scrub(err))
+			c.fail("retention", "%s", cfg.text(field.Within("Retention", cfg.scrub(err))))
 		} else if m := cfg.RetentionPartitions; m == retention.PartitionsDrop || m == retention.PartitionsDetach {
 			c.ok("retention", "partitions of %s whose range ends more than %s ago are %s once all their rows are delivered; the default partition's rows are deleted (partitioned by created_at, owned)",
 				outbox, period(cfg.Retention), map[retention.PartitionMode]string{retention.PartitionsDrop: "dropped", retention.PartitionsDetach: "detached"}[m])

@@ -16,14 +16,18 @@ import (
 )
 
 // failoverProblem returns what keeps postgres.failover from working on this
-// server (older than Postgres 17), or "".
-func failoverProblem(ctx context.Context, conn *pgx.Conn) (string, error) {
+// server (older than Postgres 17), with its fix, or "".
+func failoverProblem(ctx context.Context, conn *pgx.Conn, cfg *Config) (string, error) {
 	v, err := pgslot.ServerVersion(ctx, conn)
 	if err != nil {
 		return "", err
 	}
 	if v < pgslot.FailoverMinVersion {
-		return pgslot.FailoverUnsupported(v).Error(), nil
+		p := pgslot.FailoverUnsupported(v)
+		if cfg.Fix != nil && cfg.Fix(p) != "" {
+			return p.Error() + "; to fix: " + cfg.Fix(p), nil
+		}
+		return p.Error(), nil
 	}
 	return "", nil
 }
@@ -59,7 +63,7 @@ func checkFailover(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker,
 	if !cfg.Failover {
 		return
 	}
-	p, err := failoverProblem(ctx, conn)
+	p, err := failoverProblem(ctx, conn, cfg)
 	switch {
 	case err != nil:
 		c.fail("failover", "%v", cfg.scrub(err))

@@ -16,7 +16,7 @@ import (
 // DESIGN invariant 14). The caller skips it when the checkpoint table is
 // missing: its own line says so.
 func checkSlotGap(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker) {
-	g, err := ops.FindGap(ctx, conn, cfg.CheckpointTable.String(), cfg.Slot)
+	g, err := ops.FindGap(ctx, conn, cfg.CheckpointTable.String(), cfg.Slot, cfg.Fix)
 	switch {
 	case err != nil:
 		c.warn("slot continuity", "cannot tell whether %s continues from the checkpoint: %v", cfg.Slot, cfg.scrub(err))

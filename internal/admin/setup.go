@@ -60,7 +60,7 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		if oid, err = tableOID(ctx, conn, outbox); err != nil {
 			return err
 		}
-		say("outbox table %s: created (%s layout)", outbox, layoutName(cfg.Layout))
+		say("outbox table %s: created (%s layout)", outbox, cfg.Layout)
 	default:
 		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
 	}
@@ -207,7 +207,7 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		return err
 	}
 	if cfg.Failover {
-		p, err := failoverProblem(ctx, conn)
+		p, err := failoverProblem(ctx, conn, cfg)
 		if err != nil {
 			return err
 		}
@@ -263,13 +263,6 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 	return nil
 }
 
-func layoutName(l sql.Layout) sql.Layout {
-	if l == "" {
-		return sql.LayoutRelay
-	}
-	return l
-}
-
 // PrintSQL writes, without connecting, every statement Setup would run for
 // cfg's names (the outbox table too with createOutbox), each idempotent, then
 // what the relay's role needs: LOGIN REPLICATION (the role is created if
@@ -295,7 +288,7 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	block := func(comment string, stmts ...string) {
 		b.WriteString("\n")
 		for _, para := range strings.Split(comment, "\n") {
-			for _, line := range wrapWords(para, 80) {
+			for _, line := range WrapWords(para, 80) {
 				b.WriteString(strings.TrimRight("-- "+line, " ") + "\n")
 			}
 		}
@@ -313,7 +306,7 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 `, inComment, inComment, inComment)
 	o := cfg.objects()
 	if createOutbox {
-		block(fmt.Sprintf("The outbox table (%s layout).", layoutName(cfg.Layout)), sql.OutboxTable(o.Outbox, cfg.Columns, cfg.Layout)...)
+		block(fmt.Sprintf("The outbox table (%s layout).", cfg.Layout), sql.OutboxTable(o.Outbox, cfg.Columns, cfg.Layout)...)
 	}
 	block("The checkpoint table: the last transaction delivered, one row per slot, and the\n"+
 		"epoch of the relay that leads the slot (a table from an earlier version gets the column).",
@@ -345,8 +338,9 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	return err
 }
 
-// wrapWords breaks text into lines of at most width bytes, at spaces.
-func wrapWords(text string, width int) []string {
+// WrapWords breaks text into lines of at most width bytes, at spaces (the
+// printed SQL of setup, and the comments of config.example.yaml).
+func WrapWords(text string, width int) []string {
 	var lines []string
 	line := ""
 	for _, w := range strings.Fields(text) {

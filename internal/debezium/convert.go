@@ -4,15 +4,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
-
-	"github.com/outbox-relay/outbox-relay/router"
 )
 
 // A Plan is what Convert makes of a Debezium connector's configuration: the
@@ -66,17 +60,6 @@ const (
 
 	redacted = "(secret, not shown)"
 )
-
-// The EventRouter's column options, their Debezium defaults (which
-// outbox.layout debezium sets) and the relay key each maps to.
-var routerColumns = []struct{ option, def, relayKey string }{
-	{"table.field.event.id", "id", "outbox.columns.id"},
-	{"route.by.field", "aggregatetype", "outbox.columns.aggregate_type"},
-	{"table.field.event.key", "aggregateid", "outbox.columns.aggregate_id"},
-	{"table.field.event.type", "type", "outbox.columns.event_type"},
-	{"table.field.event.payload", "payload", "outbox.columns.payload"},
-	{"table.field.event.timestamp", "", "outbox.columns.timestamp"},
-}
 
 // Convert maps a Debezium PostgreSQL connector's configuration (connector)
 // and its Kafka Connect worker's (worker, may be nil when not at hand) to
@@ -199,473 +182,36 @@ func (c *converter) findRouter() error {
 	return nil
 }
 
-// postgres maps the connection, the slot and the publication.
-func (c *converter) postgres() {
-	host, hasHost := c.get("database.hostname")
-	port, hasPort := c.get("database.port")
-	user, hasUser := c.get("database.user")
-	db, hasDB := c.get("database.dbname")
-	if !hasPort || port == "" {
-		port = defaultPort
-	}
-	ok := true
-	for _, m := range []struct {
-		key, value string
-		has        bool
-	}{{"database.hostname", host, hasHost}, {"database.user", user, hasUser}, {"database.dbname", db, hasDB}} {
-		if !m.has || m.value == "" {
-			c.gap(m.key, "", "not set, so postgres.dsn cannot be built: set postgres.dsn (or RELAY_POSTGRES_DSN) to postgres://user@host:port/database")
-			ok = false
-		} else if !c.literal(m.key, m.value, "postgres.dsn") {
-			ok = false
-		}
-	}
-	if ok && !c.literal("database.port", port, "postgres.dsn") {
-		ok = false
-	}
-	from := []string{"database.hostname"}
-	if hasPort {
-		from = append(from, "database.port")
-	}
-	from = append(from, "database.user", "database.dbname")
-	q := url.Values{}
-	if mode, has := c.get("database.sslmode"); has && mode != "" {
-		from = append(from, "database.sslmode")
-		switch m := strings.ToLower(mode); m {
-		case "disable", "allow", "prefer", "require", "verify-ca", "verify-full":
-			q.Set("sslmode", m)
-		case "disabled", "required":
-			// Spellings of older Debezium versions.
-			q.Set("sslmode", strings.TrimSuffix(m, "d"))
-		default:
-			c.gap("database.sslmode", mode, "not a Postgres sslmode: set sslmode in postgres.dsn to disable, allow, prefer, require, verify-ca or verify-full")
-		}
-	}
-	for _, f := range []struct{ key, param, why string }{
-		{"database.sslrootcert", "sslrootcert", "the relay must be able to read this file (PEM)"},
-		{"database.sslcert", "sslcert", "the relay must be able to read this file (PEM)"},
-		{"database.sslkey", "sslkey", "pgjdbc reads a DER (PKCS-8, .pk8) key; the relay needs a PEM key: convert it (openssl pkcs8 -inform DER -in key.pk8 -out key.pem) and change sslkey in postgres.dsn"},
-	} {
-		if v, has := c.get(f.key); has && v != "" && c.literal(f.key, v, "postgres.dsn") {
-			q.Set(f.param, v)
-			from = append(from, f.key)
-			c.note(f.key, v, "copied into postgres.dsn as %s: %s", f.param, f.why)
-		}
-	}
-	if _, has := c.get("database.password"); has {
-		c.note("database.password", redacted, "passwords are never copied into the relay's configuration: put it in a file named by postgres.password_file (RELAY_POSTGRES_PASSWORD_FILE), or in RELAY_POSTGRES_PASSWORD, or a .pgpass file")
-	}
-	if _, has := c.get("database.sslpassword"); has {
-		c.note("database.sslpassword", redacted, "the key's password is never copied: add sslpassword=... to the DSN in RELAY_POSTGRES_DSN")
-	}
-	if v, has := c.get("database.sslfactory"); has {
-		c.gap("database.sslfactory", v, "a pgjdbc SSL socket factory has no equivalent: configure TLS with sslmode, sslrootcert, sslcert and sslkey in postgres.dsn")
-	}
-	if ok {
-		u := url.URL{Scheme: "postgres", User: url.User(user), Host: net.JoinHostPort(host, port), Path: "/" + db, RawQuery: q.Encode()}
-		c.set("postgres.dsn", u.String(), strings.Join(from, ", "))
-	}
-
-	slot, has := c.get("slot.name")
-	if !has || slot == "" {
-		slot = defaultSlot
-	}
-	if c.literal("slot.name", slot, "postgres.slot") {
-		c.set("postgres.slot", slot, "slot.name")
-	}
-	pub, has := c.get("publication.name")
-	if !has || pub == "" {
-		pub = defaultPublication
-	}
-	if c.literal("publication.name", pub, "postgres.publication") {
-		c.set("postgres.publication", pub, "publication.name")
-	}
-	if ms, has := c.get("status.update.interval.ms"); has && ms != "" {
-		if n, err := strconv.ParseInt(ms, 10, 64); err == nil && n > 0 && time.Duration(n)*time.Millisecond != 10*time.Second {
-			c.set("postgres.status_interval", (time.Duration(n) * time.Millisecond).String(), "status.update.interval.ms")
-		}
-	}
-
-	plugin, has := c.get("plugin.name")
-	switch p := strings.ToLower(plugin); {
-	case p == "pgoutput":
-	case !has || p == "":
-		c.gap("plugin.name", "", "not set, so Debezium used decoderbufs, its default, and its slot %q decodes with decoderbufs; the relay reads pgoutput only: create a new pgoutput slot (outbox-relay setup) while Debezium still runs, start the relay on it, then stop Debezium; the overlap is sent twice, nothing is lost. Debezium's offsets do not apply to the new slot", slot)
-	default:
-		c.gap("plugin.name", plugin, "the slot %q decodes with %s; the relay reads pgoutput only: create a new pgoutput slot (outbox-relay setup) while Debezium still runs, start the relay on it, then stop Debezium; the overlap is sent twice, nothing is lost. Debezium's offsets do not apply to the new slot", slot, plugin)
-	}
-	mode, has := c.get("publication.autocreate.mode")
-	if !has || mode == "" {
-		mode = "all_tables"
-	}
-	switch strings.ToLower(mode) {
-	case "all_tables":
-		c.note("publication.autocreate.mode", mode, "Debezium creates publication %q FOR ALL TABLES (its default): the relay works with it, ignoring other tables' rows, but Postgres then decodes and sends every table's changes; a publication of the outbox table alone, inserts only (as outbox-relay setup creates), is lighter", pub)
-	case "filtered":
-		c.note("publication.autocreate.mode", mode, "Debezium creates publication %q for the included tables and every operation: the relay works with it and ignores updates and deletes; one publishing inserts only (as outbox-relay setup creates) is lighter", pub)
-	default:
-		c.note("publication.autocreate.mode", mode, "the publication %q is managed outside Debezium; the relay uses it as it is", pub)
-	}
-}
-
-// tableName matches an include-list entry that names one table: table or
-// schema.table, dots possibly escaped as in a regex.
-var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*(\\?\.[A-Za-z_][A-Za-z0-9_$]*)?$`)
-
-func (c *converter) table() {
-	key := "table.include.list"
-	list, has := c.get(key)
-	if old, hasOld := c.get("table.whitelist"); !has && hasOld {
-		key, list, has = "table.whitelist", old, true
-	}
-	var entries []string
-	for e := range strings.SplitSeq(list, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			entries = append(entries, e)
-		}
-	}
-	switch {
-	case !has || len(entries) == 0:
-		c.gap("table.include.list", "", "not set, so Debezium captured every table of the publication; the relay reads one outbox table: set outbox.table to it (schema.table)")
-	case len(entries) > 1:
-		c.gap(key, list, "lists %d tables; the relay reads one outbox table: set outbox.table to it, and run one relay per outbox table", len(entries))
-	case !tableName.MatchString(entries[0]):
-		c.gap(key, list, "is a regular expression, not one table's name; the relay reads one table named exactly: set outbox.table to it (schema.table)")
-	default:
-		name := strings.ReplaceAll(entries[0], `\.`, ".")
-		c.set("outbox.table", name, key)
-		if strings.ToLower(name) != name {
-			c.note(key, list, "Debezium matches table names ignoring case, outbox.table is exact: check that %q is the table's name as Postgres stores it", name)
-		}
-	}
-}
-
-// outbox maps the EventRouter's options.
-func (c *converter) outbox() {
-	typeKey := c.routerKey("type")
-	c.set("outbox.layout", "debezium", typeKey)
-	for _, col := range routerColumns {
-		v, has := c.opt(col.option)
-		if has && v != "" && v != col.def {
-			c.set(col.relayKey, v, c.routerKey(col.option))
-		}
-	}
-	regex, hasRegex := c.opt("route.topic.regex")
-	repl, hasRepl := c.opt("route.topic.replacement")
-	if !hasRegex || regex == "" {
-		regex = defaultRegex
-	}
-	if !hasRepl || repl == "" {
-		repl = defaultReplacement
-	}
-	// The defaults route as the relay's default template does,
-	// outbox.event.{aggregate_type}; the relay needs both keys or neither.
-	if regex != defaultRegex || repl != defaultReplacement {
-		// The relay's own check: Java's regex syntax is wider than Go's
-		// (lookaround, backreferences, possessive quantifiers), and a
-		// setting the relay refuses at load is a gap, not a setting.
-		if _, err := router.New(router.Config{TopicRegex: regex, TopicReplacement: repl}); err != nil {
-			c.gap(c.routerKey("route.topic.regex"), regex, "the relay cannot route with it: %v; rewrite the expression without Java-only syntax, or route these aggregate types with topics.overrides", err)
-		} else {
-			c.set("topics.regex", regex, c.routerKey("route.topic.regex"))
-			c.set("topics.replacement", repl, c.routerKey("route.topic.replacement"))
-		}
-	}
-	c.set("message.headers", "id", typeKey)
-	if v, has := c.opt("table.fields.additional.placement"); has && v != "" {
-		c.fields(v)
-	}
-	if v, has := c.opt("route.tombstone.on.empty.payload"); has {
-		switch strings.ToLower(v) {
-		case "true":
-			c.set("message.tombstone_on_empty_payload", "true", c.routerKey("route.tombstone.on.empty.payload"))
-		case "false", "":
-		default:
-			c.gap(c.routerKey("route.tombstone.on.empty.payload"), v, "not a boolean: set message.tombstone_on_empty_payload to true or false")
-		}
-	}
-	c.routerOptions()
-}
-
-// fields copies table.fields.additional.placement, leaving out what the relay
-// cannot do.
-func (c *converter) fields(v string) {
-	key := c.routerKey("table.fields.additional.placement")
-	var keep []string
-	dropped := false
-	for entry := range strings.SplitSeq(v, ",") {
-		entry = strings.TrimSpace(entry)
-		if entry == "" {
-			continue
-		}
-		// The relay's own parser, entry by entry: what it refuses is a gap,
-		// the rest is kept.
-		fs, err := router.ParseFields(entry)
-		switch {
-		case err != nil:
-			c.gap(key, entry, "%v; the entry is left out of message.fields", err)
-		case fs[0].Placement == router.PlaceHeader && fs[0].Alias == router.HeaderID:
-			c.gap(key, entry, "Debezium sends this header next to its own id header, two headers named id; the relay sends one (message.headers: id): the entry is left out of message.fields, give it another alias to keep it")
-		default:
-			keep = append(keep, entry)
-			continue
-		}
-		dropped = true
-	}
-	if len(keep) == 0 {
-		return
-	}
-	if !dropped {
-		keep = []string{v} // verbatim
-	}
-	c.set("message.fields", strings.Join(keep, ","), key)
-}
-
-// routerOptions handles the EventRouter options that are not mapped, and
-// unknown ones.
-func (c *converter) routerOptions() {
-	expand := false
-	if v, has := c.opt("table.expand.json.payload"); has && strings.EqualFold(v, "true") {
-		expand = true
-		c.gap(c.routerKey("table.expand.json.payload"), v, "the relay sends the payload's bytes as stored; Debezium parsed a JSON string payload into a structure, so with JsonConverter consumers got a JSON object where the relay sends a JSON string: store the payload as json or jsonb with message.converter string, or change consumers")
-	}
-	for _, o := range []string{"table.json.payload.null.behavior", "table.json.payload.empty.array.behavior"} {
-		if v, has := c.opt(o); has && !expand {
-			c.note(c.routerKey(o), v, "has no effect without table.expand.json.payload")
-		} else if has {
-			c.gap(c.routerKey(o), v, "part of table.expand.json.payload, which the relay does not do")
-		}
-	}
-	if v, has := c.opt("table.op.invalid.behavior"); has {
-		switch strings.ToLower(v) {
-		case "warn", "":
-		case "error":
-			c.note(c.routerKey("table.op.invalid.behavior"), v, "Debezium logged an error for each update or delete of the outbox table; the relay ignores them too, counting them and logging once per kind")
-		default:
-			c.gap(c.routerKey("table.op.invalid.behavior"), v, "Debezium stopped on an update or delete of the outbox table; the relay ignores them, counting them and logging once per kind: alert on the relay's log or metrics if they must not happen")
-		}
-	}
-	if v, has := c.opt("table.field.additional.missing"); has && !strings.EqualFold(v, "error") {
-		c.gap(c.routerKey("table.field.additional.missing"), v, "Debezium skipped a message.fields column missing from the table; the relay stops at it: remove such columns from message.fields")
-	}
-	if v, has := c.opt("table.field.event.schema.version"); has {
-		c.gap(c.routerKey("table.field.event.schema.version"), v, "the relay sets no schema version; Debezium put it in the value's Connect schema, which only a schema-carrying converter (Avro, JsonConverter with schemas) writes: drop the option if consumers do not read it")
-	}
-	if v, has := c.opt("tracing.span.context.field"); has && v != "" {
-		// The relay sends the column's trace context as traceparent and
-		// tracestate, without a span of its own (Debezium's db-log-write).
-		c.set("outbox.columns.tracing_span_context", v, c.routerKey("tracing.span.context.field"))
-	}
-	for _, o := range []string{"predicate", "negate"} {
-		if v, has := c.opt(o); has {
-			c.gap(c.routerKey(o), v, "the relay routes every insert of the outbox table; a predicate limiting the router has no equivalent")
-		}
-	}
-	prefix := c.routerKey("")
+// rest classifies the connector keys not dealt with yet.
+func (c *converter) rest() {
 	for _, k := range sortedKeys(c.conn) {
-		if !strings.HasPrefix(k, prefix) || c.used[k] {
+		if c.used[k] {
 			continue
 		}
-		c.used[k] = true
 		v := c.conn[k]
-		option := strings.TrimPrefix(k, prefix)
-		if strings.HasPrefix(option, "tracing.") {
-			c.gap(k, v, "the relay propagates the row's trace context (outbox.columns.tracing_span_context) as the traceparent and tracestate headers, but creates no span of its own (Debezium's db-log-write span, ActivateTracingSpan)")
-			continue
+		if secretKey(k) {
+			v = redacted
 		}
-		c.gap(k, v, "not an EventRouter option the relay knows: check what it does; the relay has no equivalent")
-	}
-}
-
-// converterKind classifies a Kafka Connect converter class.
-func converterKind(class string) string {
-	switch class {
-	case "org.apache.kafka.connect.storage.StringConverter":
-		return "string"
-	case "org.apache.kafka.connect.json.JsonConverter":
-		return "json"
-	case "org.apache.kafka.connect.converters.ByteArrayConverter",
-		"io.debezium.converters.ByteArrayConverter",
-		"io.debezium.converters.BinaryDataConverter":
-		return "bytes"
-	}
-	return ""
-}
-
-// effective returns the converter the connector's records went through for
-// key.converter or value.converter: the connector's own, else the worker's,
-// with the same configuration's schemas.enable.
-func (c *converter) effective(which string) (key, class, schemas string, ok bool) {
-	if v, has := c.get(which); has && v != "" {
-		s, _ := c.get(which + ".schemas.enable")
-		return which, v, s, true
-	}
-	if v := strings.TrimSpace(c.worker[which]); v != "" {
-		return which, v, strings.TrimSpace(c.worker[which+".schemas.enable"]), true
-	}
-	return which, "", "", false
-}
-
-func (c *converter) converters() {
-	kinds := make(map[string]string)
-	classes := make(map[string]string)
-	ok := true
-	for _, which := range []string{"key.converter", "value.converter"} {
-		key, class, schemas, found := c.effective(which)
-		for k := range c.conn {
-			if strings.HasPrefix(k, which+".") {
-				c.used[k] = true
-			}
-		}
-		if !found {
-			c.gap(which, "", "not set in the connector's configuration or the worker's: set message.converter to string (StringConverter) or json (JsonConverter without schemas) as consumers expect")
-			ok = false
-			continue
-		}
-		kind := converterKind(class)
+		rule, ok := matchRule(k)
 		switch {
-		case kind == "":
-			c.gap(key, class, "the relay writes keys and values as StringConverter (message.converter string) or schemaless JsonConverter (json) do; this converter's format is not reproduced: consumers must change to one of those")
-			ok = false
-		case kind == "json" && !strings.EqualFold(schemas, "false"):
-			c.gap(key+".schemas.enable", schemas, "JsonConverter with schemas enabled (Kafka's default) wraps each %s in a {\"schema\", \"payload\"} envelope; the relay writes the schemaless form (message.converter json): consumers reading the envelope must change", strings.TrimSuffix(which, ".converter"))
-		case kind == "bytes" && which == "key.converter":
-			c.gap(key, class, "a byte-array key converter cannot write Debezium's string key, so this connector did not work as configured: choose StringConverter or JsonConverter")
-			ok = false
-		}
-		kinds[which], classes[which] = kind, class
-	}
-	if ok {
-		switch k, v := kinds["key.converter"], kinds["value.converter"]; {
-		case k == v:
-			c.set("message.converter", k, "key.converter, value.converter")
-		case k == "string" && v == "bytes":
-			c.set("message.converter", "string", "key.converter, value.converter")
-			c.note("value.converter", classes["value.converter"], "a byte-array value converter writes a bytea payload's bytes as they are, as message.converter string does")
-		default:
-			c.gap("value.converter", classes["value.converter"], "key.converter is %s and value.converter is %s; the relay uses one converter for both (message.converter): set string or json, whichever consumers of the values need, and check the keys", classes["key.converter"], classes["value.converter"])
-		}
-	}
-	hc := strings.TrimSpace(c.conn["header.converter"])
-	if hc == "" {
-		hc = strings.TrimSpace(c.worker["header.converter"])
-	}
-	c.used["header.converter"] = true
-	switch hc {
-	case "", "org.apache.kafka.connect.storage.SimpleHeaderConverter", "org.apache.kafka.connect.storage.StringConverter":
-	default:
-		c.gap("header.converter", hc, "the relay writes header values as Kafka Connect's SimpleHeaderConverter does (the default); this converter's format is not reproduced")
-	}
-	for k := range c.conn {
-		if strings.HasPrefix(k, "header.converter.") {
-			c.used[k] = true
-		}
-	}
-}
-
-// producerValue returns a producer setting as Kafka Connect applies it to the
-// connector's producer: the connector's producer.override.<name>, else the
-// worker's producer.<name>, else the worker's <name> (which configures the
-// worker's own clients; used as a hint when the producer's is not set).
-func (c *converter) producerValue(name string) (key, value string, ok bool) {
-	if v, has := c.get("producer.override." + name); has {
-		return "producer.override." + name, v, true
-	}
-	for _, k := range []string{"producer." + name, name} {
-		if v, has := c.worker[k]; has {
-			return k, strings.TrimSpace(v), true
-		}
-	}
-	return "", "", false
-}
-
-// jaasUsername reads username="..." from a sasl.jaas.config value.
-var jaasUsername = regexp.MustCompile(`username\s*=\s*"([^"]*)"`)
-
-func (c *converter) kafka() {
-	if key, v, ok := c.producerValue("bootstrap.servers"); ok && v != "" {
-		if c.literal(key, v, "kafka.brokers") {
-			var bs []string
-			for b := range strings.SplitSeq(v, ",") {
-				if b = strings.TrimSpace(b); b != "" {
-					bs = append(bs, b)
-				}
+		case !ok:
+			c.note(k, v, "not an option this converter knows: if it changes the events, check that the relay does the same")
+		case !rule.gap:
+			c.note(k, v, "%s", rule.why)
+		case rule.def != "" && strings.EqualFold(strings.TrimSpace(v), rule.def):
+			if rule.noteIf != "" {
+				c.note(k, v, "%s", rule.noteIf)
 			}
-			c.set("kafka.brokers", strings.Join(bs, ","), key)
-		}
-	} else if c.worker == nil {
-		c.gap("bootstrap.servers", "", "the brokers are in the worker's configuration, which was not given: set kafka.brokers")
-	} else {
-		c.gap("bootstrap.servers", "", "not set in the worker's configuration: set kafka.brokers")
-	}
-	if key, v, ok := c.producerValue("compression.type"); ok {
-		switch strings.ToLower(v) {
-		case "none", "":
-		case "gzip", "snappy", "lz4", "zstd":
-			c.set("kafka.compression", strings.ToLower(v), key)
 		default:
-			c.gap(key, v, "not a compression the relay knows: set kafka.compression to none, gzip, snappy, lz4 or zstd")
+			c.gap(k, v, "%s", rule.why)
 		}
 	}
-	protoKey, proto, _ := c.producerValue("security.protocol")
-	proto = strings.ToUpper(proto)
-	switch proto {
-	case "", "PLAINTEXT":
-		return
-	case "SSL", "SASL_SSL":
-		c.set("kafka.tls.enabled", "true", protoKey)
-		c.tls()
-	case "SASL_PLAINTEXT":
-	default:
-		c.gap(protoKey, proto, "not a Kafka security protocol the relay knows: configure kafka.tls.* and kafka.sasl.*")
-		return
+	if w, ok := c.worker["offset.storage.file.filename"]; ok {
+		c.note("offset.storage.file.filename", w, "Debezium's position is in this file (standalone worker): read it to find where the relay starts on Debezium's slot")
 	}
-	if proto == "SASL_SSL" || proto == "SASL_PLAINTEXT" {
-		c.sasl()
+	if w, ok := c.worker["offset.storage.topic"]; ok {
+		c.note("offset.storage.topic", w, "Debezium's position is in this topic (distributed worker): read it to find where the relay starts on Debezium's slot")
 	}
-}
-
-func (c *converter) tls() {
-	if key, v, ok := c.producerValue("ssl.truststore.location"); ok && v != "" {
-		c.gap(key, v, "a Java trust store; the relay reads PEM: export the CA certificate (keytool -exportcert -rfc -keystore %s -alias <ca>) and set kafka.tls.ca_file", v)
-	} else {
-		c.note("ssl.truststore.location", "", "not set: Java trusted its default CAs; the relay trusts the system's roots unless kafka.tls.ca_file is set")
-	}
-	if key, v, ok := c.producerValue("ssl.keystore.location"); ok && v != "" {
-		c.gap(key, v, "a Java key store with the client certificate; the relay reads PEM: export certificate and key (e.g. openssl pkcs12 -in store.p12 -nokeys / -nocerts -nodes) and set kafka.tls.cert_file and kafka.tls.key_file")
-	}
-	if key, v, ok := c.producerValue("ssl.endpoint.identification.algorithm"); ok && v == "" {
-		c.gap(key, v, "Java skipped host name verification; the relay verifies the broker's name: set kafka.tls.server_name to the name in its certificate, or (insecure) kafka.tls.insecure_skip_verify")
-	}
-}
-
-func (c *converter) sasl() {
-	key, mech, ok := c.producerValue("sasl.mechanism")
-	if !ok || mech == "" {
-		key, mech = "sasl.mechanism", "GSSAPI" // Kafka's default
-	}
-	switch strings.ToUpper(mech) {
-	case "PLAIN":
-		c.set("kafka.sasl.mechanism", "plain", key)
-	case "SCRAM-SHA-256":
-		c.set("kafka.sasl.mechanism", "scram-sha-256", key)
-	case "SCRAM-SHA-512":
-		c.set("kafka.sasl.mechanism", "scram-sha-512", key)
-	default:
-		c.gap(key, mech, "the relay authenticates with SASL PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 only: give it such a user (kafka.sasl.*)")
-		return
-	}
-	jaasKey, jaas, ok := c.producerValue("sasl.jaas.config")
-	if !ok {
-		c.gap("sasl.jaas.config", "", "not set: set kafka.sasl.username, and the password in RELAY_KAFKA_SASL_PASSWORD")
-		return
-	}
-	if m := jaasUsername.FindStringSubmatch(jaas); m != nil && c.literal(jaasKey, m[1], "kafka.sasl.username") {
-		c.set("kafka.sasl.username", m[1], jaasKey)
-	} else if m == nil {
-		c.gap(jaasKey, redacted, "no username=\"...\" in it: set kafka.sasl.username")
-	}
-	c.note(jaasKey, redacted, "passwords are never copied: set the password in the environment, RELAY_KAFKA_SASL_PASSWORD")
 }
 
 // A keyRule says what a connector key not mapped above means for the relay:
@@ -744,38 +290,6 @@ var keyRules = []keyRule{
 	{key: "binary.handling.mode", gap: true, def: "bytes", why: "the relay sends a bytea payload as its bytes and bytea fields as Debezium's default does (bytes)", noteIf: "Debezium's default, which the relay follows"},
 	{key: "interval.handling.mode", gap: true, def: "numeric", why: "the relay renders interval columns in message.fields as Debezium's default does (numeric)", noteIf: "Debezium's default, which the relay follows"},
 	{key: "hstore.handling.mode", gap: true, def: "json", why: "the relay renders hstore columns in message.fields as Debezium's default does (json)", noteIf: "Debezium's default, which the relay follows"},
-}
-
-// rest classifies the connector keys not dealt with yet.
-func (c *converter) rest() {
-	for _, k := range sortedKeys(c.conn) {
-		if c.used[k] {
-			continue
-		}
-		v := c.conn[k]
-		if secretKey(k) {
-			v = redacted
-		}
-		rule, ok := matchRule(k)
-		switch {
-		case !ok:
-			c.note(k, v, "not an option this converter knows: if it changes the events, check that the relay does the same")
-		case !rule.gap:
-			c.note(k, v, "%s", rule.why)
-		case rule.def != "" && strings.EqualFold(strings.TrimSpace(v), rule.def):
-			if rule.noteIf != "" {
-				c.note(k, v, "%s", rule.noteIf)
-			}
-		default:
-			c.gap(k, v, "%s", rule.why)
-		}
-	}
-	if w, ok := c.worker["offset.storage.file.filename"]; ok {
-		c.note("offset.storage.file.filename", w, "Debezium's position is in this file (standalone worker): read it to find where the relay starts on Debezium's slot")
-	}
-	if w, ok := c.worker["offset.storage.topic"]; ok {
-		c.note("offset.storage.topic", w, "Debezium's position is in this topic (distributed worker): read it to find where the relay starts on Debezium's slot")
-	}
 }
 
 // matchRule finds the rule for key: an exact rule first, then the longest

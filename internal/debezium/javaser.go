@@ -149,26 +149,9 @@ func (r *javaReader) hashMap() ([]javaEntry, error) {
 // classDesc reads a class descriptor: TC_CLASSDESC, TC_REFERENCE to one
 // read before, or TC_NULL (returned as nil).
 func (r *javaReader) classDesc() (*javaClass, error) {
-	tc, err := r.u8()
-	if err != nil {
-		return nil, err
-	}
-	switch tc {
-	case tcNull:
-		return nil, nil
-	case tcReference:
-		h, err := r.handle()
-		if err != nil {
-			return nil, err
-		}
-		c, ok := h.(*javaClass)
-		if !ok {
-			return nil, errors.New("a class descriptor refers to an object that is not one")
-		}
-		return c, nil
-	case tcClassDesc:
-	default:
-		return nil, fmt.Errorf("holds %s where a class descriptor belongs", tcName(tc))
+	c, done, err := earlier[*javaClass](r, tcClassDesc, "a class descriptor refers to an object that is not one", "holds %s where a class descriptor belongs")
+	if done || err != nil {
+		return c, err
 	}
 	name, err := r.utf()
 	if err != nil {
@@ -177,7 +160,7 @@ func (r *javaReader) classDesc() (*javaClass, error) {
 	if _, err := r.take(8); err != nil { // serialVersionUID
 		return nil, err
 	}
-	c := &javaClass{name: name}
+	c = &javaClass{name: name}
 	r.newHandle(c)
 	if c.flags, err = r.u8(); err != nil {
 		return nil, err
@@ -202,7 +185,7 @@ func (r *javaReader) classDesc() (*javaClass, error) {
 	}
 	// No class annotation (ObjectOutputStream writes none), then the
 	// superclass.
-	tc, err = r.u8()
+	tc, err := r.u8()
 	if err != nil {
 		return nil, err
 	}
@@ -215,29 +198,41 @@ func (r *javaReader) classDesc() (*javaClass, error) {
 	return c, nil
 }
 
-// byteArray reads a byte[] (TC_ARRAY of class "[B"), a reference to one read
-// before, or null.
-func (r *javaReader) byteArray() ([]byte, error) {
+// earlier reads the type code of a T: TC_NULL gives the zero T, done;
+// TC_REFERENCE the T read before that it names, done; start (the code of a
+// new T) not done, for the caller to read it. notT is the error for a
+// reference to something else, wrongTC the format of the error for another
+// code (given its name).
+func earlier[T any](r *javaReader, start byte, notT, wrongTC string) (v T, done bool, err error) {
 	tc, err := r.u8()
 	if err != nil {
-		return nil, err
+		return v, true, err
 	}
 	switch tc {
 	case tcNull:
-		return nil, nil
+		return v, true, nil
 	case tcReference:
 		h, err := r.handle()
 		if err != nil {
-			return nil, err
+			return v, true, err
 		}
-		b, ok := h.([]byte)
+		t, ok := h.(T)
 		if !ok {
-			return nil, errors.New("refers to an object that is not a byte array")
+			return v, true, errors.New(notT)
 		}
-		return b, nil
-	case tcArray:
-	default:
-		return nil, fmt.Errorf("is %s, not a byte array", tcName(tc))
+		return t, true, nil
+	case start:
+		return v, false, nil
+	}
+	return v, true, fmt.Errorf(wrongTC, tcName(tc))
+}
+
+// byteArray reads a byte[] (TC_ARRAY of class "[B"), a reference to one read
+// before, or null.
+func (r *javaReader) byteArray() ([]byte, error) {
+	b, done, err := earlier[[]byte](r, tcArray, "refers to an object that is not a byte array", "is %s, not a byte array")
+	if done || err != nil {
+		return b, err
 	}
 	class, err := r.classDesc()
 	if err != nil {
@@ -253,7 +248,7 @@ func (r *javaReader) byteArray() ([]byte, error) {
 	if n > uint32(len(r.b)-r.off) {
 		return nil, fmt.Errorf("byte array of %d bytes, but only %d remain", n, len(r.b)-r.off)
 	}
-	b, _ := r.take(int(n))
+	b, _ = r.take(int(n))
 	b = append([]byte{}, b...) // not aliasing the file's buffer
 	r.newHandle(b)
 	return b, nil

@@ -462,3 +462,34 @@ func (o Offset) ResumeLSN() (lsn uint64, why string, err error) {
 }
 
 func lsnText(lsn uint64) string { return pglogrepl.LSN(lsn).String() }
+
+// FindOffset returns the offset of the connector whose properties are
+// connector (its name and topic.prefix; a property left out matches any)
+// among offsets, read from the place named from (for messages). It is an
+// error when none or several match.
+func FindOffset(offsets []Offset, connector map[string]string, from string) (*Offset, error) {
+	name, server := connector["name"], connector["topic.prefix"]
+	var off *Offset
+	for i := range offsets {
+		o := &offsets[i]
+		if (name == "" || o.Connector == name) && (server == "" || o.Server == server) {
+			if off != nil {
+				return nil, fmt.Errorf("%s holds several offsets for connector %q (server %q): pass the connector's own properties file", from, name, server)
+			}
+			off = o
+		}
+	}
+	if off == nil {
+		have := "none"
+		if len(offsets) > 0 {
+			names := make([]string, len(offsets))
+			for i, o := range offsets {
+				names[i] = fmt.Sprintf("%q (server %q)", o.Connector, o.Server)
+			}
+			have = strings.Join(names, ", ")
+		}
+		return nil, fmt.Errorf("%s holds no offset of connector %q (topic.prefix %q); it has %s: pass that connector's properties, or check the worker's offset.storage setting",
+			from, name, server, have)
+	}
+	return off, nil
+}

@@ -24,7 +24,7 @@ func CheckTable(ctx context.Context, q placement.Querier, table sql.Table, rc ro
 	}
 	if oid == nil {
 		return []Gap{{DebeziumKey: "table.include.list", Value: table.String(),
-			Why: "no such table in the database of --postgres-dsn: check the DSN, or set outbox.table"}}, nil
+			Why: "no such table in the database connected to: check the DSN, or name the outbox table"}}, nil
 	}
 	rt, err := router.New(rc)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -192,8 +193,9 @@ func TestReadTopicErrors(t *testing.T) {
 	}
 
 	err = readTopic(ctx, sink.Config{}, topic, func(key, value []byte) error { return nil })
-	if err == nil || !strings.Contains(err.Error(), "kafka.brokers") {
-		t.Errorf("ReadTopic(no brokers) = %v; want the config error naming kafka.brokers", err)
+	var fe *field.Error
+	if !errors.As(err, &fe) || fe.Field != "Brokers" || !errors.Is(err, field.ErrRequired) {
+		t.Errorf("ReadTopic(no brokers) = %v; want the config error naming the field Brokers, required", err)
 	}
 }
 

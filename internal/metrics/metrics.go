@@ -386,11 +386,7 @@ func (m *Metrics) SetSlotGap(gap bool) {
 	if m == nil {
 		return
 	}
-	v := 0.0
-	if gap {
-		v = 1
-	}
-	m.slotGap.Set(v)
+	m.slotGap.Set(gauge(gap))
 }
 
 // TraceContextInvalid counts an event delivered without the trace context
@@ -426,9 +422,13 @@ func (m *Metrics) SetActive(leading bool) {
 	if m == nil {
 		return
 	}
-	v := 0.0
-	if leading {
-		v = 1
+	m.active.Set(gauge(leading))
+}
+
+// gauge is a condition as a gauge's value: 1 when it holds, else 0.
+func gauge(b bool) float64 {
+	if b {
+		return 1
 	}
-	m.active.Set(v)
+	return 0
 }

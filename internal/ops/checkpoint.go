@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -68,10 +67,9 @@ func CheckpointShow(ctx context.Context, q Querier, cfg Config) (*CheckpointRepo
 		return nil, err
 	}
 	r := &CheckpointReport{SlotName: cfg.Slot}
-	err := q.QueryRow(ctx, `SELECT now(), (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-       ELSE pg_catalog.pg_current_wal_lsn() END)::text`).Scan(&r.CheckedAt, &r.CurrentWALLSN)
-	if err != nil {
-		return nil, fmt.Errorf("read the server's WAL position: %w", err)
+	var err error
+	if r.CurrentWALLSN, r.CheckedAt, err = pgslot.ReadWAL(ctx, q); err != nil {
+		return nil, err
 	}
 	switch sl, err := pgslot.Read(ctx, q, cfg.Slot); {
 	case errors.Is(err, pgslot.ErrNotFound):
@@ -162,8 +160,8 @@ LEFT JOIN LATERAL (SELECT * FROM `+t+` WHERE slot_name = $1 ORDER BY lsn DESC LI
 
 // WriteText writes the report as an aligned two-column table for people.
 func (r *CheckpointReport) WriteText(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, Printable(v)) }
+	tw := NewTable(w)
+	row := tw.Row
 	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
 	switch {
 	case r.Slot == nil:

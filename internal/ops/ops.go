@@ -31,6 +31,9 @@ type Config struct {
 	CreatedAtColumn string // default "created_at"
 	CheckpointTable string // default sql.DefaultCheckpointTable
 	RetryTable      string // default sql.DefaultRetryTable
+	// Fix, when set, says how to fix an error found (a slot gap) in the
+	// command line's words; "" leaves the error's own.
+	Fix func(error) string
 }
 
 func (c *Config) validate() error {
@@ -378,7 +381,7 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable); err != nil {
 		return nil, err
 	}
-	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
+	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot, cfg.Fix); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -483,7 +486,7 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
 		return nil, err
 	}
-	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
+	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot, cfg.Fix); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -496,7 +499,7 @@ func missingSlot(ctx context.Context, q Querier, cfg Config, err error) error {
 	if !errors.Is(err, pgslot.ErrNotFound) {
 		return err
 	}
-	if g, gerr := FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot); gerr == nil && g != nil {
+	if g, gerr := FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot, cfg.Fix); gerr == nil && g != nil {
 		return g.Err()
 	}
 	return err

@@ -23,10 +23,24 @@ func WriteJSON(w io.Writer, v any) error {
 	return nil
 }
 
+// A Table writes the two-column rows of a report for people, aligned, every
+// value escaped with Printable: the layout of every report the commands
+// print.
+type Table struct{ tw *tabwriter.Writer }
+
+// NewTable returns a Table writing to w. Nothing is written before Flush.
+func NewTable(w io.Writer) *Table { return &Table{tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)} }
+
+// Row adds a row: the name k, then v escaped.
+func (t *Table) Row(k, v string) { fmt.Fprintf(t.tw, "%s\t%s\n", k, Printable(v)) }
+
+// Flush writes the rows.
+func (t *Table) Flush() error { return t.tw.Flush() }
+
 // WriteText writes the report as an aligned two-column table for people.
 func (r *LagReport) WriteText(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, Printable(v)) }
+	tw := NewTable(w)
+	row := tw.Row
 	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
 	row("slot", r.SlotName+" ("+holder(r.Slot, r.CheckedAt)+")")
 	row("wal status", walStatus(r))
@@ -55,8 +69,8 @@ func (r *LagReport) WriteText(w io.Writer) error {
 
 // WriteText writes the report as an aligned two-column table for people.
 func (r *StatusReport) WriteText(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, Printable(v)) }
+	tw := NewTable(w)
+	row := tw.Row
 	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
 	row("slot", r.SlotName)
 	switch {

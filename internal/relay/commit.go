@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 )
@@ -104,12 +105,8 @@ func (c *committer) run(ctx context.Context) error {
 		closed, covered := c.closed, c.covered
 		c.mu.Unlock()
 		if wait := c.interval - time.Since(lastSave); wait > 0 && !closed && covered < c.urgent {
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
+			if err := backoff.Sleep(ctx, wait); err != nil {
+				return err
 			}
 		}
 		c.mu.Lock()

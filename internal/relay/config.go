@@ -3,7 +3,6 @@ package relay
 import (
 	"errors"
 	"fmt"
-	"github.com/outbox-relay/outbox-relay/event"
 	"log/slog"
 	"os"
 	"strings"
@@ -11,6 +10,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
@@ -21,7 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// Defaults of Config's zero values, exported for the CLI's key table.
+// Defaults of Config's zero values.
 const (
 	DefaultMaxInFlightEvents  = 50000
 	DefaultMaxInFlightBytes   = 8 << 20
@@ -31,6 +32,10 @@ const (
 	DefaultHistoryInterval    = time.Minute
 	DefaultHistoryKeep        = 30 * 24 * time.Hour
 )
+
+// ErrOutboxMissing is wrapped by Run's error when the outbox table does not
+// exist.
+var ErrOutboxMissing = errors.New("outbox table does not exist")
 
 // Bounds of the in-flight window (Config.MaxInFlightEvents, MaxInFlightBytes).
 const (
@@ -139,112 +144,83 @@ type Config struct {
 	Retry retry.WorkerConfig
 }
 
-// validate fills defaults and rejects what cannot work, saying how to fix it.
+// Validate fills defaults and returns every value that cannot work, each a
+// *field.Error naming its field (Sink.BatchBytes, Retention.Interval, …) and
+// the fix: the relay's own fields and those of the configurations it holds.
+// It reads the Sink's TLS files and connects nowhere. New calls it.
+func (c *Config) Validate() error {
+	var v field.Checker
+	v.Add(c.validate())
+	v.Add(field.Within("Replication", c.Replication.Validate()))
+	v.Add(field.Within("Router", c.Router.Validate()))
+	v.Add(field.Within("Sink", c.Sink.Validate()))
+	v.Add(field.Within("Retention", c.Retention.Validate()))
+	v.Add(field.Within("Retry", c.Retry.Validate()))
+	return v.Err()
+}
+
+// validate fills the defaults of the relay's own fields and checks them: what
+// the pipeline needs before the configurations it holds are built.
 func (c *Config) validate() error {
-	if c.Replication.DSN == "" {
-		return errors.New("postgres.dsn is empty: set it in the config file or RELAY_POSTGRES_DSN")
+	var v field.Checker
+	field.Default(&c.Replication.Slot, sql.DefaultSlot)
+	field.Default(&c.Replication.Publication, sql.DefaultPublication)
+	field.OneOf(&v, "OnSlotLoss", &c.OnSlotLoss, OnSlotLossFail, OnSlotLossFail, OnSlotLossRefill)
+	field.OneOf(&v, "Delivery", &c.Delivery, DeliveryAtLeastOnce, DeliveryAtLeastOnce, DeliveryExactlyOnce)
+	if c.Delivery == DeliveryExactlyOnce && c.Sink.DisableIdempotence {
+		v.Errorf("Delivery", "exactly-once needs the idempotent producer: set {Sink.DisableIdempotence} false, or delivery %s", DeliveryAtLeastOnce)
 	}
-	if c.Replication.Slot == "" {
-		c.Replication.Slot = sql.DefaultSlot
+	field.Default(&c.CheckpointTopic, DefaultCheckpointTopic)
+	field.Positive(&v, "TransactionMaxEvents", &c.TransactionMaxEvents, DefaultTransactionMaxEvents)
+	field.Positive(&v, "TransactionMaxBytes", &c.TransactionMaxBytes, DefaultTransactionMaxBytes)
+	if n := c.TransactionMaxBytes; n > 0 && n < MinInFlightBytes {
+		v.Errorf("TransactionMaxBytes", "%d is out of range; use at least %d (64 KiB) (default %d)", n, MinInFlightBytes, DefaultTransactionMaxBytes)
 	}
-	switch c.OnSlotLoss {
-	case "":
-		c.OnSlotLoss = OnSlotLossFail
-	case OnSlotLossFail, OnSlotLossRefill:
-	default:
-		return fmt.Errorf("postgres.on_slot_loss %q is not one of fail (stop with exit code 4, the default) or refill (re-deliver the lost range from the outbox table, then stream on)", c.OnSlotLoss)
-	}
-	switch c.Delivery {
-	case "":
-		c.Delivery = DeliveryAtLeastOnce
-	case DeliveryAtLeastOnce, DeliveryExactlyOnce:
-	default:
-		return fmt.Errorf("relay: delivery %q is not one of %s (the default) or %s", c.Delivery, DeliveryAtLeastOnce, DeliveryExactlyOnce)
-	}
-	if c.CheckpointTopic == "" {
-		c.CheckpointTopic = DefaultCheckpointTopic
-	}
-	if c.TransactionMaxEvents < 0 || c.TransactionMaxBytes < 0 {
-		return errors.New("relay: negative transaction bound: use 0 for the default")
-	}
-	if c.TransactionMaxEvents == 0 {
-		c.TransactionMaxEvents = DefaultTransactionMaxEvents
-	}
-	if c.TransactionMaxBytes == 0 {
-		c.TransactionMaxBytes = DefaultTransactionMaxBytes
-	}
-	if c.Replication.Publication == "" {
-		c.Replication.Publication = sql.DefaultPublication
-	}
-	if c.Table == "" {
-		c.Table = sql.DefaultOutboxTable
-	}
+	field.Default(&c.Table, sql.DefaultOutboxTable)
 	if !strings.Contains(c.Table, ".") {
 		c.Table = "public." + c.Table
 	}
 	if _, err := sql.ParseTable(c.Table); err != nil {
-		return fmt.Errorf("relay: outbox table: %w", err)
+		v.Errorf("Table", "%v", err)
 	}
 	for name, a := range c.OtherTables {
 		if t, err := sql.ParseTable(name); err != nil || t.Schema == "" {
-			return fmt.Errorf("relay: %s: %q is not schema.table: name each table with its schema, as inserts arrive under it", c.OtherTablesKey, name)
-		}
-		if name == c.Table {
-			return fmt.Errorf("relay: %s names the outbox table %s itself: remove it", c.OtherTablesKey, name)
-		}
-		if a != placement.Deliver && a != placement.Ignore {
-			return fmt.Errorf("relay: %s: %s: want deliver or ignore", c.OtherTablesKey, name)
+			v.Errorf("OtherTables", "%q is not schema.table: name each table with its schema, as inserts arrive under it", name)
+		} else if name == c.Table {
+			v.Errorf("OtherTables", "names the outbox table %s itself: remove it", name)
+		} else if a != placement.Deliver && a != placement.Ignore {
+			v.Errorf("OtherTables", "%s: want deliver or ignore", name)
 		}
 	}
-	if c.CheckpointTable == "" {
-		c.CheckpointTable = sql.DefaultCheckpointTable
+	field.Default(&c.CheckpointTable, sql.DefaultCheckpointTable)
+	if _, err := sql.ParseTable(c.CheckpointTable); err != nil {
+		v.Errorf("CheckpointTable", "%v", err)
 	}
-	if c.CheckpointInterval <= 0 {
-		c.CheckpointInterval = DefaultCheckpointInterval
+	field.Positive(&v, "CheckpointInterval", &c.CheckpointInterval, DefaultCheckpointInterval)
+	field.Positive(&v, "HistoryInterval", &c.HistoryInterval, DefaultHistoryInterval)
+	field.Positive(&v, "HistoryKeep", &c.HistoryKeep, DefaultHistoryKeep)
+	if c.HistoryKeep > 0 && c.HistoryKeep < c.HistoryInterval {
+		v.Errorf("HistoryKeep", "%s is shorter than {HistoryInterval} (%s); keep at least one interval of history (the default keeps 30 days)", c.HistoryKeep, c.HistoryInterval)
 	}
-	if c.HistoryInterval <= 0 {
-		c.HistoryInterval = DefaultHistoryInterval
-	}
-	if c.HistoryKeep <= 0 {
-		c.HistoryKeep = DefaultHistoryKeep
-	}
-	if c.HistoryKeep < c.HistoryInterval {
-		return fmt.Errorf("checkpoint.history_keep (%s) is shorter than checkpoint.history_interval (%s): keep at least one interval of history; the default keeps 30 days", c.HistoryKeep, c.HistoryInterval)
-	}
-	if c.Retention.Retention > 0 {
-		c.Retention.Table, c.Retention.CheckpointTable, c.Retention.Slot = c.Table, c.CheckpointTable, c.Replication.Slot
-		if err := c.Retention.Validate(); err != nil {
-			return err
-		}
-	}
-	if c.MaxInFlightEvents <= 0 {
-		c.MaxInFlightEvents = DefaultMaxInFlightEvents
-	}
-	if c.MaxInFlightBytes <= 0 {
-		c.MaxInFlightBytes = DefaultMaxInFlightBytes
-	}
-	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if c.StallAfter <= 0 {
-		c.StallAfter = DefaultStallAfter
-	}
+	// The retention's tables and slot are the relay's own.
+	c.Retention.Table, c.Retention.CheckpointTable, c.Retention.Slot = c.Table, c.CheckpointTable, c.Replication.Slot
+	field.Positive(&v, "MaxInFlightEvents", &c.MaxInFlightEvents, DefaultMaxInFlightEvents)
+	field.Positive(&v, "MaxInFlightBytes", &c.MaxInFlightBytes, DefaultMaxInFlightBytes)
 	// The window is memory: bounds that a typo cannot pass (2^63 bytes
 	// overflowed the soft memory limit derived from it).
-	if c.MaxInFlightEvents > MaxInFlightEventsLimit {
-		return fmt.Errorf("pipeline.max_in_flight_events is %d, above the limit of %d: lower it (the default is 50000)", c.MaxInFlightEvents, MaxInFlightEventsLimit)
+	if n := c.MaxInFlightEvents; n > MaxInFlightEventsLimit {
+		v.Errorf("MaxInFlightEvents", "%d is out of range; allowed 1 to %d (default %d)", n, MaxInFlightEventsLimit, DefaultMaxInFlightEvents)
 	}
-	if c.MaxInFlightBytes > MaxInFlightBytesLimit || c.MaxInFlightBytes < MinInFlightBytes {
-		return fmt.Errorf("pipeline.max_in_flight_bytes is %d: it must be between %d (64 KiB) and %d (16 GiB); the default is 8 MiB", c.MaxInFlightBytes, MinInFlightBytes, MaxInFlightBytesLimit)
+	if n := c.MaxInFlightBytes; n > 0 && (n < MinInFlightBytes || n > MaxInFlightBytesLimit) {
+		v.Errorf("MaxInFlightBytes", "%d is out of range; allowed %d (64 KiB) to %d (16 GiB) (default %d)", n, MinInFlightBytes, MaxInFlightBytesLimit, DefaultMaxInFlightBytes)
 	}
-	if c.Sink.BatchSize <= 0 {
-		c.Sink.BatchSize = 10000
-	}
-	if c.Sink.BatchBytes <= 0 {
-		c.Sink.BatchBytes = 1 << 20
-	}
-	if c.RetryTable == "" {
-		c.RetryTable = sql.DefaultRetryTable
+	field.Positive(&v, "ShutdownTimeout", &c.ShutdownTimeout, DefaultShutdownTimeout)
+	field.Positive(&v, "StallAfter", &c.StallAfter, DefaultStallAfter)
+	field.Default(&c.Sink.BatchSize, sink.DefaultBatchSize)
+	field.Default(&c.Sink.BatchBytes, sink.DefaultBatchBytes)
+	field.Default(&c.RetryTable, sql.DefaultRetryTable)
+	if _, err := sql.ParseTable(c.RetryTable); err != nil {
+		v.Errorf("RetryTable", "%v", err)
 	}
 	if c.MetricsListen != "" && c.Metrics == nil {
 		c.Metrics = metrics.New()
@@ -253,15 +229,12 @@ func (c *Config) validate() error {
 		host, _ := os.Hostname()
 		c.Identity = fmt.Sprintf("host %s pid %d started %s", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339))
 	}
-	if c.LeaseDuration <= 0 {
-		c.LeaseDuration = DefaultLeaseDuration
-	}
-	if c.StandbyPoll <= 0 {
-		c.StandbyPoll = DefaultStandbyPoll
-	}
+	field.Positive(&v, "LeaseDuration", &c.LeaseDuration, DefaultLeaseDuration)
+	field.Positive(&v, "StandbyPoll", &c.StandbyPoll, DefaultStandbyPoll)
 	if wst := c.Replication.WalSenderTimeout; wst > 0 && wst <= 2*c.LeaseDuration {
 		// A leader that froze must lose the slot only after its lease ran out.
-		return fmt.Errorf("postgres.wal_sender_timeout (%s) must be more than twice the leader lease (%s): a frozen leader would lose the slot while it may still write", wst, c.LeaseDuration)
+		v.Errorf("Replication.WalSenderTimeout", "%s is too short: a frozen leader must lose the slot only after its write lease ({LeaseDuration}, %s) ran out; use more than twice the lease (default %s)",
+			wst, c.LeaseDuration, replication.DefaultWalSenderTimeout)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -272,7 +245,7 @@ func (c *Config) validate() error {
 	if c.Sink.Logger == nil {
 		c.Sink.Logger = c.Logger
 	}
-	return nil
+	return v.Err()
 }
 
 // A SpanExporter exports the spans of events Kafka acknowledged at ack. It

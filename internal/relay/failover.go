@@ -35,11 +35,11 @@ func (r *Relay) checkFailover(ctx context.Context, q pgslot.Querier) error {
 		// A slot made before postgres.failover was set, or re-created by
 		// a refill: make it one now, before anything holds it.
 		if err := r.alterFailover(ctx); err != nil {
-			r.log.Warn("postgres.failover is true but the slot is not a failover slot, and altering it failed: a promoted standby will not have it; run \"outbox-relay setup\" with the relay stopped, and \"outbox-relay check\" for the standby side",
+			r.log.Warn("failover slots are on, but the slot is not a failover slot and altering it failed: a promoted standby will not have it; with the relay stopped, alter it (ALTER_REPLICATION_SLOT ... (FAILOVER true)) and verify the standbys' settings",
 				"slot", r.cfg.Replication.Slot, "err", err)
 			return nil
 		}
-		r.log.Info("made the slot a failover slot (postgres.failover): standbys with sync_replication_slots keep a copy; \"outbox-relay check\" verifies them",
+		r.log.Info("made the slot a failover slot: standbys with sync_replication_slots keep a copy",
 			"slot", r.cfg.Replication.Slot)
 	}
 	return nil

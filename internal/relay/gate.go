@@ -38,7 +38,7 @@ func newGate(store retryTable, log *slog.Logger) *gate {
 func (g *gate) load(ctx context.Context) error {
 	aggs, err := g.store.Aggregates(ctx)
 	if err != nil {
-		return fmt.Errorf("read blocked aggregates from the retry table (run \"outbox-relay setup\" if it is missing): %w", err)
+		return fmt.Errorf("read blocked aggregates from the retry table: %w", err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/outbox-relay/outbox-relay/backoff"
 )
 
 // A historyRecorder writes the checkpoint history: checkpoint.Store's
@@ -73,11 +74,7 @@ func (h *historian) run(ctx context.Context) {
 			return
 		}
 		if wait := h.interval - time.Since(last); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
+			if backoff.Sleep(ctx, wait) != nil {
 				return
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
@@ -147,7 +148,7 @@ func (r *Relay) findGap(ctx context.Context, pool *pgxpool.Pool) (*pgslot.GapErr
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+		return nil, fmt.Errorf("load checkpoint from %s: %w", r.cfg.CheckpointTable, err)
 	}
 	srv, err := r.identify(ctx)
 	if err != nil {
@@ -187,7 +188,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	if dryRun {
 		text, args := sel.SQL()
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&res.Events); err != nil {
-			return nil, fmt.Errorf("refill --dry-run: count the rows: %w", err)
+			return nil, fmt.Errorf("refill (dry run): count the rows: %w", err)
 		}
 		return res, nil
 	}
@@ -239,7 +240,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, err
 	}
 	ls := newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, log, store, store, func() checkpoint.Server { return srv.Server })
-	if err := sleep(ctx, r.cfg.LeaseDuration); err != nil {
+	if err := backoff.Sleep(ctx, r.cfg.LeaseDuration); err != nil {
 		return nil, err
 	}
 	ls.taken(epoch)
@@ -300,6 +301,11 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 type RefillError struct {
 	Gap    *pgslot.GapError
 	Reason string
+	// NoHistory: the checkpoint history has no row at or before the
+	// checkpoint; the range can only be delivered by time (ReplayFrom),
+	// after which the checkpoint is set to the slot's position.
+	NoHistory  bool
+	ReplayFrom string
 }
 
 func (e *RefillError) Error() string {
@@ -323,16 +329,16 @@ func (r *Relay) canRefill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.G
 	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+sql.CheckpointHistoryName(ct).Quoted()+` WHERE slot_name = $1 AND snapshot_lsn <= $2::text::pg_lsn)`,
 		r.cfg.Replication.Slot, cp.LSN.String()).Scan(&ok)
 	if err != nil {
-		return fmt.Errorf("refill: read the checkpoint history (run \"outbox-relay setup\" to create it): %w", err)
+		return fmt.Errorf("refill: read the checkpoint history: %w", err)
 	}
 	if !ok {
 		from := "<the time of the last event delivered, a minute early>"
 		if !cp.LastCommitTime.IsZero() {
 			from = cp.LastCommitTime.Add(-time.Minute).UTC().Truncate(time.Second).Format(time.RFC3339)
 		}
-		return &RefillError{Gap: gap, Reason: fmt.Sprintf("the checkpoint history has no row at or before the checkpoint %s, so the rows it does not cover cannot be told apart. "+
-			"Deliver them by time instead, with the relay stopped: 1. outbox-relay replay --from %s; 2. create the slot if it is missing or lost "+
-			"(drop a lost one, then \"outbox-relay setup\"); 3. outbox-relay checkpoint set <the slot's confirmed_flush_lsn, which \"outbox-relay check\" prints> --yes; 4. start the relay",
+		return &RefillError{Gap: gap, NoHistory: true, ReplayFrom: from, Reason: fmt.Sprintf("the checkpoint history has no row at or before the checkpoint %s, so the rows it does not cover cannot be told apart. "+
+			"Deliver them by time instead, with the relay stopped: 1. replay the events committed since %s; 2. create the slot if it is missing or lost "+
+			"(drop a lost one first); 3. set the checkpoint to the slot's confirmed_flush_lsn; 4. start the relay",
 			cp.LSN, from)}
 	}
 	return nil
@@ -386,7 +392,7 @@ func (r *Relay) dropSlot(ctx context.Context, pool *pgxpool.Pool) error {
 			return fmt.Errorf("refill: replication slot %q is active (%s): another process streams it; stop it (or, if it is another relay of this group, let it refill) and recover again",
 				slot, r.holder(ctx, pool, sl))
 		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 250*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -581,15 +587,4 @@ func newRefillID() string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	return time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -105,8 +105,8 @@ type FutureStartError struct {
 }
 
 func (e *FutureStartError) Error() string {
-	return fmt.Sprintf("--start-lsn %s is beyond the server's current WAL position %s: every event committed before the WAL reaches it would be skipped; give a position at or before %s, or add --force if that is really meant",
-		e.Requested, e.Current, e.Current)
+	return fmt.Sprintf("start position: %v; give a position at or before %s, or force it if that is really meant",
+		&pgslot.BeyondWALError{LSN: e.Requested, Current: e.Current}, e.Current)
 }
 
 // Relay streams outbox inserts from a replication slot to Kafka. What lives
@@ -154,7 +154,7 @@ func (r *Relay) checkAuth(ctx context.Context) error {
 
 // New validates cfg and fills defaults. It neither dials nor starts goroutines.
 func New(cfg Config, sinks Sinks) (*Relay, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if sinks.Stream == nil || sinks.Retry == nil {

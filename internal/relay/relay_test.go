@@ -2,11 +2,14 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
 // TestEndToEnd streams more than 10k events of five aggregate types, written in
@@ -257,8 +260,8 @@ func TestStartWithoutSlotFails(t *testing.T) {
 	run := f.start(t, cfg)
 	select {
 	case err := <-run.done:
-		if err == nil || !strings.Contains(err.Error(), "outbox-relay setup") {
-			t.Fatalf("Run without a slot = %v; want an error naming outbox-relay setup", err)
+		if !errors.Is(err, replication.ErrSlotMissing) && !errors.Is(err, pgslot.ErrNotFound) {
+			t.Fatalf("Run without a slot = %v; want ErrSlotMissing (the command line's hint names setup)", err)
 		}
 		run.done <- err
 	case <-time.After(30 * time.Second):

@@ -2,10 +2,12 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 )
@@ -169,8 +171,9 @@ func TestRetentionNeedsCreatedAt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = r.Run(ctx)
-	if err == nil || !strings.Contains(err.Error(), `no "created_at" column`) || !strings.Contains(err.Error(), "outbox.retention") {
-		t.Errorf("Run with retention on a table without created_at = %v; want an error naming the column and outbox.retention", err)
+	var fe *field.Error
+	if !errors.As(err, &fe) || fe.Field != "Retention.Retention" || !strings.Contains(err.Error(), `no "created_at" column`) {
+		t.Errorf("Run with retention on a table without created_at = %v; want a *field.Error of Retention.Retention naming the column", err)
 	}
 }
 

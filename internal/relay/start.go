@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -55,7 +56,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 			if unreachable(err) {
 				return err
 			}
-			r.log.Warn("cannot upgrade the retry table: run \"outbox-relay setup\" as its owner", "table", r.cfg.RetryTable, "err", err)
+			r.log.Warn("cannot upgrade the retry table: its owner must (sql/004_retry.sql does)", "table", r.cfg.RetryTable, "err", err)
 		}
 		// Likewise the checkpoint history, new in a later version than the
 		// checkpoint table: delivery does not need it, retention does.
@@ -63,7 +64,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 			if unreachable(err) {
 				return err
 			}
-			r.log.Warn("cannot create the checkpoint history table: run \"outbox-relay setup\" as its owner; until then no history is recorded and retention deletes nothing",
+			r.log.Warn("cannot create the checkpoint history table: the checkpoint table's owner must (sql/002_relay.sql does); until then no history is recorded and retention deletes nothing",
 				"table", store.HistoryTable(), "err", err)
 		}
 		// Fencing needs the epoch column: a table from before it gets it
@@ -83,7 +84,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 		// A mapping that cannot work fails now, in check's words, not at
 		// the first event as if the table had changed while running.
 		if o.placer.OID() == 0 {
-			return fmt.Errorf("outbox table %s does not exist: create it (outbox-relay setup --create-outbox-table) or set outbox.table to your outbox table", r.cfg.Table)
+			return fmt.Errorf("%w: %s: create it, or point the relay at your outbox table", ErrOutboxMissing, r.cfg.Table)
 		}
 		if err := placement.CheckColumns(ctx, pool, o.placer.OID(), o.placer.Outbox(), r.router.Needs()); err != nil {
 			return err
@@ -91,10 +92,10 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 		// Retention that cannot work says so at start, not once a minute.
 		if r.cfg.Retention.Retention > 0 {
 			if err := retention.CheckTable(ctx, pool, r.cfg.Table); err != nil {
-				return err
+				return field.Within("Retention", err)
 			}
 			if err := retention.CheckPartitions(ctx, pool, r.cfg.Table, r.cfg.Retention.Partitions); err != nil {
-				return err
+				return field.Within("Retention", err)
 			}
 		}
 		return o.gate.load(ctx)
@@ -129,11 +130,8 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	if err != nil {
 		return 0, pgslot.Server{}, err
 	}
-	if sl.Plugin != "pgoutput" {
-		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput: drop it and run \"outbox-relay setup\", or set postgres.slot to a pgoutput slot", slot, sl.Plugin)
-	}
-	if sl.Database != sl.CurrentDatabase {
-		return 0, pgslot.Server{}, fmt.Errorf("replication slot %q belongs to database %q, not %q: set postgres.dsn to that database, or postgres.slot to a slot of this one (\"outbox-relay setup\" creates it)", slot, sl.Database, sl.CurrentDatabase)
+	if err := sl.Usable(); err != nil {
+		return 0, pgslot.Server{}, err
 	}
 	slotLSN, err := sl.Confirmed()
 	if err != nil {
@@ -141,7 +139,7 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	}
 	cp, err := store.Load(ctx, slot)
 	if err != nil && !errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		return 0, pgslot.Server{}, fmt.Errorf("load checkpoint (run \"outbox-relay setup\" if the table %q is missing): %w", r.cfg.CheckpointTable, err)
+		return 0, pgslot.Server{}, fmt.Errorf("load checkpoint from %s: %w", r.cfg.CheckpointTable, err)
 	}
 	srv, err := r.identify(ctx)
 	if err != nil {
@@ -177,18 +175,18 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 	if r.cfg.StartLSN != 0 {
 		// A position the WAL has not reached yet would skip every event
 		// committed until it does, silently: refuse it unless forced.
-		cur, err := pglogrepl.ParseLSN(sl.CurrentWALLSN)
+		cur, err := sl.CurrentWAL()
 		if err != nil {
-			return 0, pgslot.Server{}, fmt.Errorf("parse the current WAL position %q: %w", sl.CurrentWALLSN, err)
+			return 0, pgslot.Server{}, err
 		}
-		if r.cfg.StartLSN > cur {
+		if sl.Reached(r.cfg.StartLSN) != nil {
 			if !r.cfg.StartLSNForce {
 				return 0, pgslot.Server{}, &FutureStartError{Requested: r.cfg.StartLSN, Current: cur}
 			}
-			r.log.Warn("--start-lsn is AHEAD of the server's WAL, as forced: every event committed before the WAL reaches it is skipped for good",
+			r.log.Warn("the start LSN is AHEAD of the server's WAL, as forced: every event committed before the WAL reaches it is skipped for good",
 				"start_lsn", r.cfg.StartLSN.String(), "current_wal_lsn", cur.String())
 		}
-		r.log.Warn("starting at the operator's --start-lsn: transactions committed before it are NOT delivered",
+		r.log.Warn("starting at the operator's start LSN: transactions committed before it are NOT delivered",
 			"start_lsn", start.String(), "checkpoint", cp.LSN.String(), "slot_confirmed_flush_lsn", slotLSN.String())
 	}
 	if start > cp.LSN {

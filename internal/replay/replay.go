@@ -517,8 +517,11 @@ func (s *Selected) Note() string { return s.r.q.plan.Note }
 
 // Scan reads the current row of rows (from SQL's query) as pgoutput would
 // have delivered it, and its place in the order as text.
-func (s *Selected) Scan(rows pgx.Rows) (replication.Row, []string, error) {
-	r := s.r
+func (s *Selected) Scan(rows pgx.Rows) (replication.Row, []string, error) { return s.r.scan(rows) }
+
+// scan reads the current row of rows: the outbox columns as pgoutput would
+// have delivered them, then its place in the order as text.
+func (r *Replayer) scan(rows pgx.Rows) (replication.Row, []string, error) {
 	vals := make([]*string, len(r.cols)+len(r.q.order))
 	ptrs := make([]any, len(vals))
 	for i := range vals {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -103,26 +103,12 @@ func (r *Replayer) Run(ctx context.Context) error {
 			n    int
 		)
 		for rows.Next() {
-			vals := make([]*string, len(r.cols)+len(r.q.order))
-			ptrs := make([]any, len(vals))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := rows.Scan(ptrs...); err != nil {
+			row, pos, err := r.scan(rows)
+			if err != nil {
 				rows.Close()
 				return r.stopped(ctx, err)
 			}
 			n++
-			row := replication.Row{Relation: r.rel, Values: make([][]byte, len(r.cols))}
-			for i := range r.cols {
-				if vals[i] != nil {
-					row.Values[i] = []byte(*vals[i])
-				}
-			}
-			pos := make([]string, len(r.q.order))
-			for i := range pos {
-				pos[i] = *vals[len(r.cols)+i]
-			}
 			m, err := r.rt.Route(row)
 			if err != nil {
 				var se *router.SchemaError
@@ -220,14 +206,7 @@ func (r *Replayer) pace(ctx context.Context, p Progress) error {
 	if wait <= 0 {
 		return nil
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return backoff.Sleep(ctx, wait)
 }
 
 // stopped saves the position (already that of the last acknowledged page)

@@ -11,13 +11,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // PartitionMode is how a round removes the rows of a partitioned outbox.
 type PartitionMode string
 
-// The partition modes (outbox.retention_partitions).
+// The partition modes (Config.Partitions).
 const (
 	// PartitionsDelete deletes rows in batches, partitioned or not: the default.
 	PartitionsDelete PartitionMode = "delete"
@@ -118,10 +119,10 @@ LEFT JOIN pg_catalog.pg_partitioned_table p ON p.partrelid = c.oid`, t.Quoted())
 	case err != nil:
 		return fmt.Errorf("look up how %s is partitioned: %w", t, err)
 	case strategy == nil:
-		return fmt.Errorf("outbox.retention_partitions is %s, but the outbox table %s is not partitioned: set outbox.retention_partitions to delete (rows)", mode, t)
+		return field.Errorf("Partitions", "%s, but the outbox table %s is not partitioned: set {Partitions} to delete (rows)", mode, t)
 	case *strategy != "r" || columns != 1 || key == nil || *key != CreatedAtColumn:
-		return fmt.Errorf("outbox.retention_partitions is %s, but the outbox table %s is not partitioned BY RANGE (%s) alone, "+
-			"so a partition's range does not say how old its rows are: set outbox.retention_partitions to delete (rows)", mode, t, CreatedAtColumn)
+		return field.Errorf("Partitions", "%s, but the outbox table %s is not partitioned BY RANGE (%s) alone, "+
+			"so a partition's range does not say how old its rows are: set {Partitions} to delete (rows)", mode, t, CreatedAtColumn)
 	}
 	return nil
 }
@@ -161,8 +162,8 @@ FROM pg_catalog.pg_class p WHERE p.oid = to_regclass($1)`, t.Quoted()).Scan(&par
 		missing = append(missing, "the partitions "+*notOwned)
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("outbox.retention_partitions is %s, but the relay's role does not own %s: "+
-			"ALTER TABLE … OWNER TO <relay role> (or GRANT <owning role> TO <relay role>), or set outbox.retention_partitions to delete",
+		return field.Errorf("Partitions", "%s, but the relay's role does not own %s: "+
+			"ALTER TABLE … OWNER TO <relay role> (or GRANT <owning role> TO <relay role>), or set {Partitions} to delete",
 			mode, strings.Join(missing, ", nor "))
 	}
 	return nil

@@ -279,7 +279,7 @@ func TestCheckPartitions(t *testing.T) {
 		{"public.pobox", retention.PartitionsDrop, ""},
 		{"public.pobox", retention.PartitionsDetach, ""},
 		{"public.outbox", retention.PartitionsDelete, ""},
-		{"public.outbox", retention.PartitionsDrop, "is not partitioned: set outbox.retention_partitions to delete"},
+		{"public.outbox", retention.PartitionsDrop, "Partitions: drop, but the outbox table public.outbox is not partitioned: set Partitions to delete"},
 		{"public.hashed", retention.PartitionsDetach, "not partitioned BY RANGE (created_at) alone"},
 	}
 	for _, tt := range tests {
@@ -295,7 +295,7 @@ func TestCheckPartitions(t *testing.T) {
 		t.Errorf("Round(drop) on a plain outbox = %v; want an error saying it is not partitioned", err)
 	}
 	cfg := retention.Config{Slot: slot, Retention: time.Hour, Partitions: "truncate"}
-	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "want delete") {
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `Partitions: "truncate" is not one of delete`) {
 		t.Errorf("Validate(Partitions: truncate) = %v; want an error naming the values", err)
 	}
 }

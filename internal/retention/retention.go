@@ -94,7 +94,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -143,44 +145,47 @@ type Config struct {
 	Deleted func(n int64)
 }
 
-// Validate fills defaults and rejects what cannot work, saying how to fix it.
-// Round calls it; the relay calls it at start-up.
+// Validate fills defaults and returns every value that cannot work, each a
+// *field.Error naming its field and the fix. A zero Retention is valid (off:
+// a relay then runs no rounds) and the other fields are checked all the same,
+// so that turning retention on later reveals no typo; Round needs it set.
+// The relay calls Validate at start-up.
 func (c *Config) Validate() error {
-	if c.Slot == "" {
-		return errors.New("retention: slot name is empty")
+	var v field.Checker
+	if c.Retention < 0 {
+		v.Errorf("Retention", "%s is negative; use a period such as 7d or 12h, or 0 for off", c.Retention)
 	}
-	if c.Retention <= 0 {
-		return errors.New("retention: the retention period is not set")
-	}
-	if c.Table == "" {
-		c.Table = sql.DefaultOutboxTable
-	}
-	if c.CheckpointTable == "" {
-		c.CheckpointTable = sql.DefaultCheckpointTable
-	}
-	if c.Interval <= 0 {
-		c.Interval = DefaultInterval
-	}
-	if c.BatchSize <= 0 {
-		c.BatchSize = DefaultBatchSize
-	}
+	field.Default(&c.Table, sql.DefaultOutboxTable)
+	field.Default(&c.CheckpointTable, sql.DefaultCheckpointTable)
+	field.Positive(&v, "Interval", &c.Interval, DefaultInterval)
+	field.Positive(&v, "BatchSize", &c.BatchSize, DefaultBatchSize)
 	if c.BatchSize > MaxBatchSize {
-		return fmt.Errorf("outbox.retention_batch_size is %d, above %d: a batch is one transaction that should stay short", c.BatchSize, MaxBatchSize)
+		v.Errorf("BatchSize", "%d is out of range; allowed 1 to %d (default %d): each batch is one transaction, keep it short", c.BatchSize, MaxBatchSize, DefaultBatchSize)
 	}
-	if c.Pause <= 0 {
-		c.Pause = DefaultPause
-	}
-	if c.StatementTimeout <= 0 {
-		c.StatementTimeout = DefaultStatementTimeout
-	}
+	field.Positive(&v, "Pause", &c.Pause, DefaultPause)
+	field.Positive(&v, "StatementTimeout", &c.StatementTimeout, DefaultStatementTimeout)
 	switch c.Partitions {
 	case "":
 		c.Partitions = PartitionsDelete
 	case PartitionsDelete, PartitionsDrop, PartitionsDetach:
 	default:
-		return fmt.Errorf("outbox.retention_partitions is %q; want delete (rows, the default), drop or detach (whole partitions of a partitioned outbox)", c.Partitions)
+		v.Errorf("Partitions", "%q is not one of delete (rows, the default), drop or detach (whole partitions of an outbox partitioned by range on created_at)", c.Partitions)
 	}
-	return nil
+	return v.Err()
+}
+
+// validateRound is Validate for Round, which also needs the slot whose
+// checkpoint covers the rows and a retention period.
+func (c *Config) validateRound() error {
+	var v field.Checker
+	v.Add(c.Validate())
+	if c.Slot == "" {
+		v.Add(field.Required("Slot", "name the slot whose checkpoint says which rows are delivered"))
+	}
+	if c.Retention == 0 {
+		v.Add(field.Required("Retention", "a round deletes rows older than the retention period"))
+	}
+	return v.Err()
 }
 
 // A DB runs the statements of a round: *pgx.Conn and *pgxpool.Pool satisfy
@@ -217,7 +222,7 @@ type Result struct {
 // before it stay committed.
 func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 	var res Result
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validateRound(); err != nil {
 		return res, err
 	}
 	t, err := sql.ParseTable(cfg.Table)
@@ -300,12 +305,8 @@ DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT c FROM batch)) AND (tabl
 		if n < int64(cfg.BatchSize) {
 			return nil
 		}
-		tm := time.NewTimer(cfg.Pause)
-		select {
-		case <-tm.C:
-		case <-ctx.Done():
-			tm.Stop()
-			return ctx.Err()
+		if err := backoff.Sleep(ctx, cfg.Pause); err != nil {
+			return err
 		}
 	}
 }
@@ -387,16 +388,16 @@ FROM (SELECT to_regclass($1)::oid AS oid) c`, t.Quoted(), CreatedAtColumn).Scan(
 	case err != nil:
 		return fmt.Errorf("look up outbox table %s: %w", t, err)
 	case !exists:
-		return fmt.Errorf("outbox table %s does not exist: check outbox.table, or run `outbox-relay setup --create-outbox-table`", t)
+		return field.Errorf("Table", "outbox table %s does not exist: create it, or name your outbox table", t)
 	case typ == nil:
-		return fmt.Errorf("outbox.retention is set, but the outbox table %s has no %q column to tell a row's age: add it "+
+		return field.Errorf("Retention", "set, but the outbox table %s has no %q column to tell a row's age: add it "+
 			"(ALTER TABLE %s ADD COLUMN %s timestamptz NOT NULL DEFAULT now(); existing rows get the time of the ALTER) "+
-			"and an index on it, or set outbox.retention to \"\" (off)", t, CreatedAtColumn, t.Quoted(), sql.Ident(CreatedAtColumn))
+			"and an index on it, or set {Retention} to \"\" (off)", t, CreatedAtColumn, t.Quoted(), sql.Ident(CreatedAtColumn))
 	case *typ != "timestamp with time zone" && *typ != "timestamp without time zone":
-		return fmt.Errorf("outbox.retention is set, but %s.%s is %s, not a timestamp: retention cannot tell a row's age; set outbox.retention to \"\" (off)",
+		return field.Errorf("Retention", "set, but %s.%s is %s, not a timestamp: retention cannot tell a row's age; set {Retention} to \"\" (off)",
 			t, CreatedAtColumn, *typ)
 	case !canDelete:
-		return fmt.Errorf("outbox.retention is set, but the relay's role may not delete from %s: GRANT DELETE ON %s TO <the relay's role>, or set outbox.retention to \"\" (off)",
+		return field.Errorf("Retention", "set, but the relay's role may not delete from %s: GRANT DELETE ON %s TO <the relay's role>, or set {Retention} to \"\" (off)",
 			t, t.Quoted())
 	}
 	return nil

@@ -6,11 +6,12 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	ev "github.com/outbox-relay/outbox-relay/event"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	ev "github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -100,7 +101,7 @@ func TestInsertLastResort(t *testing.T) {
 		event("orders", "A", "a2"), event("orders", "A", "a3"), event("orders", "C", "c1"),
 		event("orders", "D", "d1"), event("orders", "B", "b2")
 	poison.Value = []byte("poison")
-	poison.Headers = []retry.Header{{Key: "k\x00", Value: []byte{0xff, 0}}, {Key: "nil", Value: nil}}
+	poison.Extra = []retry.Header{{Key: "k\x00", Value: []byte{0xff, 0}}, {Key: "nil", Value: nil}}
 	poison.SourceLSN, poison.CommitTime = 0x16B3748, time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	a3.Waiting = true
 	nul.EventType = "Created\x00\xfe"
@@ -161,7 +162,7 @@ func TestInsertLastResort(t *testing.T) {
 		if !got.LastResort || got.EventID != want.EventID || got.EventType != want.EventType ||
 			got.AggregateType != want.AggregateType || got.AggregateID != want.AggregateID || got.Topic != want.Topic ||
 			!bytes.Equal(got.Key, want.Key) || !bytes.Equal(got.Value, want.Value) ||
-			got.SourceLSN != want.SourceLSN || !got.CommitTime.Equal(want.CommitTime) || !sameHeaders(got.Headers, want.Headers) {
+			got.SourceLSN != want.SourceLSN || !got.CommitTime.Equal(want.CommitTime) || !sameHeaders(got.Extra, want.Extra) {
 			t.Errorf("Get(%q) = %+v; want the event as inserted: %+v", rows[i].EventKey, got, want)
 		}
 	}
@@ -218,7 +219,7 @@ func TestHeadersRoundTrip(t *testing.T) {
 		retry.Header{Key: "nil", Value: nil},
 		retry.Header{Key: "é", Value: []byte("ü\x01")})
 	e := event("orders", "A", "h1")
-	e.Headers = hs
+	e.Extra = hs
 	if err := s.Insert(ctx, []retry.Event{e}); err != nil {
 		t.Fatalf("Insert: %v", err)
 	}
@@ -229,13 +230,13 @@ func TestHeadersRoundTrip(t *testing.T) {
 	if got.LastResort {
 		t.Fatalf("headers made a last-resort record; want them in the headers column")
 	}
-	if !sameHeaders(got.Headers, hs) {
-		for i := range min(len(got.Headers), len(hs)) {
-			if !sameHeaders(got.Headers[i:i+1], hs[i:i+1]) {
-				t.Errorf("header %d = %q: %q; want %q: %q", i, got.Headers[i].Key, got.Headers[i].Value, hs[i].Key, hs[i].Value)
+	if !sameHeaders(got.Extra, hs) {
+		for i := range min(len(got.Extra), len(hs)) {
+			if !sameHeaders(got.Extra[i:i+1], hs[i:i+1]) {
+				t.Errorf("header %d = %q: %q; want %q: %q", i, got.Extra[i].Key, got.Extra[i].Value, hs[i].Key, hs[i].Value)
 			}
 		}
-		t.Fatalf("got %d headers; want %d, equal", len(got.Headers), len(hs))
+		t.Fatalf("got %d headers; want %d, equal", len(got.Extra), len(hs))
 	}
 	var readable bool
 	if err := pg.Pool(t).QueryRow(ctx, `SELECT headers @> '[{"key": "é", "value": "ü\u0001"}]' FROM outbox_relay_retry`).Scan(&readable); err != nil || !readable {
@@ -249,8 +250,8 @@ VALUES ('old', 'orders/O', 'pending', now(), '[{"key":"id","value":"o1"},{"key":
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []retry.Header{{Key: "id", Value: []byte("o1")}, {Key: "trace", Value: []byte{}}}; !sameHeaders(old.Headers, want) {
-		t.Errorf("old-format headers = %q; want %q", old.Headers, want)
+	if want := []retry.Header{{Key: "id", Value: []byte("o1")}, {Key: "trace", Value: []byte{}}}; !sameHeaders(old.Extra, want) {
+		t.Errorf("old-format headers = %q; want %q", old.Extra, want)
 	}
 }
 

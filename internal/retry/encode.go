@@ -143,7 +143,7 @@ type document struct {
 	Topic         docString   `json:"topic"`
 	Key           []byte      `json:"key"`
 	Value         []byte      `json:"value"`
-	Headers       []docHeader `json:"headers"`
+	Extra         []docHeader `json:"headers"` // the extra headers
 	SourceLSN     string      `json:"source_lsn,omitempty"`
 	CommitTime    *time.Time  `json:"commit_time,omitempty"`
 	Reason        docString   `json:"reason"`
@@ -161,10 +161,10 @@ func encodeDocument(e *Event, storeErr error) ([]byte, error) {
 		Key: e.Key, Value: e.Value, Reason: docString(e.Reason), Permanent: e.Permanent, Waiting: e.Waiting,
 		StoreError: strings.ToValidUTF8(storeErr.Error(), "\uFFFD"),
 	}
-	if e.Headers != nil {
-		d.Headers = make([]docHeader, len(e.Headers))
-		for i, h := range e.Headers {
-			d.Headers[i] = docHeader{Key: docString(h.Key), Value: h.Value}
+	if e.Extra != nil {
+		d.Extra = make([]docHeader, len(e.Extra))
+		for i, h := range e.Extra {
+			d.Extra[i] = docHeader{Key: docString(h.Key), Value: h.Value}
 		}
 	}
 	if e.SourceLSN != 0 {
@@ -185,11 +185,11 @@ func (d *document) fill(e *Entry) error {
 	}
 	e.EventID, e.AggregateType, e.AggregateID = string(d.EventID), string(d.AggregateType), string(d.AggregateID)
 	e.EventType, e.Topic, e.Key, e.Value = string(d.EventType), string(d.Topic), d.Key, d.Value
-	e.Headers = nil
-	if d.Headers != nil {
-		e.Headers = make([]Header, len(d.Headers))
-		for i, h := range d.Headers {
-			e.Headers[i] = Header{Key: string(h.Key), Value: h.Value}
+	e.Extra = nil
+	if d.Extra != nil {
+		e.Extra = make([]Header, len(d.Extra))
+		for i, h := range d.Extra {
+			e.Extra[i] = Header{Key: string(h.Key), Value: h.Value}
 		}
 	}
 	if d.SourceLSN != "" {

@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	ev "github.com/outbox-relay/outbox-relay/event"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	ev "github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/segmentio/kafka-go"
 
@@ -48,12 +49,12 @@ func TestWorkerHeaders(t *testing.T) {
 	kc.CreateTopic(t, topic, 1)
 
 	none := event(topic, "A", "none")
-	none.Headers = nil
+	none.Extra = nil
 	old := event(topic, "B", "old")
-	old.Headers = []retry.Header{{Key: "id", Value: []byte("old")}, {Key: "event_type", Value: []byte("Created")},
+	old.Extra = []retry.Header{{Key: "id", Value: []byte("old")}, {Key: "event_type", Value: []byte("Created")},
 		{Key: "aggregate_type", Value: []byte("Order")}, {Key: "trace", Value: []byte("t-old")}}
 	extra := event(topic, "C", "extra")
-	extra.Headers = []retry.Header{{Key: "trace", Value: []byte("t\x00\xff")}, {Key: "id", Value: []byte("forged")},
+	extra.Extra = []retry.Header{{Key: "trace", Value: []byte("t\x00\xff")}, {Key: "id", Value: []byte("forged")},
 		{Key: "tenant", Value: nil}}
 	if err := s.Insert(ctx, []retry.Event{none, old, extra}); err != nil {
 		t.Fatal(err)

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	ev "github.com/outbox-relay/outbox-relay/event"
 	"slices"
 	"testing"
 	"time"
+
+	ev "github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 )
@@ -33,7 +34,7 @@ func event(topic, key, id string) retry.Event {
 		Topic:         topic,
 		Key:           []byte(key),
 		Value:         []byte(`{"id":"` + id + `"}`),
-		Headers:       []retry.Header{{Key: "trace", Value: []byte(id)}},
+		Extra:         []retry.Header{{Key: "trace", Value: []byte(id)}},
 		Reason:        "topic does not exist",
 	}
 }
@@ -137,7 +138,7 @@ func TestGetRoundTrip(t *testing.T) {
 		}
 		if got.EventID != e.EventID || string(got.Value) != string(e.Value) || string(got.Key) != "A" ||
 			got.Topic != "orders" || got.SourceLSN != e.SourceLSN || !got.CommitTime.Equal(commit) ||
-			len(got.Headers) != 1 || got.Headers[0].Key != "trace" || string(got.Headers[0].Value) != e.EventID {
+			len(got.Extra) != 1 || got.Extra[0].Key != "trace" || string(got.Extra[0].Value) != e.EventID {
 			t.Errorf("Get(%q) = %+v; want the inserted event back", id, got)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -30,7 +31,7 @@ type Sink interface {
 	Ping(ctx context.Context) error
 }
 
-// Defaults of WorkerConfig's zero values, exported for the CLI's key table.
+// Defaults of WorkerConfig's zero values.
 const (
 	DefaultBackoffMin   = time.Second
 	DefaultBackoffMax   = 5 * time.Minute
@@ -72,32 +73,36 @@ type WorkerConfig struct {
 	Logger  *slog.Logger // default discards
 }
 
+// Validate fills the defaults of the tunables (backoff, maximum age and
+// attempts, poll interval, attempt timeout, batch size) and returns every
+// one that cannot work, each a *field.Error naming its field. NewWorker also
+// wants Store, Sink and Topic.
+func (c *WorkerConfig) Validate() error {
+	var v field.Checker
+	field.Positive(&v, "BackoffMin", &c.BackoffMin, DefaultBackoffMin)
+	field.Positive(&v, "BackoffMax", &c.BackoffMax, DefaultBackoffMax)
+	field.Positive(&v, "MaxAge", &c.MaxAge, DefaultMaxAge)
+	field.Positive(&v, "PollInterval", &c.PollInterval, DefaultPollInterval)
+	field.Positive(&v, "AttemptTimeout", &c.AttemptTimeout, 30*time.Second)
+	field.Positive(&v, "BatchSize", &c.BatchSize, 100)
+	if c.MaxAttempts < 0 {
+		v.Errorf("MaxAttempts", "%d is negative; use 0 for no limit ({MaxAge} still applies)", c.MaxAttempts)
+	}
+	if c.BackoffMax < c.BackoffMin {
+		v.Errorf("BackoffMax", "%s is less than {BackoffMin} %s; raise it", c.BackoffMax, c.BackoffMin)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return v.Err()
+}
+
 func (c *WorkerConfig) validate() error {
 	if c.Store == nil || c.Sink == nil || c.Topic == nil {
 		return errors.New("retry worker: store, sink and topic function are required")
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.BackoffMin, DefaultBackoffMin)
-	def(&c.BackoffMax, DefaultBackoffMax)
-	def(&c.MaxAge, DefaultMaxAge)
-	def(&c.PollInterval, DefaultPollInterval)
-	def(&c.AttemptTimeout, 30*time.Second)
-	if c.BatchSize == 0 {
-		c.BatchSize = 100
-	}
-	if c.BackoffMin < 0 || c.BackoffMax < 0 || c.MaxAge < 0 || c.PollInterval < 0 || c.AttemptTimeout < 0 ||
-		c.MaxAttempts < 0 || c.BatchSize < 0 {
-		return errors.New("retry worker: negative backoff, max age, max attempts, poll interval, attempt timeout or batch size: use 0 for the default")
-	}
-	if c.BackoffMin > c.BackoffMax {
-		return fmt.Errorf("retry worker: backoff min %s is above backoff max %s: lower the min or raise the max", c.BackoffMin, c.BackoffMax)
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("retry worker: %w", err)
 	}
 	return nil
 }
@@ -156,12 +161,8 @@ func (w *Worker) Run(ctx context.Context) error {
 				break
 			}
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return err
 		}
 	}
 }
@@ -378,14 +379,14 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 // earlier versions stored the relay's own
 // headers too; HeaderSet.Build drops them, so they are not sent twice.
 func (e *Entry) event(topic string, set router.HeaderSet) event.Event {
-	hs, _ := set.Build([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Headers)
+	hs, _ := set.Build([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Extra)
 	// Sent at least once (this may be its second delivery), also when the
 	// stream delivers exactly once: the header says so, in place of any
 	// stored entry of the name.
 	hs = append(slices.DeleteFunc(hs, func(h event.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
 	return event.Event{
 		ID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
-		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Headers, Time: e.MessageTime,
+		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Extra, Time: e.MessageTime,
 		CommitLSN: e.SourceLSN, CommitTime: e.CommitTime,
 	}
 }

@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	ev "github.com/outbox-relay/outbox-relay/event"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	ev "github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/segmentio/kafka-go"
 

@@ -65,16 +65,10 @@ func postgresAdminDSN(t testing.TB) string {
 	if dsn := os.Getenv(envPostgresDSN); dsn != "" {
 		return dsn
 	}
-	skipUnlessServers(t, envPostgresDSN)
-	if !dockerAvailable() {
-		t.Fatalf("testenv: no Postgres: %s is not set and no Docker engine answers; %s", envPostgresDSN, howToStart)
-	}
-	containers.pgOnce.Do(func() {
-		containers.pgDSN, containers.postgres, containers.pgErr = startPostgresContainer()
+	fromContainer(t, "Postgres", envPostgresDSN, &containers.pgOnce, &containers.pgErr, func() (err error) {
+		containers.pgDSN, containers.postgres, err = startPostgresContainer()
+		return err
 	})
-	if containers.pgErr != nil {
-		t.Fatalf("testenv: Postgres container: %v", containers.pgErr)
-	}
 	return containers.pgDSN
 }
 
@@ -93,17 +87,27 @@ func kafkaBrokers(t testing.TB) []string {
 			return out
 		}
 	}
-	skipUnlessServers(t, envKafkaBrokers)
-	if !dockerAvailable() {
-		t.Fatalf("testenv: no Kafka: %s is not set and no Docker engine answers; %s", envKafkaBrokers, howToStart)
-	}
-	containers.kafkaOnce.Do(func() {
-		containers.kafkaAddrs, containers.kafka, containers.kafkaErr = startKafkaContainer()
+	fromContainer(t, "Kafka", envKafkaBrokers, &containers.kafkaOnce, &containers.kafkaErr, func() (err error) {
+		containers.kafkaAddrs, containers.kafka, err = startKafkaContainer()
+		return err
 	})
-	if containers.kafkaErr != nil {
-		t.Fatalf("testenv: Kafka container: %v", containers.kafkaErr)
-	}
 	return containers.kafkaAddrs
+}
+
+// fromContainer is the way to a server whose variable env is unset: skip t
+// under -short, fail it without a Docker engine, else start the server's
+// container once per binary (start, its error kept in *err) and fail t when
+// that failed.
+func fromContainer(t testing.TB, what, env string, once *sync.Once, err *error, start func() error) {
+	t.Helper()
+	skipUnlessServers(t, env)
+	if !dockerAvailable() {
+		t.Fatalf("testenv: no %s: %s is not set and no Docker engine answers; %s", what, env, howToStart)
+	}
+	once.Do(func() { *err = start() })
+	if *err != nil {
+		t.Fatalf("testenv: %s container: %v", what, *err)
+	}
 }
 
 // dockerAvailable reports whether a Docker engine answers. testcontainers panics or

@@ -15,16 +15,16 @@ import (
 // sync_replication_slots).
 const FailoverMinVersion = 170000
 
-// ErrFailoverUnsupported is wrapped by the error of postgres.failover on a
-// server older than Postgres 17.
+// ErrFailoverUnsupported is wrapped by the error of a failover slot asked
+// for on a server older than Postgres 17.
 var ErrFailoverUnsupported = errors.New("failover slots need Postgres 17 or later")
 
-// FailoverUnsupported is the error for postgres.failover on a server of
+// FailoverUnsupported is the error for a failover slot asked for on a server of
 // server_version_num version (below FailoverMinVersion): what is wrong and
 // what to do instead.
 func FailoverUnsupported(version int) error {
-	return fmt.Errorf("%w: postgres.failover is true, but this server is Postgres %d.%d, which cannot sync a slot to a standby: "+
-		"after a promotion the new primary has no slot for the relay. Set postgres.failover: false and postgres.on_slot_loss: refill "+
+	return fmt.Errorf("%w: a failover slot is asked for, but this server is Postgres %d.%d, which cannot sync a slot to a standby: "+
+		"after a promotion the new primary has no slot for the relay. Do without a failover slot and refill a lost slot instead "+
 		"(the relay then re-delivers from the outbox table what the lost slot had not sent), or upgrade to Postgres 17 or later",
 		ErrFailoverUnsupported, version/10000, version%10000)
 }
@@ -64,7 +64,7 @@ type Host struct {
 func Hosts(dsn string) ([]Host, error) {
 	pc, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return nil, errors.New("postgres.dsn cannot be parsed: check its syntax")
+		return nil, errors.New("the connection string cannot be parsed: check its syntax")
 	}
 	all := append([]*pgconn.FallbackConfig{{Host: pc.Host, Port: pc.Port, TLSConfig: pc.TLSConfig}}, pc.Fallbacks...)
 	var hosts []Host

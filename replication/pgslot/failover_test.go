@@ -59,7 +59,7 @@ func TestSuperseded(t *testing.T) {
 
 func TestFailoverUnsupported(t *testing.T) {
 	err := FailoverUnsupported(150007)
-	for _, want := range []string{"Postgres 15.7", "postgres.on_slot_loss: refill", "Postgres 17"} {
+	for _, want := range []string{"Postgres 15.7", "refill a lost slot", "Postgres 17"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("FailoverUnsupported(150007) = %q; want it to contain %q", err, want)
 		}

@@ -90,7 +90,6 @@ var ErrGap = fmt.Errorf("replication slot does not continue from the checkpoint"
 
 func (e *GapError) Unwrap() error { return ErrGap }
 
-
 // Range is the uncovered range as text: "From..To", or "From.." when the
 // slot has no position to resume from.
 func (e *GapError) Range() string {
@@ -105,7 +104,7 @@ func (e *GapError) Reason() string {
 	switch e.Cause {
 	case CauseSlotAhead:
 		return fmt.Sprintf("the slot's confirmed position %s is ahead of the checkpoint %s, and no relay of this checkpoint confirmed it there: "+
-			"the slot was dropped and created again (\"outbox-relay setup\" creates it at the current WAL position), advanced by hand, or read by another consumer",
+			"the slot was dropped and created again (a new slot starts at the current WAL position), advanced by hand, or read by another consumer",
 			e.To, e.From)
 	case CauseSlotMissing:
 		return fmt.Sprintf("the slot does not exist, though the checkpoint says the relay delivered up to %s: it was dropped, "+
@@ -114,7 +113,7 @@ func (e *GapError) Reason() string {
 		return "the slot was invalidated (wal_status lost): the server removed WAL it had not decoded, because the relay was stopped or behind for longer than max_slot_wal_keep_size allows"
 	case CauseOtherSystem:
 		return fmt.Sprintf("the checkpoint was saved on Postgres system %s (timeline %d), and this server is system %s: another database cluster "+
-			"(a restored backup, a new cluster or pg_upgrade, a resurrected old primary of another lineage, or postgres.dsn pointing at the wrong server), on which the checkpoint's positions mean nothing",
+			"(a restored backup, a new cluster or pg_upgrade, a resurrected old primary of another lineage, or a connection string pointing at the wrong server), on which the checkpoint's positions mean nothing",
 			e.Recorded.SystemID, e.Recorded.Timeline, e.Now.SystemID)
 	case CauseForked:
 		if e.Fork == 0 {
@@ -137,12 +136,11 @@ func (e *GapError) Reason() string {
 	return string(e.Cause)
 }
 
-// Fix says what an operator does. When the checkpoint's positions belong to
-// this server's WAL (Cause.Refillable), `outbox-relay recover` (or
-// postgres.on_slot_loss: refill) re-delivers the uncovered range from the
-// outbox table and creates the slot again; otherwise deliver it with
-// `outbox-relay replay` by time and accept the server's position. The
-// commands are exact, but for the configuration flags.
+// Fix says what an operator does, as operations: when the checkpoint's
+// positions belong to this server's WAL (Cause.Refillable), a refill
+// re-delivers the uncovered range from the outbox table and creates the slot
+// again; otherwise a replay by time delivers it and the checkpoint is
+// dropped. Which command or setting does that is the caller's to say.
 func (e *GapError) Fix() string {
 	if e.Cause == CauseSuperseded {
 		return fmt.Sprintf("stop this old primary and keep it from taking writes (it must not be a primary again: rebuild it as a standby of the new primary (%s) with pg_rewind or a new base backup), "+
@@ -150,34 +148,34 @@ func (e *GapError) Fix() string {
 			"find them in its outbox table (created_at after the promotion) and insert them into the new primary's", e.Successor)
 	}
 	if e.Cause.Refillable() {
-		return "run \"outbox-relay recover\" (with the relay stopped, or set postgres.on_slot_loss: refill and the relay does it by itself): it creates the slot again, " +
-			"re-delivers from the outbox table every event the checkpoint does not cover (marked with the header refill_id; events committed up to one " +
-			"checkpoint.history_interval before the checkpoint are sent again), and then the relay streams on from the new slot. " +
-			"\"outbox-relay recover --dry-run\" says what it would send; it needs a checkpoint history row at or before the checkpoint, and the rows still in the outbox table (\"outbox-relay check\" warns when they may not be)" +
-			e.afterwards()
+		return "refill the range: create the slot again and re-deliver from the outbox table every event the checkpoint does not cover (marked with the header refill_id; " +
+			"events committed up to one checkpoint history interval before the checkpoint are sent again), then stream on from the new slot. " +
+			"A refill needs a checkpoint history row at or before the checkpoint, and the rows still in the outbox table" + e.Afterwards()
 	}
-	since := "--from " + fromTime(e.LastCommitTime)
-	// The checkpoint history maps LSNs of the old WAL: select by time.
-	replay := fmt.Sprintf("outbox-relay replay %s   (re-sends the events committed after the checkpoint, up to when it runs, and some earlier ones again)", since)
-	return fmt.Sprintf("if postgres.dsn points at the wrong server, fix it. If this server rightly replaced the checkpoint's, with the relay stopped: 1. %s; "+
-		"2. delete the checkpoint row, whose positions belong to the other WAL (DELETE FROM <checkpoint.table> WHERE slot_name = %s); 3. start the relay, which then starts at the slot",
-		replay, sql.Literal(e.Slot))
+	return fmt.Sprintf("if the connection string points at the wrong server, fix it. If this server rightly replaced the checkpoint's, with the relay stopped: "+
+		"1. replay by time the events committed since %s (the checkpoint history maps LSNs of the other WAL); "+
+		"2. delete the checkpoint row, whose positions belong to the other WAL (DELETE FROM <the checkpoint table> WHERE slot_name = %s); 3. start the relay, which then starts at the slot",
+		e.ReplayFrom(), sql.Literal(e.Slot))
 }
 
-// afterwards is what to change so the gap does not come back.
-func (e *GapError) afterwards() string {
+// Afterwards is what to change so that the gap does not come back, or "".
+func (e *GapError) Afterwards() string {
 	if e.Cause == CauseSlotLost {
-		return "; then raise max_slot_wal_keep_size, or alert on \"outbox-relay lag\" sooner"
+		return "; then raise max_slot_wal_keep_size, or alert on the slot's lag sooner"
 	}
 	return ""
 }
+
+// ReplayFrom is when a replay by time starts to cover the uncovered range: a
+// minute before the checkpoint's commit, as RFC 3339, since created_at is the
+// inserting transaction's start and a transaction that committed after the
+// checkpoint may have started a little before it.
+func (e *GapError) ReplayFrom() string { return fromTime(e.LastCommitTime) }
 
 func fromTime(t time.Time) string {
 	if t.IsZero() {
 		return "<the time of the last event delivered>"
 	}
-	// created_at is the inserting transaction's start: a transaction that
-	// committed after the checkpoint may have started a little before it.
 	return t.Add(-time.Minute).UTC().Truncate(time.Second).Format(time.RFC3339)
 }
 

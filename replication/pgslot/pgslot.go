@@ -27,7 +27,7 @@ var ErrNotFound = errors.New("replication slot not found")
 type notFoundError struct{ slot string }
 
 func (e *notFoundError) Error() string {
-	return fmt.Sprintf("replication slot %q does not exist: run \"outbox-relay setup\"", e.slot)
+	return fmt.Sprintf("replication slot %q does not exist", e.slot)
 }
 func (e *notFoundError) Unwrap() error { return ErrNotFound }
 
@@ -97,6 +97,11 @@ func (s Slot) Confirmed() (pglogrepl.LSN, error) {
 	return lsn, nil
 }
 
+// currentWAL is the server's current WAL position: the replay position on a
+// standby, where pg_current_wal_lsn() fails.
+const currentWAL = `CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                   ELSE pg_catalog.pg_current_wal_lsn() END`
+
 // The slot, and through active_pid its walsender: the LEFT JOIN keeps the
 // slot when nobody holds it. Values a walsender connection cannot decode in
 // binary (pg_lsn, xid) are read as text.
@@ -107,8 +112,7 @@ const query = `SELECT s.slot_type, coalesce(s.plugin, ''), coalesce(s.database, 
        pg_wal_lsn_diff(w.cur, s.restart_lsn)::bigint,
        now(), r.pid IS NOT NULL, r.application_name, host(r.client_addr), r.backend_start, r.state
 FROM pg_catalog.pg_replication_slots s
-CROSS JOIN (SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-                   ELSE pg_catalog.pg_current_wal_lsn() END AS cur) w
+CROSS JOIN (SELECT ` + currentWAL + ` AS cur) w
 LEFT JOIN pg_catalog.pg_stat_replication r ON r.pid = s.active_pid
 WHERE s.slot_name = `
 

@@ -243,15 +243,15 @@ func TestNewInvalidMessageSettings(t *testing.T) {
 		cfg       router.Config
 		wantInErr string
 	}{
-		{"regex alone", router.Config{TopicRegex: "(.*)"}, "topics.regex and topics.replacement go together"},
+		{"regex alone", router.Config{TopicRegex: "(.*)"}, "TopicRegex: TopicRegex and TopicReplacement go together"},
 		{"regex and template", router.Config{Topic: "x", TopicRegex: "(.*)", TopicReplacement: "$1"}, "routing takes one of them"},
-		{"bad regex", router.Config{TopicRegex: "(?=x)", TopicReplacement: "y"}, "topics.regex"},
+		{"bad regex", router.Config{TopicRegex: "(?=x)", TopicReplacement: "y"}, "TopicRegex: \"(?=x)\""},
 		{"unknown group", router.Config{TopicRegex: "(?<a>.*)", TopicReplacement: "${b}"}, `names group "b"`},
 		{"lone dollar", router.Config{TopicRegex: "(.*)", TopicReplacement: "x$"}, "lone '$'"},
 		{"unknown header", router.Config{Headers: []string{"trace"}}, `"trace" is not one of the relay's headers`},
 		{"alias takes id", router.Config{Fields: []router.Field{{Column: "type", Placement: router.PlaceHeader, Alias: "id"}}}, `header "id" of column "type"`},
 		{"envelope payload", router.Config{Fields: []router.Field{{Column: "type", Placement: router.PlaceEnvelope, Alias: "payload"}}}, `envelope field "payload"`},
-		{"converter", router.Config{Converter: "avro"}, `message.converter "avro"`},
+		{"converter", router.Config{Converter: "avro"}, `Converter: "avro"`},
 	}
 	for _, tt := range tests {
 		_, err := router.New(tt.cfg)

@@ -1,0 +1,282 @@
+package router
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/field"
+)
+
+// A Header is a Kafka record header: the envelope's.
+type Header = event.Header
+
+// Header names set on every message; the names Debezium's outbox router uses
+// for the event id, so consumers' dedup logic carries over.
+const (
+	HeaderID            = "id"
+	HeaderEventType     = "event_type"
+	HeaderAggregateType = "aggregate_type"
+)
+
+// A HeaderSet is the relay's own headers sent on every message, in the
+// order id, event_type, aggregate_type. Its zero value is all three (the
+// relay layout's default); Debezium sends only id.
+type HeaderSet struct {
+	set  bool
+	mask uint8
+}
+
+const (
+	hID uint8 = 1 << iota
+	hEventType
+	hAggregateType
+)
+
+// DefaultHeaders are the relay's own headers unless configured otherwise.
+var DefaultHeaders = []string{HeaderID, HeaderEventType, HeaderAggregateType}
+
+// NewHeaderSet returns the set of the given names; nil means
+// DefaultHeaders, an empty non-nil slice none.
+func NewHeaderSet(names []string) (HeaderSet, error) {
+	if names == nil {
+		return HeaderSet{}, nil
+	}
+	s := HeaderSet{set: true}
+	for _, n := range names {
+		switch n {
+		case HeaderID:
+			s.mask |= hID
+		case HeaderEventType:
+			s.mask |= hEventType
+		case HeaderAggregateType:
+			s.mask |= hAggregateType
+		default:
+			return HeaderSet{}, field.Errorf("Headers", "%q is not one of the relay's headers (%s); send other columns as headers with {Fields}", n, strings.Join(DefaultHeaders, ", "))
+		}
+	}
+	return s, nil
+}
+
+func (s HeaderSet) has(bit uint8) bool { return !s.set || s.mask&bit != 0 }
+
+// Names returns the set's header names in order.
+func (s HeaderSet) Names() []string {
+	names := make([]string, 0, 3)
+	for i, bit := range []uint8{hID, hEventType, hAggregateType} {
+		if s.has(bit) {
+			names = append(names, DefaultHeaders[i])
+		}
+	}
+	return names
+}
+
+// Reserved reports whether name is one of the set's headers, which no other
+// header may duplicate or override.
+func (s HeaderSet) Reserved(name string) bool {
+	switch name {
+	case HeaderID:
+		return s.has(hID)
+	case HeaderEventType:
+		return s.has(hEventType)
+	case HeaderAggregateType:
+		return s.has(hAggregateType)
+	}
+	return false
+}
+
+// Build returns an event's Kafka headers: the set's own, then the entries of
+// extra whose names are not the set's, in order; dropped counts those left
+// out. The pipeline and the retry worker both build headers here, so an event
+// carries the same headers whichever path delivers it.
+func (s HeaderSet) Build(id, eventType, aggregateType []byte, extra []Header) (hs []Header, dropped int) {
+	return s.appendTo(make([]Header, 0, 3+len(extra)), id, eventType, aggregateType, extra)
+}
+
+// appendTo is Build appending to hs, for the router's slab.
+func (s HeaderSet) appendTo(hs []Header, id, eventType, aggregateType []byte, extra []Header) (_ []Header, dropped int) {
+	if s.has(hID) {
+		hs = append(hs, Header{Key: HeaderID, Value: id})
+	}
+	if s.has(hEventType) {
+		hs = append(hs, Header{Key: HeaderEventType, Value: eventType})
+	}
+	if s.has(hAggregateType) {
+		hs = append(hs, Header{Key: HeaderAggregateType, Value: aggregateType})
+	}
+	for _, h := range extra {
+		if s.Reserved(h.Key) {
+			dropped++
+			continue
+		}
+		hs = append(hs, h)
+	}
+	return hs, dropped
+}
+
+// Headers returns the relay's own headers the Router sends: the retry
+// worker sends the same.
+func (r *Router) Headers() HeaderSet { return r.rt.headers }
+
+// fieldHeaders appends the header fields to m.Extra, in their order, as
+// Debezium's router adds them after id. A NULL column gives a header with a
+// null value, as Debezium's does.
+func (r *Router) fieldHeaders(m *Message, pos *positions, row [][]byte) {
+	for i, f := range r.fields {
+		if f.Placement != PlaceHeader {
+			continue
+		}
+		v := row[pos.fields[i].pos]
+		if v != nil {
+			v = headerText(pos.fields[i].typ, v)
+		}
+		m.Extra = append(m.Extra, Header{Key: f.Alias, Value: v})
+	}
+}
+
+// extraHeaders reads the headers column into m.Extra, leaving out reserved
+// names (counted in m.DroppedHeaders). A value that is not a JSON object is
+// ignored with m.BadHeaders saying why: an optional header is not worth an
+// event.
+func (r *Router) extraHeaders(m *Message, b []byte) {
+	if b == nil || string(b) == "null" { // SQL NULL, or JSON null: no extra headers
+		return
+	}
+	n := len(m.Extra) // the header fields come first
+	hs, err := appendJSONHeaders(slices.Grow(m.Extra, estimateHeaders(b)), b)
+	if err != nil {
+		m.Extra = m.Extra[:n]
+		m.BadHeaders = fmt.Sprintf("the headers column %q is not a JSON object of header names to values (%v): the event is delivered without its extra headers", r.cols.Headers, err)
+		return
+	}
+	kept := slices.DeleteFunc(hs[n:], func(h Header) bool { return r.rt.reserved[h.Key] })
+	m.DroppedHeaders = len(hs) - n - len(kept)
+	m.Extra = hs[:n+len(kept)]
+}
+
+// estimateHeaders guesses the number of entries in a headers object from its
+// colons, so that the Headers slice is allocated once. Colons inside strings
+// only make the guess too high, which is harmless.
+func estimateHeaders(b []byte) int {
+	n := 0
+	for _, c := range b {
+		if c == ':' {
+			n++
+		}
+	}
+	return n
+}
+
+// appendJSONHeaders appends the entries of the JSON object b in stored order:
+// strings as their unescaped text, other values as their JSON text, nulls
+// skipped. Values share b's bytes where no unescaping is needed.
+func appendJSONHeaders(dst []Header, b []byte) ([]Header, error) {
+	if !json.Valid(b) {
+		return dst, errors.New("not valid JSON")
+	}
+	// b is valid JSON from here on, so the scanner below need not re-check it.
+	i := skipSpace(b, 0)
+	if b[i] != '{' {
+		return dst, errors.New("not a JSON object")
+	}
+	i = skipSpace(b, i+1)
+	if b[i] == '}' {
+		return dst, nil
+	}
+	for {
+		end := stringEnd(b, i)
+		key, err := unquote(b[i:end])
+		if err != nil {
+			return dst, err
+		}
+		i = skipSpace(b, end)
+		i = skipSpace(b, i+1) // ':'
+		end = valueEnd(b, i)
+		raw := b[i:end]
+		switch raw[0] {
+		case 'n': // null: no header
+		case '"':
+			v, err := unquote(raw)
+			if err != nil {
+				return dst, err
+			}
+			dst = append(dst, Header{Key: string(key), Value: v})
+		default:
+			dst = append(dst, Header{Key: string(key), Value: raw})
+		}
+		i = skipSpace(b, end)
+		if b[i] == '}' {
+			return dst, nil
+		}
+		i = skipSpace(b, i+1) // ','
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index just past the JSON string starting at b[i].
+func stringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(b)
+}
+
+// valueEnd returns the index just past the JSON value starting at b[i].
+func valueEnd(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				j = stringEnd(b, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(b)
+	default: // number, true, false, null
+		j := i
+		for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+			j++
+		}
+		return j
+	}
+}
+
+// unquote returns the contents of the JSON string s, sharing s's bytes when it
+// has no escapes.
+func unquote(s []byte) ([]byte, error) {
+	inner := s[1 : len(s)-1]
+	for _, c := range inner {
+		if c == '\\' {
+			var out string
+			if err := json.Unmarshal(s, &out); err != nil {
+				return nil, fmt.Errorf("decode header string: %w", err)
+			}
+			return []byte(out), nil
+		}
+	}
+	return inner, nil
+}
