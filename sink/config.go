@@ -148,7 +148,7 @@ func (c *Config) Validate() error {
 		v.Errorf("BatchBytes", "%d is out of range; use %d (64 KiB) to %d bytes, at most the topics' max.message.bytes (default %d): it is also the largest event sent", c.BatchBytes, minBatchBytes, int64(math.MaxInt32), DefaultBatchBytes)
 	}
 	if c.TransactionalID != "" && c.DisableIdempotence {
-		v.Errorf("TransactionalID", "needs the idempotent producer: set {DisableIdempotence} false, or leave it empty")
+		v.Errorf("TransactionalID", "needs the idempotent producer: enable it ({DisableIdempotence}), or leave the transactional id empty")
 	}
 	field.Positive(&v, "TransactionTimeout", &c.TransactionTimeout, DefaultTransactionTimeout)
 	field.Positive(&v, "WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout)

@@ -168,7 +168,7 @@ func (c *Config) validate() error {
 	field.OneOf(&v, "OnSlotLoss", &c.OnSlotLoss, OnSlotLossFail, OnSlotLossFail, OnSlotLossRefill)
 	field.OneOf(&v, "Delivery", &c.Delivery, DeliveryAtLeastOnce, DeliveryAtLeastOnce, DeliveryExactlyOnce)
 	if c.Delivery == DeliveryExactlyOnce && c.Sink.DisableIdempotence {
-		v.Errorf("Delivery", "exactly-once needs the idempotent producer: set {Sink.DisableIdempotence} false, or delivery %s", DeliveryAtLeastOnce)
+		v.Errorf("Delivery", "exactly-once needs the idempotent producer: enable it ({Sink.DisableIdempotence}), or deliver %s", DeliveryAtLeastOnce)
 	}
 	field.Default(&c.CheckpointTopic, DefaultCheckpointTopic)
 	field.Positive(&v, "TransactionMaxEvents", &c.TransactionMaxEvents, DefaultTransactionMaxEvents)
