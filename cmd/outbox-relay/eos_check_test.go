@@ -46,14 +46,7 @@ func TestCheckTransactionsACLs(t *testing.T) {
 		if err, out, errOut := secRun(t, append(env, "RELAY_KAFKA_BROKERS="+strings.Join(kc.Brokers, ",")), "setup", "--create-outbox-table"); err != nil {
 			t.Fatalf("setup: %v\n%s%s", err, out, errOut)
 		}
-		_, out, errOut := secRun(t, append(env,
-			"RELAY_KAFKA_BROKERS="+strings.Join(kc.SASLBrokers, ","),
-			"RELAY_KAFKA_TLS_ENABLED=true",
-			"RELAY_KAFKA_TLS_CA_FILE="+kc.Files.CA,
-			"RELAY_KAFKA_SASL_MECHANISM=scram-sha-512",
-			"RELAY_KAFKA_SASL_USERNAME="+kc.User,
-			"RELAY_KAFKA_SASL_PASSWORD="+kc.Password,
-		), "check")
+		_, out, errOut := secRun(t, append(env, scramEnv(kc, kc.Password)...), "check")
 		wantLines(t, "check", out, tt.want)
 		if tt.names == refused {
 			wantLines(t, "check", out, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",

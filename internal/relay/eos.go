@@ -199,22 +199,24 @@ func (x *eos) skipDelivered(c *chunk) {
 	if x.floor == 0 {
 		return
 	}
-	n := 0
-	for n < len(c.evs) && c.evs[n].CommitLSN < x.floor {
+	if n, f := committedBefore(c, x.floor); n > 0 || f > 0 {
+		c.evs, c.fails = c.evs[n:], c.fails[f:]
+		for i := range c.fails {
+			c.fails[i].before = max(c.fails[i].before-n, 0)
+		}
+	}
+}
+
+// committedBefore counts the routed (n) and refused (f) events of c whose
+// transactions committed before lsn: in commit order, they are prefixes.
+func committedBefore(c *chunk, lsn pglogrepl.LSN) (n, f int) {
+	for n < len(c.evs) && c.evs[n].CommitLSN < lsn {
 		n++
 	}
-	f := 0
-	for f < len(c.fails) && c.fails[f].ev.CommitLSN < x.floor {
+	for f < len(c.fails) && c.fails[f].ev.CommitLSN < lsn {
 		f++
 	}
-	if n == 0 && f == 0 {
-		return
-	}
-	c.evs = c.evs[n:]
-	c.fails = c.fails[f:]
-	for i := range c.fails {
-		c.fails[i].before = max(c.fails[i].before-n, 0)
-	}
+	return n, f
 }
 
 // split cuts c at the end of its last complete transaction: head holds the
@@ -224,14 +226,7 @@ func split(c *chunk) (head, tail *chunk) {
 	if c.endLSN == 0 {
 		return nil, c
 	}
-	n := 0
-	for n < len(c.evs) && c.evs[n].CommitLSN < c.endLSN {
-		n++
-	}
-	f := 0
-	for f < len(c.fails) && c.fails[f].ev.CommitLSN < c.endLSN {
-		f++
-	}
+	n, f := committedBefore(c, c.endLSN)
 	head = &chunk{evs: c.evs[:n:n], fails: c.fails[:f:f], endLSN: c.endLSN, commitTime: c.commitTime}
 	tail = &chunk{evs: c.evs[n:], fails: append([]routeFailure(nil), c.fails[f:]...)}
 	for i := range tail.fails {

@@ -53,17 +53,7 @@ func (f *fixture) readCommitted(t testing.TB) []delivered {
 // there.
 func (f *fixture) waitCommitted(t testing.TB, n int, timeout time.Duration) []delivered {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		got := f.readCommitted(t)
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %d events committed in Kafka; want %d", timeout, len(got), n)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	return waitRead(t, f.readCommitted, n, timeout)
 }
 
 // TestExactlyOnce streams transactions of 1 to 1000 events with exactly-once

@@ -396,9 +396,15 @@ func fromKafka(m kafka.Message) delivered {
 // waitCount reads the topics until at least n events are there.
 func (f *fixture) waitCount(t testing.TB, n int, timeout time.Duration) []delivered {
 	t.Helper()
+	return waitRead(t, f.readAll, n, timeout)
+}
+
+// waitRead calls read until it returns at least n events.
+func waitRead(t testing.TB, read func(testing.TB) []delivered, n int, timeout time.Duration) []delivered {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		got := f.readAll(t)
+		got := read(t)
 		if len(got) >= n {
 			return got
 		}
