@@ -70,6 +70,7 @@ func drive(t *testing.T, script []walMessage) run {
 	var r run
 	emit := func(b Batch) error {
 		r.batches = append(r.batches, b)
+		asm.emitted() // handed on, as Stream.emit records it
 		if b.Last {
 			s.Confirm(b.EndLSN)
 		}
