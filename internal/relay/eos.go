@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -46,7 +47,11 @@ import (
 //     (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) has lost its leadership: the
 //     term stands by, and never takes the id again by itself.
 //   - Events the pipeline parks in the retry table are stored before the
-//     commit that covers their transaction, as at least once. The retry
+//     commit that covers their transaction, and the retry worker delivers
+//     them only once that commit is done (WorkerConfig.Committed). A term
+//     deletes the rows parked in a Kafka transaction that never committed
+//     (retry.Store.Unpark): their transactions are read again and parked
+//     again, in order, behind nothing that came after them. The retry
 //     worker, replay and refill write outside transactions: at least once,
 //     and their messages carry event.HeaderDelivery.
 //   - A Kafka transaction holds whole Postgres transactions: it is
@@ -120,10 +125,28 @@ type eos struct {
 	term   pgslot.Server                            // the server the term was checked against
 	log    *slog.Logger
 
+	// parked is the retry table (retry.Store.Unpark), gate the term's,
+	// resume the position the stream starts from.
+	parked interface {
+		Unpark(ctx context.Context, from pglogrepl.LSN) (int64, error)
+	}
+	gate   *gate
+	resume pglogrepl.LSN
+
 	taken int64         // the term's epoch
 	floor pglogrepl.LSN // the Kafka checkpoint: transactions ending at or before it are in Kafka
 	open  bool          // events written since the last commit
+	// committed is where the Kafka commits have reached (the floor, then
+	// each commit's end): the retry worker delivers only rows of
+	// transactions before it (WorkerConfig.Committed). 0 until start.
+	committed atomic.Uint64
 }
+
+// Committed is the retry worker's gate: rows parked in a Kafka transaction
+// are delivered only once it committed, so that an abort cannot leave an
+// event in Kafka, from the retry table, that its transaction's commit would
+// have ordered after events sent again in the next one.
+func (x *eos) Committed() pglogrepl.LSN { return pglogrepl.LSN(x.committed.Load()) }
 
 // start takes the transactional id and reads the Kafka checkpoint, once the
 // term leads (fence): a standby must never fence the leader's producer.
@@ -150,13 +173,41 @@ func (x *eos) start(ctx context.Context, f fence) error {
 	}
 	if !found {
 		x.log.Info("exactly-once: no checkpoint in Kafka yet", "topic", x.topic, "slot", x.slot)
-		return nil
+		return x.unpark(ctx)
 	}
 	var cp kafkaCheckpoint
 	if err := json.Unmarshal(v, &cp); err != nil {
 		return fmt.Errorf("the checkpoint record of slot %q in Kafka topic %s is not one the relay wrote (%q): %w", x.slot, x.topic, v, err)
 	}
 	x.floor = x.usable(cp)
+	return x.unpark(ctx)
+}
+
+// unpark deletes the retry rows of transactions the stream reads again
+// (from max(floor, start) on): they were parked in a Kafka transaction that
+// did not commit, before a crash or an abort, and are parked again in order
+// when their transaction comes. Only then may the retry worker deliver rows.
+func (x *eos) unpark(ctx context.Context) error {
+	from := max(x.floor, x.resume)
+	if from == 0 {
+		return nil
+	}
+	var n int64
+	if err := retryIf(ctx, x.log, "delete the retry rows of transactions not committed to Kafka", nil, func() error {
+		var err error
+		n, err = x.parked.Unpark(ctx, from)
+		return err
+	}); err != nil {
+		return err
+	}
+	if n > 0 {
+		x.log.Info("exactly-once: removed retry rows of transactions whose Kafka transaction did not commit: they are read again and parked again in order",
+			"rows", n, "from_lsn", from.String())
+		if err := x.gate.load(ctx); err != nil {
+			return err
+		}
+	}
+	x.committed.Store(uint64(from))
 	return nil
 }
 
@@ -260,6 +311,9 @@ func (x *eos) deliver(ctx context.Context, w *writer, c *chunk) (sent []event.Ev
 			}
 			x.open = false
 		}
+		// Everything up to the end is committed in Kafka or parked, and
+		// no transaction is open: the parked rows may go.
+		x.committed.Store(uint64(c.endLSN))
 		sent, parked = s, p
 	}
 	if len(tail.evs) > 0 || len(tail.fails) > 0 {

@@ -61,13 +61,17 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	var x *eos
 	if r.cfg.Delivery == DeliveryExactlyOnce {
 		x = &eos{sink: r.sink.(txnSink), topic: r.cfg.CheckpointTopic, slot: slot, epoch: t.lease.wait,
-			server: t.lease.server, term: o.srv, log: r.log}
+			server: t.lease.server, term: o.srv, log: r.log, parked: o.rstore, gate: o.gate, resume: o.start}
 	}
 	t.pipe = newPipeline(r.cfg, ends{
 		router: rt, placer: o.placer, sink: r.sink, gate: o.gate,
 		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store, eos: x,
 	}, o.start)
-	if t.worker, err = r.retryWorker(o.rstore, o.gate, t.lease); err != nil {
+	var committed func() pglogrepl.LSN
+	if x != nil {
+		committed = x.Committed
+	}
+	if t.worker, err = r.retryWorker(o.rstore, o.gate, t.lease, committed); err != nil {
 		return nil, err
 	}
 	// Why this slot's relay last stopped before a transaction, if it did:
@@ -177,7 +181,7 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 // safe for concurrent use, and only while the term leads (fence).
 // Per-aggregate order holds because the pipeline writes no event of a lane
 // the worker has rows of (the gate), which the worker releases.
-func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence) (*retry.Worker, error) {
+func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence, committed func() pglogrepl.LSN) (*retry.Worker, error) {
 	wrouter, err := router.New(r.cfg.Router)
 	if err != nil {
 		return nil, err
@@ -186,6 +190,7 @@ func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence) (*retry.Work
 	wcfg.Store, wcfg.Topic, wcfg.Logger = rstore, wrouter.Topic, r.log.With("component", "retry")
 	wcfg.Sink = guardedSink{fence: f, sink: r.retrySink}
 	wcfg.Headers = wrouter.Headers()
+	wcfg.Committed = committed // exactly-once: rows of uncommitted Kafka transactions wait
 	wcfg.Delivered = func(agg string) {
 		// Called from the worker's goroutine while it runs: bounded, as a
 		// hung query must not hold up the worker.

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
@@ -70,7 +72,14 @@ type WorkerConfig struct {
 	// Headers is the relay's own headers, as the router sends them
 	// (message.headers); the zero value is all three.
 	Headers router.HeaderSet
-	Logger  *slog.Logger // default discards
+	// Committed, when set, holds rows back until their transaction is
+	// committed downstream: only a row whose source LSN is below
+	// Committed() (or unknown) is delivered, and the rows behind a head
+	// stop at the first that is not. For exactly-once delivery, whose
+	// parked rows belong to a Kafka transaction until it commits. Called
+	// from Run's goroutine.
+	Committed func() pglogrepl.LSN
+	Logger    *slog.Logger // default discards
 }
 
 // Validate fills the defaults of the tunables (backoff, maximum age and
@@ -186,11 +195,16 @@ func (w *Worker) step(ctx context.Context) (more bool, err error) {
 	// oldest goes first; a head that failed waits out its backoff
 	// (next_attempt_at), so the heads of other aggregates are claimed
 	// meanwhile: one row's trouble never holds up the others.
+	limit := pglogrepl.LSN(math.MaxUint64) // rows below it may go
+	if w.cfg.Committed != nil {
+		limit = w.cfg.Committed()
+	}
 	head, err := scanEntry(tx.QueryRow(dbctx, fmt.Sprintf(`SELECT %s FROM %s r
 WHERE r.status = 'pending' AND r.next_attempt_at <= now()
+  AND (r.source_lsn IS NULL OR r.source_lsn < $1::text::pg_lsn)
   AND NOT EXISTS (SELECT 1 FROM %s p WHERE %s AND p.seq < r.seq)
 ORDER BY r.seq LIMIT 1
-FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p", "r.aggregate"))))
+FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p", "r.aggregate")), limit.String()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -220,7 +234,9 @@ WHERE %s AND r.seq > $2 ORDER BY r.seq LIMIT $3 FOR UPDATE`, columns(true), s.ta
 		}
 		end := len(batch) < w.cfg.BatchSize
 		for i, e := range batch {
-			if e.Status == StatusDead { // still blocks: deliver up to it
+			if e.Status == StatusDead || e.SourceLSN != 0 && e.SourceLSN >= limit {
+				// Still blocks (dead), or not committed downstream
+				// yet: deliver up to it.
 				batch, end = batch[:i], true
 				break
 			}
