@@ -152,7 +152,7 @@ var settings = []setting{
 		doc:   `pause between batches`,
 		field: func(c *config) any { return &c.Retention.Pause }},
 	{key: "outbox.retention_statement_timeout", def: durationText(retention.DefaultStatementTimeout), kind: duration,
-		doc:   "`SET LOCAL statement_timeout` of a batch",
+		doc:   "the statement timeout of each batch (set locally in its transaction)",
 		field: func(c *config) any { return &c.Retention.StatementTimeout }},
 	{key: "outbox.retention_partitions", def: string(retention.PartitionsDelete), kind: lower,
 		doc:   "on an outbox partitioned `BY RANGE (created_at)`: `delete` rows, or `drop`/`detach` whole partitions once every row in them is delivered and older than the retention, see [On a partitioned outbox](retention-and-replay.md#on-a-partitioned-outbox)",

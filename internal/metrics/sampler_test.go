@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -112,7 +114,7 @@ func TestSampler(t *testing.T) {
 
 	// A slot that disappears removes the slot gauges and counts the error.
 	exec("SELECT pg_drop_replication_slot('" + id + "')")
-	if err := s.Sample(ctx); err == nil || !strings.Contains(err.Error(), "outbox-relay setup") {
+	if err := s.Sample(ctx); !errors.Is(err, pgslot.ErrNotFound) {
 		t.Errorf("Sample(dropped slot) = %v; want the slot-not-found error", err)
 	}
 	_, body = get(t, m.Handler(nil), "/metrics")

@@ -91,9 +91,22 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 		}
 	}
 	defer cconn.Close()
-	err = cconn.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
-	if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-		return fmt.Errorf("create: %w", err)
+	// A controller that has just started may not have its broker registered
+	// yet, and then refuses every replication factor (INVALID_REPLICATION_FACTOR,
+	// "0 available brokers"): ask again until it has.
+	for {
+		err = cconn.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
+		if err == nil || errors.Is(err, kafka.TopicAlreadyExists) {
+			break
+		}
+		if !errors.Is(err, kafka.InvalidReplicationFactor) {
+			return fmt.Errorf("create: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("create: %v: %w", err, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	// CreateTopics returns before the partitions have leaders, and metadata may name a
 	// leader before it serves the partition: producing before then fails with
