@@ -28,10 +28,10 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// HeaderDelivery is the header of every message sent outside the
-// exactly-once stream (by the retry worker, replay or a refill), with the
-// value DeliveryAtLeastOnce: a consumer may see that event again, also when
-// the stream delivers exactly once.
+// HeaderDelivery is the header of every message a relay that delivers
+// exactly once sends outside its stream's transactions (by the retry worker,
+// replay or a refill), with the value DeliveryAtLeastOnce: a consumer may see
+// that event again.
 const (
 	HeaderDelivery      = "outbox-relay-delivery"
 	DeliveryAtLeastOnce = "at-least-once"

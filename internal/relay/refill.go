@@ -498,9 +498,11 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sel *repl
 				n++
 				m, err := rt.Route(row)
 				m.Refill, m.Pos, m.CommitTime = res.ID, n, at
-				m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool {
-					return h.Key == HeaderRefillID || h.Key == event.HeaderDelivery
-				}), header, event.AtLeastOnce())
+				m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == HeaderRefillID }), header)
+				if rsink != r.sink {
+					// Beside an exactly-once stream: at least once.
+					m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
+				}
 				m.Extra = append(slices.DeleteFunc(slices.Clone(m.Extra), func(h event.Header) bool { return h.Key == HeaderRefillID }), event.Header(header))
 				if err != nil {
 					var re *router.RouteError

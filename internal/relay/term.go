@@ -191,6 +191,7 @@ func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence, committed fu
 	wcfg.Sink = guardedSink{fence: f, sink: r.retrySink}
 	wcfg.Headers = wrouter.Headers()
 	wcfg.Committed = committed // exactly-once: rows of uncommitted Kafka transactions wait
+	wcfg.MarkAtLeastOnce = r.cfg.Delivery == DeliveryExactlyOnce
 	wcfg.Delivered = func(agg string) {
 		// Called from the worker's goroutine while it runs: bounded, as a
 		// hung query must not hold up the worker.

@@ -79,7 +79,11 @@ type WorkerConfig struct {
 	// parked rows belong to a Kafka transaction until it commits. Called
 	// from Run's goroutine.
 	Committed func() pglogrepl.LSN
-	Logger    *slog.Logger // default discards
+	// MarkAtLeastOnce adds event.HeaderDelivery to every message: with
+	// exactly-once delivery, whose stream messages are never repeated,
+	// this one may be (the worker delivers at least once).
+	MarkAtLeastOnce bool
+	Logger          *slog.Logger // default discards
 }
 
 // Validate fills the defaults of the tunables (backoff, maximum age and
@@ -319,7 +323,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			refuse = &failure{row: e, reason: routeReason(tr.err), permanent: true}
 			break
 		}
-		msgs = append(msgs, e.event(tr.topic, d.w.cfg.Headers))
+		msgs = append(msgs, e.event(tr.topic, d.w.cfg.Headers, d.w.cfg.MarkAtLeastOnce))
 	}
 	if len(msgs) > 0 {
 		actx, cancel := context.WithTimeout(ctx, d.w.cfg.AttemptTimeout)
@@ -390,16 +394,18 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 
 // event is the envelope of e for topic. Its headers are built as the
 // pipeline builds them: the relay's own from the row's columns, then the
-// stored extra headers (header fields and the headers column's), and
-// event.HeaderDelivery. Rows of
+// stored extra headers (header fields and the headers column's), and with
+// mark event.HeaderDelivery. Rows of
 // earlier versions stored the relay's own
 // headers too; HeaderSet.Build drops them, so they are not sent twice.
-func (e *Entry) event(topic string, set router.HeaderSet) event.Event {
+func (e *Entry) event(topic string, set router.HeaderSet, mark bool) event.Event {
 	hs, _ := set.Build([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Extra)
-	// Sent at least once (this may be its second delivery), also when the
-	// stream delivers exactly once: the header says so, in place of any
-	// stored entry of the name.
-	hs = append(slices.DeleteFunc(hs, func(h event.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
+	if mark {
+		// Sent at least once (this may be its second delivery) beside a
+		// stream that delivers exactly once: the header says so, in place
+		// of any stored entry of the name.
+		hs = append(slices.DeleteFunc(hs, func(h event.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
+	}
 	return event.Event{
 		ID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
 		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Extra, Time: e.MessageTime,
