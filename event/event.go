@@ -28,6 +28,18 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
+// HeaderDelivery is the header of every message a relay that delivers
+// exactly once sends outside its stream's transactions (by the retry worker,
+// replay or a refill), with the value DeliveryAtLeastOnce: a consumer may see
+// that event again.
+const (
+	HeaderDelivery      = "outbox-relay-delivery"
+	DeliveryAtLeastOnce = "at-least-once"
+)
+
+// AtLeastOnce is the HeaderDelivery header of a message sent at least once.
+func AtLeastOnce() Header { return Header{Key: HeaderDelivery, Value: []byte(DeliveryAtLeastOnce)} }
+
 // A Header is a Kafka record header.
 type Header struct {
 	Key   string

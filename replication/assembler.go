@@ -77,6 +77,11 @@ type assembler struct {
 	lastEnd       pglogrepl.LSN // EndLSN of the last emitted Last batch
 	partialCommit pglogrepl.LSN // CommitLSN of a transaction emitted only partly, or 0
 	partialRows   int           // rows of it emitted
+	// next is what the batch handle returned last makes of them once the
+	// stream has handed it on (emitted): a batch the stream could not hand
+	// on (its connection ended first, a Restart) was not emitted, and the
+	// server's resend of its transaction must not be taken for a repeat.
+	next emission
 
 	skippedStart  int  // transactions skipped because CommitLSN < start
 	startLogged   bool // skippedStart is logged once per Run
@@ -89,6 +94,25 @@ type assembler struct {
 	// WAL end is confirmed past a message whose meaning the relay does not
 	// know. Kept across reset: the server sends it again if it matters.
 	unknownSeen bool
+}
+
+// emission is the emitted state a batch moves the assembler to.
+type emission struct {
+	set                    bool
+	lastEnd, partialCommit pglogrepl.LSN
+	partialRows            int
+}
+
+// emitted records that the batch handle returned last was handed on: only
+// then is it what a reconnect's resend repeats (DESIGN invariant 1: a
+// batch lost before it reached the pipeline is read again, never skipped).
+func (a *assembler) emitted() {
+	n := a.next
+	if !n.set {
+		return
+	}
+	a.lastEnd, a.partialCommit, a.partialRows = n.lastEnd, n.partialCommit, n.partialRows
+	a.next = emission{}
 }
 
 func newAssembler(cfg Config, start pglogrepl.LSN, stats *counters) *assembler {
@@ -116,6 +140,7 @@ func newAssembler(cfg Config, start pglogrepl.LSN, stats *counters) *assembler {
 func (a *assembler) reset() {
 	a.open, a.skip, a.dropRows, a.txnRows = false, false, 0, 0
 	a.cur = Batch{}
+	a.next = emission{} // not handed on: the server sends it again
 	a.relations = make(map[uint32]*Relation)
 }
 
@@ -345,7 +370,7 @@ func (a *assembler) commit(body []byte) (Batch, bool, error) {
 	b := a.cur
 	b.Last, b.EndLSN = true, m.EndLSN
 	a.cur = Batch{}
-	a.lastEnd, a.partialCommit, a.partialRows = m.EndLSN, 0, 0
+	a.next = emission{set: true, lastEnd: m.EndLSN}
 	a.stats.transactions.Add(1)
 	a.stats.rows.Add(uint64(len(b.Rows)))
 	return b, true, nil
@@ -395,7 +420,7 @@ func (a *assembler) add(row Row, size int) (Batch, bool) {
 	var ready bool
 	if len(a.cur.Rows) > 0 && (len(a.cur.Rows)+1 > a.maxRows || a.cur.Bytes+size > a.maxBytes) {
 		out, ready = a.cur, true
-		a.partialCommit, a.partialRows = a.cur.CommitLSN, a.txnRows
+		a.next = emission{set: true, lastEnd: a.lastEnd, partialCommit: a.cur.CommitLSN, partialRows: a.txnRows}
 		a.stats.rows.Add(uint64(len(out.Rows)))
 		a.cur = Batch{Xid: out.Xid, CommitLSN: out.CommitLSN, CommitTime: out.CommitTime}
 	}

@@ -167,6 +167,7 @@ func driveCfg(t *testing.T, cfg Config, script []walMessage) run {
 	var r run
 	emit := func(b Batch) error {
 		r.batches = append(r.batches, b)
+		asm.emitted() // handed on, as Stream.emit records it
 		if b.Last {
 			s.Confirm(b.EndLSN)
 		}

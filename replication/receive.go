@@ -147,13 +147,16 @@ func (s *Stream) advanceIdle(asm *assembler, walEnd pglogrepl.LSN) {
 	storeMax(&s.confirmed, uint64(walEnd))
 }
 
-// emit hands b to out. While out is full (the pipeline waits for Kafka, maybe
-// for minutes) it keeps sending status updates, or wal_sender_timeout would
-// end the connection. A failed update does not drop b: it is delivered first,
-// then the error ends the connection.
+// emit hands b to out and then tells the assembler that it did. While out is
+// full (the pipeline waits for Kafka, maybe for minutes) it keeps sending
+// status updates, or wal_sender_timeout would end the connection. A failed
+// update does not drop b: it is delivered first, then the error ends the
+// connection. When ctx ends first (a Restart while the pipeline waited for
+// Kafka), b is not emitted, and the next connection reads it again.
 func (s *Stream) emit(ctx context.Context, conn *pgconn.PgConn, asm *assembler, st *statusState, out chan<- Batch, b Batch) error {
 	select {
 	case out <- b:
+		asm.emitted()
 		return nil
 	default:
 	}
@@ -168,8 +171,11 @@ func (s *Stream) emit(ctx context.Context, conn *pgconn.PgConn, asm *assembler, 
 		t.Reset(s.wake(asm, st, now).Sub(now))
 		select {
 		case out <- b:
+			asm.emitted()
 			return connErr
 		case <-ctx.Done():
+			// Not handed on (a Restart, or the end): the assembler does
+			// not count b as emitted, so the server's resend is read.
 			return ctx.Err()
 		case <-t.C:
 		}

@@ -40,7 +40,9 @@
 #     SSL with ssl.client.auth=required (mTLS; the principal is the certificate's CN).
 #     The StandardAuthorizer is on: ANONYMOUS (PLAINTEXT and the controller) and admin
 #     are super users; User:relay may only WRITE and DESCRIBE topics prefixed
-#     outbox.event. and DESCRIBE the cluster (the ACLs docs/security.md documents).
+#     outbox.event. and DESCRIBE the cluster, and, for delivery: exactly-once, use
+#     transactional ids prefixed outbox-relay- and read and write the topic
+#     outbox-relay-checkpoints (the ACLs docs/security.md documents).
 #   `env` prints them as RELAY_TEST_POSTGRES_TLS_DSN, RELAY_TEST_KAFKA_SASL_BROKERS,
 #   RELAY_TEST_KAFKA_MTLS_BROKERS, RELAY_TEST_KAFKA_SASL_USER/_PASSWORD, RELAY_TEST_TLS_DIR.
 #
@@ -105,6 +107,9 @@ KAFKA_ADMIN_USER=admin
 KAFKA_ADMIN_PASSWORD=admin-secret
 # The relay's topics: User:relay may write these and nothing else.
 KAFKA_RELAY_TOPIC_PREFIX=outbox.event.
+# delivery: exactly-once: its transactional ids' prefix and its checkpoint topic.
+KAFKA_RELAY_TXN_PREFIX=outbox-relay-
+KAFKA_RELAY_CHECKPOINT_TOPIC=outbox-relay-checkpoints
 KAFKA_SASL_BROKERS="127.0.0.1:$KAFKA_SASL_PORT"
 KAFKA_MTLS_BROKERS="127.0.0.1:$KAFKA_MTLS_PORT"
 
@@ -686,7 +691,7 @@ kafka_reconfigure() {
 # starts: a reformatted data directory loses both together.
 kafka_security() {
 	local spec sum marker=$KAFKA_HOME/data/relay-security.sha256 out=$KAFKA_HOME/security.log
-	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; v1"
+	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; transactional $KAFKA_RELAY_TXN_PREFIX $KAFKA_RELAY_CHECKPOINT_TOPIC; v2"
 	sum=$(printf '%s' "$spec" | sha256sum | cut -c1-64)
 	if [ "$(cat "$marker" 2>/dev/null)" = "$sum" ]; then
 		return 0
@@ -712,6 +717,15 @@ kafka_security() {
 		--topic "$KAFKA_RELAY_TOPIC_PREFIX" --resource-pattern-type prefixed
 	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Describe --cluster
+	# delivery: exactly-once: the relay's transactional ids (outbox-relay-<slot>,
+	# and check's outbox-relay-<slot>-check) and its checkpoint topic, which it
+	# also reads when it starts.
+	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
+		--allow-principal "User:$KAFKA_SASL_USER" --operation Write --operation Describe \
+		--transactional-id "$KAFKA_RELAY_TXN_PREFIX" --resource-pattern-type prefixed
+	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
+		--allow-principal "User:$KAFKA_SASL_USER" --operation Read --operation Write --operation Describe \
+		--topic "$KAFKA_RELAY_CHECKPOINT_TOPIC"
 	echo "$sum" >"$marker"
 }
 

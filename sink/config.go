@@ -43,10 +43,19 @@ type Config struct {
 	// Without idempotence writes are stop-and-wait whatever it is: a resent
 	// request could land after a later one.
 	MaxInFlight int
-	TLS         TLSConfig
-	SASL        SASLConfig
-	RetryMin    time.Duration // default 100ms: first backoff after a broker-wide failure
-	RetryMax    time.Duration // default 5s: longest backoff; each wait is jittered
+	// TransactionalID, when set, makes the sink transactional (txn.go):
+	// Write writes into a Kafka transaction that Commit or Abort ends, after
+	// InitTransactions took the id. Needs idempotence. Default "": no
+	// transactions.
+	TransactionalID string
+	// TransactionTimeout is how long the coordinator lets a transaction stay
+	// open before it aborts it (transaction.timeout.ms), at most the
+	// broker's transaction.max.timeout.ms. Default 1m.
+	TransactionTimeout time.Duration
+	TLS                TLSConfig
+	SASL               SASLConfig
+	RetryMin           time.Duration // default 100ms: first backoff after a broker-wide failure
+	RetryMax           time.Duration // default 5s: longest backoff; each wait is jittered
 	// AllowAutoTopicCreation lets the client ask the broker to create a missing
 	// topic (the broker also needs auto.create.topics.enable). Default false,
 	// unlike Debezium's Java producer: a topic auto-created with the broker's
@@ -151,6 +160,10 @@ func (c *Config) Validate() error {
 	if field.Positive(&v, "MaxInFlight", &c.MaxInFlight, DefaultMaxInFlight); c.MaxInFlight > DefaultMaxInFlight {
 		v.Errorf("MaxInFlight", "%d is out of range; use 1 (stop-and-wait) to %d (default)", c.MaxInFlight, DefaultMaxInFlight)
 	}
+	if c.TransactionalID != "" && c.DisableIdempotence {
+		v.Errorf("TransactionalID", "needs the idempotent producer: enable it ({DisableIdempotence}), or leave the transactional id empty")
+	}
+	field.Positive(&v, "TransactionTimeout", &c.TransactionTimeout, DefaultTransactionTimeout)
 	field.Positive(&v, "WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout)
 	field.Positive(&v, "TopicWait", &c.TopicWait, defaultTopicWait)
 	field.Positive(&v, "RetryMin", &c.RetryMin, 100*time.Millisecond)

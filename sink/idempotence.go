@@ -183,7 +183,7 @@ func (k *Kafka) encode(batch []kafka.Message, g *partitionBatch) error {
 			}
 			g.now, base = prev.now, prev.base
 		}
-		g.hdr = batchHeader{producerID: k.prod.id, epoch: k.prod.epoch, baseSeq: base}
+		g.hdr = batchHeader{producerID: k.prod.id, epoch: k.prod.epoch, baseSeq: base, transactional: k.transactional()}
 		hdr = g.hdr
 	}
 	if k.compression == 0 {

@@ -66,6 +66,13 @@
 // each kind of topic trouble). When the broker answers MESSAGE_TOO_LARGE (or
 // another record-level error) for a batch of several
 // messages, Write writes that batch again in halves until it has the culprits.
+//   - With a TransactionalID, writes go into Kafka transactions (txn.go):
+//     a record Write acknowledged is visible to read_committed consumers
+//     only once Commit returned nil, and never after Abort. The producer's
+//     epoch, taken by InitTransactions, fences every earlier producer of
+//     the id; a fenced sink (ErrFenced) never takes a new epoch by itself,
+//     and a producer's trouble ends the transaction (ErrTxnAborted) instead
+//     of taking a new producer id.
 //
 // Delivery is at least once: idempotence removes the duplicates of the
 // sink's own resends, not of what the caller writes again (after a crash,
@@ -133,7 +140,8 @@ type Kafka struct {
 	// stragglers are produce requests a cancelled call left in flight: the
 	// next call records their outcome first.
 	stragglers []*flight
-	pipe       pipe // Sends not yet waited for (pipeline.go)
+	pipe       pipe     // Sends not yet waited for (pipeline.go)
+	txn        txnState // with a TransactionalID (txn.go)
 
 	outage outage
 }

@@ -135,7 +135,10 @@ func (k *Kafka) Send(ctx context.Context, events []event.Event) Delivery {
 // pipelined sends p's events at once if it can (see the top of the file),
 // in rounds of at most BatchSize messages and BatchBytes bytes.
 func (k *Kafka) pipelined(ctx context.Context, p *pending) bool {
-	if k.cfg.DisableIdempotence || k.cfg.MaxInFlight < 2 || k.pipe.sequential ||
+	// A transaction's writes are one at a time (txn.go): its partitions are
+	// added to it before a round, and its leader verifies them one request
+	// at a time.
+	if k.cfg.DisableIdempotence || k.cfg.MaxInFlight < 2 || k.pipe.sequential || k.transactional() ||
 		len(k.stragglers) > 0 || k.prod.id < 0 || len(p.msgs) == 0 {
 		return false
 	}

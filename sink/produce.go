@@ -81,7 +81,8 @@ func (g *partitionBatch) reusable() bool { return g.sent == nil || g.sent.state 
 
 // produce writes batch and returns nil, ctx's error, an error that refused
 // the whole call before anything was produced (metadata, an unknown topic,
-// no producer id), or kafka.WriteErrors with one entry per message of batch
+// no producer id), an error that ends the transaction (txnFatal), or
+// kafka.WriteErrors with one entry per message of batch
 // (nil for those acknowledged).
 func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 	if len(batch) == 0 {
@@ -100,10 +101,28 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 		return err
 	}
 	if idempotent && k.prod.id < 0 {
+		if k.transactional() {
+			return errNoTransactions
+		}
 		if err := k.initProducer(ctx, "first produce"); err != nil {
 			return err
 		}
 	}
+	if k.transactional() {
+		if err := k.txnProduce(ctx, batch, groups); err != nil {
+			return err
+		}
+	} else if err := k.rounds(ctx, batch, groups); err != nil {
+		return err
+	}
+	return k.writeErrors(batch, groups)
+}
+
+// rounds sends groups (round), and with idempotence again under a new
+// producer id those refused for the producer's state or not sent because
+// their sequence numbers may be taken, up to maxResets times.
+func (k *Kafka) rounds(ctx context.Context, batch []kafka.Message, groups []*partitionBatch) error {
+	idempotent := !k.cfg.DisableIdempotence
 	round := groups
 	for resets := 0; ; resets++ {
 		if err := k.round(ctx, batch, round); err != nil {
@@ -135,7 +154,13 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 		}
 		round = again
 	}
+	return nil
+}
 
+// writeErrors returns the groups' errors as kafka.WriteErrors aligned with
+// batch (nil when every group was acknowledged), and gives their buffers
+// back to the pool.
+func (k *Kafka) writeErrors(batch []kafka.Message, groups []*partitionBatch) error {
 	var werrs kafka.WriteErrors
 	for _, g := range groups {
 		if g.err == nil {
@@ -315,7 +340,8 @@ func (k *Kafka) launch(ctx context.Context, batch []kafka.Message, groups []*par
 		}
 		if r == nil {
 			byBroker = append(byBroker, brokerReq{req: &rawproduce.Request{
-				Acks: int16(kafka.RequireAll), Timeout: int32(k.cfg.WriteTimeout / time.Millisecond)}})
+				Acks: int16(kafka.RequireAll), Timeout: int32(k.cfg.WriteTimeout / time.Millisecond),
+				TransactionalID: k.cfg.TransactionalID}})
 			r = &byBroker[len(byBroker)-1]
 		}
 		r.groups = append(r.groups, g)

@@ -15,9 +15,23 @@ import (
 // the sequence number of its first record (idempotence.go). noProducer is a
 // batch of no idempotent producer, as kafka-go writes them.
 type batchHeader struct {
-	producerID int64
-	epoch      int16
-	baseSeq    int32
+	producerID    int64
+	epoch         int16
+	baseSeq       int32
+	transactional bool // the batch belongs to a transaction (txn.go)
+}
+
+// attrTransactional is the record batch attribute bit of a transaction's
+// batch.
+const attrTransactional = 1 << 4
+
+// markTransactional sets the transactional bit in the attributes of the
+// batch that starts at batch[0] (its base offset) when hdr says so; before
+// finishBatch, which computes the CRC over them.
+func markTransactional(batch []byte, hdr batchHeader) {
+	if hdr.transactional {
+		batch[22] |= attrTransactional // attributes: an int16 at offset 21
+	}
 }
 
 var noProducer = batchHeader{producerID: -1, epoch: -1, baseSeq: -1}
@@ -29,9 +43,9 @@ var noProducer = batchHeader{producerID: -1, epoch: -1, baseSeq: -1}
 // (protocol.RecordSet.writeToVersion2) writes for the same records, field by
 // field: a record without a time gets the batch's encoding time, as there.
 // With a producer (hdr) the batch carries its id, epoch and base sequence, and
-// the attributes stay as they are: the Java producer sets the transactional
-// bit only in a transaction, and an idempotent batch is marked by its
-// producer id alone. The same records, hdr and now always give the same
+// the attributes get the transactional bit only in a transaction, as the
+// Java producer sets them: an idempotent batch is marked by its producer id
+// alone. The same records, hdr and now always give the same
 // bytes: a resend is byte-identical (idempotence.go). Encoding here, in one
 // pass over the messages into a reused buffer, costs a fraction of kafka-go's
 // encoder, which writes each varint and each key, value and header through an
@@ -44,6 +58,7 @@ func appendRecordBatch(dst []byte, msgs []kafka.Message, idx []int32, now time.T
 	dst, first, maxTS := appendRecords(dst, msgs, idx, now)
 	binary.BigEndian.PutUint64(dst[tsAt:], uint64(first))
 	binary.BigEndian.PutUint64(dst[tsAt+8:], uint64(maxTS))
+	markTransactional(dst[start:], hdr)
 	return finishBatch(dst, sizeAt, start)
 }
 
@@ -157,6 +172,7 @@ func appendCompressedBatch(dst, scratch []byte, msgs []kafka.Message, idx []int3
 	if err := zw.Close(); err != nil {
 		return dst[:sizeAt], scratch, fmt.Errorf("compress record batch (%s): %w", codec.Name(), err)
 	}
+	markTransactional(w.b[start:], hdr)
 	return finishBatch(w.b, sizeAt, start), scratch, nil
 }
 

@@ -24,7 +24,10 @@ import (
 // until ctx is done: the caller must hold its LSN meanwhile, nothing is
 // dropped. It returns nil, ctx's error, or a *WriteError listing, by index in
 // events, the events that failed on their own; every event not listed was
-// acknowledged. Not safe for concurrent use (one writer keeps per-partition
+// acknowledged. A transactional sink (Config.TransactionalID) writes into
+// the open transaction, opening one if none is, and may also return an error
+// wrapping ErrFenced or ErrTxnAborted (txn.go): then the transaction cannot
+// commit. Not safe for concurrent use (one writer keeps per-partition
 // order).
 //
 // Every event must have its Topic set. events is not modified, and its bytes
@@ -222,7 +225,8 @@ func (st *writeState) hold(idx []int) []int {
 }
 
 // write writes msgs[idx...] in order until each is acknowledged or has failed
-// on its own, appending those to fails. It returns only nil or ctx's error.
+// on its own, appending those to fails. It returns only nil, ctx's error, or
+// an error that ends the transaction (txnFatal).
 func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 	msgs := st.msgs
 	attempt := 0
@@ -233,6 +237,9 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 		batch := gather(msgs, idx)
 		err := k.produce(ctx, batch)
 		k.stats.writes.Add(1)
+		if txnFatal(err) {
+			return err
+		}
 		if err == nil {
 			k.acked(batch, nil)
 			if attempt > 0 {

@@ -101,6 +101,9 @@ func (b *bench) workloadDB(ctx context.Context, label string, drain bool) (*benc
 	pubs, slots := []string{db.Publication}, []string{db.RelaySlot}
 	if drain {
 		slots = append(slots, db.RecvSlot)
+		if b.o.ExactlyOnce {
+			slots = append(slots, db.EOSSlot)
+		}
 	}
 	if b.debezium() {
 		pubs = append(pubs, db.DbzPublication)

@@ -79,6 +79,16 @@ func (b *bench) drain(ctx context.Context, db *benchDB, d *DrainRun) error {
 	if !d.RecvFirst {
 		order = []func() error{relay, recv}
 	}
+	if b.o.ExactlyOnce {
+		// Right after (or, every other run, before) the at-least-once
+		// relay: the two read the page cache alike.
+		eos := func() error { return b.drainRelayEOS(ctx, db, lastBefore, prefix, client, d) }
+		if d.RecvFirst {
+			order = []func() error{recv, relay, eos}
+		} else {
+			order = []func() error{eos, relay, recv}
+		}
+	}
 	// Debezium goes last: it is the slowest by far, and the page cache is then
 	// at its warmest, which favours it rather than the relay.
 	if b.debezium() {

@@ -224,7 +224,13 @@ type recorder interface {
 
 // consume reads every partition of topics from the start until ctx is done,
 // one kafka-go Reader per partition (no group: no rebalance delay to measure).
-func consume(ctx context.Context, brokers []string, topics []string, commits *commitTimes, out recorder) error {
+// With readCommitted it reads as a read_committed consumer (records of
+// transactions once committed) and leaves out the transaction markers.
+func consume(ctx context.Context, brokers []string, topics []string, readCommitted bool, commits *commitTimes, out recorder) error {
+	isolation := kafka.ReadUncommitted
+	if readCommitted {
+		isolation = kafka.ReadCommitted
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	for _, t := range topics {
 		for p := range topicPartitions {
@@ -237,6 +243,7 @@ func consume(ctx context.Context, brokers []string, topics []string, commits *co
 					MaxBytes:        4 << 20,
 					MaxWait:         50 * time.Millisecond,
 					ReadLagInterval: -1,
+					IsolationLevel:  isolation,
 				})
 				r.SetOffset(kafka.FirstOffset)
 				defer r.Close()
@@ -247,6 +254,9 @@ func consume(ctx context.Context, brokers []string, topics []string, commits *co
 							return nil
 						}
 						return fmt.Errorf("read %s/%d: %w", t, p, err)
+					}
+					if readCommitted && controlRecord(m) {
+						continue
 					}
 					out.add(m, time.Now(), commits)
 				}

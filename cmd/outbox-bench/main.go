@@ -73,6 +73,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.SkipSustained, "skip-sustained", false, "skip the sustained-rate phases")
 	fs.IntVar(&o.Tables, "tables", 3, "outbox tables of the tables workload: the -events backlog over them, read by one relay on one slot "+
 		"against a relay and a slot per table (the first -per-txn size); 0 or 1 skips it")
+	fs.BoolVar(&o.ExactlyOnce, "exactly-once", true, "also run the relay with delivery: exactly-once, beside at-least-once, in every drain and sustained phase")
 	fs.BoolVar(&o.Quick, "quick", false, "smoke run: 20k events, 5 s at 2k events/s, 1 run (explicit flags win)")
 	fs.StringVar(&o.RelayBin, "relay", "bin/outbox-relay", "outbox-relay binary")
 	fs.StringVar(&o.RecvBin, "pg-recvlogical", "/usr/lib/postgresql/15/bin/pg_recvlogical", "pg_recvlogical binary")

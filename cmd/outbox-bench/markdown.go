@@ -68,6 +68,10 @@ func (r *Report) writeTable(b *strings.Builder) {
 		if d.RelayRuns > 0 {
 			fmt.Fprintf(b, "| %s | **outbox-relay** | **%s** | 1 | **%s** | **%.2f** | — | — |\n", wl, fmtRate(d.RelayRate), fmtMB(d.PeakRSSMax), d.CPUPerMillion)
 		}
+		if d.EOSRuns > 0 {
+			fmt.Fprintf(b, "| %s | outbox-relay, exactly-once | %s | %s | %s | %.2f | — | — |\n", wl, fmtRate(d.EOSRate), fmtRatio(inverse(d.EOSRatio)),
+				fmtMB(d.EOSPeakRSSMax), d.EOSCPUPerMillion)
+		}
 		if d.DbzRuns > 0 {
 			fmt.Fprintf(b, "| %s | Debezium %s | %s (start-up %.1f s) | %s | %s | %.2f | — | — |\n", wl, dbzVersion(r), fmtRate(d.DbzRate),
 				d.DbzStartSec, fmtRatio(d.DbzRatio), fmtMB(d.DbzPeakRSSMax), d.DbzCPUPerMillion)
@@ -76,8 +80,11 @@ func (r *Report) writeTable(b *strings.Builder) {
 	for _, w := range s.Sustained {
 		wl := fmt.Sprintf("%s events/s, %s per txn", fmtCount(w.TargetRate), fmtCount(w.PerTxn))
 		name := "**outbox-relay**"
-		if w.Sink == "debezium" {
+		switch w.Sink {
+		case "debezium":
 			name = "Debezium " + dbzVersion(r)
+		case sinkRelayEOS:
+			name = "outbox-relay, exactly-once (read_committed: commit → receipt)"
 		}
 		if w.Runs == 0 {
 			fmt.Fprintf(b, "| %s | %s | failed | — | — | — | — | — |\n", wl, name)
@@ -127,6 +134,9 @@ func (r *Report) writeSummary(w io.Writer) error {
 	for _, d := range r.Summary.Drains {
 		fmt.Fprintf(&b, "drain %s per txn: pg_recvlogical %s, relay %s (%s, %s, %.2f CPU-s/M)", fmtCount(d.PerTxn),
 			fmtRate(d.RecvRate), fmtRate(d.RelayRate), fmtRatio(d.Ratio), fmtMB(d.PeakRSSMax), d.CPUPerMillion)
+		if d.EOSRuns > 0 {
+			fmt.Fprintf(&b, ", relay exactly-once %s (%.2f of at-least-once, %.2f CPU-s/M)", fmtRate(d.EOSRate), d.EOSRatio, d.EOSCPUPerMillion)
+		}
 		if d.DbzRuns > 0 {
 			fmt.Fprintf(&b, ", debezium %s (relay %s)", fmtRate(d.DbzRate), fmtRatio(d.DbzRatio))
 		}
@@ -286,4 +296,12 @@ func (r *Report) writeTables(b *strings.Builder) {
 		fmt.Fprintf(b, "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %s |\n", wl, side.name,
 			fmtRate(perSec(float64(t0.Events), sec)), sec, cpu, wal, (cpu+wal)/(float64(t0.Events)/1e6), fmtMB(int64(rss)))
 	}
+}
+
+// inverse is 1/x, and 0 (shown as —) for 0.
+func inverse(x float64) float64 {
+	if x == 0 {
+		return 0
+	}
+	return 1 / x
 }

@@ -59,6 +59,7 @@ type benchDB struct {
 	DSN            string // the fresh database
 	Publication    string
 	RelaySlot      string
+	EOSSlot        string // the exactly-once relay's in a drain
 	RecvSlot       string
 	DbzPublication string // Debezium's own, so that its slot reads what the others read
 	DbzSlot        string
@@ -102,6 +103,7 @@ func createDatabase(ctx context.Context, adminDSN, cleanupDSN, name string) (*be
 		DSN:            dsn,
 		Publication:    name + "_pub",
 		RelaySlot:      name + "_relay",
+		EOSSlot:        name + "_eos",
 		RecvSlot:       name + "_recv",
 		DbzPublication: name + "_dbzpub",
 		DbzSlot:        name + "_dbz",
@@ -170,7 +172,7 @@ func (db *benchDB) drop(ctx context.Context) error {
 
 // slots are every slot a run may create in db.
 func (db *benchDB) slots() []string {
-	return append([]string{db.RelaySlot, db.RecvSlot, db.DbzSlot}, db.ExtraSlots...)
+	return append([]string{db.RelaySlot, db.EOSSlot, db.RecvSlot, db.DbzSlot}, db.ExtraSlots...)
 }
 
 // dropRetryFor bounds dropDatabase's retries: an autovacuum worker that has

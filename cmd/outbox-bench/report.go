@@ -57,6 +57,7 @@ type Settings struct {
 	Quick           bool          `json:"quick"`
 	SkipDrain       bool          `json:"skip_drain"`
 	SkipSustained   bool          `json:"skip_sustained"`
+	ExactlyOnce     bool          `json:"exactly_once"`
 	Peers           []string      `json:"peers,omitempty"`
 	Soak            time.Duration `json:"soak_ns,omitempty"`
 	Tables          int           `json:"tables"` // of the tables workload; 0: not run
@@ -94,6 +95,8 @@ type DrainRun struct {
 	Err               string  `json:"error,omitempty"`
 
 	Debezium *PeerDrain `json:"debezium,omitempty"`
+	// EOS is the relay with delivery: exactly-once (-exactly-once).
+	EOS *RelayDrain `json:"relay_exactly_once,omitempty"`
 }
 
 // PeerDrain is Debezium's drain of the same backlog from its own slot. Its
@@ -209,6 +212,12 @@ type DrainSummary struct {
 	DbzPeakRSSMax    int64   `json:"debezium_peak_rss_max_bytes"`
 	DbzCPUPerMillion float64 `json:"debezium_cpu_seconds_per_million"`
 	DbzRatio         float64 `json:"relay_over_debezium"`
+
+	EOSRuns          int     `json:"relay_exactly_once_runs"`
+	EOSRate          float64 `json:"relay_exactly_once_events_per_s"`
+	EOSPeakRSSMax    int64   `json:"relay_exactly_once_peak_rss_max_bytes"`
+	EOSCPUPerMillion float64 `json:"relay_exactly_once_cpu_seconds_per_million"`
+	EOSRatio         float64 `json:"relay_exactly_once_over_relay"` // its rate ÷ at-least-once's, per run
 }
 
 // SustainedSummary is one sink at one sustained workload over the runs.
@@ -283,6 +292,7 @@ func summarizeDrain(per int, runs []DrainRun) DrainSummary {
 	s := DrainSummary{PerTxn: per}
 	var recv, recvMB, recvCPU, relay, relayMB, ratio, rss, cpu []float64
 	var dbz, dbzWith, dbzStart, dbzCPU, dbzRatio []float64
+	var eos, eosCPU, eosRatio []float64
 	for _, d := range runs {
 		if d.PerTxn != per {
 			continue
@@ -305,6 +315,15 @@ func summarizeDrain(per int, runs []DrainRun) DrainSummary {
 				dbzRatio = append(dbzRatio, d.RelayRate()/d.DbzRate())
 			}
 		}
+		if d.EOSRate() > 0 {
+			s.EOSRuns++
+			eos = append(eos, d.EOSRate())
+			eosCPU = append(eosCPU, perMillion(d.EOS.CPUSec, d.Events))
+			s.EOSPeakRSSMax = max(s.EOSPeakRSSMax, d.EOS.PeakRSS)
+			if d.RelaySec > 0 {
+				eosRatio = append(eosRatio, d.EOSRate()/d.RelayRate())
+			}
+		}
 		if d.RelaySec == 0 {
 			continue
 		}
@@ -324,6 +343,7 @@ func summarizeDrain(per int, runs []DrainRun) DrainSummary {
 	s.PeakRSSMedian, s.CPUPerMillion = int64(Median(rss)), Median(cpu)
 	s.DbzRate, s.DbzRateWithStart, s.DbzStartSec = Median(dbz), Median(dbzWith), Median(dbzStart)
 	s.DbzCPUPerMillion, s.DbzRatio = Median(dbzCPU), Median(dbzRatio)
+	s.EOSRate, s.EOSCPUPerMillion, s.EOSRatio = Median(eos), Median(eosCPU), Median(eosRatio)
 	return s
 }
 

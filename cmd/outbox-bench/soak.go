@@ -347,7 +347,7 @@ func (b *bench) soakPhase(ctx context.Context, db *benchDB, r *SoakResult) error
 	samples := &soakSamples{}
 	cctx, stopBackground := context.WithCancel(ctx)
 	var g errgroup.Group
-	g.Go(func() error { return consume(cctx, b.o.Brokers, topics, commits, samples) })
+	g.Go(func() error { return consume(cctx, b.o.Brokers, topics, false, commits, samples) })
 	defer func() { stopBackground(); _ = g.Wait() }()
 
 	relay, err := startProc(b.o.RelayBin, []string{"run"}, b.relayEnv(db), filepath.Join(b.dir, "relay-soak.log"))

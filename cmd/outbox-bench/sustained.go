@@ -38,12 +38,26 @@ type sustainedSink struct {
 	// warmUp is run at the target rate and discarded before the timed phase:
 	// a JVM's JIT compiles its hot paths in the first seconds under load.
 	warmUp time.Duration
+	// readCommitted: the sink writes in transactions (the exactly-once
+	// relay); its consumer reads read_committed and its commit → ack is
+	// commit → receipt (eos.go).
+	readCommitted bool
 }
 
-// relayProc is the relay as a runningSink.
-type relayProc struct{ *proc }
+// relayProc is the relay as a runningSink; done, when set, runs once it
+// stopped (the exactly-once relay's checkpoint topic is dropped).
+type relayProc struct {
+	*proc
+	done func()
+}
 
-func (r relayProc) stop() usage { return r.proc.stop(30 * time.Second) }
+func (r relayProc) stop() usage {
+	u := r.proc.stop(30 * time.Second)
+	if r.done != nil {
+		r.done()
+	}
+	return u
+}
 
 func (b *bench) relaySink(db *benchDB, run, per int) sustainedSink {
 	return sustainedSink{
@@ -53,7 +67,7 @@ func (b *bench) relaySink(db *benchDB, run, per int) sustainedSink {
 			if err != nil {
 				return nil, fmt.Errorf("relay: %w", err)
 			}
-			return relayProc{p}, nil
+			return relayProc{p, nil}, nil
 		},
 	}
 }
@@ -78,6 +92,9 @@ func (b *bench) sustainedWorkload(ctx context.Context, run, per int) (err error)
 	}
 	defer b.dropDatabase(ctx, db, &err)
 	sinks := []sustainedSink{b.relaySink(db, run, per)}
+	if b.o.ExactlyOnce {
+		sinks = append(sinks, b.relayEOSSink(db, run, per))
+	}
 	if b.debezium() {
 		sinks = append(sinks, b.dbzSink(db, run, per))
 	}
@@ -117,7 +134,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink s
 	samples := newLatencySamples()
 	cctx, stopConsumer := context.WithCancel(ctx)
 	var g errgroup.Group
-	g.Go(func() error { return consume(cctx, b.o.Brokers, topics, commits, samples) })
+	g.Go(func() error { return consume(cctx, b.o.Brokers, topics, sink.readCommitted, commits, samples) })
 	defer func() { stopConsumer(); _ = g.Wait() }()
 
 	running, err := sink.start(ctx)
@@ -186,11 +203,15 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink s
 	if samples.unknown > 0 {
 		b.log.Warn("records that are not the producer's events", "run", run, "sink", sink.name, "count", samples.unknown, "examples", samples.examples)
 	}
+	ack := samples.ack
+	if sink.readCommitted {
+		ack = samples.receipt
+	}
 	h := b.ackHist(sink.name, per)
-	for _, d := range samples.ack {
+	for _, d := range ack {
 		h.Add(d)
 	}
-	s.Ack, s.Receipt = Summarize(samples.ack), Summarize(samples.receipt)
+	s.Ack, s.Receipt = Summarize(ack), Summarize(samples.receipt)
 	b.log.Info("sustained done", "run", run, "sink", sink.name, "per_txn", per, "achieved_rate", int(s.AchievedRate),
 		"ack_p50", s.Ack.P50, "ack_p99", s.Ack.P99, "ack_max", s.Ack.Max)
 	return s

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -179,7 +180,8 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 	progress := newProgressWriter(stderr, e, a.id)
 	r, err := replay.New(ctx, pool, s, replay.Config{
 		ID: a.id, Selection: a.sel, Topic: a.topic, OrderBy: a.orderBy, Rate: a.rate, BatchSize: a.batch,
-		Outbox: outbox, Columns: sql.Columns(rc.Columns), Router: rc,
+		MarkAtLeastOnce: c.Delivery == relay.DeliveryExactlyOnce,
+		Outbox:          outbox, Columns: sql.Columns(rc.Columns), Router: rc,
 		CheckpointTable: checkpoint, Slot: c.Replication.Slot, Log: e.log, Progress: progress.update,
 	})
 	if err != nil {

@@ -218,13 +218,7 @@ func TestSecureRunSCRAM(t *testing.T) {
 	forbidden := testenv.UniqueName(t, "forbidden") // outside the prefix
 	kc.CreateTopic(t, forbidden, 1)
 
-	env := append(n.env(pg.TLSDSN),
-		"RELAY_KAFKA_BROKERS="+strings.Join(kc.SASLBrokers, ","),
-		"RELAY_KAFKA_TLS_ENABLED=true",
-		"RELAY_KAFKA_TLS_CA_FILE="+kc.Files.CA,
-		"RELAY_KAFKA_SASL_MECHANISM=scram-sha-512",
-		"RELAY_KAFKA_SASL_USERNAME="+kc.User,
-		"RELAY_KAFKA_SASL_PASSWORD="+kc.Password,
+	env := append(append(n.env(pg.TLSDSN), scramEnv(kc, kc.Password)...),
 		"RELAY_TOPICS_TEMPLATE="+kc.TopicPrefix+"{aggregate_type}",
 		"RELAY_TOPICS_OVERRIDES="+n.forbiddenAgg+"="+forbidden,
 	)
@@ -315,16 +309,7 @@ func TestSecureRunRefusedAtStart(t *testing.T) {
 	good := pg.TLSDSN
 	plainKafka := []string{"RELAY_KAFKA_BROKERS=" + strings.Join(kc.Brokers, ",")}
 	secSetup(t, append(n.env(good), plainKafka...))
-	sasl := func(password string) []string {
-		return []string{
-			"RELAY_KAFKA_BROKERS=" + strings.Join(kc.SASLBrokers, ","),
-			"RELAY_KAFKA_TLS_ENABLED=true",
-			"RELAY_KAFKA_TLS_CA_FILE=" + kc.Files.CA,
-			"RELAY_KAFKA_SASL_MECHANISM=scram-sha-512",
-			"RELAY_KAFKA_SASL_USERNAME=" + kc.User,
-			"RELAY_KAFKA_SASL_PASSWORD=" + password,
-		}
-	}
+	sasl := func(password string) []string { return scramEnv(kc, password) }
 	tests := []struct {
 		name  string
 		env   []string
@@ -358,5 +343,18 @@ func TestSecureRunRefusedAtStart(t *testing.T) {
 				t.Errorf("stderr shows the password:\n%s", stderr)
 			}
 		})
+	}
+}
+
+// scramEnv is the environment of a relay that reaches Kafka as kc's User with
+// password over SASL_SSL (SCRAM-SHA-512).
+func scramEnv(kc *testenv.KafkaSecureCluster, password string) []string {
+	return []string{
+		"RELAY_KAFKA_BROKERS=" + strings.Join(kc.SASLBrokers, ","),
+		"RELAY_KAFKA_TLS_ENABLED=true",
+		"RELAY_KAFKA_TLS_CA_FILE=" + kc.Files.CA,
+		"RELAY_KAFKA_SASL_MECHANISM=scram-sha-512",
+		"RELAY_KAFKA_SASL_USERNAME=" + kc.User,
+		"RELAY_KAFKA_SASL_PASSWORD=" + password,
 	}
 }

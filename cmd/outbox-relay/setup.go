@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
@@ -18,7 +20,8 @@ func newSetupCmd(wrap wrapFunc) *cobra.Command {
 		Long: `setup creates what the relay needs and is missing, and says what it found:
 the checkpoint table and its history, the retry table, the replay table, (with
 --create-outbox-table) the outbox table, the publication of the outbox table
-(inserts only) and the logical replication slot (pgoutput). It is safe to run
+(inserts only), with delivery: exactly-once the Kafka checkpoint topic
+(compacted), and the logical replication slot (pgoutput). It is safe to run
 again. It never alters what exists: a publication that does not cover the
 outbox table is reported with the statement to fix it.
 
@@ -38,7 +41,17 @@ without superuser; "outbox-relay check" names any grant still missing.`,
 			if printSQL {
 				return admin.PrintSQL(e.adminConfig(), role, createOutbox, e.stdout)
 			}
-			return admin.Setup(cmd.Context(), e.adminConfig(), createOutbox, e.stdout)
+			cfg := e.adminConfig()
+			if cfg.ExactlyOnce {
+				// The checkpoint topic of delivery: exactly-once.
+				ks, closeSinks, err := newSinks(e.cfg.sinkConfig(e.log), 1)
+				if err != nil {
+					return fmt.Errorf("%w: %w", errConfig, err)
+				}
+				defer closeSinks()
+				cfg.Topics = ks[0]
+			}
+			return admin.Setup(cmd.Context(), cfg, createOutbox, e.stdout)
 		}),
 	}
 	cmd.Flags().BoolVar(&createOutbox, "create-outbox-table", false, "also create the outbox table (Debezium-compatible layout) if missing")

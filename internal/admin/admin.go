@@ -53,6 +53,13 @@ type Config struct {
 	CheckpointTable sql.Table
 	RetryTable      sql.Table
 	Kafka           sink.Config // the settings Check's Kafka connects with, for its messages
+	// ExactlyOnce is delivery: exactly-once. Setup then creates
+	// CheckpointTopic with Topics, and Check checks that the principal may
+	// write it in transactions under TransactionalID's prefix.
+	ExactlyOnce     bool
+	CheckpointTopic string
+	TransactionalID string
+	Topics          TopicCreator // nil without ExactlyOnce
 	// Retention is outbox.retention (0: off): Check then checks what it
 	// needs of the outbox table.
 	Retention time.Duration
@@ -102,4 +109,11 @@ func (c *Config) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("connect to postgres %s: %w", c.RedactedDSN, err)
 	}
 	return conn, nil
+}
+
+// A TopicCreator creates a compacted topic of one partition and says whether
+// it did (false, nil: it exists): sink.Kafka's CreateCompactedTopic. It blocks
+// until the broker answers or ctx is done.
+type TopicCreator interface {
+	CreateCompactedTopic(ctx context.Context, topic string) (created bool, err error)
 }

@@ -15,8 +15,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -426,6 +428,12 @@ func checkReplicationConn(ctx context.Context, cfg *Config, c *checker) {
 type Kafka interface {
 	Ping(ctx context.Context) error
 	CheckIdempotence(ctx context.Context) error
+	// CheckTransactions takes transactionalID, writes a record to topic in
+	// a transaction, aborts it and reads topic read_committed, as an
+	// exactly-once relay does: nil when all of it is allowed (wrapping
+	// sink.ErrTransactionsNotAllowed when the principal lacks the
+	// TransactionalId ACLs).
+	CheckTransactions(ctx context.Context, transactionalID, topic string) error
 }
 
 func checkKafka(ctx context.Context, cfg *Config, k Kafka, c *checker) {
@@ -446,4 +454,33 @@ func checkKafka(ctx context.Context, cfg *Config, k Kafka, c *checker) {
 		return
 	}
 	c.ok("kafka idempotence", "the broker hands the relay a producer id (idempotent writes allowed)")
+	if cfg.ExactlyOnce {
+		checkTransactions(ctx, cfg, k, c)
+	}
+}
+
+// checkTransactions checks what delivery: exactly-once needs of Kafka, under
+// a transactional id of check's own beside the relay's (taking the relay's
+// would fence a running relay): the same prefix, so the same ACLs.
+func checkTransactions(ctx context.Context, cfg *Config, k Kafka, c *checker) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	id := cfg.TransactionalID + "-check"
+	err := k.CheckTransactions(cctx, id, cfg.CheckpointTopic)
+	switch {
+	case err == nil:
+		c.ok("kafka transactions", "the relay may take transactional ids like %s and write %s in transactions (a test record, aborted)", id, cfg.CheckpointTopic)
+	case errors.Is(err, sink.ErrTransactionsNotAllowed):
+		principal := "the relay's principal"
+		if u := cfg.Kafka.SASL.Username; u != "" {
+			principal = "User:" + u
+		}
+		c.fail("kafka transactions", "%v; fix: kafka-acls.sh --add --allow-principal %s --operation Write --operation Describe --transactional-id %s --resource-pattern-type prefixed",
+			cfg.scrub(err), principal, relay.TransactionalIDPrefix)
+	case errors.Is(err, sink.ErrIdempotenceNotAllowed):
+		c.fail("kafka transactions", "%v", cfg.scrub(err))
+	default:
+		c.fail("kafka transactions", "%v; the checkpoint topic must exist (outbox-relay setup creates it) and the relay's principal needs READ, WRITE and DESCRIBE on it, and WRITE and DESCRIBE on TransactionalId prefixed %s",
+			cfg.scrub(err), relay.TransactionalIDPrefix)
+	}
 }

@@ -266,6 +266,18 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		}
 	}
 
+	if cfg.ExactlyOnce {
+		// The checkpoint topic of exactly-once delivery, before the slot.
+		switch created, err := cfg.Topics.CreateCompactedTopic(ctx, cfg.CheckpointTopic); {
+		case err != nil:
+			problem("kafka checkpoint topic %s: %v; create it (one partition, cleanup.policy=compact), or set kafka.checkpoint_topic to one that exists", cfg.CheckpointTopic, cfg.scrub(err))
+		case created:
+			say("kafka checkpoint topic %s: created (one partition, cleanup.policy=compact)", cfg.CheckpointTopic)
+		default:
+			say("kafka checkpoint topic %s: already exists", cfg.CheckpointTopic)
+		}
+	}
+
 	slotName := cfg.Slot
 	s, err := readSlot(ctx, conn, slotName)
 	if err != nil {

@@ -27,6 +27,9 @@ type Delivery struct {
 	Key       string
 	Value     string
 	ID        string // the id header
+	// AtLeastOnce: the message carries the relay's at-least-once mark
+	// (event.HeaderDelivery): the retry worker, replay or a refill sent it.
+	AtLeastOnce bool
 }
 
 // RetryRow is one row of the retry table as it is at the end.
@@ -56,7 +59,8 @@ type Report struct {
 	DeadRows  int // poison events dead in the retry table with the expected reason
 
 	Lost             int // neither in Kafka nor in the retry table with a reason
-	Duplicates       int // messages beyond the first of their event
+	Duplicates       int // messages beyond the first of their event, not marked at least once
+	MarkedDuplicates int // messages beyond the first of their event marked at least once (sent outside the exactly-once stream)
 	OrderViolations  int // per aggregate, after dropping repeats: a sequence number not above the previous one
 	PoisonWrong      int // poison events in Kafka, not dead, or without the expected reason
 	NonPoisonRetries int // retry rows ever written for events that are not poison
@@ -103,7 +107,11 @@ func Check(in Input) Report {
 	seen := map[string]bool{}
 	for _, m := range msgs {
 		if seen[m.ID] {
-			rep.Duplicates++
+			if m.AtLeastOnce {
+				rep.MarkedDuplicates++
+			} else {
+				rep.Duplicates++
+			}
 			continue
 		}
 		seen[m.ID] = true

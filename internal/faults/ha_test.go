@@ -37,6 +37,7 @@ const (
 type haRun struct {
 	relays int
 	faults map[haFault]int
+	eos    bool // delivery: exactly-once, read read_committed
 }
 
 // takeoverMax bounds a takeover after SIGKILL (the requirement: the
@@ -84,6 +85,30 @@ func TestHighAvailability(t *testing.T) {
 	}
 }
 
+// TestHighAvailabilityExactlyOnce is TestHighAvailability with delivery:
+// exactly-once, read read_committed: each takeover also takes the slot's
+// transactional id, fencing the former leader in Kafka itself, and the
+// stream's duplicates are 0 (the late topic's events, sent by the retry
+// worker, are marked at least once and counted apart). Reduced: one run of
+// each fault over 2 and 3 relays; RELAY_FAULTS=full runs
+// TestHighAvailability's full runs.
+func TestHighAvailabilityExactlyOnce(t *testing.T) {
+	runs := map[string]haRun{
+		"2 relays": {relays: 2, faults: map[haFault]int{haKill: 2, haStop: 1}, eos: true},
+		"3 relays": {relays: 3, faults: map[haFault]int{haKill: 2, haHold: 1}, eos: true},
+	}
+	if os.Getenv("RELAY_FAULTS") == "full" {
+		runs = map[string]haRun{
+			"2 relays": {relays: 2, faults: map[haFault]int{haKill: 10, haStop: 2, haHold: 2}, eos: true},
+			"3 relays": {relays: 3, faults: map[haFault]int{haKill: 10, haStop: 2, haHold: 2}, eos: true},
+		}
+	}
+	bin := testenv.RelayBinary(t)
+	for _, name := range []string{"2 relays", "3 relays"} {
+		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) { runHA(t, bin, runs[name]) })
+	}
+}
+
 // haRelay is one relay process, restarted by its supervisor when it ends.
 type haRelay struct {
 	n       int
@@ -101,8 +126,8 @@ func runHA(t *testing.T, bin string, run haRun) {
 			t.Fatalf("RELAY_FAULTS_SEED=%q: %v", v, err)
 		}
 	}
-	t.Logf("high availability: %d relays, seed %d", run.relays, seed)
-	s := &suite{t: t, m: reduced, rng: mrand.New(mrand.NewPCG(seed, 2)), began: time.Now(), count: map[faultKind]int{}}
+	t.Logf("high availability: %d relays, %s, seed %d", run.relays, delivery(run.eos), seed)
+	s := &suite{t: t, m: reduced, rng: mrand.New(mrand.NewPCG(seed, 2)), began: time.Now(), count: map[faultKind]int{}, eos: run.eos}
 	s.pg = testenv.Postgres(t)
 	s.kafka = testenv.Kafka(t)
 	s.pool = s.pg.Pool(t)
@@ -117,6 +142,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 		t.Fatal(err)
 	}
 
+	deliveryEnv := s.deliveryEnv()
 	svcCtx, stopSvc := context.WithCancel(context.Background())
 	services, _ := errgroup.WithContext(svcCtx)
 	relays := make([]*haRelay, run.relays)
@@ -148,6 +174,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 			"RELAY_LOG_FORMAT=json",
 			"RELAY_LOG_LEVEL=debug",
 		)}
+		r.sup.env = append(r.sup.env, deliveryEnv...)
 		relays[i] = r
 		t.Logf("relay %d: metrics %s, output %s", i, r.metrics, r.logPath)
 		services.Go(func() error { return px.Serve(svcCtx) })
@@ -324,9 +351,12 @@ func runHA(t *testing.T, bin string, run haRun) {
 		nTake += len(d)
 	}
 	bound := (nTake + run.faults[haStop] + run.faults[haHold]) * window
+	if run.eos {
+		bound = 0
+	}
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "high availability report\t\t%d relays, seed %d, %s\n", run.relays, seed, time.Since(s.began).Round(time.Second))
+	fmt.Fprintf(w, "high availability report\t\t%d relays, %s, seed %d, %s\n", run.relays, delivery(run.eos), seed, time.Since(s.began).Round(time.Second))
 	for _, k := range []haFault{haKill, haStop, haHold} {
 		if d := takeovers[k]; len(d) > 0 {
 			fmt.Fprintf(w, "takeover after %s\t%d\tmedian %s, max %s\n", k, len(d), median(d).Round(time.Millisecond), slices.Max(d).Round(time.Millisecond))
@@ -340,6 +370,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 	fmt.Fprintf(w, "checkpoint saves logged\t%d\t(%d epochs)\n", len(saves), epochs(saves))
 	fmt.Fprintf(w, "LOST\t%d\twant 0\n", rep.Lost)
 	fmt.Fprintf(w, "DUPLICATES\t%d\twant <= %d\n", rep.Duplicates, bound)
+	fmt.Fprintf(w, "duplicates marked at least once\t%d\t(sent by the retry worker)\n", rep.MarkedDuplicates)
 	fmt.Fprintf(w, "ORDER violations\t%d\twant 0\n", rep.OrderViolations)
 	fmt.Fprintf(w, "saves out of epoch or LSN order\t%d\twant 0\n", len(overlaps))
 	w.Flush()
@@ -351,7 +382,10 @@ func runHA(t *testing.T, bin string, run haRun) {
 	if rep.OrderViolations != 0 {
 		t.Errorf("%d ORDER violations; want 0", rep.OrderViolations)
 	}
-	if rep.Duplicates > bound {
+	switch {
+	case run.eos && rep.Duplicates > 0:
+		t.Errorf("%d DUPLICATES read_committed with delivery: exactly-once; want 0", rep.Duplicates)
+	case rep.Duplicates > bound:
 		t.Errorf("%d DUPLICATES; want at most %d = (%d takeovers + %d freezes and partitions) × %d", rep.Duplicates, bound, nTake, run.faults[haStop]+run.faults[haHold], window)
 	}
 	if rep.Mismatches != 0 || rep.PoisonWrong != 0 || rep.NonPoisonRetries != 0 {

@@ -17,9 +17,13 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/sink"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -96,6 +100,7 @@ type suite struct {
 	sup    *supervisor
 
 	messages   bool              // events are logical decoding messages, the outbox table their archive
+	eos        bool              // delivery: exactly-once, read read_committed
 	count      map[faultKind]int // faults injected
 	midKills   int               // relay kills in the middle of an outage (also in count[relayKill])
 	kafkaDown  bool
@@ -112,7 +117,16 @@ func (s *suite) logf(format string, args ...any) {
 // Kafka and Postgres in a seeded random order, then checks that every committed event
 // reached Kafka or the retry table, in order per aggregate, with bounded duplicates.
 // See the package doc for the modes and the bounds.
-func TestFaultSuite(t *testing.T) {
+func TestFaultSuite(t *testing.T) { faultSuite(t, false) }
+
+// TestFaultSuiteExactlyOnce is TestFaultSuite with delivery: exactly-once,
+// read as a read_committed consumer reads: the same faults, lost 0, order
+// violations 0, and duplicates 0 (only messages the relay marks at least once
+// may repeat, counted apart: the retry table's).
+func TestFaultSuiteExactlyOnce(t *testing.T) { faultSuite(t, true) }
+
+// faultSuite runs the suite of a table outbox in the mode RELAY_FAULTS names.
+func faultSuite(t *testing.T, eos bool) {
 	testenv.Exclusive(t)
 	m := reduced
 	if v := os.Getenv("RELAY_FAULTS"); v == "full" {
@@ -120,7 +134,7 @@ func TestFaultSuite(t *testing.T) {
 	} else if v != "" && v != "reduced" {
 		t.Fatalf("RELAY_FAULTS=%q; want full, reduced or unset", v)
 	}
-	runFaultSuite(t, m, false)
+	runFaultSuite(t, m, false, eos)
 }
 
 // messagesMode is the run of TestFaultSuiteMessages: the relay's own faults
@@ -144,12 +158,13 @@ func TestFaultSuiteMessages(t *testing.T) {
 	if os.Getenv("RELAY_FAULTS") == "full" {
 		m.faults = map[faultKind]int{relayKill: 30, relayTerm: 3, pgCut: 5}
 	}
-	runFaultSuite(t, m, true)
+	runFaultSuite(t, m, true, false)
 }
 
 // runFaultSuite is one run of the fault suite; with messages, events are
-// logical decoding messages (see TestFaultSuiteMessages).
-func runFaultSuite(t *testing.T, m mode, messages bool) {
+// logical decoding messages (see TestFaultSuiteMessages); with eos, delivery
+// is exactly-once, read read_committed.
+func runFaultSuite(t *testing.T, m mode, messages, eos bool) {
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("RELAY_FAULTS_SEED"); v != "" {
 		var err error
@@ -157,9 +172,9 @@ func runFaultSuite(t *testing.T, m mode, messages bool) {
 			t.Fatalf("RELAY_FAULTS_SEED=%q: %v; want an unsigned integer", v, err)
 		}
 	}
-	t.Logf("fault suite: %s mode, seed %d (replay the fault order with RELAY_FAULTS_SEED=%d)", m.name, seed, seed)
+	t.Logf("fault suite: %s mode, %s, seed %d (replay the fault order with RELAY_FAULTS_SEED=%d)", m.name, delivery(eos), seed, seed)
 
-	s := &suite{t: t, m: m, rng: mrand.New(mrand.NewPCG(seed, 1)), began: time.Now(), count: map[faultKind]int{}, messages: messages}
+	s := &suite{t: t, m: m, rng: mrand.New(mrand.NewPCG(seed, 1)), began: time.Now(), count: map[faultKind]int{}, messages: messages, eos: eos}
 	bin := testenv.RelayBinary(t)
 	s.pg = testenv.Postgres(t)
 	s.kafka = testenv.Kafka(t)
@@ -206,6 +221,7 @@ func runFaultSuite(t *testing.T, m mode, messages bool) {
 		"RELAY_METRICS_LISTEN=",
 		"RELAY_LOG_FORMAT=json",
 	)}
+	s.sup.env = append(s.sup.env, s.deliveryEnv()...)
 	prod := newProducer(s.pg.DSN, seed, m.rate)
 	prod.messages = messages
 
@@ -272,6 +288,9 @@ func runFaultSuite(t *testing.T, m mode, messages bool) {
 	kills := s.count[relayKill] + len(unexpected)
 	allowance := window * (s.count[kafkaKill] + 2*s.count[kafkaPause])
 	bound := kills*window + allowance
+	if eos {
+		bound = 0
+	}
 	s.report(seed, ps, rep, unexpected, bound)
 
 	if rep.Events != ps.Events+ps.Poison {
@@ -299,7 +318,10 @@ func runFaultSuite(t *testing.T, m mode, messages bool) {
 	if rep.Mismatches != 0 {
 		t.Errorf("%d messages differ from their outbox row or have none; want 0", rep.Mismatches)
 	}
-	if rep.Duplicates > bound {
+	switch {
+	case eos && rep.Duplicates > 0:
+		t.Errorf("%d DUPLICATES read_committed with delivery: exactly-once; want 0", rep.Duplicates)
+	case rep.Duplicates > bound:
 		t.Errorf("%d DUPLICATES; want at most %d = (%d SIGKILLs + %d unexpected exits) × %d max_in_flight_events + %d for Kafka kills and pauses",
 			rep.Duplicates, bound, s.count[relayKill], len(unexpected), window, allowance)
 	}
@@ -544,15 +566,7 @@ func (s *suite) collect() Input {
 		t.Fatalf("read outbox: %v", err)
 	}
 	for _, at := range aggregateTypes {
-		for _, m := range s.kafka.ReadAll(t, s.topic(at.name)) {
-			d := Delivery{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Value: string(m.Value)}
-			for _, h := range m.Headers {
-				if h.Key == "id" {
-					d.ID = string(h.Value)
-				}
-			}
-			in.Delivered = append(in.Delivered, d)
-		}
+		in.Delivered = append(in.Delivered, s.read(s.topic(at.name))...)
 	}
 	rows, err = s.pool.Query(ctx, `SELECT coalesce(event_id, event_key), status, coalesce(last_error, '') FROM `+outboxsql.DefaultRetryTable)
 	if err != nil {
@@ -608,7 +622,7 @@ func seqAnomalies(rows []Row) string {
 func (s *suite) report(seed uint64, ps producerStats, rep Report, unexpected []exit, bound int) {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "fault suite report\t\t%s mode, seed %d, %s\n", s.m.name, seed, time.Since(s.began).Round(time.Second))
+	fmt.Fprintf(w, "fault suite report\t\t%s mode, %s, seed %d, %s\n", s.m.name, delivery(s.eos), seed, time.Since(s.began).Round(time.Second))
 	for _, k := range kinds {
 		switch k {
 		case relayKill:
@@ -628,6 +642,7 @@ func (s *suite) report(seed uint64, ps producerStats, rep Report, unexpected []e
 	fmt.Fprintf(w, "poison dead with reason\t%d\twant %d\n", rep.DeadRows, rep.Poison)
 	fmt.Fprintf(w, "LOST\t%d\twant 0\n", rep.Lost)
 	fmt.Fprintf(w, "DUPLICATES\t%d\twant <= %d\n", rep.Duplicates, bound)
+	fmt.Fprintf(w, "duplicates marked at least once\t%d\t(sent by the retry worker)\n", rep.MarkedDuplicates)
 	fmt.Fprintf(w, "ORDER violations\t%d\twant 0\n", rep.OrderViolations)
 	fmt.Fprintf(w, "retry rows for non-poison events\t%d\twant 0\n", rep.NonPoisonRetries)
 	fmt.Fprintf(w, "poison handled wrong\t%d\twant 0\n", rep.PoisonWrong)
@@ -656,4 +671,70 @@ func withHostPort(dsn, addr string) string {
 		return u.String()
 	}
 	return dsn + " host=" + host + " port=" + port
+}
+
+// delivery names the relay's delivery mode of a run.
+func delivery(eos bool) string {
+	if eos {
+		return relay.DeliveryExactlyOnce
+	}
+	return relay.DeliveryAtLeastOnce
+}
+
+// deliveryEnv is the relay's environment for the run's delivery mode: with
+// exactly-once, a checkpoint topic of the run's own, created here as setup
+// would.
+func (s *suite) deliveryEnv() []string {
+	if !s.eos {
+		return []string{"RELAY_DELIVERY=" + relay.DeliveryAtLeastOnce}
+	}
+	topic := s.prefix + ".checkpoints"
+	s.kafka.CreateTopic(s.t, topic, 1)
+	return []string{"RELAY_DELIVERY=" + relay.DeliveryExactlyOnce, "RELAY_KAFKA_CHECKPOINT_TOPIC=" + topic}
+}
+
+// read reads topic's messages: with exactly-once as a read_committed
+// consumer does (aborted transactions' records and markers left out), else
+// everything Kafka holds.
+func (s *suite) read(topic string) []Delivery {
+	t := s.t
+	t.Helper()
+	var out []Delivery
+	add := func(d Delivery, headers []kafka.Header) {
+		for _, h := range headers {
+			switch h.Key {
+			case "id":
+				d.ID = string(h.Value)
+			case event.HeaderDelivery:
+				d.AtLeastOnce = string(h.Value) == event.DeliveryAtLeastOnce
+			}
+		}
+		out = append(out, d)
+	}
+	if !s.eos {
+		for _, m := range s.kafka.ReadAll(t, topic) {
+			add(Delivery{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Value: string(m.Value)}, m.Headers)
+		}
+		return out
+	}
+	c, err := sink.Client(sink.Config{Brokers: s.kafka.Brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	meta, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(meta.Topics) != 1 {
+		t.Fatalf("metadata of %s: %v", topic, err)
+	}
+	for _, p := range meta.Topics[0].Partitions {
+		if _, err := sink.ReadCommitted(ctx, c.Client, topic, p.ID, 0, func(r sink.Record) error {
+			add(Delivery{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value)}, r.Headers)
+			return nil
+		}); err != nil {
+			t.Fatalf("read %s[%d] read_committed: %v", topic, p.ID, err)
+		}
+	}
+	return out
 }

@@ -127,6 +127,19 @@ type Config struct {
 	Router         router.Config
 	Sink           sink.Config
 
+	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce:
+	// the stream's events written in Kafka transactions together with the
+	// checkpoint (eos.go); the stream sink must then be transactional, with
+	// TransactionalID(slot). CheckpointTopic (default
+	// "outbox-relay-checkpoints", compacted, made by setup) holds the
+	// checkpoint records. TransactionMaxEvents (default 10000) and
+	// TransactionMaxBytes (default 4 MiB) bound a Kafka transaction, which
+	// exceeds them only by holding a single larger Postgres transaction.
+	Delivery             string
+	CheckpointTopic      string
+	TransactionMaxEvents int
+	TransactionMaxBytes  int
+
 	CheckpointTable    string        // default "outbox_relay_checkpoint"
 	CheckpointInterval time.Duration // default 200ms: longest wait between checkpoint saves
 
@@ -227,6 +240,16 @@ func (c *Config) validate() error {
 		c.Replication.MessagePrefixes = nil
 	case len(c.Replication.MessagePrefixes) == 0:
 		c.Replication.MessagePrefixes = []string{DefaultMessagePrefix}
+	}
+	field.OneOf(&v, "Delivery", &c.Delivery, DeliveryAtLeastOnce, DeliveryAtLeastOnce, DeliveryExactlyOnce)
+	if c.Delivery == DeliveryExactlyOnce && c.Sink.DisableIdempotence {
+		v.Errorf("Delivery", "exactly-once needs the idempotent producer: enable it ({Sink.DisableIdempotence}), or deliver %s", DeliveryAtLeastOnce)
+	}
+	field.Default(&c.CheckpointTopic, DefaultCheckpointTopic)
+	field.Positive(&v, "TransactionMaxEvents", &c.TransactionMaxEvents, DefaultTransactionMaxEvents)
+	field.Positive(&v, "TransactionMaxBytes", &c.TransactionMaxBytes, DefaultTransactionMaxBytes)
+	if n := c.TransactionMaxBytes; n > 0 && n < MinInFlightBytes {
+		v.Errorf("TransactionMaxBytes", "%d is out of range; use at least %d (64 KiB) (default %d)", n, MinInFlightBytes, DefaultTransactionMaxBytes)
 	}
 	field.Default(&c.Table, sql.DefaultOutboxTable)
 	if !strings.Contains(c.Table, ".") {

@@ -108,7 +108,8 @@ func (w tWriter) Write(p []byte) (int, error) {
 }
 
 // newRelay builds a relay with two sinks of cfg.Sink, as the CLI does
-// (cmd/outbox-relay's newRelay), closed once the test and its cleanups that
+// (cmd/outbox-relay's newRelay: with exactly-once the stream's is
+// transactional), closed once the test and its cleanups that
 // stop the relay are done.
 func newRelay(t testing.TB, cfg relay.Config) (*relay.Relay, error) {
 	t.Helper()
@@ -116,8 +117,12 @@ func newRelay(t testing.TB, cfg relay.Config) (*relay.Relay, error) {
 		cfg.Sink.Logger = cfg.Logger
 	}
 	var sinks relay.Sinks
-	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
-		k, err := sink.New(cfg.Sink)
+	for i, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
+		scfg := cfg.Sink
+		if i == 0 && cfg.Delivery == relay.DeliveryExactlyOnce {
+			scfg.TransactionalID = relay.TransactionalID(cfg.Replication.Slot)
+		}
+		k, err := sink.New(scfg)
 		if err != nil {
 			return nil, err
 		}
@@ -391,9 +396,15 @@ func fromKafka(m kafka.Message) delivered {
 // waitCount reads the topics until at least n events are there.
 func (f *fixture) waitCount(t testing.TB, n int, timeout time.Duration) []delivered {
 	t.Helper()
+	return waitRead(t, f.readAll, n, timeout)
+}
+
+// waitRead calls read until it returns at least n events.
+func waitRead(t testing.TB, read func(testing.TB) []delivered, n int, timeout time.Duration) []delivered {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		got := f.readAll(t)
+		got := read(t)
 		if len(got) >= n {
 			return got
 		}

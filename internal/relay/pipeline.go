@@ -112,6 +112,7 @@ type ends struct {
 	saver   checkpointSaver
 	stream  confirmer
 	history historyRecorder
+	eos     *eos // nil: at least once
 }
 
 // newPipeline wires a pipeline that starts after start (the position the
@@ -120,10 +121,15 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 	win := newWindow(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
 	h := newHealth(cfg.StallAfter, cfg.Logger)
 	hist := newHistorian(e.history, cfg.Logger, cfg)
+	maxMsgs, maxBytes := cfg.Sink.BatchSize, 4*int(cfg.Sink.BatchBytes)
+	if e.eos != nil {
+		// A chunk that ends a transaction is a Kafka transaction (eos.go).
+		maxMsgs, maxBytes = min(maxMsgs, cfg.TransactionMaxEvents), min(maxBytes, cfg.TransactionMaxBytes)
+	}
 	return &pipeline{
 		route: &routeStage{
 			tables: sources(cfg, e), win: win,
-			maxMsgs: cfg.Sink.BatchSize, maxBytes: 4 * int(cfg.Sink.BatchBytes),
+			maxMsgs: maxMsgs, maxBytes: maxBytes,
 			log: cfg.Logger, m: cfg.Metrics,
 			msgM:       cfg.Metrics.Table(messagesLabel(cfg.Replication.MessagePrefixes)),
 			readTables: cfg.readsTable(),
@@ -131,7 +137,7 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 			received:   make([]int, len(e.routers)),
 		},
 		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans,
-			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes)},
+			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes), eos: e.eos},
 		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate: e.gate, win: win, health: h, hist: hist,
 	}

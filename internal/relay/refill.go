@@ -482,7 +482,14 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 		return 0, time.Time{}, err
 	}
 	win := newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes)
-	w := &writer{sink: r.sink, gate: gt, fence: ls, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m}
+	// A refill is at least once (see above): with exactly-once delivery its
+	// events go outside transactions, by the retry worker's sink, which is
+	// idle between terms, and say so in a header.
+	rsink := r.sink
+	if r.cfg.Delivery == DeliveryExactlyOnce {
+		rsink = r.retrySink
+	}
+	w := &writer{sink: rsink, gate: gt, fence: ls, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m}
 	tally := &refillTally{}
 	chunks := make(chan *chunk)
 	g, gctx := errgroup.WithContext(ctx)
@@ -515,6 +522,10 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 				m, err := rt.Route(row)
 				m.Refill, m.Pos, m.CommitTime, m.Table = res.ID, n, at, sels[cur].name
 				m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == HeaderRefillID }), header)
+				if rsink != r.sink {
+					// Beside an exactly-once stream: at least once.
+					m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
+				}
 				m.Extra = append(slices.DeleteFunc(slices.Clone(m.Extra), func(h event.Header) bool { return h.Key == HeaderRefillID }), event.Header(header))
 				if err != nil {
 					var re *router.RouteError

@@ -70,6 +70,12 @@
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
+//   - With exactly-once delivery (eos.go) a chunk's complete transactions
+//     are written in one Kafka transaction with their checkpoint record, and
+//     the chunk reaches the committer only after the Kafka commit: the
+//     Kafka checkpoint is never behind the Postgres one, and a term drops
+//     what it covers. A term takes the slot's transactional id only once it
+//     leads, which fences every former leader's producer in Kafka.
 package relay
 
 import (
@@ -162,6 +168,9 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 	if sinks.Stream == nil || sinks.Retry == nil {
 		return nil, errors.New("relay: a sink for the stream and one for the retry worker are required")
 	}
+	if _, ok := sinks.Stream.(txnSink); !ok && cfg.Delivery == DeliveryExactlyOnce {
+		return nil, errors.New("relay: exactly-once delivery needs a transactional stream sink (sink.Kafka with a TransactionalID)")
+	}
 	rts, err := cfg.routers()
 	if err != nil {
 		return nil, err
@@ -222,6 +231,10 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		}
 		if errors.Is(err, errStandBy) && rctx.Err() == nil {
 			r.log.Warn("no longer leading: standing by", "slot", r.cfg.Replication.Slot, "reason", err)
+			continue
+		}
+		if errors.Is(err, errRestart) && rctx.Err() == nil {
+			r.log.Warn("leading again from the checkpoint", "slot", r.cfg.Replication.Slot, "reason", err)
 			continue
 		}
 		// A slot lost at start or while streaming: with refill on, heal

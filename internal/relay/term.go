@@ -57,11 +57,20 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	if err != nil {
 		return nil, err
 	}
+	var x *eos
+	if r.cfg.Delivery == DeliveryExactlyOnce {
+		x = &eos{sink: r.sink.(txnSink), topic: r.cfg.CheckpointTopic, slot: slot, epoch: t.lease.wait,
+			server: t.lease.server, term: o.srv, log: r.log, parked: o.rstore, gate: o.gate, resume: o.start}
+	}
 	t.pipe = newPipeline(r.cfg, ends{
 		routers: rts, placers: o.placers, sink: r.sink, gate: o.gate,
-		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store,
+		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store, eos: x,
 	}, o.start)
-	if t.worker, err = r.retryWorker(o.rstore, o.gate, t.lease); err != nil {
+	var committed func() pglogrepl.LSN
+	if x != nil {
+		committed = x.Committed
+	}
+	if t.worker, err = r.retryWorker(o.rstore, o.gate, t.lease, committed); err != nil {
 		return nil, err
 	}
 	// Why this slot's relay last stopped before a transaction, if it did:
@@ -182,7 +191,7 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 // safe for concurrent use, and only while the term leads (fence).
 // Per-aggregate order holds because the pipeline writes no event of a lane
 // the worker has rows of (the gate), which the worker releases.
-func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence) (*retry.Worker, error) {
+func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence, committed func() pglogrepl.LSN) (*retry.Worker, error) {
 	wrouters, err := r.cfg.routers()
 	if err != nil {
 		return nil, err
@@ -197,6 +206,8 @@ func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence) (*retry.Work
 	for i, o := range r.cfg.outboxes() {
 		wcfg.Tables[o.name] = retry.Routing{Topic: wrouters[i].Topic, Headers: wrouters[i].Headers()}
 	}
+	wcfg.Committed = committed // exactly-once: rows of uncommitted Kafka transactions wait
+	wcfg.MarkAtLeastOnce = r.cfg.Delivery == DeliveryExactlyOnce
 	wcfg.Delivered = func(agg string) {
 		// Called from the worker's goroutine while it runs: bounded, as a
 		// hung query must not hold up the worker.

@@ -44,6 +44,7 @@ type writer struct {
 	spans  SpanExporter // nil: no spans
 	depth  int          // chunks sent and not yet finished, at most; 0 means 1
 	bulk   int          // bytes of chunks sent and not yet finished above which no more are sent
+	eos    *eos         // nil: at least once
 }
 
 // sent is a chunk on its way: what went to the sink, and what is parked.
@@ -52,13 +53,34 @@ type sent struct {
 	send   []event.Event
 	sendAt []int // nil: send is c.evs
 	parked []diverted
+	cp     *event.Event  // exactly-once's checkpoint record, sent last; nil: none
 	d      sink.Delivery // nil: nothing sent
 }
 
 // run writes the chunks of in until it is closed, then closes com. It
 // returns ctx's error, or an error that is not one event's (the caller
-// stops).
+// stops). With exactly-once delivery (eos) it first takes the transactional
+// id and writes each chunk as eos.deliver does.
 func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
+	if r.eos != nil {
+		// Exactly once: chunk after chunk, each in a Kafka transaction
+		// committed before the next is written (eos.go).
+		if err := r.eos.start(ctx, r.fence); err != nil {
+			return err
+		}
+		for c := range in {
+			send, parked, err := r.eos.deliver(ctx, r, c)
+			if err != nil {
+				return err
+			}
+			r.done(c, send, parked, com)
+		}
+		if err := r.eos.close(ctx); err != nil {
+			return err
+		}
+		com.close()
+		return nil
+	}
 	var queue []*sent
 	held := 0 // bytes of the chunks in queue
 	defer func() {
@@ -101,7 +123,7 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 				in = nil
 				continue
 			}
-			s, err := r.start(ctx, c)
+			s, err := r.start(ctx, c, nil)
 			if err != nil {
 				return err
 			}
@@ -130,35 +152,48 @@ func (s *sent) done() <-chan struct{} {
 	return s.d.Done()
 }
 
-// start diverts what must not go to Kafka and sends the rest.
-func (r *writer) start(ctx context.Context, c *chunk) (*sent, error) {
-	s := &sent{c: c, send: c.evs}
+// start diverts what must not go to Kafka and sends the rest, and cp, when
+// not nil, last (exactly-once's checkpoint record).
+func (r *writer) start(ctx context.Context, c *chunk, cp *event.Event) (*sent, error) {
+	s := &sent{c: c, send: c.evs, cp: cp}
 	if len(c.fails) > 0 || r.gate.closed() {
 		s.send, s.sendAt, s.parked = r.gate.divert(c)
 	}
-	if len(s.send) > 0 || len(s.parked) > 0 {
+	if len(s.send) > 0 || len(s.parked) > 0 || cp != nil {
 		// A write only while leading, proven within the lease: a
 		// former leader that wakes up learns here that it lost.
 		if err := r.fence.check(ctx); err != nil {
 			return nil, err
 		}
 	}
-	if len(s.send) > 0 {
-		s.d = r.sink.Send(ctx, s.send)
+	if out := s.send; len(out) > 0 || cp != nil {
+		if cp != nil {
+			out = append(out[:len(out):len(out)], *cp)
+		}
+		s.d = r.sink.Send(ctx, out)
 	}
 	return s, nil
 }
 
-// finish waits for a sent chunk's acknowledgements, parks what Kafka
-// refused, and hands the chunk to com.
-func (r *writer) finish(ctx context.Context, s *sent, com acker) error {
-	c, send := s.c, s.send
+// land waits for a sent chunk's acknowledgements and parks what Kafka
+// refused, and returns the events Kafka acknowledged and how many were
+// parked: every event of the chunk is then acknowledged or stored. The
+// checkpoint record's refusal is an error.
+func (r *writer) land(ctx context.Context, s *sent) (acked []event.Event, parked int, _ error) {
+	send := s.send
 	if s.d != nil {
-		r.health.waitFor("Kafka to acknowledge %d events", len(send))
+		n := len(send)
+		if s.cp != nil {
+			n++
+		}
+		r.health.waitFor("Kafka to acknowledge %d events", n)
 		if err := s.d.Wait(ctx); err != nil {
 			var we *sink.WriteError
 			if !errors.As(err, &we) {
-				return fmt.Errorf("write to kafka: %w", err)
+				return nil, 0, fmt.Errorf("write to kafka: %w", err)
+			}
+			if last := we.Failures[len(we.Failures)-1]; s.cp != nil && last.Index == len(send) {
+				return nil, 0, fmt.Errorf("write the checkpoint record to Kafka topic %s: %s", s.cp.Topic, last.Reason)
 			}
 			s.parked = append(s.parked, refused(we, send, s.sendAt)...)
 			send = acknowledged(send, we)
@@ -166,17 +201,43 @@ func (r *writer) finish(ctx context.Context, s *sent, com acker) error {
 	}
 	if len(s.parked) > 0 {
 		// Durable in the retry table before the chunk's LSN can be
-		// confirmed: the table is where these events now live.
+		// confirmed (with exactly-once, before the commit that covers
+		// it): the table is where these events now live.
 		r.health.waitFor("the retry table to store %d events", len(s.parked))
 		if err := r.park(ctx, s.parked); err != nil {
-			return err
+			return nil, 0, err
 		}
 	}
+	return send, len(s.parked), nil
+}
+
+// deliver writes a chunk (start) and waits for it (land): exactly-once's
+// writes, one at a time inside a Kafka transaction.
+func (r *writer) deliver(ctx context.Context, c *chunk, cp *event.Event) (acked []event.Event, parked int, err error) {
+	s, err := r.start(ctx, c, cp)
+	if err != nil {
+		return nil, 0, err
+	}
+	return r.land(ctx, s)
+}
+
+// finish lands a sent chunk and hands it to com.
+func (r *writer) finish(ctx context.Context, s *sent, com acker) error {
+	send, parked, err := r.land(ctx, s)
+	if err != nil {
+		return err
+	}
+	r.done(s.c, send, parked, com)
+	return nil
+}
+
+// done hands a chunk whose events are all acknowledged or stored to com.
+func (r *writer) done(c *chunk, send []event.Event, parked int, com acker) {
 	r.win.giveBytes(c.bytes)
 	com.ack(c)
 	r.health.progress()
 	if r.m != nil && len(send) > 0 {
-		r.observe(c, send, len(s.parked))
+		r.observe(c, send, parked)
 	}
 	if r.spans != nil && len(send) > 0 {
 		r.spans.Delivered(send, time.Now())
@@ -186,7 +247,6 @@ func (r *writer) finish(ctx context.Context, s *sent, com acker) error {
 	// rows', which stay untouched).
 	r.win.recycle(c.evs)
 	c.evs = nil
-	return nil
 }
 
 // acknowledged returns the events of send that we does not list.

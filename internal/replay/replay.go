@@ -85,6 +85,10 @@ type Config struct {
 	// inserted (an identity or bigserial column); "" orders by created_at,
 	// then ctid.
 	OrderBy string
+	// MarkAtLeastOnce adds event.HeaderDelivery to every message: beside a
+	// relay that delivers exactly once, a replay's events may repeat ones
+	// Kafka holds.
+	MarkAtLeastOnce bool
 	// Rate limits events per second; 0 is no limit.
 	Rate      float64
 	BatchSize int // default DefaultBatchSize

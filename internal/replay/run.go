@@ -129,9 +129,13 @@ func (r *Replayer) Run(ctx context.Context) error {
 			if r.state.Topic != "" {
 				e.Topic = r.state.Topic
 			}
-			// The replay mark, in place of any headers-column entry of the
-			// same name.
+			// The replay mark, and beside an exactly-once relay the
+			// at-least-once mark (a replay resends what may be in Kafka),
+			// in place of any headers-column entry of the same names.
 			e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == HeaderReplayID }), replayHeader)
+			if r.cfg.MarkAtLeastOnce {
+				e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
+			}
 			prog.Bytes += int64(len(e.Value))
 			evs = append(evs, e)
 			keys = append(keys, pos)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -115,4 +116,19 @@ func (s *Store) Drop(ctx context.Context, ids []string) ([]int64, error) {
 	return s.change(ctx, "drop retry events", ids, fmt.Sprintf(`WITH c AS (
     DELETE FROM %s WHERE seq = ANY($1) RETURNING seq)
 SELECT seq FROM c ORDER BY seq`, s.table))
+}
+
+// Unpark deletes the rows of events whose transaction committed at or after
+// from (source LSN), and returns how many. For exactly-once delivery at the
+// start of a term: those rows were parked in a Kafka transaction that never
+// committed (the stream reads their transactions again from the slot and
+// parks them again), and left in place they would hold back, behind them,
+// events that came before them in the same transaction. Rows without a
+// source LSN are kept.
+func (s *Store) Unpark(ctx context.Context, from pglogrepl.LSN) (int64, error) {
+	tag, err := s.pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE source_lsn >= $1::text::pg_lsn`, s.table), from.String())
+	if err != nil {
+		return 0, fmt.Errorf("delete retry rows from %s on: %w", from, s.hint(err))
+	}
+	return tag.RowsAffected(), nil
 }

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
@@ -80,7 +83,18 @@ type WorkerConfig struct {
 	// their own table's rules, when the relay reads several; a row of
 	// another table, or of none, takes Topic and Headers.
 	Tables map[string]Routing
-	Logger *slog.Logger // default discards
+	// Committed, when set, holds rows back until their transaction is
+	// committed downstream: only a row whose source LSN is below
+	// Committed() (or unknown) is delivered, and the rows behind a head
+	// stop at the first that is not. For exactly-once delivery, whose
+	// parked rows belong to a Kafka transaction until it commits. Called
+	// from Run's goroutine.
+	Committed func() pglogrepl.LSN
+	// MarkAtLeastOnce adds event.HeaderDelivery to every message: with
+	// exactly-once delivery, whose stream messages are never repeated,
+	// this one may be (the worker delivers at least once).
+	MarkAtLeastOnce bool
+	Logger          *slog.Logger // default discards
 }
 
 // Validate fills the defaults of the tunables (backoff, maximum age and
@@ -196,11 +210,16 @@ func (w *Worker) step(ctx context.Context) (more bool, err error) {
 	// oldest goes first; a head that failed waits out its backoff
 	// (next_attempt_at), so the heads of other aggregates are claimed
 	// meanwhile: one row's trouble never holds up the others.
+	limit := pglogrepl.LSN(math.MaxUint64) // rows below it may go
+	if w.cfg.Committed != nil {
+		limit = w.cfg.Committed()
+	}
 	head, err := scanEntry(tx.QueryRow(dbctx, fmt.Sprintf(`SELECT %s FROM %s r
 WHERE r.status = 'pending' AND r.next_attempt_at <= now()
+  AND (r.source_lsn IS NULL OR r.source_lsn < $1::text::pg_lsn)
   AND NOT EXISTS (SELECT 1 FROM %s p WHERE %s AND p.seq < r.seq)
 ORDER BY r.seq LIMIT 1
-FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p", "r.aggregate"))))
+FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p", "r.aggregate")), limit.String()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -230,7 +249,9 @@ WHERE %s AND r.seq > $2 ORDER BY r.seq LIMIT $3 FOR UPDATE`, columns(true), s.ta
 		}
 		end := len(batch) < w.cfg.BatchSize
 		for i, e := range batch {
-			if e.Status == StatusDead { // still blocks: deliver up to it
+			if e.Status == StatusDead || e.SourceLSN != 0 && e.SourceLSN >= limit {
+				// Still blocks (dead), or not committed downstream
+				// yet: deliver up to it.
 				batch, end = batch[:i], true
 				break
 			}
@@ -317,7 +338,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			refuse = &failure{row: e, reason: routeReason(tr.err), permanent: true}
 			break
 		}
-		msgs = append(msgs, e.event(tr.topic, rt.Headers))
+		msgs = append(msgs, e.event(tr.topic, rt.Headers, d.w.cfg.MarkAtLeastOnce))
 	}
 	if len(msgs) > 0 {
 		actx, cancel := context.WithTimeout(ctx, d.w.cfg.AttemptTimeout)
@@ -388,11 +409,18 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 
 // event is the envelope of e for topic. Its headers are built as the
 // pipeline builds them: the relay's own from the row's columns, then the
-// stored extra headers (header fields and the headers column's). Rows of
+// stored extra headers (header fields and the headers column's), and with
+// mark event.HeaderDelivery. Rows of
 // earlier versions stored the relay's own
 // headers too; HeaderSet.Build drops them, so they are not sent twice.
-func (e *Entry) event(topic string, set router.HeaderSet) event.Event {
+func (e *Entry) event(topic string, set router.HeaderSet, mark bool) event.Event {
 	hs, _ := set.Build([]byte(e.EventID), []byte(e.EventType), []byte(e.AggregateType), e.Extra)
+	if mark {
+		// Sent at least once (this may be its second delivery) beside a
+		// stream that delivers exactly once: the header says so, in place
+		// of any stored entry of the name.
+		hs = append(slices.DeleteFunc(hs, func(h event.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
+	}
 	return event.Event{
 		ID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
 		Topic: topic, Key: e.Key, Value: e.Value, Headers: hs, Extra: e.Extra, Time: e.MessageTime,

@@ -8,11 +8,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	ev "github.com/outbox-relay/outbox-relay/event"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -365,5 +367,48 @@ func TestTwoWorkers(t *testing.T) {
 	s0, s1 := workers[0].Stats(), workers[1].Stats()
 	if s0.Succeeded+s1.Succeeded != aggregates*perAggregate || s0.Succeeded == 0 || s1.Succeeded == 0 {
 		t.Errorf("workers delivered %d + %d; want %d in all, shared by both", s0.Succeeded, s1.Succeeded, aggregates*perAggregate)
+	}
+}
+
+// TestWorkerCommittedGate: with Committed set (exactly-once delivery), a row
+// whose transaction is not yet committed downstream waits, and holds back
+// the rows behind it; a row without a source LSN goes. Unpark deletes the
+// rows of transactions from a position on.
+func TestWorkerCommittedGate(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	kc := testenv.Kafka(t)
+	topic := testenv.UniqueName(t, "retry")
+	kc.CreateTopic(t, topic, 1)
+	events := aggregateEvents(topic, "A", 3) // A-1 at 0/100, A-2 at 0/200, A-3 at 0/300
+	for i := range events {
+		events[i].SourceLSN = pglogrepl.LSN(0x100 * (i + 1))
+	}
+	unknown := event(topic, "B", "B-1") // no source LSN
+	if err := s.Insert(ctx, append(events, unknown)); err != nil {
+		t.Fatal(err)
+	}
+	var committed atomic.Uint64
+	committed.Store(0x150)
+	cfg := fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic)
+	cfg.Committed = func() pglogrepl.LSN { return pglogrepl.LSN(committed.Load()) }
+	w, err := retry.NewWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
+	waitFor(t, 20*time.Second, "A-1 and B-1 delivered", func() bool { return len(list(t, s, retry.Filter{})) == 2 })
+	time.Sleep(300 * time.Millisecond) // several polls: must stay
+	if left := eventKeys(list(t, s, retry.Filter{})); !slices.Equal(left, []string{"A-2", "A-3"}) {
+		t.Fatalf("retry table holds %q; want A-2 and A-3, not committed downstream", left)
+	}
+	n, err := s.Unpark(ctx, 0x300)
+	if err != nil || n != 1 {
+		t.Fatalf("Unpark(0/300) = %d, %v; want A-3's row deleted", n, err)
+	}
+	committed.Store(0x1000)
+	waitFor(t, 20*time.Second, "the table to empty", empty(t, s))
+	if got, want := ids(kc.ReadAll(t, topic), "A"), []string{"A-1", "A-2"}; !slices.Equal(got, want) {
+		t.Errorf("topic holds %q; want %q in order", got, want)
 	}
 }
