@@ -185,7 +185,9 @@ func record(r *protocol.Record, topic string, partition int) (Record, error) {
 // other keys costs only what it must. Not safe for concurrent use with
 // Write (it shares Write's partition list).
 func (k *Kafka) LastCommitted(ctx context.Context, topic string, key []byte) (value []byte, found bool, err error) {
-	c := &kafka.Client{Addr: k.addr, Transport: k.transport.Load(), Timeout: k.cfg.WriteTimeout}
+	// The Transport's metadata cache holds the sink's own topics only
+	// (metadataFor): the checkpoint topic becomes one of them.
+	c := &kafka.Client{Addr: k.addr, Transport: k.metadataFor(topic), Timeout: k.cfg.WriteTimeout}
 	meta, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		return nil, false, fmt.Errorf("metadata of %s: %w", topic, err)
