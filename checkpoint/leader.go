@@ -166,6 +166,32 @@ func (s *Store) Verify(ctx context.Context, slot string, epoch int64) error {
 	return nil
 }
 
+// HoldEpoch locks the slot's checkpoint row in tx against a takeover (FOR
+// SHARE: a rival's TakeOver waits for tx to end) and returns nil while the row
+// holds epoch, a *FencedError once another relay took over. What tx writes
+// after it is then the leader's, as a SaveFenced is.
+func (s *Store) HoldEpoch(ctx context.Context, tx pgx.Tx, slot string, epoch int64) error {
+	if s.err != nil {
+		return s.err
+	}
+	var (
+		newest int64
+		leader *string
+	)
+	err := tx.QueryRow(ctx, `SELECT epoch, leader FROM `+s.table+` WHERE slot_name = $1 FOR SHARE`, slot).Scan(&newest, &leader)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("lock the checkpoint of slot %q: %w", slot, err)
+	}
+	if newest != epoch {
+		e := &FencedError{Slot: slot, Epoch: epoch, Newest: newest}
+		if leader != nil {
+			e.Leader = *leader
+		}
+		return e
+	}
+	return nil
+}
+
 func (s *Store) fenced(ctx context.Context, slot string, epoch int64) error {
 	l, err := s.Leader(ctx, slot)
 	if err != nil {

@@ -107,8 +107,11 @@ KAFKA_ADMIN_USER=admin
 KAFKA_ADMIN_PASSWORD=admin-secret
 # The relay's topics: User:relay may write these and nothing else.
 KAFKA_RELAY_TOPIC_PREFIX=outbox.event.
-# delivery: exactly-once: its transactional ids' prefix and its checkpoint topic.
-KAFKA_RELAY_TXN_PREFIX=outbox-relay-
+# delivery: exactly-once: its transactional ids' prefix and its checkpoint topic. The
+# prefix is the default slot's id (outbox-relay-outbox_relay, and check's
+# outbox-relay-outbox_relay-check), not every outbox-relay- id: a test's slot gets
+# the ACLs it needs itself, and TestCheckTransactionsACLs needs a slot without them.
+KAFKA_RELAY_TXN_PREFIX=outbox-relay-outbox_relay
 KAFKA_RELAY_CHECKPOINT_TOPIC=outbox-relay-checkpoints
 KAFKA_SASL_BROKERS="127.0.0.1:$KAFKA_SASL_PORT"
 KAFKA_MTLS_BROKERS="127.0.0.1:$KAFKA_MTLS_PORT"
@@ -691,7 +694,7 @@ kafka_reconfigure() {
 # starts: a reformatted data directory loses both together.
 kafka_security() {
 	local spec sum marker=$KAFKA_HOME/data/relay-security.sha256 out=$KAFKA_HOME/security.log
-	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; transactional $KAFKA_RELAY_TXN_PREFIX $KAFKA_RELAY_CHECKPOINT_TOPIC; v2"
+	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; transactional $KAFKA_RELAY_TXN_PREFIX $KAFKA_RELAY_CHECKPOINT_TOPIC; v3"
 	sum=$(printf '%s' "$spec" | sha256sum | cut -c1-64)
 	if [ "$(cat "$marker" 2>/dev/null)" = "$sum" ]; then
 		return 0
@@ -719,7 +722,11 @@ kafka_security() {
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Describe --cluster
 	# delivery: exactly-once: the relay's transactional ids (outbox-relay-<slot>,
 	# and check's outbox-relay-<slot>-check) and its checkpoint topic, which it
-	# also reads when it starts.
+	# also reads when it starts. A broker set up before v3 granted every
+	# outbox-relay- id: that grant goes.
+	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --remove --force \
+		--allow-principal "User:$KAFKA_SASL_USER" --operation Write --operation Describe \
+		--transactional-id outbox-relay- --resource-pattern-type prefixed
 	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Write --operation Describe \
 		--transactional-id "$KAFKA_RELAY_TXN_PREFIX" --resource-pattern-type prefixed

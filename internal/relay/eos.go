@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
@@ -128,8 +129,11 @@ type eos struct {
 	// parked is the retry table (retry.Store.Unpark), gate the term's,
 	// resume the position the stream starts from.
 	parked interface {
-		Unpark(ctx context.Context, from pglogrepl.LSN) (int64, error)
+		Unpark(ctx context.Context, from pglogrepl.LSN, hold func(context.Context, pgx.Tx) error) (int64, error)
 	}
+	// hold proves in the Unpark's transaction that the term still leads
+	// with epoch (checkpoint.Store.HoldEpoch).
+	hold   func(ctx context.Context, tx pgx.Tx, epoch int64) error
 	gate   *gate
 	resume pglogrepl.LSN
 
@@ -193,9 +197,15 @@ func (x *eos) unpark(ctx context.Context) error {
 		return nil
 	}
 	var n int64
-	if err := retryIf(ctx, x.log, "delete the retry rows of transactions not committed to Kafka", nil, func() error {
+	// Fenced by the term's epoch: a former leader that wakes up here (its
+	// Kafka checkpoint read before the new leader's commits) must not
+	// delete the rows the new leader parked.
+	hold := func(ctx context.Context, tx pgx.Tx) error { return x.hold(ctx, tx, x.taken) }
+	if err := retryIf(ctx, x.log, "delete the retry rows of transactions not committed to Kafka", func(err error) bool {
+		return !errors.Is(err, checkpoint.ErrFenced)
+	}, func() error {
 		var err error
-		n, err = x.parked.Unpark(ctx, from)
+		n, err = x.parked.Unpark(ctx, from, hold)
 		return err
 	}); err != nil {
 		return err

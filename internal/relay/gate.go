@@ -19,19 +19,23 @@ import (
 // The gate alone touches its lock and its set. mu serialises inserts into the
 // table (park) with unblocking (release): an aggregate is taken out only
 // after the table is seen to hold none of its rows, under the same lock as
-// every insert, so a row being inserted always keeps it blocked. Its methods
-// are safe for concurrent use: the writer diverts and parks, the retry
-// worker's Delivered hook and the sweep release.
+// every insert, so a row being inserted always keeps it blocked. An event
+// diverted and not yet parked holds its aggregate too (pending): the writer
+// sends later chunks before an earlier one's diverted events are parked
+// (write.go), and neither they nor a release may pass such an event. Its
+// methods are safe for concurrent use: the writer diverts and parks, the
+// retry worker's Delivered hook and the sweep release.
 type gate struct {
 	store retryTable
 	log   *slog.Logger
 
 	mu      sync.Mutex
 	blocked map[string]struct{}
+	pending map[string]int // diverted events not yet parked, by aggregate
 }
 
 func newGate(store retryTable, log *slog.Logger) *gate {
-	return &gate{store: store, log: log, blocked: map[string]struct{}{}}
+	return &gate{store: store, log: log, blocked: map[string]struct{}{}, pending: map[string]int{}}
 }
 
 // load rebuilds the set from the table, at start.
@@ -57,7 +61,7 @@ func (g *gate) load(ctx context.Context) error {
 func (g *gate) closed() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.blocked) > 0
+	return len(g.blocked) > 0 || len(g.pending) > 0
 }
 
 // holds reports whether agg is blocked: it has rows in the retry table.
@@ -65,44 +69,44 @@ func (g *gate) holds(agg string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	_, ok := g.blocked[agg]
-	return ok
+	return ok || g.pending[agg] > 0
 }
 
 // diverted is an event bound for the retry table, with its place in the chunk.
 type diverted struct {
 	place int // 2*i+1 for c.evs[i]; 2*before for a route failure
 	ev    retry.Event
+	held  string // the aggregate divert counted it under in gate.pending, until park; "" for none
 }
 
 // divert splits c into the events to write now and the events that go to
 // the retry table: route failures, and every event of an aggregate that is
-// blocked (before this chunk, or by a route failure earlier in it). It returns
-// the index in c.evs of every event to write.
+// blocked (before this chunk, or by an event diverted and not yet parked, in
+// this chunk or an earlier one). It returns the index in c.evs of every event
+// to write. Each diverted event holds its aggregate (pending) until park
+// stores it.
 func (g *gate) divert(c *chunk) (send []event.Event, sendAt []int, out []diverted) {
-	local := map[string]struct{}{}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	blocked := func(agg string) bool {
-		if _, ok := g.blocked[agg]; ok {
-			return true
-		}
-		_, ok := local[agg]
-		return ok
+		_, ok := g.blocked[agg]
+		return ok || g.pending[agg] > 0
 	}
 	fi := 0
 	takeFailures := func(upTo int) {
 		for ; fi < len(c.fails) && c.fails[fi].before <= upTo; fi++ {
 			f := &c.fails[fi]
 			ev := failureEvent(f)
-			local[ev.Aggregate] = struct{}{}
-			out = append(out, diverted{place: 2 * f.before, ev: ev})
+			g.pending[ev.Aggregate]++
+			out = append(out, diverted{place: 2 * f.before, ev: ev, held: ev.Aggregate})
 		}
 	}
 	for i := range c.evs {
 		takeFailures(i)
 		m := &c.evs[i]
-		if blocked(m.Lane().String()) {
-			out = append(out, diverted{place: 2*i + 1, ev: waitingEvent(m, "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order")})
+		if agg := m.Lane().String(); blocked(agg) {
+			g.pending[agg]++
+			out = append(out, diverted{place: 2*i + 1, ev: waitingEvent(m, "waiting behind an earlier event of the same aggregate in the retry table; delivered after it, in order"), held: agg})
 			continue
 		}
 		send = append(send, *m)
@@ -115,8 +119,10 @@ func (g *gate) divert(c *chunk) (send []event.Event, sendAt []int, out []diverte
 // park inserts evs into the retry table, in order, and blocks their
 // aggregates, under the lock release takes: once it returns nil the rows are
 // durable and their aggregates stay blocked until release finds the rows
-// gone. One attempt: the caller retries.
-func (g *gate) park(ctx context.Context, evs []retry.Event) error {
+// gone. held are the aggregates divert counted evs' diverted events under
+// (one per event): stored, they no longer hold them. One attempt: the caller
+// retries.
+func (g *gate) park(ctx context.Context, evs []retry.Event, held []string) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if err := g.store.Insert(ctx, evs); err != nil {
@@ -124,6 +130,11 @@ func (g *gate) park(ctx context.Context, evs []retry.Event) error {
 	}
 	for _, ev := range evs {
 		g.blocked[ev.Aggregate] = struct{}{}
+	}
+	for _, a := range held {
+		if g.pending[a]--; g.pending[a] <= 0 {
+			delete(g.pending, a)
+		}
 	}
 	return nil
 }
@@ -134,7 +145,9 @@ func (g *gate) park(ctx context.Context, evs []retry.Event) error {
 func (g *gate) release(ctx context.Context, aggs []string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	aggs = slices.DeleteFunc(slices.Clone(aggs), func(a string) bool { _, ok := g.blocked[a]; return !ok })
+	// An aggregate with events diverted and not yet parked stays: its rows
+	// are on their way.
+	aggs = slices.DeleteFunc(slices.Clone(aggs), func(a string) bool { _, ok := g.blocked[a]; return !ok || g.pending[a] > 0 })
 	if len(aggs) == 0 {
 		return
 	}

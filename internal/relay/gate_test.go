@@ -155,7 +155,7 @@ func TestGateParkBeatsRelease(t *testing.T) {
 	r.deliver("a") // the worker delivered a's row; its Delivered hook is about to release
 	r.insertGate, r.inserting = make(chan struct{}), make(chan struct{})
 	parked := make(chan error, 1)
-	go func() { parked <- g.park(t.Context(), []retry.Event{{Aggregate: "a"}}) }()
+	go func() { parked <- g.park(t.Context(), []retry.Event{{Aggregate: "a"}}, nil) }()
 	<-r.inserting
 	released := make(chan struct{})
 	go func() { g.release(t.Context(), []string{"a"}); close(released) }()
@@ -224,5 +224,44 @@ func TestPipelineUnblocksAfterDelivery(t *testing.T) {
 	p.waitConfirmed(t, p.send(t, txn{{"Order", "a", "4"}}, 1))
 	if got, want := p.l.lanes()["a"], []string{"1", "4"}; !slices.Equal(got, want) {
 		t.Errorf("acknowledged of a = %q; want %q (4 sent once a was released)", got, want)
+	}
+}
+
+// TestGateHoldsDivertedUntilParked: the writer sends a chunk before an earlier
+// chunk's diverted events are parked (pipelining). A route failure diverted
+// in the first chunk must divert the next chunk's events of its aggregate,
+// and no release may unblock the aggregate before the failure is stored.
+func TestGateHoldsDivertedUntilParked(t *testing.T) {
+	store := &rows{n: map[string]int{}}
+	g := newGate(store, slog.New(slog.DiscardHandler))
+	ev := func(agg string, seq int) event.Event {
+		return event.Event{Topic: "t", Key: []byte(agg), AggregateType: "T", AggregateID: agg, ID: agg + "-" + string(rune('0'+seq))}
+	}
+	first := &chunk{evs: []event.Event{ev("b", 1)}, fails: []routeFailure{{before: 0, ev: ev("a", 1), err: errors.New("bad")}}}
+	second := &chunk{evs: []event.Event{ev("a", 2), ev("b", 2)}}
+
+	_, _, out1 := g.divert(first)
+	if len(out1) != 1 || out1[0].held == "" {
+		t.Fatalf("first chunk diverted %+v; want a's failure, held", out1)
+	}
+	// The sweep runs before the first chunk is parked: nothing of a is in
+	// the table yet, and a must stay held all the same.
+	g.release(t.Context(), []string{out1[0].held})
+	send, _, out2 := g.divert(second)
+	if len(send) != 1 || send[0].AggregateID != "b" || len(out2) != 1 || out2[0].ev.EventID != "a-2" {
+		t.Fatalf("second chunk sends %v and diverts %+v; want b-2 sent and a-2 diverted behind a-1", send, out2)
+	}
+	for _, out := range [][]diverted{out1, out2} {
+		if err := g.park(t.Context(), []retry.Event{out[0].ev}, []string{out[0].held}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !g.holds(out1[0].held) {
+		t.Fatal("a is not blocked once its rows are parked")
+	}
+	store.deliver(out1[0].held)
+	g.release(t.Context(), []string{out1[0].held})
+	if g.holds(out1[0].held) || g.closed() {
+		t.Fatal("a is still held after its rows were delivered and released")
 	}
 }

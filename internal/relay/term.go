@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -60,7 +61,10 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	var x *eos
 	if r.cfg.Delivery == DeliveryExactlyOnce {
 		x = &eos{sink: r.sink.(txnSink), topic: r.cfg.CheckpointTopic, slot: slot, epoch: t.lease.wait,
-			server: t.lease.server, term: o.srv, log: r.log, parked: o.rstore, gate: o.gate, resume: o.start}
+			server: t.lease.server, term: o.srv, log: r.log, parked: o.rstore, gate: o.gate, resume: o.start,
+			hold: func(ctx context.Context, tx pgx.Tx, epoch int64) error {
+				return o.store.HoldEpoch(ctx, tx, slot, epoch)
+			}}
 	}
 	t.pipe = newPipeline(r.cfg, ends{
 		routers: rts, placers: o.placers, sink: r.sink, gate: o.gate,

@@ -339,11 +339,15 @@ func refused(we *sink.WriteError, send []event.Event, sendAt []int) []diverted {
 func (r *writer) park(ctx context.Context, ds []diverted) error {
 	slices.SortFunc(ds, func(a, b diverted) int { return cmp.Compare(a.place, b.place) })
 	evs := make([]retry.Event, len(ds))
+	var held []string
 	for i, d := range ds {
 		evs[i] = d.ev
+		if d.held != "" {
+			held = append(held, d.held)
+		}
 	}
 	err := persist(ctx, r.log, fmt.Sprintf("write %d events to the retry table (nothing after them is confirmed until they are stored)", len(evs)), r.health.watch("retry_table", func() error {
-		return r.gate.park(ctx, evs)
+		return r.gate.park(ctx, evs, held)
 	}))
 	if err != nil {
 		return err

@@ -124,10 +124,26 @@ SELECT seq FROM c ORDER BY seq`, s.table))
 // committed (the stream reads their transactions again from the slot and
 // parks them again), and left in place they would hold back, behind them,
 // events that came before them in the same transaction. Rows without a
-// source LSN are kept.
-func (s *Store) Unpark(ctx context.Context, from pglogrepl.LSN) (int64, error) {
-	tag, err := s.pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE source_lsn >= $1::text::pg_lsn`, s.table), from.String())
+// source LSN are kept. hold, when not nil, runs first in the same
+// transaction and ends it with its error: the caller's proof that it still
+// leads (checkpoint.Store.HoldEpoch), held until the rows are gone, for a
+// former leader waking up must not delete what the new one parked.
+func (s *Store) Unpark(ctx context.Context, from pglogrepl.LSN, hold func(context.Context, pgx.Tx) error) (int64, error) {
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
+		return 0, fmt.Errorf("delete retry rows from %s on: %w", from, s.hint(err))
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if hold != nil {
+		if err := hold(ctx, tx); err != nil {
+			return 0, err
+		}
+	}
+	tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE source_lsn >= $1::text::pg_lsn`, s.table), from.String())
+	if err != nil {
+		return 0, fmt.Errorf("delete retry rows from %s on: %w", from, s.hint(err))
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("delete retry rows from %s on: %w", from, s.hint(err))
 	}
 	return tag.RowsAffected(), nil

@@ -15,6 +15,7 @@ import (
 	ev "github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -402,7 +403,15 @@ func TestWorkerCommittedGate(t *testing.T) {
 	if left := eventKeys(list(t, s, retry.Filter{})); !slices.Equal(left, []string{"A-2", "A-3"}) {
 		t.Fatalf("retry table holds %q; want A-2 and A-3, not committed downstream", left)
 	}
-	n, err := s.Unpark(ctx, 0x300)
+	// A former leader's Unpark (its hold refused) deletes nothing.
+	fenced := errors.New("fenced")
+	if n, err := s.Unpark(ctx, 0x300, func(context.Context, pgx.Tx) error { return fenced }); n != 0 || !errors.Is(err, fenced) {
+		t.Fatalf("Unpark(0/300) refused by its hold = %d, %v; want 0 rows, the hold's error", n, err)
+	}
+	if left := eventKeys(list(t, s, retry.Filter{})); !slices.Equal(left, []string{"A-2", "A-3"}) {
+		t.Fatalf("after a refused Unpark the retry table holds %q; want A-2 and A-3", left)
+	}
+	n, err := s.Unpark(ctx, 0x300, nil)
 	if err != nil || n != 1 {
 		t.Fatalf("Unpark(0/300) = %d, %v; want A-3's row deleted", n, err)
 	}
