@@ -376,7 +376,7 @@ func (k *Kafka) initProducer(ctx context.Context, reason string) error {
 		if !kerr.Temporary() || attempt == maxAttempts*2 {
 			return fmt.Errorf("init producer id: %w", kerr)
 		}
-		if err := sleep(ctx, backoff.Delay(produceBackoffMin, produceBackoffMax, attempt)); err != nil {
+		if err := backoff.Sleep(ctx, backoff.Delay(produceBackoffMin, produceBackoffMax, attempt)); err != nil {
 			return fmt.Errorf("init producer id: %w (then %w)", kerr, err)
 		}
 	}

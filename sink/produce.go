@@ -269,7 +269,7 @@ func (k *Kafka) round(ctx context.Context, batch []kafka.Message, groups []*part
 		if len(again) == 0 {
 			return nil
 		}
-		if err := sleep(ctx, backoff.Delay(produceBackoffMin, produceBackoffMax, attempt)); err != nil {
+		if err := backoff.Sleep(ctx, backoff.Delay(produceBackoffMin, produceBackoffMax, attempt)); err != nil {
 			return err
 		}
 		// A leader may have moved: the next attempt asks the metadata cache

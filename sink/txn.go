@@ -203,7 +203,7 @@ func (k *Kafka) coordinate(ctx context.Context, op string, req func(ctx context.
 				k.log.Warn("kafka transaction coordinator unavailable, retrying", "op", op, "attempt", attempt+1, "backoff", d, "err", err)
 			}
 		}
-		if err := sleep(ctx, d); err != nil {
+		if err := backoff.Sleep(ctx, d); err != nil {
 			return fmt.Errorf("%s: %w", op, err)
 		}
 	}

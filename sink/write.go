@@ -273,7 +273,7 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 					return ctx.Err()
 				}
 				if wait {
-					if err := sleep(ctx, topicPoll); err != nil {
+					if err := backoff.Sleep(ctx, topicPoll); err != nil {
 						return err
 					}
 					continue
@@ -372,7 +372,7 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 				return err
 			}
 			attempt++
-		} else if err := sleep(ctx, topicPoll); err != nil {
+		} else if err := backoff.Sleep(ctx, topicPoll); err != nil {
 			// Only topics being created: not an outage.
 			return err
 		}
@@ -399,18 +399,7 @@ func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
 	if attempt%10 == 0 {
 		k.log.Warn("kafka unavailable, retrying", "attempt", attempt+1, "backoff", d, "err", cause)
 	}
-	return sleep(ctx, d)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return backoff.Sleep(ctx, d)
 }
 
 func (k *Kafka) acked(batch []kafka.Message, werrs kafka.WriteErrors) {
