@@ -63,23 +63,7 @@ type sent struct {
 // id and writes each chunk as eos.deliver does.
 func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 	if r.eos != nil {
-		// Exactly once: chunk after chunk, each in a Kafka transaction
-		// committed before the next is written (eos.go).
-		if err := r.eos.start(ctx, r.fence); err != nil {
-			return err
-		}
-		for c := range in {
-			send, parked, err := r.eos.deliver(ctx, r, c)
-			if err != nil {
-				return err
-			}
-			r.done(c, send, parked, com)
-		}
-		if err := r.eos.close(ctx); err != nil {
-			return err
-		}
-		com.close()
-		return nil
+		return r.runExactlyOnce(ctx, in, com)
 	}
 	var queue []*sent
 	held := 0 // bytes of the chunks in queue
@@ -138,6 +122,26 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	com.close()
+	return nil
+}
+
+// runExactlyOnce is run with exactly-once delivery: chunk after chunk, each
+// in a Kafka transaction committed before the next is written (eos.go).
+func (r *writer) runExactlyOnce(ctx context.Context, in <-chan *chunk, com acker) error {
+	if err := r.eos.start(ctx, r.fence); err != nil {
+		return err
+	}
+	for c := range in {
+		send, parked, err := r.eos.deliver(ctx, r, c)
+		if err != nil {
+			return err
+		}
+		r.done(c, send, parked, com)
+	}
+	if err := r.eos.close(ctx); err != nil {
+		return err
 	}
 	com.close()
 	return nil
