@@ -34,7 +34,16 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 	// as decoding it.
 	var deadline time.Time
 	now := time.Now()
+	var lastCommit time.Time // when the previous transaction's end was read
 	emit := func(b Batch) error {
+		if b.Last && s.cfg.ReceiveLinger > 0 {
+			// Transactions coming close behind each other: let the next
+			// read take several at once (lingerReader).
+			if now.Sub(lastCommit) < s.cfg.ReceiveLinger {
+				s.reader.Load().lingerAfter(now, s.cfg.ReceiveLinger)
+			}
+			lastCommit = now
+		}
 		err := s.emit(ctx, conn, asm, st, out, b)
 		now = time.Now() // emit may have waited for the pipeline
 		return err

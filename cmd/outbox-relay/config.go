@@ -37,6 +37,7 @@ type config struct {
 	Layout           sql.Layout   // outbox.layout: the columns' and headers' defaults
 	TableLayouts     []sql.Layout // the layout of each of outbox.tables (relay.Config.Tables)
 	Format           string       // message.format: plain or cloudevents
+	MaxProcs         int          // pipeline.max_procs: GOMAXPROCS unless the variable is set
 	Tracing          struct{ OTLPEndpoint, ServiceName string }
 	Log              struct{ Level, Format string }
 }
@@ -86,6 +87,9 @@ func (c *config) validate() error {
 		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			bad("tracing.otlp_endpoint", "%q: want the OTLP/gRPC collector as http://host:port (plaintext) or https://host:port (TLS), e.g. http://127.0.0.1:4317; \"\" exports no spans", e)
 		}
+	}
+	if c.MaxProcs < 0 || c.MaxProcs > 1024 {
+		bad("pipeline.max_procs", "%d is outside 0 to 1024: 1 (the default) runs the relay on one CPU at a time, 0 on all of them", c.MaxProcs)
 	}
 	field.Default(&c.Tracing.ServiceName, settingOf("tracing.service_name").def)
 	field.Default(&c.Log.Level, settingOf("log.level").def)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -81,6 +82,7 @@ reaches that position would be skipped for good.`,
 			}
 			defer closeSinks()
 			setMemoryLimit(e)
+			setMaxProcs(e)
 			defer startProfiles(e.log)() // RELAY_CPUPROFILE etc.: profile.go
 			ctx, stop := signalContext(cmd.Context(), e)
 			defer stop()
@@ -212,6 +214,18 @@ func signalContext(parent context.Context, e *env) (ctx context.Context, stop fu
 // the heap grow to twice the live set, which on a backlog is most of the
 // process's memory. 32 MiB + 2 x the window leaves the collector room to work
 // (64 MiB at the defaults).
+// setMaxProcs sets GOMAXPROCS to pipeline.max_procs unless the GOMAXPROCS
+// variable is set (the operator's word wins) or the setting is 0 (Go's
+// default, one per CPU).
+func setMaxProcs(e *env) {
+	if os.Getenv("GOMAXPROCS") != "" || e.cfg.MaxProcs == 0 {
+		return
+	}
+	if prev := runtime.GOMAXPROCS(e.cfg.MaxProcs); prev != e.cfg.MaxProcs {
+		e.log.Info("GOMAXPROCS set from pipeline.max_procs (the GOMAXPROCS variable overrides it)", "procs", e.cfg.MaxProcs, "cpus", runtime.NumCPU())
+	}
+}
+
 func setMemoryLimit(e *env) {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		return

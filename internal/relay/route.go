@@ -104,15 +104,29 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 			outCh = out
 		}
 		var b replication.Batch
-		select {
-		case b = <-in:
-		case outCh <- cur:
-			cur = newChunk()
-			continue
-		case <-stopCh:
-			return flush()
-		case <-ctx.Done():
-			return ctx.Err()
+		got := false
+		if outCh != nil {
+			// A batch already waiting joins what we hold before the writer
+			// is offered it: select picks at random among ready cases, and
+			// a stream that reads several small transactions at once would
+			// otherwise hand them on one chunk (one produce request) each.
+			select {
+			case b = <-in:
+				got = true
+			default:
+			}
+		}
+		if !got {
+			select {
+			case b = <-in:
+			case outCh <- cur:
+				cur = newChunk()
+				continue
+			case <-stopCh:
+				return flush()
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 
 		if !r.win.tryTake(len(b.Rows), b.Bytes, inTxn) {
