@@ -208,12 +208,6 @@ func signalContext(parent context.Context, e *env) (ctx context.Context, stop fu
 	}
 }
 
-// setMemoryLimit gives the Go runtime a soft memory limit derived from
-// pipeline.max_in_flight_bytes, unless GOMEMLIMIT is set. What the relay holds
-// live is bounded by that window; without a limit the garbage collector lets
-// the heap grow to twice the live set, which on a backlog is most of the
-// process's memory. 32 MiB + 2 x the window leaves the collector room to work
-// (64 MiB at the defaults).
 // setMaxProcs sets GOMAXPROCS to pipeline.max_procs unless the GOMAXPROCS
 // variable is set (the operator's word wins) or the setting is 0 (Go's
 // default, one per CPU).
@@ -226,6 +220,12 @@ func setMaxProcs(e *env) {
 	}
 }
 
+// setMemoryLimit gives the Go runtime a soft memory limit derived from
+// pipeline.max_in_flight_bytes, unless GOMEMLIMIT is set. What the relay holds
+// live is bounded by that window; without a limit the garbage collector lets
+// the heap grow to twice the live set, which on a backlog is most of the
+// process's memory. 32 MiB + 2 x the window leaves the collector room to work
+// (64 MiB at the defaults).
 func setMemoryLimit(e *env) {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		return
