@@ -386,8 +386,10 @@ func (r *Replayer) lsnCondition(ctx context.Context, lsn pglogrepl.LSN) (string,
 		oldest      *string
 		historyRows int64
 	)
-	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT snapshot_xmin::text, snapshot_lsn::text, lsn::text, last_commit_time
-FROM %s WHERE slot_name = $1 AND snapshot_lsn <= $2::pg_lsn ORDER BY snapshot_lsn DESC LIMIT 1`, hist.Quoted()),
+	// Ordered by the qualified column: a bare snapshot_lsn would name the
+	// output column, its text, and '0/FFFFFFF' sorts above '0/10000000'.
+	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT h.snapshot_xmin::text, h.snapshot_lsn::text, h.lsn::text, h.last_commit_time
+FROM %s h WHERE h.slot_name = $1 AND h.snapshot_lsn <= $2::text::pg_lsn ORDER BY h.snapshot_lsn DESC LIMIT 1`, hist.Quoted()),
 		r.cfg.Slot, lsn.String()).Scan(&xmin, &snapLSN, &histLSN, &commitTime)
 	if errors.Is(err, pgx.ErrNoRows) {
 		_ = r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), min(lsn)::text FROM %s WHERE slot_name = $1`, hist.Quoted()), r.cfg.Slot).Scan(&historyRows, &oldest)
