@@ -240,8 +240,8 @@ type Result struct {
 	// MaxKeptCount unless DryRun.
 	HeldBy         []Reader
 	KeptForReaders int64
-	Deleted       int64 // rows deleted, or removed with their partition; with DryRun, rows that would be
-	Batches       int   // DELETE statements run
+	Deleted        int64 // rows deleted, or removed with their partition; with DryRun, rows that would be
+	Batches        int   // DELETE statements run
 	// Partitions: with Config.Partitions drop or detach, the partitions
 	// whose range lies wholly before the retention: dropped or detached
 	// (with DryRun: would be), or kept and why.
