@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -69,14 +70,18 @@ const (
 
 // A RefillResult says what a refill did, or with DryRun what it would do.
 type RefillResult struct {
-	ID       string
-	Cause    pgslot.Cause
-	From     pglogrepl.LSN // the checkpoint before
-	To       pglogrepl.LSN // the new slot's consistent point: the checkpoint after
-	Events   int64         // rows read from the outbox table (dry run: counted now)
-	Parked   int64         // of them, stored in the retry table (refused, or behind an aggregate's earlier rows)
-	Held     int64         // of them, neither sent nor stored: the retry table held them already (Store.Held)
-	Note     string        // how the checkpoint was mapped to rows
+	ID     string
+	Cause  pgslot.Cause
+	From   pglogrepl.LSN // the checkpoint before
+	To     pglogrepl.LSN // the new slot's consistent point: the checkpoint after
+	Events int64         // rows read from the outbox table (dry run: counted now)
+	Parked int64         // of them, stored in the retry table (refused, or behind an aggregate's earlier rows)
+	Held   int64         // of them, neither sent nor stored: the retry table held them already (Store.Held)
+	Note   string        // how the checkpoint was mapped to rows
+	// Pruned, when not nil, says that retention may have deleted rows of
+	// the range (see replay.PrunedError): the refill sent what was left.
+	// Recover returns it as its error, beside the result.
+	Pruned   *replay.PrunedError
 	Duration time.Duration
 	DryRun   bool
 }
@@ -177,6 +182,13 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, err
 	}
 	res.Note = sels[0].sel.Note()
+	for _, s := range sels {
+		if p := s.sel.Pruned(); p != nil && res.Pruned == nil {
+			pe := *p
+			pe.What = "refill of slot " + strconv.Quote(slot)
+			res.Pruned = &pe
+		}
+	}
 	if dryRun {
 		for _, s := range sels {
 			text, args := s.sel.SQL()
@@ -185,6 +197,9 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 				return nil, fmt.Errorf("refill (dry run): count the rows of %s: %w", s.name, err)
 			}
 			res.Events += n
+		}
+		if res.Pruned != nil {
+			res.Pruned.Found = res.Events
 		}
 		return res, nil
 	}
@@ -286,6 +301,10 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	}
 	r.m.Refilled(res.Events - res.Held)
 	r.m.SetSlotGap(false)
+	if res.Pruned != nil {
+		res.Pruned.Found = res.Events
+		log.Error("refill: rows of the range may be missing: retention deleted them before this slot delivered them", "err", res.Pruned)
+	}
 	log.Warn("refill done: the slot continues from the checkpoint again",
 		"slot", slot, "cause", gap.Cause, "from_checkpoint", res.From.String(), "to_checkpoint", res.To.String(),
 		"events", res.Events-res.Held, "parked_in_retry_table", res.Parked, "already_in_retry_table", res.Held, "duration", res.Duration.Round(time.Millisecond).String(), "selection", res.Note)

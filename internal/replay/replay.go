@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,7 +40,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -125,7 +128,40 @@ type Plan struct {
 	Events, Bytes int64
 	From, To      time.Time // the created_at bounds applied (zero: none)
 	Note          string    // how FromLSN was mapped, when given
+	// Pruned, when not nil, says that retention may have deleted rows the
+	// FromLSN selection needed: the run sends what is left, and the
+	// command exits with Pruned's code.
+	Pruned *PrunedError
 }
+
+// A PrunedError says that a selection by LSN (replay --from-lsn, a refill
+// from a checkpoint) selects the transactions not older than Xmin, but the
+// retention of slot By.Slot may have deleted rows of transactions older than
+// By.Xmin: rows of transactions between the two may be gone, and how many
+// cannot be told (the WAL that carried them is gone too). It exits with
+// exitcode.Incomplete.
+type PrunedError struct {
+	What  string        // "replay --from-lsn", "refill"
+	From  pglogrepl.LSN // the LSN selected from
+	Xmin  uint64
+	By    checkpoint.Pruned
+	Table string
+	Found int64 // rows found (and sent); -1 before counting
+}
+
+func (e *PrunedError) Error() string {
+	found := ""
+	if e.Found >= 0 {
+		found = fmt.Sprintf("%d rows found; ", e.Found)
+	}
+	return fmt.Sprintf("%s from %s: %sthe range needs the rows of every transaction not older than xid %d in %s, but retention of slot %q may have deleted rows of transactions older than xid %d: "+
+		"rows expected: unknown, those pruned are not in the table and cannot be re-sent (their events are missing unless that slot's consumer or Kafka still has them). "+
+		"Another slot reading the outbox must not be listed in outbox.retention_ignore_slots, and its checkpoint row must exist while it is away",
+		e.What, e.From, found, e.Xmin, e.Table, e.By.Slot, e.By.Xmin)
+}
+
+// ExitCode is exitcode.Incomplete.
+func (e *PrunedError) ExitCode() int { return exitcode.Incomplete }
 
 // Replayer runs one replay.
 type Replayer struct {
@@ -413,7 +449,27 @@ FROM %s h WHERE h.slot_name = $1 AND h.snapshot_lsn <= $2::text::pg_lsn ORDER BY
 	// 2, FrozenTransactionId) is older than any snapshot: not selected.
 	q := &r.q
 	cond := fmt.Sprintf(`age(o.xmin) <= age((%s::xid8::text::bigint %% 4294967296)::text::xid)`, q.arg(xmin))
+	if err := r.checkPruned(ctx, lsn, xmin); err != nil {
+		return "", "", err
+	}
 	return cond, note, nil
+}
+
+// checkPruned sets the plan's Pruned when some slot's retention recorded
+// deleting rows of transactions not older than xmin (the selection's).
+func (r *Replayer) checkPruned(ctx context.Context, lsn pglogrepl.LSN, xmin string) error {
+	x, err := strconv.ParseUint(xmin, 10, 64)
+	if err != nil {
+		return fmt.Errorf("history snapshot_xmin %q: %w", xmin, err)
+	}
+	p, ok, err := checkpoint.FindPruned(ctx, r.pool, r.cfg.CheckpointTable.String(), r.cfg.Outbox.Quoted())
+	if err != nil {
+		return fmt.Errorf("--from-lsn: %w", err)
+	}
+	if ok && p.Xmin > x {
+		r.q.plan.Pruned = &PrunedError{What: "replay --from-lsn", From: lsn, Xmin: x, By: p, Table: r.cfg.Outbox.String(), Found: -1}
+	}
+	return nil
 }
 
 // fromEvent starts the keyset at the row with the given event id.
@@ -520,6 +576,10 @@ func (s *Selected) SQL() (string, []any) { return s.r.page(0) }
 
 // Note says how Selection.FromLSN was mapped to rows.
 func (s *Selected) Note() string { return s.r.q.plan.Note }
+
+// Pruned says whether retention may have deleted rows of the selection
+// (see PrunedError); nil when not. The caller sets What and Found.
+func (s *Selected) Pruned() *PrunedError { return s.r.q.plan.Pruned }
 
 // Scan reads the current row of rows (from SQL's query) as pgoutput would
 // have delivered it, and its place in the order as text.

@@ -38,8 +38,10 @@ type Reader struct {
 	// Missing: a checkpoint row names a slot the server does not have.
 	Lost, Missing bool
 	// Xmin is the horizon of Position (0: none): the snapshot_xmin of the
-	// newest history row of the relay's own slot whose snapshot_lsn it has
-	// reached. Rows of transactions older than it were committed before
+	// newest history row whose snapshot_lsn it has reached, of the relay's
+	// own slot or of the reader's (another relay's rows in the same
+	// history): each row states a fact of the server's WAL, whoever wrote
+	// it. Rows of transactions older than it were committed before
 	// Position, so the reader has passed them.
 	Xmin uint64
 	// Age is how many transaction ids were assigned since Xmin.
@@ -76,7 +78,7 @@ func (r Reader) held(cfg Config, own string) string {
 		fix += "; if it does, this resolves itself once it reads on"
 	}
 	if r.Xmin == 0 {
-		return fmt.Sprintf("slot %q (%s) has not reached any checkpoint history row of slot %q, so the rows it may not have read cannot be told apart: nothing is deleted; %s",
+		return fmt.Sprintf("slot %q (%s) has not reached any checkpoint history row of slot %q or its own, so the rows it may not have read cannot be told apart: nothing is deleted; %s",
 			r.Slot, r.State(), own, fix)
 	}
 	return fmt.Sprintf("slot %q (%s) is %d transactions old, too old to compare 32-bit row xids with: nothing is deleted; %s",
@@ -106,8 +108,11 @@ o AS (SELECT coalesce(c.name, s.name) AS name, coalesce(c.pos, s.pos) AS pos, c.
              s.name IS NULL AS missing, coalesce(s.lost, false) AS lost
       FROM s FULL JOIN c ON c.name = s.name)
 SELECT o.name, coalesce(o.pos::text, ''), o.cp, o.missing, o.lost,
-       coalesce((SELECT h.snapshot_xmin::text FROM `+h.Quoted()+` h WHERE h.slot_name = $1 AND h.snapshot_lsn <= o.pos
-                 ORDER BY h.snapshot_lsn DESC LIMIT 1), '')
+       coalesce(greatest(
+           (SELECT h.snapshot_xmin::text::numeric FROM `+h.Quoted()+` h WHERE h.slot_name = $1 AND h.snapshot_lsn <= o.pos
+            ORDER BY h.snapshot_lsn DESC LIMIT 1),
+           (SELECT h.snapshot_xmin::text::numeric FROM `+h.Quoted()+` h WHERE h.slot_name = o.name AND h.snapshot_lsn <= o.pos
+            ORDER BY h.snapshot_lsn DESC LIMIT 1))::text, '')
 FROM o WHERE NOT o.name = ANY($2::text[]) ORDER BY o.name`, cfg.Slot, ignore)
 	if err != nil {
 		return nil, fmt.Errorf("list the other replication slots and checkpoints of the database: %w", err)

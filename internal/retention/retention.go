@@ -49,13 +49,18 @@
 // checkpoint table (another relay, its slot perhaps lost), less those in
 // Config.IgnoreSlots. A reader's position is its checkpoint row's LSN when
 // there is one (a refill starts there), else its slot's
-// confirmed_flush_lsn; it maps to a horizon through this slot's history as
-// the own checkpoint does: the newest history row whose snapshot_lsn it has
-// reached. A reader with none (behind all history, or too old to compare
+// confirmed_flush_lsn; it maps to a horizon through the history as the own
+// checkpoint does: the newest history row (of this slot, or the reader's
+// own) whose snapshot_lsn it has reached. A reader with none (behind all history, or too old to compare
 // xids with) keeps every row: nothing is deleted, and the Result names it
 // and the setting that acknowledges a slot that does not read the outbox.
 // A lost slot is named as such. Result.KeptForReaders counts the rows the
 // own horizon would delete and the readers keep.
+//
+// Before a round deletes, it records the horizon it deletes up to in its
+// slot's checkpoint row (checkpoint.RecordPruned): a refill or replay of any
+// slot whose range needs rows of younger transactions says they may be gone
+// (replay.PrunedError) instead of reporting a short count as complete.
 //
 // # Comparing a row's xmin with snapshot_xmin
 //
@@ -286,6 +291,13 @@ func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 		res.Horizon = h
 		if err := holdBack(ctx, db, t, cfg, &res); err != nil {
 			return res, err
+		}
+		// Recorded before the rows go: a refill or replay of another slot
+		// that needed rows older than this says they may be gone.
+		if res.Xmin != 0 && !cfg.DryRun {
+			if err := checkpoint.RecordPruned(ctx, db, cfg.CheckpointTable, cfg.Slot, t.Quoted(), res.Xmin); err != nil {
+				return res, err
+			}
 		}
 		switch {
 		case res.Xmin == 0:
