@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "stopped_before" pg_lsn,
     "stop_reason" text,
     "last_refill" text,
-    "pruned" jsonb
+    "pruned" jsonb,
+    "refill_progress" jsonb
 );
 
 -- A compact history of the checkpoints saved, one row at most every

@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -576,6 +577,55 @@ func (s *Selected) SQL() (string, []any) { return s.r.page(0) }
 
 // Note says how Selection.FromLSN was mapped to rows.
 func (s *Selected) Note() string { return s.r.q.plan.Note }
+
+// Order says which expressions order the selection (their values as Scan
+// returns them are a row's position).
+func (s *Selected) Order() []string { return slices.Clone(s.r.q.order) }
+
+// SkipSent narrows the selection for a successor of a refill that stopped:
+// rows of transactions older than xmin (full xid) that the predecessor read
+// in its snapshot, and handled, are left out: with pos nil every such row
+// (an outbox table it finished), else those at or before pos in the order.
+// A row of a transaction not older than xmin may not have been in its
+// snapshot, and stays. It refuses a pos from another order (the server's
+// track_commit_timestamp changed, or an order column given).
+func (s *Selected) SkipSent(pos []*string, xmin uint64) error {
+	r, q := s.r, &s.r.q
+	older := fmt.Sprintf(`(age(o.xmin) > age((%s::bigint %% 4294967296)::text::xid) OR age(o.xmin) < 0)`, q.arg(int64(xmin)))
+	if pos == nil {
+		q.where = append(q.where, `NOT `+older)
+		return nil
+	}
+	if r.state.OrderBy != "" || len(pos) != len(q.order) {
+		return fmt.Errorf("the position %d values long does not fit the order %v", len(pos), q.order)
+	}
+	// ORDER BY puts NULLs last: so does infinity, for the timestamps that
+	// may be NULL (a commit time not recorded, a NULL created_at).
+	var cols, vals []string
+	for i, expr := range q.order {
+		var v any
+		if pos[i] != nil {
+			v = *pos[i]
+		}
+		switch {
+		case strings.HasPrefix(expr, "pg_catalog.pg_xact_commit_timestamp"):
+			cols = append(cols, `coalesce(`+expr+`, 'infinity')`)
+			vals = append(vals, `coalesce(`+q.arg(v)+`::timestamptz, 'infinity')`)
+		case expr == `o."created_at"`:
+			typ := r.typeOf("created_at")
+			cols = append(cols, `coalesce(`+expr+`, 'infinity')`)
+			vals = append(vals, `coalesce(`+q.arg(v)+`::`+typ+`, 'infinity')`)
+		case expr == "o.cmin::text::bigint":
+			cols, vals = append(cols, expr), append(vals, q.arg(v)+`::bigint`)
+		case expr == "o.ctid":
+			cols, vals = append(cols, expr), append(vals, q.arg(v)+`::tid`)
+		default:
+			return fmt.Errorf("cannot resume in the order %v", q.order)
+		}
+	}
+	q.where = append(q.where, fmt.Sprintf(`((%s) > (%s) OR NOT %s)`, strings.Join(cols, ", "), strings.Join(vals, ", "), older))
+	return nil
+}
 
 // Pruned says whether retention may have deleted rows of the selection
 // (see PrunedError); nil when not. The caller sets What and Found.
