@@ -56,7 +56,19 @@ import (
 // events, plus those of transactions open across that row), and in a
 // running relay the events in flight when the gap was met. A crash before
 // step 5 leaves the checkpoint where it was: the next start meets a slot
-// ahead of it, and refills again.
+// ahead of it, and refills again. Not from the start: after each chunk the
+// writer finished, step 4 records in the checkpoint row how far it got (the
+// last row's position in the order, and the snapshot's xmin), and a refill
+// from the same checkpoint skips the rows of transactions older than that
+// xmin up to that position (replay.Selected.SkipSent: each was in the killed
+// refill's snapshot, before a row it had handled). It sends again what the
+// killed one sent after its last record, and the rows of transactions open
+// when the killed one began.
+//
+// A range whose rows retention may have deleted (some slot's retention
+// recorded a horizon younger than the history row the checkpoint maps to:
+// checkpoint.FindPruned) is refilled with what is left and reported
+// (RefillResult.Pruned): recover exits 5, a running relay logs an error.
 
 // HeaderRefillID is the header every refilled message carries: the refill's id.
 const HeaderRefillID = "refill_id"
