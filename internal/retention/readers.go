@@ -38,11 +38,12 @@ type Reader struct {
 	// Missing: a checkpoint row names a slot the server does not have.
 	Lost, Missing bool
 	// Xmin is the horizon of Position (0: none): the snapshot_xmin of the
-	// newest history row whose snapshot_lsn it has reached, of the relay's
-	// own slot or of the reader's (another relay's rows in the same
-	// history): each row states a fact of the server's WAL, whoever wrote
-	// it. Rows of transactions older than it were committed before
-	// Position, so the reader has passed them.
+	// newest history row whose snapshot_lsn it has reached. Rows of
+	// transactions older than it were committed before Position, so the
+	// reader has passed them. A reader with a checkpoint row is mapped
+	// through its own history rows, as its refill maps its checkpoint (so
+	// that no refill needs a row retention deleted); a plain slot through
+	// the relay's own slot's.
 	Xmin uint64
 	// Age is how many transaction ids were assigned since Xmin.
 	Age int64
@@ -78,7 +79,7 @@ func (r Reader) held(cfg Config, own string) string {
 		fix += "; if it does, this resolves itself once it reads on"
 	}
 	if r.Xmin == 0 {
-		return fmt.Sprintf("slot %q (%s) has not reached any checkpoint history row of slot %q or its own, so the rows it may not have read cannot be told apart: nothing is deleted; %s",
+		return fmt.Sprintf("slot %q (%s) has not reached any checkpoint history row (its relay's own when it has a checkpoint row, else slot %q's), so the rows it may not have read cannot be told apart: nothing is deleted; %s",
 			r.Slot, r.State(), own, fix)
 	}
 	return fmt.Sprintf("slot %q (%s) is %d transactions old, too old to compare 32-bit row xids with: nothing is deleted; %s",
@@ -97,22 +98,22 @@ func readers(ctx context.Context, db DB, cfg Config, own *checkpoint.Horizon) ([
 	ignore := append([]string{cfg.Slot}, cfg.IgnoreSlots...)
 	// Every logical slot of this database may decode the outbox table: a
 	// slot does not record its publication (or its plugin's filter), which
-	// the consumer names when it starts streaming.
+	// the consumer names when it starts streaming. A checkpoint row at 0/0
+	// (a takeover that saved nothing yet) is no checkpoint: such a relay
+	// starts from its slot.
 	rows, err := queryRows(ctx, db, `WITH s AS (
     SELECT r.slot_name::text AS name, r.confirmed_flush_lsn AS pos,
            coalesce(r.wal_status = 'lost', false) OR coalesce((to_jsonb(r)->>'conflicting')::bool, false) AS lost
     FROM pg_catalog.pg_replication_slots r
     WHERE r.database = current_database() AND r.slot_type = 'logical'),
-c AS (SELECT slot_name AS name, lsn AS pos FROM `+t.Quoted()+`),
+c AS (SELECT slot_name AS name, lsn AS pos FROM `+t.Quoted()+` WHERE lsn <> '0/0'),
 o AS (SELECT coalesce(c.name, s.name) AS name, coalesce(c.pos, s.pos) AS pos, c.name IS NOT NULL AS cp,
              s.name IS NULL AS missing, coalesce(s.lost, false) AS lost
       FROM s FULL JOIN c ON c.name = s.name)
 SELECT o.name, coalesce(o.pos::text, ''), o.cp, o.missing, o.lost,
-       coalesce(greatest(
-           (SELECT h.snapshot_xmin::text::numeric FROM `+h.Quoted()+` h WHERE h.slot_name = $1 AND h.snapshot_lsn <= o.pos
-            ORDER BY h.snapshot_lsn DESC LIMIT 1),
-           (SELECT h.snapshot_xmin::text::numeric FROM `+h.Quoted()+` h WHERE h.slot_name = o.name AND h.snapshot_lsn <= o.pos
-            ORDER BY h.snapshot_lsn DESC LIMIT 1))::text, '')
+       coalesce((SELECT h.snapshot_xmin::text FROM `+h.Quoted()+` h
+                 WHERE h.slot_name = CASE WHEN o.cp THEN o.name ELSE $1 END AND h.snapshot_lsn <= o.pos
+                 ORDER BY h.snapshot_lsn DESC LIMIT 1), '')
 FROM o WHERE NOT o.name = ANY($2::text[]) ORDER BY o.name`, cfg.Slot, ignore)
 	if err != nil {
 		return nil, fmt.Errorf("list the other replication slots and checkpoints of the database: %w", err)

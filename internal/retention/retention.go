@@ -50,8 +50,9 @@
 // Config.IgnoreSlots. A reader's position is its checkpoint row's LSN when
 // there is one (a refill starts there), else its slot's
 // confirmed_flush_lsn; it maps to a horizon through the history as the own
-// checkpoint does: the newest history row (of this slot, or the reader's
-// own) whose snapshot_lsn it has reached. A reader with none (behind all history, or too old to compare
+// checkpoint does: the newest history row whose snapshot_lsn it has
+// reached, of the reader's own history when it has a checkpoint row (the
+// rows its refill would map its checkpoint with), else of this slot's. A reader with none (behind all history, or too old to compare
 // xids with) keeps every row: nothing is deleted, and the Result names it
 // and the setting that acknowledges a slot that does not read the outbox.
 // A lost slot is named as such. Result.KeptForReaders counts the rows the
