@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -384,5 +385,42 @@ VALUES ($1, '0/FFFFFFF', now(), now(), $2::text::xid8, '0/FFFFFF0'),
 	}
 	if n != 25 {
 		t.Errorf("refill selection from %s = %d rows (%s); want the 25 after the history row at 0/10000010", from, n, sel.Note())
+	}
+}
+
+// --from-lsn says when retention (of any slot) recorded deleting rows of
+// transactions its range needs: Plan.Pruned names that slot, with exit code
+// 5; a record older than the range changes nothing.
+func TestReplayFromLSNSaysPruned(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.pg.Exec(t, sql.CheckpointTable(f.cp))
+	for _, stmt := range sql.CheckpointHistoryTable(f.cp) {
+		f.pg.Exec(t, stmt)
+	}
+	f.insert(t, "Order", 1, 5, time.Now().Add(-time.Hour))
+	f.pg.Exec(t, `INSERT INTO `+replay.HistoryTable(f.cp).Quoted()+` (slot_name, lsn, last_commit_time, saved_at, snapshot_xmin, snapshot_lsn)
+VALUES ($1, '0/2000010', now(), now(), '1000', '0/2000000')`, f.slot)
+	from, _ := pglogrepl.ParseLSN("0/2000010")
+	plan := func(pruned string) replay.Plan {
+		t.Helper()
+		f.pg.Exec(t, `INSERT INTO `+f.cp.Quoted()+` (slot_name, lsn, pruned) VALUES ('other', '0/3000000', jsonb_build_object('public.outbox', $1::text))
+ON CONFLICT (slot_name) DO UPDATE SET pruned = EXCLUDED.pruned`, pruned)
+		r, err := replay.New(ctx, f.pg.Pool(t), f.sink, f.config("p"+pruned, replay.Selection{FromLSN: from}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := r.Plan(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if p := plan("999"); p.Pruned != nil {
+		t.Errorf("Plan with retention of slot other up to xid 999, range from xid 1000 = pruned %v; want nil", p.Pruned)
+	}
+	p := plan("1500")
+	if p.Pruned == nil || p.Pruned.By.Slot != "other" || exitcode.Of(p.Pruned) != exitcode.Incomplete || !strings.Contains(p.Pruned.Error(), `slot "other"`) {
+		t.Errorf("Plan with retention of slot other up to xid 1500, range from xid 1000 = pruned %v; want it named, exit %d", p.Pruned, exitcode.Incomplete)
 	}
 }
