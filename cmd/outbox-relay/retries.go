@@ -73,7 +73,7 @@ func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, f
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 	}
-	s, err := retry.NewStore(pool, e.retryTable())
+	s, err := retry.NewStore(pool, e.retryTable(), e.cfg.Replication.Slot)
 	if err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("%w: %w", errConfig, err)

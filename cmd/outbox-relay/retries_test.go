@@ -59,7 +59,7 @@ func runRetries(t *testing.T, args ...string) (code int, stdout, stderr string) 
 // 1 pending (failed), 2 waiting behind it, 3 dead with a binary value.
 func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 	t.Helper()
-	dsn, _ := dbEnv(t)
+	dsn, slot := dbEnv(t)
 	table, _ := sql.ParseTable(sql.DefaultRetryTable)
 	execSQL(t, dsn, sql.RetryTable(table)...)
 	pool, err := pgxpool.New(context.Background(), dsn)
@@ -67,7 +67,7 @@ func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	s, err := retry.NewStore(pool, "")
+	s, err := retry.NewStore(pool, "", slot)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,9 @@ import (
 
 // newStoreIn is newStore that also returns the database, for tests that
 // change the table under the Store.
+// testSlot is the slot of the stores of newStore and newStoreIn.
+const testSlot = "relay_test"
+
 func newStoreIn(t *testing.T) (*retry.Store, *testenv.PG) {
 	t.Helper()
 	pg := testenv.Postgres(t)
@@ -27,7 +30,7 @@ func newStoreIn(t *testing.T) (*retry.Store, *testenv.PG) {
 	for _, s := range sql.RetryTable(table) {
 		pg.Exec(t, s)
 	}
-	s, err := retry.NewStore(pg.Pool(t), "")
+	s, err := retry.NewStore(pg.Pool(t), "", testSlot)
 	if err != nil {
 		t.Fatal(err)
 	}
