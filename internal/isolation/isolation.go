@@ -159,9 +159,11 @@ func qualified(t sql.Table) string {
 }
 
 // A Finding is one neighbour, in plain words: what was found, what it
-// means for this relay.
+// means for this relay. Reader is set when another slot may read the
+// relay's outbox table: a reader retention must wait for.
 type Finding struct {
 	What, Meaning string
+	Reader        bool
 }
 
 // Findings says what r means for the relay of cfg, one Finding per kind of
@@ -196,6 +198,7 @@ func (r *Report) Findings(cfg Config) []Finding {
 			What: fmt.Sprintf("slots %s parked events of this relay's outbox tables in the retry table: their relays read the same outbox", strings.Join(r.SameOutbox, ", ")),
 			Meaning: "each delivers every event to its own topics, and their parked rows are untouched here; " +
 				"outbox.retention deletes rows this slot delivered, whatever they have read: keep it off, or long enough for the slowest of them",
+			Reader: true,
 		})
 	}
 	if len(r.Publications) > 0 {
@@ -212,6 +215,7 @@ func (r *Report) Findings(cfg Config) []Finding {
 			What: fmt.Sprintf("other publications publish this relay's outbox tables: %s", strings.Join(parts, "; ")),
 			Meaning: "a slot reading through them (another relay, Debezium) reads the same events and delivers them itself; " +
 				"outbox.retention deletes rows this slot delivered, whatever that slot has read: keep it off, or long enough for it",
+			Reader: true,
 		})
 	}
 	if len(r.Slots) > 0 {

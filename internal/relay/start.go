@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -265,7 +266,11 @@ func (r *Relay) adopt(ctx context.Context, pool *pgxpool.Pool, rstore *retry.Sto
 		return nil
 	}
 	for _, f := range rep.Findings(icfg) {
-		r.log.Info("neighbour: "+f.What, "meaning", f.Meaning)
+		level := slog.LevelInfo
+		if f.Reader {
+			level = slog.LevelWarn
+		}
+		r.log.Log(ctx, level, "neighbour: "+f.What, "meaning", f.Meaning)
 	}
 	return nil
 }
