@@ -2,13 +2,16 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
@@ -196,4 +199,61 @@ func TestTwoSlotsOneOutbox(t *testing.T) {
 		s.ids = ids
 	}
 	f.checkIsolated(t, services)
+}
+
+// insertOrphan inserts a pending retry row as an earlier version stored it:
+// no slot, read from outbox_table ("" for none), for topic.
+func (f *fixture) insertOrphan(t *testing.T, id, topic, outboxTable string) {
+	t.Helper()
+	f.pg.Exec(t, `INSERT INTO outbox_relay_retry (event_key, event_id, aggregate, aggregate_type, aggregate_id, event_type,
+    topic, msg_key, value, status, next_attempt_at, outbox_table)
+VALUES ('lsn:0/1:' || $1, $1, $2 || '/k-1', 'Order', 'k-1', 'Created', $2, 'k-1', '{"old": true}', 'pending', now(), nullif($3, ''))`,
+		id, topic, outboxTable)
+}
+
+// TestOrphanRowsAdopted: a relay upgraded in place, alone in its database,
+// gives the retry rows of its earlier version (no slot) to its slot at
+// start, and delivers them.
+func TestOrphanRowsAdopted(t *testing.T) {
+	f := newFixture(t)
+	id := newUUID()
+	topic := f.prefix + ".Order"
+	f.insertOrphan(t, id, topic, "public.outbox")
+	f.start(t, f.retryConfig(t))
+	waitFor(t, time.Minute, "the row of the earlier version delivered", func() (bool, string) {
+		got := f.idsOn(t, topic)
+		n := f.retryCount(t)
+		return got[id] == 1 && n == 0, fmt.Sprintf("on topic: %d, retry rows: %d", got[id], n)
+	})
+}
+
+// TestOrphanRowsRefused: when another slot has saved checkpoints in the
+// same checkpoint table, the retry rows of an earlier version may be that
+// relay's: the relay refuses to start, naming the UPDATE that assigns them,
+// and leaves them as they are.
+func TestOrphanRowsRefused(t *testing.T) {
+	f := newFixture(t)
+	f.pg.Exec(t, `INSERT INTO outbox_relay_checkpoint (slot_name, lsn) VALUES ('billing_relay', '0/1')`)
+	id := newUUID()
+	f.insertOrphan(t, id, f.prefix+".Order", "public.outbox")
+	r, err := newRelay(t, f.retryConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = r.Run(ctx)
+	var oe *retry.OrphansError
+	if !errors.As(err, &oe) {
+		t.Fatalf("Run = %v; want an *retry.OrphansError", err)
+	}
+	for _, want := range []string{"billing_relay", `UPDATE "outbox_relay_retry" SET slot_name`, "outbox_table = '<schema.table>'"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run error %q; want it to say %q", err, want)
+		}
+	}
+	var slot *string
+	if err := f.pool.QueryRow(context.Background(), `SELECT slot_name FROM outbox_relay_retry WHERE event_id = $1`, id).Scan(&slot); err != nil || slot != nil {
+		t.Errorf("the row of the earlier version after the refusal: slot %v, %v; want kept, without a slot", slot, err)
+	}
 }
