@@ -18,7 +18,7 @@ import (
 func (s *Store) Aggregates(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT aggregate FROM %s WHERE slot_name = $1 ORDER BY 1`, s.table), s.slot)
 	if err != nil {
-		return nil, fmt.Errorf("read retry aggregates: %w", err)
+		return nil, fmt.Errorf("read retry aggregates: %w", s.hint(err))
 	}
 	aggs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
