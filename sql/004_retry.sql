@@ -80,7 +80,7 @@ ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "slot_name" text;
 -- Earlier versions made event_key unique across the table. It is unique per
 -- slot now: two slots reading one outbox table park the same event under the
 -- same key, each its own row.
-DO $outbox_relay$
+DO $$
 DECLARE c name;
 BEGIN
     FOR c IN SELECT k.conname FROM pg_catalog.pg_constraint k
@@ -90,7 +90,7 @@ BEGIN
         EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', '"outbox_relay_retry"', c);
     END LOOP;
 END
-$outbox_relay$;
+$$;
 
 -- Indexes of earlier versions: without the slot, or on the aggregate's text.
 DROP INDEX IF EXISTS "outbox_relay_retry_status_next_attempt_at_idx";

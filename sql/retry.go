@@ -60,7 +60,7 @@ func RetryTable(t Table) []string {
 		// Earlier versions made event_key unique across the table (a
 		// column constraint, named by PostgreSQL): found by its column,
 		// whatever its name.
-		fmt.Sprintf(`DO $outbox_relay$
+		fmt.Sprintf(`DO $$
 DECLARE c name;
 BEGIN
     FOR c IN SELECT k.conname FROM pg_catalog.pg_constraint k
@@ -70,7 +70,7 @@ BEGIN
         EXECUTE format('ALTER TABLE %%s DROP CONSTRAINT %%I', %s, c);
     END LOOP;
 END
-$outbox_relay$`, t.Literal(), Literal(t.Quoted())),
+$$`, t.Literal(), Literal(t.Quoted())),
 	}
 	// An index lives in its table's schema: qualify the old ones' names the
 	// same way, so that the right ones are dropped.
