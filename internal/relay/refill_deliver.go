@@ -105,7 +105,7 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 			return 0, time.Time{}, err
 		}
 	}
-	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
+	rstore, err := retry.NewStore(pool, r.cfg.RetryTable, r.cfg.Replication.Slot)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
@@ -242,9 +242,9 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 	if tally.done != res.Events-res.Held {
 		return 0, time.Time{}, fmt.Errorf("the writer finished %d of %d refilled events", tally.done, res.Events-res.Held)
 	}
-	// What the retry table holds of this refill: parked behind an
-	// aggregate's earlier rows, or refused.
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+rstoreTable(r.cfg.RetryTable)+` WHERE event_key LIKE $1`, "refill:"+res.ID+":%").Scan(&res.Parked); err != nil {
+	// What the retry table holds of this refill (the slot's rows): parked
+	// behind an aggregate's earlier rows, or refused.
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+rstoreTable(r.cfg.RetryTable)+` WHERE slot_name = $2 AND event_key LIKE $1`, "refill:"+res.ID+":%", r.cfg.Replication.Slot).Scan(&res.Parked); err != nil {
 		r.log.Warn("refill: cannot count the refilled events in the retry table", "err", err)
 	}
 	return xmin, at, tx.Commit(ctx)

@@ -214,15 +214,20 @@ func New(ctx context.Context, pool *pgxpool.Pool, sink Sink, cfg Config) (*Repla
 		return nil, err
 	}
 	r := &Replayer{cfg: cfg, pool: pool, sink: sink, rt: rt}
-	// Only when missing: CREATE TABLE IF NOT EXISTS needs CREATE on the
-	// schema even when the table exists, which a least-privileged role lacks.
-	var exists bool
-	err = pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, ReplayTable(cfg.CheckpointTable).Quoted()).Scan(&exists)
-	if err == nil && !exists {
-		_, err = pool.Exec(ctx, sql.ReplayTable(cfg.CheckpointTable))
+	// Only when missing or of an earlier version (no slot_name): CREATE
+	// TABLE IF NOT EXISTS needs CREATE on the schema even when the table
+	// exists, which a least-privileged role lacks.
+	var current bool
+	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = 'slot_name' AND NOT attisdropped)`, ReplayTable(cfg.CheckpointTable).Quoted()).Scan(&current)
+	for _, stmt := range sql.ReplayTable(cfg.CheckpointTable) {
+		if err != nil || current {
+			break
+		}
+		_, err = pool.Exec(ctx, stmt)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create the replay table %s (run `outbox-relay setup` as its owner, or replay with a role that may create it): %w", ReplayTable(cfg.CheckpointTable), err)
+		return nil, fmt.Errorf("create or upgrade the replay table %s (run `outbox-relay setup` as its owner, or replay with a role that may create it): %w", ReplayTable(cfg.CheckpointTable), err)
 	}
 	if err := r.loadState(ctx); err != nil {
 		return nil, err
@@ -239,9 +244,15 @@ func New(ctx context.Context, pool *pgxpool.Pool, sink Sink, cfg Config) (*Repla
 // loadState reads the run's saved state, or starts a new one.
 func (r *Replayer) loadState(ctx context.Context) error {
 	var raw []byte
-	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT state FROM %s WHERE run_id = $1`, ReplayTable(r.cfg.CheckpointTable).Quoted()), r.cfg.ID).Scan(&raw)
+	var owner *string
+	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT state, slot_name FROM %s WHERE run_id = $1`, ReplayTable(r.cfg.CheckpointTable).Quoted()), r.cfg.ID).Scan(&raw, &owner)
 	given := state{Selection: r.cfg.Selection, Topic: r.cfg.Topic, OrderBy: r.cfg.OrderBy}
 	switch {
+	case err == nil && owner != nil && *owner != r.cfg.Slot:
+		// Another relay's run (another slot, maybe another outbox table):
+		// its position means nothing here.
+		return fmt.Errorf("replay run %q belongs to slot %q, not to this relay's slot %q: start a run with another --id (or run replay with that relay's configuration)",
+			r.cfg.ID, *owner, r.cfg.Slot)
 	case errors.Is(err, pgx.ErrNoRows):
 		given.StartedAt = time.Now().UTC().Truncate(time.Microsecond)
 		r.state = given

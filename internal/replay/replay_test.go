@@ -329,6 +329,36 @@ VALUES (gen_random_uuid(), 'Order', $1, 'E', jsonb_build_object('n', (SELECT cou
 	}
 }
 
+// TestReplayRunsBelongToASlot: a replay table of an earlier version (no
+// slot_name) is upgraded by the first replay; its run is resumed, and then
+// belongs to that replay's slot. A replay of another slot (another relay
+// sharing the checkpoint table's schema) neither resumes nor overwrites it.
+func TestReplayRunsBelongToASlot(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.insert(t, "Order", 1, 10, time.Now().Add(-time.Hour))
+	f.pg.Exec(t, `CREATE TABLE outbox_relay_replay (run_id text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
+	f.pg.Exec(t, `INSERT INTO outbox_relay_replay (run_id, state) SELECT 'old', jsonb_build_object('selection', '{}'::jsonb, 'started_at', now(), 'sent', 0)`)
+	f.run(t, f.config("old", replay.Selection{}))
+	if got := count(f.read(t, f.prefix+"Order", "old")); got != 10 {
+		t.Errorf("the run of an earlier version, resumed, sent %d; want 10", got)
+	}
+	var owner *string
+	if err := f.pg.Pool(t).QueryRow(ctx, `SELECT slot_name FROM outbox_relay_replay WHERE run_id = 'old'`).Scan(&owner); err != nil || owner == nil || *owner != f.slot {
+		t.Errorf("slot of the resumed run = %v, %v; want %s", owner, err, f.slot)
+	}
+
+	other := f.config("old", replay.Selection{})
+	other.Slot = "billing_relay"
+	_, err := replay.New(ctx, f.pg.Pool(t), f.sink, other)
+	if err == nil || !strings.Contains(err.Error(), "belongs to slot") || !strings.Contains(err.Error(), "another --id") {
+		t.Errorf("replay.New of another slot with the same --id = %v; want an error saying the run is another slot's", err)
+	}
+	if err := f.pg.Pool(t).QueryRow(ctx, `SELECT slot_name FROM outbox_relay_replay WHERE run_id = 'old'`).Scan(&owner); err != nil || owner == nil || *owner != f.slot {
+		t.Errorf("slot of the run after another slot's attempt = %v, %v; want still %s", owner, err, f.slot)
+	}
+}
+
 // The history is searched by LSN, not by its text: across a change in the
 // number of hex digits (0/FFFFFFF -> 0/10000000) the newest row at or
 // before the checkpoint is the one with more digits, whose text sorts
