@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -54,7 +55,7 @@ WHERE slot_name = $1 AND coalesce((pruned->>(SELECT key FROM k))::numeric, 0) < 
 
 // FindPruned returns the newest record of any slot's retention for outbox
 // table (quoted SQL name): the highest Xmin, and its slot, and false when none is recorded.
-// It reads a table without the column as none.
+// It reads a table without the column, or no table, as none.
 func FindPruned(ctx context.Context, q Querier, checkpointTable, table string) (Pruned, bool, error) {
 	t, err := sql.ParseTable(checkpointTable)
 	if err != nil {
@@ -65,7 +66,10 @@ func FindPruned(ctx context.Context, q Querier, checkpointTable, table string) (
 SELECT slot_name, to_jsonb(c)->'pruned'->>(SELECT key FROM k) FROM `+t.Quoted()+` c
 WHERE to_jsonb(c)->'pruned'->>(SELECT key FROM k) IS NOT NULL
 ORDER BY (to_jsonb(c)->'pruned'->>(SELECT key FROM k))::numeric DESC LIMIT 1`, table).Scan(&slot, &x)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var pe *pgconn.PgError
+	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pe) && pe.Code == "42P01" {
+		// No checkpoint table: no retention of any slot ever recorded
+		// anything in it (replay can run where only the history is).
 		return Pruned{}, false, nil
 	}
 	if err != nil {
