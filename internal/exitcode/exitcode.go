@@ -19,6 +19,11 @@ const (
 	// invalidated, another system or timeline: DESIGN invariant 14). run
 	// refuses to stream; the message names the uncovered range and the fix.
 	Gap = 4
+	// TxnTimeout: with delivery exactly-once, the broker aborted a Kafka
+	// transaction on its timeout (kafka.transaction_timeout) and the relay
+	// could not raise it further, or was stopped while writing the
+	// transaction again. The message names the settings and the fix.
+	TxnTimeout = 5
 )
 
 // A Coder is an error that carries its exit code.

@@ -62,6 +62,7 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	if r.cfg.Delivery == DeliveryExactlyOnce {
 		x = &eos{sink: r.sink.(txnSink), topic: r.cfg.CheckpointTopic, slot: slot, epoch: t.lease.wait,
 			server: t.lease.server, term: o.srv, log: r.log, parked: o.rstore, gate: o.gate, resume: o.start,
+			verify: t.lease.verify, timeouts: r.timeouts, tsink: r.sink.(timeoutSink),
 			hold: func(ctx context.Context, tx pgx.Tx, epoch int64) error {
 				return o.store.HoldEpoch(ctx, tx, slot, epoch)
 			}}
@@ -271,7 +272,15 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 		t.pipe.health.sample(st.ConfirmedLSN, st.ServerWALEnd, now)
 		since, cause := r.sink.Outage()
 		failing, why := t.pipe.health.failing(now, st.Streaming, since, cause)
-		r.m.SetHealth(failing, t.pipe.health.stalledFor(now))
+		stalled := t.pipe.health.stalledFor(now)
+		if msg, d := r.timeouts.problem(now); msg != "" {
+			// Each attempt is a term of its own, whose chunks are progress:
+			// the stall counts from the first aborted attempt.
+			failing["stalled"] = true
+			stalled = max(stalled, d)
+			why = append(why, msg)
+		}
+		r.m.SetHealth(failing, stalled)
 		t.pipe.health.warn(now, why)
 		if r.m == nil {
 			continue
