@@ -82,10 +82,11 @@ func (l *logBuffer) lines(subs ...string) int {
 	return n
 }
 
-// timeoutRelay starts a relay whose stream writes through a slowSink, with
-// exactly-once delivery, a transaction timeout of 1 s and chunks of 50
-// events; it returns the relay, its sink, its log, its cancel and Run's
-// outcome (a test that reads it puts it back for the cleanup).
+// timeoutRelay starts a relay whose stream writes through a slowSink
+// (0.7 s a Send), with exactly-once delivery, a transaction timeout of 1 s
+// and chunks of 50 events; it returns the relay, its sink, its log, its
+// cancel and Run's outcome (a test that reads it puts it back for the
+// cleanup).
 func (f *fixture) timeoutRelay(t *testing.T, cap time.Duration) (*relay.Relay, *slowSink, *logBuffer, context.CancelFunc, chan error) {
 	t.Helper()
 	cfg := f.eosConfig(t)
@@ -93,9 +94,19 @@ func (f *fixture) timeoutRelay(t *testing.T, cap time.Duration) (*relay.Relay, *
 	cfg.TransactionMaxEvents = 50
 	logs := &logBuffer{t: t}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	r, slow, cancel, done := f.startSlow(t, cfg, 700*time.Millisecond, cap)
+	return r, slow, logs, cancel, done
+}
+
+// startSlow starts a relay of cfg whose stream writes through a slowSink
+// of delay and cap.
+func (f *fixture) startSlow(t *testing.T, cfg relay.Config, delay, cap time.Duration) (*relay.Relay, *slowSink, context.CancelFunc, chan error) {
+	t.Helper()
 	cfg.Sink.Logger = cfg.Logger
 	scfg := cfg.Sink
-	scfg.TransactionalID = relay.TransactionalID(cfg.Replication.Slot)
+	if cfg.Delivery == relay.DeliveryExactlyOnce {
+		scfg.TransactionalID = relay.TransactionalID(cfg.Replication.Slot)
+	}
 	k, err := sink.New(scfg)
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +115,7 @@ func (f *fixture) timeoutRelay(t *testing.T, cap time.Duration) (*relay.Relay, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	slow := &slowSink{Kafka: k, delay: 700 * time.Millisecond, cap: cap}
+	slow := &slowSink{Kafka: k, delay: delay, cap: cap}
 	r, err := relay.New(cfg, relay.Sinks{Stream: slow, Retry: retry})
 	if err != nil {
 		t.Fatalf("relay.New: %v", err)
@@ -122,7 +133,7 @@ func (f *fixture) timeoutRelay(t *testing.T, cap time.Duration) (*relay.Relay, *
 		k.Close()
 		retry.Close()
 	})
-	return r, slow, logs, cancel, done
+	return r, slow, cancel, done
 }
 
 // waitNotReady polls r.Ready until it fails with a message holding every
