@@ -204,8 +204,8 @@ func fileSecrets(raw []byte) []string {
 // secretElsewhere says where each secret a config file may hold belongs
 // instead.
 var secretElsewhere = map[string]string{
-	"kafka.sasl.password": "kafka.sasl.password_file or RELAY_KAFKA_SASL_PASSWORD",
-	"postgres.dsn":        "the password out of the DSN, into postgres.password_file or " + postgresRelayPasswordEnv,
+	"kafka.sasl.password": "put kafka.sasl.password in kafka.sasl.password_file or RELAY_KAFKA_SASL_PASSWORD instead",
+	"postgres.dsn":        "move the DSN's password to postgres.password_file or " + postgresRelayPasswordEnv,
 }
 
 // configFileWarning returns check's warning when the config file holds
@@ -223,6 +223,6 @@ func configFileWarning(file string, secrets []string) string {
 	for _, k := range secrets {
 		moves = append(moves, secretElsewhere[k])
 	}
-	return fmt.Sprintf("%s (mode %04o) is readable by its group or others and holds %s: chmod 600 %s, or move %s",
-		file, fi.Mode().Perm(), strings.Join(secrets, " and "), file, strings.Join(moves, "; and "))
+	return fmt.Sprintf("%s (mode %04o) is readable by its group or others and holds %s: chmod 600 %s, or %s",
+		file, fi.Mode().Perm(), strings.Join(secrets, " and "), file, strings.Join(moves, ", and "))
 }

@@ -217,9 +217,9 @@ func TestConfigFileWarning(t *testing.T) {
 		want       []string // "" : no warning
 	}{
 		{"sasl password, world-readable", "kafka:\n  sasl:\n    password: s3cr3t\n", 0o644,
-			[]string{"(mode 0644) is readable by its group or others and holds kafka.sasl.password: chmod 600 ", "kafka.sasl.password_file or RELAY_KAFKA_SASL_PASSWORD"}},
+			[]string{"(mode 0644) is readable by its group or others and holds kafka.sasl.password: chmod 600 ", "put kafka.sasl.password in kafka.sasl.password_file or RELAY_KAFKA_SASL_PASSWORD instead"}},
 		{"dsn password, group-readable", "postgres:\n  dsn: postgres://relay:s3cr3t@db/app\n", 0o640,
-			[]string{"(mode 0640)", "holds postgres.dsn: chmod 600 ", "postgres.password_file or RELAY_POSTGRES_PASSWORD"}},
+			[]string{"(mode 0640)", "holds postgres.dsn: chmod 600 ", "move the DSN's password to postgres.password_file or RELAY_POSTGRES_PASSWORD"}},
 		{"keyword/value dsn password", "postgres:\n  dsn: host=db user=relay password=s3cr3t\n", 0o604, []string{"(mode 0604)", "holds postgres.dsn"}},
 		{"both", "postgres:\n  dsn: postgres://relay:s3cr3t@db/app\nkafka:\n  sasl:\n    password: s3cr3t\n", 0o644,
 			[]string{"holds kafka.sasl.password and postgres.dsn"}},

@@ -378,8 +378,10 @@ func (x *eos) record(lsn pglogrepl.LSN, commitTime time.Time) (*event.Event, err
 // checkpoint; anything else (ctx's error, a refused checkpoint record) is
 // returned after an abort, which a later InitTransactions would do anyway.
 func (x *eos) failed(ctx context.Context, err error) error {
+	// The sink's word that the transaction outlived its timeout, whether
+	// it spans chunks or one slow write.
 	var te *sink.TxnTimeoutError
-	if x.open && errors.As(err, &te) && (errors.Is(err, sink.ErrFenced) || errors.Is(err, sink.ErrTxnAborted)) {
+	if errors.As(err, &te) && (errors.Is(err, sink.ErrFenced) || errors.Is(err, sink.ErrTxnAborted)) {
 		return x.timedOut(ctx, te, err)
 	}
 	if errors.Is(err, sink.ErrFenced) {

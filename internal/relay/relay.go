@@ -304,8 +304,9 @@ func runCause(ctx context.Context, err error) error {
 // serves. It fails while the replication connection is down, while Kafka is
 // unreachable (the writer is retrying a broker-wide failure, or a fresh ping
 // gets no answer), while the retry table or the checkpoint table refuses
-// writes, and while the pipeline is stalled (see health). The error lists
-// every failing check.
+// writes, while the pipeline is stalled (see health), and, with
+// exactly-once, while a transaction the broker aborted on its timeout is not
+// yet delivered (txntimeout.go). The error lists every failing check.
 //
 // A standby is ready while it reaches Postgres: it is doing its job, which is
 // to wait and to be able to take over. (A probe that failed a standby would
