@@ -84,18 +84,19 @@ func (l *logBuffer) lines(subs ...string) int {
 
 // timeoutRelay starts a relay whose stream writes through a slowSink
 // (0.7 s a Send), with exactly-once delivery, a transaction timeout of 1 s
-// and chunks of 50 events; it returns the relay, its sink, its log, its
-// cancel and Run's outcome (a test that reads it puts it back for the
-// cleanup).
-func (f *fixture) timeoutRelay(t *testing.T, cap time.Duration) (*relay.Relay, *slowSink, *logBuffer, context.CancelFunc, chan error) {
+// and chunks of 50 events, metrics served on an address of its own; it
+// returns the relay, its sink, its log, its cancel, Run's outcome (a test
+// that reads it puts it back for the cleanup) and the metrics address.
+func (f *fixture) timeoutRelay(t *testing.T, cap time.Duration) (*relay.Relay, *slowSink, *logBuffer, context.CancelFunc, chan error, string) {
 	t.Helper()
 	cfg := f.eosConfig(t)
 	cfg.Sink.TransactionTimeout = time.Second
 	cfg.TransactionMaxEvents = 50
+	cfg.MetricsListen = freeAddr(t)
 	logs := &logBuffer{t: t}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	r, slow, cancel, done := f.startSlow(t, cfg, 700*time.Millisecond, cap)
-	return r, slow, logs, cancel, done
+	return r, slow, logs, cancel, done, cfg.MetricsListen
 }
 
 // startSlow starts a relay of cfg whose stream writes through a slowSink
@@ -178,11 +179,25 @@ var timeoutWords = []string{"kafka.transaction_timeout", "transaction.max.timeou
 // transaction again with 1 s, forever, ready all along.
 func TestExactlyOnceTransactionTimeout(t *testing.T) {
 	f := newFixture(t)
-	r, slow, logs, _, done := f.timeoutRelay(t, 0)
+	r, slow, logs, _, done, metrics := f.timeoutRelay(t, 0)
 	f.insertTx(t, f.makeEvents(1000))
 	msg := waitNotReady(t, r, 45*time.Second, timeoutWords...)
 	if !strings.Contains(msg, "writing it again with a transaction timeout of") {
 		t.Errorf("Ready = %q; want it to say it is written again with the timeout raised", msg)
+	}
+	// While it is written again: /readyz 503, and the stall metrics say so.
+	httpGet(t, "http://"+metrics+"/readyz", 503)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		body := httpGet(t, "http://"+metrics+"/metrics", 200)
+		stalled, failing := sumMetric(body, "outbox_relay_stalled_seconds"), sumMetric(body, `outbox_relay_health_failing{check="stalled"}`)
+		if stalled > 0 && failing == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("outbox_relay_stalled_seconds = %v, health_failing{check=\"stalled\"} = %v while the transaction is written again; want > 0 and 1", stalled, failing)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	f.waitCommitted(t, 1000, 2*time.Minute)
 	f.insertTx(t, f.makeEvents(10))
@@ -225,7 +240,7 @@ func TestExactlyOnceTransactionTimeout(t *testing.T) {
 // settings and the fix, instead of writing it again and again.
 func TestExactlyOnceTransactionTimeoutAtCap(t *testing.T) {
 	f := newFixture(t)
-	_, slow, _, _, done := f.timeoutRelay(t, time.Second)
+	_, slow, _, _, done, _ := f.timeoutRelay(t, time.Second)
 	f.insertTx(t, f.makeEvents(1000))
 	var err error
 	select {
@@ -254,7 +269,7 @@ func TestExactlyOnceTransactionTimeoutAtCap(t *testing.T) {
 // exit code, not a clean stop or another relay's fencing.
 func TestExactlyOnceTransactionTimeoutStopped(t *testing.T) {
 	f := newFixture(t)
-	r, _, _, cancel, done := f.timeoutRelay(t, 0)
+	r, _, _, cancel, done, _ := f.timeoutRelay(t, 0)
 	f.insertTx(t, f.makeEvents(1000))
 	waitNotReady(t, r, 45*time.Second, timeoutWords...)
 	cancel()
