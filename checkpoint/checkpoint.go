@@ -186,7 +186,8 @@ VALUES ($1, $2::text::pg_lsn, $3, now())
 ON CONFLICT (slot_name) DO UPDATE
 SET lsn = EXCLUDED.lsn, last_commit_time = EXCLUDED.last_commit_time, saved_at = EXCLUDED.saved_at,
     stop_reason = CASE WHEN c.stopped_before < EXCLUDED.lsn THEN NULL ELSE c.stop_reason END,
-    stopped_before = CASE WHEN c.stopped_before < EXCLUDED.lsn THEN NULL ELSE c.stopped_before END
+    stopped_before = CASE WHEN c.stopped_before < EXCLUDED.lsn THEN NULL ELSE c.stopped_before END,
+    reading = CASE WHEN (c.reading->>'commit_lsn')::pg_lsn < EXCLUDED.lsn THEN NULL ELSE c.reading END
 WHERE c.lsn < EXCLUDED.lsn`, slot, lsn.String(), commit)
 	if err != nil {
 		return fmt.Errorf("save checkpoint %q at %s: %w", slot, lsn, err)

@@ -117,7 +117,8 @@ func (s *Store) SaveFenced(ctx context.Context, slot string, epoch int64, lsn pg
     last_commit_time = CASE WHEN c.lsn < $2::text::pg_lsn THEN $3 ELSE c.last_commit_time END,
     saved_at = CASE WHEN c.lsn < $2::text::pg_lsn THEN now() ELSE c.saved_at END,
     stop_reason = CASE WHEN c.stopped_before < $2::text::pg_lsn THEN NULL ELSE c.stop_reason END,
-    stopped_before = CASE WHEN c.stopped_before < $2::text::pg_lsn THEN NULL ELSE c.stopped_before END
+    stopped_before = CASE WHEN c.stopped_before < $2::text::pg_lsn THEN NULL ELSE c.stopped_before END,
+    reading = CASE WHEN (c.reading->>'commit_lsn')::pg_lsn < $2::text::pg_lsn THEN NULL ELSE c.reading END
 WHERE c.slot_name = $1 AND c.epoch = $4`, slot, lsn.String(), commit, epoch)
 	if err != nil {
 		return fmt.Errorf("save checkpoint %q at %s: %w", slot, lsn, err)
@@ -258,6 +259,41 @@ func (s *Store) RecordRefill(ctx context.Context, slot string, epoch int64, what
 	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET last_refill = $3 WHERE slot_name = $1 AND epoch = $2`, slot, epoch, what)
 	if err != nil {
 		return fmt.Errorf("record the refill of slot %q in checkpoint table %s: %w", slot, s.table, err)
+	}
+	return nil
+}
+
+// Reading is a transaction the relay has been reading from the slot and not
+// yet confirmed: the server decodes a transaction whole before it sends it,
+// and the relay confirms the positions it reports meanwhile (nothing is in
+// flight), so the slot's lag in bytes does not count it. For lag.
+type Reading struct {
+	CommitLSN pglogrepl.LSN // its commit LSN (from its Begin)
+	Since     time.Time     // when the relay began to read it
+	Events    int64         // rows (events) read of it so far
+	Bytes     int64         // their bytes, as pgoutput sent them
+}
+
+type readingJSON struct {
+	CommitLSN string    `json:"commit_lsn"`
+	Since     time.Time `json:"since"`
+	Events    int64     `json:"events"`
+	Bytes     int64     `json:"bytes"`
+}
+
+// RecordReading records r as the transaction the leader of epoch is reading
+// (saved_at-like: the column reading, with the time of the update). A save
+// of the checkpoint past r.CommitLSN clears it. Nothing changes when the row
+// holds another epoch (a former leader's figures are not the slot's).
+func (s *Store) RecordReading(ctx context.Context, slot string, epoch int64, r Reading) error {
+	if s.err != nil {
+		return s.err
+	}
+	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET reading = jsonb_set($3::jsonb, '{updated_at}', to_jsonb(now()))
+WHERE slot_name = $1 AND epoch = $2 AND lsn < $4::text::pg_lsn`,
+		slot, epoch, readingJSON{CommitLSN: r.CommitLSN.String(), Since: r.Since.UTC(), Events: r.Events, Bytes: r.Bytes}, r.CommitLSN.String())
+	if err != nil {
+		return fmt.Errorf("record the transaction being read of slot %q in checkpoint table %s: %w", slot, s.table, err)
 	}
 	return nil
 }

@@ -26,6 +26,11 @@ type counters struct {
 	serverWALEnd     atomic.Uint64
 	lastMessageAt    atomic.Int64 // unix nanoseconds
 	streaming        atomic.Bool
+	// The last transaction begun (Stats.Reading): its commit LSN, 0 before
+	// any, and its rows and their bytes emitted so far.
+	readingCommit atomic.Uint64
+	readingRows   atomic.Int64
+	readingBytes  atomic.Int64
 }
 
 // ignored kinds, for logging each once per Run.
@@ -334,6 +339,12 @@ func (a *assembler) begin(body []byte) error {
 		a.stats.skipped.Add(1)
 	} else {
 		a.logSkips()
+		// A resend after a reconnect goes on counting: its rows emitted
+		// before are dropped, not counted again.
+		if a.stats.readingCommit.Swap(uint64(m.FinalLSN)) != uint64(m.FinalLSN) {
+			a.stats.readingRows.Store(0)
+			a.stats.readingBytes.Store(0)
+		}
 	}
 	return nil
 }
@@ -430,6 +441,8 @@ func (a *assembler) add(row Row, size int) (Batch, bool) {
 	a.cur.Rows = append(a.cur.Rows, row)
 	a.cur.Bytes += size
 	a.txnRows++
+	a.stats.readingRows.Add(1)
+	a.stats.readingBytes.Add(int64(size))
 	return out, ready
 }
 

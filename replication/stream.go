@@ -110,6 +110,18 @@ type Stats struct {
 	ServerWALEnd           pglogrepl.LSN // latest WAL end reported by the server
 	LastMessageAt          time.Time     // zero before the first message
 	Streaming              bool          // a replication connection is up
+	Reading                Reading       // the last transaction begun
+}
+
+// Reading is the last transaction the stream began to read (its Begin came;
+// its Commit may have too), skipped ones aside. The server decodes a
+// transaction whole before it sends it, so its WAL may lie before the
+// confirmed position (see Config.Idle): until ConfirmedLSN passes CommitLSN
+// these figures are what is known of it. CommitLSN is 0 before any.
+type Reading struct {
+	CommitLSN pglogrepl.LSN
+	Rows      int64 // rows (inserts and messages) emitted of it so far
+	Bytes     int64 // their bytes as pgoutput sent them
 }
 
 // Stats returns a snapshot of the counters. Safe for concurrent use.
@@ -130,6 +142,8 @@ func (s *Stream) Stats() Stats {
 		ConfirmedLSN:            pglogrepl.LSN(s.confirmed.Load()),
 		ServerWALEnd:            pglogrepl.LSN(s.stats.serverWALEnd.Load()),
 		Streaming:               s.stats.streaming.Load(),
+		Reading: Reading{CommitLSN: pglogrepl.LSN(s.stats.readingCommit.Load()),
+			Rows: s.stats.readingRows.Load(), Bytes: s.stats.readingBytes.Load()},
 	}
 	if ns := s.stats.lastMessageAt.Load(); ns != 0 {
 		st.LastMessageAt = time.Unix(0, ns)

@@ -77,7 +77,10 @@ type producer struct {
 	id    int64 // -1 until InitProducerId, and while a new one is needed
 	epoch int16
 	inits int // producer ids taken
-	seqs  map[topicPartition]*sequence
+	// timeout is the transaction timeout the transactional id was taken
+	// with (InitTransactions).
+	timeout time.Duration
+	seqs    map[topicPartition]*sequence
 }
 
 // sequence is one partition's sequence numbers under the current producer

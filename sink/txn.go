@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -48,6 +49,13 @@ import (
 //     coordinator aborted the transaction on its timeout): an error
 //     wrapping ErrTxnAborted. The caller aborts it (Abort) and writes its
 //     events again in a new transaction.
+//   - Timed out: the coordinator aborts a transaction open longer than the
+//     timeout it was opened with, and (Kafka 2.5+, KIP-360) bumps the
+//     producer's epoch, so the producer's next request is refused as a
+//     fenced one's. The sink cannot tell that from a newer producer; it
+//     adds what it knows: when the transaction had been open for at least
+//     its timeout, the error also wraps a *TxnTimeoutError (how long, which
+//     timeout), and the caller decides (is there a newer producer?).
 //   - Broker-wide failures (the coordinator moving or loading, a broker
 //     down) are retried inside with backoff, as Write retries its own; a
 //     batch whose outcome is unknown is sent again byte-identical with its
@@ -69,6 +77,22 @@ var ErrTxnAborted = errors.New("kafka: the transaction cannot commit and must be
 // needs WRITE and DESCRIBE on the TransactionalId resource.
 var ErrTransactionsNotAllowed = errors.New("the Kafka principal may not use the transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): grant it WRITE and DESCRIBE on the TransactionalId resource")
 
+// A TxnTimeoutError is wrapped, beside ErrFenced or ErrTxnAborted, by an
+// error that ended a transaction that had been open for at least the
+// transaction timeout it was opened with: the coordinator may have aborted
+// it on that timeout (and bumped the epoch, which looks like fencing). Open
+// is measured from before the transaction's first AddPartitionsToTxn, so it
+// is never shorter than the coordinator's own count.
+type TxnTimeoutError struct {
+	Open    time.Duration // how long the transaction had been open when the broker refused it
+	Timeout time.Duration // its transaction timeout (transaction.timeout.ms)
+}
+
+func (e *TxnTimeoutError) Error() string {
+	return fmt.Sprintf("the transaction had been open for %s, longer than its timeout %s: the coordinator aborts such a transaction and bumps the producer epoch",
+		e.Open.Round(time.Millisecond), e.Timeout)
+}
+
 // errNoTransactions is Write's refusal before InitTransactions succeeded.
 var errNoTransactions = errors.New("kafka: a transactional sink writes only after InitTransactions")
 
@@ -80,6 +104,7 @@ const DefaultTransactionTimeout = time.Minute
 // goroutine only (Commit and Abort are called between Writes).
 type txnState struct {
 	open  bool
+	since time.Time // when the first AddPartitionsToTxn of the open transaction was sent
 	parts map[topicPartition]bool
 }
 
@@ -105,8 +130,15 @@ func coordinatorBusy(err error) bool {
 }
 
 // txnError turns a broker's answer to a transactional request or produce
-// into the sink's: fenced, not allowed, or abortable.
+// into the sink's: fenced, not allowed, or abortable; fenced and abortable
+// also wrap a *TxnTimeoutError when the open transaction outlived its
+// timeout.
 func (k *Kafka) txnError(op string, err error) error {
+	if k.txn.open && !errors.Is(err, kafka.TransactionalIDAuthorizationFailed) && !errors.Is(err, kafka.ClusterAuthorizationFailed) {
+		if open := time.Since(k.txn.since); open >= k.prod.timeout {
+			err = fmt.Errorf("%w: %w", &TxnTimeoutError{Open: open, Timeout: k.prod.timeout}, err)
+		}
+	}
 	switch {
 	case fenced(err):
 		return fmt.Errorf("%s (transactional id %q, producer id %d, epoch %d): %w: %w", op, k.cfg.TransactionalID, k.prod.id, k.prod.epoch, ErrFenced, err)
@@ -160,10 +192,57 @@ func (k *Kafka) InitTransactions(ctx context.Context) error {
 		return err
 	}
 	k.prod.id, k.prod.epoch = res.ProducerID, res.ProducerEpoch
+	k.prod.timeout = k.cfg.TransactionTimeout
 	k.prod.inits++
 	k.log.Info("kafka transactional producer", "transactional_id", k.cfg.TransactionalID,
-		"producer_id", k.prod.id, "epoch", k.prod.epoch, "previous_producer_id", old)
+		"producer_id", k.prod.id, "epoch", k.prod.epoch, "previous_producer_id", old,
+		"transaction_timeout", k.prod.timeout.String())
 	return nil
+}
+
+// SetTransactionTimeout sets the transaction timeout the next
+// InitTransactions takes the id with (Config.TransactionTimeout until then);
+// the open transaction keeps its own. Not safe for concurrent use with
+// Write.
+func (k *Kafka) SetTransactionTimeout(d time.Duration) { k.cfg.TransactionTimeout = d }
+
+// MaxTransactionTimeout reads the broker's transaction.max.timeout.ms
+// (DescribeConfigs of one broker: every broker of a cluster should agree),
+// the longest transaction timeout InitTransactions may ask for. The
+// principal needs DESCRIBE_CONFIGS on the cluster. Not safe for concurrent
+// use with Close.
+func (k *Kafka) MaxTransactionTimeout(ctx context.Context) (time.Duration, error) {
+	const name = "transaction.max.timeout.ms"
+	c := &kafka.Client{Addr: k.addr, Transport: k.transport.Load(), Timeout: k.cfg.WriteTimeout}
+	meta, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
+	if err != nil {
+		return 0, fmt.Errorf("read %s: metadata: %w", name, err)
+	}
+	if len(meta.Brokers) == 0 {
+		return 0, fmt.Errorf("read %s: the metadata lists no broker", name)
+	}
+	res, err := c.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeBroker, ResourceName: strconv.Itoa(meta.Brokers[0].ID), ConfigNames: []string{name},
+	}}})
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", name, err)
+	}
+	for _, r := range res.Resources {
+		if r.Error != nil {
+			return 0, fmt.Errorf("read %s of broker %s (the principal needs DESCRIBE_CONFIGS on the cluster): %w", name, r.ResourceName, r.Error)
+		}
+		for _, e := range r.ConfigEntries {
+			if e.ConfigName != name {
+				continue
+			}
+			ms, err := strconv.ParseInt(e.ConfigValue, 10, 64)
+			if err != nil || ms <= 0 {
+				return 0, fmt.Errorf("read %s: the broker's value %q is not a number of milliseconds", name, e.ConfigValue)
+			}
+			return time.Duration(ms) * time.Millisecond, nil
+		}
+	}
+	return 0, fmt.Errorf("read %s: the broker did not return it", name)
 }
 
 // coordinate runs one request to the transaction coordinator until it
@@ -282,6 +361,11 @@ func (k *Kafka) addPartitions(ctx context.Context, groups []*partitionBatch) ([]
 		req := &addpartitionstotxn.Request{TransactionalID: k.cfg.TransactionalID, ProducerID: k.prod.id, ProducerEpoch: k.prod.epoch}
 		for _, t := range order {
 			req.Topics = append(req.Topics, addpartitionstotxn.RequestTopic{Name: t, Partitions: byTopic[t]})
+		}
+		if !k.txn.open {
+			// The coordinator's clock for the timeout starts when it
+			// receives this request: ours starts before.
+			k.txn.since = time.Now()
 		}
 		err := k.coordinate(ctx, "add partitions to the transaction", func(ctx context.Context) error {
 			m, err := k.transport.Load().RoundTrip(ctx, k.addr, req)

@@ -174,3 +174,53 @@ func TestKafkaLastCommitted(t *testing.T) {
 		t.Errorf("LastCommitted = %q, %v, %v; want \"2\" (the aborted \"3\" left out)", v, found, err)
 	}
 }
+
+// A transaction the coordinator aborts on its timeout fences the producer
+// (the epoch is bumped): the next Write or Commit fails with an error that
+// wraps ErrFenced and, as the transaction was open longer than its timeout,
+// a *TxnTimeoutError with how long and which timeout, so that the caller can
+// tell it from a newer producer. A transaction within its timeout carries
+// none. MaxTransactionTimeout reads the broker's cap.
+func TestKafkaTransactionTimedOut(t *testing.T) {
+	kc := testenv.Kafka(t)
+	topic := testenv.UniqueName(t, "txto")
+	kc.CreateTopic(t, topic, 1)
+	k := newSink(t, sink.Config{Brokers: kc.Brokers, TransactionalID: testenv.UniqueName(t, "txid"), TransactionTimeout: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := k.InitTransactions(ctx); err != nil {
+		t.Fatalf("InitTransactions = %v; want nil", err)
+	}
+	if max, err := k.MaxTransactionTimeout(ctx); err != nil || max < time.Minute {
+		t.Errorf("MaxTransactionTimeout = %s, %v; want the broker's transaction.max.timeout.ms (15m by default)", max, err)
+	}
+	write := func(v string) error {
+		return k.Write(ctx, evs([]kafka.Message{{Topic: topic, Key: []byte(v), Value: []byte(v)}}))
+	}
+	if err := write("in time"); err != nil {
+		t.Fatalf("Write = %v; want nil", err)
+	}
+	if err := k.Commit(ctx); err != nil {
+		t.Fatalf("Commit within the timeout = %v; want nil", err)
+	}
+	if err := write("too slow"); err != nil {
+		t.Fatalf("Write = %v; want nil", err)
+	}
+	// The coordinator looks for expired transactions every
+	// transaction.abort.timed.out.transaction.cleanup.interval.ms (10 s).
+	time.Sleep(12 * time.Second)
+	err := write("after the abort")
+	if err == nil {
+		err = k.Commit(ctx)
+	}
+	var te *sink.TxnTimeoutError
+	if !errors.Is(err, sink.ErrFenced) || !errors.As(err, &te) {
+		t.Fatalf("Write/Commit after the timeout = %v; want an error wrapping sink.ErrFenced and a *sink.TxnTimeoutError", err)
+	}
+	if te.Timeout != time.Second || te.Open < 10*time.Second {
+		t.Errorf("TxnTimeoutError = %+v; want Timeout 1s and Open >= 10s", te)
+	}
+	if got := committedValues(t, kc.Brokers, topic, 1); !slices.Equal(got, []string{"in time"}) {
+		t.Errorf("read_committed reads %q; want [in time]", got)
+	}
+}

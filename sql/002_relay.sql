@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "stop_reason" text,
     "last_refill" text,
     "pruned" jsonb,
-    "refill_progress" jsonb
+    "refill_progress" jsonb,
+    "reading" jsonb
 );
 
 -- A compact history of the checkpoints saved, one row at most every

@@ -118,6 +118,10 @@ func indexName(table, suffix string) string {
 // says they may be gone. refill_progress is how far a refill got (the
 // last event acknowledged, in its order): one that is killed is followed by
 // one that skips what it sent.
+// reading is the transaction the relay has been reading for a while and not
+// yet confirmed (commit LSN, events and bytes so far), for lag: the slot's
+// byte lag does not count a transaction the server decoded before sending
+// it; the relay clears it once its checkpoint passes that transaction.
 func CheckpointTable(t Table) string {
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
     "slot_name" text PRIMARY KEY,
@@ -133,12 +137,13 @@ func CheckpointTable(t Table) string {
     "stop_reason" text,
     "last_refill" text,
     "pruned" jsonb,
-    "refill_progress" jsonb
+    "refill_progress" jsonb,
+    "reading" jsonb
 )`, t.Quoted())
 }
 
 // CheckpointUpgradeColumns are the columns CheckpointUpgrade adds.
-var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "system_identifier", "timeline_id", "stopped_before", "stop_reason", "last_refill", "pruned", "refill_progress"}
+var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "system_identifier", "timeline_id", "stopped_before", "stop_reason", "last_refill", "pruned", "refill_progress", "reading"}
 
 // CheckpointUpgrade returns the statement that adds the columns added since
 // the first version to an older checkpoint table: the leadership columns
@@ -146,15 +151,15 @@ var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "syst
 // timeline_id: the server the slot's checkpoint came from) and the stop
 // record (stopped_before, stop_reason), the last refill (last_refill), what
 // retention may have deleted (pruned), a refill's progress
-// (refill_progress); a
-// no-op on a current table.
+// (refill_progress), the transaction being read (reading); a no-op on a
+// current table.
 func CheckpointUpgrade(t Table) string {
 	return fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "epoch" bigint NOT NULL DEFAULT 0, `+
 		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz, `+
 		`ADD COLUMN IF NOT EXISTS "system_identifier" text, ADD COLUMN IF NOT EXISTS "timeline_id" integer, `+
 		`ADD COLUMN IF NOT EXISTS "stopped_before" pg_lsn, ADD COLUMN IF NOT EXISTS "stop_reason" text, `+
 		`ADD COLUMN IF NOT EXISTS "last_refill" text, ADD COLUMN IF NOT EXISTS "pruned" jsonb, `+
-		`ADD COLUMN IF NOT EXISTS "refill_progress" jsonb`, t.Quoted())
+		`ADD COLUMN IF NOT EXISTS "refill_progress" jsonb, ADD COLUMN IF NOT EXISTS "reading" jsonb`, t.Quoted())
 }
 
 // CreatePublication returns the statement creating the publication of the

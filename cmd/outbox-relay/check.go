@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
+	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -23,6 +24,9 @@ and exits 1 if any failed. It changes nothing.`,
 				return fmt.Errorf("%w: %w", errConfig, err)
 			}
 			defer closeSinks()
+			if w := configFileWarning(e.cfg.file, e.cfg.fileSecrets); w != "" {
+				fmt.Fprintf(e.stdout, "warn  config file: %s\n", ops.Printable(w))
+			}
 			if admin.Check(cmd.Context(), e.adminConfig(), ks[0], e.stdout) > 0 {
 				return errReported
 			}

@@ -25,6 +25,8 @@ type config struct {
 	kafkaOptional bool     // the command never talks to Kafka
 	ignored       []string // keys set that are accepted and ignored (warned about at start)
 	unknownEnv    []string // RELAY_* variables that name no setting and none closely (warned about at start)
+	file          string   // the config file, "" when none
+	fileSecrets   []string // the secret settings the config file holds itself (fileSecrets)
 
 	// Config is what run builds the relay from (relayConfig adds the
 	// loggers): Replication, Router, Sink, Retention, Retry and the relay's

@@ -36,6 +36,9 @@ the retry table over an ordinary read-only connection; it works whether or not
 a relay is running and never disturbs one.
 
   lag bytes      WAL written since the position the relay confirmed
+  reading        the transaction a running relay reads and has not confirmed:
+                 its events and bytes so far (the lag in bytes misses it);
+                 behind = lag bytes + those bytes, what --max-bytes checks
   retained       WAL the server keeps on disk for the slot
   time lag       age of the oldest event not yet delivered (estimated from
                  created_at: see docs/operating.md), or "caught up"
@@ -94,7 +97,7 @@ configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
 	f.BoolVar(&asJSON, "json", false, "print JSON (field names in docs/operating.md)")
 	f.DurationVar(&watch, "watch", 0, "redraw every interval (at least 1s) until Ctrl-C (default 2s when given without a value)")
 	f.Lookup("watch").NoOptDefVal = defaultWatch.String()
-	f.Int64Var(&maxBytes, "max-bytes", 0, "exit 3 when the slot's lag exceeds N bytes (0: no limit)")
+	f.Int64Var(&maxBytes, "max-bytes", 0, "exit 3 when the slot's lag plus the transaction the relay is reading (behind_bytes) exceeds N bytes (0: no limit)")
 	f.Float64Var(&maxSeconds, "max-seconds", 0, "exit 3 when the oldest undelivered event is older than N seconds (0: no limit)")
 	return cmd
 }

@@ -55,6 +55,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 
 	maps := map[string]map[string]string{}
 	var outboxTables []map[string]any
+	var secrets []string // those the file holds itself, for check
 	if file != "" {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -71,6 +72,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		if err := v.ReadInConfig(); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
+		secrets = fileSecrets(raw)
 	}
 	for _, s := range settings {
 		if env, ok := os.LookupEnv(envName(s.key)); ok && s.isMap() {
@@ -94,7 +96,7 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 	}
 
 	l := loader{v: v, maps: maps}
-	c := &config{unknownEnv: unknownEnv}
+	c := &config{unknownEnv: unknownEnv, file: file, fileSecrets: secrets}
 	for i := range settings {
 		l.read(&settings[i], c)
 	}

@@ -37,6 +37,12 @@ pipeline.shutdown_timeout for Kafka to acknowledge what is in flight, saves the
 checkpoint and exits 0. A second signal exits at once (nothing is lost: what was
 not confirmed is delivered again on the next start).
 
+With delivery: exactly-once, a Postgres transaction that takes longer to write than
+kafka.transaction_timeout is aborted by the broker: run reports it (/readyz, the
+stall metrics, the log), writes it again once with the timeout raised to the broker's
+transaction.max.timeout.ms, and exits 5 with the fix when it cannot, or when stopped
+while writing it again (docs/guarantees.md#exactly-once).
+
 --start-lsn X/Y starts at that WAL position instead of the saved checkpoint: a
 forward skip, for an operator who decided to drop events. Starting behind the
 slot's confirmed position is refused, because the server no longer has that WAL.

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/viper"
 )
 
 // Secrets: where the passwords come from and how they reach the clients.
@@ -195,4 +197,54 @@ func percentEncode(s string) string {
 		b.WriteByte(hex[c&15])
 	}
 	return b.String()
+}
+
+// fileSecrets returns the secrets the config file raw holds itself (the
+// environment aside): the value of each secret setting (kind secret:
+// kafka.sasl.password) it sets, and postgres.dsn when the DSN it sets holds
+// a password. For check's warning about a file others may read.
+func fileSecrets(raw []byte) []string {
+	v := viper.New()
+	v.SetConfigType("yaml")
+	if err := v.ReadConfig(bytes.NewReader(raw)); err != nil {
+		return nil // loadConfig reports it
+	}
+	var keys []string
+	for _, s := range settings {
+		if s.kind == secret && v.GetString(s.key) != "" {
+			keys = append(keys, s.key)
+		}
+	}
+	if dsn := v.GetString("postgres.dsn"); dsn != "" {
+		if has, err := dsnHasPassword(dsn); err == nil && has {
+			keys = append(keys, "postgres.dsn")
+		}
+	}
+	return keys
+}
+
+// secretElsewhere says where each secret a config file may hold belongs
+// instead.
+var secretElsewhere = map[string]string{
+	"kafka.sasl.password": "put kafka.sasl.password in kafka.sasl.password_file or RELAY_KAFKA_SASL_PASSWORD instead",
+	"postgres.dsn":        "move the DSN's password to postgres.password_file or " + postgresRelayPasswordEnv,
+}
+
+// configFileWarning returns check's warning when the config file holds
+// secrets (fileSecrets) and its mode lets its group or others read it; ""
+// otherwise, and when the file cannot be looked at (loadConfig read it).
+func configFileWarning(file string, secrets []string) string {
+	if file == "" || len(secrets) == 0 {
+		return ""
+	}
+	fi, err := os.Stat(file)
+	if err != nil || fi.Mode().Perm()&0o044 == 0 {
+		return ""
+	}
+	var moves []string
+	for _, k := range secrets {
+		moves = append(moves, secretElsewhere[k])
+	}
+	return fmt.Sprintf("%s (mode %04o) is readable by its group or others and holds %s: chmod 600 %s, or %s",
+		file, fi.Mode().Perm(), strings.Join(secrets, " and "), file, strings.Join(moves, ", and "))
 }

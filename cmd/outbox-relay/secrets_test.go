@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 )
 
 // hostilePassword has every character a DSN gives a meaning to.
@@ -199,5 +203,87 @@ func TestLoggerWritesWordsAsGiven(t *testing.T) {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("log line %q lacks %q", buf.String(), want)
 		}
+	}
+}
+
+// TestConfigFileWarning: a config file that holds a secret (a password in
+// postgres.dsn, kafka.sasl.password) and that its group or others may read
+// gets a warning naming the file, its mode and the fix; one only its owner
+// reads, or one without a secret, gets none.
+func TestConfigFileWarning(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		mode       os.FileMode
+		want       []string // "" : no warning
+	}{
+		{"sasl password, world-readable", "kafka:\n  sasl:\n    password: s3cr3t\n", 0o644,
+			[]string{"(mode 0644) is readable by its group or others and holds kafka.sasl.password: chmod 600 ", "put kafka.sasl.password in kafka.sasl.password_file or RELAY_KAFKA_SASL_PASSWORD instead"}},
+		{"dsn password, group-readable", "postgres:\n  dsn: postgres://relay:s3cr3t@db/app\n", 0o640,
+			[]string{"(mode 0640)", "holds postgres.dsn: chmod 600 ", "move the DSN's password to postgres.password_file or RELAY_POSTGRES_PASSWORD"}},
+		{"keyword/value dsn password", "postgres:\n  dsn: host=db user=relay password=s3cr3t\n", 0o604, []string{"(mode 0604)", "holds postgres.dsn"}},
+		{"both", "postgres:\n  dsn: postgres://relay:s3cr3t@db/app\nkafka:\n  sasl:\n    password: s3cr3t\n", 0o644,
+			[]string{"holds kafka.sasl.password and postgres.dsn"}},
+		{"owner only", "kafka:\n  sasl:\n    password: s3cr3t\n", 0o600, nil},
+		{"no secret", "postgres:\n  dsn: postgres://relay@db/app\n  password_file: /run/secrets/pg\n", 0o644, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "relay.yaml")
+			if err := os.WriteFile(file, []byte(tt.yaml), tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(file, tt.mode); err != nil { // whatever the umask
+				t.Fatal(err)
+			}
+			got := configFileWarning(file, fileSecrets([]byte(tt.yaml)))
+			if tt.want == nil {
+				if got != "" {
+					t.Fatalf("configFileWarning(%s) = %q; want none", tt.name, got)
+				}
+				return
+			}
+			for _, w := range append(tt.want, file+" (mode", "chmod 600 "+file) {
+				if !strings.Contains(got, w) {
+					t.Errorf("configFileWarning(%s) = %q; want it to hold %q", tt.name, got, w)
+				}
+			}
+			if strings.Contains(got, "s3cr3t") {
+				t.Errorf("configFileWarning(%s) = %q; shows the password", tt.name, got)
+			}
+		})
+	}
+}
+
+// TestCheckWarnsOnReadableConfigFile runs check with the DSN, password
+// included, in a config file: while the file is world-readable check prints
+// the warning (and still passes), once it is chmod 600 it does not.
+func TestCheckWarnsOnReadableConfigFile(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
+	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitcode.OK {
+		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
+	}
+	if has, err := dsnHasPassword(dsn); err != nil || !has {
+		t.Skipf("the test DSN holds no password (%v): nothing to warn about", err)
+	}
+	unsetenv(t, "RELAY_POSTGRES_DSN")
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(file, []byte("postgres:\n  dsn: '"+dsn+"'\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, "--config", file, "check")
+	if code != exitcode.OK {
+		t.Fatalf("check: exit = %d; want 0 (a warning does not fail it)\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	wantLines(t, "check", out, "warn  config file: "+file+" (mode 0644) is readable by its group or others and holds postgres.dsn: chmod 600 "+file)
+	if err := os.Chmod(file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = run(t, "--config", file, "check")
+	if code != exitcode.OK || strings.Contains(out, "config file") {
+		t.Fatalf("check of a chmod 600 file: exit = %d, output:\n%s%s\nwant 0 and no warning about the file", code, out, errOut)
 	}
 }

@@ -250,7 +250,7 @@ var settings = []setting{
 		doc:   "with `delivery: exactly-once`: the compacted topic of the relay's checkpoint records, one per slot (key = slot), written in each Kafka transaction; `setup` creates it (one partition, `cleanup.policy=compact`). The principal needs `READ`, `WRITE` and `DESCRIBE` on it",
 		field: func(c *config) any { return &c.CheckpointTopic }},
 	{key: "kafka.transaction_timeout", def: durationText(sink.DefaultTransactionTimeout), kind: duration,
-		doc:   "with `delivery: exactly-once`: how long the transaction coordinator lets a transaction stay open before it aborts it (`transaction.timeout.ms`; at most the broker's `transaction.max.timeout.ms`, 15 minutes by default). An aborted transaction is written again from the checkpoint",
+		doc:   "with `delivery: exactly-once`: how long the transaction coordinator lets a transaction stay open before it aborts it (`transaction.timeout.ms`; at most the broker's `transaction.max.timeout.ms`, 15 minutes by default). A Postgres transaction that takes longer to write is aborted by the broker: the relay reports it (not ready, stalled), writes it again once with the timeout raised to the broker's cap, or stops with the fix, exit 6 (see [Exactly once](guarantees.md#exactly-once))",
 		field: func(c *config) any { return &c.Sink.TransactionTimeout }},
 	{key: "kafka.transaction_max_events", def: strconv.Itoa(relay.DefaultTransactionMaxEvents), kind: integer,
 		doc:   "with `delivery: exactly-once`: the most events of one Kafka transaction (it holds whole Postgres transactions: a larger one is alone in its transaction)",

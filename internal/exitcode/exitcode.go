@@ -24,6 +24,11 @@ const (
 	// of transactions the range needs. What was left was sent; the message
 	// names the slot whose retention pruned them.
 	Incomplete = 5
+	// TxnTimeout: with delivery exactly-once, the broker aborted a Kafka
+	// transaction on its timeout (kafka.transaction_timeout) and the relay
+	// could not raise it further, or was stopped while writing the
+	// transaction again. The message names the settings and the fix.
+	TxnTimeout = 6
 )
 
 // A Coder is an error that carries its exit code.

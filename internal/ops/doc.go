@@ -53,6 +53,13 @@
 //	max_slot_wal_keep_size_bytes   int     the same in bytes (pg_settings keeps it in MB), or null when -1 (unlimited)
 //	current_wal_lsn                string  pg_current_wal_lsn()
 //	lag_bytes                      int     current_wal_lsn - confirmed_flush_lsn, or null
+//	reading                        object  the transaction a relay has been reading for a second or more
+//	                                       and not confirmed, as it records it in its checkpoint row (the
+//	                                       server decodes a transaction whole before sending it, and the
+//	                                       relay confirms the positions reported meanwhile, so lag_bytes
+//	                                       misses it), or null: {commit_lsn, since, age_seconds, events,
+//	                                       bytes (as pgoutput sent them), updated_at}
+//	behind_bytes                   int     lag_bytes + reading.bytes: what --max-bytes checks, or null
 //	retained_wal_bytes             int     current_wal_lsn - restart_lsn: WAL kept on disk for the slot, or null
 //	checkpoint                     object  the relay's saved checkpoint, or null when none is saved
 //	checkpoint.lsn                 string  last delivered position saved by the relay
@@ -110,6 +117,6 @@
 //	1  error: cannot connect, slot missing, query failed; or the slot is lost
 //	   (wal_status lost: like a missing slot, it can never stream again)
 //	2  bad flags or configuration (the CLI's code for every command)
-//	3  --max-bytes or --max-seconds exceeded
+//	3  --max-bytes (behind_bytes) or --max-seconds exceeded
 //	4  the slot does not continue from the checkpoint (slot_gap): run refuses it
 package ops

@@ -43,7 +43,7 @@ var volatile = map[string]string{
 	"slot_name": "<slot>", "checked_at": "<time>", "active_pid": "<pid>", "client_addr": "<addr>",
 	"backend_start": "<time>", "confirmed_flush_lsn": "<lsn>", "restart_lsn": "<lsn>",
 	"current_wal_lsn": "<lsn>", "lsn": "<lsn>", "saved_at": "<time>", "last_commit_time": "<time>",
-	"oldest_undelivered_at": "<time>", "lag_bytes": "<bytes>", "retained_wal_bytes": "<bytes>",
+	"oldest_undelivered_at": "<time>", "lag_bytes": "<bytes>", "behind_bytes": "<bytes>", "retained_wal_bytes": "<bytes>",
 	"safe_wal_size_bytes": "<bytes>", "seconds": "<seconds>", "last_delivered_age_seconds": "<seconds>",
 	"oldest_pending_age_seconds": "<seconds>",
 	"max_slot_wal_keep_size":     "<setting>", "max_slot_wal_keep_size_bytes": "<bytes>",

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
@@ -104,6 +106,21 @@ type Checkpoint struct {
 	LastRefill *string `json:"last_refill,omitempty"`
 
 	lastDeliveredAge *float64 // server's now() - LastCommitTime, for TimeLag
+	reading          *Reading // the relay's figures of the transaction it reads, for Lag
+}
+
+// Reading is the transaction a running relay has been reading for a second
+// or more and not yet confirmed, as it records it in its checkpoint row
+// (about once a second): the server decodes a transaction whole before it
+// sends it, and the relay confirms the positions reported meanwhile, so
+// lag_bytes does not count it.
+type Reading struct {
+	CommitLSN  string    `json:"commit_lsn"`
+	Since      time.Time `json:"since"`       // when the relay began to read it (its clock)
+	AgeSeconds *float64  `json:"age_seconds"` // now - since (server's now), null when unknown
+	Events     int64     `json:"events"`      // events read of it so far
+	Bytes      int64     `json:"bytes"`       // their bytes, as pgoutput sent them
+	UpdatedAt  time.Time `json:"updated_at"`  // when the relay last recorded it (server's clock)
 }
 
 // TimeLag estimates how old the oldest undelivered event is (see the package doc).
@@ -131,11 +148,16 @@ type Retry struct {
 
 // LagReport is the answer of Lag. Its JSON form is documented in the package doc.
 type LagReport struct {
-	SlotName         string      `json:"slot_name"`
-	CheckedAt        time.Time   `json:"checked_at"`
-	Slot             Slot        `json:"slot"`
-	CurrentWALLSN    string      `json:"current_wal_lsn"`
-	LagBytes         *int64      `json:"lag_bytes"`
+	SlotName      string    `json:"slot_name"`
+	CheckedAt     time.Time `json:"checked_at"`
+	Slot          Slot      `json:"slot"`
+	CurrentWALLSN string    `json:"current_wal_lsn"`
+	LagBytes      *int64    `json:"lag_bytes"`
+	// Reading is the transaction the relay is reading and has not
+	// confirmed (nil when none), and BehindBytes lag_bytes plus what it read
+	// of it: what --max-bytes checks.
+	Reading          *Reading    `json:"reading"`
+	BehindBytes      *int64      `json:"behind_bytes"`
 	RetainedWALBytes *int64      `json:"retained_wal_bytes"`
 	Checkpoint       *Checkpoint `json:"checkpoint"`
 	TimeLag          TimeLag     `json:"time_lag"`
@@ -339,11 +361,22 @@ func queryCheckpoint(ctx context.Context, q Querier, table, slot string) (*Check
 	// The leadership columns through to_jsonb: a table from before they
 	// existed reads as no leader, not as an error.
 	var epoch *int64
+	var reading []byte
+	var readingAge *float64
 	err = q.QueryRow(ctx, "SELECT lsn::text, saved_at, last_commit_time, "+
 		"extract(epoch FROM now() - last_commit_time)::float8, "+
 		"(to_jsonb(c)->>'epoch')::bigint, to_jsonb(c)->>'leader', (to_jsonb(c)->>'leader_since')::timestamptz, "+
-		"to_jsonb(c)->>'stopped_before', to_jsonb(c)->>'stop_reason', to_jsonb(c)->>'last_refill' FROM "+t+" c WHERE slot_name = $1", slot).
-		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge, &epoch, &c.Leader, &c.LeaderSince, &c.StoppedBefore, &c.StopReason, &c.LastRefill)
+		"to_jsonb(c)->>'stopped_before', to_jsonb(c)->>'stop_reason', to_jsonb(c)->>'last_refill', "+
+		"to_jsonb(c)->'reading', extract(epoch FROM now() - (to_jsonb(c)->'reading'->>'since')::timestamptz)::float8 FROM "+t+" c WHERE slot_name = $1", slot).
+		Scan(&c.LSN, &c.SavedAt, &c.LastCommitTime, &c.lastDeliveredAge, &epoch, &c.Leader, &c.LeaderSince, &c.StoppedBefore, &c.StopReason, &c.LastRefill,
+			&reading, &readingAge)
+	if err == nil && len(reading) > 0 && string(reading) != "null" {
+		var rd Reading
+		if json.Unmarshal(reading, &rd) == nil {
+			rd.AgeSeconds = readingAge
+			c.reading = &rd
+		}
+	}
 	if c.StoppedBefore == nil || c.StopReason == nil {
 		c.StoppedBefore, c.StopReason = nil, nil
 	}
@@ -385,6 +418,7 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
 		return nil, err
 	}
+	r.Reading, r.BehindBytes = behind(r.Checkpoint, r.LagBytes)
 	if r.TimeLag, err = queryTimeLag(ctx, q, cfg, r.Checkpoint); err != nil {
 		return nil, err
 	}
@@ -413,6 +447,22 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// behind returns the transaction the relay recorded it reads when the
+// checkpoint has not passed it (a relay that stopped mid-way leaves it: it is
+// still undelivered), and lag plus its bytes.
+func behind(cp *Checkpoint, lag *int64) (*Reading, *int64) {
+	if cp == nil || cp.reading == nil || lag == nil {
+		return nil, lag
+	}
+	commit, err1 := pglogrepl.ParseLSN(cp.reading.CommitLSN)
+	saved, err2 := pglogrepl.ParseLSN(cp.LSN)
+	if err1 != nil || err2 != nil || commit < saved {
+		return nil, lag
+	}
+	b := *lag + cp.reading.Bytes
+	return cp.reading, &b
 }
 
 func queryTimeLag(ctx context.Context, q Querier, cfg Config, cp *Checkpoint) (TimeLag, error) {

@@ -47,6 +47,14 @@ func (r *LagReport) WriteText(w io.Writer) error {
 	row("current WAL", r.CurrentWALLSN)
 	row("confirmed flush", orNA(r.Slot.ConfirmedFlushLSN)+"  lag "+BytesOrNA(r.LagBytes))
 	row("restart", orNA(r.Slot.RestartLSN)+"  retained "+BytesOrNA(r.RetainedWALBytes))
+	if rd := r.Reading; rd != nil {
+		age := "n/a"
+		if rd.AgeSeconds != nil {
+			age = seconds(*rd.AgeSeconds)
+		}
+		row("reading", fmt.Sprintf("transaction committed at %s: %d events, %s read in %s, not yet confirmed; behind %s in all",
+			rd.CommitLSN, rd.Events, BytesOrNA(&rd.Bytes), age, BytesOrNA(r.BehindBytes)))
+	}
 	if c := r.Checkpoint; c != nil {
 		row("checkpoint", c.LSN+"  saved "+timeAgo(c.SavedAt, r.CheckedAt))
 		stoppedRow(row, c)

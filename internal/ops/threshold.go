@@ -10,7 +10,7 @@ import (
 // Thresholds are the limits of `lag --max-bytes` and `--max-seconds`. A zero
 // field is not checked.
 type Thresholds struct {
-	MaxBytes   int64   // limit on LagReport.LagBytes
+	MaxBytes   int64   // limit on LagReport.BehindBytes (lag_bytes plus the transaction being read)
 	MaxSeconds float64 // limit on LagReport.TimeLag.Seconds
 }
 
@@ -33,7 +33,12 @@ func (e *ThresholdError) ExitCode() int { return exitcode.Threshold }
 // never exceeds --max-seconds, so pair it with --max-bytes.
 func (t Thresholds) Check(r *LagReport) error {
 	var ex []string
-	if t.MaxBytes > 0 && r.LagBytes != nil && *r.LagBytes > t.MaxBytes {
+	switch {
+	case t.MaxBytes <= 0:
+	case r.Reading != nil && r.BehindBytes != nil && *r.BehindBytes > t.MaxBytes:
+		ex = append(ex, fmt.Sprintf("behind_bytes %d > %d (lag_bytes %d and %d bytes read of the transaction committed at %s, not yet confirmed)",
+			*r.BehindBytes, t.MaxBytes, *r.LagBytes, r.Reading.Bytes, r.Reading.CommitLSN))
+	case r.LagBytes != nil && *r.LagBytes > t.MaxBytes:
 		ex = append(ex, fmt.Sprintf("lag_bytes %d > %d", *r.LagBytes, t.MaxBytes))
 	}
 	if t.MaxSeconds > 0 && r.TimeLag.Seconds != nil && *r.TimeLag.Seconds > t.MaxSeconds {

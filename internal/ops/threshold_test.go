@@ -13,6 +13,9 @@ import (
 func TestThresholdsCheck(t *testing.T) {
 	behind := &ops.LagReport{LagBytes: ptr(int64(1000)), TimeLag: ops.TimeLag{State: ops.StateBehind, Seconds: ptr(30.0)}}
 	unknown := &ops.LagReport{LagBytes: ptr(int64(1000)), TimeLag: ops.TimeLag{State: ops.StateUnknown}}
+	// lag_bytes small while the relay reads a large transaction (issue 34).
+	reading := &ops.LagReport{LagBytes: ptr(int64(1000)), BehindBytes: ptr(int64(5_001_000)),
+		Reading: &ops.Reading{CommitLSN: "0/16B3748", Events: 20000, Bytes: 5_000_000}, TimeLag: ops.TimeLag{State: ops.StateBehind, Seconds: ptr(30.0)}}
 	tests := []struct {
 		name string
 		th   ops.Thresholds
@@ -27,6 +30,9 @@ func TestThresholdsCheck(t *testing.T) {
 		{"both over", ops.Thresholds{MaxBytes: 1, MaxSeconds: 1}, behind, exitcode.Threshold, "lag_bytes 1000 > 1; time_lag.seconds"},
 		{"unknown time lag is not checked", ops.Thresholds{MaxSeconds: 1}, unknown, exitcode.OK, ""},
 		{"unknown time lag, bytes still checked", ops.Thresholds{MaxSeconds: 1, MaxBytes: 10}, unknown, exitcode.Threshold, "lag_bytes"},
+		{"transaction being read counts", ops.Thresholds{MaxBytes: 1_000_000}, reading, exitcode.Threshold,
+			"behind_bytes 5001000 > 1000000 (lag_bytes 1000 and 5000000 bytes read of the transaction committed at 0/16B3748"},
+		{"transaction being read within the limit", ops.Thresholds{MaxBytes: 5_001_000}, reading, exitcode.OK, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

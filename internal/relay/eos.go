@@ -42,11 +42,15 @@ import (
 //     resumes from the Postgres checkpoint, which may be behind (Kafka
 //     committed, Postgres not saved), and those events are in Kafka already.
 //   - A transaction that cannot commit (the broker lost the producer's
-//     state, the coordinator aborted it on its timeout) is aborted and the
-//     term starts again from the checkpoint: its events are read from the
-//     slot again and written in a new transaction. A fenced producer
-//     (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) has lost its leadership: the
-//     term stands by, and never takes the id again by itself.
+//     state) is aborted and the term starts again from the checkpoint: its
+//     events are read from the slot again and written in a new transaction.
+//     A fenced producer (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) has lost
+//     its leadership: the term stands by, and never takes the id again by
+//     itself. Unless the transaction had been open longer than its timeout
+//     and the lease shows this relay still leads: then the coordinator
+//     aborted it on its timeout, which bumps the epoch too, and
+//     txntimeout.go decides (write it again with a timeout raised to the
+//     broker's cap, or stop with the fix), reporting it meanwhile.
 //   - Events the pipeline parks in the retry table are stored before the
 //     commit that covers their transaction, and the retry worker delivers
 //     them only once that commit is done (WorkerConfig.Committed). A term
@@ -137,9 +141,18 @@ type eos struct {
 	gate   *gate
 	resume pglogrepl.LSN
 
+	// verify asks Postgres whether the term still leads (the lease's
+	// verify): a *checkpoint.FencedError once another relay took over.
+	verify func(ctx context.Context) error
+	// timeouts is the Relay's watch over transactions that outlive their
+	// timeout, tsink the stream's sink as it raises it.
+	timeouts *txnTimeouts
+	tsink    timeoutSink
+
 	taken int64         // the term's epoch
 	floor pglogrepl.LSN // the Kafka checkpoint: transactions ending at or before it are in Kafka
 	open  bool          // events written since the last commit
+	first pglogrepl.LSN // the commit LSN of the first transaction written since the last commit
 	// committed is where the Kafka commits have reached (the floor, then
 	// each commit's end): the retry worker delivers only rows of
 	// transactions before it (WorkerConfig.Committed). 0 until start.
@@ -311,6 +324,9 @@ func (x *eos) deliver(ctx context.Context, w *writer, c *chunk) (sent []event.Ev
 				return nil, 0, err
 			}
 		}
+		if !x.open && len(head.evs) > 0 {
+			x.first = head.evs[0].CommitLSN
+		}
 		s, p, err := w.deliver(ctx, head, cp)
 		if err != nil {
 			return nil, 0, x.failed(ctx, err)
@@ -320,6 +336,9 @@ func (x *eos) deliver(ctx context.Context, w *writer, c *chunk) (sent []event.Ev
 				return nil, 0, x.failed(ctx, fmt.Errorf("commit the Kafka transaction up to %s: %w", c.endLSN, err))
 			}
 			x.open = false
+			if err := x.passed(ctx, w.fence, c.endLSN); err != nil {
+				return nil, 0, err
+			}
 		}
 		// Everything up to the end is committed in Kafka or parked, and
 		// no transaction is open: the parked rows may go.
@@ -327,6 +346,9 @@ func (x *eos) deliver(ctx context.Context, w *writer, c *chunk) (sent []event.Ev
 		sent, parked = s, p
 	}
 	if len(tail.evs) > 0 || len(tail.fails) > 0 {
+		if !x.open && len(tail.evs) > 0 {
+			x.first = tail.evs[0].CommitLSN
+		}
 		s, p, err := w.deliver(ctx, tail, nil)
 		if err != nil {
 			return nil, 0, x.failed(ctx, err)
@@ -356,6 +378,12 @@ func (x *eos) record(lsn pglogrepl.LSN, commitTime time.Time) (*event.Event, err
 // checkpoint; anything else (ctx's error, a refused checkpoint record) is
 // returned after an abort, which a later InitTransactions would do anyway.
 func (x *eos) failed(ctx context.Context, err error) error {
+	// The sink's word that the transaction outlived its timeout, whether
+	// it spans chunks or one slow write.
+	var te *sink.TxnTimeoutError
+	if errors.As(err, &te) && (errors.Is(err, sink.ErrFenced) || errors.Is(err, sink.ErrTxnAborted)) {
+		return x.timedOut(ctx, te, err)
+	}
 	if errors.Is(err, sink.ErrFenced) {
 		return fmt.Errorf("%w: %w", errStandBy, err)
 	}
@@ -374,6 +402,44 @@ func (x *eos) failed(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", errRestart, err)
 	}
 	return err
+}
+
+// timedOut ends the term whose transaction, open longer than its timeout
+// (te), the broker refused with err: as failed does when another relay took
+// the slot over (the lease says so), else as txnTimeouts.aborted decides.
+func (x *eos) timedOut(ctx context.Context, te *sink.TxnTimeoutError, err error) error {
+	if verr := x.verify(ctx); verr != nil {
+		if errors.Is(verr, checkpoint.ErrFenced) {
+			return fmt.Errorf("%w: %w (the Kafka transaction ended with: %w)", errStandBy, verr, err)
+		}
+		return verr // ctx is done
+	}
+	// The coordinator aborted it already; this settles our side.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if aerr := x.sink.Abort(actx); aerr != nil {
+		x.log.Debug("exactly-once: abort the Kafka transaction the broker aborted on its timeout", "err", aerr)
+	}
+	x.open = false
+	return x.timeouts.aborted(ctx, x.tsink, x.first, te)
+}
+
+// passed is called after each Kafka commit up to end: once a transaction
+// the broker aborted on its timeout is delivered, the next ones are written
+// with kafka.transaction_timeout again (a new InitTransactions, once the
+// term is proven to lead, as at its start).
+func (x *eos) passed(ctx context.Context, f fence, end pglogrepl.LSN) error {
+	if !x.timeouts.passed(end) {
+		return nil
+	}
+	x.timeouts.reset(x.tsink)
+	if err := f.check(ctx); err != nil {
+		return err
+	}
+	if err := x.sink.InitTransactions(ctx); err != nil {
+		return x.failed(ctx, fmt.Errorf("take the Kafka transactional id again with kafka.transaction_timeout: %w", err))
+	}
+	return nil
 }
 
 // close aborts a transaction left open when the pipeline stops (the route

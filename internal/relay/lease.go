@@ -194,6 +194,19 @@ func (l *lease) wait(ctx context.Context) (int64, error) {
 	return l.epoch, nil
 }
 
+// current returns the epoch without waiting: false until take (or taken)
+// is done.
+func (l *lease) current() (int64, bool) {
+	select {
+	case <-l.takenC:
+	default:
+		return 0, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch, true
+}
+
 // check returns nil when this relay may start a write now: it leads, proven
 // within the lease. Otherwise it asks the database (retrying while it is
 // unreachable) and returns an error wrapping checkpoint.ErrFenced when

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 )
 
@@ -185,4 +186,70 @@ func sumMetric(body, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestLagCountsTransactionBeingRead: while the relay reads one large
+// transaction (5000 events, delivered slowly: 0.5 s a write, 64 KiB in
+// flight), lag reports it (its events and bytes so far, its age), counts it
+// in behind_bytes, and a --max-bytes threshold that lag_bytes alone does
+// not exceed fires on it; once the transaction is confirmed, the figure is
+// gone. Before, only lag_bytes (the slot's WAL lag) was there, which misses
+// a transaction the server decoded before it sent it (issue 34: 2.5 MiB
+// while 5M events waited).
+func TestLagCountsTransactionBeingRead(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MaxInFlightBytes = 64 << 10
+	f.startSlow(t, cfg, 500*time.Millisecond, 0)
+	ctx := context.Background()
+	conn, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	ocfg := ops.Config{Slot: f.slot}
+
+	f.insertTx(t, f.makeEvents(5000))
+	var r *ops.LagReport
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if r, err = ops.Lag(ctx, conn, ocfg); err != nil {
+			t.Fatal(err)
+		}
+		if r.Reading != nil && r.Reading.Events > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lag reading = nil for a minute while the relay delivers a transaction of 5000 events; want its figures")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	rd := r.Reading
+	if rd.Bytes <= 0 || rd.Events > 5000 || rd.AgeSeconds == nil || *rd.AgeSeconds < 0 {
+		t.Errorf("lag reading = %+v; want events in (0, 5000], bytes > 0, an age", rd)
+	}
+	if r.LagBytes == nil || r.BehindBytes == nil || *r.BehindBytes != *r.LagBytes+rd.Bytes {
+		t.Fatalf("lag behind_bytes = %v, lag_bytes %v, reading bytes %d; want behind_bytes = lag_bytes + reading bytes", r.BehindBytes, r.LagBytes, rd.Bytes)
+	}
+	// A threshold lag_bytes alone meets but does not exceed.
+	err = ops.Thresholds{MaxBytes: *r.LagBytes}.Check(r)
+	if exitcode.Of(err) != exitcode.Threshold || !strings.Contains(err.Error(), "behind_bytes") || !strings.Contains(err.Error(), rd.CommitLSN) {
+		t.Errorf("Thresholds{MaxBytes: lag_bytes %d}.Check = %v; want exceeded by behind_bytes, naming the transaction %s", *r.LagBytes, err, rd.CommitLSN)
+	}
+	var text strings.Builder
+	if err := r.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "reading") || !strings.Contains(text.String(), "transaction committed at "+rd.CommitLSN) {
+		t.Errorf("lag's text lacks the transaction being read:\n%s", text.String())
+	}
+
+	f.waitCount(t, 5000, 2*time.Minute)
+	f.waitConfirmed(t, f.commitEnds(t)[0], time.Minute)
+	if r, err = ops.Lag(ctx, conn, ocfg); err != nil {
+		t.Fatal(err)
+	}
+	if r.Reading != nil || r.BehindBytes == nil || r.LagBytes == nil || *r.BehindBytes != *r.LagBytes {
+		t.Errorf("lag after the transaction was confirmed: reading %+v, behind_bytes %v, lag_bytes %v; want no reading and behind_bytes = lag_bytes", r.Reading, r.BehindBytes, r.LagBytes)
+	}
 }

@@ -130,6 +130,10 @@ type Relay struct {
 	m         *metrics.Metrics             // nil records nothing
 	pool      atomic.Pointer[pgxpool.Pool] // set by Run; Ready reads it from any goroutine
 
+	// timeouts watches exactly-once transactions that outlive their
+	// timeout, across terms (txntimeout.go); nil at least once.
+	timeouts *txnTimeouts
+
 	// live is the term that leads, for Ready; nil while standing by.
 	live    atomic.Pointer[term]
 	standby atomic.Pointer[string] // who holds the slot, while standing by
@@ -169,7 +173,10 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 	if sinks.Stream == nil || sinks.Retry == nil {
 		return nil, errors.New("relay: a sink for the stream and one for the retry worker are required")
 	}
-	if _, ok := sinks.Stream.(txnSink); !ok && cfg.Delivery == DeliveryExactlyOnce {
+	if _, ok := sinks.Stream.(interface {
+		txnSink
+		timeoutSink
+	}); !ok && cfg.Delivery == DeliveryExactlyOnce {
 		return nil, errors.New("relay: exactly-once delivery needs a transactional stream sink (sink.Kafka with a TransactionalID)")
 	}
 	rts, err := cfg.routers()
@@ -177,6 +184,9 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger, routers: rts, sink: sinks.Stream, retrySink: sinks.Retry, m: cfg.Metrics}
+	if cfg.Delivery == DeliveryExactlyOnce {
+		r.timeouts = newTxnTimeouts(cfg.Sink.TransactionTimeout, r.log)
+	}
 	r.m.SetRole(r.Role)
 	return r, nil
 }
@@ -196,6 +206,9 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 func (r *Relay) Run(ctx context.Context) (err error) {
 	// A TLS failure says what to change in postgres.dsn (see secure.go).
 	defer func() { err = explainTLS(err) }()
+	// Stopped while writing again a transaction the broker aborted on its
+	// timeout: say so, with its exit code.
+	defer func() { err = r.timeouts.stopped(err) }()
 	if err := r.checkAuth(ctx); err != nil {
 		return err
 	}
@@ -237,6 +250,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 			continue
 		}
 		if errors.Is(err, errRestart) && rctx.Err() == nil {
+			if te := (*TxnTimeoutError)(nil); errors.As(err, &te) {
+				// Not a routine restart: the operator should raise a setting.
+				r.log.Error(te.Error(), "slot", r.cfg.Replication.Slot, "kafka.transaction_timeout", te.Configured.String(),
+					"transaction.max.timeout.ms", te.Max.Milliseconds(), "retry_timeout", te.Retrying.String())
+				continue
+			}
 			r.log.Warn("leading again from the checkpoint", "slot", r.cfg.Replication.Slot, "reason", err)
 			continue
 		}
@@ -288,14 +307,21 @@ func runCause(ctx context.Context, err error) error {
 // serves. It fails while the replication connection is down, while Kafka is
 // unreachable (the writer is retrying a broker-wide failure, or a fresh ping
 // gets no answer), while the retry table or the checkpoint table refuses
-// writes, and while the pipeline is stalled (see health). The error lists
-// every failing check.
+// writes, while the pipeline is stalled (see health), and, with
+// exactly-once, while a transaction the broker aborted on its timeout is not
+// yet delivered (txntimeout.go). The error lists every failing check.
 //
 // A standby is ready while it reaches Postgres: it is doing its job, which is
 // to wait and to be able to take over. (A probe that failed a standby would
 // have Kubernetes restart the very replica meant to take over.)
 func (r *Relay) Ready(ctx context.Context) error {
+	// A transaction the broker aborted on its timeout fails it until it is
+	// delivered, between the terms of its attempts too.
+	stuck, _ := r.timeouts.problem(time.Now())
 	t := r.live.Load()
+	if t == nil && stuck != "" {
+		return errors.New(stuck)
+	}
 	if t == nil {
 		pool := r.pool.Load()
 		if pool == nil {
@@ -312,6 +338,9 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if t.stopped != nil && st.ConfirmedLSN <= t.stopped.Before {
 		why = append(why, fmt.Sprintf("the last run stopped before the transaction committed at %s and this one has not passed it yet (it stops there again unless the fix was applied): %s",
 			t.stopped.Before, t.stopped.Reason))
+	}
+	if stuck != "" {
+		why = append(why, stuck)
 	}
 	if since.IsZero() {
 		if err := r.sink.Ping(ctx); err != nil {
