@@ -163,7 +163,15 @@ func (g *gate) release(ctx context.Context, aggs []string) {
 	}
 }
 
-// sweep releases every blocked aggregate whose rows are gone, every interval.
+// sweepPage is the most aggregates one sweep query asks about: the table is
+// asked page by page, so that 100,000 waiting aggregates cost neither one
+// query and answer of them all (an array of every aggregate, a map of the
+// answers, ~25 MB) nor the gate's lock held for its whole length, which
+// holds up the writer.
+const sweepPage = 1000
+
+// sweep releases every blocked aggregate whose rows are gone, every interval,
+// asking the table sweepPage aggregates at a time.
 func (g *gate) sweep(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -179,8 +187,10 @@ func (g *gate) sweep(ctx context.Context, interval time.Duration) {
 			aggs = append(aggs, a)
 		}
 		g.mu.Unlock()
-		if len(aggs) > 0 {
-			g.release(ctx, aggs)
+		for len(aggs) > 0 && ctx.Err() == nil {
+			n := min(len(aggs), sweepPage)
+			g.release(ctx, aggs[:n])
+			aggs = aggs[n:]
 		}
 	}
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -143,6 +144,42 @@ func TestGateSweep(t *testing.T) {
 	}
 	if !g.holds("b") {
 		t.Error("sweep released b, which still has a row")
+	}
+}
+
+// sweep asks the table about the blocked aggregates a page at a time, however
+// many wait: one query of 100,000 aggregates held their array, its answer
+// and the gate's lock at once (issue 34).
+func TestGateSweepPages(t *testing.T) {
+	const waiting = 2*sweepPage + 10
+	r := &rows{n: map[string]int{}}
+	for i := range waiting {
+		r.n[fmt.Sprintf("agg-%d", i)] = 1
+	}
+	g := loadedGate(t, r)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { g.sweep(ctx, 5*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	for _, a := range []string{"agg-0", fmt.Sprintf("agg-%d", waiting-1)} {
+		r.deliver(a)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for g.holds("agg-0") || g.holds(fmt.Sprintf("agg-%d", waiting-1)) {
+		if time.Now().After(deadline) {
+			t.Fatal("sweep did not release the delivered aggregates within 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !g.holds("agg-1") {
+		t.Error("sweep released agg-1, which still has a row")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, q := range r.asked {
+		if len(q) > sweepPage {
+			t.Fatalf("Undelivered call %d asked about %d aggregates; want at most %d per query", i, len(q), sweepPage)
+		}
 	}
 }
 
