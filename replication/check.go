@@ -153,7 +153,7 @@ func (s *Stream) classify(op string, err error) error {
 	}
 	switch {
 	case strings.HasPrefix(pgErr.Code, "28"): // invalid_authorization_specification, invalid_password
-		return &fatalError{msg: op + ": authentication failed: check the DSN's user and password, and that pg_hba.conf allows replication connections for it", sentinel: ErrAuth, cause: err}
+		return &fatalError{msg: op + ": authentication failed: check the DSN's user and password, and that pg_hba.conf has a line for this database, user and host (a logical replication connection matches the database's lines, not the replication keyword's)", sentinel: ErrAuth, cause: err}
 	case pgErr.Code == "42501": // insufficient_privilege
 		return &fatalError{msg: op + ": permission denied: the role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION)", sentinel: ErrPermission, cause: err}
 	case pgErr.Code == "3D000": // invalid_catalog_name

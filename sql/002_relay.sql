@@ -25,7 +25,9 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_checkpoint" (
     "timeline_id" integer,
     "stopped_before" pg_lsn,
     "stop_reason" text,
-    "last_refill" text
+    "last_refill" text,
+    "pruned" jsonb,
+    "refill_progress" jsonb
 );
 
 -- A compact history of the checkpoints saved, one row at most every

@@ -8,5 +8,9 @@
 CREATE TABLE IF NOT EXISTS "outbox_relay_replay" (
     "run_id" text PRIMARY KEY,
     "state" jsonb NOT NULL,
-    "updated_at" timestamptz NOT NULL DEFAULT now()
+    "updated_at" timestamptz NOT NULL DEFAULT now(),
+    "slot_name" text
 );
+
+-- Tables made before runs belonged to a slot.
+ALTER TABLE "outbox_relay_replay" ADD COLUMN IF NOT EXISTS "slot_name" text;

@@ -54,7 +54,7 @@ func files(t *testing.T) map[string]string {
 	outboxStmts := sql.OutboxTable(outbox, sql.Columns{}, sql.LayoutRelay)
 	retryStmts := sql.RetryTable(retry)
 	historyStmts := sql.CheckpointHistoryTable(checkpoint)
-	if len(outboxStmts) != 2 || len(retryStmts) != 7 || len(historyStmts) != 2 {
+	if len(outboxStmts) != 2 || len(retryStmts) != 12 || len(historyStmts) != 2 {
 		t.Fatalf("OutboxTable, RetryTable or CheckpointHistoryTable changed its statements: update the comments of files()")
 	}
 	return map[string]string{
@@ -72,10 +72,14 @@ func files(t *testing.T) map[string]string {
 				"\nWHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = " + sql.Literal(sql.DefaultSlot) + ")"}}),
 		"004_retry.sql": render(header004,
 			block{"", retryStmts[:1]},
-			block{"Tables made before last-resort records, message timestamps and several outbox tables existed.", retryStmts[1:4]},
-			block{"The retry worker polls for due rows with it.", retryStmts[4:5]},
-			block{comment004Aggregate, retryStmts[5:]}),
-		"005_replay.sql": render(header005, block{"", []string{sql.ReplayTable(checkpoint)}}),
+			block{"Tables made before last-resort records, message timestamps, several outbox tables\nand rows owned by a slot existed.", retryStmts[1:5]},
+			block{comment004Unique, retryStmts[5:6]},
+			block{"Indexes of earlier versions: without the slot, or on the aggregate's text.", retryStmts[6:9]},
+			block{"An event is stored once per slot: inserting it again after a crash changes nothing.", retryStmts[9:10]},
+			block{"The retry worker polls for its slot's due rows with it.", retryStmts[10:11]},
+			block{comment004Aggregate, retryStmts[11:]}),
+		"005_replay.sql": render(header005, block{"", sql.ReplayTable(checkpoint)[:1]},
+			block{"Tables made before runs belonged to a slot.", sql.ReplayTable(checkpoint)[1:]}),
 		"006_grants.sql": render(header006, grantBlocks(sql.DefaultObjects(), sql.DefaultRole)...),
 	}
 }
@@ -212,9 +216,10 @@ wait behind them so that per-aggregate order survives the failure.
   seq              global order of failure, and the short id that
                    ` + "`outbox-relay retries`" + ` takes
   event_key        the event's position in the WAL, lsn:<commit_lsn>:<n>
-                   (older versions stored the event id); unique, so
-                   inserting again after a crash changes nothing. Short by
-                   construction: it is the only text under a btree index
+                   (older versions stored the event id); unique per slot,
+                   so inserting again after a crash changes nothing. Short
+                   by construction: with slot_name, the only text under a
+                   btree index
   aggregate        the blocking identity (topic/key, or
                    unroutable:<aggregate_type>/<aggregate_id>): no row of an
                    aggregate is delivered while a lower seq of it is here.
@@ -234,12 +239,23 @@ wait behind them so that per-aggregate order survives the failure.
                    (a data error): then the whole event as a JSON document
                    (bytes in base64), the row is dead and the relay never
                    delivers it; see ` + "`outbox-relay retries show`" + `
+  slot_name        the replication slot of the relay that stored the row:
+                   only that relay (and its standbys, on the same slot)
+                   reads, delivers, requeues, lists or deletes it, so
+                   relays of several slots may share this table. NULL for
+                   a row of an earlier version, which the relay adopts at
+                   start-up when it can tell the row is its own (else it
+                   refuses to start and says which UPDATE assigns them)
 
 Idempotent: safe to run again, and upgrades a table made by an earlier
 version. ` + "`outbox-relay setup`" + ` runs the same statements with the configured
 name (retry.table). Run after 002_relay.sql.
 
 Generated from package sql's builders (go generate ./sql): edit those.`
+
+const comment004Unique = `Earlier versions made event_key unique across the table. It is unique per
+slot now: two slots reading one outbox table park the same event under the
+same key, each its own row.`
 
 const comment004Aggregate = `Finding the head of an aggregate, and the rows waiting behind it. On the
 md5 of the aggregate: a btree entry of the text itself fails above ~2.7 kB

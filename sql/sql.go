@@ -112,6 +112,12 @@ func indexName(table, suffix string) string {
 // and the relay clears it once its checkpoint passes that transaction.
 // last_refill describes the last refill of a lost slot from the outbox
 // table (outbox-relay recover, postgres.on_slot_loss: refill), for status.
+// pruned records, per outbox table (its name as configured, a JSON object
+// key), the xid below which the slot's retention may have deleted rows
+// (text, an xid8): a refill or replay of another slot that needed older rows
+// says they may be gone. refill_progress is how far a refill got (the
+// last event acknowledged, in its order): one that is killed is followed by
+// one that skips what it sent.
 func CheckpointTable(t Table) string {
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
     "slot_name" text PRIMARY KEY,
@@ -125,25 +131,30 @@ func CheckpointTable(t Table) string {
     "timeline_id" integer,
     "stopped_before" pg_lsn,
     "stop_reason" text,
-    "last_refill" text
+    "last_refill" text,
+    "pruned" jsonb,
+    "refill_progress" jsonb
 )`, t.Quoted())
 }
 
 // CheckpointUpgradeColumns are the columns CheckpointUpgrade adds.
-var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "system_identifier", "timeline_id", "stopped_before", "stop_reason", "last_refill"}
+var CheckpointUpgradeColumns = []string{"epoch", "leader", "leader_since", "system_identifier", "timeline_id", "stopped_before", "stop_reason", "last_refill", "pruned", "refill_progress"}
 
 // CheckpointUpgrade returns the statement that adds the columns added since
 // the first version to an older checkpoint table: the leadership columns
 // (epoch, leader, leader_since), the server identity (system_identifier,
 // timeline_id: the server the slot's checkpoint came from) and the stop
-// record (stopped_before, stop_reason), the last refill (last_refill); a
+// record (stopped_before, stop_reason), the last refill (last_refill), what
+// retention may have deleted (pruned), a refill's progress
+// (refill_progress); a
 // no-op on a current table.
 func CheckpointUpgrade(t Table) string {
 	return fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "epoch" bigint NOT NULL DEFAULT 0, `+
 		`ADD COLUMN IF NOT EXISTS "leader" text, ADD COLUMN IF NOT EXISTS "leader_since" timestamptz, `+
 		`ADD COLUMN IF NOT EXISTS "system_identifier" text, ADD COLUMN IF NOT EXISTS "timeline_id" integer, `+
 		`ADD COLUMN IF NOT EXISTS "stopped_before" pg_lsn, ADD COLUMN IF NOT EXISTS "stop_reason" text, `+
-		`ADD COLUMN IF NOT EXISTS "last_refill" text`, t.Quoted())
+		`ADD COLUMN IF NOT EXISTS "last_refill" text, ADD COLUMN IF NOT EXISTS "pruned" jsonb, `+
+		`ADD COLUMN IF NOT EXISTS "refill_progress" jsonb`, t.Quoted())
 }
 
 // CreatePublication returns the statement creating the publication of the

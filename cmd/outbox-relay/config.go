@@ -24,6 +24,7 @@ import (
 type config struct {
 	kafkaOptional bool     // the command never talks to Kafka
 	ignored       []string // keys set that are accepted and ignored (warned about at start)
+	unknownEnv    []string // RELAY_* variables that name no setting and none closely (warned about at start)
 
 	// Config is what run builds the relay from (relayConfig adds the
 	// loggers): Replication, Router, Sink, Retention, Retry and the relay's
@@ -216,6 +217,9 @@ var fieldKeys = sync.OnceValue(func() map[string]string {
 func (c *config) warnIgnored(log *slog.Logger) {
 	for _, key := range c.ignored {
 		log.Warn("configuration key accepted for compatibility and ignored: remove it", "key", key, "why", settingOf(key).doc)
+	}
+	for _, name := range c.unknownEnv {
+		log.Warn("environment variable names no setting and is ignored: remove it, or see docs/configuration.md for the variable of each key", "variable", name)
 	}
 }
 

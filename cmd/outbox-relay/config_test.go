@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -320,6 +322,8 @@ func TestValidationErrors(t *testing.T) {
 		{"log format", "", map[string]string{"RELAY_LOG_FORMAT": "xml"},
 			`log.format: "xml" is not text or json`},
 		{"not yaml", "\t- [", nil, `config file`},
+		{"misspelt variable", "", map[string]string{"RELAY_KAFKA_COMPRESION": "zstd"},
+			`environment variable RELAY_KAFKA_COMPRESION names no setting; did you mean RELAY_KAFKA_COMPRESSION (kafka.compression)?`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -399,5 +403,26 @@ func TestDurationText(t *testing.T) {
 		if got := durationText(tt.d); got != tt.want {
 			t.Errorf("durationText(%s) = %q; want %q", tt.d, got, tt.want)
 		}
+	}
+}
+
+// TestUnknownEnvironment: a RELAY_* variable far from every setting's is
+// warned about and ignored; the tooling's own (RELAY_TEST_*, …) and the
+// password variable are neither.
+func TestUnknownEnvironment(t *testing.T) {
+	unknown, err := checkEnv([]string{
+		"RELAY_KAFKA_BROKERS=k:9092", "RELAY_POSTGRES_PASSWORD=pw", "RELAY_TEST_KAFKA_BROKERS=k:9092",
+		"RELAY_FAULTS=full", "RELAY_CPUPROFILE=/tmp/p", "RELAY_SOMETHING_ELSE_ENTIRELY=1", "PATH=/bin", "RELAY_=x",
+	})
+	if err != nil {
+		t.Fatalf("checkEnv: %v", err)
+	}
+	if want := []string{"RELAY_", "RELAY_SOMETHING_ELSE_ENTIRELY"}; !slices.Equal(unknown, want) {
+		t.Errorf("checkEnv unknown = %q; want %q", unknown, want)
+	}
+	var buf bytes.Buffer
+	(&config{unknownEnv: unknown}).warnIgnored(slog.New(slog.NewTextHandler(&buf, nil)))
+	if !strings.Contains(buf.String(), "variable=RELAY_SOMETHING_ELSE_ENTIRELY") {
+		t.Errorf("warnIgnored logged %q; want a line naming RELAY_SOMETHING_ELSE_ENTIRELY", buf.String())
 	}
 }

@@ -308,7 +308,11 @@ func realNames(t *testing.T) docNames {
 		}
 	}
 	walk("", doc)
-	return docNames{root: newRootCmd(io.Discard, io.Discard), keys: realKeys(), targets: makeTargets(string(raw)), helmValues: helm}
+	root := newRootCmd(io.Discard, io.Discard)
+	// cobra adds `completion` when the command line runs, as the binary
+	// does: the docs may name it.
+	root.InitDefaultCompletionCmd()
+	return docNames{root: root, keys: realKeys(), targets: makeTargets(string(raw)), helmValues: helm}
 }
 
 var makeTargetLine = regexp.MustCompile(`^([A-Za-z0-9_.-]+(?:\s+[A-Za-z0-9_.-]+)*)\s*:([^=]|$)`)

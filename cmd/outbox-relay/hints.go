@@ -39,11 +39,20 @@ var hints = []struct {
 	{isPgCode("42P01"), `a table the relay needs is missing: run "outbox-relay setup" (as the tables' owner) to create the relay's tables`},
 	{isErr(replication.ErrMessagesUnsupported), `upgrade the server to Postgres 14 or later, or set outbox.source: table and write the events to an outbox table`},
 	{isErr(replication.ErrNonTransactional), `make the application emit its events with pg_logical_emit_message(true, ...); to skip such messages (they are never sent), set outbox.messages.non_transactional: ignore and restart the relay`},
+	{isField("MetricsListen"), `another process holds that address, or it is not this host's: set metrics.listen (flag --metrics-listen, RELAY_METRICS_LISTEN) to a free host:port, or to "" to serve no metrics`},
 	{isType[*relay.FutureStartError], `give --start-lsn at or before the server's position, or add --force if that is really meant`},
 }
 
 func isErr(target error) func(error) bool {
 	return func(err error) bool { return errors.Is(err, target) }
+}
+
+// isField matches a *field.Error of relay.Config's field f.
+func isField(f string) func(error) bool {
+	return func(err error) bool {
+		var fe *field.Error
+		return errors.As(err, &fe) && fe.Field == f
+	}
 }
 
 func isType[T error](err error) bool {

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -39,6 +41,8 @@ func TestHints(t *testing.T) {
 			[]string{`"outbox-relay replay --from 2026-11-24T10:29:15Z"`, "postgres.dsn", "DELETE FROM <checkpoint.table>"}},
 		{"SASL refused", &sink.AuthError{Field: "SASL.Password", Reason: "refused: set {SASL.Username} and {SASL.Password} to credentials the cluster knows"},
 			[]string{"kafka.sasl.password: refused: set kafka.sasl.username and kafka.sasl.password"}},
+		{"metrics port in use", fmt.Errorf("run: %w", &field.Error{Field: "MetricsListen", Reason: "metrics listen: listen tcp 127.0.0.1:9187: bind: address already in use"}),
+			[]string{"metrics.listen", "--metrics-listen", "RELAY_METRICS_LISTEN"}},
 		{"refill without history", &relay.RefillError{Gap: &pgslot.GapError{Cause: pgslot.CauseSlotMissing}, NoHistory: true, ReplayFrom: "2026-11-24T10:29:15Z"},
 			[]string{`"outbox-relay replay --from 2026-11-24T10:29:15Z"`, `"outbox-relay setup"`, "checkpoint set", "--yes"}},
 	}
@@ -130,5 +134,29 @@ func TestOperatorText(t *testing.T) {
 	want := `start: outbox.retention: set, but the outbox table has no "created_at" column: add it, or set outbox.retention to "" (off)`
 	if got := operatorText(err); got != want {
 		t.Errorf("operatorText(%v) = %q; want %q", err, got, want)
+	}
+}
+
+// TestRunMetricsPortInUse: run on a set-up database whose metrics address
+// another process holds exits 1 naming the key and the flag that chose it.
+func TestRunMetricsPortInUse(t *testing.T) {
+	dbEnv(t)
+	t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
+	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitcode.OK {
+		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	code, _, errOut := run(t, "run", "--metrics-listen", ln.Addr().String())
+	if code != exitcode.Failure {
+		t.Errorf("run with metrics.listen in use: exit = %d; want %d\n%s", code, exitcode.Failure, errOut)
+	}
+	for _, w := range []string{"outbox-relay: metrics.listen: ", "address already in use", "--metrics-listen"} {
+		if !strings.Contains(errOut, w) {
+			t.Errorf("run with metrics.listen in use: stderr = %q; want it to contain %q", errOut, w)
+		}
 	}
 }

@@ -88,8 +88,13 @@ func loadConfigFor(file string, flags *pflag.FlagSet, needKafka bool) (*config, 
 		outboxTables = es
 	}
 
+	unknownEnv, err := checkEnv(os.Environ())
+	if err != nil {
+		return nil, err
+	}
+
 	l := loader{v: v, maps: maps}
-	c := &config{}
+	c := &config{unknownEnv: unknownEnv}
 	for i := range settings {
 		l.read(&settings[i], c)
 	}
@@ -337,6 +342,54 @@ func checkKeys(raw []byte) (map[string]map[string]string, []map[string]any, erro
 	}
 	err := walk("", doc)
 	return maps, outboxTables, err
+}
+
+// envNotSettings are the RELAY_* variables the binary reads that are not a
+// key's: the password that must never be a key of the file, and the
+// developers' profiles (profile.go).
+var envNotSettings = []string{postgresRelayPasswordEnv, "RELAY_CPUPROFILE", "RELAY_MEMPROFILE", "RELAY_TRACE"}
+
+// envToolingPrefixes are the project's own tooling's variables (tests, the
+// dev servers, benchmarks): they are exported where the binary runs under
+// tests, so they are neither settings nor mistakes.
+var envToolingPrefixes = []string{"RELAY_TEST_", "RELAY_DEV_", "RELAY_FAULT", "RELAY_HOSTILE_", "RELAY_BENCH_", "RELAY_REPLAY_", "RELAY_REGEN_"}
+
+// checkEnv looks at every RELAY_* variable of environ. One that is within
+// three edits of a setting's variable is an error naming it: a misspelt
+// optional key (RELAY_KAFKA_COMPRESION) would otherwise be ignored without a
+// word, as a misspelt key of the file is not. Any other unknown one is
+// returned, to be warned about: a variable far from every key is more likely
+// some other program's than a typo, and refusing to start for it would make
+// the relay fragile in a shared environment.
+func checkEnv(environ []string) (unknown []string, err error) {
+	var errs []error
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "RELAY_") || slices.Contains(envNotSettings, name) ||
+			slices.ContainsFunc(envToolingPrefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+			continue
+		}
+		best, bestDist := "", 4
+		for _, s := range settings {
+			d := editDistance(name, envName(s.key))
+			if d == 0 {
+				best, bestDist = "", 0
+				break
+			}
+			if d < bestDist {
+				best, bestDist = s.key, d
+			}
+		}
+		switch {
+		case bestDist == 0:
+		case best != "":
+			errs = append(errs, fmt.Errorf("environment variable %s names no setting; did you mean %s (%s)? Rename it, or unset it", name, envName(best), best))
+		default:
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown, errors.Join(errs...)
 }
 
 func isSection(prefix string) bool {

@@ -142,7 +142,11 @@ func checkPlanTable(ctx context.Context, dsn, source string, plan *debezium.Plan
 	if err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, dsn)
+	connDSN, err := withEnvPassword(dsn)
+	if err != nil {
+		return fmt.Errorf("--postgres-dsn %s: %w", redactDSN(dsn), err)
+	}
+	conn, err := pgx.Connect(ctx, connDSN)
 	if err != nil {
 		return fmt.Errorf("--postgres-dsn %s: %w", redactDSN(dsn), err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -154,5 +155,31 @@ func TestMigrateDebeziumChecksTable(t *testing.T) {
 	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "f.properties", fits), "--worker", worker, "--postgres-dsn", dsn)
 	if code != exitcode.Failure || !strings.Contains(errOut, `the relay refuses the table at start: outbox table public.outbox: no column "tenant" (message.fields)`) {
 		t.Errorf("migrate --postgres-dsn with a missing field column: exit %d; want 1 naming it\n%s", code, errOut)
+	}
+}
+
+// TestMigrateDebeziumPasswordFromEnv: --postgres-dsn without a password takes
+// RELAY_POSTGRES_PASSWORD, as postgres.dsn does (it connected without one).
+func TestMigrateDebeziumPasswordFromEnv(t *testing.T) {
+	dsn, _ := dbEnv(t)
+	execSQL(t, dsn, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+    aggregate_id varchar(255) NOT NULL, type varchar(255), tenant text, payload jsonb)`)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, ok := u.User.Password()
+	if !ok {
+		t.Fatalf("the test DSN %s has no password to move into RELAY_POSTGRES_PASSWORD", redactDSN(dsn))
+	}
+	u.User = url.User(u.User.Username())
+	t.Setenv("PGPASSWORD", "")
+	t.Setenv("PGPASSFILE", "/nonexistent")
+	t.Setenv("RELAY_POSTGRES_PASSWORD", pw)
+	t.Setenv("RELAY_POSTGRES_DSN", u.String())
+	fits := strings.Replace(dbzConnector, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
+	code, _, errOut := run(t, "migrate", "debezium", writeFile(t, "f.properties", fits), "--worker", writeFile(t, "w.properties", dbzWorker), "--postgres-dsn", u.String())
+	if code != exitcode.OK {
+		t.Errorf("migrate --postgres-dsn without a password, RELAY_POSTGRES_PASSWORD set: exit %d; want 0\n%s", code, errOut)
 	}
 }

@@ -140,7 +140,7 @@ func TestInFlightBounds(t *testing.T) {
 // TestRetriesEscapeControls: an aggregate type written by an application
 // reaches the operator's terminal escaped, JSON stays JSON.
 func TestRetriesEscapeControls(t *testing.T) {
-	dsn, _ := dbEnv(t)
+	dsn, slot := dbEnv(t)
 	unsetenv(t, "RELAY_KAFKA_BROKERS")
 	table, _ := sql.ParseTable(sql.DefaultRetryTable)
 	execSQL(t, dsn, sql.RetryTable(table)...)
@@ -149,7 +149,7 @@ func TestRetriesEscapeControls(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	s, err := retry.NewStore(pool, "")
+	s, err := retry.NewStore(pool, "", slot)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,6 +35,12 @@ history row the checkpoint covers), and why nothing was deleted when so.
 --dry-run counts instead and deletes nothing. --retention overrides
 outbox.retention for this run. A relay may be running. Exits 0 when the round
 ran, deleted or not; 1 when it failed.
+
+Rows another logical slot of the database has not passed (a second relay on
+the same outbox, Debezium beside it, another relay's checkpoint whose slot
+was lost) are kept, and listed as "kept for" with the slot; a slot that has
+not passed any history row keeps everything. outbox.retention_ignore_slots
+lists the slots that do not read the outbox.
 
 With outbox.retention_partitions drop or detach (an outbox partitioned by range
 on created_at), it drops or detaches each partition whose range ends before the
@@ -93,6 +100,18 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 			h.Entry.LSN, commit, h.Entry.SavedAt.UTC().Format(time.RFC3339), h.Entry.SnapshotXmin))
 	} else if err == nil {
 		row("horizon", "none: "+res.NoHorizon)
+	}
+	if len(res.HeldBy) > 0 {
+		var slots []string
+		for _, r := range res.HeldBy {
+			slots = append(slots, fmt.Sprintf("slot %s (%s)", r.Slot, r.State()))
+		}
+		counted := fmt.Sprint(res.KeptForReaders)
+		if !rc.DryRun && res.KeptForReaders >= retention.MaxKeptCount {
+			counted = "at least " + counted
+		}
+		row("kept for", fmt.Sprintf("%s: %s rows older than %s this slot delivered and it has not passed; "+
+			"list a slot that does not read the outbox in outbox.retention_ignore_slots", strings.Join(slots, ", "), counted, age))
 	}
 	var inPartitions int64 // rows removed with their partitions
 	done := map[retention.PartitionMode]string{retention.PartitionsDrop: "dropped", retention.PartitionsDetach: "detached"}[rc.Partitions]

@@ -33,11 +33,16 @@ does by itself), it:
 Nothing is lost: a row committed before the new slot's start is in the
 snapshot, a later one comes from the slot. Duplicates: the events committed up
 to one checkpoint.history_interval before the checkpoint. Killed midway, the
-checkpoint is unchanged and recover (or run with refill) refills again.
+checkpoint is unchanged and recover (or run with refill) refills again,
+skipping what the killed refill had recorded as handled (its progress is
+saved after each chunk Kafka acknowledged).
 
 On another database system or a timeline that forked before the checkpoint
 the history's positions mean nothing: recover refuses (exit 4) and says to
-replay by time. Exit 0 when refilled or when there was nothing to refill.
+replay by time. Exit 0 when refilled or when there was nothing to refill;
+5 when rows of the range may be gone: the retention of some slot recorded
+deleting rows of transactions the range needs (the message names it); what
+was left was sent, and run streams on.
 --dry-run prints what it would send and changes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
@@ -62,10 +67,17 @@ replay by time. Exit 0 when refilled or when there was nothing to refill.
 			if res.DryRun {
 				fmt.Fprintf(e.stdout, "slot %s: %s; the checkpoint is %s.\nrecover would create the slot again and send %d events now in the outbox table (and any committed before it runs); %s\n",
 					e.cfg.Replication.Slot, res.Cause, res.From, res.Events, res.Note)
-				return nil
+			} else {
+				resumed := ""
+				if res.Resumed > 0 {
+					resumed = fmt.Sprintf(" after the %d a killed refill before it had handled", res.Resumed)
+				}
+				fmt.Fprintf(e.stdout, "refill %s: slot %s was %s; sent %d events%s (%d of them stored in the retry table; %d more were there already and stay), checkpoint %s -> %s, in %s; run streams on from the new slot\n",
+					res.ID, e.cfg.Replication.Slot, res.Cause, res.Events-res.Held, resumed, res.Parked, res.Held, res.From, res.To, res.Duration.Round(1e6))
 			}
-			fmt.Fprintf(e.stdout, "refill %s: slot %s was %s; sent %d events (%d of them stored in the retry table; %d more were there already and stay), checkpoint %s -> %s, in %s; run streams on from the new slot\n",
-				res.ID, e.cfg.Replication.Slot, res.Cause, res.Events-res.Held, res.Parked, res.Held, res.From, res.To, res.Duration.Round(1e6))
+			if res.Pruned != nil { // exit 5: rows of the range may be gone
+				return res.Pruned
+			}
 			return nil
 		}),
 	}

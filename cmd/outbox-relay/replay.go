@@ -202,7 +202,7 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 	if a.dryRun {
 		fmt.Fprintf(e.stdout, "replay %s would send %d events, %s of payload (created_at %s)\n",
 			a.id, plan.Events, ops.Bytes(plan.Bytes), window(plan))
-		return nil
+		return pruned(plan, plan.Events)
 	}
 	if resumed {
 		fmt.Fprintf(stderr, "replay %s: resuming after %d events sent; %d to go\n", a.id, sent, plan.Events)
@@ -216,7 +216,18 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 	}
 	progress.finish()
 	fmt.Fprintf(e.stdout, "replay %s done: %d events sent, each with header %s=%s\n", a.id, progress.last.Sent, replay.HeaderReplayID, a.id)
-	return nil
+	return pruned(plan, progress.last.Sent)
+}
+
+// pruned is the plan's *replay.PrunedError with the rows found, nil when
+// retention left the range whole.
+func pruned(plan replay.Plan, found int64) error {
+	if plan.Pruned == nil {
+		return nil
+	}
+	pe := *plan.Pruned
+	pe.Found = found
+	return &pe
 }
 
 func window(p replay.Plan) string {

@@ -36,6 +36,10 @@ Pending events are retried with backoff by the running relay. Dead events are
 not retried: they failed for good (or too long, or too often) and block their
 aggregate until you requeue them (after fixing the cause) or drop them.
 
+Every row belongs to the slot of the relay that parked it: these commands see
+only the configured slot's (postgres.slot). Rows of other slots sharing the
+table are their relays' own.
+
 An ID is the SEQ number that list shows, or the event id.`,
 		// cobra shows the help of a command without Run and exits 0, also
 		// for "retries lsit": an unknown subcommand is a usage error (2).
@@ -73,7 +77,7 @@ func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, f
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 	}
-	s, err := retry.NewStore(pool, e.retryTable())
+	s, err := retry.NewStore(pool, e.retryTable(), e.cfg.Replication.Slot)
 	if err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("%w: %w", errConfig, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -59,7 +60,7 @@ func runRetries(t *testing.T, args ...string) (code int, stdout, stderr string) 
 // 1 pending (failed), 2 waiting behind it, 3 dead with a binary value.
 func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 	t.Helper()
-	dsn, _ := dbEnv(t)
+	dsn, slot := dbEnv(t)
 	table, _ := sql.ParseTable(sql.DefaultRetryTable)
 	execSQL(t, dsn, sql.RetryTable(table)...)
 	pool, err := pgxpool.New(context.Background(), dsn)
@@ -67,7 +68,7 @@ func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	s, err := retry.NewStore(pool, "")
+	s, err := retry.NewStore(pool, "", slot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,6 +191,58 @@ func TestRetriesRequeueDrop(t *testing.T) {
 	}
 	if code, _, errOut := runRetries(t, "drop", "ev-a2", "--yes"); code != exitcode.Failure || !strings.Contains(errOut, "ev-a2") {
 		t.Errorf("dropping ev-a2 again = exit %d, %q; want 1 naming it", code, errOut)
+	}
+}
+
+// TestRetriesOtherSlot: the retries commands see only the configured slot's
+// rows. Another relay's (another slot sharing the table, with rows of the
+// same ids) are not listed, shown, requeued or dropped.
+func TestRetriesOtherSlot(t *testing.T) {
+	_, rows := retriesEnv(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("RELAY_POSTGRES_DSN")) // retriesEnv's database
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	other, err := retry.NewStore(pool, "", "billing_relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := func(id string) retry.Event {
+		return retry.Event{EventKey: id, EventID: id, Aggregate: "billing/X", AggregateType: "Invoice", AggregateID: "X",
+			EventType: "Issued", Topic: "billing", Key: []byte("X"), Value: []byte(`{"card":"4111"}`), Permanent: true, Reason: "too large"}
+	}
+	if err := other.Insert(ctx, []retry.Event{ev("ev-a1"), ev("ev-x1")}); err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := other.List(ctx, retry.Filter{})
+	if err != nil || len(theirs) != 2 {
+		t.Fatalf("other slot's rows = %d, %v; want 2", len(theirs), err)
+	}
+
+	code, out, errOut := runRetries(t, "list")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != exitcode.OK || len(lines) != 4 || strings.Contains(out, "ev-x1") || strings.Contains(out, "billing") {
+		t.Errorf("retries list = exit %d (%s):\n%s\nwant header + this slot's 3 rows, none of slot billing_relay", code, errOut, out)
+	}
+	for _, id := range []string{"ev-x1", fmt.Sprint(theirs[0].Seq)} {
+		if code, _, errOut := runRetries(t, "show", id); code != exitcode.Failure || !strings.Contains(errOut, "no event in the retry table") {
+			t.Errorf("retries show %s (a row of another slot) = exit %d, %q; want 1, not found", id, code, errOut)
+		}
+	}
+	if code, out, _ := runRetries(t, "show", "ev-a1"); code != exitcode.OK || !strings.Contains(squeeze(out), fmt.Sprintf("seq: %d", rows[0].Seq)) {
+		t.Errorf("retries show ev-a1 = exit %d:\n%s\nwant this slot's row %d", code, out, rows[0].Seq)
+	}
+	code, out, _ = runRetries(t, "requeue", "--all-dead")
+	if want := fmt.Sprintf("requeued 1 event: %d\n", rows[2].Seq); code != exitcode.OK || out != want {
+		t.Errorf("retries requeue --all-dead = exit %d, %q; want %q (not the other slot's dead rows)", code, out, want)
+	}
+	if code, _, _ := runRetries(t, "drop", fmt.Sprint(theirs[1].Seq), "--yes"); code != exitcode.Failure {
+		t.Errorf("retries drop of another slot's row = exit %d; want 1, not found", code)
+	}
+	after, err := other.List(ctx, retry.Filter{Status: retry.StatusDead})
+	if err != nil || len(after) != 2 {
+		t.Errorf("other slot's dead rows after this slot's commands = %d, %v; want both, untouched", len(after), err)
 	}
 }
 

@@ -88,6 +88,28 @@ func (c *config) applyPostgresPassword() error {
 	return nil
 }
 
+// withEnvPassword is a DSN given on the command line (migrate's
+// --postgres-dsn) with RELAY_POSTGRES_PASSWORD added, as postgres.dsn gets it:
+// the same variable serves every connection the operator asks for. A
+// password in the DSN itself wins, as it does for PGPASSWORD.
+func withEnvPassword(dsn string) (string, error) {
+	pw := os.Getenv(postgresRelayPasswordEnv)
+	if pw == "" {
+		return dsn, nil
+	}
+	if err := checkDSN(dsn); err != nil {
+		return "", err
+	}
+	if has, err := dsnHasPassword(dsn); err != nil || has {
+		return dsn, err
+	}
+	out, err := withPassword(dsn, pw)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", postgresRelayPasswordEnv, err)
+	}
+	return out, nil
+}
+
 // applySASLPassword reads kafka.sasl.password_file into c.Sink.SASL.Password.
 func (c *config) applySASLPassword() error {
 	if c.SASLPasswordFile == "" {

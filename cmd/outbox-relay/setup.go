@@ -54,7 +54,7 @@ without superuser; "outbox-relay check" names any grant still missing.`,
 			return admin.Setup(cmd.Context(), cfg, createOutbox, e.stdout)
 		}),
 	}
-	cmd.Flags().BoolVar(&createOutbox, "create-outbox-table", false, "also create the outbox table (Debezium-compatible layout) if missing")
+	cmd.Flags().BoolVar(&createOutbox, "create-outbox-table", false, "also create the outbox table if missing, in outbox.layout's layout (the relay's own columns by default; debezium for Debezium's)")
 	cmd.Flags().BoolVar(&printSQL, "print-sql", false, "print the statements (and the grants of the relay's role) for a DBA instead of running them; connects nowhere")
 	cmd.Flags().StringVar(&role, "role", "", "with --print-sql: the role to grant to (default: the user of postgres.dsn)")
 	return cmd

@@ -278,6 +278,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 		c.fail("retry table", "%s does not exist; run `outbox-relay setup`", cfg.RetryTable)
 	default:
 		c.ok("retry table", "%s exists", cfg.RetryTable)
+		checkOwners(ctx, conn, cfg, c)
 	}
 	// The replay table is replay's alone: missing, it fails nothing.
 	replayTable := sql.ReplayTableName(cpTable)

@@ -186,6 +186,9 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 	} else {
 		say("retry table %s: created", retryTable)
 	}
+	if err := setupOwners(ctx, conn, cfg, say, problem); err != nil {
+		return err
+	}
 
 	// The replay table: replay would create it itself, but only as a role
 	// that may create tables; created here, replay runs with grants alone.
@@ -194,12 +197,16 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 	if err != nil {
 		return err
 	}
-	if rpOID != 0 {
-		say("replay table %s: already exists", replayTable)
-	} else {
-		if _, err := conn.Exec(ctx, sql.ReplayTable(checkpoint)); err != nil {
-			return fmt.Errorf("create replay table %s: %w", replayTable, err)
+	// Idempotent, and they upgrade a table of an earlier version (runs
+	// belong to a slot): run them either way.
+	for _, stmt := range sql.ReplayTable(checkpoint) {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("create or upgrade replay table %s: %w", replayTable, err)
 		}
+	}
+	if rpOID != 0 {
+		say("replay table %s: already exists (upgraded if an earlier version made it)", replayTable)
+	} else {
 		say("replay table %s: created", replayTable)
 	}
 
@@ -397,7 +404,7 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 		sql.CheckpointTable(o.Checkpoint), sql.CheckpointUpgrade(o.Checkpoint))
 	block("The checkpoint history (replay and retention map LSNs to rows with it).", sql.CheckpointHistoryTable(o.Checkpoint)...)
 	block("The retry table: failed events, and those waiting behind them.", sql.RetryTable(o.Retry)...)
-	block("The replay table: replay's resumable runs.", sql.ReplayTable(o.Checkpoint))
+	block("The replay table: replay's resumable runs.", sql.ReplayTable(o.Checkpoint)...)
 	if cfg.MessagesOnly {
 		block("The publication, of no table: the relay reads logical decoding messages, which\n"+
 			"pgoutput sends whatever the publication covers.",

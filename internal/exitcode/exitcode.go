@@ -19,6 +19,11 @@ const (
 	// invalidated, another system or timeline: DESIGN invariant 14). run
 	// refuses to stream; the message names the uncovered range and the fix.
 	Gap = 4
+	// Incomplete: recover, a refill or replay --from-lsn found that rows of
+	// its range may be gone: retention (of some slot) recorded deleting rows
+	// of transactions the range needs. What was left was sent; the message
+	// names the slot whose retention pruned them.
+	Incomplete = 5
 )
 
 // A Coder is an error that carries its exit code.

@@ -176,7 +176,7 @@ func newEnv(t *testing.T, kind string, g *gen, seed uint64, messages bool) *env 
 		e.createTopic("Col.x", 2)
 	}
 	var err error
-	if e.store, err = retry.NewStore(e.pool, "outbox_relay_retry"); err != nil {
+	if e.store, err = retry.NewStore(e.pool, "outbox_relay_retry", e.slot); err != nil {
 		t.Fatal(err)
 	}
 	e.cfg = relay.Config{

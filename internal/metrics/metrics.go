@@ -54,6 +54,7 @@
 //	retention_lag_seconds                 gauge     how long the oldest row older than the retention has been due for deletion, 0 when none (after each round)
 //	retention_last_round_timestamp_seconds gauge    when the last retention round ended (Unix time); 0 before the first
 //	retention_round_duration_seconds      gauge     how long the last retention round took
+//	retention_kept_for_other_slots        gauge     rows older than the retention kept because another slot has not passed them (at most 100000; after each round)
 package metrics
 
 import (
@@ -100,6 +101,7 @@ type Metrics struct {
 	retentionDeleted            prometheus.Counter
 	retentionLag                prometheus.Gauge
 	retentionLast, retentionDur prometheus.Gauge
+	retentionKept               prometheus.Gauge
 
 	topics sync.Map // topic name -> *Topic
 	tables sync.Map // table name -> *Table
@@ -160,13 +162,14 @@ func New() *Metrics {
 	m.retentionLag = gauge("retention_lag_seconds", "How long the oldest outbox row older than outbox.retention has been due for deletion, as of the last retention round; 0 when there is none.")
 	m.retentionLast = gauge("retention_last_round_timestamp_seconds", "When the last retention round ended, as a Unix time; 0 before the first.")
 	m.retentionDur = gauge("retention_round_duration_seconds", "How long the last retention round took.")
+	m.retentionKept = gauge("retention_kept_for_other_slots", "Outbox rows older than outbox.retention that this relay delivered but another logical slot of the database has not passed, kept for it, as of the last retention round (counted up to 100000).")
 	m.refills = counter("refills_total", "Refills done: the slot did not continue from the checkpoint, and the relay re-delivered the uncovered range from the outbox table (outbox-relay recover, postgres.on_slot_loss: refill).")
 	m.refilled = counter("refilled_events_total", "Outbox rows re-delivered by refills (sent to Kafka or stored in the retry table), duplicates of earlier deliveries included.")
 	m.sampled = &sampled{}
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.traceInvalid, m.schemaStops, m.placementStops,
-		m.ready, m.stalled, m.active, m.epoch, m.takeovers, m.slotGap, m.refills, m.refilled, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur,
+		m.ready, m.stalled, m.active, m.epoch, m.takeovers, m.slotGap, m.refills, m.refilled, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur, m.retentionKept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -354,6 +357,14 @@ func (m *Metrics) RetentionRound(end time.Time, took, overdue time.Duration) {
 		m.retentionLast.Set(float64(end.UnixNano()) / 1e9)
 		m.retentionDur.Set(took.Seconds())
 		m.retentionLag.Set(overdue.Seconds())
+	}
+}
+
+// RetentionKept records how many rows the last retention round kept for
+// other slots.
+func (m *Metrics) RetentionKept(n int64) {
+	if m != nil {
+		m.retentionKept.Set(float64(n))
 	}
 }
 

@@ -97,8 +97,9 @@ type SamplerConfig struct {
 	Logger     *slog.Logger  // default discards
 }
 
-// A Sampler periodically reads the slot's lag and the retry table's figures
-// from Postgres into the slot_* and retry_* gauges of a Metrics.
+// A Sampler periodically reads the slot's lag and the figures of the slot's
+// rows in the retry table from Postgres into the slot_* and retry_* gauges
+// of a Metrics.
 type Sampler struct {
 	m    *Metrics
 	pool *pgxpool.Pool
@@ -163,7 +164,7 @@ func (s *Sampler) Sample(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	slot, slotErr := pgslot.Read(qctx, s.pool, s.cfg.Slot)
-	retry, retryErr := ops.QueryRetry(qctx, s.pool, s.cfg.RetryTable)
+	retry, retryErr := ops.QueryRetry(qctx, s.pool, s.cfg.RetryTable, s.cfg.Slot)
 	if err := ctx.Err(); err != nil {
 		return err // shutting down: the values read so far stay as they were
 	}

@@ -80,8 +80,10 @@ func TestSampler(t *testing.T) {
 	for _, stmt := range sql.RetryTable(sql.Table{Schema: id, Name: "outbox_relay_retry"}) {
 		exec(stmt)
 	}
-	exec("INSERT INTO " + sql.Ident(id) + `.outbox_relay_retry (event_key, aggregate, status, next_attempt_at, first_failed_at)
-		VALUES ('a', 'x/1', 'dead', now(), now()), ('b', 'x/2', 'pending', now(), now() - interval '2 minutes')`)
+	// The slot's rows, and one of another slot sharing the table: not counted.
+	exec("INSERT INTO " + sql.Ident(id) + `.outbox_relay_retry (event_key, aggregate, status, next_attempt_at, first_failed_at, slot_name)
+		VALUES ('a', 'x/1', 'dead', now(), now(), '` + id + `'), ('b', 'x/2', 'pending', now(), now() - interval '2 minutes', '` + id + `'),
+		('c', 'y/1', 'dead', now(), now(), 'other_slot')`)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(runCtx) }()

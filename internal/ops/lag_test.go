@@ -119,9 +119,12 @@ func TestLagRetryTable(t *testing.T) {
 	f.insertRetry(t, "pending", 60*time.Second)
 	f.insertRetry(t, "pending", 10*time.Second)
 	f.insertRetry(t, "dead", time.Hour)
+	// Another relay's rows (another slot sharing the table) are its own.
+	f.insertRetryOf(t, "other_slot", "pending", 2*time.Hour)
+	f.insertRetryOf(t, "other_slot", "dead", time.Hour)
 	r = f.lag(t)
 	if r.Retry == nil || r.Retry.Pending != 2 || r.Retry.Dead != 1 {
-		t.Fatalf("Lag().Retry = %+v; want 2 pending, 1 dead", r.Retry)
+		t.Fatalf("Lag().Retry = %+v; want 2 pending, 1 dead (the slot's own, not another slot's)", r.Retry)
 	}
 	if s := r.Retry.OldestPendingAgeSeconds; s == nil || math.Abs(*s-60) > 5 {
 		t.Errorf("Lag().Retry.OldestPendingAgeSeconds = %v; want ≈ 60", s)

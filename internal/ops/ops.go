@@ -406,7 +406,7 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 		}
 		r.Tables = append(r.Tables, TableLag{Table: t, TimeLag: tl})
 	}
-	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable); err != nil {
+	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable, cfg.Slot); err != nil {
 		return nil, err
 	}
 	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot, cfg.Fix); err != nil {
@@ -470,15 +470,27 @@ const retrySelect = `SELECT count(*) FILTER (WHERE status = 'pending'),
        extract(epoch FROM now() - min(first_failed_at) FILTER (WHERE status = 'pending'))::float8
 FROM `
 
-// QueryRetry summarises the retry table. It returns nil, nil when the table
-// does not exist (the retry worker is not set up): that is not an error.
-func QueryRetry(ctx context.Context, q Querier, table string) (*Retry, error) {
+// QueryRetry summarises the rows of slot in the retry table: those of other
+// slots (other relays sharing the table) are theirs to report. It returns
+// nil, nil when the table does not exist (the retry worker is not set up):
+// that is not an error. A table of an earlier version, whose rows belong to
+// no slot yet (the relay adopts them at start-up), is summarised whole.
+func QueryRetry(ctx context.Context, q Querier, table, slot string) (*Retry, error) {
 	t, err := resolveTable(ctx, q, table)
 	if err != nil || t == "" {
 		return nil, err
 	}
+	var owned bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+WHERE attrelid = $1::regclass AND attname = 'slot_name' AND NOT attisdropped)`, t).Scan(&owned); err != nil {
+		return nil, fmt.Errorf("query retry table %s: %w", t, err)
+	}
+	where, args := "", []any{}
+	if owned {
+		where, args = " WHERE slot_name = $1", []any{slot}
+	}
 	var r Retry
-	if err := q.QueryRow(ctx, retrySelect+t).Scan(&r.Pending, &r.Dead, &r.OldestPendingAgeSeconds); err != nil {
+	if err := q.QueryRow(ctx, retrySelect+t+where, args...).Scan(&r.Pending, &r.Dead, &r.OldestPendingAgeSeconds); err != nil {
 		return nil, fmt.Errorf("query retry table %s: %w", t, err)
 	}
 	return &r, nil

@@ -109,8 +109,14 @@ func (f *fixture) createRetryTable(t *testing.T) {
 // insertRetry adds a retry row with the given status that first failed age ago.
 func (f *fixture) insertRetry(t *testing.T, status string, age time.Duration) {
 	t.Helper()
-	f.exec(t, `INSERT INTO `+f.table("outbox_relay_retry")+` (event_key, aggregate, status, next_attempt_at, first_failed_at)
-		VALUES (gen_random_uuid()::text, 'outbox.event.Order/1', $1, now(), now() - make_interval(secs => $2))`, status, age.Seconds())
+	f.insertRetryOf(t, f.cfg.Slot, status, age)
+}
+
+// insertRetryOf inserts a row of slot into the retry table.
+func (f *fixture) insertRetryOf(t *testing.T, slot, status string, age time.Duration) {
+	t.Helper()
+	f.exec(t, `INSERT INTO `+f.table("outbox_relay_retry")+` (event_key, aggregate, status, next_attempt_at, first_failed_at, slot_name)
+		VALUES (gen_random_uuid()::text, 'outbox.event.Order/1', $1, now(), now() - make_interval(secs => $2), $3)`, status, age.Seconds(), slot)
 }
 
 func (f *fixture) lag(t *testing.T) *ops.LagReport {

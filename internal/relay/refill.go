@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -55,7 +56,19 @@ import (
 // events, plus those of transactions open across that row), and in a
 // running relay the events in flight when the gap was met. A crash before
 // step 5 leaves the checkpoint where it was: the next start meets a slot
-// ahead of it, and refills again.
+// ahead of it, and refills again. Not from the start: after each chunk the
+// writer finished, step 4 records in the checkpoint row how far it got (the
+// last row's position in the order, and the snapshot's xmin), and a refill
+// from the same checkpoint skips the rows of transactions older than that
+// xmin up to that position (replay.Selected.SkipSent: each was in the killed
+// refill's snapshot, before a row it had handled). It sends again what the
+// killed one sent after its last record, and the rows of transactions open
+// when the killed one began.
+//
+// A range whose rows retention may have deleted (some slot's retention
+// recorded a horizon younger than the history row the checkpoint maps to:
+// checkpoint.FindPruned) is refilled with what is left and reported
+// (RefillResult.Pruned): recover exits 5, a running relay logs an error.
 
 // HeaderRefillID is the header every refilled message carries: the refill's id.
 const HeaderRefillID = "refill_id"
@@ -69,14 +82,21 @@ const (
 
 // A RefillResult says what a refill did, or with DryRun what it would do.
 type RefillResult struct {
-	ID       string
-	Cause    pgslot.Cause
-	From     pglogrepl.LSN // the checkpoint before
-	To       pglogrepl.LSN // the new slot's consistent point: the checkpoint after
-	Events   int64         // rows read from the outbox table (dry run: counted now)
-	Parked   int64         // of them, stored in the retry table (refused, or behind an aggregate's earlier rows)
-	Held     int64         // of them, neither sent nor stored: the retry table held them already (Store.Held)
-	Note     string        // how the checkpoint was mapped to rows
+	ID     string
+	Cause  pgslot.Cause
+	From   pglogrepl.LSN // the checkpoint before
+	To     pglogrepl.LSN // the new slot's consistent point: the checkpoint after
+	Events int64         // rows read from the outbox table (dry run: counted now)
+	Parked int64         // of them, stored in the retry table (refused, or behind an aggregate's earlier rows)
+	Held   int64         // of them, neither sent nor stored: the retry table held them already (Store.Held)
+	// Resumed: events a refill from the same checkpoint before this one
+	// (killed) had handled, by its recorded progress; this one skipped them.
+	Resumed int64
+	Note    string // how the checkpoint was mapped to rows
+	// Pruned, when not nil, says that retention may have deleted rows of
+	// the range (see replay.PrunedError): the refill sent what was left.
+	// Recover returns it as its error, beside the result.
+	Pruned   *replay.PrunedError
 	Duration time.Duration
 	DryRun   bool
 }
@@ -177,6 +197,16 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, err
 	}
 	res.Note = sels[0].sel.Note()
+	if err := r.skipRefilled(ctx, store, sels, res); err != nil {
+		return nil, err
+	}
+	for _, s := range sels {
+		if p := s.sel.Pruned(); p != nil && res.Pruned == nil {
+			pe := *p
+			pe.What = "refill of slot " + strconv.Quote(slot)
+			res.Pruned = &pe
+		}
+	}
 	if dryRun {
 		for _, s := range sels {
 			text, args := s.sel.SQL()
@@ -185,6 +215,9 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 				return nil, fmt.Errorf("refill (dry run): count the rows of %s: %w", s.name, err)
 			}
 			res.Events += n
+		}
+		if res.Pruned != nil {
+			res.Pruned.Found = res.Events
 		}
 		return res, nil
 	}
@@ -263,7 +296,12 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	// 3. and 4. Read in the snapshot, deliver as the live relay does. The
 	// replication connection stays open and idle meanwhile: the snapshot
 	// lives as long as it does nothing else.
-	xmin, at, err := r.deliverRefill(ctx, pool, sels, created.SnapshotName, ls, res)
+	progress := func(p checkpoint.RefillProgress) {
+		if err := store.SaveRefillProgress(ctx, slot, epoch, p); err != nil {
+			log.Warn("refill: cannot record its progress; if it is killed, the next refill sends again what it sent", "err", err)
+		}
+	}
+	xmin, at, err := r.deliverRefill(ctx, pool, sels, created.SnapshotName, ls, res, progress)
 	if err != nil {
 		return nil, fmt.Errorf("refill %s stopped (the checkpoint is unchanged: the next start refills again): %w", res.ID, err)
 	}
@@ -286,10 +324,42 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	}
 	r.m.Refilled(res.Events - res.Held)
 	r.m.SetSlotGap(false)
+	if res.Pruned != nil {
+		res.Pruned.Found = res.Events
+		log.Error("refill: rows of the range may be missing: retention deleted them before this slot delivered them", "err", res.Pruned)
+	}
 	log.Warn("refill done: the slot continues from the checkpoint again",
 		"slot", slot, "cause", gap.Cause, "from_checkpoint", res.From.String(), "to_checkpoint", res.To.String(),
 		"events", res.Events-res.Held, "parked_in_retry_table", res.Parked, "already_in_retry_table", res.Held, "duration", res.Duration.Round(time.Millisecond).String(), "selection", res.Note)
 	return res, nil
+}
+
+// skipRefilled narrows the selections when a refill from the same
+// checkpoint recorded its progress and was killed: what it handled is
+// skipped (replay.Selected.SkipSent says which rows, and why none is lost).
+// A progress of another checkpoint, or in another order, is ignored.
+func (r *Relay) skipRefilled(ctx context.Context, store *checkpoint.Store, sels []refillSource, res *RefillResult) error {
+	p, ok, err := store.LoadRefillProgress(ctx, r.cfg.Replication.Slot)
+	if err != nil {
+		r.log.Warn("refill: cannot read the progress of an earlier refill; sending everything", "err", err)
+		return nil
+	}
+	if !ok || p.From != res.From || p.Table >= len(sels) || len(p.Position) != len(sels[p.Table].sel.Order()) {
+		return nil
+	}
+	for i := 0; i <= p.Table; i++ {
+		pos := p.Position
+		if i < p.Table {
+			pos = nil
+		}
+		if err := sels[i].sel.SkipSent(pos, p.Xmin); err != nil {
+			return fmt.Errorf("refill: skip what refill %s sent: %w", p.ID, err)
+		}
+	}
+	res.Resumed = p.Sent
+	r.log.Warn("refill: continuing after a refill from the same checkpoint that stopped: skipping what it handled",
+		"stopped_refill_id", p.ID, "events_it_handled", p.Sent, "table", sels[p.Table].name)
+	return nil
 }
 
 // A RefillError says why a gap cannot be refilled, and what to do instead.

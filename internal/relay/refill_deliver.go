@@ -12,28 +12,67 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// refillTally is the refill's acker: it counts what the writer finished.
-type refillTally struct{ done int64 }
+// refillTally is the refill's acker: it counts what the writer finished,
+// and records after each chunk how far the refill got (the position of the
+// chunk's last row), so that a refill killed midway is followed by one that
+// skips what it handled.
+type refillTally struct {
+	done int64
 
-func (t *refillTally) ack(c *chunk) { t.done += int64(len(c.evs) + len(c.fails)) }
-func (t *refillTally) close()       {}
+	mu   sync.Mutex
+	at   map[*chunk]refillAt // where each chunk sent and not yet finished ends
+	save func(refillAt, int64)
+}
+
+// refillAt is where a chunk ends: its table, and its last row's position
+// in the table's order (nil values: NULL).
+type refillAt struct {
+	table int
+	pos   []*string
+	held  int64 // rows of the chunk neither sent nor stored: in the retry table already
+}
+
+func (t *refillTally) sent(c *chunk, at refillAt) {
+	t.mu.Lock()
+	t.at[c] = at
+	t.mu.Unlock()
+}
+
+func (t *refillTally) ack(c *chunk) {
+	t.done += int64(len(c.evs) + len(c.fails))
+	t.mu.Lock()
+	at, ok := t.at[c]
+	delete(t.at, c)
+	t.mu.Unlock()
+	if ok && t.save != nil {
+		t.save(at, t.done)
+	}
+}
+
+func (t *refillTally) close() {}
 
 // deliverRefill reads the selection in the exported snapshot and hands it to
 // a writer, chunk by chunk; it returns once the writer finished every chunk,
 // with the snapshot's xmin (a full xid) and the server's time.
-func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []refillSource, snapshot string, ls *lease, res *RefillResult) (uint64, time.Time, error) {
+//
+// After each chunk the writer finished it calls progress with how far the
+// refill got.
+func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []refillSource, snapshot string, ls *lease, res *RefillResult,
+	progress func(checkpoint.RefillProgress)) (uint64, time.Time, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, time.Time{}, err
@@ -66,7 +105,7 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 			return 0, time.Time{}, err
 		}
 	}
-	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
+	rstore, err := retry.NewStore(pool, r.cfg.RetryTable, r.cfg.Replication.Slot)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
@@ -83,7 +122,12 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 		rsink = r.retrySink
 	}
 	w := &writer{sink: rsink, gate: gt, fence: ls, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m}
-	tally := &refillTally{}
+	tally := &refillTally{at: map[*chunk]refillAt{}}
+	var held int64
+	tally.save = func(at refillAt, done int64) {
+		held += at.held
+		progress(checkpoint.RefillProgress{ID: res.ID, From: res.From, Xmin: xmin, Table: at.table, Position: at.pos, Sent: res.Resumed + done + held})
+	}
 	chunks := make(chan *chunk)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.run(gctx, chunks, tally) })
@@ -105,8 +149,10 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 				err error
 			}
 			var read []routed
+			var last []string
 			for rows.Next() {
-				row, _, err := sel.Scan(rows)
+				row, pos, err := sel.Scan(rows)
+				last = pos
 				if err != nil {
 					rows.Close()
 					return err
@@ -163,6 +209,15 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 				res.Held += int64(len(h))
 			}
 			c := &chunk{}
+			at := refillAt{table: cur, held: int64(len(held))}
+			for _, v := range last {
+				if v == "" { // NULL: no value of the order is empty text
+					at.pos = append(at.pos, nil)
+				} else {
+					at.pos = append(at.pos, &v)
+				}
+			}
+			tally.sent(c, at)
 			for i := range read {
 				if held[i] {
 					continue
@@ -187,9 +242,9 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 	if tally.done != res.Events-res.Held {
 		return 0, time.Time{}, fmt.Errorf("the writer finished %d of %d refilled events", tally.done, res.Events-res.Held)
 	}
-	// What the retry table holds of this refill: parked behind an
-	// aggregate's earlier rows, or refused.
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+rstoreTable(r.cfg.RetryTable)+` WHERE event_key LIKE $1`, "refill:"+res.ID+":%").Scan(&res.Parked); err != nil {
+	// What the retry table holds of this refill (the slot's rows): parked
+	// behind an aggregate's earlier rows, or refused.
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+rstoreTable(r.cfg.RetryTable)+` WHERE slot_name = $2 AND event_key LIKE $1`, "refill:"+res.ID+":%", r.cfg.Replication.Slot).Scan(&res.Parked); err != nil {
 		r.log.Warn("refill: cannot count the refilled events in the retry table", "err", err)
 	}
 	return xmin, at, tx.Commit(ctx)

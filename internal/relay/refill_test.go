@@ -434,3 +434,90 @@ func TestRefillRefused(t *testing.T) {
 		t.Fatalf("run = %v; want the *relay.RefillError, exit %d", err, exitcode.Gap)
 	}
 }
+
+// TestRefillKilledResumes is issue 34's case 6 (first point): a refill
+// killed midway records how far it got, and the refill after it skips what
+// it handled: lost 0, and only what the first sent after its last record is
+// sent twice (not everything it had sent).
+func TestRefillKilledResumes(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
+	run := f.start(t, cfg)
+	f.produce(t, 2, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	const total = 20000
+	f.pg.Exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+SELECT gen_random_uuid(), 'Order', 'k-' || (i % 50), 'OrderChanged', jsonb_build_object('i', i) FROM generate_series(1, $1::int) i`, total)
+
+	// The first refill, cancelled once it has recorded progress.
+	r1, err := newRelay(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, kill := context.WithCancel(ctx)
+	go func() {
+		defer kill()
+		for kctx.Err() == nil {
+			var recorded bool
+			if err := f.pool.QueryRow(ctx, `SELECT refill_progress IS NOT NULL FROM outbox_relay_checkpoint WHERE slot_name = $1`, f.slot).Scan(&recorded); err == nil && recorded {
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	if res, err := r1.Recover(kctx, false); err == nil {
+		t.Fatalf("the first refill finished (%+v) before it was killed: make it longer", res)
+	}
+	r2, err := newRelay(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r2.Recover(ctx, false)
+	if err != nil {
+		t.Fatalf("Recover after the killed refill = %v; want a refill", err)
+	}
+
+	var ids []string
+	rows, err := f.pool.Query(ctx, `SELECT id::text FROM outbox WHERE aggregate_type = 'Order' AND aggregate_id LIKE 'k-%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	rows.Close()
+	first, second := map[string]bool{}, map[string]bool{}
+	for _, d := range f.readAll(t) {
+		switch id := d.Headers[relay.HeaderRefillID]; {
+		case id == res.ID:
+			second[d.Headers["id"]] = true
+		case id != "":
+			first[d.Headers["id"]] = true
+		}
+	}
+	lost, twice := 0, 0
+	for _, id := range ids {
+		if !first[id] && !second[id] {
+			lost++
+		}
+		if first[id] && second[id] {
+			twice++
+		}
+	}
+	t.Logf("killed refill sent %d of %d; the next one skipped %d it handled and sent %d; sent by both %d", len(first), total, res.Resumed, len(second), twice)
+	if len(ids) != total || lost != 0 {
+		t.Fatalf("%d of %d rows lost over the two refills", lost, len(ids))
+	}
+	if res.Resumed == 0 || int64(twice) > int64(len(first))-res.Resumed+1 {
+		t.Errorf("the refill after a killed one skipped %d and sent %d of the %d the first sent again; want only those sent after its last record (at most %d)",
+			res.Resumed, twice, len(first), int64(len(first))-res.Resumed)
+	}
+}

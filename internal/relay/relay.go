@@ -96,6 +96,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -216,7 +217,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if r.m != nil {
 		served.Go(func() error {
 			if err := ignoreCanceled(r.m.Serve(sctx, r.cfg.MetricsListen, r.Ready)); err != nil {
-				failRun(err)
+				// Under its field, so that the operator reads the key (and
+				// the command line's hint the flag) that chose the address.
+				failRun(&field.Error{Field: "MetricsListen", Reason: err.Error(), Err: err})
 			}
 			return nil
 		})

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -23,6 +25,7 @@ func (r *Relay) runRetention(ctx context.Context, db retention.DB, table string)
 	// A partition kept for the same reason round after round is said once.
 	keptSaid := map[string]string{}
 	var lastReason checkpoint.NoHorizonKind
+	var heldSaid string // the slots holding rows back, as last said
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -42,15 +45,25 @@ func (r *Relay) runRetention(ctx context.Context, db retention.DB, table string)
 				"retry_in", cfg.Interval.String(), "err", err)
 		case res.Horizon == nil:
 			r.m.RetentionRound(time.Now(), time.Since(start), res.Overdue)
+			r.m.RetentionKept(res.KeptForReaders)
 			// Said once per reason: a relay that has just started, or a
 			// missing history table, would otherwise log every round.
-			if res.NoHorizonKind != lastReason {
-				log.Info("retention: nothing deleted", "reason", res.NoHorizon, "overdue", res.Overdue.String())
+			if res.NoHorizonKind != lastReason || (res.NoHorizonKind == retention.HeldBySlot && heldSaid != heldBy(res)) {
+				log.Info("retention: nothing deleted", "reason", res.NoHorizon, "overdue", res.Overdue.String(), "kept_for_other_slots", res.KeptForReaders)
 			}
-			lastReason = res.NoHorizonKind
+			lastReason, heldSaid = res.NoHorizonKind, heldBy(res)
 		default:
 			r.m.RetentionRound(time.Now(), time.Since(start), res.Overdue)
+			r.m.RetentionKept(res.KeptForReaders)
 			lastReason = ""
+			// Said when the slots holding rows back change.
+			if h := heldBy(res); h != heldSaid {
+				if h != "" {
+					log.Info("retention: rows kept for other slots that have not passed them (outbox.retention_ignore_slots lists slots that do not read the outbox)",
+						"slots", h, "kept_rows", res.KeptForReaders)
+				}
+				heldSaid = h
+			}
 			for _, p := range res.Partitions {
 				switch {
 				case p.Gone:
@@ -69,4 +82,14 @@ func (r *Relay) runRetention(ctx context.Context, db retention.DB, table string)
 		}
 		t.Reset(cfg.Interval)
 	}
+}
+
+// heldBy names the slots that held a round's horizon back, and where they
+// are, for a log line.
+func heldBy(res retention.Result) string {
+	var s []string
+	for _, r := range res.HeldBy {
+		s = append(s, fmt.Sprintf("%s (%s)", r.Slot, r.State()))
+	}
+	return strings.Join(s, "; ")
 }

@@ -3,22 +3,27 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // retentionConfig is the fixture's relay with retention at test speed: rows
 // expire after 2s, history every 100ms, rounds every 200ms in batches of 7.
+// The probe slot, which only peeks, is acknowledged as not a reader.
 func retentionConfig(t *testing.T, f *fixture) relay.Config {
 	cfg := f.config(t)
 	cfg.HistoryInterval = 100 * time.Millisecond
 	cfg.Retention = retention.Config{Retention: 2 * time.Second, Interval: 200 * time.Millisecond,
-		BatchSize: 7, Pause: time.Millisecond}
+		BatchSize: 7, Pause: time.Millisecond, IgnoreSlots: []string{f.probe}}
 	cfg.MetricsListen = freeAddr(t)
 	return cfg
 }
@@ -221,4 +226,135 @@ func TestInsertThenDelete(t *testing.T) {
 	ends := f.commitEnds(t)
 	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
 	run.stop(t)
+}
+
+// TestRetentionWaitsForAnotherRelay is issue 34's case 2: two relays with
+// slots of their own on one outbox (blue/green, a migration running side
+// by side). While B is stopped, A delivers 50 events and its retention
+// would delete them, but B has not: they stay, counted as kept for B's
+// slot. When B's slot is then lost, recover refills all 50 from the table,
+// and afterwards A's retention deletes them.
+func TestRetentionWaitsForAnotherRelay(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	cfgB := f.refillConfig(t)
+	cfgB.OnSlotLoss = relay.OnSlotLossFail
+	cfgB.Replication.Slot = testenv.UniqueName(t, "blue")
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfgB.Replication.Slot)
+	runB := f.start(t, cfgB)
+	f.insertIDs(t, 2, 5)
+	waitFor(t, time.Minute, "a history row of B at or before its checkpoint", func() (bool, string) {
+		var ok bool
+		err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
+JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, cfgB.Replication.Slot).Scan(&ok)
+		if err != nil {
+			return false, err.Error()
+		}
+		return ok, "none yet"
+	})
+	runB.stop(t)
+
+	cfgA := retentionConfig(t, f)
+	f.start(t, cfgA)
+	ids := f.insertIDs(t, 10, 5)
+	f.waitAll(t, time.Minute)
+	// Wait until A's own horizon covers the 50 (a dry round counts them
+	// as kept for B), then give A's running retention a few more rounds.
+	rc := cfgA.Retention
+	rc.Table, rc.CheckpointTable, rc.Slot, rc.DryRun = "public.outbox", "outbox_relay_checkpoint", f.slot, true
+	var res retention.Result
+	waitFor(t, time.Minute, "A's horizon past the 50 rows, kept for B", func() (bool, string) {
+		var err error
+		if res, err = retention.Round(ctx, f.pool, rc); err != nil {
+			return false, err.Error()
+		}
+		return res.KeptForReaders >= 50, fmt.Sprintf("kept %d for %+v, %s", res.KeptForReaders, res.HeldBy, res.NoHorizon)
+	})
+	if len(res.HeldBy) != 1 || res.HeldBy[0].Slot != cfgB.Replication.Slot {
+		t.Errorf("dry round held by %+v; want B's slot %s alone", res.HeldBy, cfgB.Replication.Slot)
+	}
+	time.Sleep(5 * rc.Interval)
+	if n := f.rowsLeft(t, ids); n != 50 {
+		t.Fatalf("A's retention left %d of the 50 rows B has not delivered; want all 50", n)
+	}
+
+	// B's slot lost: its refill finds every row.
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, cfgB.Replication.Slot)
+	r, err := newRelay(t, cfgB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, err := r.Recover(ctx, false)
+	if err != nil || rr.Pruned != nil {
+		t.Fatalf("Recover of B = %+v, %v; want a refill with nothing pruned", rr, err)
+	}
+	refilled := map[string]bool{}
+	for _, d := range f.readAll(t) {
+		if d.Headers[relay.HeaderRefillID] == rr.ID {
+			refilled[d.Headers["id"]] = true
+		}
+	}
+	for _, id := range ids {
+		if !refilled[id] {
+			t.Errorf("event %s was not refilled for B (%d refilled, %d events in the refill)", id, len(refilled), rr.Events)
+			break
+		}
+	}
+	// B has passed them now: A's retention deletes them.
+	waitFor(t, time.Minute, "A's retention to delete the rows B has passed", func() (bool, string) {
+		n := f.rowsLeft(t, ids)
+		return n == 0, fmt.Sprintf("%d left", n)
+	})
+}
+
+// TestRecoverSaysRowsPruned: when retention did delete rows another slot
+// needed (here its slot was listed in outbox.retention_ignore_slots by
+// mistake), that slot's recover sends what is left and says the rest may
+// be gone, naming the slot whose retention pruned them, with exit code 5:
+// never "sent 0 events" and exit 0.
+func TestRecoverSaysRowsPruned(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	cfgB := f.refillConfig(t)
+	cfgB.OnSlotLoss = relay.OnSlotLossFail
+	cfgB.Replication.Slot = testenv.UniqueName(t, "green")
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfgB.Replication.Slot)
+	runB := f.start(t, cfgB)
+	f.insertIDs(t, 2, 5)
+	waitFor(t, time.Minute, "a history row of B at or before its checkpoint", func() (bool, string) {
+		var ok bool
+		err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
+JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, cfgB.Replication.Slot).Scan(&ok)
+		if err != nil {
+			return false, err.Error()
+		}
+		return ok, "none yet"
+	})
+	runB.stop(t)
+
+	cfgA := retentionConfig(t, f)
+	cfgA.Retention.IgnoreSlots = append(cfgA.Retention.IgnoreSlots, cfgB.Replication.Slot)
+	f.start(t, cfgA)
+	ids := f.insertIDs(t, 10, 5)
+	waitFor(t, time.Minute, "A's retention to delete the 50 rows", func() (bool, string) {
+		n := f.rowsLeft(t, ids)
+		return n == 0, fmt.Sprintf("%d left", n)
+	})
+
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, cfgB.Replication.Slot)
+	for _, dry := range []bool{true, false} {
+		r, err := newRelay(t, cfgB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rr, err := r.Recover(ctx, dry)
+		if err != nil {
+			t.Fatalf("Recover(dry run %v) of B = %v; want a refill", dry, err)
+		}
+		if rr.Pruned == nil || exitcode.Of(rr.Pruned) != exitcode.Incomplete || rr.Pruned.By.Slot != f.slot ||
+			!strings.Contains(rr.Pruned.Error(), strconv.Quote(f.slot)) || !strings.Contains(rr.Pruned.Error(), "rows found") {
+			t.Errorf("Recover(dry run %v) of B after A pruned its rows = %d events, pruned %v; want it to say rows may be gone, pruned by slot %s, exit %d",
+				dry, rr.Events, rr.Pruned, f.slot, exitcode.Incomplete)
+		}
+	}
 }

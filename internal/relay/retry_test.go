@@ -22,7 +22,7 @@ func (f *fixture) retryConfig(t *testing.T) relay.Config {
 }
 
 func (f *fixture) retryStore(t *testing.T) *retry.Store {
-	s, err := retry.NewStore(f.pool, "outbox_relay_retry")
+	s, err := retry.NewStore(f.pool, "outbox_relay_retry", f.slot)
 	if err != nil {
 		t.Fatal(err)
 	}

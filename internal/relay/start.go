@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/isolation"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -39,7 +41,7 @@ type opened struct {
 func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 	o := &opened{store: checkpoint.New(pool, r.cfg.CheckpointTable)}
 	store := o.store
-	rstore, err := retry.NewStore(pool, r.cfg.RetryTable)
+	rstore, err := retry.NewStore(pool, r.cfg.RetryTable, r.cfg.Replication.Slot)
 	if err != nil {
 		return nil, fmt.Errorf("retry table: %w", err)
 	}
@@ -57,6 +59,11 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 				return err
 			}
 			r.log.Warn("cannot upgrade the retry table: its owner must (sql/004_retry.sql does)", "table", r.cfg.RetryTable, "err", err)
+		}
+		// Rows of an earlier version belong to no slot: this relay's when
+		// provably so, else it stops, saying how to assign them.
+		if err := r.adopt(ctx, pool, rstore); err != nil {
+			return err
 		}
 		// Likewise the checkpoint history, new in a later version than the
 		// checkpoint table: delivery does not need it, retention does.
@@ -223,4 +230,47 @@ func (r *Relay) identify(ctx context.Context) (pgslot.Server, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return pgslot.Identify(ctx, conn)
+}
+
+// adopt gives the relay's slot the retry rows of an earlier version that are
+// provably its own (retry.Adopt), and logs what else shares its tables and
+// its outbox (package isolation): legitimate, but worth knowing.
+func (r *Relay) adopt(ctx context.Context, pool *pgxpool.Pool, rstore *retry.Store) error {
+	cp, _ := sql.ParseTable(r.cfg.CheckpointTable) // validated by New
+	var outboxes []string
+	for _, ob := range r.cfg.outboxes() {
+		outboxes = append(outboxes, ob.name)
+	}
+	n, err := rstore.Adopt(ctx, cp, outboxes)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		r.log.Info("retry table: rows of an earlier version, which belonged to no slot, are now this slot's (no other slot ever saved a checkpoint here, and they come from this relay's outbox tables)",
+			"table", r.cfg.RetryTable, "slot", r.cfg.Replication.Slot, "rows", n)
+	}
+	rt, _ := sql.ParseTable(r.cfg.RetryTable)
+	icfg := isolation.Config{Slot: r.cfg.Replication.Slot, Publication: r.cfg.Replication.Publication, Retry: rt, Checkpoint: cp}
+	if r.cfg.readsTable() {
+		for _, ob := range r.cfg.outboxes() {
+			t, _ := sql.ParseTable(ob.name)
+			icfg.Outboxes = append(icfg.Outboxes, t)
+		}
+	}
+	rep, err := isolation.Survey(ctx, pool, icfg)
+	if err != nil {
+		if unreachable(err) {
+			return err
+		}
+		r.log.Warn("cannot look for other relays and slots in the database", "err", err)
+		return nil
+	}
+	for _, f := range rep.Findings(icfg) {
+		level := slog.LevelInfo
+		if f.Reader {
+			level = slog.LevelWarn
+		}
+		r.log.Log(ctx, level, "neighbour: "+f.What, "meaning", f.Meaning)
+	}
+	return nil
 }

@@ -32,6 +32,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,7 +41,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -125,7 +129,40 @@ type Plan struct {
 	Events, Bytes int64
 	From, To      time.Time // the created_at bounds applied (zero: none)
 	Note          string    // how FromLSN was mapped, when given
+	// Pruned, when not nil, says that retention may have deleted rows the
+	// FromLSN selection needed: the run sends what is left, and the
+	// command exits with Pruned's code.
+	Pruned *PrunedError
 }
+
+// A PrunedError says that a selection by LSN (replay --from-lsn, a refill
+// from a checkpoint) selects the transactions not older than Xmin, but the
+// retention of slot By.Slot may have deleted rows of transactions older than
+// By.Xmin: rows of transactions between the two may be gone, and how many
+// cannot be told (the WAL that carried them is gone too). It exits with
+// exitcode.Incomplete.
+type PrunedError struct {
+	What  string        // "replay --from-lsn", "refill"
+	From  pglogrepl.LSN // the LSN selected from
+	Xmin  uint64
+	By    checkpoint.Pruned
+	Table string
+	Found int64 // rows found (and sent); -1 before counting
+}
+
+func (e *PrunedError) Error() string {
+	found := ""
+	if e.Found >= 0 {
+		found = fmt.Sprintf("%d rows found; ", e.Found)
+	}
+	return fmt.Sprintf("%s from %s: %sthe range needs the rows of every transaction not older than xid %d in %s, but retention of slot %q may have deleted rows of transactions older than xid %d: "+
+		"rows expected: unknown, those pruned are not in the table and cannot be re-sent (their events are missing unless that slot's consumer or Kafka still has them). "+
+		"Another slot reading the outbox must not be listed in outbox.retention_ignore_slots, and its checkpoint row must exist while it is away",
+		e.What, e.From, found, e.Xmin, e.Table, e.By.Slot, e.By.Xmin)
+}
+
+// ExitCode is exitcode.Incomplete.
+func (e *PrunedError) ExitCode() int { return exitcode.Incomplete }
 
 // Replayer runs one replay.
 type Replayer struct {
@@ -177,15 +214,20 @@ func New(ctx context.Context, pool *pgxpool.Pool, sink Sink, cfg Config) (*Repla
 		return nil, err
 	}
 	r := &Replayer{cfg: cfg, pool: pool, sink: sink, rt: rt}
-	// Only when missing: CREATE TABLE IF NOT EXISTS needs CREATE on the
-	// schema even when the table exists, which a least-privileged role lacks.
-	var exists bool
-	err = pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, ReplayTable(cfg.CheckpointTable).Quoted()).Scan(&exists)
-	if err == nil && !exists {
-		_, err = pool.Exec(ctx, sql.ReplayTable(cfg.CheckpointTable))
+	// Only when missing or of an earlier version (no slot_name): CREATE
+	// TABLE IF NOT EXISTS needs CREATE on the schema even when the table
+	// exists, which a least-privileged role lacks.
+	var current bool
+	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = 'slot_name' AND NOT attisdropped)`, ReplayTable(cfg.CheckpointTable).Quoted()).Scan(&current)
+	for _, stmt := range sql.ReplayTable(cfg.CheckpointTable) {
+		if err != nil || current {
+			break
+		}
+		_, err = pool.Exec(ctx, stmt)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create the replay table %s (run `outbox-relay setup` as its owner, or replay with a role that may create it): %w", ReplayTable(cfg.CheckpointTable), err)
+		return nil, fmt.Errorf("create or upgrade the replay table %s (run `outbox-relay setup` as its owner, or replay with a role that may create it): %w", ReplayTable(cfg.CheckpointTable), err)
 	}
 	if err := r.loadState(ctx); err != nil {
 		return nil, err
@@ -202,9 +244,15 @@ func New(ctx context.Context, pool *pgxpool.Pool, sink Sink, cfg Config) (*Repla
 // loadState reads the run's saved state, or starts a new one.
 func (r *Replayer) loadState(ctx context.Context) error {
 	var raw []byte
-	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT state FROM %s WHERE run_id = $1`, ReplayTable(r.cfg.CheckpointTable).Quoted()), r.cfg.ID).Scan(&raw)
+	var owner *string
+	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT state, slot_name FROM %s WHERE run_id = $1`, ReplayTable(r.cfg.CheckpointTable).Quoted()), r.cfg.ID).Scan(&raw, &owner)
 	given := state{Selection: r.cfg.Selection, Topic: r.cfg.Topic, OrderBy: r.cfg.OrderBy}
 	switch {
+	case err == nil && owner != nil && *owner != r.cfg.Slot:
+		// Another relay's run (another slot, maybe another outbox table):
+		// its position means nothing here.
+		return fmt.Errorf("replay run %q belongs to slot %q, not to this relay's slot %q: start a run with another --id (or run replay with that relay's configuration)",
+			r.cfg.ID, *owner, r.cfg.Slot)
 	case errors.Is(err, pgx.ErrNoRows):
 		given.StartedAt = time.Now().UTC().Truncate(time.Microsecond)
 		r.state = given
@@ -386,8 +434,10 @@ func (r *Replayer) lsnCondition(ctx context.Context, lsn pglogrepl.LSN) (string,
 		oldest      *string
 		historyRows int64
 	)
-	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT snapshot_xmin::text, snapshot_lsn::text, lsn::text, last_commit_time
-FROM %s WHERE slot_name = $1 AND snapshot_lsn <= $2::pg_lsn ORDER BY snapshot_lsn DESC LIMIT 1`, hist.Quoted()),
+	// Ordered by the qualified column: a bare snapshot_lsn would name the
+	// output column, its text, and '0/FFFFFFF' sorts above '0/10000000'.
+	err := r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT h.snapshot_xmin::text, h.snapshot_lsn::text, h.lsn::text, h.last_commit_time
+FROM %s h WHERE h.slot_name = $1 AND h.snapshot_lsn <= $2::text::pg_lsn ORDER BY h.snapshot_lsn DESC LIMIT 1`, hist.Quoted()),
 		r.cfg.Slot, lsn.String()).Scan(&xmin, &snapLSN, &histLSN, &commitTime)
 	if errors.Is(err, pgx.ErrNoRows) {
 		_ = r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), min(lsn)::text FROM %s WHERE slot_name = $1`, hist.Quoted()), r.cfg.Slot).Scan(&historyRows, &oldest)
@@ -411,7 +461,27 @@ FROM %s WHERE slot_name = $1 AND snapshot_lsn <= $2::pg_lsn ORDER BY snapshot_ls
 	// 2, FrozenTransactionId) is older than any snapshot: not selected.
 	q := &r.q
 	cond := fmt.Sprintf(`age(o.xmin) <= age((%s::xid8::text::bigint %% 4294967296)::text::xid)`, q.arg(xmin))
+	if err := r.checkPruned(ctx, lsn, xmin); err != nil {
+		return "", "", err
+	}
 	return cond, note, nil
+}
+
+// checkPruned sets the plan's Pruned when some slot's retention recorded
+// deleting rows of transactions not older than xmin (the selection's).
+func (r *Replayer) checkPruned(ctx context.Context, lsn pglogrepl.LSN, xmin string) error {
+	x, err := strconv.ParseUint(xmin, 10, 64)
+	if err != nil {
+		return fmt.Errorf("history snapshot_xmin %q: %w", xmin, err)
+	}
+	p, ok, err := checkpoint.FindPruned(ctx, r.pool, r.cfg.CheckpointTable.String(), r.cfg.Outbox.Quoted())
+	if err != nil {
+		return fmt.Errorf("--from-lsn: %w", err)
+	}
+	if ok && p.Xmin > x {
+		r.q.plan.Pruned = &PrunedError{What: "replay --from-lsn", From: lsn, Xmin: x, By: p, Table: r.cfg.Outbox.String(), Found: -1}
+	}
+	return nil
 }
 
 // fromEvent starts the keyset at the row with the given event id.
@@ -518,6 +588,59 @@ func (s *Selected) SQL() (string, []any) { return s.r.page(0) }
 
 // Note says how Selection.FromLSN was mapped to rows.
 func (s *Selected) Note() string { return s.r.q.plan.Note }
+
+// Order says which expressions order the selection (their values as Scan
+// returns them are a row's position).
+func (s *Selected) Order() []string { return slices.Clone(s.r.q.order) }
+
+// SkipSent narrows the selection for a successor of a refill that stopped:
+// rows of transactions older than xmin (full xid) that the predecessor read
+// in its snapshot, and handled, are left out: with pos nil every such row
+// (an outbox table it finished), else those at or before pos in the order.
+// A row of a transaction not older than xmin may not have been in its
+// snapshot, and stays. It refuses a pos from another order (the server's
+// track_commit_timestamp changed, or an order column given).
+func (s *Selected) SkipSent(pos []*string, xmin uint64) error {
+	r, q := s.r, &s.r.q
+	older := fmt.Sprintf(`(age(o.xmin) > age((%s::bigint %% 4294967296)::text::xid) OR age(o.xmin) < 0)`, q.arg(int64(xmin)))
+	if pos == nil {
+		q.where = append(q.where, `NOT `+older)
+		return nil
+	}
+	if r.state.OrderBy != "" || len(pos) != len(q.order) {
+		return fmt.Errorf("the position %d values long does not fit the order %v", len(pos), q.order)
+	}
+	// ORDER BY puts NULLs last: so does infinity, for the timestamps that
+	// may be NULL (a commit time not recorded, a NULL created_at).
+	var cols, vals []string
+	for i, expr := range q.order {
+		var v any
+		if pos[i] != nil {
+			v = *pos[i]
+		}
+		switch {
+		case strings.HasPrefix(expr, "pg_catalog.pg_xact_commit_timestamp"):
+			cols = append(cols, `coalesce(`+expr+`, 'infinity')`)
+			vals = append(vals, `coalesce(`+q.arg(v)+`::timestamptz, 'infinity')`)
+		case expr == `o."created_at"`:
+			typ := r.typeOf("created_at")
+			cols = append(cols, `coalesce(`+expr+`, 'infinity')`)
+			vals = append(vals, `coalesce(`+q.arg(v)+`::`+typ+`, 'infinity')`)
+		case expr == "o.cmin::text::bigint":
+			cols, vals = append(cols, expr), append(vals, q.arg(v)+`::bigint`)
+		case expr == "o.ctid":
+			cols, vals = append(cols, expr), append(vals, q.arg(v)+`::tid`)
+		default:
+			return fmt.Errorf("cannot resume in the order %v", q.order)
+		}
+	}
+	q.where = append(q.where, fmt.Sprintf(`((%s) > (%s) OR NOT %s)`, strings.Join(cols, ", "), strings.Join(vals, ", "), older))
+	return nil
+}
+
+// Pruned says whether retention may have deleted rows of the selection
+// (see PrunedError); nil when not. The caller sets What and Found.
+func (s *Selected) Pruned() *PrunedError { return s.r.q.plan.Pruned }
 
 // Scan reads the current row of rows (from SQL's query) as pgoutput would
 // have delivered it, and its place in the order as text.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -325,5 +326,131 @@ VALUES (gen_random_uuid(), 'Order', $1, 'E', jsonb_build_object('n', (SELECT cou
 				t.Fatalf("aggregate %s: replayed %v; want 1, 2, 3, ... (commit order)", k, v)
 			}
 		}
+	}
+}
+
+// TestReplayRunsBelongToASlot: a replay table of an earlier version (no
+// slot_name) is upgraded by the first replay; its run is resumed, and then
+// belongs to that replay's slot. A replay of another slot (another relay
+// sharing the checkpoint table's schema) neither resumes nor overwrites it.
+func TestReplayRunsBelongToASlot(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.insert(t, "Order", 1, 10, time.Now().Add(-time.Hour))
+	f.pg.Exec(t, `CREATE TABLE outbox_relay_replay (run_id text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
+	f.pg.Exec(t, `INSERT INTO outbox_relay_replay (run_id, state) SELECT 'old', jsonb_build_object('selection', '{}'::jsonb, 'started_at', now(), 'sent', 0)`)
+	f.run(t, f.config("old", replay.Selection{}))
+	if got := count(f.read(t, f.prefix+"Order", "old")); got != 10 {
+		t.Errorf("the run of an earlier version, resumed, sent %d; want 10", got)
+	}
+	var owner *string
+	if err := f.pg.Pool(t).QueryRow(ctx, `SELECT slot_name FROM outbox_relay_replay WHERE run_id = 'old'`).Scan(&owner); err != nil || owner == nil || *owner != f.slot {
+		t.Errorf("slot of the resumed run = %v, %v; want %s", owner, err, f.slot)
+	}
+
+	other := f.config("old", replay.Selection{})
+	other.Slot = "billing_relay"
+	_, err := replay.New(ctx, f.pg.Pool(t), f.sink, other)
+	if err == nil || !strings.Contains(err.Error(), "belongs to slot") || !strings.Contains(err.Error(), "another --id") {
+		t.Errorf("replay.New of another slot with the same --id = %v; want an error saying the run is another slot's", err)
+	}
+	if err := f.pg.Pool(t).QueryRow(ctx, `SELECT slot_name FROM outbox_relay_replay WHERE run_id = 'old'`).Scan(&owner); err != nil || owner == nil || *owner != f.slot {
+		t.Errorf("slot of the run after another slot's attempt = %v, %v; want still %s", owner, err, f.slot)
+	}
+}
+
+// The history is searched by LSN, not by its text: across a change in the
+// number of hex digits (0/FFFFFFF -> 0/10000000) the newest row at or
+// before the checkpoint is the one with more digits, whose text sorts
+// lower. Both a replay (--from-lsn) and a refill's selection (Select) must
+// take it, and so select only the transactions after it.
+func TestReplayFromLSNAcrossDigitBoundary(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	created := time.Now().Add(-time.Hour)
+	for _, stmt := range sql.CheckpointHistoryTable(f.cp) {
+		f.pg.Exec(t, stmt)
+	}
+	xid := func() string {
+		var x string
+		if err := f.pg.Pool(t).QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&x); err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	older := xid() // before rows 1-20
+	f.insert(t, "Order", 1, 20, created)
+	newer := xid() // after rows 1-20, before rows 21-45
+	f.insert(t, "Order", 21, 45, created)
+	hist := replay.HistoryTable(f.cp).Quoted()
+	f.pg.Exec(t, `INSERT INTO `+hist+` (slot_name, lsn, last_commit_time, saved_at, snapshot_xmin, snapshot_lsn)
+VALUES ($1, '0/FFFFFFF', now(), now(), $2::text::xid8, '0/FFFFFF0'),
+       ($1, '0/10000010', now(), now(), $3::text::xid8, '0/10000000')`, f.slot, older, newer)
+	from, err := pglogrepl.ParseLSN("0/10000010")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := replay.New(ctx, f.pg.Pool(t), f.sink, f.config("digits", replay.Selection{FromLSN: from}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := r.Plan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.Events != 25 || !strings.Contains(plan.Note, "checkpoint 0/10000010") {
+		t.Errorf("replay --from-lsn %s: Plan = %d events (%s); want the 25 after the history row at 0/10000010", from, plan.Events, plan.Note)
+	}
+
+	sel, err := replay.Select(ctx, f.pg.Pool(t), replay.Config{Selection: replay.Selection{FromLSN: from}, Outbox: f.outbox,
+		Columns: sql.DefaultColumns(), Router: router.Config{Topic: f.prefix + "{aggregate_type}"}, CheckpointTable: f.cp, Slot: f.slot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, args := sel.SQL()
+	var n int64
+	if err := f.pg.Pool(t).QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 25 {
+		t.Errorf("refill selection from %s = %d rows (%s); want the 25 after the history row at 0/10000010", from, n, sel.Note())
+	}
+}
+
+// --from-lsn says when retention (of any slot) recorded deleting rows of
+// transactions its range needs: Plan.Pruned names that slot, with exit code
+// 5; a record older than the range changes nothing.
+func TestReplayFromLSNSaysPruned(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.pg.Exec(t, sql.CheckpointTable(f.cp))
+	for _, stmt := range sql.CheckpointHistoryTable(f.cp) {
+		f.pg.Exec(t, stmt)
+	}
+	f.insert(t, "Order", 1, 5, time.Now().Add(-time.Hour))
+	f.pg.Exec(t, `INSERT INTO `+replay.HistoryTable(f.cp).Quoted()+` (slot_name, lsn, last_commit_time, saved_at, snapshot_xmin, snapshot_lsn)
+VALUES ($1, '0/2000010', now(), now(), '1000', '0/2000000')`, f.slot)
+	from, _ := pglogrepl.ParseLSN("0/2000010")
+	plan := func(pruned string) replay.Plan {
+		t.Helper()
+		f.pg.Exec(t, `INSERT INTO `+f.cp.Quoted()+` (slot_name, lsn, pruned) VALUES ('other', '0/3000000', jsonb_build_object('public.outbox', $1::text))
+ON CONFLICT (slot_name) DO UPDATE SET pruned = EXCLUDED.pruned`, pruned)
+		r, err := replay.New(ctx, f.pg.Pool(t), f.sink, f.config("p"+pruned, replay.Selection{FromLSN: from}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := r.Plan(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if p := plan("999"); p.Pruned != nil {
+		t.Errorf("Plan with retention of slot other up to xid 999, range from xid 1000 = pruned %v; want nil", p.Pruned)
+	}
+	p := plan("1500")
+	if p.Pruned == nil || p.Pruned.By.Slot != "other" || exitcode.Of(p.Pruned) != exitcode.Incomplete || !strings.Contains(p.Pruned.Error(), `slot "other"`) {
+		t.Errorf("Plan with retention of slot other up to xid 1500, range from xid 1000 = pruned %v; want it named, exit %d", p.Pruned, exitcode.Incomplete)
 	}
 }

@@ -231,10 +231,16 @@ func (r *Replayer) save(ctx context.Context, finished bool) error {
 	if err != nil {
 		return err
 	}
-	_, err = r.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (run_id, state, updated_at) VALUES ($1, $2, now())
-ON CONFLICT (run_id) DO UPDATE SET state = EXCLUDED.state, updated_at = now()`, ReplayTable(r.cfg.CheckpointTable).Quoted()), r.cfg.ID, raw)
+	// A run of an earlier version (no slot) becomes this slot's; one of
+	// another slot is never overwritten.
+	tag, err := r.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s AS p (run_id, state, updated_at, slot_name) VALUES ($1, $2, now(), $3)
+ON CONFLICT (run_id) DO UPDATE SET state = EXCLUDED.state, updated_at = now(), slot_name = EXCLUDED.slot_name
+WHERE p.slot_name IS NULL OR p.slot_name = EXCLUDED.slot_name`, ReplayTable(r.cfg.CheckpointTable).Quoted()), r.cfg.ID, raw, r.cfg.Slot)
 	if err != nil {
 		return fmt.Errorf("save the replay's position: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("save the replay's position: run %q belongs to another slot than %q: start a run with another --id", r.cfg.ID, r.cfg.Slot)
 	}
 	return nil
 }

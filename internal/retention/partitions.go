@@ -172,14 +172,14 @@ FROM pg_catalog.pg_class p WHERE p.oid = to_regclass($1)`, t.Quoted()).Scan(&par
 // partitionRound removes the due partitions whose rows are all delivered,
 // then deletes the expired, delivered rows of the default partition (which
 // is never dropped: it takes rows of any age).
-func partitionRound(ctx context.Context, db DB, p partitioning, cfg Config, h *checkpoint.Horizon, res *Result) error {
+func partitionRound(ctx context.Context, db DB, p partitioning, cfg Config, xmin uint64, res *Result) error {
 	var err error
 	for _, part := range p.due {
 		if part.Kept == "" {
 			if cfg.DryRun {
-				part, err = checkPartition(ctx, db, part.Name, cfg, h)
+				part, err = checkPartition(ctx, db, part.Name, cfg, xmin, res.HeldBy)
 			} else {
-				part, err = removePartition(ctx, db, p.parent, part.Name, cfg, h)
+				part, err = removePartition(ctx, db, p.parent, part.Name, cfg, xmin, res.HeldBy)
 			}
 			if err != nil {
 				return err
@@ -197,11 +197,11 @@ func partitionRound(ctx context.Context, db DB, p partitioning, cfg Config, h *c
 		return nil
 	}
 	if cfg.DryRun {
-		n, err := count(ctx, db, p.def, p.def, cfg, h)
+		n, err := count(ctx, db, p.def, p.def, cfg, xmin)
 		res.Deleted += n
 		return err
 	}
-	return deleteBatches(ctx, db, p.def, p.def, cfg, h, res)
+	return deleteBatches(ctx, db, p.def, p.def, cfg, xmin, res)
 }
 
 // left is what is overdue after a round is measured over (see overdue): the
@@ -238,7 +238,7 @@ func rowsQuery(part string) string {
 
 // checkPartition says, without locks or changes, whether removePartition
 // would remove the partition now.
-func checkPartition(ctx context.Context, db DB, name string, cfg Config, h *checkpoint.Horizon) (Partition, error) {
+func checkPartition(ctx context.Context, db DB, name string, cfg Config, xmin uint64, held []Reader) (Partition, error) {
 	part := Partition{Name: name}
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -250,18 +250,26 @@ func checkPartition(ctx context.Context, db DB, name string, cfg Config, h *chec
 		return part, err
 	}
 	var undelivered int64
-	if err := tx.QueryRow(ctx, rowsQuery(name), cfg.Retention.Seconds(), int64(h.Entry.SnapshotXmin)).Scan(&part.Rows, &undelivered); err != nil {
+	if err := tx.QueryRow(ctx, rowsQuery(name), cfg.Retention.Seconds(), int64(xmin)).Scan(&part.Rows, &undelivered); err != nil {
 		return part, fmt.Errorf("count the rows of partition %s: %w", name, err)
 	}
-	part.Gone, part.Kept = undelivered == 0, keptFor(undelivered, part.Rows)
+	part.Gone, part.Kept = undelivered == 0, keptFor(undelivered, part.Rows, held)
 	return part, nil
 }
 
-func keptFor(undelivered, rows int64) string {
+func keptFor(undelivered, rows int64, held []Reader) string {
 	if undelivered == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d of its %d rows are not known to be delivered (their transactions are not covered by the checkpoint yet)", undelivered, rows)
+	why := "their transactions are not covered by the checkpoint yet"
+	if len(held) > 0 {
+		var slots []string
+		for _, r := range held {
+			slots = append(slots, strconv.Quote(r.Slot))
+		}
+		why += ", or slot " + strings.Join(slots, ", ") + " has not passed them"
+	}
+	return fmt.Sprintf("%d of its %d rows are not known to be delivered (%s)", undelivered, rows, why)
 }
 
 // removePartition drops or detaches one due partition if every row in it is
@@ -279,7 +287,7 @@ func keptFor(undelivered, rows int64) string {
 // time is kept for the next round. DETACH … CONCURRENTLY is not used:
 // Postgres refuses it when a default partition exists, and it cannot run
 // inside the transaction that checked the rows.
-func removePartition(ctx context.Context, db DB, t sql.Table, name string, cfg Config, h *checkpoint.Horizon) (Partition, error) {
+func removePartition(ctx context.Context, db DB, t sql.Table, name string, cfg Config, xmin uint64, held []Reader) (Partition, error) {
 	part := Partition{Name: name}
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -304,10 +312,10 @@ func removePartition(ctx context.Context, db DB, t sql.Table, name string, cfg C
 		return part, nil
 	}
 	var undelivered int64
-	if err := tx.QueryRow(ctx, rowsQuery(name), cfg.Retention.Seconds(), int64(h.Entry.SnapshotXmin)).Scan(&part.Rows, &undelivered); err != nil {
+	if err := tx.QueryRow(ctx, rowsQuery(name), cfg.Retention.Seconds(), int64(xmin)).Scan(&part.Rows, &undelivered); err != nil {
 		return part, fmt.Errorf("count the rows of partition %s: %w", name, err)
 	}
-	if part.Kept = keptFor(undelivered, part.Rows); part.Kept != "" {
+	if part.Kept = keptFor(undelivered, part.Rows, held); part.Kept != "" {
 		return part, nil
 	}
 	stmt := `DROP TABLE ` + name

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 const day = 24 * time.Hour
@@ -297,5 +299,31 @@ func TestCheckPartitions(t *testing.T) {
 	cfg := retention.Config{Slot: slot, Retention: time.Hour, Partitions: "truncate"}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `Partitions: "truncate" is not one of delete`) {
 		t.Errorf("Validate(Partitions: truncate) = %v; want an error naming the values", err)
+	}
+}
+
+// TestPartitionDropWaitsForOtherSlots: a due partition whose rows this slot
+// delivered but another slot has not passed is kept, naming that slot;
+// once the slot passes them, it is dropped.
+func TestPartitionDropWaitsForOtherSlots(t *testing.T) {
+	e := partitionedEnv(t)
+	e.insertInto(t, 2, 25*day) // p1: delivered by this slot only
+	e.coverAll(t)
+	other := testenv.UniqueName(t, "pto")
+	e.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, other)
+	e.insertInto(t, 3, 15*day) // p2: committed after the other slot's start
+	e.coverAll(t)
+
+	res := partitionRound(t, e, retention.PartitionsDrop, false)
+	gonePs, kept := gone(res)
+	if !slices.Equal(gonePs, []string{"public.pobox_p1"}) || !strings.Contains(kept["public.pobox_p2"], strconv.Quote(other)) || e.rowsIn(t, "pobox_p2") != 3 {
+		t.Fatalf("round with slot %s behind p2's rows: gone %v, kept %v, p2 rows %d; want p1 dropped, p2 kept naming the slot",
+			other, gonePs, kept, e.rowsIn(t, "pobox_p2"))
+	}
+	e.exec(t, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, other)
+	e.coverAll(t)
+	res = partitionRound(t, e, retention.PartitionsDrop, false)
+	if gonePs, kept := gone(res); !slices.Equal(gonePs, []string{"public.pobox_p2"}) || e.tableExists(t, "pobox_p2") {
+		t.Errorf("round once slot %s passed p2's rows: gone %v, kept %v; want p2 dropped", other, gonePs, kept)
 	}
 }

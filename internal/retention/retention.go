@@ -35,6 +35,34 @@
 // deletion of every row newer than it until it ends. Rows are kept longer,
 // never deleted early.
 //
+// # Other readers of the outbox
+//
+// The checkpoint says what this relay delivered, not what every reader of
+// the outbox did: a second relay with a slot of its own on the same table
+// (blue/green, a migration from Debezium running side by side) needs the
+// rows it has not delivered, and after losing its slot its refill reads
+// them from the table. So H's snapshot_xmin is lowered to that of every
+// other reader, and a batch deletes only rows older than the lowest. The
+// readers are every logical slot of the database other than the relay's own
+// (a slot does not record which tables it decodes: its consumer names the
+// publication when it streams), and every other slot's row in the
+// checkpoint table (another relay, its slot perhaps lost), less those in
+// Config.IgnoreSlots. A reader's position is its checkpoint row's LSN when
+// there is one (a refill starts there), else its slot's
+// confirmed_flush_lsn; it maps to a horizon through the history as the own
+// checkpoint does: the newest history row whose snapshot_lsn it has
+// reached, of the reader's own history when it has a checkpoint row (the
+// rows its refill would map its checkpoint with), else of this slot's. A reader with none (behind all history, or too old to compare
+// xids with) keeps every row: nothing is deleted, and the Result names it
+// and the setting that acknowledges a slot that does not read the outbox.
+// A lost slot is named as such. Result.KeptForReaders counts the rows the
+// own horizon would delete and the readers keep.
+//
+// Before a round deletes, it records the horizon it deletes up to in its
+// slot's checkpoint row (checkpoint.RecordPruned): a refill or replay of any
+// slot whose range needs rows of younger transactions says they may be gone
+// (replay.PrunedError) instead of reporting a short count as complete.
+//
 // # Comparing a row's xmin with snapshot_xmin
 //
 // xmin is a 32-bit xid that wraps around; snapshot_xmin is a 64-bit xid8.
@@ -135,6 +163,11 @@ type Config struct {
 	// in the package doc).
 	Partitions PartitionMode
 
+	// IgnoreSlots names logical slots of the database (or rows of the
+	// checkpoint table) that do not read the outbox table: retention does
+	// not wait for them (see "Other readers" in the package doc).
+	IgnoreSlots []string
+
 	// DryRun counts what a round would delete, in read-only statements
 	// (their timeout the larger of StatementTimeout and 60s), and deletes
 	// nothing; with Partitions drop or detach it lists the partitions that
@@ -202,8 +235,19 @@ type Result struct {
 	Horizon       *checkpoint.Horizon
 	NoHorizon     string
 	NoHorizonKind checkpoint.NoHorizonKind
-	Deleted       int64 // rows deleted, or removed with their partition; with DryRun, rows that would be
-	Batches       int   // DELETE statements run
+	// Xmin is the horizon the round deleted up to: Horizon's snapshot_xmin,
+	// or an older one of a reader in HeldBy; 0 when nothing was deleted
+	// for want of one.
+	Xmin uint64
+	// HeldBy are the other readers whose horizon is older than the own
+	// (or who have none: then nothing is deleted and NoHorizonKind is
+	// HeldBySlot). KeptForReaders is how many rows older than the
+	// retention the own horizon would delete and they keep: at most
+	// MaxKeptCount unless DryRun.
+	HeldBy         []Reader
+	KeptForReaders int64
+	Deleted        int64 // rows deleted, or removed with their partition; with DryRun, rows that would be
+	Batches        int   // DELETE statements run
 	// Partitions: with Config.Partitions drop or detach, the partitions
 	// whose range lies wholly before the retention: dropped or detached
 	// (with DryRun: would be), or kept and why.
@@ -246,13 +290,24 @@ func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 		return res, err
 	default:
 		res.Horizon = h
+		if err := holdBack(ctx, db, t, cfg, &res); err != nil {
+			return res, err
+		}
+		// Recorded before the rows go: a refill or replay of another slot
+		// that needed rows older than this says they may be gone.
+		if res.Xmin != 0 && !cfg.DryRun {
+			if err := checkpoint.RecordPruned(ctx, db, cfg.CheckpointTable, cfg.Slot, t.Quoted(), res.Xmin); err != nil {
+				return res, err
+			}
+		}
 		switch {
+		case res.Xmin == 0:
 		case parts != nil:
-			err = partitionRound(ctx, db, *parts, cfg, h, &res)
+			err = partitionRound(ctx, db, *parts, cfg, res.Xmin, &res)
 		case cfg.DryRun:
-			res.Deleted, err = count(ctx, db, t.Quoted(), t.String(), cfg, h)
+			res.Deleted, err = count(ctx, db, t.Quoted(), t.String(), cfg, res.Xmin)
 		default:
-			err = deleteBatches(ctx, db, t.Quoted(), t.String(), cfg, h, &res)
+			err = deleteBatches(ctx, db, t.Quoted(), t.String(), cfg, res.Xmin, &res)
 		}
 		if err != nil {
 			return res, err
@@ -273,9 +328,14 @@ func Round(ctx context.Context, db DB, cfg Config) (Result, error) {
 // the age comparison; age(xmin) < 0 is a frozen row more than 2^31
 // transactions old.
 func expired() string {
-	c := sql.Ident(CreatedAtColumn)
-	return c + ` < now() - make_interval(secs => $1)
-      AND (age(xmin) > age(($2::bigint % 4294967296)::text::xid) OR age(xmin) < 0)`
+	return sql.Ident(CreatedAtColumn) + ` < now() - make_interval(secs => $1)
+      AND ` + xminOlder("$2")
+}
+
+// xminOlder says that a row's transaction is older than the xid8 (as
+// bigint) in the parameter arg.
+func xminOlder(arg string) string {
+	return `(age(xmin) > age((` + arg + `::bigint % 4294967296)::text::xid) OR age(xmin) < 0)`
 }
 
 // deleteBatches deletes the expired rows of table (quoted SQL text; the
@@ -285,7 +345,7 @@ func expired() string {
 // partition, deleting rows that were never selected (undelivered ones
 // included). The ctid = ANY(…) is kept for the plan: a TID scan per
 // partition, where a join on (tableoid, ctid) alone scans every partition.
-func deleteBatches(ctx context.Context, db DB, table, name string, cfg Config, h *checkpoint.Horizon, res *Result) error {
+func deleteBatches(ctx context.Context, db DB, table, name string, cfg Config, xmin uint64, res *Result) error {
 	q := `WITH batch AS MATERIALIZED (
     SELECT tableoid AS t, ctid AS c FROM ` + table + `
     WHERE ` + expired() + `
@@ -293,7 +353,7 @@ func deleteBatches(ctx context.Context, db DB, table, name string, cfg Config, h
 DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT c FROM batch)) AND (tableoid, ctid) IN (SELECT t, c FROM batch)`
 	timeout := strconv.FormatInt(cfg.StatementTimeout.Milliseconds(), 10)
 	for {
-		n, err := batch(ctx, db, timeout, q, cfg.Retention.Seconds(), int64(h.Entry.SnapshotXmin), cfg.BatchSize)
+		n, err := batch(ctx, db, timeout, q, cfg.Retention.Seconds(), int64(xmin), cfg.BatchSize)
 		if err != nil {
 			return fmt.Errorf("delete expired rows from %s (batch %d): %w", name, res.Batches+1, err)
 		}
@@ -332,7 +392,7 @@ func batch(ctx context.Context, db DB, timeoutMillis, q string, args ...any) (in
 	return tag.RowsAffected(), nil
 }
 
-func count(ctx context.Context, db DB, table, name string, cfg Config, h *checkpoint.Horizon) (int64, error) {
+func count(ctx context.Context, db DB, table, name string, cfg Config, xmin uint64) (int64, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, err
@@ -345,7 +405,7 @@ func count(ctx context.Context, db DB, table, name string, cfg Config, h *checkp
 	}
 	var n int64
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE `+expired(),
-		cfg.Retention.Seconds(), int64(h.Entry.SnapshotXmin)).Scan(&n); err != nil {
+		cfg.Retention.Seconds(), int64(xmin)).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count expired rows in %s: %w", name, err)
 	}
 	return n, nil

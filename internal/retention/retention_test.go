@@ -268,3 +268,63 @@ func TestCheckTable(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundWaitsForOtherSlots: another logical slot of the database (a
+// second relay, Debezium beside it) may read the outbox too; rows it has
+// not passed stay, whatever this slot's checkpoint covers, until it passes
+// them or is listed in IgnoreSlots. A checkpoint row of another relay
+// whose slot is gone (lost, awaiting a refill) keeps them as well.
+func TestRoundWaitsForOtherSlots(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	other := testenv.UniqueName(t, "rto")
+	if _, err := e.pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, other); err != nil {
+		t.Fatal(err)
+	}
+	e.insert(t, 10, 2*time.Hour)
+	e.coverAll(t)
+
+	// Behind every history row: nothing may go.
+	res := e.round(t, retention.Config{DryRun: true})
+	if res.Deleted != 0 || res.NoHorizonKind != retention.HeldBySlot || res.KeptForReaders != 10 ||
+		!strings.Contains(res.NoHorizon, strconv.Quote(other)) || !strings.Contains(res.NoHorizon, "outbox.retention_ignore_slots") {
+		t.Errorf("dry run with slot %s behind all history = would delete %d, kept %d for it, %s %q; want 0, 10 kept, naming the slot and outbox.retention_ignore_slots",
+			other, res.Deleted, res.KeptForReaders, res.NoHorizonKind, res.NoHorizon)
+	}
+	if res := e.round(t, retention.Config{}); res.Deleted != 0 || e.count(t) != 10 || len(res.HeldBy) != 1 || res.HeldBy[0].Slot != other {
+		t.Fatalf("Round with slot %s behind all history: deleted %d, %d left, held by %+v; want 0 deleted, held by it", other, res.Deleted, e.count(t), res.HeldBy)
+	}
+
+	// Once it has read past them, they go.
+	if _, err := e.pool.Exec(ctx, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, other); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.round(t, retention.Config{}); res.Deleted != 10 || len(res.HeldBy) != 0 {
+		t.Fatalf("Round once slot %s passed them: deleted %d, held by %+v; want all 10 deleted", other, res.Deleted, res.HeldBy)
+	}
+
+	// Rows this slot delivered and the other has not: kept, and counted.
+	e.insert(t, 5, 2*time.Hour)
+	e.coverAll(t)
+	res = e.round(t, retention.Config{})
+	if res.Deleted != 0 || res.Horizon == nil || res.KeptForReaders != 5 || len(res.HeldBy) != 1 || res.HeldBy[0].Slot != other || e.count(t) != 5 {
+		t.Fatalf("Round with slot %s behind this one: deleted %d, kept %d for %+v, %d left; want 0 deleted, 5 kept for it", other, res.Deleted, res.KeptForReaders, res.HeldBy, e.count(t))
+	}
+	// Acknowledged as not reading the outbox: they go.
+	if res := e.round(t, retention.Config{IgnoreSlots: []string{other}}); res.Deleted != 5 {
+		t.Fatalf("Round ignoring slot %s: deleted %d; want 5", other, res.Deleted)
+	}
+
+	// Another relay's checkpoint whose slot is gone: its refill needs the rows.
+	e.insert(t, 3, 2*time.Hour)
+	e.coverAll(t)
+	if err := e.store.Save(ctx, "gone_relay", 1, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	res = e.round(t, retention.Config{IgnoreSlots: []string{other}})
+	if res.Deleted != 0 || res.NoHorizonKind != retention.HeldBySlot || !strings.Contains(res.NoHorizon, `"gone_relay"`) ||
+		!strings.Contains(res.NoHorizon, "does not exist") || !strings.Contains(res.NoHorizon, "outbox-relay recover") {
+		t.Errorf("Round with another relay's checkpoint and no slot = deleted %d, %s %q; want nothing deleted, naming gone_relay, its missing slot and recover",
+			res.Deleted, res.NoHorizonKind, res.NoHorizon)
+	}
+}

@@ -20,6 +20,9 @@ import (
 
 // newStoreIn is newStore that also returns the database, for tests that
 // change the table under the Store.
+// testSlot is the slot of the stores of newStore and newStoreIn.
+const testSlot = "relay_test"
+
 func newStoreIn(t *testing.T) (*retry.Store, *testenv.PG) {
 	t.Helper()
 	pg := testenv.Postgres(t)
@@ -27,7 +30,7 @@ func newStoreIn(t *testing.T) (*retry.Store, *testenv.PG) {
 	for _, s := range sql.RetryTable(table) {
 		pg.Exec(t, s)
 	}
-	s, err := retry.NewStore(pg.Pool(t), "")
+	s, err := retry.NewStore(pg.Pool(t), "", testSlot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,8 +247,8 @@ func TestHeadersRoundTrip(t *testing.T) {
 	}
 
 	// The old format, as earlier versions wrote it.
-	pg.Exec(t, `INSERT INTO outbox_relay_retry (event_key, aggregate, status, next_attempt_at, headers)
-VALUES ('old', 'orders/O', 'pending', now(), '[{"key":"id","value":"o1"},{"key":"trace","value":""}]')`)
+	pg.Exec(t, `INSERT INTO outbox_relay_retry (event_key, aggregate, status, next_attempt_at, headers, slot_name)
+VALUES ('old', 'orders/O', 'pending', now(), '[{"key":"id","value":"o1"},{"key":"trace","value":""}]', $1)`, testSlot)
 	old, err := s.Get(ctx, "old")
 	if err != nil {
 		t.Fatal(err)
@@ -255,14 +258,39 @@ VALUES ('old', 'orders/O', 'pending', now(), '[{"key":"id","value":"o1"},{"key":
 	}
 }
 
-// TestMigrate: a table as an earlier version made it (no last_resort
-// column, the (aggregate, seq) index) is upgraded, keeping its rows, and a
-// second Migrate is a no-op.
+// TestMigrate: a table as an earlier version made it (no last_resort or
+// slot_name column, event_key unique across the table, indexes without the
+// slot, the (aggregate, seq) one) is upgraded, keeping its rows, and a
+// second Migrate is a no-op. Its rows belong to no slot until adopted.
 func TestMigrate(t *testing.T) {
 	ctx := context.Background()
 	s, pg := newStoreIn(t)
-	pg.Exec(t, `ALTER TABLE outbox_relay_retry DROP COLUMN last_resort`)
-	pg.Exec(t, `DROP INDEX outbox_relay_retry_aggregate_md5_seq_idx`)
+	pg.Exec(t, `DROP TABLE outbox_relay_retry`)
+	pg.Exec(t, `CREATE TABLE outbox_relay_retry (
+    "seq" bigserial PRIMARY KEY,
+    "event_key" text NOT NULL UNIQUE,
+    "event_id" text,
+    "aggregate" text NOT NULL,
+    "aggregate_type" text,
+    "aggregate_id" text,
+    "event_type" text,
+    "topic" text,
+    "msg_key" bytea,
+    "value" bytea,
+    "headers" jsonb,
+    "status" text NOT NULL CHECK ("status" IN ('pending', 'dead')),
+    "waiting" boolean NOT NULL DEFAULT false,
+    "attempts" integer NOT NULL DEFAULT 0,
+    "next_attempt_at" timestamptz NOT NULL,
+    "last_error" text,
+    "first_failed_at" timestamptz NOT NULL DEFAULT now(),
+    "source_lsn" pg_lsn,
+    "commit_time" timestamptz,
+    "created_at" timestamptz NOT NULL DEFAULT now(),
+    "updated_at" timestamptz NOT NULL DEFAULT now(),
+    "message_time" timestamptz,
+    "outbox_table" text)`)
+	pg.Exec(t, `CREATE INDEX outbox_relay_retry_status_next_attempt_at_idx ON outbox_relay_retry (status, next_attempt_at)`)
 	pg.Exec(t, `CREATE INDEX outbox_relay_retry_aggregate_seq_idx ON outbox_relay_retry (aggregate, seq)`)
 	pg.Exec(t, `INSERT INTO outbox_relay_retry (event_key, aggregate, status, next_attempt_at) VALUES ('old', 'orders/O', 'dead', now())`)
 	if _, err := s.List(ctx, retry.Filter{}); err == nil || !strings.Contains(err.Error(), "setup") {
@@ -272,6 +300,12 @@ func TestMigrate(t *testing.T) {
 		if err := s.Migrate(ctx); err != nil {
 			t.Fatalf("Migrate: %v", err)
 		}
+	}
+	if keys := eventKeys(list(t, s, retry.Filter{})); len(keys) != 0 {
+		t.Errorf("rows of the slot after Migrate = %q; want none before Adopt (the old row belongs to no slot)", keys)
+	}
+	if n, err := s.Adopt(ctx, sql.Table{Name: sql.DefaultCheckpointTable}, []string{"public.outbox"}); err != nil || n != 1 {
+		t.Fatalf("Adopt = %d, %v; want 1 row adopted (no checkpoint table: no other slot)", n, err)
 	}
 	var idx []string
 	rows, err := pg.Pool(t).Query(ctx, `SELECT indexname FROM pg_indexes WHERE tablename = 'outbox_relay_retry' ORDER BY 1`)
@@ -285,8 +319,8 @@ func TestMigrate(t *testing.T) {
 		}
 		idx = append(idx, n)
 	}
-	want := []string{"outbox_relay_retry_aggregate_md5_seq_idx", "outbox_relay_retry_event_key_key",
-		"outbox_relay_retry_pkey", "outbox_relay_retry_status_next_attempt_at_idx"}
+	want := []string{"outbox_relay_retry_pkey", "outbox_relay_retry_slot_aggregate_md5_seq_idx",
+		"outbox_relay_retry_slot_event_key_idx", "outbox_relay_retry_slot_status_next_attempt_idx"}
 	if !slices.Equal(idx, want) {
 		t.Errorf("indexes after Migrate = %q; want %q", idx, want)
 	}

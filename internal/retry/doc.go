@@ -12,6 +12,16 @@
 //
 // Invariants enforced here:
 //
+//   - Every row belongs to one replication slot, the relay's identity
+//     (column slot_name, set by Insert from the Store's slot). Every
+//     statement of a Store, and so of its Worker, reads, claims, delivers,
+//     requeues, drops, lists and counts only rows of its slot: relays of
+//     other slots (other services, or a second slot on the same outbox
+//     table) may share the table and never see each other's rows; relays of
+//     one slot (a leader and its standbys) share them. An event is stored
+//     once per slot (the event key is unique per slot). Rows of an earlier
+//     version have no slot: Adopt gives them the Store's slot when nothing
+//     else can own them, and otherwise says how to assign them.
 //   - Per-aggregate order survives failures. Rows of one aggregate (see
 //     Event.Aggregate) are delivered in seq order, and seq is insertion order.
 //     The Worker delivers only the head of an aggregate (no lower seq of the

@@ -94,15 +94,15 @@ func (s *Store) insertRows(ctx context.Context, db execer, events []Event) error
 	// INSERT … SELECT … ORDER BY draws the serial in the order of the sorted
 	// rows, so seq follows the slice.
 	q := fmt.Sprintf(`INSERT INTO %s (event_key, event_id, aggregate, aggregate_type, aggregate_id, event_type,
-    topic, msg_key, value, headers, status, waiting, next_attempt_at, last_error, source_lsn, commit_time, message_time, outbox_table)
-SELECT k, id, agg, at, aid, et, tp, mk, v, h::jsonb, CASE WHEN d THEN 'dead' ELSE 'pending' END, w, now(), r, l::pg_lsn, ct, mt, ot
+    topic, msg_key, value, headers, status, waiting, next_attempt_at, last_error, source_lsn, commit_time, message_time, outbox_table, slot_name)
+SELECT k, id, agg, at, aid, et, tp, mk, v, h::jsonb, CASE WHEN d THEN 'dead' ELSE 'pending' END, w, now(), r, l::pg_lsn, ct, mt, ot, $18
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
     $8::bytea[], $9::bytea[], $10::text[], $11::bool[], $12::bool[], $13::text[], $14::text[], $15::timestamptz[], $16::timestamptz[], $17::text[])
     WITH ORDINALITY AS u(k, id, agg, at, aid, et, tp, mk, v, h, d, w, r, l, ct, mt, ot, ord)
 ORDER BY ord
-ON CONFLICT (event_key) DO NOTHING`, s.table)
+ON CONFLICT (slot_name, event_key) DO NOTHING`, s.table)
 	_, err := db.Exec(ctx, q, keys, ids, aggs, types, aggIDs, evTypes, tps,
-		msgKeys, values, headers, dead, waiting, reasons, lsns, commitTimes, msgTimes, tables)
+		msgKeys, values, headers, dead, waiting, reasons, lsns, commitTimes, msgTimes, tables, s.slot)
 	return err
 }
 
@@ -127,10 +127,12 @@ func dataFault(err error) bool {
 }
 
 // hint adds what to do to an error caused by a table from an earlier
-// version (one without the last_resort column).
+// version (one without the last_resort or slot_name column, or without the
+// unique index on (slot_name, event_key)).
 func (s *Store) hint(err error) error {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "42703" && strings.Contains(pe.Message, "last_resort") {
+	if errors.As(err, &pe) && (pe.Code == "42703" && (strings.Contains(pe.Message, "last_resort") || strings.Contains(pe.Message, "slot_name")) ||
+		pe.Code == "42P10" && strings.Contains(pe.Message, "ON CONFLICT")) {
 		return fmt.Errorf("%w (the retry table was made by an earlier version: upgrade it with `outbox-relay setup` or sql/004_retry.sql)", err)
 	}
 	return err
@@ -204,9 +206,9 @@ func (s *Store) insertLastResort(ctx context.Context, tx pgx.Tx, e *Event, cause
 		return fmt.Errorf("encode last-resort record of event %q: %w", e.EventKey, err)
 	}
 	q := fmt.Sprintf(`INSERT INTO %s (event_key, aggregate, event_id, aggregate_type, aggregate_id, event_type, topic,
-    status, waiting, next_attempt_at, last_error, source_lsn, commit_time, last_resort)
-VALUES ($1, $2, $3, $4, $5, $6, $7, 'dead', false, now(), $8, $9::pg_lsn, $10, $11)
-ON CONFLICT (event_key) DO NOTHING`, s.table)
+    status, waiting, next_attempt_at, last_error, source_lsn, commit_time, last_resort, slot_name)
+VALUES ($1, $2, $3, $4, $5, $6, $7, 'dead', false, now(), $8, $9::pg_lsn, $10, $11, $12)
+ON CONFLICT (slot_name, event_key) DO NOTHING`, s.table)
 	text := func(v string) *string {
 		if !storable(v) {
 			return nil
@@ -217,7 +219,8 @@ ON CONFLICT (event_key) DO NOTHING`, s.table)
 	for try := range 3 {
 		ascii := try == 2
 		key, agg := lastResortKey(e.EventKey, ascii), e.Aggregate
-		args := make([]any, 11)
+		args := make([]any, 12)
+		args[11] = s.slot
 		if ascii && !isPrintableASCII(agg) {
 			agg = "ascii:" + strconv.QuoteToASCII(agg)
 		}

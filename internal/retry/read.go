@@ -12,13 +12,13 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 )
 
-// Aggregates returns the aggregates that have rows in the table, pending or
-// dead (a dead row blocks its aggregate too), sorted. The pipeline diverts
+// Aggregates returns the aggregates that have rows of the slot in the table,
+// pending or dead (a dead row blocks its aggregate too), sorted. The pipeline diverts
 // new events of these aggregates here, behind them.
 func (s *Store) Aggregates(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT aggregate FROM %s ORDER BY 1`, s.table))
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT aggregate FROM %s WHERE slot_name = $1 ORDER BY 1`, s.table), s.slot)
 	if err != nil {
-		return nil, fmt.Errorf("read retry aggregates: %w", err)
+		return nil, fmt.Errorf("read retry aggregates: %w", s.hint(err))
 	}
 	aggs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
@@ -34,8 +34,8 @@ func sameAggregate(r, a string) string {
 	return fmt.Sprintf("md5(%[1]s.aggregate) = md5(%[2]s) AND %[1]s.aggregate = %[2]s", r, a)
 }
 
-// Undelivered reports, for each of aggregates, whether it still has rows in
-// the table. Every aggregate asked for is a key of the result.
+// Undelivered reports, for each of aggregates, whether it still has rows of
+// the slot in the table. Every aggregate asked for is a key of the result.
 func (s *Store) Undelivered(ctx context.Context, aggregates []string) (map[string]bool, error) {
 	out := make(map[string]bool, len(aggregates))
 	for _, a := range aggregates {
@@ -45,7 +45,7 @@ func (s *Store) Undelivered(ctx context.Context, aggregates []string) (map[strin
 		return out, nil
 	}
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT u.a FROM unnest($1::text[]) AS u(a)
-WHERE EXISTS (SELECT 1 FROM %s r WHERE %s)`, s.table, sameAggregate("r", "u.a")), aggregates)
+WHERE EXISTS (SELECT 1 FROM %s r WHERE r.slot_name = $2 AND %s)`, s.table, sameAggregate("r", "u.a")), aggregates, s.slot)
 	if err != nil {
 		return nil, fmt.Errorf("read retry aggregates: %w", err)
 	}
@@ -59,7 +59,7 @@ WHERE EXISTS (SELECT 1 FROM %s r WHERE %s)`, s.table, sameAggregate("r", "u.a"))
 	return out, nil
 }
 
-// Held reports which of evs the table already holds as the same message:
+// Held reports which of evs the slot's rows already hold as the same message:
 // a row with the same event id, aggregate, event type and value, whatever
 // its status or key. A refill asks, so that an event the stream already
 // stored here (a dead letter an operator has yet to handle, or a row still
@@ -90,9 +90,9 @@ func (s *Store) Held(ctx context.Context, evs []event.Event, exceptKeys string) 
 	// One row per candidate (ordinality), matched on the md5(aggregate)
 	// index; the value compared whole, NULL equal to NULL.
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT u.n - 1 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(id, a, t, v, n)
-WHERE EXISTS (SELECT 1 FROM %s r WHERE %s AND r.event_id = u.id
+WHERE EXISTS (SELECT 1 FROM %s r WHERE r.slot_name = $6 AND %s AND r.event_id = u.id
   AND coalesce(r.event_type, '') = u.t AND r.value IS NOT DISTINCT FROM u.v
-  AND ($5 = '' OR left(r.event_key, length($5)) <> $5))`, s.table, sameAggregate("r", "u.a")), ids, aggs, types, values, exceptKeys)
+  AND ($5 = '' OR left(r.event_key, length($5)) <> $5))`, s.table, sameAggregate("r", "u.a")), ids, aggs, types, values, exceptKeys, s.slot)
 	if err != nil {
 		return nil, fmt.Errorf("read the retry table: %w", s.hint(err))
 	}
@@ -106,7 +106,8 @@ WHERE EXISTS (SELECT 1 FROM %s r WHERE %s AND r.event_id = u.id
 	return out, nil
 }
 
-// A Filter selects rows for List. Zero values select everything.
+// A Filter selects rows of the Store's slot for List. Zero values select
+// every row of the slot.
 type Filter struct {
 	Status        Status // "" for both
 	AggregateType string
@@ -190,7 +191,7 @@ func collectEntries(rows pgx.Rows) ([]Entry, error) {
 	return out, rows.Err()
 }
 
-// List returns the rows f selects in seq order, without their Value (Get has
+// List returns the slot's rows f selects in seq order, without their Value (Get has
 // it): a listing of many large events stays small.
 func (s *Store) List(ctx context.Context, f Filter) ([]Entry, error) {
 	var limit *int
@@ -198,9 +199,9 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Entry, error) {
 		limit = &f.Limit
 	}
 	q := fmt.Sprintf(`SELECT %s FROM %s
-WHERE ($1 = '' OR status = $1) AND ($2 = '' OR aggregate_type = $2)
+WHERE slot_name = $4 AND ($1 = '' OR status = $1) AND ($2 = '' OR aggregate_type = $2)
 ORDER BY seq LIMIT $3`, columns(false), s.table)
-	rows, err := s.pool.Query(ctx, q, string(f.Status), f.AggregateType, limit)
+	rows, err := s.pool.Query(ctx, q, string(f.Status), f.AggregateType, limit, s.slot)
 	if err != nil {
 		return nil, fmt.Errorf("list retry table %s: %w", s.name, s.hint(err))
 	}
@@ -212,17 +213,18 @@ ORDER BY seq LIMIT $3`, columns(false), s.table)
 }
 
 // matchID is the condition that row r is the one an operator's id names: a
-// seq number, an event id, or an event key. A seq match wins over an event
-// id that happens to be the same number.
-const matchID = `(r.seq = CASE WHEN u.id ~ '^[0-9]{1,18}$' THEN u.id::bigint END OR r.event_key = u.id OR r.event_id = u.id)`
+// seq number, an event id, or an event key, among the rows of the slot
+// given as $2 (an id of another slot's row names nothing). A seq match wins
+// over an event id that happens to be the same number.
+const matchID = `r.slot_name = $2 AND (r.seq = CASE WHEN u.id ~ '^[0-9]{1,18}$' THEN u.id::bigint END OR r.event_key = u.id OR r.event_id = u.id)`
 
-// Get returns the row with id (its seq number or its event id), or an error
-// wrapping ErrNotFound.
+// Get returns the slot's row with id (its seq number or its event id), or an
+// error wrapping ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	q := fmt.Sprintf(`SELECT %s FROM %s r, (SELECT $1::text AS id) u
 WHERE `+matchID+`
 ORDER BY (r.seq::text = u.id) DESC, r.seq LIMIT 1`, columns(true), s.table)
-	e, err := scanEntry(s.pool.QueryRow(ctx, q, id))
+	e, err := scanEntry(s.pool.QueryRow(ctx, q, id, s.slot))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, &NotFoundError{IDs: []string{id}}
 	}

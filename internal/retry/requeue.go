@@ -16,7 +16,7 @@ func (s *Store) resolve(ctx context.Context, tx pgx.Tx, ids []string) ([]int64, 
 LEFT JOIN LATERAL (SELECT r.seq FROM %s r WHERE `+matchID+`
     ORDER BY (r.seq::text = u.id) DESC, r.seq LIMIT 1) m ON true
 ORDER BY u.ord`, s.table)
-	rows, err := tx.Query(ctx, q, ids)
+	rows, err := tx.Query(ctx, q, ids, s.slot)
 	if err != nil {
 		return nil, err
 	}
@@ -43,8 +43,8 @@ ORDER BY u.ord`, s.table)
 	return seqs, nil
 }
 
-// change runs stmt (with $1 the seq numbers) on the rows ids name, all or
-// none: if an id has no row, nothing changes and the error is a
+// change runs stmt (with $1 the seq numbers, $2 the slot) on the slot's
+// rows ids name, all or none: if an id has no row, nothing changes and the error is a
 // *NotFoundError.
 func (s *Store) change(ctx context.Context, what string, ids []string, stmt string) ([]int64, error) {
 	if len(ids) == 0 {
@@ -63,7 +63,7 @@ func (s *Store) change(ctx context.Context, what string, ids []string, stmt stri
 		}
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	rows, err := tx.Query(ctx, stmt, seqs)
+	rows, err := tx.Query(ctx, stmt, seqs, s.slot)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -88,16 +88,16 @@ const requeueSet = `status = 'pending', next_attempt_at = now(), attempts = 0,
 // row, nothing changes and the error is a *NotFoundError.
 func (s *Store) Requeue(ctx context.Context, ids []string) ([]int64, error) {
 	return s.change(ctx, "requeue retry events", ids, fmt.Sprintf(`WITH c AS (
-    UPDATE %s SET `+requeueSet+` WHERE seq = ANY($1) RETURNING seq)
+    UPDATE %s SET `+requeueSet+` WHERE seq = ANY($1) AND slot_name = $2 RETURNING seq)
 SELECT seq FROM c ORDER BY seq`, s.table))
 }
 
-// RequeueAllDead requeues every dead row, like Requeue, and returns their seq
+// RequeueAllDead requeues every dead row of the slot, like Requeue, and returns their seq
 // numbers in ascending order.
 func (s *Store) RequeueAllDead(ctx context.Context) ([]int64, error) {
 	rows, err := s.pool.Query(ctx, fmt.Sprintf(`WITH c AS (
-    UPDATE %s SET `+requeueSet+` WHERE status = 'dead' RETURNING seq)
-SELECT seq FROM c ORDER BY seq`, s.table))
+    UPDATE %s SET `+requeueSet+` WHERE slot_name = $1 AND status = 'dead' RETURNING seq)
+SELECT seq FROM c ORDER BY seq`, s.table), s.slot)
 	if err != nil {
 		return nil, fmt.Errorf("requeue dead retry events: %w", err)
 	}
@@ -114,12 +114,12 @@ SELECT seq FROM c ORDER BY seq`, s.table))
 // dropped one become deliverable.
 func (s *Store) Drop(ctx context.Context, ids []string) ([]int64, error) {
 	return s.change(ctx, "drop retry events", ids, fmt.Sprintf(`WITH c AS (
-    DELETE FROM %s WHERE seq = ANY($1) RETURNING seq)
+    DELETE FROM %s WHERE seq = ANY($1) AND slot_name = $2 RETURNING seq)
 SELECT seq FROM c ORDER BY seq`, s.table))
 }
 
-// Unpark deletes the rows of events whose transaction committed at or after
-// from (source LSN), and returns how many. For exactly-once delivery at the
+// Unpark deletes the slot's rows of events whose transaction committed at or
+// after from (source LSN), and returns how many. For exactly-once delivery at the
 // start of a term: those rows were parked in a Kafka transaction that never
 // committed (the stream reads their transactions again from the slot and
 // parks them again), and left in place they would hold back, behind them,
@@ -139,7 +139,7 @@ func (s *Store) Unpark(ctx context.Context, from pglogrepl.LSN, hold func(contex
 			return 0, err
 		}
 	}
-	tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE source_lsn >= $1::text::pg_lsn`, s.table), from.String())
+	tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE slot_name = $2 AND source_lsn >= $1::text::pg_lsn`, s.table), from.String(), s.slot)
 	if err != nil {
 		return 0, fmt.Errorf("delete retry rows from %s on: %w", from, s.hint(err))
 	}

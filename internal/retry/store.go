@@ -126,18 +126,25 @@ func (e *NotFoundError) Error() string {
 // Is makes errors.Is(err, ErrNotFound) true.
 func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 
-// A Store reads and writes the retry table. It is safe for concurrent use.
+// A Store reads and writes the rows of one replication slot in the retry
+// table: every row it inserts carries the slot's name, and every statement
+// it runs (read, claim, delivery, requeue, drop, list, count) touches only
+// rows of that slot. Relays of other slots may share the table; relays of
+// the same slot (a leader and its standbys) share the rows. It is safe for
+// concurrent use.
 type Store struct {
 	pool  *pgxpool.Pool
 	t     sql.Table
 	table string // quoted
 	name  string // as configured
+	slot  string
 }
 
-// NewStore returns a Store on table ("table" or "schema.table", exact names;
-// default sql.DefaultRetryTable when empty). It does not check that the
-// table exists: `outbox-relay setup` creates it.
-func NewStore(pool *pgxpool.Pool, table string) (*Store, error) {
+// NewStore returns a Store of slot's rows on table ("table" or
+// "schema.table", exact names; default sql.DefaultRetryTable when empty).
+// The slot is required: it is the relay's identity in the table. It does not
+// check that the table exists: `outbox-relay setup` creates it.
+func NewStore(pool *pgxpool.Pool, table, slot string) (*Store, error) {
 	if table == "" {
 		table = sql.DefaultRetryTable
 	}
@@ -145,27 +152,36 @@ func NewStore(pool *pgxpool.Pool, table string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("retry table: %w", err)
 	}
-	return &Store{pool: pool, t: t, table: t.Quoted(), name: table}, nil
+	if slot == "" {
+		return nil, fmt.Errorf("retry table %s: a store needs the slot whose rows it handles", table)
+	}
+	return &Store{pool: pool, t: t, table: t.Quoted(), name: table, slot: slot}, nil
 }
 
 // Table returns the table's name as configured.
 func (s *Store) Table() string { return s.name }
 
+// Slot returns the slot whose rows the Store handles.
+func (s *Store) Slot() string { return s.slot }
+
 // Migrate upgrades a retry table made by an earlier version (the
-// statements of sql.RetryTable: the last_resort column, the index on
-// md5(aggregate) instead of one on the aggregate's text, which refused long
-// aggregates), creating the table if it is missing. It does nothing, and takes
+// statements of sql.RetryTable: the last_resort and slot_name columns, the
+// indexes led by the slot, the event key unique per slot), creating the
+// table if it is missing. Rows of an earlier version have no slot until
+// Adopt gives them one. It does nothing, and takes
 // no lock, when the table is current, so every relay may call it at start-up;
 // concurrent calls wait for each other. It needs the rights to alter the
 // table.
 func (s *Store) Migrate(ctx context.Context) error {
-	idx, oldIdx := sql.RetryAggregateIndex(s.t)
+	idx, oldIdx := sql.RetryIndexes(s.t)
 	var current bool
 	err := s.pool.QueryRow(ctx, `SELECT c.oid IS NOT NULL
-    AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'last_resort' AND NOT a.attisdropped)
-    AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'outbox_table' AND NOT a.attisdropped)
-    AND EXISTS (SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = c.oid AND ic.relname = $2)
-    AND NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = c.oid AND ic.relname = $3)
+    AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND NOT a.attisdropped
+        AND a.attname IN ('last_resort', 'message_time', 'outbox_table', 'slot_name')) = 4
+    AND (SELECT count(*) FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = c.oid AND ic.relname = ANY($2)) = cardinality($2)
+    AND NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = c.oid AND ic.relname = ANY($3))
+    AND NOT EXISTS (SELECT 1 FROM pg_constraint k JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attname = 'event_key'
+        WHERE k.conrelid = c.oid AND k.contype = 'u' AND k.conkey = ARRAY[a.attnum])
 FROM (SELECT to_regclass($1)::oid AS oid) c`, s.t.Quoted(), idx, oldIdx).Scan(&current)
 	if err != nil {
 		return fmt.Errorf("check retry table %s: %w", s.name, err)

@@ -81,7 +81,8 @@ type WorkerConfig struct {
 	Headers router.HeaderSet
 	// Tables routes the rows of the outbox tables named (Entry.Table) by
 	// their own table's rules, when the relay reads several; a row of
-	// another table, or of none, takes Topic and Headers.
+	// another table, or of none, takes Topic and Headers. (Every row the
+	// Worker sees is of its Store's slot: another relay's never reach it.)
 	Tables map[string]Routing
 	// Committed, when set, holds rows back until their transaction is
 	// committed downstream: only a row whose source LSN is below
@@ -131,8 +132,10 @@ func (c *WorkerConfig) validate() error {
 	return nil
 }
 
-// A Worker delivers the retry table's due rows. See the package doc for its
-// guarantees. Several Workers, in one process or many, may share a table.
+// A Worker delivers the due rows of its Store's slot. See the package doc
+// for its guarantees. Several Workers, in one process or many, may share a
+// table: those of one slot share its rows, those of other slots never see
+// them.
 type Worker struct {
 	cfg WorkerConfig
 	log *slog.Logger
@@ -224,11 +227,11 @@ func (w *Worker) step(ctx context.Context) (more bool, err error) {
 		limit = w.cfg.Committed()
 	}
 	head, err := scanEntry(tx.QueryRow(dbctx, fmt.Sprintf(`SELECT %s FROM %s r
-WHERE r.status = 'pending' AND r.next_attempt_at <= now()
+WHERE r.slot_name = $2 AND r.status = 'pending' AND r.next_attempt_at <= now()
   AND (r.source_lsn IS NULL OR r.source_lsn < $1::text::pg_lsn)
-  AND NOT EXISTS (SELECT 1 FROM %s p WHERE %s AND p.seq < r.seq)
+  AND NOT EXISTS (SELECT 1 FROM %s p WHERE p.slot_name = r.slot_name AND %s AND p.seq < r.seq)
 ORDER BY r.seq LIMIT 1
-FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p", "r.aggregate")), limit.String()))
+FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p", "r.aggregate")), limit.String(), s.slot))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -247,8 +250,8 @@ FOR UPDATE OF r SKIP LOCKED`, columns(true), s.table, s.table, sameAggregate("p"
 	// next_attempt_at, in batches, until the first failure.
 	for last := head.Seq; res == sendDelivered; {
 		rows, err := tx.Query(dbctx, fmt.Sprintf(`SELECT %s FROM %s r
-WHERE %s AND r.seq > $2 ORDER BY r.seq LIMIT $3 FOR UPDATE`, columns(true), s.table, sameAggregate("r", "$1::text")),
-			head.Aggregate, last, w.cfg.BatchSize)
+WHERE r.slot_name = $4 AND %s AND r.seq > $2 ORDER BY r.seq LIMIT $3 FOR UPDATE`, columns(true), s.table, sameAggregate("r", "$1::text")),
+			head.Aggregate, last, w.cfg.BatchSize, s.slot)
 		if err != nil {
 			return false, fmt.Errorf("read rows behind %d: %w", head.Seq, err)
 		}
@@ -278,8 +281,8 @@ WHERE %s AND r.seq > $2 ORDER BY r.seq LIMIT $3 FOR UPDATE`, columns(true), s.ta
 	}
 	if len(d.delivered) > 0 && w.cfg.Delivered != nil {
 		var left bool
-		err := s.pool.QueryRow(dbctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s r WHERE %s)`,
-			s.table, sameAggregate("r", "$1::text")), head.Aggregate).Scan(&left)
+		err := s.pool.QueryRow(dbctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s r WHERE r.slot_name = $2 AND %s)`,
+			s.table, sameAggregate("r", "$1::text")), head.Aggregate, s.slot).Scan(&left)
 		if err != nil {
 			return true, fmt.Errorf("check aggregate %q: %w", head.Aggregate, err)
 		}
@@ -494,7 +497,7 @@ func (d *delivery) finish(dbctx, ctx context.Context) error {
 		return nil // deferred rollback
 	}
 	if len(d.delivered) > 0 {
-		if _, err := d.tx.Exec(dbctx, fmt.Sprintf(`DELETE FROM %s WHERE seq = ANY($1)`, s.table), d.delivered); err != nil {
+		if _, err := d.tx.Exec(dbctx, fmt.Sprintf(`DELETE FROM %s WHERE seq = ANY($1) AND slot_name = $2`, s.table), d.delivered, s.slot); err != nil {
 			return fmt.Errorf("delete delivered rows: %w", err)
 		}
 	}
@@ -518,8 +521,8 @@ func (d *delivery) finish(dbctx, ctx context.Context) error {
     first_failed_at = CASE WHEN waiting THEN now() ELSE first_failed_at END,
     waiting = false,
     updated_at = now()
-WHERE seq = $1 RETURNING status, attempts`, s.table),
-			f.row.Seq, event.PlainText(f.reason), backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds()).Scan(&status, &attempts)
+WHERE seq = $1 AND slot_name = $7 RETURNING status, attempts`, s.table),
+			f.row.Seq, event.PlainText(f.reason), backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds(), s.slot).Scan(&status, &attempts)
 		if err != nil {
 			return fmt.Errorf("record failure of row %d: %w", f.row.Seq, err)
 		}
