@@ -550,9 +550,10 @@ WHERE seq = $1 AND slot_name = $7 RETURNING status, attempts`, s.table),
 	return nil
 }
 
-// postpone makes every pending row of topic, a topic found missing, wait
-// for it together: due again after a backoff that grows with the heads of
-// the topic that failed in a row (topicFailures), in one statement. Without
+// postpone makes every pending row of topic (the Store's slot's), a topic
+// found missing, wait for it together: due again after a backoff that grows
+// with the heads of the topic that failed in a row (topicFailures), in one
+// statement. Without
 // it each of 100,000 aggregates waiting for one missing topic was claimed
 // and failed on its own, again and again: a core spent, and the table read
 // whole every poll. Only the probing head counts an attempt; rows older than
@@ -568,9 +569,9 @@ func (d *delivery) postpone(dbctx context.Context, topic string) error {
 	w.topicFailures[topic] = n + 1
 	wait := w.backoff(n + 1)
 	_, err := d.tx.Exec(dbctx, fmt.Sprintf(`UPDATE %s SET next_attempt_at = now() + make_interval(secs => $2)
-WHERE topic = $1 AND status = 'pending' AND next_attempt_at < now() + make_interval(secs => $2)
+WHERE slot_name = $4 AND topic = $1 AND status = 'pending' AND next_attempt_at < now() + make_interval(secs => $2)
   AND (waiting OR first_failed_at >= now() - make_interval(secs => $3))`, s.table),
-		topic, wait.Seconds(), w.cfg.MaxAge.Seconds())
+		topic, wait.Seconds(), w.cfg.MaxAge.Seconds(), s.slot)
 	if err != nil {
 		return fmt.Errorf("postpone the rows of missing topic %q: %w", topic, err)
 	}

@@ -202,9 +202,19 @@ func TestWorkerMissingTopic(t *testing.T) {
 // probes the topic per topic backoff, and all are delivered once it exists.
 func TestWorkerMissingTopicWaitsPerTopic(t *testing.T) {
 	ctx := context.Background()
-	s := newStore(t)
+	s, pg := newStoreIn(t)
 	kc := testenv.Kafka(t)
 	topic := testenv.UniqueName(t, "retry")
+	// A row of another slot's relay, same table and topic: never postponed
+	// by this worker (it is not this relay's to touch).
+	other, err := retry.NewStore(pg.Pool(t), "", "other_slot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Insert(ctx, []retry.Event{event(topic, "B", "B-1")}); err != nil {
+		t.Fatal(err)
+	}
+	otherDue := get(t, other, "B-1").NextAttemptAt
 	const aggregates = 200
 	var events []retry.Event
 	for i := range aggregates {
@@ -228,6 +238,9 @@ func TestWorkerMissingTopicWaitsPerTopic(t *testing.T) {
 	if st := w.Stats(); st.Attempted < 1 || st.Attempted > 10 {
 		t.Errorf("attempts in %s with %d aggregates waiting for missing topic %s = %d; want 1 to 10 (the topic probed, not every row)",
 			span, aggregates, topic, st.Attempted)
+	}
+	if b := get(t, other, "B-1"); !b.NextAttemptAt.Equal(otherDue) || b.Attempts != 0 {
+		t.Errorf("another slot's row: next attempt %s (was %s), attempts %d; want it untouched", b.NextAttemptAt, otherDue, b.Attempts)
 	}
 	kc.CreateTopic(t, topic, 4)
 	waitFor(t, 30*time.Second, "the table to empty", empty(t, s))
