@@ -188,7 +188,7 @@ func parseInsert(b []byte, hdrs *slab) (relID uint32, values [][]byte, size int,
 		}
 	}
 	data := make([]byte, 0, size)
-	values = hdrs.take(n)
+	values = hdrs.take(n, size)
 	r = reader{b: tuple}
 	for i := 0; i < n; i++ {
 		if r.u8() == 'n' {
@@ -231,12 +231,34 @@ func parseTruncate(b []byte) ([]uint32, error) {
 // one allocation for its value bytes and (amortised) none for its headers.
 // A carved slice has its capacity clipped, so appending to it cannot reach a
 // neighbour's headers.
-type slab struct{ buf [][]byte }
+//
+// A chunk stays alive while any row carved from it does, and with it every
+// other row's values its headers point to: one row held (in the retry
+// table's hands, in a Kafka write) must not pin a transaction's worth of
+// large values. So a chunk is shared only by rows whose values total at
+// most slabBytes, and a row larger than that gets headers of its own (one
+// small allocation beside its large one). What a held row pins beyond
+// itself is thus at most slabBytes.
+type slab struct {
+	buf   [][]byte
+	bytes int // value bytes of the rows carved from buf
+}
 
-func (s *slab) take(n int) [][]byte {
-	if n > cap(s.buf)-len(s.buf) {
-		s.buf = make([][]byte, 0, max(n, 1024))
+// slabBytes bounds the value bytes of the rows that share a chunk of
+// headers: 1024 headers of ~300-byte rows (the common outbox event) fill a
+// chunk before this does.
+const slabBytes = 64 << 10
+
+// take returns headers for a row of n values totalling size bytes.
+func (s *slab) take(n, size int) [][]byte {
+	if size > slabBytes {
+		return make([][]byte, n)
 	}
+	if n > cap(s.buf)-len(s.buf) || s.bytes+size > slabBytes {
+		s.buf = make([][]byte, 0, max(n, 1024))
+		s.bytes = 0
+	}
+	s.bytes += size
 	start := len(s.buf)
 	s.buf = s.buf[:start+n]
 	return s.buf[start : start+n : start+n]

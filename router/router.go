@@ -134,6 +134,7 @@ type Router struct {
 	interned map[string]string // aggregate and event types seen, which repeat
 	scratch  []byte
 	hdrs     []Header // the slab headers are carved from
+	hdrsRows int      // bytes of the rows whose headers are carved from hdrs
 }
 
 // New validates cfg, fills its defaults and returns a Router. A bad template
@@ -265,7 +266,7 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	if valueErr != nil {
 		return m, valueErr
 	}
-	m.Headers, _ = r.rt.headers.appendTo(r.headerSlab(3+len(m.Extra)), id, eventType, aggType, m.Extra) // Extra holds no reserved name
+	m.Headers, _ = r.rt.headers.appendTo(r.headerSlab(3+len(m.Extra), row.Size()), id, eventType, aggType, m.Extra) // Extra holds no reserved name
 	return m, nil
 }
 
@@ -302,11 +303,28 @@ func (r *Router) strings(a, b []byte) (string, string) {
 // headerSlab returns an empty slice with room for n headers, carved from a
 // shared array so that an event's headers cost no allocation of their own.
 // Its capacity is clipped: appending beyond n cannot reach a neighbour's.
-func (r *Router) headerSlab(n int) []Header {
-	if n > cap(r.hdrs)-len(r.hdrs) {
-		r.hdrs = make([]Header, 0, max(n, 1024))
+//
+// Header values point into their row's bytes (the id is a slice of the
+// row's one allocation, payload included), and a shared array stays alive
+// while any event carved from it does: so it is shared only by events of
+// rows totalling at most slabRowBytes, and the headers of a row of size
+// rowBytes larger than that get an array of their own. One event still
+// held (in a Kafka write, on its way to the retry table) then pins at most
+// slabRowBytes of other rows, never a large transaction's worth.
+func (r *Router) headerSlab(n, rowBytes int) []Header {
+	if rowBytes > slabRowBytes {
+		return make([]Header, 0, n)
 	}
+	if n > cap(r.hdrs)-len(r.hdrs) || r.hdrsRows+rowBytes > slabRowBytes {
+		r.hdrs = make([]Header, 0, max(n, 1024))
+		r.hdrsRows = 0
+	}
+	r.hdrsRows += rowBytes
 	start := len(r.hdrs)
 	r.hdrs = r.hdrs[:start+n]
 	return r.hdrs[start : start : start+n]
 }
+
+// slabRowBytes bounds the bytes of the rows whose events share an array of
+// headers (headerSlab): ~300-byte events fill the 1024 headers first.
+const slabRowBytes = 64 << 10

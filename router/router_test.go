@@ -3,6 +3,7 @@ package router_test
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -468,4 +469,49 @@ func TestRouteErrorKeepsFields(t *testing.T) {
 		string(m.Key) != "a-1" || string(m.Value) != `{"x": 1}` || m.Topic != "" {
 		t.Errorf("Route of an unroutable event = %+v; want its id, aggregate, event type, key and value, and no topic", m)
 	}
+}
+
+// TestHeldEventPinsOnlyItsRow: an event the relay still holds (in a Kafka
+// write, on its way to the retry table) must not keep other rows in memory.
+// Its header values are slices of its row's bytes, and the headers of many
+// events shared one array, so one held event of a transaction of large rows
+// pinned all of them (issue 34).
+func TestHeldEventPinsOnlyItsRow(t *testing.T) {
+	const rows, size = 40, 1 << 20
+	r := mustNew(t, router.Config{})
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	var held router.Message
+	for i := range rows {
+		// One allocation per row, as the decoder makes it.
+		id := fmt.Sprintf("00000000-0000-0000-0000-%012d", i)
+		fields := []string{id, "Order", "o-1", "Created", `"` + strings.Repeat("x", size) + `"`, "", "2026-01-01 00:00:00+00"}
+		data := []byte(strings.Join(fields, ""))
+		vals := make([][]byte, len(fields))
+		for j, f := range fields {
+			vals[j], data = data[:len(f):len(f)], data[len(f):]
+		}
+		vals[5] = nil
+		m, err := r.Route(replication.Row{Relation: outbox, Values: vals})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			held = m
+		}
+	}
+	grown := int64(heap()) - int64(before)
+	if len(held.Headers) == 0 || held.ID != "00000000-0000-0000-0000-000000000000" {
+		t.Fatalf("held event = %q with %d headers; want the first one, with headers", held.ID, len(held.Headers))
+	}
+	if limit := int64(3 * size); grown > limit {
+		t.Errorf("heap grew by %d bytes holding one event of a %d-byte row of %d; want at most %d: a held event pins other rows", grown, size, rows, limit)
+	}
+	runtime.KeepAlive(held)
+	runtime.KeepAlive(r)
 }

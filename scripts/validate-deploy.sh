@@ -162,7 +162,8 @@ guard "secret.kafkaSaslPassword is empty" "${good[@]}" --set secret.keys.kafkaSa
 guard "set shutdownTimeoutSeconds instead" "${good[@]}" --set config.pipeline.shutdown_timeout=10s
 guard "set metrics.port instead" "${good[@]}" --set config.metrics.listen=:9000
 guard "above 80% of resources.limits.memory" "${good[@]}" --set config.pipeline.max_in_flight_bytes=67108864
-say "chart guards: 10 bad configurations refused"
+guard "its peak RSS (that + 32 MiB outside the Go heap = 80 MiB" "${good[@]}" --set resources.limits.memory=64Mi
+say "chart guards: 11 bad configurations refused"
 
 # 4: the schemas.
 "$kubeconform" "${kubeconform_args[@]}" "${rendered[@]}" "$plain/outbox-relay.yaml" >"$tmp/valid.out" 2>&1 ||

@@ -155,8 +155,13 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 			Reason: reason + "; fix the routing (topics.template or topics.overrides) or rename a topic"}, false
 	}
 	if !known && !k.cfg.AllowAutoTopicCreation {
-		return &TopicError{Topic: topic, Err: cause,
-			Reason: "does not exist and kafka.allow_auto_topic_creation is off: create the topic; the event is retried"}, false
+		// Remembered like a topic waited for in vain: lookTopic reads the
+		// whole cluster's metadata, and a retry table of 100,000
+		// aggregates waiting for this topic asked it once per write.
+		err := &TopicError{Topic: topic, Err: cause,
+			Reason: "does not exist and kafka.allow_auto_topic_creation is off: create the topic; the event is retried"}
+		k.rememberMissing(topic, err)
+		return err, false
 	}
 
 	// Being created: by the broker (auto-creation) or, when the metadata
@@ -195,12 +200,33 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 		reason = fmt.Sprintf("does not exist and Kafka refuses to create it (%s): create it with settings the cluster accepts, or allow the relay to; the event is retried", msg)
 	}
 	err := &TopicError{Topic: topic, Err: kafka.UnknownTopicOrPartition, Reason: reason}
+	k.rememberMissing(topic, err)
+	k.log.Warn("kafka topic missing", "topic", topic, "err", err)
+	return err, false
+}
+
+// maxMissing bounds the topics remembered as missing: past it, those
+// remembered longer than missingTTL ago are forgotten first.
+const maxMissing = 1024
+
+// rememberMissing makes topic fail with err for missingTTL without asking
+// Kafka again (a topic created meanwhile is found by the metadata cache
+// before this is consulted).
+func (k *Kafka) rememberMissing(topic string, err error) {
 	if k.missing == nil {
 		k.missing = make(map[string]missing)
 	}
+	if len(k.missing) >= maxMissing {
+		for t, m := range k.missing {
+			if time.Since(m.at) >= missingTTL {
+				delete(k.missing, t)
+			}
+		}
+		if len(k.missing) >= maxMissing {
+			clear(k.missing)
+		}
+	}
 	k.missing[topic] = missing{err: err, at: time.Now()}
-	k.log.Warn("kafka topic missing", "topic", topic, "err", err)
-	return err, false
 }
 
 // lookTopic asks a broker for every topic's metadata (the sink's own cache

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,6 +121,47 @@ func TestKafkaMissingTopicFailsFast(t *testing.T) {
 		`"`+missing+`"`, "does not exist", "kafka.allow_auto_topic_creation")
 	if topicExists(t, kc.Brokers, missing) {
 		t.Errorf("topic %s exists; want it not created", missing)
+	}
+}
+
+// A missing topic's diagnosis (a metadata request for every topic of the
+// cluster, on a connection of its own) is made once, not per write: a retry
+// table of 100,000 aggregates waiting for one topic asked it 100,000 times,
+// and its answers were most of the relay's memory (issue 34). A topic created
+// meanwhile is still written to at once.
+func TestKafkaMissingTopicDiagnosedOnce(t *testing.T) {
+	kc := testenv.Kafka(t)
+	missing := testenv.UniqueName(t, "missing")
+	var dials atomic.Int32
+	d := &net.Dialer{}
+	k := newSink(t, sink.Config{Brokers: kc.Brokers, Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
+		dials.Add(1)
+		return d.DialContext(ctx, network, address)
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	write := func() error { return k.Write(ctx, evs(msgs(missing, 1, 1))) }
+	const writes = 20
+	for i := range writes {
+		var werr *sink.WriteError
+		if err := write(); !errors.As(err, &werr) || !errors.Is(err, kafka.UnknownTopicOrPartition) {
+			t.Fatalf("write %d to missing topic %s = %v; want a *sink.WriteError for an unknown topic", i, missing, err)
+		}
+	}
+	if n := dials.Load(); n > 5 {
+		t.Errorf("%d writes to a missing topic opened %d connections; want the topic diagnosed once (at most 5)", writes, n)
+	}
+	kc.CreateTopic(t, missing, 1)
+	start := time.Now()
+	for {
+		err := write()
+		if err == nil {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("write after topic %s was created = %v for %s; want it written within seconds", missing, err, time.Since(start))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

@@ -125,8 +125,18 @@ func (g *gate) divert(c *chunk) (send []event.Event, sendAt []int, out []diverte
 func (g *gate) park(ctx context.Context, evs []retry.Event, held []string) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.store.Insert(ctx, evs); err != nil {
-		return err
+	// In pages, in order: a chunk of 10,000 events in one statement held
+	// ~30 MB of encoded parameters at once, outside the window. A page
+	// stored before a later one failed is stored again as a no-op when the
+	// caller retries (Insert is idempotent on the event key), and seq still
+	// follows the chunk's order; until every page is stored, divert's
+	// pending count keeps the aggregates held.
+	for page := evs; len(page) > 0; {
+		n := min(len(page), parkPage)
+		if err := g.store.Insert(ctx, page[:n]); err != nil {
+			return err
+		}
+		page = page[n:]
 	}
 	for _, ev := range evs {
 		g.blocked[ev.Aggregate] = struct{}{}
@@ -163,7 +173,18 @@ func (g *gate) release(ctx context.Context, aggs []string) {
 	}
 }
 
-// sweep releases every blocked aggregate whose rows are gone, every interval.
+// parkPage is the most events park stores with one statement.
+const parkPage = 1000
+
+// sweepPage is the most aggregates one sweep query asks about: the table is
+// asked page by page, so that 100,000 waiting aggregates cost neither one
+// query and answer of them all (an array of every aggregate, a map of the
+// answers, ~25 MB) nor the gate's lock held for its whole length, which
+// holds up the writer.
+const sweepPage = 1000
+
+// sweep releases every blocked aggregate whose rows are gone, every interval,
+// asking the table sweepPage aggregates at a time.
 func (g *gate) sweep(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -179,8 +200,10 @@ func (g *gate) sweep(ctx context.Context, interval time.Duration) {
 			aggs = append(aggs, a)
 		}
 		g.mu.Unlock()
-		if len(aggs) > 0 {
-			g.release(ctx, aggs)
+		for len(aggs) > 0 && ctx.Err() == nil {
+			n := min(len(aggs), sweepPage)
+			g.release(ctx, aggs[:n])
+			aggs = aggs[n:]
 		}
 	}
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -19,8 +20,9 @@ import (
 type rows struct {
 	mu         sync.Mutex
 	n          map[string]int
-	asked      [][]string // every Undelivered call's aggregates
-	fail       error      // Undelivered fails while set
+	asked      [][]string      // every Undelivered call's aggregates
+	inserted   [][]retry.Event // every Insert call's events
+	fail       error           // Undelivered fails while set
 	insertGate chan struct{}
 	inserting  chan struct{} // closed when an Insert begins, if set
 }
@@ -40,6 +42,7 @@ func (r *rows) Insert(ctx context.Context, evs []retry.Event) error {
 	for _, e := range evs {
 		r.n[e.Aggregate]++
 	}
+	r.inserted = append(r.inserted, slices.Clone(evs))
 	return nil
 }
 
@@ -143,6 +146,79 @@ func TestGateSweep(t *testing.T) {
 	}
 	if !g.holds("b") {
 		t.Error("sweep released b, which still has a row")
+	}
+}
+
+// sweep asks the table about the blocked aggregates a page at a time, however
+// many wait: one query of 100,000 aggregates held their array, its answer
+// and the gate's lock at once (issue 34).
+func TestGateSweepPages(t *testing.T) {
+	const waiting = 2*sweepPage + 10
+	r := &rows{n: map[string]int{}}
+	for i := range waiting {
+		r.n[fmt.Sprintf("agg-%d", i)] = 1
+	}
+	g := loadedGate(t, r)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { g.sweep(ctx, 5*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	for _, a := range []string{"agg-0", fmt.Sprintf("agg-%d", waiting-1)} {
+		r.deliver(a)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for g.holds("agg-0") || g.holds(fmt.Sprintf("agg-%d", waiting-1)) {
+		if time.Now().After(deadline) {
+			t.Fatal("sweep did not release the delivered aggregates within 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !g.holds("agg-1") {
+		t.Error("sweep released agg-1, which still has a row")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, q := range r.asked {
+		if len(q) > sweepPage {
+			t.Fatalf("Undelivered call %d asked about %d aggregates; want at most %d per query", i, len(q), sweepPage)
+		}
+	}
+}
+
+// park stores a chunk's diverted events a page at a time, in order: one
+// statement of 10,000 events held ~30 MB of parameters (issue 34).
+func TestGateParkPages(t *testing.T) {
+	const n = 2*parkPage + 10
+	r := &rows{n: map[string]int{}}
+	g := loadedGate(t, r)
+	var evs []retry.Event
+	for i := range n {
+		evs = append(evs, retry.Event{EventKey: fmt.Sprintf("k%d", i), Aggregate: fmt.Sprintf("agg-%d", i)})
+	}
+	if err := g.park(t.Context(), evs, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.inserted) != 3 {
+		t.Fatalf("park of %d events made %d inserts; want 3 of at most %d", n, len(r.inserted), parkPage)
+	}
+	var keys []string
+	for _, page := range r.inserted {
+		if len(page) > parkPage {
+			t.Errorf("an insert of %d events; want at most %d", len(page), parkPage)
+		}
+		for _, e := range page {
+			keys = append(keys, e.EventKey)
+		}
+	}
+	for i, k := range keys {
+		if want := fmt.Sprintf("k%d", i); k != want {
+			t.Fatalf("stored event %d = %s; want %s (the chunk's order)", i, k, want)
+		}
+	}
+	if !g.holds("agg-0") || !g.holds(fmt.Sprintf("agg-%d", n-1)) {
+		t.Error("parked aggregates not blocked")
 	}
 }
 

@@ -142,7 +142,16 @@ type Worker struct {
 
 	attempted, succeeded, deadLettered atomic.Int64
 	outage                             bool // Run's goroutine only: an outage was logged
+	// topicFailures counts, per topic, the heads that failed in a row
+	// because their topic is missing: the rows of such a topic wait for
+	// it together (postpone), with a backoff that grows per topic, not
+	// per row. Run's goroutine only; at most maxTopicWaits topics.
+	topicFailures map[string]int
 }
+
+// maxTopicWaits bounds Worker.topicFailures: past it, the counts start over
+// (a topic then waits from BackoffMin again).
+const maxTopicWaits = 1024
 
 // NewWorker validates cfg and fills defaults. It neither dials nor starts
 // goroutines.
@@ -305,6 +314,7 @@ type delivery struct {
 	topics    map[[3]string]topicResult
 	delivered []int64
 	failed    *failure
+	topicWait string // the failure was its topic's: missing (postpone)
 	outage    bool
 	shutdown  bool
 	attempted int
@@ -351,6 +361,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 		switch {
 		case err == nil:
 			d.outageOver()
+			delete(d.w.topicFailures, msgs[0].Topic)
 		case ctx.Err() != nil:
 			d.shutdown = true
 			return sendStopped
@@ -391,6 +402,12 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			}
 			d.attempted += first.Index + 1
 			d.failed = &failure{row: rows[first.Index], reason: first.Reason, permanent: first.Permanent}
+			var te *sink.TopicError
+			if errors.As(first.Err, &te) && !te.Permanent {
+				// The topic is missing: every row of it would fail
+				// alike, so they wait for it together (postpone).
+				d.topicWait = te.Topic
+			}
 			return sendFailed
 		default:
 			d.attempted += len(msgs)
@@ -511,6 +528,11 @@ WHERE seq = $1 AND slot_name = $7 RETURNING status, attempts`, s.table),
 		}
 		dead = status == string(StatusDead)
 	}
+	if d.topicWait != "" {
+		if err := d.postpone(dbctx, d.topicWait); err != nil {
+			return err
+		}
+	}
 	if err := d.tx.Commit(dbctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
@@ -524,6 +546,34 @@ WHERE seq = $1 AND slot_name = $7 RETURNING status, attempts`, s.table),
 	}
 	if d.shutdown {
 		return ctx.Err()
+	}
+	return nil
+}
+
+// postpone makes every pending row of topic (the Store's slot's), a topic
+// found missing, wait for it together: due again after a backoff that grows
+// with the heads of the topic that failed in a row (topicFailures), in one
+// statement. Without
+// it each of 100,000 aggregates waiting for one missing topic was claimed
+// and failed on its own, again and again: a core spent, and the table read
+// whole every poll. Only the probing head counts an attempt; rows older than
+// MaxAge stay due, to go dead one by one as their own attempts decide. A
+// topic created meanwhile is found within that backoff (at most
+// BackoffMax), as a row's own backoff would.
+func (d *delivery) postpone(dbctx context.Context, topic string) error {
+	w, s := d.w, d.w.cfg.Store
+	if w.topicFailures == nil || len(w.topicFailures) >= maxTopicWaits {
+		w.topicFailures = make(map[string]int)
+	}
+	n := w.topicFailures[topic]
+	w.topicFailures[topic] = n + 1
+	wait := w.backoff(n + 1)
+	_, err := d.tx.Exec(dbctx, fmt.Sprintf(`UPDATE %s SET next_attempt_at = now() + make_interval(secs => $2)
+WHERE slot_name = $4 AND topic = $1 AND status = 'pending' AND next_attempt_at < now() + make_interval(secs => $2)
+  AND (waiting OR first_failed_at >= now() - make_interval(secs => $3))`, s.table),
+		topic, wait.Seconds(), w.cfg.MaxAge.Seconds(), s.slot)
+	if err != nil {
+		return fmt.Errorf("postpone the rows of missing topic %q: %w", topic, err)
 	}
 	return nil
 }

@@ -195,6 +195,67 @@ func TestWorkerMissingTopic(t *testing.T) {
 	}
 }
 
+// TestWorkerMissingTopicWaitsPerTopic: many aggregates waiting for one
+// missing topic wait for it together. Before, each head was claimed and
+// failed on its own, again after its own backoff: 100,000 waiting aggregates
+// kept the worker (and Postgres) busy without pause (issue 34). Now one head
+// probes the topic per topic backoff, and all are delivered once it exists.
+func TestWorkerMissingTopicWaitsPerTopic(t *testing.T) {
+	ctx := context.Background()
+	s, pg := newStoreIn(t)
+	kc := testenv.Kafka(t)
+	topic := testenv.UniqueName(t, "retry")
+	// A row of another slot's relay, same table and topic: never postponed
+	// by this worker (it is not this relay's to touch).
+	other, err := retry.NewStore(pg.Pool(t), "", "other_slot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Insert(ctx, []retry.Event{event(topic, "B", "B-1")}); err != nil {
+		t.Fatal(err)
+	}
+	otherDue := get(t, other, "B-1").NextAttemptAt
+	const aggregates = 200
+	var events []retry.Event
+	for i := range aggregates {
+		events = append(events, aggregateEvents(topic, fmt.Sprintf("A%d", i), 2)...)
+	}
+	if err := s.Insert(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic)
+	cfg.BackoffMin, cfg.BackoffMax = time.Second, 2*time.Second
+	w, err := retry.NewWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
+
+	const span = 4 * time.Second
+	time.Sleep(span)
+	// One probe per topic backoff (1-2 s) in span; each head on its own
+	// would have been tried at least once.
+	if st := w.Stats(); st.Attempted < 1 || st.Attempted > 10 {
+		t.Errorf("attempts in %s with %d aggregates waiting for missing topic %s = %d; want 1 to 10 (the topic probed, not every row)",
+			span, aggregates, topic, st.Attempted)
+	}
+	if b := get(t, other, "B-1"); !b.NextAttemptAt.Equal(otherDue) || b.Attempts != 0 {
+		t.Errorf("another slot's row: next attempt %s (was %s), attempts %d; want it untouched", b.NextAttemptAt, otherDue, b.Attempts)
+	}
+	kc.CreateTopic(t, topic, 4)
+	waitFor(t, 30*time.Second, "the table to empty", empty(t, s))
+	msgs := kc.ReadAll(t, topic)
+	if len(msgs) != 2*aggregates {
+		t.Fatalf("topic holds %d messages; want %d", len(msgs), 2*aggregates)
+	}
+	for i := range aggregates {
+		key := fmt.Sprintf("A%d", i)
+		if got, want := ids(msgs, key), []string{key + "-1", key + "-2"}; !slices.Equal(got, want) {
+			t.Errorf("aggregate %s: topic holds %q; want %q in order", key, got, want)
+		}
+	}
+}
+
 // TestWorkerDeadAndRequeue: MaxAttempts and MaxAge send a failing row dead;
 // a dead row keeps blocking its aggregate; after a requeue it is delivered,
 // and the row behind it too.

@@ -174,8 +174,10 @@ crashes or is killed later.
 {{- if and $limit (not .Values.goMemLimit) }}
 {{- $window := dig "pipeline" "max_in_flight_bytes" 8388608 $cfg | int64 }}
 {{- $soft := add 33554432 (mul 2 $window) }}
-{{- if gt (mul $soft 10) (mul ($limit | int64) 8) }}
-{{- fail (printf "the relay's soft memory limit (32 MiB + 2 x pipeline.max_in_flight_bytes = %d MiB) is above 80%% of resources.limits.memory (%s): raise the limit to at least %d Mi, or set goMemLimit" (div $soft 1048576) (dig "limits" "memory" "" .Values.resources) (add (div (mul $soft 10) (mul 8 1048576)) 1)) }}
+{{- /* Peak RSS, docs/operating.md#memory: the soft limit + 32 MiB outside the Go heap. */}}
+{{- $peak := add $soft 33554432 }}
+{{- if or (gt (mul $soft 10) (mul ($limit | int64) 8)) (gt $peak ($limit | int64)) }}
+{{- fail (printf "the relay's soft memory limit (32 MiB + 2 x pipeline.max_in_flight_bytes = %d MiB) is above 80%% of resources.limits.memory (%s), or its peak RSS (that + 32 MiB outside the Go heap = %d MiB, see docs/operating.md#memory) above the limit: raise the limit to at least %d Mi, or set goMemLimit" (div $soft 1048576) (dig "limits" "memory" "" .Values.resources) (div $peak 1048576) (add (max (div (mul $soft 10) (mul 8 1048576)) (div $peak 1048576)) 1)) }}
 {{- end }}
 {{- end }}
 {{- end }}
