@@ -18,7 +18,8 @@ package isolation
 import (
 	"context"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -171,13 +172,8 @@ type Finding struct {
 func (r *Report) Findings(cfg Config) []Finding {
 	var out []Finding
 	if len(r.RetryRows) > 0 {
-		slots := make([]string, 0, len(r.RetryRows))
-		for s := range r.RetryRows {
-			slots = append(slots, s)
-		}
-		sort.Strings(slots)
 		var parts []string
-		for _, s := range slots {
+		for _, s := range slices.Sorted(maps.Keys(r.RetryRows)) {
 			parts = append(parts, fmt.Sprintf("%s (%d)", s, r.RetryRows[s]))
 		}
 		out = append(out, Finding{
@@ -197,24 +193,19 @@ func (r *Report) Findings(cfg Config) []Finding {
 		out = append(out, Finding{
 			What: fmt.Sprintf("slots %s parked events of this relay's outbox tables in the retry table: their relays read the same outbox", strings.Join(r.SameOutbox, ", ")),
 			Meaning: "each delivers every event to its own topics, and their parked rows are untouched here; " +
-				"outbox.retention deletes rows this slot delivered, whatever they have read: keep it off, or long enough for the slowest of them",
+				"outbox.retention waits for them: it deletes only rows every other slot of the database has read, unless outbox.retention_ignore_slots names one of them",
 			Reader: true,
 		})
 	}
 	if len(r.Publications) > 0 {
-		tables := make([]string, 0, len(r.Publications))
-		for t := range r.Publications {
-			tables = append(tables, t)
-		}
-		sort.Strings(tables)
 		var parts []string
-		for _, t := range tables {
+		for _, t := range slices.Sorted(maps.Keys(r.Publications)) {
 			parts = append(parts, fmt.Sprintf("%s by %s", t, strings.Join(r.Publications[t], ", ")))
 		}
 		out = append(out, Finding{
 			What: fmt.Sprintf("other publications publish this relay's outbox tables: %s", strings.Join(parts, "; ")),
 			Meaning: "a slot reading through them (another relay, Debezium) reads the same events and delivers them itself; " +
-				"outbox.retention deletes rows this slot delivered, whatever that slot has read: keep it off, or long enough for it",
+				"outbox.retention waits for every other slot of the database: it deletes only rows they have all read, unless outbox.retention_ignore_slots names one",
 			Reader: true,
 		})
 	}
@@ -230,7 +221,7 @@ func (r *Report) Findings(cfg Config) []Finding {
 		out = append(out, Finding{
 			What: fmt.Sprintf("other logical replication slots in this database: %s", strings.Join(parts, ", ")),
 			Meaning: "each keeps WAL from its own position, and a relay of another slot keeps its own rows in shared tables; " +
-				"if one reads this relay's outbox table, outbox.retention must leave it the rows it has not read",
+				"outbox.retention deletes only rows each of them has read (a slot that never reads the outbox holds it back: name it in outbox.retention_ignore_slots)",
 		})
 	}
 	return out

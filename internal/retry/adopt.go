@@ -3,6 +3,7 @@ package retry
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -134,13 +135,8 @@ func (e *OrphansError) Error() string {
 	if len(r.Foreign) > 0 {
 		why = append(why, fmt.Sprintf("some were read from outbox tables this relay does not read (%s)", strings.Join(r.Foreign, ", ")))
 	}
-	tables := make([]string, 0, len(r.ByTable))
-	for t := range r.ByTable {
-		tables = append(tables, t)
-	}
-	sort.Strings(tables)
 	var counts []string
-	for _, t := range tables {
+	for _, t := range slices.Sorted(maps.Keys(r.ByTable)) {
 		name := t
 		if name == "" {
 			name = "no outbox table (a message, or an older version's row)"
