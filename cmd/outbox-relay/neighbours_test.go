@@ -35,7 +35,7 @@ VALUES ('lsn:0/1:0', 'billing/X', 'dead', now(), 'public.outbox', '`+other+`')`,
 		"warn  neighbours: retry table outbox_relay_retry also holds rows of other slots: "+other+" (1): isolation is by slot",
 		"warn  neighbours: checkpoint table outbox_relay_checkpoint also holds the checkpoints of slots "+other,
 		"warn  neighbours: slots "+other+" parked events of this relay's outbox tables",
-		"outbox.retention deletes rows this slot delivered",
+		"outbox.retention waits for them: it deletes only rows every other slot of the database has read, unless outbox.retention_ignore_slots names one of them",
 		"warn  neighbours: other publications publish this relay's outbox tables: public.outbox by debezium_pub",
 		"warn  neighbours: other logical replication slots in this database: "+other+" (pgoutput, inactive)")
 	code, out, errOut = run(t, "setup")
