@@ -186,3 +186,54 @@ func sumMetric(body, name string) float64 {
 	}
 	return sum
 }
+
+// TestStandbyReadyMetric: the ready metric says what /readyz says. A healthy
+// standby answers /readyz 200 "ready: standby…" and must export ready 1 (with
+// active 0, which is what tells it from the leader), or the shipped
+// OutboxRelayNotReady alert fires for every healthy pair.
+func TestStandbyReadyMetric(t *testing.T) {
+	f := newFixture(t)
+	leaderCfg := f.config(t)
+	leaderCfg.MetricsListen = freeAddr(t)
+	leader := f.start(t, leaderCfg)
+	f.insertTx(t, f.makeEvents(3))
+	f.waitCount(t, 3, time.Minute) // it leads
+
+	standbyCfg := f.config(t)
+	standbyCfg.MetricsListen = freeAddr(t)
+	standbyCfg.StandbyPoll = 100 * time.Millisecond
+	f.start(t, standbyCfg)
+	base := "http://" + standbyCfg.MetricsListen
+	var body string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ready := httpGet(t, base+"/readyz", 200); strings.HasPrefix(ready, "ready: standby") {
+			body = httpGet(t, base+"/metrics", 200)
+			if strings.Contains(body, "\noutbox_relay_ready 1\n") || time.Now().After(deadline) {
+				break
+			}
+		} else if time.Now().After(deadline) {
+			t.Fatalf("standby's /readyz = %q; want \"ready: standby…\"", ready)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, want := range []string{"outbox_relay_ready 1", "outbox_relay_active 0", "outbox_relay_takeovers_total 0"} {
+		if !strings.Contains(body, "\n"+want+"\n") {
+			t.Errorf("standby's /metrics lacks %q (its /readyz is 200 ready: standby)", want)
+		}
+	}
+	// A standby runs none of the leader's checks and never took over.
+	for _, absent := range []string{"outbox_relay_health_failing{", "outbox_relay_leader_epoch ", "outbox_relay_confirmed_lsn "} {
+		if strings.Contains(body, "\n"+absent) {
+			t.Errorf("standby's /metrics has %q; want it absent", absent)
+		}
+	}
+
+	lb := httpGet(t, "http://"+leaderCfg.MetricsListen+"/metrics", 200)
+	for _, want := range []string{"outbox_relay_ready 1", "outbox_relay_active 1", "outbox_relay_takeovers_total 1"} {
+		if !strings.Contains(lb, "\n"+want+"\n") {
+			t.Errorf("leader's /metrics lacks %q", want)
+		}
+	}
+	leader.stop(t)
+}
