@@ -23,8 +23,9 @@
 //     a labelled counter whose label values are a fixed set (IgnoredKinds,
 //     UnsolicitedKinds): increase() counts a counter's first event only if the
 //     series existed before it. Per-table counters exist from the start of
-//     leading (one per outbox table); per-topic ones from a topic's first use,
-//     since topics come from the data.
+//     leading (one per outbox table); per-topic ones from start-up for the
+//     topics the configuration names (the relay resolves them in New), else
+//     from a topic's first use, since those topics come from the data.
 //   - ready agrees with /readyz: 1 on a leader whose checks pass and on a
 //     standby that reaches Postgres (it is ready to take over); whether a
 //     relay leads is active's business.

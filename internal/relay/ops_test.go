@@ -5,12 +5,18 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // TestMetricsDuringRun scrapes /metrics while the relay runs: the delivered
@@ -236,4 +242,37 @@ func TestStandbyReadyMetric(t *testing.T) {
 		}
 	}
 	leader.stop(t)
+}
+
+// The delivered and failed counters of the topics the configuration names
+// (overrides, a template without placeholders) are exported at 0 from
+// start-up, so that increase() and rate() count their first delivery.
+func TestNamedTopicsAtZero(t *testing.T) {
+	m := metrics.New()
+	cfg := relay.Config{
+		Replication: replication.Config{DSN: "postgres://relay@127.0.0.1:1/none", Slot: "s", Publication: "p"},
+		Router:      router.Config{Topic: "outbox.{aggregate_type}", Overrides: map[string]string{"Payment": "payments"}},
+		Tables:      []relay.OutboxTable{{Table: "public.audit_outbox", Router: router.Config{Topic: "audit"}}},
+		Sink:        sink.Config{Brokers: []string{"127.0.0.1:1"}},
+		Metrics:     m,
+	}
+	if _, err := newRelay(t, cfg); err != nil {
+		t.Fatalf("relay.New: %v", err)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`outbox_relay_events_delivered_total{topic="payments"} 0`,
+		`outbox_relay_events_failed_total{topic="payments"} 0`,
+		`outbox_relay_events_delivered_total{topic="audit"} 0`,
+		`outbox_relay_events_failed_total{topic="audit"} 0`,
+	} {
+		if !strings.Contains(body, "\n"+want+"\n") {
+			t.Errorf("/metrics before any event lacks %q", want)
+		}
+	}
+	if strings.Contains(body, `topic="outbox.{aggregate_type}"`) {
+		t.Errorf("/metrics has a series for the template itself; want topics only")
+	}
 }
