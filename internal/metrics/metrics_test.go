@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -448,5 +449,39 @@ func TestSetStandby(t *testing.T) {
 	m.SetStandby(false)
 	if _, body := get(t, m.Handler(nil), "/metrics"); !strings.Contains(body, "\noutbox_relay_ready 0\n") {
 		t.Errorf("GET /metrics of a standby that cannot reach Postgres lacks %q", "outbox_relay_ready 0")
+	}
+}
+
+// Every kind the relay counts is one exported at 0 from start-up: a kind
+// added at a call site without IgnoredKinds or UnsolicitedKinds would be
+// missed by increase() at its first occurrence again.
+func TestKindsCalledArePrecreated(t *testing.T) {
+	files, err := filepath.Glob("../relay/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no sources of internal/relay: %v", err)
+	}
+	call := regexp.MustCompile(`\.(IgnoredChange|UnsolicitedMessages)\("([^"]*)"`)
+	n := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range call.FindAllStringSubmatch(string(b), -1) {
+			n++
+			kinds := IgnoredKinds
+			if m[1] == "UnsolicitedMessages" {
+				kinds = UnsolicitedKinds
+			}
+			if !slices.Contains(kinds, m[2]) {
+				t.Errorf("%s: %s(%q): the kind is not exported at 0 from start-up; add it to the list and to docs/operating.md", f, m[1], m[2])
+			}
+		}
+	}
+	if n < len(IgnoredKinds)+len(UnsolicitedKinds) {
+		t.Errorf("found %d calls of IgnoredChange and UnsolicitedMessages in internal/relay; want at least one per kind (%d)", n, len(IgnoredKinds)+len(UnsolicitedKinds))
 	}
 }
