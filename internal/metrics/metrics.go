@@ -16,7 +16,19 @@
 //   - Values that come from Postgres (slot lag, retry table) are sampled by a
 //     Sampler every 10 s, never queried on a scrape, and are absent from
 //     /metrics until known (and while the retry table does not exist), rather
-//     than reported as a misleading 0.
+//     than reported as a misleading 0. So are the gauges set by an event that
+//     has not happened yet (confirmed_lsn, leader_epoch, the retention_*
+//     gauges of a round): no series means "never".
+//   - Every counter is exported from start-up, at 0, and so is every child of
+//     a labelled counter whose label values are a fixed set (IgnoredKinds,
+//     UnsolicitedKinds): increase() counts a counter's first event only if the
+//     series existed before it. Per-table counters exist from the start of
+//     leading (one per outbox table); per-topic ones from start-up for the
+//     topics the configuration names (the relay resolves them in New), else
+//     from a topic's first use, since those topics come from the data.
+//   - ready agrees with /readyz: 1 on a leader whose checks pass and on a
+//     standby that reaches Postgres (it is ready to take over); whether a
+//     relay leads is active's business.
 //
 // Metrics (prefix outbox_relay_):
 //
@@ -26,10 +38,10 @@
 //	delivery_latency_seconds              histogram commit time in Postgres -> Kafka ack, per event
 //	produce_batch_messages                histogram messages per Kafka write
 //	in_flight_events, in_flight_bytes     gauge     read but not yet covered by a saved checkpoint / acked
-//	confirmed_lsn                         gauge     last LSN confirmed to Postgres (as a number)
+//	confirmed_lsn                         gauge     last LSN confirmed to Postgres (as a number); absent before the first
 //	reconnects_total                      counter   replication connections re-established
 //	decode_errors_total                   counter   pgoutput messages that could not be decoded
-//	ignored_changes_total{kind}           counter   changes skipped: update, delete, truncate, ...
+//	ignored_changes_total{kind}           counter   changes skipped, by kind (IgnoredKinds): update, delete, truncate, non_transactional_message, other_table
 //	unsolicited_messages_total{kind}      counter   pgoutput messages proto_version 1 does not send, skipped: stream_abort, unknown
 //	slot_active                           gauge     1 when a backend holds the slot (sampled)
 //	slot_lag_bytes                        gauge     current WAL - confirmed_flush_lsn (sampled)
@@ -44,17 +56,19 @@
 //	schema_stops_total                    counter   stops because the outbox table lost a mapped column
 //	placement_stops_total                 counter   stops before an insert under a table that may belong to the outbox but cannot be placed
 //	active                                gauge     1 while this relay leads the slot, 0 while it stands by
+//	leader_epoch                          gauge     the epoch this relay last took over with; absent before its first takeover
+//	takeovers_total                       counter   takeovers by this relay (0 from start-up)
 //	slot_gap                              gauge     1 when the slot does not continue from the checkpoint (recreated, invalidated, other system or timeline): the relay refuses to stream and exits (exit code 4)
 //	refills_total                         counter   refills done: a lost slot healed from the outbox table (postgres.on_slot_loss: refill)
 //	refilled_events_total                 counter   outbox rows re-delivered by refills
-//	ready                                 gauge     1 when every health check passes (what /readyz says, without its Kafka ping)
-//	health_failing{check}                 gauge     1 while a check fails: replication, kafka, retry_table, checkpoint, stalled
+//	ready                                 gauge     what /readyz says, without its Kafka ping: 1 on a leader whose health checks pass and on a standby that reaches Postgres
+//	health_failing{check}                 gauge     1 while a leader's check fails: replication, kafka, retry_table, checkpoint, stalled; absent on a standby
 //	stalled_seconds                       gauge     how long the WAL has been ahead of the confirmed LSN without progress; 0 when not
 //	retention_deleted_total               counter   outbox rows deleted by retention (outbox.retention), or removed with a dropped or detached partition
-//	retention_lag_seconds                 gauge     how long the oldest row older than the retention has been due for deletion, 0 when none (after each round)
-//	retention_last_round_timestamp_seconds gauge    when the last retention round ended (Unix time); 0 before the first
-//	retention_round_duration_seconds      gauge     how long the last retention round took
-//	retention_kept_for_other_slots        gauge     rows older than the retention kept because another slot has not passed them (at most 100000; after each round)
+//	retention_lag_seconds                 gauge     how long the oldest row older than the retention has been due for deletion, 0 when none (after each round; absent before the first)
+//	retention_last_round_timestamp_seconds gauge    when the last retention round ended (Unix time); absent before the first
+//	retention_round_duration_seconds      gauge     how long the last retention round took; absent before the first
+//	retention_kept_for_other_slots        gauge     rows older than the retention kept because another slot has not passed them (at most 100000; after each round; absent before the first)
 package metrics
 
 import (
@@ -79,7 +93,7 @@ type Metrics struct {
 	latency, batch              prometheus.Histogram
 	inFlightEvents              prometheus.Gauge
 	inFlightBytes               prometheus.Gauge
-	confirmedLSN                prometheus.Gauge
+	confirmedLSN                unsetGauge
 	reconnects, decodeErrors    prometheus.Counter
 	sampleErrors                prometheus.Counter
 	retryAttempts, retryOK      prometheus.Counter
@@ -91,7 +105,7 @@ type Metrics struct {
 	placementStops              prometheus.Counter
 	ready, stalled              prometheus.Gauge
 	active                      prometheus.Gauge
-	epoch                       prometheus.Gauge
+	epoch                       unsetGauge
 	takeovers                   prometheus.Counter
 	slotGap                     prometheus.Gauge
 	refills, refilled           prometheus.Counter
@@ -99,9 +113,9 @@ type Metrics struct {
 	failing                     *prometheus.GaugeVec
 	sampled                     *sampled
 	retentionDeleted            prometheus.Counter
-	retentionLag                prometheus.Gauge
-	retentionLast, retentionDur prometheus.Gauge
-	retentionKept               prometheus.Gauge
+	retentionLag                unsetGauge
+	retentionLast, retentionDur unsetGauge
+	retentionKept               unsetGauge
 
 	topics sync.Map // topic name -> *Topic
 	tables sync.Map // table name -> *Table
@@ -138,7 +152,7 @@ func New() *Metrics {
 		Help: "Messages per Kafka produce call.", Buckets: BatchBuckets})
 	m.inFlightEvents = gauge("in_flight_events", "Events read from the WAL and not yet covered by a saved checkpoint.")
 	m.inFlightBytes = gauge("in_flight_bytes", "Payload bytes read from the WAL and not yet acknowledged by Kafka.")
-	m.confirmedLSN = gauge("confirmed_lsn", "Last LSN confirmed to Postgres, as a number (exact up to 8 PiB of WAL).")
+	m.confirmedLSN = newUnsetGauge("confirmed_lsn", "Last LSN confirmed to Postgres, as a number (exact up to 8 PiB of WAL); absent before the first.")
 	m.reconnects = counter("reconnects_total", "Replication connections re-established after a failure.")
 	m.decodeErrors = counter("decode_errors_total", "pgoutput messages that could not be decoded.")
 	m.sampleErrors = counter("sample_errors_total", "Failed samples of the slot and retry table.")
@@ -151,18 +165,18 @@ func New() *Metrics {
 	m.schemaStops = counter("schema_stops_total", "Times the relay stopped because the outbox table no longer has a mapped column.")
 	m.placementStops = counter("placement_stops_total", "Times the relay stopped before an insert under a table that may belong to the outbox but cannot be placed (renamed outbox, inheritance child, dropped or detached partition).")
 	m.active = gauge("active", "1 while this relay leads (streams the slot and delivers), 0 while it stands by.")
-	m.epoch = gauge("leader_epoch", "The checkpoint epoch this relay took over with while it leads; 0 before its first takeover. Every takeover in the HA group raises it: a rising epoch on one instance after another is leadership moving.")
+	m.epoch = newUnsetGauge("leader_epoch", "The checkpoint epoch this relay last took over with; absent before its first takeover. Every takeover in the HA group raises it: a rising epoch on one instance after another is leadership moving.")
 	m.takeovers = counter("takeovers_total", "Times this relay took over the slot (a new epoch in the checkpoint row): once per start of leadership.")
 	m.slotGap = gauge("slot_gap", "1 when the replication slot does not continue from the relay's checkpoint (dropped and recreated, invalidated, another system or a forked timeline): the relay refuses to stream it and exits with code 4; the log names the uncovered range and the fix.")
-	m.ready = gauge("ready", "1 when every health check passes (what /readyz reports, less its live Kafka ping), else 0.")
+	m.ready = gauge("ready", "What /readyz reports, less its live Kafka ping: 1 on a leader whose health checks pass and on a standby that reaches Postgres (ready to take over), else 0. Whether it leads is outbox_relay_active.")
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
 	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "health_failing",
-		Help: "1 while a health check fails, by check: replication, kafka, retry_table, checkpoint, stalled."}, []string{"check"})
+		Help: "1 while a leader's health check fails, by check: replication, kafka, retry_table, checkpoint, stalled. Absent on a standby, which runs none of them."}, []string{"check"})
 	m.retentionDeleted = counter("retention_deleted_total", "Outbox rows deleted by retention (outbox.retention), or removed from the outbox with a partition it dropped or detached.")
-	m.retentionLag = gauge("retention_lag_seconds", "How long the oldest outbox row older than outbox.retention has been due for deletion, as of the last retention round; 0 when there is none.")
-	m.retentionLast = gauge("retention_last_round_timestamp_seconds", "When the last retention round ended, as a Unix time; 0 before the first.")
-	m.retentionDur = gauge("retention_round_duration_seconds", "How long the last retention round took.")
-	m.retentionKept = gauge("retention_kept_for_other_slots", "Outbox rows older than outbox.retention that this relay delivered but another logical slot of the database has not passed, kept for it, as of the last retention round (counted up to 100000).")
+	m.retentionLag = newUnsetGauge("retention_lag_seconds", "How long the oldest outbox row older than outbox.retention has been due for deletion, as of the last retention round; 0 when there is none, absent before the first round.")
+	m.retentionLast = newUnsetGauge("retention_last_round_timestamp_seconds", "When the last retention round ended, as a Unix time; absent before the first (and while retention is off).")
+	m.retentionDur = newUnsetGauge("retention_round_duration_seconds", "How long the last retention round took; absent before the first.")
+	m.retentionKept = newUnsetGauge("retention_kept_for_other_slots", "Outbox rows older than outbox.retention that this relay delivered but another logical slot of the database has not passed, kept for it, as of the last retention round (counted up to 100000); absent before the first round.")
 	m.refills = counter("refills_total", "Refills done: the slot did not continue from the checkpoint, and the relay re-delivered the uncovered range from the outbox table (outbox-relay recover, postgres.on_slot_loss: refill).")
 	m.refilled = counter("refilled_events_total", "Outbox rows re-delivered by refills (sent to Kafka or stored in the retry table), duplicates of earlier deliveries included.")
 	m.sampled = &sampled{}
@@ -171,8 +185,35 @@ func New() *Metrics {
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.traceInvalid, m.schemaStops, m.placementStops,
 		m.ready, m.stalled, m.active, m.epoch, m.takeovers, m.slotGap, m.refills, m.refilled, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur, m.retentionKept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// At 0 from the start, so that increase() sees the first event.
+	for _, k := range IgnoredKinds {
+		m.ignored.WithLabelValues(k)
+	}
+	for _, k := range UnsolicitedKinds {
+		m.unsolicited.WithLabelValues(k)
+	}
 	return m
 }
+
+// IgnoredKinds are the kinds IgnoredChange counts, each exported at 0 from
+// start-up. A kind not listed here is counted all the same, but its series
+// appears only at its first change (and increase() misses that one).
+var IgnoredKinds = []string{"update", "delete", "truncate", "non_transactional_message", "other_table"}
+
+// UnsolicitedKinds are the kinds UnsolicitedMessages counts, each exported
+// at 0 from start-up.
+var UnsolicitedKinds = []string{"stream_abort", "unknown"}
+
+// An unsetGauge is a gauge without a series until its first Set: a value
+// that does not exist yet (no round, no takeover, nothing confirmed) is
+// "never" on a dashboard rather than a 0 that reads as 1970.
+type unsetGauge struct{ *prometheus.GaugeVec }
+
+func newUnsetGauge(name, help string) unsetGauge {
+	return unsetGauge{prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, nil)}
+}
+
+func (g unsetGauge) Set(v float64) { g.WithLabelValues().Set(v) }
 
 // Registry returns the private registry, for adding collectors or gathering in tests.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
@@ -389,6 +430,19 @@ func (m *Metrics) SetHealth(failing map[string]bool, stalled time.Duration) {
 	}
 	m.ready.Set(ready)
 	m.stalled.Set(stalled.Seconds())
+}
+
+// SetStandby records a standby's readiness, as /readyz judges it: ready
+// while it reaches Postgres, since waiting to take over is its job. The
+// leader's checks do not run on a standby, so their series are removed
+// rather than left at a former term's values.
+func (m *Metrics) SetStandby(reachable bool) {
+	if m == nil {
+		return
+	}
+	m.ready.Set(gauge(reachable))
+	m.failing.Reset()
+	m.stalled.Set(0)
 }
 
 // SetSlotGap records whether the slot was found not to continue from the

@@ -7,6 +7,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -247,13 +251,19 @@ func TestNilMetricsRecordsNothing(t *testing.T) {
 func TestRetentionMetrics(t *testing.T) {
 	m := New()
 	_, body := get(t, m.Handler(nil), "/metrics")
-	for _, want := range []string{
-		"outbox_relay_retention_deleted_total 0",
-		"outbox_relay_retention_lag_seconds 0",
-		"outbox_relay_retention_last_round_timestamp_seconds 0",
+	if !strings.Contains(body, "outbox_relay_retention_deleted_total 0\n") {
+		t.Errorf("GET /metrics before any round lacks %q", "outbox_relay_retention_deleted_total 0")
+	}
+	// Before a round (and while retention is off) there is no value: a 0
+	// would read as a round in 1970.
+	for _, absent := range []string{
+		"outbox_relay_retention_lag_seconds ",
+		"outbox_relay_retention_last_round_timestamp_seconds ",
+		"outbox_relay_retention_round_duration_seconds ",
+		"outbox_relay_retention_kept_for_other_slots ",
 	} {
-		if !strings.Contains(body, want+"\n") {
-			t.Errorf("GET /metrics before any round lacks %q", want)
+		if strings.Contains(body, "\n"+absent) {
+			t.Errorf("GET /metrics before any round has %q; want no series", absent)
 		}
 	}
 	m.RetentionDeleted(1000)
@@ -275,10 +285,13 @@ func TestRetentionMetrics(t *testing.T) {
 func TestTookOver(t *testing.T) {
 	m := New()
 	_, body := get(t, m.Handler(nil), "/metrics")
-	for _, want := range []string{"outbox_relay_active 0", "outbox_relay_leader_epoch 0", "outbox_relay_takeovers_total 0"} {
+	for _, want := range []string{"outbox_relay_active 0", "outbox_relay_takeovers_total 0"} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("GET /metrics before a takeover lacks %q", want)
 		}
+	}
+	if strings.Contains(body, "\noutbox_relay_leader_epoch ") {
+		t.Errorf("GET /metrics before a takeover has a leader_epoch; want none (no epoch yet)")
 	}
 	m.TookOver(41)
 	m.SetActive(false)
@@ -346,5 +359,129 @@ func TestReadyzSaysRole(t *testing.T) {
 	role = "leader"
 	if _, body := get(t, h, "/readyz"); body != "ready: leader\n" {
 		t.Errorf("/readyz body = %q; want the leader role", body)
+	}
+}
+
+// At start-up every counter is exported at 0, labelled ones with a series
+// for each documented label value, so that increase() counts the first
+// event; gauges with no value yet have no series. Scraped, not described:
+// this is what Prometheus stores.
+func TestSeriesAtStartup(t *testing.T) {
+	m := New()
+	_, body := get(t, m.Handler(nil), "/metrics")
+	want := []string{
+		`outbox_relay_ignored_changes_total{kind="update"} 0`,
+		`outbox_relay_ignored_changes_total{kind="delete"} 0`,
+		`outbox_relay_ignored_changes_total{kind="truncate"} 0`,
+		`outbox_relay_ignored_changes_total{kind="non_transactional_message"} 0`,
+		`outbox_relay_ignored_changes_total{kind="other_table"} 0`,
+		`outbox_relay_unsolicited_messages_total{kind="stream_abort"} 0`,
+		`outbox_relay_unsolicited_messages_total{kind="unknown"} 0`,
+	}
+	for _, name := range []string{"reconnects_total", "decode_errors_total", "sample_errors_total",
+		"retry_attempts_total", "retry_delivered_total", "retry_dead_lettered_total",
+		"headers_dropped_total", "headers_invalid_total", "trace_context_invalid_total",
+		"schema_stops_total", "placement_stops_total", "takeovers_total", "refills_total",
+		"refilled_events_total", "retention_deleted_total"} {
+		want = append(want, "outbox_relay_"+name+" 0")
+	}
+	for _, w := range want {
+		if !strings.Contains(body, "\n"+w+"\n") {
+			t.Errorf("GET /metrics at start-up lacks %q", w)
+		}
+	}
+	for _, absent := range []string{"confirmed_lsn", "leader_epoch", "retention_lag_seconds",
+		"retention_last_round_timestamp_seconds", "retention_round_duration_seconds", "retention_kept_for_other_slots"} {
+		if strings.Contains(body, "\noutbox_relay_"+absent+" ") {
+			t.Errorf("GET /metrics at start-up has outbox_relay_%s; want no series before its first value", absent)
+		}
+	}
+}
+
+// The kinds exported at 0 are the ones the metrics reference documents.
+func TestKindsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := regexp.MustCompile("`([a-z_]+)`")
+	for _, tt := range []struct {
+		row  string
+		want []string
+	}{
+		{"`ignored_changes_total{kind}`", IgnoredKinds},
+		{"`unsolicited_messages_total{kind}`", UnsolicitedKinds},
+	} {
+		var documented []string
+		for _, line := range strings.Split(string(b), "\n") {
+			cells := strings.Split(line, "|")
+			if len(cells) < 4 || !strings.Contains(cells[1], tt.row) {
+				continue
+			}
+			for _, m := range code.FindAllStringSubmatch(cells[3], -1) {
+				if m[1] != "kind" {
+					documented = append(documented, m[1])
+				}
+			}
+		}
+		got, want := slices.Sorted(slices.Values(documented)), slices.Sorted(slices.Values(tt.want))
+		if !slices.Equal(got, want) {
+			t.Errorf("docs/operating.md documents the kinds of %s as %v; the code exports %v at 0", tt.row, got, want)
+		}
+	}
+}
+
+// A standby is ready as /readyz says (while it reaches Postgres), and shows
+// none of a former leadership's check results.
+func TestSetStandby(t *testing.T) {
+	m := New()
+	m.SetHealth(map[string]bool{"kafka": true}, 5*time.Second)
+	m.SetStandby(true)
+	_, body := get(t, m.Handler(nil), "/metrics")
+	for _, want := range []string{"outbox_relay_ready 1", "outbox_relay_stalled_seconds 0"} {
+		if !strings.Contains(body, "\n"+want+"\n") {
+			t.Errorf("GET /metrics of a standby that reaches Postgres lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "outbox_relay_health_failing{") {
+		t.Errorf("GET /metrics of a standby has health_failing series; want none (a former term's)")
+	}
+	m.SetStandby(false)
+	if _, body := get(t, m.Handler(nil), "/metrics"); !strings.Contains(body, "\noutbox_relay_ready 0\n") {
+		t.Errorf("GET /metrics of a standby that cannot reach Postgres lacks %q", "outbox_relay_ready 0")
+	}
+}
+
+// Every kind the relay counts is one exported at 0 from start-up: a kind
+// added at a call site without IgnoredKinds or UnsolicitedKinds would be
+// missed by increase() at its first occurrence again.
+func TestKindsCalledArePrecreated(t *testing.T) {
+	files, err := filepath.Glob("../relay/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no sources of internal/relay: %v", err)
+	}
+	call := regexp.MustCompile(`\.(IgnoredChange|UnsolicitedMessages)\("([^"]*)"`)
+	n := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range call.FindAllStringSubmatch(string(b), -1) {
+			n++
+			kinds := IgnoredKinds
+			if m[1] == "UnsolicitedMessages" {
+				kinds = UnsolicitedKinds
+			}
+			if !slices.Contains(kinds, m[2]) {
+				t.Errorf("%s: %s(%q): the kind is not exported at 0 from start-up; add it to the list and to docs/operating.md", f, m[1], m[2])
+			}
+		}
+	}
+	if n < len(IgnoredKinds)+len(UnsolicitedKinds) {
+		t.Errorf("found %d calls of IgnoredChange and UnsolicitedMessages in internal/relay; want at least one per kind (%d)", n, len(IgnoredKinds)+len(UnsolicitedKinds))
 	}
 }

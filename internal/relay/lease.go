@@ -297,7 +297,8 @@ func (l *lease) recordServer(ctx context.Context, epoch int64) error {
 
 // standBy returns once the slot is free (no walsender holds it), waiting as
 // long as another process streams it, and saying who does: in the log (at
-// once, then every minute), in Role and in the active metric (0). A missing
+// once, then every minute), in Role and in the active metric (0); the ready
+// metric says, as /readyz does, whether it reaches Postgres. A missing
 // slot or a slot of the wrong kind is an error for the operator.
 func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
 	r.m.SetActive(false)
@@ -308,6 +309,9 @@ func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
 		err := retryIf(ctx, r.log, "postgres unreachable while looking at the slot", unreachable, func() error {
 			var err error
 			sl, err = pgslot.Read(ctx, pool, r.cfg.Replication.Slot)
+			// What /readyz says of a standby (Ready): ready while it
+			// reaches Postgres.
+			r.m.SetStandby(err == nil || !unreachable(err))
 			return err
 		})
 		if errors.Is(err, pgslot.ErrNotFound) {

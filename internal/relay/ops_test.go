@@ -5,13 +5,19 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // TestMetricsDuringRun scrapes /metrics while the relay runs: the delivered
@@ -251,5 +257,89 @@ func TestLagCountsTransactionBeingRead(t *testing.T) {
 	}
 	if r.Reading != nil || r.BehindBytes == nil || r.LagBytes == nil || *r.BehindBytes != *r.LagBytes {
 		t.Errorf("lag after the transaction was confirmed: reading %+v, behind_bytes %v, lag_bytes %v; want no reading and behind_bytes = lag_bytes", r.Reading, r.BehindBytes, r.LagBytes)
+	}
+}
+
+// TestStandbyReadyMetric: the ready metric says what /readyz says. A healthy
+// standby answers /readyz 200 "ready: standby…" and must export ready 1 (with
+// active 0, which is what tells it from the leader), or the shipped
+// OutboxRelayNotReady alert fires for every healthy pair.
+func TestStandbyReadyMetric(t *testing.T) {
+	f := newFixture(t)
+	leaderCfg := f.config(t)
+	leaderCfg.MetricsListen = freeAddr(t)
+	leader := f.start(t, leaderCfg)
+	f.insertTx(t, f.makeEvents(3))
+	f.waitCount(t, 3, time.Minute) // it leads
+
+	standbyCfg := f.config(t)
+	standbyCfg.MetricsListen = freeAddr(t)
+	standbyCfg.StandbyPoll = 100 * time.Millisecond
+	f.start(t, standbyCfg)
+	base := "http://" + standbyCfg.MetricsListen
+	var body string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ready := httpGet(t, base+"/readyz", 200); strings.HasPrefix(ready, "ready: standby") {
+			body = httpGet(t, base+"/metrics", 200)
+			if strings.Contains(body, "\noutbox_relay_ready 1\n") || time.Now().After(deadline) {
+				break
+			}
+		} else if time.Now().After(deadline) {
+			t.Fatalf("standby's /readyz = %q; want \"ready: standby…\"", ready)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, want := range []string{"outbox_relay_ready 1", "outbox_relay_active 0", "outbox_relay_takeovers_total 0"} {
+		if !strings.Contains(body, "\n"+want+"\n") {
+			t.Errorf("standby's /metrics lacks %q (its /readyz is 200 ready: standby)", want)
+		}
+	}
+	// A standby runs none of the leader's checks and never took over.
+	for _, absent := range []string{"outbox_relay_health_failing{", "outbox_relay_leader_epoch ", "outbox_relay_confirmed_lsn "} {
+		if strings.Contains(body, "\n"+absent) {
+			t.Errorf("standby's /metrics has %q; want it absent", absent)
+		}
+	}
+
+	lb := httpGet(t, "http://"+leaderCfg.MetricsListen+"/metrics", 200)
+	for _, want := range []string{"outbox_relay_ready 1", "outbox_relay_active 1", "outbox_relay_takeovers_total 1"} {
+		if !strings.Contains(lb, "\n"+want+"\n") {
+			t.Errorf("leader's /metrics lacks %q", want)
+		}
+	}
+	leader.stop(t)
+}
+
+// The delivered and failed counters of the topics the configuration names
+// (overrides, a template without placeholders) are exported at 0 from
+// start-up, so that increase() and rate() count their first delivery.
+func TestNamedTopicsAtZero(t *testing.T) {
+	m := metrics.New()
+	cfg := relay.Config{
+		Replication: replication.Config{DSN: "postgres://relay@127.0.0.1:1/none", Slot: "s", Publication: "p"},
+		Router:      router.Config{Topic: "outbox.{aggregate_type}", Overrides: map[string]string{"Payment": "payments"}},
+		Tables:      []relay.OutboxTable{{Table: "public.audit_outbox", Router: router.Config{Topic: "audit"}}},
+		Sink:        sink.Config{Brokers: []string{"127.0.0.1:1"}},
+		Metrics:     m,
+	}
+	if _, err := newRelay(t, cfg); err != nil {
+		t.Fatalf("relay.New: %v", err)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`outbox_relay_events_delivered_total{topic="payments"} 0`,
+		`outbox_relay_events_failed_total{topic="payments"} 0`,
+		`outbox_relay_events_delivered_total{topic="audit"} 0`,
+		`outbox_relay_events_failed_total{topic="audit"} 0`,
+	} {
+		if !strings.Contains(body, "\n"+want+"\n") {
+			t.Errorf("/metrics before any event lacks %q", want)
+		}
+	}
+	if strings.Contains(body, `topic="outbox.{aggregate_type}"`) {
+		t.Errorf("/metrics has a series for the template itself; want topics only")
 	}
 }

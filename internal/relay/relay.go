@@ -188,7 +188,28 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 		r.timeouts = newTxnTimeouts(cfg.Sink.TransactionTimeout, r.log)
 	}
 	r.m.SetRole(r.Role)
+	// The counters of the topics the configuration names exist at 0 from
+	// start-up, so that increase() counts their first delivery; a topic the
+	// template makes from the data appears with its first event.
+	for _, o := range cfg.outboxes() {
+		for _, topic := range namedTopics(o.router) {
+			r.m.Topic(topic)
+		}
+	}
 	return r, nil
+}
+
+// namedTopics are the topics rc names literally: its overrides' and a
+// template without placeholders.
+func namedTopics(rc router.Config) []string {
+	var out []string
+	for _, topic := range rc.Overrides {
+		out = append(out, topic)
+	}
+	if rc.TopicRegex == "" && rc.Topic != "" && !strings.Contains(rc.Topic, "{") {
+		out = append(out, rc.Topic)
+	}
+	return out
 }
 
 // Run streams until ctx is cancelled or a non-retryable error occurs. Lost
