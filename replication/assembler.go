@@ -26,8 +26,8 @@ type counters struct {
 	serverWALEnd     atomic.Uint64
 	lastMessageAt    atomic.Int64 // unix nanoseconds
 	streaming        atomic.Bool
-	// The last transaction begun (Stats.Reading): its commit LSN, 0 before
-	// any, and its rows and their bytes emitted so far.
+	// The last transaction a row came of (Stats.Reading): its commit LSN,
+	// 0 before any, and its rows and their bytes emitted so far.
 	readingCommit atomic.Uint64
 	readingRows   atomic.Int64
 	readingBytes  atomic.Int64
@@ -65,6 +65,8 @@ type assembler struct {
 
 	relations map[uint32]*Relation
 	hdrs      slab
+
+	readingNamed bool // the open transaction is Stats.Reading's (its first row came)
 
 	prefixes        map[string]bool // Config.MessagePrefixes
 	ignoreNonTxn    bool            // Config.NonTransactional is ignore
@@ -339,12 +341,12 @@ func (a *assembler) begin(body []byte) error {
 		a.stats.skipped.Add(1)
 	} else {
 		a.logSkips()
-		// A resend after a reconnect goes on counting: its rows emitted
-		// before are dropped, not counted again.
-		if a.stats.readingCommit.Swap(uint64(m.FinalLSN)) != uint64(m.FinalLSN) {
-			a.stats.readingRows.Store(0)
-			a.stats.readingBytes.Store(0)
-		}
+		// Stats.Reading names this transaction from its first row
+		// (add), not from its Begin: before Postgres 15 every
+		// transaction of the database, with no published change, is
+		// sent as an empty Begin and Commit, and those would replace
+		// the transaction being read every moment.
+		a.readingNamed = false
 	}
 	return nil
 }
@@ -441,6 +443,15 @@ func (a *assembler) add(row Row, size int) (Batch, bool) {
 	a.cur.Rows = append(a.cur.Rows, row)
 	a.cur.Bytes += size
 	a.txnRows++
+	if !a.readingNamed {
+		// A resend after a reconnect goes on counting: its rows
+		// emitted before are dropped, not counted again.
+		a.readingNamed = true
+		if a.stats.readingCommit.Swap(uint64(a.cur.CommitLSN)) != uint64(a.cur.CommitLSN) {
+			a.stats.readingRows.Store(0)
+			a.stats.readingBytes.Store(0)
+		}
+	}
 	a.stats.readingRows.Add(1)
 	a.stats.readingBytes.Add(int64(size))
 	return out, ready

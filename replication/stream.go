@@ -110,11 +110,13 @@ type Stats struct {
 	ServerWALEnd           pglogrepl.LSN // latest WAL end reported by the server
 	LastMessageAt          time.Time     // zero before the first message
 	Streaming              bool          // a replication connection is up
-	Reading                Reading       // the last transaction begun
+	Reading                Reading       // the last transaction a row came of
 }
 
-// Reading is the last transaction the stream began to read (its Begin came;
-// its Commit may have too), skipped ones aside. The server decodes a
+// Reading is the last transaction the stream read a row of (its Commit may
+// have come too), skipped ones aside: not merely the last Begin, since before
+// Postgres 15 every transaction of the database comes as an empty Begin and
+// Commit. The server decodes a
 // transaction whole before it sends it, so its WAL may lie before the
 // confirmed position (see Config.Idle): until ConfirmedLSN passes CommitLSN
 // these figures are what is known of it. CommitLSN is 0 before any.
