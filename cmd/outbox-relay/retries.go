@@ -433,11 +433,14 @@ func newRetriesDropCmd(wrap wrapFunc) *cobra.Command {
 		Long: `drop deletes the events from the retry table. They are then lost: never
 delivered to Kafka, and not in the WAL the relay reads any more. The events
 waiting behind them in their aggregate are delivered next. Without --yes
-nothing is dropped. If an ID does not exist, nothing is dropped.`,
+nothing is dropped and it exits 2. If an ID does not exist, nothing is
+dropped.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: wrap(func(cmd *cobra.Command, e *env, args []string) error {
 			if !yes {
-				return fmt.Errorf("not dropping %s: a dropped event is lost, never delivered to Kafka; "+
+				// A usage error (exit 2), as checkpoint set without --yes:
+				// nothing was started.
+				return usageErrorf("not dropping %s: a dropped event is lost, never delivered to Kafka; "+
 					"requeue it instead if its cause is fixed, or run again with --yes", strings.Join(args, ", "))
 			}
 			return withRetryStore(cmd.Context(), e, false, func(s *retry.Store) error {

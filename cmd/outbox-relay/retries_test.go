@@ -176,8 +176,8 @@ func TestRetriesRequeueDrop(t *testing.T) {
 	}
 
 	code, out, errOut = runRetries(t, "drop", "ev-a2")
-	if code != exitcode.Failure || out != "" || !strings.Contains(errOut, "lost") || !strings.Contains(errOut, "--yes") {
-		t.Errorf("retries drop without --yes = exit %d, %q, %q; want 1 explaining the loss and --yes", code, out, errOut)
+	if code != exitcode.Usage || out != "" || !strings.Contains(errOut, "lost") || !strings.Contains(errOut, "--yes") {
+		t.Errorf("retries drop without --yes = exit %d, %q, %q; want 2 (as checkpoint set without --yes) explaining the loss and --yes", code, out, errOut)
 	}
 	if _, err := s.Get(ctx, "ev-a2"); err != nil {
 		t.Errorf("drop without --yes removed ev-a2: %v", err)
