@@ -49,7 +49,10 @@ Ctrl-C.
 
 Exit codes: 0 ok, 1 error (cannot connect, slot missing) or the slot is lost
 (wal_status lost: it can never stream again, see docs/failover.md), 2 bad flags or
-configuration, 3 a --max-bytes or --max-seconds threshold was exceeded. With
+configuration, 3 a --max-bytes or --max-seconds threshold was exceeded, 4 the
+slot does not continue from the relay's checkpoint (a slot gap: run refuses to
+stream it; the report, with its slot_gap, is printed first; see
+docs/failover.md). With
 --watch, thresholds are shown in the output instead of ending the watch.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: wrap(func(cmd *cobra.Command, e *env, args []string) error {
