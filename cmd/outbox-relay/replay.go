@@ -108,7 +108,7 @@ outbox.table), routed by its own settings.`,
 	f.StringVar(&topic, "topic", "", "send every event to this topic instead of the routed one")
 	f.StringVar(&orderBy, "order-by", "", "a unique NOT NULL column giving insert order (identity, bigserial); default created_at, then ctid")
 	f.Float64Var(&rate, "rate", 0, "at most this many events per second (0: no limit)")
-	f.IntVar(&batch, "batch", replay.DefaultBatchSize, "rows per page: read, sent and acknowledged at a time")
+	f.IntVar(&batch, "batch", replay.DefaultBatchSize, "rows per page: read, sent and acknowledged at a time (with --rate, at most one second's worth)")
 	f.BoolVar(&dryRun, "dry-run", false, "print how many events and bytes would go, send nothing")
 	return cmd
 }
@@ -253,6 +253,7 @@ type progressWriter struct {
 	id       string
 	tty      bool
 	last     replay.Progress
+	logged   *int64 // Sent of the last line logged (not on a terminal)
 	lastLine time.Time
 	drawn    bool
 }
@@ -295,8 +296,11 @@ func (p *progressWriter) update(pr replay.Progress) {
 		p.drawn = true
 		return
 	}
-	if time.Since(p.lastLine) >= 10*time.Second || pr.Done {
+	// The last page's line already said what Done would say again.
+	if time.Since(p.lastLine) >= 10*time.Second || pr.Done && (p.logged == nil || *p.logged != pr.Sent) {
 		p.lastLine = time.Now()
+		sent := pr.Sent
+		p.logged = &sent
 		p.e.log.Info("replay progress", "id", p.id, "sent", pr.Sent, "total", pr.Total, "skipped", pr.Skipped,
 			"events_per_second", int64(rate), "eta", eta)
 	}

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/replay"
 )
 
 func TestParseWhen(t *testing.T) {
@@ -48,5 +52,18 @@ func TestReplayUsage(t *testing.T) {
 		if code != exitcode.Usage || !strings.Contains(errOut, "outbox-relay:") {
 			t.Errorf("%v: exit %d, stderr %q; want exit 2 with the reason", args, code, errOut)
 		}
+	}
+}
+
+// TestReplayProgressOnce: off a terminal, the last page's progress line is
+// not logged a second time when the run is done (it was, with the same
+// figures).
+func TestReplayProgressOnce(t *testing.T) {
+	var buf bytes.Buffer
+	p := newProgressWriter(io.Discard, &env{log: slog.New(slog.NewTextHandler(&buf, nil))}, "r1")
+	p.update(replay.Progress{Total: 10, Sent: 10, SentThisRun: 10, Started: time.Now()})
+	p.update(replay.Progress{Total: 10, Sent: 10, SentThisRun: 10, Started: time.Now(), Done: true})
+	if n := strings.Count(buf.String(), "replay progress"); n != 1 {
+		t.Errorf("progress lines logged = %d; want 1:\n%s", n, buf.String())
 	}
 }

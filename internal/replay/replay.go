@@ -196,6 +196,16 @@ func ReplayTable(checkpoint sql.Table) sql.Table { return sql.ReplayTableName(ch
 // in setup).
 func HistoryTable(checkpoint sql.Table) sql.Table { return sql.CheckpointHistoryName(checkpoint) }
 
+// pageSize is the rows of a page: batch, but at most one second of rate
+// (when set), since a page is sent at once and only paced after: a first
+// page of 500 at --rate 100 went out in one burst.
+func pageSize(batch int, rate float64) int {
+	if rate > 0 && float64(batch) > rate {
+		return max(1, int(rate))
+	}
+	return batch
+}
+
 // New opens a run: it creates the replay table if missing, loads the run's
 // saved state when the id is known (the selection given must then be the
 // same, or empty), reads the outbox table's columns and builds the query.
@@ -206,6 +216,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, sink Sink, cfg Config) (*Repla
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
 	}
+	cfg.BatchSize = pageSize(cfg.BatchSize, cfg.Rate)
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
