@@ -237,22 +237,7 @@ func TestInsertThenDelete(t *testing.T) {
 func TestRetentionWaitsForAnotherRelay(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	cfgB := f.refillConfig(t)
-	cfgB.OnSlotLoss = relay.OnSlotLossFail
-	cfgB.Replication.Slot = testenv.UniqueName(t, "blue")
-	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfgB.Replication.Slot)
-	runB := f.start(t, cfgB)
-	f.insertIDs(t, 2, 5)
-	waitFor(t, time.Minute, "a history row of B at or before its checkpoint", func() (bool, string) {
-		var ok bool
-		err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
-JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, cfgB.Replication.Slot).Scan(&ok)
-		if err != nil {
-			return false, err.Error()
-		}
-		return ok, "none yet"
-	})
-	runB.stop(t)
+	cfgB := f.otherReader(t, "blue")
 
 	cfgA := retentionConfig(t, f)
 	f.start(t, cfgA)
@@ -315,22 +300,7 @@ JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.sn
 func TestRecoverSaysRowsPruned(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	cfgB := f.refillConfig(t)
-	cfgB.OnSlotLoss = relay.OnSlotLossFail
-	cfgB.Replication.Slot = testenv.UniqueName(t, "green")
-	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfgB.Replication.Slot)
-	runB := f.start(t, cfgB)
-	f.insertIDs(t, 2, 5)
-	waitFor(t, time.Minute, "a history row of B at or before its checkpoint", func() (bool, string) {
-		var ok bool
-		err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
-JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, cfgB.Replication.Slot).Scan(&ok)
-		if err != nil {
-			return false, err.Error()
-		}
-		return ok, "none yet"
-	})
-	runB.stop(t)
+	cfgB := f.otherReader(t, "green")
 
 	cfgA := retentionConfig(t, f)
 	cfgA.Retention.IgnoreSlots = append(cfgA.Retention.IgnoreSlots, cfgB.Replication.Slot)
@@ -357,4 +327,29 @@ JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.sn
 				dry, rr.Events, rr.Pruned, f.slot, exitcode.Incomplete)
 		}
 	}
+}
+
+// otherReader runs relay B on a slot of its own (named after prefix) over
+// the fixture's outbox until it has delivered a few events and written a
+// history row at or before its checkpoint, then stops it: another reader of
+// the outbox that retention must wait for. It returns B's config.
+func (f *fixture) otherReader(t *testing.T, prefix string) relay.Config {
+	t.Helper()
+	cfgB := f.refillConfig(t)
+	cfgB.OnSlotLoss = relay.OnSlotLossFail
+	cfgB.Replication.Slot = testenv.UniqueName(t, prefix)
+	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfgB.Replication.Slot)
+	runB := f.start(t, cfgB)
+	f.insertIDs(t, 2, 5)
+	waitFor(t, time.Minute, "a history row of B at or before its checkpoint", func() (bool, string) {
+		var ok bool
+		err := f.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
+JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, cfgB.Replication.Slot).Scan(&ok)
+		if err != nil {
+			return false, err.Error()
+		}
+		return ok, "none yet"
+	})
+	runB.stop(t)
+	return cfgB
 }
