@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,7 +45,12 @@ func (s *Store) Insert(ctx context.Context, events []Event) error {
 			return fmt.Errorf("insert retry event %d: event key and aggregate are required", i)
 		}
 	}
-	err := s.insertRows(ctx, s.pool, events)
+	var err error
+	if slices.ContainsFunc(events, big) {
+		err = s.insertSplit(ctx, events)
+	} else {
+		_, err = s.insertRows(ctx, s.pool, events)
+	}
 	if err != nil && dataFault(err) {
 		err = s.insertEach(ctx, events)
 	}
@@ -57,8 +64,75 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// insertRows stores events in one statement.
-func (s *Store) insertRows(ctx context.Context, db execer, events []Event) error {
+// bigBytes is the size (key and value) from which an event's bytes are sent
+// to Postgres on their own (insertBig): the default kafka.batch_bytes, the
+// largest event Kafka takes by default, so the events it refuses as too
+// large are among them.
+const bigBytes = 1 << 20
+
+// big reports whether e's bytes are sent on their own (bigBytes).
+func big(e Event) bool { return len(e.Key)+len(e.Value) >= bigBytes }
+
+// insertSplit stores events in one transaction: each big one alone
+// (insertBig), the others in statements of the runs between them, in order.
+func (s *Store) insertSplit(ctx context.Context, events []Event) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	for len(events) > 0 {
+		n := 1
+		if big(events[0]) {
+			err = s.insertBig(ctx, tx, &events[0])
+		} else {
+			n = max(slices.IndexFunc(events, big), 0)
+			if n == 0 {
+				n = len(events)
+			}
+			_, err = s.insertRows(ctx, tx, events[:n])
+		}
+		if err != nil {
+			return err
+		}
+		events = events[n:]
+	}
+	return tx.Commit(ctx)
+}
+
+// insertBig stores a big event in tx: its row without key and value, then,
+// if the row was new, its key and value as the raw parameters of an UPDATE.
+// Through pgx's arguments an event's bytes were copied twice (the encoded
+// array parameter, then the message on the wire), and a 50 MB event
+// refused by Kafka as too large cost 150 MB while it was stored; raw, they
+// are copied only into the message on the wire (docs/operating.md#memory).
+func (s *Store) insertBig(ctx context.Context, tx pgx.Tx, e *Event) error {
+	bare := *e
+	bare.Key, bare.Value = nil, nil
+	n, err := s.insertRows(ctx, tx, []Event{bare})
+	if err != nil || n == 0 {
+		return err // n == 0: the row was there already (a read again after a crash)
+	}
+	// The event's bytes are copied once more below, into the message on
+	// the wire. A collection first lets that copy reuse memory the event
+	// left behind (the replication connection's read buffer of its
+	// message, dropped once the next message is read): without it the
+	// three were resident at once, 3 × the event (docs/operating.md#memory).
+	// A few milliseconds, once per event of a MiB or more.
+	runtime.GC()
+	// nil is NULL, as pgx sends a nil []byte; bytea in binary format is
+	// the bytes themselves.
+	const bytea = 17
+	res := tx.Conn().PgConn().ExecParams(ctx,
+		fmt.Sprintf(`UPDATE %s SET msg_key = $1, value = $2 WHERE slot_name = $3 AND event_key = $4`, s.table),
+		[][]byte{e.Key, e.Value, []byte(s.slot), []byte(e.EventKey)},
+		[]uint32{bytea, bytea, 0, 0}, []int16{1, 1, 0, 0}, nil).Read()
+	return res.Err
+}
+
+// insertRows stores events in one statement, and returns how many rows it
+// inserted (events already stored are not).
+func (s *Store) insertRows(ctx context.Context, db execer, events []Event) (int64, error) {
 	n := len(events)
 	var (
 		keys, aggs                       = make([]string, n), make([]string, n)
@@ -75,7 +149,7 @@ func (s *Store) insertRows(ctx context.Context, db execer, events []Event) error
 		msgKeys[i], values[i], tables[i] = e.Key, e.Value, nullable(e.Table)
 		h, err := encodeHeaders(e.Extra)
 		if err != nil {
-			return fmt.Errorf("encode headers of event %q: %w", e.EventKey, err)
+			return 0, fmt.Errorf("encode headers of event %q: %w", e.EventKey, err)
 		}
 		headers[i] = h
 		if e.SourceLSN != 0 {
@@ -101,9 +175,9 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
     WITH ORDINALITY AS u(k, id, agg, at, aid, et, tp, mk, v, h, d, w, r, l, ct, mt, ot, ord)
 ORDER BY ord
 ON CONFLICT (slot_name, event_key) DO NOTHING`, s.table)
-	_, err := db.Exec(ctx, q, keys, ids, aggs, types, aggIDs, evTypes, tps,
+	tag, err := db.Exec(ctx, q, keys, ids, aggs, types, aggIDs, evTypes, tps,
 		msgKeys, values, headers, dead, waiting, reasons, lsns, commitTimes, msgTimes, tables, s.slot)
-	return err
+	return tag.RowsAffected(), err
 }
 
 // dataFault reports whether err is Postgres refusing the values it was
@@ -148,7 +222,13 @@ func (s *Store) insertEach(ctx context.Context, events []Event) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	for i := range events {
-		err := savepoint(ctx, tx, func(db pgx.Tx) error { return s.insertRows(ctx, db, events[i:i+1]) })
+		err := savepoint(ctx, tx, func(db pgx.Tx) error {
+			if big(events[i]) {
+				return s.insertBig(ctx, db, &events[i])
+			}
+			_, err := s.insertRows(ctx, db, events[i:i+1])
+			return err
+		})
 		if err == nil {
 			continue
 		}
