@@ -25,51 +25,130 @@ import (
 // (write.go), and neither they nor a release may pass such an event. Its
 // methods are safe for concurrent use: the writer diverts and parks, the
 // retry worker's Delivered hook and the sweep release.
+//
+// Its memory is bounded whatever the number of waiting aggregates: blocked
+// holds at most max of them (~100 bytes each). When more wait (overflow),
+// blocked holds some of them and the table is the set: divert asks it about
+// each aggregate of a chunk it does not hold, one query a chunk, under mu
+// like park, so the answer includes every row parked before. The sweep
+// leaves overflow once the table holds max aggregates or fewer.
 type gate struct {
 	store retryTable
 	log   *slog.Logger
+	max   int // most aggregates blocked holds: maxBlocked
 
-	mu      sync.Mutex
-	blocked map[string]struct{}
-	pending map[string]int // diverted events not yet parked, by aggregate
+	mu       sync.Mutex
+	blocked  map[string]struct{}
+	overflow bool           // the table may hold blocked aggregates that blocked does not
+	pending  map[string]int // diverted events not yet parked, by aggregate
 }
 
+// maxBlocked is the most aggregates the gate holds in memory (~1 MiB);
+// past it, the chunks' other aggregates are looked up in the retry table.
+const maxBlocked = 10_000
+
 func newGate(store retryTable, log *slog.Logger) *gate {
-	return &gate{store: store, log: log, blocked: map[string]struct{}{}, pending: map[string]int{}}
+	return &gate{store: store, log: log, max: maxBlocked, blocked: map[string]struct{}{}, pending: map[string]int{}}
 }
 
 // load rebuilds the set from the table, at start.
 func (g *gate) load(ctx context.Context) error {
-	aggs, err := g.store.Aggregates(ctx)
-	if err != nil {
-		return fmt.Errorf("read blocked aggregates from the retry table: %w", err)
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.blocked = make(map[string]struct{}, len(aggs))
-	for _, a := range aggs {
-		g.blocked[a] = struct{}{}
+	n, err := g.reloadLocked(ctx)
+	if err != nil {
+		return err
 	}
-	if len(aggs) > 0 {
-		g.log.Info("aggregates waiting in the retry table: their new events queue behind them", "aggregates", len(aggs))
+	if g.overflow {
+		g.log.Info("aggregates waiting in the retry table: their new events queue behind them; more than the gate holds in memory, so the retry table is asked about the others",
+			"aggregates_at_least", n, "held_in_memory", g.max)
+	} else if n > 0 {
+		g.log.Info("aggregates waiting in the retry table: their new events queue behind them", "aggregates", n)
 	}
 	return nil
 }
 
-// closed reports whether any aggregate is blocked: when none is, a chunk
+// reloadLocked reads the blocked set from the table: up to max aggregates,
+// and overflow if there are more. It returns how many it read (max + 1
+// when more wait). g.mu must be held: no park runs meanwhile, so the set
+// holds every aggregate with a row (rows the worker deletes meanwhile
+// leave an aggregate blocked until a release finds them gone).
+func (g *gate) reloadLocked(ctx context.Context) (int, error) {
+	aggs, err := g.store.Aggregates(ctx, g.max+1)
+	if err != nil {
+		return 0, fmt.Errorf("read blocked aggregates from the retry table: %w", err)
+	}
+	n := len(aggs)
+	g.overflow = n > g.max
+	aggs = aggs[:min(n, g.max)]
+	g.blocked = make(map[string]struct{}, len(aggs))
+	for _, a := range aggs {
+		g.blocked[a] = struct{}{}
+	}
+	return n, nil
+}
+
+// closed reports whether any aggregate may be blocked: when none is, a chunk
 // without route failures goes to Kafka whole, without divert.
 func (g *gate) closed() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.blocked) > 0 || len(g.pending) > 0
+	return len(g.blocked) > 0 || len(g.pending) > 0 || g.overflow
 }
 
-// holds reports whether agg is blocked: it has rows in the retry table.
+// holds reports whether agg may be blocked: it has rows in the retry table,
+// or, in overflow, the gate does not know that it has none.
 func (g *gate) holds(agg string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	_, ok := g.blocked[agg]
-	return ok || g.pending[agg] > 0
+	return ok || g.pending[agg] > 0 || g.overflow
+}
+
+// blockLocked adds agg to the blocked set, or, when the set is full,
+// records that the table holds more than the set (overflow).
+func (g *gate) blockLocked(agg string) {
+	if _, ok := g.blocked[agg]; ok {
+		return
+	}
+	if len(g.blocked) >= g.max {
+		g.overflow = true
+		return
+	}
+	g.blocked[agg] = struct{}{}
+}
+
+// inTable asks the table which aggregates of c the gate does not hold have
+// rows: in overflow the set is partial. sweepPage aggregates a query. g.mu
+// must be held. It returns nil when not in overflow.
+func (g *gate) inTable(ctx context.Context, c *chunk) (map[string]bool, error) {
+	if !g.overflow {
+		return nil, nil
+	}
+	seen := map[string]bool{}
+	var ask []string
+	note := func(agg string) {
+		if _, ok := g.blocked[agg]; ok || seen[agg] || g.pending[agg] > 0 {
+			return
+		}
+		seen[agg] = false
+		ask = append(ask, agg)
+	}
+	for i := range c.evs {
+		note(c.evs[i].Lane().String())
+	}
+	for len(ask) > 0 {
+		n := min(len(ask), sweepPage)
+		left, err := g.store.Undelivered(ctx, ask[:n])
+		if err != nil {
+			return nil, fmt.Errorf("read the retry table for %d aggregates that may have events waiting there: %w", n, err)
+		}
+		for _, a := range ask[:n] {
+			seen[a] = left[a]
+		}
+		ask = ask[n:]
+	}
+	return seen, nil
 }
 
 // diverted is an event bound for the retry table, with its place in the chunk.
@@ -84,13 +163,18 @@ type diverted struct {
 // blocked (before this chunk, or by an event diverted and not yet parked, in
 // this chunk or an earlier one). It returns the index in c.evs of every event
 // to write. Each diverted event holds its aggregate (pending) until park
-// stores it.
-func (g *gate) divert(c *chunk) (send []event.Event, sendAt []int, out []diverted) {
+// stores it. In overflow it asks the table first (inTable); an error of that
+// changes nothing, and the caller tries again.
+func (g *gate) divert(ctx context.Context, c *chunk) (send []event.Event, sendAt []int, out []diverted, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	inTable, err := g.inTable(ctx, c)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	blocked := func(agg string) bool {
 		_, ok := g.blocked[agg]
-		return ok || g.pending[agg] > 0
+		return ok || g.pending[agg] > 0 || inTable[agg]
 	}
 	fi := 0
 	takeFailures := func(upTo int) {
@@ -113,7 +197,7 @@ func (g *gate) divert(c *chunk) (send []event.Event, sendAt []int, out []diverte
 		sendAt = append(sendAt, i)
 	}
 	takeFailures(len(c.evs))
-	return send, sendAt, out
+	return send, sendAt, out, nil
 }
 
 // park inserts evs into the retry table, in order, and blocks their
@@ -139,7 +223,7 @@ func (g *gate) park(ctx context.Context, evs []retry.Event, held []string) error
 		page = page[n:]
 	}
 	for _, ev := range evs {
-		g.blocked[ev.Aggregate] = struct{}{}
+		g.blockLocked(ev.Aggregate)
 	}
 	for _, a := range held {
 		if g.pending[a]--; g.pending[a] <= 0 {
@@ -205,5 +289,21 @@ func (g *gate) sweep(ctx context.Context, interval time.Duration) {
 			g.release(ctx, aggs[:n])
 			aggs = aggs[n:]
 		}
+		g.leaveOverflow(ctx)
+	}
+}
+
+// leaveOverflow reads the set from the table again when in overflow: once it
+// holds max aggregates or fewer, the gate holds them all and stops asking
+// the table about each chunk.
+func (g *gate) leaveOverflow(ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.overflow || ctx.Err() != nil {
+		return
+	}
+	if _, err := g.reloadLocked(ctx); err != nil {
+		// Still in overflow, the set as it was: divert asks the table.
+		g.log.Warn("read the aggregates waiting in the retry table", "err", err)
 	}
 }

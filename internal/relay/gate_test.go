@@ -46,7 +46,7 @@ func (r *rows) Insert(ctx context.Context, evs []retry.Event) error {
 	return nil
 }
 
-func (r *rows) Aggregates(context.Context) ([]string, error) {
+func (r *rows) Aggregates(_ context.Context, limit int) ([]string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []string
@@ -54,6 +54,10 @@ func (r *rows) Aggregates(context.Context) ([]string, error) {
 		if n > 0 {
 			out = append(out, a)
 		}
+	}
+	slices.Sort(out)
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
 	}
 	return out, nil
 }
@@ -316,14 +320,14 @@ func TestGateHoldsDivertedUntilParked(t *testing.T) {
 	first := &chunk{evs: []event.Event{ev("b", 1)}, fails: []routeFailure{{before: 0, ev: ev("a", 1), err: errors.New("bad")}}}
 	second := &chunk{evs: []event.Event{ev("a", 2), ev("b", 2)}}
 
-	_, _, out1 := g.divert(first)
+	_, _, out1, _ := g.divert(t.Context(), first)
 	if len(out1) != 1 || out1[0].held == "" {
 		t.Fatalf("first chunk diverted %+v; want a's failure, held", out1)
 	}
 	// The sweep runs before the first chunk is parked: nothing of a is in
 	// the table yet, and a must stay held all the same.
 	g.release(t.Context(), []string{out1[0].held})
-	send, _, out2 := g.divert(second)
+	send, _, out2, _ := g.divert(t.Context(), second)
 	if len(send) != 1 || send[0].AggregateID != "b" || len(out2) != 1 || out2[0].ev.EventID != "a-2" {
 		t.Fatalf("second chunk sends %v and diverts %+v; want b-2 sent and a-2 diverted behind a-1", send, out2)
 	}
@@ -339,5 +343,119 @@ func TestGateHoldsDivertedUntilParked(t *testing.T) {
 	g.release(t.Context(), []string{out1[0].held})
 	if g.holds(out1[0].held) || g.closed() {
 		t.Fatal("a is still held after its rows were delivered and released")
+	}
+}
+
+// With more aggregates waiting than the gate holds (overflow), it holds at
+// most its maximum in memory and asks the table about the others, so that no
+// event overtakes an earlier one of its aggregate in the table, however many
+// wait: at start (load) and after parking more than it holds. Once the table
+// holds no more than the maximum, the sweep takes them all in again and the
+// table is no longer asked.
+func TestGateOverflow(t *testing.T) {
+	ev := func(agg string) event.Event {
+		return event.Event{Topic: "t", Key: []byte(agg), AggregateType: "T", AggregateID: agg, ID: agg + "-new"}
+	}
+	lane := func(agg string) string { e := ev(agg); return e.Lane().String() }
+	r := &rows{n: map[string]int{}}
+	for _, a := range []string{"a", "b", "c", "d", "e"} {
+		r.n[lane(a)] = 1
+	}
+	g := newGate(r, slog.New(slog.DiscardHandler))
+	g.max = 3
+	if err := g.load(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.blocked) > g.max || !g.overflow {
+		t.Fatalf("after load of 5 aggregates: %d held, overflow %t; want at most %d held, overflow", len(g.blocked), g.overflow, g.max)
+	}
+	divert := func(aggs ...string) (sent, diverted []string) {
+		t.Helper()
+		c := &chunk{}
+		for _, a := range aggs {
+			c.evs = append(c.evs, ev(a))
+		}
+		send, _, out, err := g.divert(t.Context(), c)
+		if err != nil {
+			t.Fatalf("divert: %v", err)
+		}
+		for _, e := range send {
+			sent = append(sent, e.AggregateID)
+		}
+		var evs []retry.Event
+		var held []string
+		for _, d := range out {
+			diverted = append(diverted, d.ev.AggregateID)
+			evs, held = append(evs, d.ev), append(held, d.held)
+		}
+		if err := g.park(t.Context(), evs, held); err != nil {
+			t.Fatal(err)
+		}
+		return sent, diverted
+	}
+	sent, diverted := divert("a", "x", "e", "y", "d")
+	if !slices.Equal(sent, []string{"x", "y"}) || !slices.Equal(diverted, []string{"a", "e", "d"}) {
+		t.Fatalf("in overflow: sent %q, diverted %q; want x, y sent and a, e, d (rows in the table) diverted", sent, diverted)
+	}
+	// x and y were sent; new aggregates parked past the maximum are found
+	// in the table too.
+	for _, a := range []string{"f", "g", "h"} {
+		if err := g.park(t.Context(), []retry.Event{{EventKey: a, Aggregate: lane(a)}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(g.blocked) > g.max {
+		t.Fatalf("%d aggregates held in memory; want at most %d", len(g.blocked), g.max)
+	}
+	sent, diverted = divert("h", "g", "f", "x")
+	if !slices.Equal(sent, []string{"x"}) || !slices.Equal(diverted, []string{"h", "g", "f"}) {
+		t.Fatalf("after parking past the maximum: sent %q, diverted %q; want x sent, h, g, f diverted", sent, diverted)
+	}
+	if !g.holds(lane("zz")) {
+		t.Error("holds(an aggregate the gate does not know) = false in overflow; want true (the table may hold it)")
+	}
+
+	// The table cannot answer: divert fails and diverts nothing.
+	r.mu.Lock()
+	r.fail = errors.New("connection refused")
+	r.mu.Unlock()
+	if _, _, _, err := g.divert(t.Context(), &chunk{evs: []event.Event{ev("q")}}); err == nil {
+		t.Fatal("divert in overflow succeeded while the table could not say which aggregates wait there")
+	}
+	if len(g.pending) != 0 {
+		t.Fatalf("a failed divert left %d aggregates pending", len(g.pending))
+	}
+	r.mu.Lock()
+	r.fail = nil
+	r.mu.Unlock()
+
+	// Delivered down to three aggregates: the sweep leaves overflow and
+	// holds them all.
+	for _, a := range []string{"a", "b", "c", "d", "e"} {
+		r.deliver(lane(a))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { g.sweep(ctx, 5*time.Millisecond); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.closed() && g.holds(lane("zz")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the sweep did not leave overflow within 5s of the table holding 3 aggregates")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+	r.mu.Lock()
+	asked := len(r.asked)
+	r.mu.Unlock()
+	sent, diverted = divert("f", "a", "g", "h", "x")
+	if !slices.Equal(sent, []string{"a", "x"}) || !slices.Equal(diverted, []string{"f", "g", "h"}) {
+		t.Errorf("out of overflow: sent %q, diverted %q; want a, x sent, f, g, h diverted", sent, diverted)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.asked) != asked {
+		t.Errorf("divert out of overflow asked the table %d times; want none", len(r.asked)-asked)
 	}
 }

@@ -54,10 +54,11 @@ type eventSink interface {
 
 // A retryTable stores the events the pipeline diverts: retry.Store's
 // contract. Insert is durable when it returns nil and stores again nothing
-// it already holds (same EventKey). Safe for concurrent use.
+// it already holds (same EventKey). Aggregates returns up to limit (0: all)
+// of the aggregates with rows, sorted. Safe for concurrent use.
 type retryTable interface {
 	Insert(ctx context.Context, events []retry.Event) error
-	Aggregates(ctx context.Context) ([]string, error)
+	Aggregates(ctx context.Context, limit int) ([]string, error)
 	Undelivered(ctx context.Context, aggregates []string) (map[string]bool, error)
 }
 

@@ -202,7 +202,7 @@ func (t *fakeRetry) Insert(ctx context.Context, evs []retry.Event) error {
 	return nil
 }
 
-func (t *fakeRetry) Aggregates(ctx context.Context) ([]string, error) {
+func (t *fakeRetry) Aggregates(ctx context.Context, limit int) ([]string, error) {
 	t.l.mu.Lock()
 	defer t.l.mu.Unlock()
 	var out []string
@@ -211,11 +211,15 @@ func (t *fakeRetry) Aggregates(ctx context.Context) ([]string, error) {
 			out = append(out, e.Aggregate)
 		}
 	}
+	slices.Sort(out)
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
 	return out, nil
 }
 
 func (t *fakeRetry) Undelivered(ctx context.Context, aggs []string) (map[string]bool, error) {
-	have, _ := t.Aggregates(ctx)
+	have, _ := t.Aggregates(ctx, 0)
 	out := map[string]bool{}
 	for _, a := range aggs {
 		out[a] = slices.Contains(have, a)

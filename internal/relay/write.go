@@ -161,7 +161,15 @@ func (s *sent) done() <-chan struct{} {
 func (r *writer) start(ctx context.Context, c *chunk, cp *event.Event) (*sent, error) {
 	s := &sent{c: c, send: c.evs, cp: cp}
 	if len(c.fails) > 0 || r.gate.closed() {
-		s.send, s.sendAt, s.parked = r.gate.divert(c)
+		// Only with more aggregates waiting than the gate holds does
+		// divert read the table, and fail with it.
+		err := persist(ctx, r.log, "read the retry table for aggregates with events waiting there (nothing of them is sent before)", r.health.watch("retry_table", func() (err error) {
+			s.send, s.sendAt, s.parked, err = r.gate.divert(ctx, c)
+			return err
+		}))
+		if err != nil {
+			return nil, err
+		}
 	}
 	if len(s.send) > 0 || len(s.parked) > 0 || cp != nil {
 		// A write only while leading, proven within the lease: a

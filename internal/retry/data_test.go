@@ -67,7 +67,7 @@ func TestInsertLongAggregate(t *testing.T) {
 		t.Fatalf("Insert of a %d-byte aggregate: %v", len(events[0].Aggregate), err)
 	}
 	long := ev.Lane{Topic: "orders", Key: key}.String()
-	aggs, err := s.Aggregates(ctx)
+	aggs, err := s.Aggregates(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func TestStoreOwnRowsOnly(t *testing.T) {
 	if got, err := a.Undelivered(ctx, []string{aggA}); err != nil || !got[aggA] {
 		t.Errorf("A.Undelivered(A) = %v, %v; want true", got, err)
 	}
-	if got, err := b.Aggregates(ctx); err != nil || len(got) != 1 {
+	if got, err := b.Aggregates(ctx, 0); err != nil || len(got) != 1 {
 		t.Errorf("B.Aggregates = %q, %v; want its one aggregate left", got, err)
 	}
 	// Held looks at the store's own rows.

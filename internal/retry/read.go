@@ -12,11 +12,17 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 )
 
-// Aggregates returns the aggregates that have rows of the slot in the table,
-// pending or dead (a dead row blocks its aggregate too), sorted. The pipeline diverts
-// new events of these aggregates here, behind them.
-func (s *Store) Aggregates(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT aggregate FROM %s WHERE slot_name = $1 ORDER BY 1`, s.table), s.slot)
+// Aggregates returns up to limit of the aggregates that have rows of the
+// slot in the table, pending or dead (a dead row blocks its aggregate too),
+// sorted; limit 0 means all of them. The pipeline diverts new events of these
+// aggregates here, behind them; it asks for one more than it holds, to learn
+// whether there are more.
+func (s *Store) Aggregates(ctx context.Context, limit int) ([]string, error) {
+	var max *int
+	if limit > 0 {
+		max = &limit
+	}
+	rows, err := s.pool.Query(ctx, fmt.Sprintf(`SELECT DISTINCT aggregate FROM %s WHERE slot_name = $1 ORDER BY 1 LIMIT $2`, s.table), s.slot, max)
 	if err != nil {
 		return nil, fmt.Errorf("read retry aggregates: %w", s.hint(err))
 	}

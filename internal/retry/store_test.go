@@ -217,12 +217,15 @@ func TestAggregatesUndelivered(t *testing.T) {
 	if err := s.Insert(ctx, []retry.Event{a, b, event("orders", "A", "a2")}); err != nil {
 		t.Fatal(err)
 	}
-	aggs, err := s.Aggregates(ctx)
+	aggs, err := s.Aggregates(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"orders/A", "orders/B"}; !slices.Equal(aggs, want) {
 		t.Errorf("Aggregates() = %q; want %q", aggs, want)
+	}
+	if aggs, err := s.Aggregates(ctx, 1); err != nil || !slices.Equal(aggs, []string{"orders/A"}) {
+		t.Errorf("Aggregates(limit 1) = %q, %v; want the first only", aggs, err)
 	}
 	und, err := s.Undelivered(ctx, []string{"orders/A", "orders/B", "orders/C"})
 	if err != nil {
