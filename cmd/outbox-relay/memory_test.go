@@ -98,6 +98,86 @@ FROM generate_series(1, %d) i`, size/32))
 	}
 }
 
+// TestRunMemoryWaitingAggregates runs the binary with its default settings
+// (but kafka.allow_auto_topic_creation false, so that a topic can be
+// missing) on two events of each of many aggregates whose topic does not
+// exist: every event waits in the retry table, more aggregates than the gate
+// holds in memory. The peak RSS stays within the documented bound while they
+// are parked and while they wait, and the waiting relay does not spin: its
+// CPU time over the wait is a small part of one core. Issue 34's case is
+// 100,000 aggregates (200,000 retry rows: 756 MiB peak and ~0.5 core, then
+// 80 MiB with the gate's set still growing with them); `make test` runs
+// 20,000 of them and `make test-faults` (RELAY_FAULTS=full) the 100,000.
+func TestRunMemoryWaitingAggregates(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the relay binary on tens of thousands of events waiting for a missing topic")
+	}
+	aggregates, wait := 20_000, 15*time.Second
+	if os.Getenv("RELAY_FAULTS") == "full" {
+		aggregates, wait = 100_000, 20*time.Second
+	}
+	bin := testenv.RelayBinary(t)
+	dsn, slot := dbEnv(t)
+	t.Setenv("RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION", "false")
+	cmd, stderr := startRelayAtDefaults(t, bin)
+	idle := peakRSS(t, cmd.Process.Pid)
+
+	execSQL(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+SELECT gen_random_uuid(), 'missing', 'a' || (i %% %d), 't', jsonb_build_object('n', i)
+FROM generate_series(1, %d) i`, aggregates, 2*aggregates))
+	end := queryString(t, dsn, `SELECT pg_current_wal_lsn()::text`)
+	parkStart := time.Now()
+	waitCheckpoint(t, dsn, slot, end, stderr, 3*time.Minute)
+	parked := time.Since(parkStart)
+	if got, want := queryString(t, dsn, `SELECT count(*) || ' rows, ' || count(DISTINCT aggregate) || ' aggregates' FROM outbox_relay_retry WHERE slot_name = $1 AND status = 'pending'`, slot),
+		fmt.Sprintf("%d rows, %d aggregates", 2*aggregates, aggregates); got != want {
+		t.Fatalf("pending retry rows: %s; want %s (every event waiting for its topic)", got, want)
+	}
+	parkedPeak := peakRSS(t, cmd.Process.Pid)
+
+	cpu0 := cpuTime(t, cmd.Process.Pid)
+	time.Sleep(wait)
+	busy := cpuTime(t, cmd.Process.Pid) - cpu0
+	peak := peakRSS(t, cmd.Process.Pid)
+	window := relay.DefaultMaxInFlightBytes
+	t.Logf("%d aggregates, %d events parked in %s: peak RSS %d MiB while parking, %d MiB after a wait of %s (idle %d MiB), CPU %s over the wait; bound %d MiB",
+		aggregates, 2*aggregates, parked.Round(time.Second), parkedPeak>>20, peak>>20, wait, idle>>20, busy, memoryBound(window)>>20)
+	if peak > memoryBound(window) {
+		t.Errorf("peak RSS = %d MiB with %d aggregates waiting for a missing topic; want at most %d MiB (32 MiB + 2 × the %d MiB window + 32 MiB)",
+			peak>>20, aggregates, memoryBound(window)>>20, window>>20)
+	}
+	if busy > wait/10 {
+		t.Errorf("the relay used %s of CPU in %s while %d aggregates waited for a missing topic; want under a tenth of a core (%s)",
+			busy, wait, aggregates, wait/10)
+	}
+	if !strings.Contains(stderr.String(), "does not exist") {
+		t.Errorf("the relay did not log that the topic does not exist\nstderr:\n%s", stderr.String())
+	}
+}
+
+// cpuTime is the CPU time (user and system) the process has used, from
+// /proc/<pid>/stat, whose clock ticks are USER_HZ: 100 a second on Linux.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatalf("read the relay's CPU time: %v", err)
+	}
+	// The fields after the command name, which is in parentheses and may
+	// hold spaces: state is field 3, utime 14 and stime 15.
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	var ticks int64
+	for _, f := range fields[11:13] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/%d/stat: %q: %v", pid, s, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * (time.Second / 100)
+}
+
 // startRelayAtDefaults sets the relay up (outbox table, slot, tables) in the
 // environment dbEnv made and starts `run` at its defaults, with topics of
 // their own (none exists: the test creates those it needs), and waits for
