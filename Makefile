@@ -34,6 +34,7 @@ test-short:
 test-faults: dev-up
 	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -run 'TestFaultSuite|TestHighAvailability|TestSlotLoss|TestFailover|TestPrimaryFastShutdown' -v ./internal/faults
 	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -v ./internal/hostile
+	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 20m -run 'TestRunMemory' -v ./cmd/outbox-relay
 
 # The Postgres compatibility suite (scripts/pg-matrix.sh holds the selection) on each
 # version of PG_MATRIX_VERSIONS (all of 13..18 by default): each runs as its own dev

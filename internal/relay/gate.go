@@ -128,7 +128,8 @@ func (g *gate) inTable(ctx context.Context, c *chunk) (map[string]bool, error) {
 	seen := map[string]bool{}
 	var ask []string
 	note := func(agg string) {
-		if _, ok := g.blocked[agg]; ok || seen[agg] || g.pending[agg] > 0 {
+		_, held := g.blocked[agg]
+		if _, dup := seen[agg]; held || dup || g.pending[agg] > 0 {
 			return
 		}
 		seen[agg] = false
