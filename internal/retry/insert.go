@@ -86,8 +86,7 @@ func (s *Store) insertSplit(ctx context.Context, events []Event) error {
 		if big(events[0]) {
 			err = s.insertBig(ctx, tx, &events[0])
 		} else {
-			n = max(slices.IndexFunc(events, big), 0)
-			if n == 0 {
+			if n = slices.IndexFunc(events, big); n < 0 {
 				n = len(events)
 			}
 			_, err = s.insertRows(ctx, tx, events[:n])
