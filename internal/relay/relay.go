@@ -25,7 +25,9 @@
 //     sink, whose contract keeps per-key order. An event that fails on its own
 //     (unroutable, refused by Kafka) goes to the retry table in its place, and
 //     while an aggregate has a row there its later events go there too,
-//     behind it (the gate).
+//     behind it (the gate). The gate holds at most 10,000 such aggregates in
+//     memory and asks the retry table about the others, so its memory is
+//     bounded however many wait and none is ever overtaken.
 //   - Nothing is confirmed past an event that is neither acknowledged by
 //     Kafka nor stored in the retry table: a retry-table write that fails is
 //     retried, and reported by Ready, until it succeeds.
