@@ -459,3 +459,54 @@ func TestGateOverflow(t *testing.T) {
 		t.Errorf("divert out of overflow asked the table %d times; want none", len(r.asked)-asked)
 	}
 }
+
+// The pipeline with more aggregates waiting than the gate holds: every later
+// event of each of them is parked behind its rows, as when the gate holds
+// them all; an aggregate whose rows were delivered goes to Kafka again.
+func TestPipelineGateOverflow(t *testing.T) {
+	s := &fakeSink{fail: func(e *event.Event) error {
+		if string(e.Value) == "bad" {
+			return errTooLarge
+		}
+		return nil
+	}}
+	p := startPipe(t, pipeConfig{sink: s})
+	p.pl.gate.mu.Lock()
+	p.pl.gate.max = 2
+	p.pl.gate.mu.Unlock()
+	aggs := []string{"a", "b", "c", "d", "e"}
+	var first, second txn
+	for _, a := range aggs {
+		first = append(first, [3]string{"Order", a, "bad"})
+		second = append(second, [3]string{"Order", a, "2"})
+	}
+	p.waitConfirmed(t, p.send(t, first, 5))
+	p.waitConfirmed(t, p.send(t, append(second, [3]string{"Order", "x", "2"}), 6))
+	p.pl.gate.mu.Lock()
+	held, overflow := len(p.pl.gate.blocked), p.pl.gate.overflow
+	p.pl.gate.mu.Unlock()
+	if held > 2 || !overflow {
+		t.Fatalf("gate holds %d aggregates, overflow %t; want at most 2, overflow", held, overflow)
+	}
+	for _, a := range aggs {
+		if got, want := p.l.parkedLanes()[a], []string{"bad", "2 (waiting)"}; !slices.Equal(got, want) {
+			t.Errorf("retry rows of %s = %q; want %q (never overtaken)", a, got, want)
+		}
+	}
+	var c string
+	for _, e := range p.l.parked {
+		if e.AggregateID == "c" {
+			c = e.Aggregate
+		}
+	}
+	p.l.dropParked(c) // the worker delivered c's rows
+	p.pl.gate.release(t.Context(), []string{c})
+	p.waitConfirmed(t, p.send(t, txn{{"Order", "c", "3"}, {"Order", "a", "3"}}, 2))
+	lanes := p.l.lanes()
+	if !slices.Equal(lanes["x"], []string{"2"}) || !slices.Equal(lanes["c"], []string{"3"}) || len(lanes["a"]) != 0 {
+		t.Errorf("acknowledged: x %q, c %q, a %q; want x 2, c 3 (its rows delivered), nothing of a", lanes["x"], lanes["c"], lanes["a"])
+	}
+	if got, want := p.l.parkedLanes()["a"], []string{"bad", "2 (waiting)", "3 (waiting)"}; !slices.Equal(got, want) {
+		t.Errorf("retry rows of a = %q; want %q", got, want)
+	}
+}
