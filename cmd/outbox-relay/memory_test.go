@@ -139,6 +139,9 @@ FROM generate_series(1, %d) i`, aggregates, 2*aggregates))
 		t.Errorf("the relay used %s of CPU in %s while %d aggregates waited for a missing topic; want under a tenth of a core (%s)",
 			busy, wait, aggregates, wait/10)
 	}
+	if !strings.Contains(stderr.String(), "than the relay holds in memory") {
+		t.Errorf("the relay did not log that more aggregates wait than it holds in memory (%d of them wait)\nstderr:\n%s", aggregates, stderr.String())
+	}
 	if !strings.Contains(stderr.String(), "does not exist") {
 		t.Errorf("the relay did not log that the topic does not exist\nstderr:\n%s", stderr.String())
 	}

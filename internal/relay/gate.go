@@ -112,6 +112,10 @@ func (g *gate) blockLocked(agg string) {
 		return
 	}
 	if len(g.blocked) >= g.max {
+		if !g.overflow {
+			g.log.Info("more aggregates have events waiting in the retry table than the relay holds in memory: it asks the table about the others, a query per chunk of events read, until they are delivered",
+				"held_in_memory", g.max)
+		}
 		g.overflow = true
 		return
 	}
@@ -303,8 +307,13 @@ func (g *gate) leaveOverflow(ctx context.Context) {
 	if !g.overflow || ctx.Err() != nil {
 		return
 	}
-	if _, err := g.reloadLocked(ctx); err != nil {
+	n, err := g.reloadLocked(ctx)
+	if err != nil {
 		// Still in overflow, the set as it was: divert asks the table.
 		g.log.Warn("read the aggregates waiting in the retry table", "err", err)
+		return
+	}
+	if !g.overflow {
+		g.log.Info("the aggregates with events waiting in the retry table are held in memory again", "aggregates", n)
 	}
 }
