@@ -60,7 +60,7 @@ func (g *gate) load(ctx context.Context) error {
 		return err
 	}
 	if g.overflow {
-		g.log.Info("aggregates waiting in the retry table: their new events queue behind them; more than the gate holds in memory, so the retry table is asked about the others",
+		g.log.Info("aggregates waiting in the retry table: their new events queue behind them; more of them than the relay holds in memory, so it asks the table about the others",
 			"aggregates_at_least", n, "held_in_memory", g.max)
 	} else if n > 0 {
 		g.log.Info("aggregates waiting in the retry table: their new events queue behind them", "aggregates", n)
