@@ -104,8 +104,8 @@ type Stats struct {
 	// type between transactions.
 	SkippedStreamAborts    uint64
 	SkippedUnknownMessages uint64
-	SkippedTransactions    uint64 // already delivered: before the start LSN, or resent after a reconnect
-	Reconnects             uint64
+	SkippedTransactions    uint64        // already delivered: before the start LSN, or resent after a reconnect
+	Reconnects             uint64        // connections lost and made again (not those a pause ends)
 	ConfirmedLSN           pglogrepl.LSN // what status updates report to the server
 	ServerWALEnd           pglogrepl.LSN // latest WAL end reported by the server
 	LastMessageAt          time.Time     // zero before the first message
@@ -214,8 +214,8 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 			bo.Reset()
 		}
 		delay := bo.Next()
-		s.stats.reconnects.Add(1)
-		if !errors.Is(err, errResume) { // a pause logged its own end
+		if !errors.Is(err, errResume) { // a pause is counted, and logged its end, itself
+			s.stats.reconnects.Add(1)
 			log.Warn("replication connection lost, reconnecting", "error", err, "retry_in", delay,
 				"slot", s.cfg.Slot, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String())
 		}
