@@ -282,35 +282,48 @@ func (s *Stream) pause(ctx context.Context, conn *pgconn.PgConn, asm *assembler,
 		}
 		lastRecv = now
 		s.stats.lastMessageAt.Store(now.UnixNano())
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				return &DecodeError{LSN: st.sent, Err: errors.New("empty CopyData")}
-			}
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return &DecodeError{LSN: st.sent, Err: err}
-				}
-				storeMax(&s.stats.serverWALEnd, uint64(pkm.ServerWALEnd))
-				if pkm.ReplyRequested {
-					if err := s.sendStatus(ctx, conn, st, false); err != nil {
-						return err
-					}
-				}
-			case pglogrepl.XLogDataByteID:
-				dropped++
-				droppedBytes += int64(len(msg.Data))
-			}
-		case *pgproto3.ErrorResponse:
-			// The walsender ended (pg_terminate_backend, its slot
-			// invalidated, a shutdown): the next connection says why.
-			return s.classify("stream", pgconn.ErrorResponseToPgError(msg))
-		case *pgproto3.CopyDone:
-			return errors.New("server ended the replication stream")
+		n, err := s.pausedMessage(ctx, conn, st, msg)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			dropped++
+			droppedBytes += int64(n)
 		}
 	}
+}
+
+// pausedMessage handles a message read while paused: a keepalive is
+// answered (its WAL end is not confirmed: the stream is not idle), the
+// size of an XLogData message, dropped, is returned, and an error or the
+// end of the stream ends the connection.
+func (s *Stream) pausedMessage(ctx context.Context, conn *pgconn.PgConn, st *statusState, msg pgproto3.BackendMessage) (int, error) {
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return 0, &DecodeError{LSN: st.sent, Err: errors.New("empty CopyData")}
+		}
+		switch msg.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+			if err != nil {
+				return 0, &DecodeError{LSN: st.sent, Err: err}
+			}
+			storeMax(&s.stats.serverWALEnd, uint64(pkm.ServerWALEnd))
+			if pkm.ReplyRequested {
+				return 0, s.sendStatus(ctx, conn, st, false)
+			}
+		case pglogrepl.XLogDataByteID:
+			return len(msg.Data), nil
+		}
+	case *pgproto3.ErrorResponse:
+		// The walsender ended (pg_terminate_backend, its slot
+		// invalidated, a shutdown): the next connection says why.
+		return 0, s.classify("stream", pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return 0, errors.New("server ended the replication stream")
+	}
+	return 0, nil
 }
 
 func earliest(a, b time.Time) time.Time {

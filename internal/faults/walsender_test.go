@@ -28,7 +28,7 @@ import (
 const (
 	walsenderKeepSize   = "64MB"           // max_slot_wal_keep_size for the run
 	walsenderPause      = 3 * time.Minute  // Kafka frozen (SIGSTOP)
-	walsenderFillerRate = 3 << 20          // bytes a second of random rows into another table
+	walsenderFillerRate = 4 << 20          // bytes a second of random rows into another table
 	checkpointEvery     = 5 * time.Second  // a CHECKPOINT sampled this often
 	checkpointLimit     = 15 * time.Second // and each must complete within this
 )
@@ -160,6 +160,22 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	go func() { defer close(cpDone); cps.run(cpCtx, t) }()
 	defer func() { stopCheckpoints(); <-cpDone }()
 
+	s.logf("Kafka frozen (SIGSTOP) for %s; max_slot_wal_keep_size = %s, filler %d MB/s", walsenderPause, walsenderKeepSize, walsenderFillerRate>>20)
+	testenv.PauseKafka(t)
+	paused := true
+	defer func() {
+		if paused {
+			testenv.ResumeKafka(t)
+		}
+	}()
+	frozenAt := time.Now()
+	// The relay's window fills within seconds at the producer's rate; then
+	// more events than the socket buffers of both ends hold, so that a relay
+	// that stops reading leaves its walsender blocked before the slot
+	// passes the limit (at the producer's rate alone that takes minutes).
+	time.Sleep(5 * time.Second)
+	bulkEvents(t, s)
+	time.Sleep(10 * time.Second)
 	fillCtx, stopFiller := context.WithCancel(ctx)
 	var filled atomic.Int64
 	fillDone := make(chan error, 1)
@@ -175,23 +191,16 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	}
 	defer stopFill()
 
-	s.logf("Kafka frozen (SIGSTOP) for %s; max_slot_wal_keep_size = %s, filler %d MB/s", walsenderPause, walsenderKeepSize, walsenderFillerRate>>20)
-	testenv.PauseKafka(t)
-	paused := true
-	defer func() {
-		if paused {
-			testenv.ResumeKafka(t)
-		}
-	}()
 	var statuses []string
-	for end := time.Now().Add(walsenderPause); time.Now().Before(end); time.Sleep(10 * time.Second) {
-		var status, retained string
-		if err := s.pool.QueryRow(ctx, `SELECT coalesce(wal_status, ''), coalesce(pg_size_pretty(pg_current_wal_lsn() - restart_lsn), 'none')
-			FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&status, &retained); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	for end := frozenAt.Add(walsenderPause); time.Now().Before(end); time.Sleep(10 * time.Second) {
+		var status, retained, wait string
+		if err := s.pool.QueryRow(ctx, `SELECT coalesce(wal_status, ''), coalesce(pg_size_pretty(pg_current_wal_lsn() - restart_lsn), 'none'),
+			coalesce((SELECT wait_event FROM pg_stat_activity WHERE pid = active_pid), 'no walsender')
+			FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&status, &retained, &wait); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			t.Fatal(err)
 		}
 		statuses = append(statuses, status)
-		s.logf("slot %s, retained %s; filler wrote %d MB; checkpoints %s", status, retained, filled.Load()>>20, cps.summary())
+		s.logf("slot %s, retained %s, walsender waits on %s; filler wrote %d MB; checkpoints %s", status, retained, wait, filled.Load()>>20, cps.summary())
 	}
 	testenv.ResumeKafka(t)
 	paused = false
@@ -234,6 +243,9 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	if bad := cps.failures(); len(bad) > 0 {
 		t.Errorf("CHECKPOINT did not complete within %s %d times of %d (issue 35: the checkpointer waits on a walsender its client does not read): %s",
 			checkpointLimit, len(bad), cps.count(), strings.Join(bad, "; "))
+	}
+	if pauses == 0 {
+		t.Errorf("no \"replication paused\" in the relay's log: the stream never stopped taking batches, so the run did not test what it is for")
 	}
 	if cps.count() < int(walsenderPause/checkpointEvery)/2 {
 		t.Errorf("only %d checkpoints sampled during a %s outage; want one every %s", cps.count(), walsenderPause, checkpointEvery)
@@ -364,6 +376,16 @@ func fill(ctx context.Context, dsn string, rate int, written *atomic.Int64) erro
 				return err
 			}
 		}
+	}
+}
+
+// bulkEvents writes 10,000 outbox events of about 2 KB in 10 transactions,
+// 20 MB, over 20 aggregates of their own with sequence numbers 1..500 each.
+func bulkEvents(t *testing.T, s *suite) {
+	for k := 0; k < 10; k++ {
+		s.pg.Exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+			SELECT gen_random_uuid(), 'Order', 'bulk-' || (i % 20), 'Bulk', jsonb_build_object('seq', i / 20 + 1, 'pad', repeat(md5(i::text), 64))
+			FROM generate_series($1::int, $1::int + 999) AS i ORDER BY i`, k*1000)
 	}
 }
 
