@@ -23,6 +23,8 @@ type counters struct {
 	unsolicited      [2]atomic.Uint64 // by unsolicited kind
 	skipped          atomic.Uint64
 	reconnects       atomic.Uint64
+	pauses           atomic.Uint64
+	pausedSince      atomic.Int64 // unix nanoseconds; 0 while not paused
 	serverWALEnd     atomic.Uint64
 	lastMessageAt    atomic.Int64 // unix nanoseconds
 	streaming        atomic.Bool

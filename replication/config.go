@@ -34,6 +34,17 @@ type Config struct {
 	// (60s by default). StatusInterval is capped at a third of it.
 	WalSenderTimeout time.Duration
 
+	// MaxUnread is the longest the stream leaves its connection unread
+	// while the caller does not take the next Batch (default 5s, at most
+	// 1 minute). Past it the stream pauses: it reads and drops what the
+	// server sends until the caller takes the Batch, then reads the dropped
+	// part again (see the package doc). A walsender whose client does not
+	// read blocks in its socket write, where Postgres cannot end it: the
+	// checkpointer, which ends it to invalidate its slot
+	// (max_slot_wal_keep_size), then waits for it, and with it every
+	// checkpoint of the server.
+	MaxUnread time.Duration
+
 	// ReceiveLinger, when positive, lets transactions that arrive less than
 	// this apart be read together: after such a transaction the next read of
 	// the connection waits until ReceiveLinger after it, so that a stream of
@@ -95,6 +106,15 @@ const DefaultReceiveLinger = time.Millisecond
 // (postgres.status_interval): well below wal_sender_timeout's default 60s.
 const DefaultStatusInterval = 10 * time.Second
 
+// DefaultMaxUnread is Config.MaxUnread's default: long enough that a
+// pipeline busy with a backlog or a slow Kafka write never pauses the
+// stream, short enough that a checkpoint waiting on the walsender goes on
+// within seconds.
+const DefaultMaxUnread = 5 * time.Second
+
+// maxMaxUnread is the most Config.MaxUnread may be.
+const maxMaxUnread = time.Minute
+
 // DefaultWalSenderTimeout is Config.WalSenderTimeout's default, and the
 // CLI's (postgres.wal_sender_timeout).
 const DefaultWalSenderTimeout = 10 * time.Second
@@ -132,6 +152,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.WalSenderTimeout == 0 {
 		cfg.WalSenderTimeout = DefaultWalSenderTimeout
+	}
+	if cfg.MaxUnread == 0 {
+		cfg.MaxUnread = DefaultMaxUnread
 	}
 	if cfg.WalSenderTimeout > 0 && cfg.StatusInterval > cfg.WalSenderTimeout/3 {
 		// A status update well inside the timeout, even if one is late.
@@ -177,6 +200,9 @@ func (cfg Config) validate() error {
 	}
 	if cfg.ReceiveLinger < 0 || cfg.ReceiveLinger > 100*time.Millisecond {
 		v.Errorf("ReceiveLinger", "%s is outside 0 to 100ms: it is added to the latency of small transactions; 1ms groups them well, 0 reads each as it comes", cfg.ReceiveLinger)
+	}
+	if cfg.MaxUnread < 0 || cfg.MaxUnread > maxMaxUnread {
+		v.Errorf("MaxUnread", "%s is outside 0 (the default, %s) to %s: a walsender whose client does not read cannot exit, and a checkpoint that ends it waits that long", cfg.MaxUnread, DefaultMaxUnread, maxMaxUnread)
 	}
 	if cfg.ReconnectMax < cfg.ReconnectMin {
 		v.Errorf("ReconnectMax", "%s is below {ReconnectMin} %s", cfg.ReconnectMax, cfg.ReconnectMin)

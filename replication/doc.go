@@ -51,6 +51,19 @@
 //     updates keep going every StatusInterval, so wal_sender_timeout does not end
 //     the connection; StatusInterval must stay below the server's
 //     wal_sender_timeout (default 60s).
+//   - The connection is never left unread for longer than Config.MaxUnread
+//     (5s), whatever the caller does: a walsender whose client does not read
+//     blocks in its socket write, where it cannot exit even when told to
+//     (its FATAL cannot be sent), and the checkpointer, which ends the
+//     walsender of a slot past max_slot_wal_keep_size, waits for it, and every
+//     checkpoint of the server with it. So once the caller has not taken the
+//     next Batch for MaxUnread, the stream pauses: it reads and drops what the
+//     server sends (answering keepalives, sending status updates, confirming
+//     no idle position) until the caller takes the Batch, then reconnects from
+//     the confirmed position and drops, as after any reconnect, what it had
+//     emitted; the dropped part is read again, in order. Stats.Pauses counts
+//     pauses, Stats.PausedSince tells one that lasts. A status update is a
+//     write bounded by MaxUnread too.
 //   - Row values are copied out of the connection's read buffer: a Batch stays
 //     valid for as long as the caller keeps it. Values are pgoutput text (jsonb
 //     as its text, bytea as \x hex), nil for NULL.

@@ -44,8 +44,12 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 			}
 			lastCommit = now
 		}
+		pauses := s.stats.pauses.Load()
 		err := s.emit(ctx, conn, asm, st, out, b)
 		now = time.Now() // emit may have waited for the pipeline
+		if s.stats.pauses.Load() != pauses {
+			deadline = time.Time{} // the pause moved the read deadline
+		}
 		return err
 	}
 	for {
@@ -158,10 +162,11 @@ func (s *Stream) advanceIdle(asm *assembler, walEnd pglogrepl.LSN) {
 
 // emit hands b to out and then tells the assembler that it did. While out is
 // full (the pipeline waits for Kafka, maybe for minutes) it keeps sending
-// status updates, or wal_sender_timeout would end the connection. A failed
-// update does not drop b: it is delivered first, then the error ends the
-// connection. When ctx ends first (a Restart while the pipeline waited for
-// Kafka), b is not emitted, and the next connection reads it again.
+// status updates, or wal_sender_timeout would end the connection, for at
+// most MaxUnread; then it pauses (see pause), so that the connection is never
+// left unread for longer. A failed update ends the connection at once,
+// without b. When ctx ends first (a Restart while the pipeline waited for
+// Kafka), b is not emitted either, and the next connection reads it again.
 func (s *Stream) emit(ctx context.Context, conn *pgconn.PgConn, asm *assembler, st *statusState, out chan<- Batch, b Batch) error {
 	select {
 	case out <- b:
@@ -169,19 +174,26 @@ func (s *Stream) emit(ctx context.Context, conn *pgconn.PgConn, asm *assembler, 
 		return nil
 	default:
 	}
-	var connErr error
+	// Nothing was read since b's last message: the connection has been
+	// unread from now on.
+	limit := time.Now().Add(s.cfg.MaxUnread)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		now := time.Now()
-		if connErr == nil && s.statusDue(st, now) {
-			connErr = s.sendStatus(ctx, conn, st, false)
+		if !now.Before(limit) {
+			return s.pause(ctx, conn, asm, st, out, b)
 		}
-		t.Reset(s.wake(asm, st, now).Sub(now))
+		if s.statusDue(st, now) {
+			if err := s.sendStatus(ctx, conn, st, false); err != nil {
+				return err
+			}
+		}
+		t.Reset(earliest(s.wake(asm, st, now), limit).Sub(now))
 		select {
 		case out <- b:
 			asm.emitted()
-			return connErr
+			return nil
 		case <-ctx.Done():
 			// Not handed on (a Restart, or the end): the assembler does
 			// not count b as emitted, so the server's resend is read.
@@ -189,4 +201,134 @@ func (s *Stream) emit(ctx context.Context, conn *pgconn.PgConn, asm *assembler, 
 		case <-t.C:
 		}
 	}
+}
+
+// errResume ends a connection whose pause dropped data: the next
+// connection, from the confirmed position, reads it again.
+var errResume = errors.New("replication paused and dropped what the server sent meanwhile: reconnecting to read it again")
+
+// pausePoll is how often a pause looks whether the pipeline takes its batch
+// while the server sends nothing.
+const pausePoll = 100 * time.Millisecond
+
+// pause keeps the connection read while the pipeline does not take b: it
+// reads what the server sends and drops it, answering keepalives and sending
+// status updates as the receive loop does, until out takes b. The walsender
+// thus never blocks in a write to this client, where Postgres cannot end it
+// (its FATAL cannot be sent either): the checkpointer, which ends the
+// walsender of a slot past max_slot_wal_keep_size, would wait on it, and
+// every checkpoint of the server with it (issue 35: 9 minutes without a
+// checkpoint while Kafka was frozen).
+//
+// Nothing is lost: what was dropped was neither handed on nor confirmed,
+// and once out takes b the connection ends (errResume) so that the next one,
+// from the confirmed position, reads it again, the assembler dropping what
+// was emitted already. If nothing was dropped the connection streams on. No
+// idle position is confirmed while paused: b is not emitted yet. Memory stays
+// bounded: what is dropped is not kept.
+func (s *Stream) pause(ctx context.Context, conn *pgconn.PgConn, asm *assembler, st *statusState, out chan<- Batch, b Batch) error {
+	began := time.Now()
+	s.stats.pauses.Add(1)
+	s.stats.pausedSince.Store(began.UnixNano())
+	defer s.stats.pausedSince.Store(0)
+	log := s.cfg.Logger
+	log.Warn("replication paused: the pipeline took no batch for "+s.cfg.MaxUnread.String()+
+		"; reading and dropping what the server sends, so that its walsender never blocks (a blocked walsender holds up checkpoints), and reading it again once the pipeline moves",
+		"slot", s.cfg.Slot, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String(), "batch_commit_lsn", b.CommitLSN.String())
+	var dropped, droppedBytes int64
+	deadAfter := max(3*s.cfg.StatusInterval, 15*time.Second)
+	lastRecv := began
+	for {
+		select {
+		case out <- b:
+			asm.emitted()
+			paused := time.Since(began).Round(time.Millisecond)
+			if dropped == 0 {
+				log.Info("replication resumed: the pipeline took the batch, nothing was dropped", "slot", s.cfg.Slot, "paused_for", paused)
+				return nil
+			}
+			log.Info("replication resuming: the pipeline took the batch; reconnecting to read again what was dropped",
+				"slot", s.cfg.Slot, "paused_for", paused, "dropped_messages", dropped, "dropped_bytes", droppedBytes)
+			return errResume
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		now := time.Now()
+		if s.statusDue(st, now) {
+			if err := s.sendStatus(ctx, conn, st, now.Sub(lastRecv) > s.cfg.StatusInterval); err != nil {
+				return err
+			}
+		}
+		if err := conn.Conn().SetReadDeadline(earliest(now.Add(pausePoll), s.wake(asm, st, now))); err != nil {
+			return fmt.Errorf("set read deadline: %w", err)
+		}
+		if ctx.Err() != nil { // a cancel before the deadline above would be lost
+			return ctx.Err()
+		}
+		msg, err := conn.ReceiveMessage(context.Background())
+		now = time.Now()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				if silent := now.Sub(lastRecv); silent > deadAfter {
+					return fmt.Errorf("no message from the server for %s", silent.Round(time.Second))
+				}
+				continue
+			}
+			return s.classify("receive", err)
+		}
+		lastRecv = now
+		s.stats.lastMessageAt.Store(now.UnixNano())
+		n, err := s.pausedMessage(ctx, conn, st, msg)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			dropped++
+			droppedBytes += int64(n)
+		}
+	}
+}
+
+// pausedMessage handles a message read while paused: a keepalive is
+// answered (its WAL end is not confirmed: the stream is not idle), the
+// size of an XLogData message, dropped, is returned, and an error or the
+// end of the stream ends the connection.
+func (s *Stream) pausedMessage(ctx context.Context, conn *pgconn.PgConn, st *statusState, msg pgproto3.BackendMessage) (int, error) {
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return 0, &DecodeError{LSN: st.sent, Err: errors.New("empty CopyData")}
+		}
+		switch msg.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+			if err != nil {
+				return 0, &DecodeError{LSN: st.sent, Err: err}
+			}
+			storeMax(&s.stats.serverWALEnd, uint64(pkm.ServerWALEnd))
+			if pkm.ReplyRequested {
+				return 0, s.sendStatus(ctx, conn, st, false)
+			}
+		case pglogrepl.XLogDataByteID:
+			return len(msg.Data), nil
+		}
+	case *pgproto3.ErrorResponse:
+		// The walsender ended (pg_terminate_backend, its slot
+		// invalidated, a shutdown): the next connection says why.
+		return 0, s.classify("stream", pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return 0, errors.New("server ended the replication stream")
+	}
+	return 0, nil
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -57,6 +57,11 @@ func (s *Stream) sendStatus(ctx context.Context, conn *pgconn.PgConn, st *status
 		return nil
 	}
 	now := time.Now()
+	// pglogrepl ignores ctx: a server that reads nothing (a dead network)
+	// must not hold the receive loop in this write, away from the socket.
+	if err := conn.Conn().SetWriteDeadline(now.Add(s.cfg.MaxUnread)); err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: lsn,
 		WALFlushPosition: lsn,

@@ -104,13 +104,18 @@ type Stats struct {
 	// type between transactions.
 	SkippedStreamAborts    uint64
 	SkippedUnknownMessages uint64
-	SkippedTransactions    uint64 // already delivered: before the start LSN, or resent after a reconnect
-	Reconnects             uint64
+	SkippedTransactions    uint64        // already delivered: before the start LSN, or resent after a reconnect
+	Reconnects             uint64        // connections lost and made again (not those a pause ends)
 	ConfirmedLSN           pglogrepl.LSN // what status updates report to the server
 	ServerWALEnd           pglogrepl.LSN // latest WAL end reported by the server
 	LastMessageAt          time.Time     // zero before the first message
 	Streaming              bool          // a replication connection is up
 	Reading                Reading       // the last transaction a row came of
+	// Pauses counts the times the caller did not take a Batch within
+	// Config.MaxUnread and the stream paused (see the package doc);
+	// PausedSince is when the current pause began, zero while not paused.
+	Pauses      uint64
+	PausedSince time.Time
 }
 
 // Reading is the last transaction the stream read a row of (its Commit may
@@ -141,6 +146,7 @@ func (s *Stream) Stats() Stats {
 		SkippedUnknownMessages:  s.stats.unsolicited[unsolicitedUnknown].Load(),
 		SkippedTransactions:     s.stats.skipped.Load(),
 		Reconnects:              s.stats.reconnects.Load(),
+		Pauses:                  s.stats.pauses.Load(),
 		ConfirmedLSN:            pglogrepl.LSN(s.confirmed.Load()),
 		ServerWALEnd:            pglogrepl.LSN(s.stats.serverWALEnd.Load()),
 		Streaming:               s.stats.streaming.Load(),
@@ -149,6 +155,9 @@ func (s *Stream) Stats() Stats {
 	}
 	if ns := s.stats.lastMessageAt.Load(); ns != 0 {
 		st.LastMessageAt = time.Unix(0, ns)
+	}
+	if ns := s.stats.pausedSince.Load(); ns != 0 {
+		st.PausedSince = time.Unix(0, ns)
 	}
 	return st
 }
@@ -205,9 +214,11 @@ func (s *Stream) Run(ctx context.Context, start pglogrepl.LSN, out chan<- Batch)
 			bo.Reset()
 		}
 		delay := bo.Next()
-		s.stats.reconnects.Add(1)
-		log.Warn("replication connection lost, reconnecting", "error", err, "retry_in", delay,
-			"slot", s.cfg.Slot, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String())
+		if !errors.Is(err, errResume) { // a pause is counted, and logged its end, itself
+			s.stats.reconnects.Add(1)
+			log.Warn("replication connection lost, reconnecting", "error", err, "retry_in", delay,
+				"slot", s.cfg.Slot, "confirmed_lsn", pglogrepl.LSN(s.confirmed.Load()).String())
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

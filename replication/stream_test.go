@@ -480,7 +480,8 @@ func TestStreamStartSkips(t *testing.T) {
 func TestStreamBackpressure(t *testing.T) {
 	db := outboxDB(t)
 	db.exec("ALTER DATABASE " + db.name + " SET wal_sender_timeout = '2s'")
-	r := startStream(t, db, Config{StatusInterval: 300 * time.Millisecond}, 0)
+	// A pause (MaxUnread) would reconnect: this is about status updates alone.
+	r := startStream(t, db, Config{StatusInterval: 300 * time.Millisecond, MaxUnread: time.Minute}, 0)
 	db.exec(insertSQL(1, 3))
 	db.exec(insertSQL(3, 5))
 	eventually(t, "stream blocked on the first batch", 10*time.Second, func() (bool, string) {

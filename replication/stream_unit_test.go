@@ -37,6 +37,8 @@ func TestConfigValidate(t *testing.T) {
 		{"no publication", func(c *Config) { c.Publication = "" }, "Publication: empty"},
 		{"backoff inverted", func(c *Config) { c.ReconnectMin = time.Minute }, "below ReconnectMin"},
 		{"negative rows", func(c *Config) { c.MaxBatchRows = -1 }, "must not be negative"},
+		{"unread too long", func(c *Config) { c.MaxUnread = 2 * time.Minute }, "MaxUnread: 2m0s is outside 0 (the default, 5s) to 1m0s"},
+		{"negative unread", func(c *Config) { c.MaxUnread = -time.Second }, "MaxUnread: -1s is outside"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,7 +61,7 @@ func TestConfigValidate(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
 	if c.ApplicationName != "outbox-relay" || c.StatusInterval != 10*time.Second/3 || c.WalSenderTimeout != 10*time.Second || c.MaxBatchRows != 1000 ||
-		c.MaxBatchBytes != 1<<20 || c.ReconnectMin != 100*time.Millisecond || c.ReconnectMax != 10*time.Second || c.Logger == nil {
+		c.MaxBatchBytes != 1<<20 || c.ReconnectMin != 100*time.Millisecond || c.ReconnectMax != 10*time.Second || c.MaxUnread != 5*time.Second || c.Logger == nil {
 		t.Errorf("Config{}.withDefaults() = %+v; want the documented defaults", c)
 	}
 }

@@ -40,6 +40,7 @@
 //	in_flight_events, in_flight_bytes     gauge     read but not yet covered by a saved checkpoint / acked
 //	confirmed_lsn                         gauge     last LSN confirmed to Postgres (as a number); absent before the first
 //	reconnects_total                      counter   replication connections re-established
+//	replication_pauses_total              counter   times the pipeline took no batch for 5s and the stream paused: read and dropped what Postgres sent, to read it again later
 //	decode_errors_total                   counter   pgoutput messages that could not be decoded
 //	ignored_changes_total{kind}           counter   changes skipped, by kind (IgnoredKinds): update, delete, truncate, non_transactional_message, other_table
 //	unsolicited_messages_total{kind}      counter   pgoutput messages proto_version 1 does not send, skipped: stream_abort, unknown
@@ -95,6 +96,7 @@ type Metrics struct {
 	inFlightBytes               prometheus.Gauge
 	confirmedLSN                unsetGauge
 	reconnects, decodeErrors    prometheus.Counter
+	pauses                      prometheus.Counter
 	sampleErrors                prometheus.Counter
 	retryAttempts, retryOK      prometheus.Counter
 	retryDead                   prometheus.Counter
@@ -154,6 +156,7 @@ func New() *Metrics {
 	m.inFlightBytes = gauge("in_flight_bytes", "Payload bytes read from the WAL and not yet acknowledged by Kafka.")
 	m.confirmedLSN = newUnsetGauge("confirmed_lsn", "Last LSN confirmed to Postgres, as a number (exact up to 8 PiB of WAL); absent before the first.")
 	m.reconnects = counter("reconnects_total", "Replication connections re-established after a failure.")
+	m.pauses = counter("replication_pauses_total", "Times the pipeline took no batch for 5s and the replication stream paused: it read and dropped what Postgres sent, so that the walsender never blocked (a blocked walsender holds up checkpoints), and read it again once the pipeline moved.")
 	m.decodeErrors = counter("decode_errors_total", "pgoutput messages that could not be decoded.")
 	m.sampleErrors = counter("sample_errors_total", "Failed samples of the slot and retry table.")
 	m.retryAttempts = counter("retry_attempts_total", "Deliveries of retry-table rows attempted by this process's worker (attempts cut short by a Kafka outage not counted).")
@@ -181,7 +184,7 @@ func New() *Metrics {
 	m.refilled = counter("refilled_events_total", "Outbox rows re-delivered by refills (sent to Kafka or stored in the retry table), duplicates of earlier deliveries included.")
 	m.sampled = &sampled{}
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
-		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.decodeErrors, m.sampleErrors, m.sampled,
+		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.pauses, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.traceInvalid, m.schemaStops, m.placementStops,
 		m.ready, m.stalled, m.active, m.epoch, m.takeovers, m.slotGap, m.refills, m.refilled, m.failing, m.retentionDeleted, m.retentionLag, m.retentionLast, m.retentionDur, m.retentionKept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -318,6 +321,13 @@ func (m *Metrics) SetConfirmedLSN(lsn pglogrepl.LSN) {
 func (m *Metrics) Reconnected() {
 	if m != nil {
 		m.reconnects.Inc()
+	}
+}
+
+// ReplicationPaused counts n pauses of the replication stream.
+func (m *Metrics) ReplicationPaused(n uint64) {
+	if m != nil && n > 0 {
+		m.pauses.Add(float64(n))
 	}
 }
 

@@ -378,7 +378,7 @@ func TestSeriesAtStartup(t *testing.T) {
 		`outbox_relay_unsolicited_messages_total{kind="stream_abort"} 0`,
 		`outbox_relay_unsolicited_messages_total{kind="unknown"} 0`,
 	}
-	for _, name := range []string{"reconnects_total", "decode_errors_total", "sample_errors_total",
+	for _, name := range []string{"reconnects_total", "replication_pauses_total", "decode_errors_total", "sample_errors_total",
 		"retry_attempts_total", "retry_delivered_total", "retry_dead_lettered_total",
 		"headers_dropped_total", "headers_invalid_total", "trace_context_invalid_total",
 		"schema_stops_total", "placement_stops_total", "takeovers_total", "refills_total",

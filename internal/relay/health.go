@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // health is what /readyz, the health metrics and the stall warning read: the
@@ -112,14 +114,19 @@ func (h *health) stalledLocked(now time.Time) time.Duration {
 
 // failing returns the checks that fail now and why, in a fixed order, given
 // the stream's and the sink's state.
-func (h *health) failing(now time.Time, streaming bool, outageSince time.Time, outage error) (map[string]bool, []string) {
+func (h *health) failing(now time.Time, st replication.Stats, outageSince time.Time, outage error) (map[string]bool, []string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	failing := map[string]bool{}
 	var why []string
-	if !streaming {
+	switch {
+	case !st.Streaming:
 		failing["replication"] = true
 		why = append(why, "not streaming: the replication connection is down (see the log)")
+	case !st.PausedSince.IsZero():
+		failing["replication"] = true
+		why = append(why, fmt.Sprintf("replication paused for %s: the pipeline takes no batch, so the relay reads and drops what Postgres sends "+
+			"(a walsender left unread would hold up every checkpoint) and reads it again once the pipeline moves", now.Sub(st.PausedSince).Round(time.Second)))
 	}
 	if !outageSince.IsZero() {
 		failing["kafka"] = true

@@ -357,7 +357,7 @@ func (r *Relay) Ready(ctx context.Context) error {
 	}
 	since, cause := r.sink.Outage()
 	st := t.stream.Stats()
-	_, why := t.pipe.health.failing(time.Now(), st.Streaming, since, cause)
+	_, why := t.pipe.health.failing(time.Now(), st, since, cause)
 	if t.stopped != nil && st.ConfirmedLSN <= t.stopped.Before {
 		why = append(why, fmt.Sprintf("the last run stopped before the transaction committed at %s and this one has not passed it yet (it stops there again unless the fix was applied): %s",
 			t.stopped.Before, t.stopped.Reason))

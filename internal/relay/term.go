@@ -305,7 +305,7 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 		r.publishReading(ctx, t, st.Reading, st.ConfirmedLSN, now, &rd)
 		t.pipe.health.sample(st.ConfirmedLSN, st.ServerWALEnd, now)
 		since, cause := r.sink.Outage()
-		failing, why := t.pipe.health.failing(now, st.Streaming, since, cause)
+		failing, why := t.pipe.health.failing(now, st, since, cause)
 		stalled := t.pipe.health.stalledFor(now)
 		if msg, d := r.timeouts.problem(now); msg != "" {
 			// Each attempt is a term of its own, whose chunks are progress:
@@ -322,6 +322,7 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 		for range st.Reconnects - last.Reconnects {
 			r.m.Reconnected()
 		}
+		r.m.ReplicationPaused(st.Pauses - last.Pauses)
 		for range st.IgnoredUpdates - last.IgnoredUpdates {
 			r.m.IgnoredChange("update")
 		}
