@@ -27,6 +27,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -181,7 +182,7 @@ scrape_configs:
 			<-done
 		}
 		if t.Failed() {
-			t.Logf("prometheus log (tail):\n%s", tail(log.String(), 30))
+			t.Logf("prometheus log (tail):\n%s", tail(log.String(), 8))
 		}
 	})
 	p := &promServer{url: "http://" + addr, rules: nrules}
@@ -189,7 +190,7 @@ scrape_configs:
 		select {
 		case err := <-done:
 			done <- err
-			t.Fatalf("prometheus exited: %v\n%s", err, tail(log.String(), 30))
+			t.Fatalf("prometheus exited: %v\n%s", err, tail(log.String(), 8))
 		default:
 		}
 		resp, err := http.Get(p.url + "/-/ready")
@@ -542,6 +543,17 @@ func (r *alertRelay) waitMetric(t *testing.T, name, want string) {
 	})
 }
 
+func httpGet(u string) (int, string, error) {
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get(u)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
@@ -685,4 +697,126 @@ func TestAlertsKafkaUnreachable(t *testing.T) {
 			t.Errorf("Kafka unreachable: %s; want it silent (the relay leads and is up)", a)
 		}
 	}
+}
+
+// TestAlertsUndeliverable: on one relay, an event whose aggregate type makes
+// an invalid topic name (dead at once: OutboxRelayDeadLetter), one for a
+// topic that does not exist with auto-creation off (pending:
+// OutboxRelayRetriesStuck, its one-hour threshold lowered to 5 s in the test's
+// copy), a table added to the publication and inserted into
+// (OutboxRelayIgnoredChanges, at its first occurrence: issue 37 item 3), four lost replication connections
+// (OutboxRelayReconnecting), and a mapped column dropped before an insert
+// (OutboxRelayStopped).
+func TestAlertsUndeliverable(t *testing.T) {
+	rules, names := rulesCopy(t,
+		override{"OutboxRelayRetriesStuck", "> 3600", "> 5"})
+	s := newAlertSlot(t, "RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false", "RELAY_KAFKA_TOPIC_WAIT=1s")
+	r := s.newAlertRelay(t, "r")
+	p := startPrometheus(t, rules, len(names), r.addr)
+	r.start(t)
+	r.waitMetric(t, "outbox_relay_active", "1")
+	p.waitSeen(t, `count(up{job="outbox-relay"} == 1)`, "1")
+
+	s.pg.Exec(t, `CREATE TABLE other (id int)`)
+	s.pg.Exec(t, `ALTER PUBLICATION outbox_relay ADD TABLE other`)
+	s.pg.Exec(t, `INSERT INTO other VALUES (1)`)
+	s.insert(t, "bad topic!", 1, 10)
+	s.insert(t, "missing", 1, 10)
+	made := time.Now()
+	p.waitFiring(t, "OutboxRelayIgnoredChanges", "", made, 2*time.Second)
+	// The retry table's gauges are sampled every 10 s.
+	p.waitFiring(t, "OutboxRelayDeadLetter", "", made, 12*time.Second)
+	p.waitFiring(t, "OutboxRelayRetriesStuck", "", made, 20*time.Second)
+
+	cut := time.Now()
+	for i := range 4 {
+		var pid int32
+		waitFor(t, 30*time.Second, "the relay streaming again", func() error {
+			return s.queryRow(`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, []any{s.slot}, &pid)
+		})
+		s.pg.Exec(t, `SELECT pg_terminate_backend($1)`, pid)
+		waitFor(t, 30*time.Second, fmt.Sprintf("reconnect %d", i+1), func() error {
+			if got := r.metric("outbox_relay_reconnects_total"); got != fmt.Sprint(i+1) {
+				return fmt.Errorf("reconnects_total = %q", got)
+			}
+			return nil
+		})
+	}
+	p.waitFiring(t, "OutboxRelayReconnecting", "", cut, 2*time.Second)
+
+	s.pg.Exec(t, `ALTER TABLE outbox DROP COLUMN event_type`)
+	s.pg.Exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, payload) VALUES (gen_random_uuid(), 'stop', 'o', '{}')`)
+	dropped := time.Now()
+	p.waitFiring(t, "OutboxRelayStopped", "", dropped, 3*time.Second)
+}
+
+// TestAlertsSlotLoss drops the slot under a running relay in each
+// postgres.on_slot_loss mode: refill heals it (OutboxRelayRefilled), fail
+// refuses to stream past the gap (OutboxRelaySlotGap). In fail mode the relay
+// stays up not ready (health.stop_linger, default 5m) so that the gap is
+// scraped at all (issue 37 item 2: it exited 4 within 50 ms), and a SIGTERM
+// then exits 4 at once.
+func TestAlertsSlotLoss(t *testing.T) {
+	for _, tc := range []struct{ mode, alert string }{
+		{"refill", "OutboxRelayRefilled"},
+		{"fail", "OutboxRelaySlotGap"},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			rules, names := rulesCopy(t)
+			s := newAlertSlot(t, "RELAY_POSTGRES_ON_SLOT_LOSS="+tc.mode)
+			r := s.newAlertRelay(t, "r")
+			p := startPrometheus(t, rules, len(names), r.addr)
+			r.start(t)
+			r.waitMetric(t, "outbox_relay_active", "1")
+			s.insert(t, "order", 10, 10)
+			p.waitSeen(t, `outbox_relay_slot_gap`, "0")
+			p.waitSeen(t, `outbox_relay_refills_total`, "0")
+			lost := s.dropSlot(t)
+			p.waitFiring(t, tc.alert, "", lost, 5*time.Second)
+			if tc.mode != "fail" {
+				return
+			}
+			code, body, err := httpGet("http://" + r.addr + "/readyz")
+			if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "does not continue from the checkpoint") {
+				t.Errorf("/readyz after the gap = %d %q, %v; want 503 naming the gap", code, body, err)
+			}
+			p.waitFiring(t, "OutboxRelayNotReady", r.addr, lost, 3*time.Second)
+			termed := time.Now()
+			err = r.stop(syscall.SIGTERM)
+			if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 4 {
+				t.Errorf("SIGTERM while lingering on a gap: %v; want exit status 4", err)
+			}
+			if d := time.Since(termed); d > 5*time.Second {
+				t.Errorf("SIGTERM while lingering took %s to exit; want it at once", d)
+			}
+		})
+	}
+}
+
+// dropSlot drops the slot under its running relay, as an operator's mistake or
+// a failover to a server without it would, and returns when.
+func (s *alertSlot) dropSlot(t *testing.T) time.Time {
+	t.Helper()
+	su := testenv.SuperuserConn(t, s.pg.DSN)
+	ctx := context.Background()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.slot)
+		if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.slot); err == nil {
+			return time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("could not drop the slot under the running relay within a minute")
+		}
+	}
+}
+
+func (s *alertSlot) queryRow(sql string, args []any, dest ...any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.pg.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return conn.QueryRow(ctx, sql, args...).Scan(dest...)
 }

@@ -445,6 +445,19 @@ func (m *Metrics) SetStandby(reachable bool) {
 	m.stalled.Set(0)
 }
 
+// SetStopped records a relay that stopped for an operator and lingers
+// (relay.Config.StopLinger): neither ready nor leading; the leader's checks
+// no longer run, so their series are removed.
+func (m *Metrics) SetStopped() {
+	if m == nil {
+		return
+	}
+	m.ready.Set(0)
+	m.active.Set(0)
+	m.failing.Reset()
+	m.stalled.Set(0)
+}
+
 // SetSlotGap records whether the slot was found not to continue from the
 // checkpoint (pgslot.Verify).
 func (m *Metrics) SetSlotGap(gap bool) {
