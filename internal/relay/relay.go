@@ -138,6 +138,9 @@ type Relay struct {
 	live    atomic.Pointer[term]
 	standby atomic.Pointer[string] // who holds the slot, while standing by
 	stopped atomic.Pointer[string] // why Run stopped, while it lingers (linger)
+	// leadProblem is why this standby could not take over (couldLead),
+	// nil when it could or has not looked yet.
+	leadProblem atomic.Pointer[string]
 }
 
 // Sinks are the sinks a Relay writes with. A sink is not safe for
@@ -361,8 +364,9 @@ func runCause(ctx context.Context, err error) error {
 // exactly-once, while a transaction the broker aborted on its timeout is not
 // yet delivered (txntimeout.go). The error lists every failing check.
 //
-// A standby is ready while it reaches Postgres: it is doing its job, which is
-// to wait and to be able to take over. (A probe that failed a standby would
+// A standby is ready while it reaches Postgres and could lead (couldLead:
+// a replication connection, the privileges leading needs): it is doing its
+// job, which is to wait and to be able to take over. (A probe that failed a standby would
 // have Kubernetes restart the very replica meant to take over.)
 func (r *Relay) Ready(ctx context.Context) error {
 	if why := r.stopped.Load(); why != nil {
@@ -382,6 +386,9 @@ func (r *Relay) Ready(ctx context.Context) error {
 		}
 		if err := pool.Ping(ctx); err != nil {
 			return fmt.Errorf("standby: postgres unreachable, so this relay could not take over: %w", err)
+		}
+		if p := r.leadProblem.Load(); p != nil {
+			return errors.New("standby: " + *p)
 		}
 		return nil
 	}
