@@ -88,6 +88,10 @@ func (c *Config) readsMessages() bool { return c.Source == SourceMessages || c.S
 // exist.
 var ErrOutboxMissing = errors.New("outbox table does not exist")
 
+// ErrWALLevel is Run's error when the slot does not exist and the server's
+// wal_level is below logical, so that setup could not create it either.
+var ErrWALLevel = errors.New("wal_level is not logical")
+
 // Bounds of the in-flight window (Config.MaxInFlightEvents, MaxInFlightBytes).
 const (
 	MaxInFlightEventsLimit = 10_000_000
