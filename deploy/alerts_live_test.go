@@ -694,7 +694,7 @@ func TestAlertsKafkaUnreachable(t *testing.T) {
 	}
 	// The sink gives up a write after kafka.write_timeout and backs off;
 	// the slot's lag is sampled every few seconds.
-	const settle = 15 * time.Second
+	const settle = 20 * time.Second
 	for _, name := range []string{"OutboxRelayNotReady", "OutboxRelayStalled", "OutboxRelayFallingBehind", "OutboxRelayWALRetained"} {
 		p.waitFiring(t, name, "", down, settle)
 	}
@@ -730,10 +730,10 @@ func TestAlertsUndeliverable(t *testing.T) {
 	s.insert(t, "bad topic!", 1, 10)
 	s.insert(t, "missing", 1, 10)
 	made := time.Now()
-	p.waitFiring(t, "OutboxRelayIgnoredChanges", "", made, 2*time.Second)
+	p.waitFiring(t, "OutboxRelayIgnoredChanges", "", made, 5*time.Second)
 	// The retry table's gauges are sampled every 10 s.
-	p.waitFiring(t, "OutboxRelayDeadLetter", "", made, 12*time.Second)
-	p.waitFiring(t, "OutboxRelayRetriesStuck", "", made, 20*time.Second)
+	p.waitFiring(t, "OutboxRelayDeadLetter", "", made, 20*time.Second)
+	p.waitFiring(t, "OutboxRelayRetriesStuck", "", made, 30*time.Second)
 
 	cut := time.Now()
 	for i := range 4 {
