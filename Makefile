@@ -1,6 +1,7 @@
 # outbox-relay: build, test and the local dev environment.
 # `make demo` and `make test` work on a fresh Debian 12 machine: scripts/dev.sh installs
-# Postgres 15, Java, Maven and kcat with apt when they are missing.
+# Postgres 15, Java, Maven, kcat and Prometheus (for the alert tests) with apt when they
+# are missing.
 
 SHELL   := bash
 GO      ?= go

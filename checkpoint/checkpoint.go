@@ -166,7 +166,9 @@ FROM `+table+` AS c WHERE slot_name = $1`,
 }
 
 // Save records lsn as slot's checkpoint, with the commit time of the
-// transaction that ended there (zero if unknown). It is durable when it
+// transaction that ended there (zero if unknown, or none: an idle advance past
+// WAL that held no event keeps the commit time recorded, since the last
+// transaction delivered is still that one). It is durable when it
 // returns nil. It never moves the checkpoint backwards: saving an LSN at or
 // below the stored one is a no-op and not an error, so concurrent or replayed
 // saves are harmless.
@@ -184,7 +186,7 @@ func (s *Store) Save(ctx context.Context, slot string, lsn pglogrepl.LSN, lastCo
 	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+` AS c (slot_name, lsn, last_commit_time, saved_at)
 VALUES ($1, $2::text::pg_lsn, $3, now())
 ON CONFLICT (slot_name) DO UPDATE
-SET lsn = EXCLUDED.lsn, last_commit_time = EXCLUDED.last_commit_time, saved_at = EXCLUDED.saved_at,
+SET lsn = EXCLUDED.lsn, last_commit_time = coalesce(EXCLUDED.last_commit_time, c.last_commit_time), saved_at = EXCLUDED.saved_at,
     stop_reason = CASE WHEN c.stopped_before < EXCLUDED.lsn THEN NULL ELSE c.stop_reason END,
     stopped_before = CASE WHEN c.stopped_before < EXCLUDED.lsn THEN NULL ELSE c.stopped_before END,
     reading = CASE WHEN (c.reading->>'commit_lsn')::pg_lsn < EXCLUDED.lsn THEN NULL ELSE c.reading END

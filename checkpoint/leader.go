@@ -114,7 +114,7 @@ func (s *Store) SaveFenced(ctx context.Context, slot string, epoch int64, lsn pg
 	// a save either lands before the takeover or sees the new epoch.
 	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` AS c SET
     lsn = CASE WHEN c.lsn < $2::text::pg_lsn THEN $2::text::pg_lsn ELSE c.lsn END,
-    last_commit_time = CASE WHEN c.lsn < $2::text::pg_lsn THEN $3 ELSE c.last_commit_time END,
+    last_commit_time = CASE WHEN c.lsn < $2::text::pg_lsn THEN coalesce($3, c.last_commit_time) ELSE c.last_commit_time END,
     saved_at = CASE WHEN c.lsn < $2::text::pg_lsn THEN now() ELSE c.saved_at END,
     stop_reason = CASE WHEN c.stopped_before < $2::text::pg_lsn THEN NULL ELSE c.stop_reason END,
     stopped_before = CASE WHEN c.stopped_before < $2::text::pg_lsn THEN NULL ELSE c.stopped_before END,

@@ -277,10 +277,19 @@ ensure_kcat_installed() {
 	command -v kcat >/dev/null || apt_install kcat
 }
 
+# ensure_prometheus_installed installs Debian's prometheus (2.42 on Debian 12): the
+# deploy package's tests run the shipped alert rules in a real Prometheus scraping
+# real relays. Only a test tool: `up` warns rather than fails when it cannot be
+# installed (the tests then skip, naming this script).
+ensure_prometheus_installed() {
+	command -v prometheus >/dev/null || apt_install prometheus
+}
+
 deps() {
 	ensure_pg_installed
 	ensure_java_installed
 	ensure_kcat_installed
+	ensure_prometheus_installed
 }
 
 # ---------------------------------------------------------------- locking
@@ -938,6 +947,7 @@ cmd_up() {
 	if [ -z "${RELAY_FAULT_LOCK_HELD:-}" ]; then
 		flock -u 8
 	fi
+	(ensure_prometheus_installed) || log "prometheus is not installed: the real-Prometheus alert tests (deploy) will skip; install it with: sudo apt-get install prometheus"
 	print_info
 }
 

@@ -129,7 +129,14 @@ func reason(err error, e *event.Event) string {
 		return fmt.Sprintf("the message (%d bytes) is larger than Kafka accepts for topic %q: raise the topic's max.message.bytes (and kafka.batch_bytes) and requeue it, or drop it (%v)",
 			len(e.Key)+len(e.Value), e.Topic, err)
 	case errors.Is(err, kafka.UnknownTopicOrPartition):
-		return fmt.Sprintf("topic %q does not exist and the relay does not create topics: create it (or set kafka.allow_auto_topic_creation); retried with backoff (%v)",
+		// The topic check's reason knows whether the relay asked for
+		// auto-creation and what the broker did: adding "the relay does
+		// not create topics" to it contradicted it when it did.
+		var te *TopicError
+		if errors.As(err, &te) && te.Reason != "" {
+			return fmt.Sprintf("topic %q %s", e.Topic, te.Reason)
+		}
+		return fmt.Sprintf("topic %q does not exist: create it (kafka.allow_auto_topic_creation also needs the broker's auto.create.topics.enable); retried with backoff (%v)",
 			e.Topic, err)
 	case errors.Is(err, kafka.TopicAuthorizationFailed):
 		return fmt.Sprintf("the relay's Kafka user may not write to topic %q: grant it and requeue (%v)", e.Topic, err)

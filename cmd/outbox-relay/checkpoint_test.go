@@ -318,3 +318,65 @@ func TestCheckpointPruneUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestLagAfterRestartNothingNew: a relay restarted with nothing new to send
+// confirms idle WAL (other tables' writes) and saves the checkpoint without a
+// commit time; lag must still say caught up and when the last delivered
+// transaction committed (issue 37 item 10: it said "nothing delivered yet" and
+// reported the age of the oldest row as a time lag).
+func TestLagAfterRestartNothingNew(t *testing.T) {
+	dsn, slot := dbEnv(t)
+	setUp(t)
+	aggType := "Restart" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
+	topic := "outbox.event." + aggType
+	k := testenv.Kafka(t)
+	k.CreateTopic(t, topic, 1)
+	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
+	t.Setenv("RELAY_METRICS_LISTEN", "")
+	t.Setenv("RELAY_POSTGRES_STATUS_INTERVAL", "1s")
+	ids := insertEvents(t, dsn, aggType, 3, time.Minute)
+	p := startRelay(t)
+	waitDelivered(t, k, topic, ids, "before the restart")
+	end := walNow(t, dsn)
+	cpAt := func() pglogrepl.LSN {
+		return mustParseLSN(t, queryString(t, dsn, `SELECT coalesce(max(lsn), '0/0')::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, slot))
+	}
+	for deadline := time.Now().Add(time.Minute); cpAt() < end; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the checkpoint did not cover the events within a minute")
+		}
+	}
+	p.stop(t)
+	saved := cpAt()
+
+	// Restarted; only WAL of a table that is not published.
+	p = startRelay(t)
+	execSQL(t, dsn, `CREATE TABLE not_published (x int)`, `INSERT INTO not_published SELECT generate_series(1, 1000)`)
+	for deadline := time.Now().Add(time.Minute); cpAt() <= saved; time.Sleep(200 * time.Millisecond) {
+		execSQL(t, dsn, `INSERT INTO not_published VALUES (1)`)
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted relay did not confirm idle WAL within a minute")
+		}
+	}
+	p.stop(t)
+
+	code, out, errOut := run(t, "lag", "--json")
+	var rep struct {
+		TimeLag struct {
+			State                   string   `json:"state"`
+			LastDeliveredAgeSeconds *float64 `json:"last_delivered_age_seconds"`
+		} `json:"time_lag"`
+		Checkpoint *struct {
+			LastCommitTime *time.Time `json:"last_commit_time"`
+		} `json:"checkpoint"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); code != exitcode.OK || err != nil {
+		t.Fatalf("lag --json = exit %d, %v\n%s%s", code, err, out, errOut)
+	}
+	if rep.TimeLag.State != "caught_up" || rep.TimeLag.LastDeliveredAgeSeconds == nil || rep.Checkpoint == nil || rep.Checkpoint.LastCommitTime == nil {
+		t.Errorf("lag after a restart with nothing new: time_lag %+v, checkpoint %+v; want caught_up, with the last delivered transaction's commit time\n%s", rep.TimeLag, rep.Checkpoint, out)
+	}
+	if _, text, _ := run(t, "lag"); strings.Contains(text, "nothing delivered yet") {
+		t.Errorf("lag says nothing was delivered after a restart with nothing new:\n%s", text)
+	}
+}

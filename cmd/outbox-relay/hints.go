@@ -30,6 +30,7 @@ var hints = []struct {
 	{isErr(replication.ErrSlotDatabase), `set postgres.dsn to the slot's database, or postgres.slot to a slot of this one ("outbox-relay setup" creates it)`},
 	// With a checkpoint, a missing slot is a *pgslot.GapError (recover);
 	// without one, nothing was delivered from it: create it.
+	{isErr(relay.ErrWALLevel), `set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres, then run "outbox-relay setup"`},
 	{isErr(replication.ErrSlotMissing), `run "outbox-relay setup"`},
 	{isErr(pgslot.ErrNotFound), `run "outbox-relay setup"`},
 	{isErr(sink.ErrIdempotenceNotAllowed), `grant the Kafka principal IdempotentWrite on the cluster, or set kafka.idempotence: false`},

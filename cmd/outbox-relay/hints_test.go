@@ -35,6 +35,8 @@ func TestHints(t *testing.T) {
 		{"start beyond the WAL", &relay.FutureStartError{Requested: 2, Current: 1}, []string{"--start-lsn", "--force"}},
 		{"failover on Postgres 15", pgslot.FailoverUnsupported(150007), []string{"postgres.failover: false", "postgres.on_slot_loss: refill"}},
 		{"outbox missing", fmt.Errorf("%w: public.outbox", relay.ErrOutboxMissing), []string{"setup --create-outbox-table", "outbox.table"}},
+		{"no slot at wal_level replica", fmt.Errorf("%w: replication slot \"s\" does not exist, and no logical slot can be created while wal_level = replica", relay.ErrWALLevel),
+			[]string{"wal_level = logical", "restart Postgres"}},
 		{"slot recreated", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseSlotAhead, From: 1, To: 2}, []string{`"outbox-relay recover"`, "postgres.on_slot_loss: refill", "--dry-run"}},
 		{"slot lost", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseSlotLost, From: 1}, []string{`"outbox-relay recover"`, "max_slot_wal_keep_size", "outbox-relay lag"}},
 		{"another system", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseOtherSystem, From: 1, LastCommitTime: time.Date(2026, 11, 24, 10, 30, 15, 0, time.UTC)},

@@ -34,13 +34,19 @@ func newRunCmd(wrap wrapFunc) *cobra.Command {
 		Short: "Stream outbox inserts to Kafka until SIGTERM or SIGINT",
 		Long: `run streams until it receives SIGTERM or SIGINT, then stops reading, waits up to
 pipeline.shutdown_timeout for Kafka to acknowledge what is in flight, saves the
-checkpoint and exits 0. A second signal exits at once (nothing is lost: what was
-not confirmed is delivered again on the next start).
+checkpoint and exits 0. A second signal exits at once, 1 (nothing is lost: what
+was not confirmed is delivered again on the next start), as does a drain that
+outlasts pipeline.shutdown_timeout (Kafka unreachable, say).
+
+A slot gap (postgres.on_slot_loss: fail) or a stop before an insert the relay
+cannot deliver keeps run up not ready (/readyz 503, the metrics scraped) for
+health.stop_linger, then it exits 4 (gap) or 1; SIGTERM meanwhile exits at once
+with that code. Exit codes: docs/commands.md#exit-codes.
 
 With delivery: exactly-once, a Postgres transaction that takes longer to write than
 kafka.transaction_timeout is aborted by the broker: run reports it (/readyz, the
 stall metrics, the log), writes it again once with the timeout raised to the broker's
-transaction.max.timeout.ms, and exits 5 with the fix when it cannot, or when stopped
+transaction.max.timeout.ms, and exits 6 with the fix when it cannot, or when stopped
 while writing it again (docs/guarantees.md#exactly-once).
 
 --start-lsn X/Y starts at that WAL position instead of the saved checkpoint: a

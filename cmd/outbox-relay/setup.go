@@ -17,7 +17,12 @@ func newSetupCmd(wrap wrapFunc) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "setup [--create-outbox-table] [--print-sql [--role NAME]]",
 		Short: "Create the checkpoint, retry and replay tables, publication and replication slot if missing",
-		Long: `setup creates what the relay needs and is missing, and says what it found:
+		Long: `setup first checks what it cannot create: wal_level = logical, room for the
+slot and a WAL sender, the role's REPLICATION attribute and a replication
+connection. When one fails it prints check's FAIL lines, creates and changes
+nothing, and exits 1.
+
+Then it creates what the relay needs and is missing, and says what it found:
 the checkpoint table and its history, the retry table, the replay table, (with
 --create-outbox-table) the outbox table, the publication of the outbox table
 (inserts only), with delivery: exactly-once the Kafka checkpoint topic

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // dbEnv points the relay's config at a fresh database and a unique slot.
@@ -331,4 +333,49 @@ func TestSetupTables(t *testing.T) {
 		t.Errorf("check with a table out of the publication: exit 0; want a failure")
 	}
 	wantLines(t, "check", out, `does not cover the outbox table public.shipping_events; ALTER PUBLICATION "outbox_relay" ADD TABLE "public"."shipping_events"`)
+}
+
+// TestSetupChecksFirst: setup runs the checks of what it cannot create
+// before it creates anything. A role without REPLICATION (what a default
+// wal_level = replica or full slots would do alike) gets check's FAIL lines
+// and exit 1, and the database is left as it was: no table, no publication,
+// no slot (issue 37 item 6: setup created five tables and the publication,
+// then failed on the slot).
+func TestSetupChecksFirst(t *testing.T) {
+	cleanEnv(t)
+	base := newDatabase(t) // the superuser's DSN; the role must outlive the test's database
+	admin := superuserDSN(t, base)
+	role, password := leastPrivilegedRole(t, admin)
+	execSQL(t, admin, `ALTER ROLE `+sql.Ident(role)+` NOREPLICATION`)
+	dsn, slot := dbEnv(t)
+	su := superuserDSN(t, dsn)
+	// Everything but REPLICATION: it could create all of it.
+	execSQL(t, su, `GRANT CREATE ON DATABASE `+sql.Ident(queryString(t, dsn, `SELECT current_database()`))+` TO `+sql.Ident(role),
+		`GRANT CREATE, USAGE ON SCHEMA public TO `+sql.Ident(role))
+	t.Setenv("RELAY_POSTGRES_DSN", withUser(t, dsn, "postgres://"+url.UserPassword(role, password).String()+"@x/"))
+
+	code, out, errOut := run(t, "setup", "--create-outbox-table")
+	if code != exitcode.Failure {
+		t.Errorf("setup by a role without REPLICATION = exit %d; want %d\n%s%s", code, exitcode.Failure, out, errOut)
+	}
+	for _, want := range []string{"FAIL  role: " + role + " has neither REPLICATION nor superuser; ALTER ROLE", "FAIL  replication connection: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("setup's output lacks %q (check's FAIL line)\nstdout:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	if !strings.Contains(errOut, "nothing") || !strings.Contains(errOut, "run setup again") {
+		t.Errorf("setup's error does not say nothing was created and to run it again:\n%s", errOut)
+	}
+	if strings.Contains(out, "created") {
+		t.Errorf("setup printed that it created something:\n%s", out)
+	}
+	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'`); n != "0" {
+		t.Errorf("setup that failed its checks left %s relations in public; want none", n)
+	}
+	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_publication`); n != "0" {
+		t.Errorf("setup that failed its checks left %s publications; want none", n)
+	}
+	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1`, slot); n != "0" {
+		t.Errorf("setup that failed its checks created the slot")
+	}
 }

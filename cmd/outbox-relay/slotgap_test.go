@@ -192,8 +192,8 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &lag); err != nil || lag.SlotGap == nil || lag.SlotGap.Cause != string(pgslot.CauseSlotAhead) {
 		t.Errorf("lag --json slot_gap = %+v, %v; want cause %s\n%s", lag.SlotGap, err, pgslot.CauseSlotAhead, out)
 	}
-	if code, out, _ := run(t, "status"); !strings.Contains(out, "SLOT GAP") || !strings.Contains(out, rng) {
-		t.Errorf("status = exit %d; want SLOT GAP naming %s\n%s", code, rng, out)
+	if code, out, _ := run(t, "status"); code != exitcode.Gap || !strings.Contains(out, "SLOT GAP") || !strings.Contains(out, rng) {
+		t.Errorf("status = exit %d; want %d and SLOT GAP naming %s\n%s", code, exitcode.Gap, rng, out)
 	}
 
 	// The printed fix, as printed: first what it would do, then do it.
@@ -339,6 +339,26 @@ func TestSlotMissingSaysRecover(t *testing.T) {
 		code, out, errOut := run(t, cmd)
 		if code != exitcode.Gap || !strings.Contains(out+errOut, "slot_missing") && !strings.Contains(out+errOut, "does not exist, though the checkpoint") || !strings.Contains(out+errOut, "outbox-relay recover") {
 			t.Errorf("%s = exit %d; want %d naming the missing slot and recover\n%s%s", cmd, code, exitcode.Gap, out, errOut)
+		}
+	}
+	// --json prints the report, with the gap and the checkpoint, before
+	// exiting 4 (issue 37: it printed nothing).
+	for _, cmd := range []string{"lag", "status"} {
+		code, out, errOut := run(t, cmd, "--json")
+		var rep struct {
+			SlotGap *struct {
+				Cause string `json:"cause"`
+				Fix   string `json:"fix"`
+			} `json:"slot_gap"`
+			Checkpoint *struct {
+				LSN string `json:"lsn"`
+			} `json:"checkpoint"`
+		}
+		err := json.Unmarshal([]byte(out), &rep)
+		if code != exitcode.Gap || err != nil || rep.SlotGap == nil || rep.SlotGap.Cause != string(pgslot.CauseSlotMissing) ||
+			!strings.Contains(rep.SlotGap.Fix, "outbox-relay recover") || rep.Checkpoint == nil || rep.Checkpoint.LSN == "" {
+			t.Errorf("%s --json = exit %d, %v; want %d and a JSON report with slot_gap.cause %s naming recover, and the checkpoint\nstdout:\n%s\nstderr:\n%s",
+				cmd, code, err, exitcode.Gap, pgslot.CauseSlotMissing, out, errOut)
 		}
 	}
 	if _, out, _ := run(t, "check"); !strings.Contains(out, "FAIL  slot continuity") || !strings.Contains(out, "outbox-relay recover") {

@@ -20,7 +20,10 @@ checkpoint over an ordinary read-only connection. A relay is streaming when the
 slot is active and held by a walsender; its version comes from the
 application_name "outbox-relay/<version>" it connects with. Exits 0 whether or
 not a relay is streaming (use --json and the "streaming" field in scripts), 1
-when the check fails (cannot connect, slot missing).`,
+when the check fails (cannot connect, slot missing and no checkpoint), 4 when
+the slot does not continue from the relay's checkpoint (a slot gap: run refuses
+to stream it; the report, with its slot_gap, is printed first; see
+docs/failover.md).`,
 		Args: cobra.NoArgs,
 		RunE: wrap(func(cmd *cobra.Command, e *env, _ []string) error {
 			return printReport(cmd.Context(), e, "outbox-relay status", asJSON, ops.Status)
@@ -46,7 +49,17 @@ func printReport[R report](ctx context.Context, e *env, app string, asJSON bool,
 		return err
 	}
 	if asJSON {
-		return ops.WriteJSON(e.stdout, r)
+		err = ops.WriteJSON(e.stdout, r)
+	} else {
+		err = r.WriteText(e.stdout)
 	}
-	return r.WriteText(e.stdout)
+	if err != nil {
+		return err
+	}
+	// What the report found that the exit code says (status: a slot gap, 4),
+	// printed first.
+	if p, ok := any(r).(interface{ Problem() error }); ok {
+		return p.Problem()
+	}
+	return nil
 }

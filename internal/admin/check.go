@@ -39,11 +39,17 @@ func Check(ctx context.Context, cfg Config, k Kafka, w io.Writer) (failed int) {
 type checker struct {
 	out    io.Writer
 	failed int
+	// quiet prints only FAIL lines: setup's checks before it changes
+	// anything print what stops it, as check does, and nothing else.
+	quiet bool
 }
 
 // ok and fail escape the whole line: names from the catalog and server
 // messages may hold control characters.
 func (c *checker) ok(name, format string, args ...any) {
+	if c.quiet {
+		return
+	}
 	fmt.Fprintf(c.out, "ok    %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
 }
 
@@ -55,10 +61,16 @@ func (c *checker) fail(name, format string, args ...any) {
 // warn reports what works but should change; info what an operator should
 // know. Neither fails the check.
 func (c *checker) warn(name, format string, args ...any) {
+	if c.quiet {
+		return
+	}
 	fmt.Fprintf(c.out, "warn  %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
 }
 
 func (c *checker) info(name, format string, args ...any) {
+	if c.quiet {
+		return
+	}
 	fmt.Fprintf(c.out, "info  %s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
 }
 
@@ -76,56 +88,9 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	c.ok("postgres", "connected to %s", cfg.RedactedDSN)
 	checkTLS(ctx, conn, cfg, c)
 
-	// Server settings.
-	var walLevel string
-	var maxSlots, usedSlots, maxSenders, usedSenders int
-	err = conn.QueryRow(ctx, `SELECT current_setting('wal_level'),
-       current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots)::int,
-       current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_replication)::int`).
-		Scan(&walLevel, &maxSlots, &usedSlots, &maxSenders, &usedSenders)
-	if err != nil {
-		c.fail("postgres settings", "cannot read them: %v", cfg.scrub(err))
+	sl, role, ok := checkServer(ctx, conn, cfg, c)
+	if !ok {
 		return
-	}
-	if walLevel == "logical" {
-		c.ok("wal_level", "logical")
-	} else {
-		c.fail("wal_level", "%s; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
-	}
-	sl, err := readSlot(ctx, conn, cfg.Slot)
-	if err != nil {
-		c.fail("slot", "%v", cfg.scrub(err))
-		return
-	}
-	switch {
-	case sl.Exists:
-		c.ok("max_replication_slots", "%d of %d in use, including %s", usedSlots, maxSlots, cfg.Slot)
-	case usedSlots < maxSlots:
-		c.ok("max_replication_slots", "%d of %d in use; room for %s", usedSlots, maxSlots, cfg.Slot)
-	default:
-		c.fail("max_replication_slots", "all %d in use; raise max_replication_slots (restart needed) or drop an unused slot (SELECT slot_name, active FROM pg_replication_slots)", maxSlots)
-	}
-	// The relay's own sender counts when the slot is active.
-	if usedSenders < maxSenders || sl.Active {
-		c.ok("max_wal_senders", "%d of %d in use", usedSenders, maxSenders)
-	} else {
-		c.fail("max_wal_senders", "all %d in use; raise max_wal_senders (restart needed)", maxSenders)
-	}
-
-	// Privileges, then the replication connection itself (pg_hba, limits).
-	var super, repl bool
-	var role string
-	err = conn.QueryRow(ctx, `SELECT rolname, rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user`).
-		Scan(&role, &super, &repl)
-	switch {
-	case err != nil:
-		c.fail("role", "cannot read it: %v", cfg.scrub(err))
-	case super:
-		c.warn("role", "%s is a superuser: the relay does not need superuser; give it a role with LOGIN REPLICATION and the grants of `outbox-relay setup --print-sql --role NAME`", role)
-	case repl:
-		c.ok("role", "%s has REPLICATION", role)
-	default:
-		c.fail("role", "%s has neither REPLICATION nor superuser; ALTER ROLE %s REPLICATION", role, sql.Ident(role))
 	}
 	checkReplicationConn(ctx, cfg, c)
 
@@ -311,6 +276,64 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 			c.ok("retention", "rows of %s older than %s are deleted once delivered (created_at, DELETE allowed)", outbox, period(cfg.Retention))
 		}
 	}
+}
+
+// checkServer checks what the relay needs of the server and its role, which
+// setup cannot create (it runs them before it changes anything): wal_level,
+// room for the slot and a sender, the role's REPLICATION. It returns the slot
+// as found, the role's name, and false when it could not read them.
+func checkServer(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker) (sl slotInfo, role string, ok bool) {
+	// Server settings.
+	var walLevel string
+	var maxSlots, usedSlots, maxSenders, usedSenders int
+	err := conn.QueryRow(ctx, `SELECT current_setting('wal_level'),
+       current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots)::int,
+       current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_replication)::int`).
+		Scan(&walLevel, &maxSlots, &usedSlots, &maxSenders, &usedSenders)
+	if err != nil {
+		c.fail("postgres settings", "cannot read them: %v", cfg.scrub(err))
+		return sl, role, false
+	}
+	if walLevel == "logical" {
+		c.ok("wal_level", "logical")
+	} else {
+		c.fail("wal_level", "%s; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
+	}
+	sl, err = readSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		c.fail("slot", "%v", cfg.scrub(err))
+		return sl, role, false
+	}
+	switch {
+	case sl.Exists:
+		c.ok("max_replication_slots", "%d of %d in use, including %s", usedSlots, maxSlots, cfg.Slot)
+	case usedSlots < maxSlots:
+		c.ok("max_replication_slots", "%d of %d in use; room for %s", usedSlots, maxSlots, cfg.Slot)
+	default:
+		c.fail("max_replication_slots", "all %d in use; raise max_replication_slots (restart needed) or drop an unused slot (SELECT slot_name, active FROM pg_replication_slots)", maxSlots)
+	}
+	// The relay's own sender counts when the slot is active.
+	if usedSenders < maxSenders || sl.Active {
+		c.ok("max_wal_senders", "%d of %d in use", usedSenders, maxSenders)
+	} else {
+		c.fail("max_wal_senders", "all %d in use; raise max_wal_senders (restart needed)", maxSenders)
+	}
+
+	// Privileges, then the replication connection itself (pg_hba, limits).
+	var super, repl bool
+	err = conn.QueryRow(ctx, `SELECT rolname, rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user`).
+		Scan(&role, &super, &repl)
+	switch {
+	case err != nil:
+		c.fail("role", "cannot read it: %v", cfg.scrub(err))
+	case super:
+		c.warn("role", "%s is a superuser: the relay does not need superuser; give it a role with LOGIN REPLICATION and the grants of `outbox-relay setup --print-sql --role NAME`", role)
+	case repl:
+		c.ok("role", "%s has REPLICATION", role)
+	default:
+		c.fail("role", "%s has neither REPLICATION nor superuser; ALTER ROLE %s REPLICATION", role, sql.Ident(role))
+	}
+	return sl, role, true
 }
 
 // period writes a retention period as it is configured: 7d, 12h0m0s.

@@ -14,6 +14,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
+// ErrNothingCreated is Setup's error when a check it runs first failed
+// (wal_level, room for the slot and a sender, the role's REPLICATION, a
+// replication connection): it created and changed nothing.
+var ErrNothingCreated = errors.New("setup created nothing")
+
 // Setup creates what the relay needs and is missing: the checkpoint table and
 // its history, the retry table, the replay table, the outbox table (with createOutbox), the publication of the outbox
 // table (inserts only) and the pgoutput slot, and writes a line per object
@@ -32,6 +37,16 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// What setup cannot create, checked before it creates anything: a
+	// setup that stopped half-way (five tables and a publication, then the
+	// slot refused at wal_level = replica) left the operator to guess.
+	pre := &checker{out: w, quiet: true}
+	if _, _, ok := checkServer(ctx, conn, cfg, pre); ok {
+		checkReplicationConn(ctx, cfg, pre)
+	}
+	if pre.failed > 0 {
+		return fmt.Errorf("%w: %d check(s) failed (the FAIL lines above, as `outbox-relay check` prints them); fix them and run setup again", ErrNothingCreated, pre.failed)
+	}
 	// say prints one line; escaped, since names come from the config and
 	// the catalog and may hold control characters.
 	say := func(format string, args ...any) {

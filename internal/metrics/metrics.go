@@ -27,7 +27,7 @@
 //     topics the configuration names (the relay resolves them in New), else
 //     from a topic's first use, since those topics come from the data.
 //   - ready agrees with /readyz: 1 on a leader whose checks pass and on a
-//     standby that reaches Postgres (it is ready to take over); whether a
+//     standby that reaches Postgres and could lead (it is ready to take over); whether a
 //     relay leads is active's business.
 //
 // Metrics (prefix outbox_relay_):
@@ -171,7 +171,7 @@ func New() *Metrics {
 	m.epoch = newUnsetGauge("leader_epoch", "The checkpoint epoch this relay last took over with; absent before its first takeover. Every takeover in the HA group raises it: a rising epoch on one instance after another is leadership moving.")
 	m.takeovers = counter("takeovers_total", "Times this relay took over the slot (a new epoch in the checkpoint row): once per start of leadership.")
 	m.slotGap = gauge("slot_gap", "1 when the replication slot does not continue from the relay's checkpoint (dropped and recreated, invalidated, another system or a forked timeline): the relay refuses to stream it and exits with code 4; the log names the uncovered range and the fix.")
-	m.ready = gauge("ready", "What /readyz reports, less its live Kafka ping: 1 on a leader whose health checks pass and on a standby that reaches Postgres (ready to take over), else 0. Whether it leads is outbox_relay_active.")
+	m.ready = gauge("ready", "What /readyz reports, less its live Kafka ping: 1 on a leader whose health checks pass and on a standby that reaches Postgres and could lead (ready to take over), else 0. Whether it leads is outbox_relay_active.")
 	m.stalled = gauge("stalled_seconds", "Seconds the WAL has been ahead of the confirmed LSN without the pipeline making progress; 0 when it is not.")
 	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "health_failing",
 		Help: "1 while a leader's health check fails, by check: replication, kafka, retry_table, checkpoint, stalled. Absent on a standby, which runs none of them."}, []string{"check"})
@@ -451,6 +451,19 @@ func (m *Metrics) SetStandby(reachable bool) {
 		return
 	}
 	m.ready.Set(gauge(reachable))
+	m.failing.Reset()
+	m.stalled.Set(0)
+}
+
+// SetStopped records a relay that stopped for an operator and lingers
+// (relay.Config.StopLinger): neither ready nor leading; the leader's checks
+// no longer run, so their series are removed.
+func (m *Metrics) SetStopped() {
+	if m == nil {
+		return
+	}
+	m.ready.Set(0)
+	m.active.Set(0)
 	m.failing.Reset()
 	m.stalled.Set(0)
 }

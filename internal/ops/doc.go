@@ -118,5 +118,7 @@
 //	   (wal_status lost: like a missing slot, it can never stream again)
 //	2  bad flags or configuration (the CLI's code for every command)
 //	3  --max-bytes (behind_bytes) or --max-seconds exceeded
-//	4  the slot does not continue from the checkpoint (slot_gap): run refuses it
+//	4  the slot does not continue from the checkpoint (slot_gap): run refuses it;
+//	   the report is printed first (a missing slot's too: no WAL figures then),
+//	   and `outbox-relay status` exits 4 likewise (StatusReport.Problem)
 package ops

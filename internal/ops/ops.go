@@ -403,7 +403,11 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	}
 	sr, err := querySlot(ctx, q, cfg.Slot)
 	if err != nil {
-		return nil, missingSlot(ctx, q, cfg, err)
+		g, err := missingSlot(ctx, q, cfg, err)
+		if g == nil {
+			return nil, err
+		}
+		return missingLag(ctx, q, cfg, g)
 	}
 	r := &LagReport{
 		SlotName:                cfg.Slot,
@@ -566,7 +570,18 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 	}
 	sr, err := querySlot(ctx, q, cfg.Slot)
 	if err != nil {
-		return nil, missingSlot(ctx, q, cfg, err)
+		g, err := missingSlot(ctx, q, cfg, err)
+		if g == nil {
+			return nil, err
+		}
+		r := &StatusReport{SlotName: cfg.Slot, SlotGap: g}
+		if r.CheckedAt, err = serverNow(ctx, q); err != nil {
+			return nil, err
+		}
+		if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
+			return nil, err
+		}
+		return r, nil
 	}
 	r := &StatusReport{
 		SlotName:  cfg.Slot,
@@ -588,15 +603,52 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 
 // missingSlot turns a slot-not-found error into the gap run refuses
 // (slot_missing, exit code 4, naming recover) when a checkpoint says events
-// were delivered from it; else it returns err (run setup).
-func missingSlot(ctx context.Context, q Querier, cfg Config, err error) error {
+// were delivered from it: the reports then say so, with what they can still
+// read, rather than print nothing. Else it returns err (run setup).
+func missingSlot(ctx context.Context, q Querier, cfg Config, err error) (*SlotGap, error) {
 	if !errors.Is(err, pgslot.ErrNotFound) {
-		return err
+		return nil, err
 	}
 	if g, gerr := FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot, cfg.Fix); gerr == nil && g != nil {
-		return g.Err()
+		return g, g.Err()
 	}
-	return err
+	return nil, err
+}
+
+// missingLag is Lag's report on a slot that is missing though the checkpoint
+// says events were delivered from it: the checkpoint, the retry table and
+// the gap; no slot, so no WAL figures, and no time lag (what is committed now
+// is not read by any slot).
+func missingLag(ctx context.Context, q Querier, cfg Config, g *SlotGap) (*LagReport, error) {
+	r := &LagReport{SlotName: cfg.Slot, SlotGap: g, TimeLag: TimeLag{State: StateUnknown}}
+	var err error
+	if r.CheckedAt, err = serverNow(ctx, q); err != nil {
+		return nil, err
+	}
+	if r.Checkpoint, err = queryCheckpoint(ctx, q, cfg.CheckpointTable, cfg.Slot); err != nil {
+		return nil, err
+	}
+	if r.Retry, err = QueryRetry(ctx, q, cfg.RetryTable, cfg.Slot); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func serverNow(ctx context.Context, q Querier) (time.Time, error) {
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return now, fmt.Errorf("read the server's time: %w", err)
+	}
+	return now, nil
+}
+
+// Problem is the error the report stands for, for the exit code: the slot
+// gap (exit 4), else nil.
+func (r *StatusReport) Problem() error {
+	if r.SlotGap != nil {
+		return r.SlotGap.Err()
+	}
+	return nil
 }
 
 // relayVersion extracts the relay version from an application_name of the form

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
 // WriteJSON writes v (a *LagReport or *StatusReport) as one line of indented-free
@@ -42,7 +44,20 @@ func (r *LagReport) WriteText(w io.Writer) error {
 	tw := NewTable(w)
 	row := tw.Row
 	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
-	row("slot", r.SlotName+" ("+holder(r.Slot, r.CheckedAt)+")")
+	row("slot", r.SlotName+" ("+slotState(r.Slot, r.SlotGap, r.CheckedAt)+")")
+	if missing(r.SlotGap) {
+		// No slot: no WAL figures, and no time lag (no slot reads what
+		// is committed now); what is known, and the gap.
+		if c := r.Checkpoint; c != nil {
+			row("checkpoint", c.LSN+"  saved "+timeAgo(c.SavedAt, r.CheckedAt))
+		}
+		row("retry", retry(r.Retry))
+		gapRows(row, r.SlotGap)
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("write text: %w", err)
+		}
+		return nil
+	}
 	row("wal status", walStatus(r))
 	row("current WAL", r.CurrentWALLSN)
 	row("confirmed flush", orNA(r.Slot.ConfirmedFlushLSN)+"  lag "+BytesOrNA(r.LagBytes))
@@ -85,6 +100,8 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 	row("checked at", r.CheckedAt.UTC().Format(time.RFC3339))
 	row("slot", r.SlotName)
 	switch {
+	case missing(r.SlotGap):
+		row("streaming", "no (the slot does not exist)")
 	case r.Streaming:
 		row("streaming", "yes, since "+timeAgo(r.Slot.BackendStart, r.CheckedAt))
 	case r.Slot.Active:
@@ -133,6 +150,17 @@ func gapRows(row func(k, v string), g *SlotGap) {
 	row("SLOT GAP", "run refuses to stream this slot (exit 4): the events committed in "+rng+" were never sent")
 	row("  why", g.Reason)
 	row("  fix", g.Fix)
+}
+
+// missing reports a gap whose slot does not exist.
+func missing(g *SlotGap) bool { return g != nil && g.Cause == string(pgslot.CauseSlotMissing) }
+
+// slotState is holder, or "missing" when the slot does not exist.
+func slotState(s Slot, g *SlotGap, now time.Time) string {
+	if missing(g) {
+		return "missing"
+	}
+	return holder(s, now)
 }
 
 func holder(s Slot, now time.Time) string {

@@ -88,6 +88,10 @@ func (c *Config) readsMessages() bool { return c.Source == SourceMessages || c.S
 // exist.
 var ErrOutboxMissing = errors.New("outbox table does not exist")
 
+// ErrWALLevel is Run's error when the slot does not exist and the server's
+// wal_level is below logical, so that setup could not create it either.
+var ErrWALLevel = errors.New("wal_level is not logical")
+
 // Bounds of the in-flight window (Config.MaxInFlightEvents, MaxInFlightBytes).
 const (
 	MaxInFlightEventsLimit = 10_000_000
@@ -174,6 +178,15 @@ type Config struct {
 	// progress before /readyz, the metrics and the log call the relay stalled.
 	// Default 60s.
 	StallAfter time.Duration
+	// StopLinger is how long Run, stopped for what only an operator can fix
+	// (a slot gap it does not refill, an insert it must stop before), keeps
+	// serving /metrics, /healthz and /readyz (503, naming the cause) before
+	// it returns that error: so that Prometheus scrapes slot_gap 1 and the
+	// stop counters, and Kubernetes sees a pod not ready rather than one that
+	// exits within 50 ms and crash-loops. Cancelling ctx ends the wait at
+	// once, with the same error. 0 (the default) returns at once; it applies
+	// only when MetricsListen is set.
+	StopLinger time.Duration
 	Logger     *slog.Logger
 
 	// Metrics, when set, records the pipeline's figures; MetricsListen, when

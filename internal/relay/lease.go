@@ -298,20 +298,22 @@ func (l *lease) recordServer(ctx context.Context, epoch int64) error {
 // standBy returns once the slot is free (no walsender holds it), waiting as
 // long as another process streams it, and saying who does: in the log (at
 // once, then every minute), in Role and in the active metric (0); the ready
-// metric says, as /readyz does, whether it reaches Postgres. A missing
+// metric says, as /readyz does, whether it reaches Postgres and could lead
+// (checkCouldLead, at once and every couldLeadEvery). A missing
 // slot or a slot of the wrong kind is an error for the operator.
 func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
 	r.m.SetActive(false)
 	defer r.standby.Store(nil)
-	var logged time.Time
+	defer r.leadProblem.Store(nil)
+	var logged, checked time.Time
 	for {
 		var sl pgslot.Slot
 		err := retryIf(ctx, r.log, "postgres unreachable while looking at the slot", unreachable, func() error {
 			var err error
 			sl, err = pgslot.Read(ctx, pool, r.cfg.Replication.Slot)
 			// What /readyz says of a standby (Ready): ready while it
-			// reaches Postgres.
-			r.m.SetStandby(err == nil || !unreachable(err))
+			// reaches Postgres and could lead (checkCouldLead).
+			r.m.SetStandby((err == nil || !unreachable(err)) && r.leadProblem.Load() == nil)
 			return err
 		})
 		if errors.Is(err, pgslot.ErrNotFound) {
@@ -322,6 +324,11 @@ func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		if !sl.Active {
 			return nil
+		}
+		if checked.IsZero() || time.Since(checked) >= couldLeadEvery {
+			checked = time.Now()
+			r.checkCouldLead(ctx, pool)
+			r.m.SetStandby(r.leadProblem.Load() == nil)
 		}
 		who := r.holder(ctx, pool, sl)
 		r.standby.Store(&who)

@@ -296,9 +296,16 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	// 3. and 4. Read in the snapshot, deliver as the live relay does. The
 	// replication connection stays open and idle meanwhile: the snapshot
 	// lives as long as it does nothing else.
+	lastLogged := time.Now()
 	progress := func(p checkpoint.RefillProgress) {
 		if err := store.SaveRefillProgress(ctx, slot, epoch, p); err != nil {
 			log.Warn("refill: cannot record its progress; if it is killed, the next refill sends again what it sent", "err", err)
+		}
+		// What replay logs off a terminal: a refill of millions of rows
+		// (recover, or run with refill) must not look hung.
+		if time.Since(lastLogged) >= refillProgressEvery {
+			lastLogged = time.Now()
+			log.Info("refill progress", "sent", p.Sent)
 		}
 	}
 	xmin, at, err := r.deliverRefill(ctx, pool, sels, created.SnapshotName, ls, res, progress)
@@ -492,3 +499,6 @@ func (r *Relay) replicationConn(ctx context.Context, app string) (*pgconn.PgConn
 	}
 	return conn, nil
 }
+
+// refillProgressEvery is how often a refill logs how many events it sent.
+var refillProgressEvery = 10 * time.Second

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -519,5 +520,36 @@ SELECT gen_random_uuid(), 'Order', 'k-' || (i % 50), 'OrderChanged', jsonb_build
 	if res.Resumed == 0 || int64(twice) > int64(len(first))-res.Resumed+1 {
 		t.Errorf("the refill after a killed one skipped %d and sent %d of the %d the first sent again; want only those sent after its last record (at most %d)",
 			res.Resumed, twice, len(first), int64(len(first))-res.Resumed)
+	}
+}
+
+// TestRecoverLogsProgress: a refill (recover, or run with refill) logs how
+// many events it sent as it goes, as replay does (issue 37 item 10: recover
+// said nothing until it was done). The interval is shortened to every chunk.
+func TestRecoverLogsProgress(t *testing.T) {
+	defer relay.SetRefillProgressEvery(0)()
+	f := newFixture(t)
+	cfg := f.refillConfig(t)
+	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
+	run := f.start(t, cfg)
+	f.produce(t, 3, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.waitHistoryCovered(t)
+	run.stop(t)
+	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them
+
+	logs := &logBuffer{t: t}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	r, err := newRelay(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Recover(context.Background(), false)
+	if err != nil {
+		t.Fatalf("Recover = %v; want a refill", err)
+	}
+	if n := logs.lines("refill progress", "refill_id="+res.ID, "sent="); n == 0 {
+		t.Errorf("the refill of %d events logged no progress line", res.Events)
 	}
 }

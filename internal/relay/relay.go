@@ -139,6 +139,10 @@ type Relay struct {
 	// live is the term that leads, for Ready; nil while standing by.
 	live    atomic.Pointer[term]
 	standby atomic.Pointer[string] // who holds the slot, while standing by
+	stopped atomic.Pointer[string] // why Run stopped, while it lingers (linger)
+	// leadProblem is why this standby could not take over (couldLead),
+	// nil when it could or has not looked yet.
+	leadProblem atomic.Pointer[string]
 }
 
 // Sinks are the sinks a Relay writes with. A sink is not safe for
@@ -259,6 +263,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 			}
 			return nil
 		})
+		// Runs before the server stops (defers run last first).
+		defer func() { r.linger(ctx, rctx, err) }()
 	}
 	for {
 		if err := r.standBy(rctx, pool); err != nil {
@@ -314,6 +320,32 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	}
 }
 
+// linger keeps the process observable after Run stopped for an operator
+// (Config.StopLinger): /readyz answers 503 with the cause, ready and active
+// are 0, slot_gap and the stop counters stay as set, until ctx ends or the
+// linger is over. Other errors (the metrics server failing, ctx cancelled)
+// return at once.
+func (r *Relay) linger(ctx, rctx context.Context, err error) {
+	if r.cfg.StopLinger <= 0 || r.cfg.MetricsListen == "" || err == nil || ctx.Err() != nil || context.Cause(rctx) != nil {
+		return
+	}
+	var se *stopError
+	if !errors.Is(err, pgslot.ErrGap) && !errors.As(err, &se) {
+		return
+	}
+	why := "stopped: " + err.Error()
+	r.stopped.Store(&why)
+	r.m.SetStopped()
+	r.log.Error("stopped until an operator acts: /readyz answers 503 and /metrics stays up so that monitoring sees why; exiting after health.stop_linger, or at once on SIGTERM",
+		"health.stop_linger", r.cfg.StopLinger.String(), "err", err)
+	t := time.NewTimer(r.cfg.StopLinger)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 // refillRetry is the wait before a refill that lost Postgres is tried again.
 const refillRetry = time.Second
 
@@ -334,10 +366,14 @@ func runCause(ctx context.Context, err error) error {
 // exactly-once, while a transaction the broker aborted on its timeout is not
 // yet delivered (txntimeout.go). The error lists every failing check.
 //
-// A standby is ready while it reaches Postgres: it is doing its job, which is
-// to wait and to be able to take over. (A probe that failed a standby would
+// A standby is ready while it reaches Postgres and could lead (couldLead:
+// a replication connection, the privileges leading needs): it is doing its
+// job, which is to wait and to be able to take over. (A probe that failed a standby would
 // have Kubernetes restart the very replica meant to take over.)
 func (r *Relay) Ready(ctx context.Context) error {
+	if why := r.stopped.Load(); why != nil {
+		return errors.New(*why)
+	}
 	// A transaction the broker aborted on its timeout fails it until it is
 	// delivered, between the terms of its attempts too.
 	stuck, _ := r.timeouts.problem(time.Now())
@@ -352,6 +388,9 @@ func (r *Relay) Ready(ctx context.Context) error {
 		}
 		if err := pool.Ping(ctx); err != nil {
 			return fmt.Errorf("standby: postgres unreachable, so this relay could not take over: %w", err)
+		}
+		if p := r.leadProblem.Load(); p != nil {
+			return errors.New("standby: " + *p)
 		}
 		return nil
 	}

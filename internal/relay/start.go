@@ -135,6 +135,12 @@ func (r *Relay) resolveStart(ctx context.Context, pool *pgxpool.Pool, store *che
 		// failover); without one, setup has not been run.
 		cp, lerr := store.Load(ctx, slot)
 		if lerr != nil || cp.LSN == 0 {
+			// setup cannot create it either while wal_level is below
+			// logical: name that, not setup (issue 37).
+			var level string
+			if qerr := pool.QueryRow(ctx, `SELECT current_setting('wal_level')`).Scan(&level); qerr == nil && level != "logical" {
+				return 0, pgslot.Server{}, fmt.Errorf("%w: replication slot %q does not exist, and no logical slot can be created while wal_level = %s", ErrWALLevel, slot, level)
+			}
 			return 0, pgslot.Server{}, err
 		}
 		srv, ierr := r.identify(ctx)
