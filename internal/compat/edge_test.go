@@ -5,6 +5,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -125,8 +128,25 @@ func runEdge(t *testing.T, converter string) {
 	proc.stop(t)
 	conn.Stop(t)
 
+	oldJVM := javaFeature(t) < 19
 	for _, e := range evs {
 		d, r := dbz[e.id], rly[e.id]
+		// The two differences migrate names (docs/debezium.md): a numeric
+		// without a scale in a StringConverter envelope is a Struct whose
+		// text holds a Java identity, and the doubles JDK 17 and 18 print
+		// longer than JDK 19 on (the relay writes JDK 19's).
+		d.value = envNumvStruct.ReplaceAll(d.value, []byte("<VariableScaleDecimal>"))
+		r.value = envNumvText.ReplaceAll(r.value, []byte("<VariableScaleDecimal>"))
+		if oldJVM {
+			for jdk17, jdk19 := range jdk17Doubles {
+				d.value = bytes.ReplaceAll(d.value, []byte(jdk17), []byte(jdk19))
+				for i, h := range d.headers {
+					if string(h.Value) == jdk17 {
+						d.headers[i].Value = []byte(jdk19)
+					}
+				}
+			}
+		}
 		what := e.col + " " + e.typ + " = " + e.val
 		if e.col == "" {
 			what = "all NULL"
@@ -151,6 +171,38 @@ func runEdge(t *testing.T, converter string) {
 			}())
 		}
 	}
+}
+
+var (
+	envNumvStruct = regexp.MustCompile(`env_e_num=Struct\{scale=\d+,value=\[B@[0-9a-f]+\}`)
+	envNumvText   = regexp.MustCompile(`env_e_num=-?[0-9.]+`)
+)
+
+// jdk17Doubles are the edge values JDK 17 and 18 print otherwise than JDK 19
+// on (Java's Double.toString and Float.toString changed to the shortest
+// text in JDK 19): their text, and JDK 19's, which the relay writes.
+var jdk17Doubles = map[string]string{
+	"9.999999999999999E22":  "1.0E23",
+	"1.9999999999999998E23": "2.0E23",
+	"1.17549435E-38":        "1.1754944E-38",
+}
+
+// javaFeature is the feature release of the java command Kafka Connect runs
+// on (17 for "openjdk 17.0.15").
+func javaFeature(t *testing.T) int {
+	out, err := exec.Command("java", "--version").Output()
+	if err != nil {
+		t.Fatalf("java --version: %v", err)
+	}
+	f := strings.Fields(string(out))
+	if len(f) < 2 {
+		t.Fatalf("java --version printed %q", out)
+	}
+	n, err := strconv.Atoi(strings.SplitN(f[1], ".", 2)[0])
+	if err != nil {
+		t.Fatalf("java --version printed %q", out)
+	}
+	return n
 }
 
 func present(ok bool, v []byte) string {
