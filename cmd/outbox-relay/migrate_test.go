@@ -185,6 +185,17 @@ ALTER TABLE outbox ADD COLUMN w d_d_when, ADD COLUMN dt d_took, ADD COLUMN f dou
 		`transforms.outbox.table.fields.additional.placement=f:header:f: column "f" is double precision: Debezium writes a float as the Java it runs on prints it, and Java 17 and 18 print some values longer than Java 19 on (1.0E23 as 9.999999999999999E22`,
 		`transforms.outbox.table.fields.additional.placement=n:envelope:n: column "n" is numeric: a numeric without a declared scale is Debezium's VariableScaleDecimal`)
 
+	// A bytea payload under StringConverter: Debezium wrote the buffer's
+	// toString.
+	execSQL(t, dsn, `ALTER TABLE outbox ADD COLUMN raw bytea`)
+	rawPayload := strings.Replace(typed, "transforms.outbox.table.fields.additional.placement=w:header,dt:header,f:header,n:envelope", "transforms.outbox.table.field.event.payload=raw", 1)
+	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "raw.properties", rawPayload), "--worker", worker, "--postgres-dsn", dsn)
+	if code != exitcode.Failure {
+		t.Errorf("migrate --postgres-dsn with a bytea payload under StringConverter: exit %d; want 1\n%s", code, errOut)
+	}
+	wantLines(t, "migrate stderr", errOut,
+		`transforms.outbox.table.field.event.payload=raw: column "raw" is bytea and the value converter StringConverter: Debezium wrote each value as the text java.nio.HeapByteBuffer[pos=0 lim=N cap=N]`)
+
 	fits := strings.Replace(dbzConnector, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
 	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "f.properties", fits), "--worker", worker, "--postgres-dsn", dsn)
 	if code != exitcode.OK {

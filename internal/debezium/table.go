@@ -56,6 +56,24 @@ func CheckTable(ctx context.Context, q placement.Querier, table sql.Table, rc ro
 				Why: fmt.Sprintf("column %q is %s; Debezium's EventRouter fails its task on it (it reads only a timestamp column there: bigint and timestamptz fail with \"Tolerance exceeded in error handler\"), so this connector did not deliver as configured; the relay reads a timestamp or timestamptz column there (outbox.columns.timestamp)", col, ct.name)})
 		}
 	}
+	// A bytea payload under StringConverter: Debezium's value is the
+	// ByteBuffer's toString, java.nio.HeapByteBuffer[pos=0 lim=N cap=N], the
+	// payload itself lost; the relay writes the payload's bytes, which is
+	// what such a setup meant, but not Debezium's bytes.
+	if rc.Converter != router.ConverterJSON {
+		payload := rc.Columns.Payload
+		if payload == "" {
+			payload = debeziumColumns.Payload
+		}
+		ct, err := columnType(ctx, q, *oid, payload)
+		if err != nil {
+			return nil, err
+		}
+		if ct.oid == 17 {
+			gaps = append(gaps, Gap{DebeziumKey: c.routerKey("table.field.event.payload"), Value: payload,
+				Why: fmt.Sprintf("column %q is bytea and the value converter StringConverter: Debezium wrote each value as the text java.nio.HeapByteBuffer[pos=0 lim=N cap=N] (the payload's length, not the payload); the relay writes the payload's bytes: consumers of Debezium's topic never saw a payload, check what they expect", payload)})
+		}
+	}
 	// Values the relay cannot write as Debezium's converters do.
 	for _, f := range rc.Fields {
 		ct, err := columnType(ctx, q, *oid, f.Column)
