@@ -236,3 +236,30 @@ func TestMigrateDebeziumPasswordFromEnv(t *testing.T) {
 		t.Errorf("migrate --postgres-dsn without a password, RELAY_POSTGRES_PASSWORD set: exit %d; want 0\n%s", code, errOut)
 	}
 }
+
+// TestMigrateDebeziumJavaRegex: a route.topic.regex with Java syntax Go
+// reads otherwise is a gap naming the construct (exit 1); one the relay
+// translates (a POSIX class) is copied as it is, exit 0.
+func TestMigrateDebeziumJavaRegex(t *testing.T) {
+	cleanEnv(t)
+	worker := writeFile(t, "w.properties", dbzWorker)
+	for regex, construct := range map[string]string{
+		`(?<routedByValue>[a-z&&[^x]]+)`: "&& inside a character class",
+		`(?<routedByValue>[[:alpha:]]+)`: "[ inside a character class",
+		`(?U)(?<routedByValue>\w+)`:      "the flag U in (?U)",
+		`(?<routedByValue>\p{Alpha}+)`:   "",
+	} {
+		c := dbzConnector + "transforms.outbox.route.topic.regex=" + strings.ReplaceAll(regex, `\`, `\\`) + "\n"
+		code, out, errOut := run(t, "migrate", "debezium", writeFile(t, "c.properties", c), "--worker", worker)
+		if construct == "" {
+			if code != exitcode.OK || !strings.Contains(out, `regex: "(?<routedByValue>\\p{Alpha}+)"`) {
+				t.Errorf("migrate with route.topic.regex=%s: exit %d; want 0 and topics.regex copied\nstdout:\n%s\nstderr:\n%s", regex, code, out, errOut)
+			}
+			continue
+		}
+		if code != exitcode.Failure {
+			t.Errorf("migrate with route.topic.regex=%s: exit %d; want 1\n%s", regex, code, errOut)
+		}
+		wantLines(t, "migrate stderr", errOut, "transforms.outbox.route.topic.regex="+regex+": the relay cannot route with it", construct+" is Java syntax that Go reads otherwise or not at all")
+	}
+}
