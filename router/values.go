@@ -17,8 +17,11 @@ import (
 // type to a Connect type (its defaults: time.precision.mode adaptive,
 // decimal.handling.mode precise, binary.handling.mode bytes); each writer
 // prints that type its own way. Measured against Debezium 3.1.3 by
-// internal/compat's TestDebeziumColumnTypes. pgoutput gives the relay
-// Postgres's text form; what is not listed here is written as that text,
+// internal/compat's TestDebeziumColumnTypes and, for edge values (empty
+// strings, ±infinity, BC and five-digit years, NaN, subnormal floats, array
+// bounds), TestDebeziumEdgeValues. pgoutput gives the relay Postgres's text
+// form, and a domain column's type as the domain (Router.SetBaseTypes maps
+// it to its base type); what is not listed here is written as that text,
 // which is Debezium's too for text, varchar, uuid, json and jsonb.
 
 // A colType is a column's type OID and modifier (precision, scale).
