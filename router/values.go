@@ -255,10 +255,13 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 // header and under JsonConverter; Struct.toString prints the bytes' Java
 // identity ([B@1b2c3d), which cannot be reproduced, so the text is written
 // (migrate reports it), so the number is written, at Debezium's scale. NaN
-// is null, as Debezium's; infinities (Postgres 14 on) are written as text.
+// and the infinities (Postgres 14 on) are null, as Debezium's.
 func renderNumeric(dst []byte, ct colType, v []byte, w int, asText, null func() []byte) []byte {
-	if string(v) == "NaN" {
-		return null() // Debezium writes NaN as null (decimal.handling.mode precise)
+	switch string(v) {
+	case "NaN", "Infinity", "-Infinity":
+		// Debezium writes them as null (decimal.handling.mode precise,
+		// logging an error); the infinities are Postgres 14's.
+		return null()
 	}
 	unscaled, scale, ok := parseDecimal(string(v))
 	if !ok {

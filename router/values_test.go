@@ -30,6 +30,7 @@ func TestRender(t *testing.T) {
 		{colType{numericOID, -1}, "12.5", `{"scale":1,"value":"fQ=="}`, "12.5", `{"scale":1,"value":"fQ=="}`},
 		{colType{numericOID, -1}, "NaN", "", "", `null`},
 		{colType{numericOID, 12<<16 | 2 + 4}, "NaN", "", "", `null`},
+		{colType{numericOID, -1}, "-Infinity", "", "", `null`},
 		{colType{numericOID, -1}, "-1.10", `{"scale":1,"value":"9Q=="}`, "-1.1", `{"scale":1,"value":"9Q=="}`},
 		{colType{numericOID, -1}, "100.000", `{"scale":0,"value":"ZA=="}`, "100", `{"scale":0,"value":"ZA=="}`},
 		{colType{textOID, -1}, "", "", "", `""`},
