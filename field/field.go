@@ -42,14 +42,26 @@ var ref = regexp.MustCompile(`\{([A-Z][A-Za-z0-9.]*(?:\[[0-9]+\][A-Za-z0-9.]*)*)
 
 // Text is Reason with every {Field} reference replaced by name(Field), or by
 // the field's path when name is nil.
+// A brace after \p or \P is a regex's Unicode property (\p{Alpha} in a
+// quoted topic regex), not a reference, and is left as it is.
 func (e *Error) Text(name func(field string) string) string {
-	return ref.ReplaceAllStringFunc(e.Reason, func(m string) string {
-		f := m[1 : len(m)-1]
-		if name == nil {
-			return f
+	var b strings.Builder
+	last := 0
+	for _, m := range ref.FindAllStringIndex(e.Reason, -1) {
+		if i := m[0]; i >= 2 && (e.Reason[i-1] == 'p' || e.Reason[i-1] == 'P') && e.Reason[i-2] == '\\' {
+			continue
 		}
-		return name(f)
-	})
+		b.WriteString(e.Reason[last:m[0]])
+		f := e.Reason[m[0]+1 : m[1]-1]
+		if name == nil {
+			b.WriteString(f)
+		} else {
+			b.WriteString(name(f))
+		}
+		last = m[1]
+	}
+	b.WriteString(e.Reason[last:])
+	return b.String()
 }
 
 // Errorf returns an *Error for field; format's {Field} references name other

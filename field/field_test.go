@@ -51,3 +51,11 @@ func TestChecker(t *testing.T) {
 		t.Errorf("Checker.Err() = %v; want BatchSize negative and Mode not one of a, b", v.Err())
 	}
 }
+
+// A regex's \p{Alpha} quoted in a reason is not a field reference.
+func TestTextLeavesUnicodeProperties(t *testing.T) {
+	e := field.Errorf("TopicRegex", `%q: see {TopicReplacement}`, `\p{Alpha}+\P{Upper}`)
+	if got, want := e.Text(nil), `"\\p{Alpha}+\\P{Upper}": see TopicReplacement`; got != want {
+		t.Errorf("Text = %s; want %s", got, want)
+	}
+}

@@ -208,9 +208,9 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 		}
 		p.max = max(p.max, *c.dst)
 	}
-	p.payloadType = colTypeOf(rel.Columns[p.payload])
+	p.payloadType = r.colTypeOf(rel.Columns[p.payload])
 	p.payloadBytea = p.payloadType.oid == byteaOID
-	p.keyType = colTypeOf(rel.Columns[p.aggregateID])
+	p.keyType = r.colTypeOf(rel.Columns[p.aggregateID])
 	if p.timestamp >= 0 {
 		p.timestampType = rel.Columns[p.timestamp].TypeOID
 	}
@@ -221,7 +221,7 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 				f.Column, keyFields, f.Placement, f.Alias, keyFields)
 			return positions{err: err}
 		}
-		p.fields = append(p.fields, fieldPos{pos: i, typ: colTypeOf(rel.Columns[i])})
+		p.fields = append(p.fields, fieldPos{pos: i, typ: r.colTypeOf(rel.Columns[i])})
 		p.max = max(p.max, i)
 	}
 	return p
@@ -234,4 +234,28 @@ func relName(rel *replication.Relation) string {
 	return strconv.Quote(rel.Namespace + "." + rel.Name)
 }
 
-func colTypeOf(c replication.Column) colType { return colType{oid: c.TypeOID, mod: c.TypeMod} }
+func (r *Router) colTypeOf(c replication.Column) colType {
+	if b, ok := r.bases[c.TypeOID]; ok {
+		return colType{oid: b.OID, mod: b.Mod}
+	}
+	return colType{oid: c.TypeOID, mod: c.TypeMod}
+}
+
+// A BaseType is the type a domain is over, through every domain it is over
+// (a domain over a domain over numeric(10,2) is numeric with the modifier of
+// (10,2)), and that type's modifier.
+type BaseType struct {
+	OID uint32
+	Mod int32
+}
+
+// SetBaseTypes tells the router each domain's base type (keyed by the
+// domain's OID), read from the catalog (placement.BaseTypes) at start-up.
+// pgoutput names a column's type by its own OID, a domain's too; Debezium
+// writes a domain's value as its base type's, and so does the router for
+// the domains it knows. A domain created after start-up is written as its
+// text until the next start.
+func (r *Router) SetBaseTypes(bases map[uint32]BaseType) {
+	r.bases = bases
+	r.rel = nil // resolve the columns again
+}

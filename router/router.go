@@ -120,6 +120,7 @@ type Router struct {
 	overrides map[string]string
 	ce        ceRouting
 	spans     bool
+	bases     map[uint32]BaseType // domain OID → its base type; see SetBaseTypes
 
 	// Single-entry cache: one outbox table is the norm, and its Relation
 	// pointer changes only on ALTER TABLE.

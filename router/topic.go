@@ -116,11 +116,15 @@ type topicRegex struct {
 }
 
 // compileTopicRegex compiles a Java regex and replacement as Debezium's
-// RegexRouter takes them. Go's RE2 accepts Java's common syntax, including
-// (?<name>...) groups; what it does not (lookaround, backreferences) is
-// reported with the setting to change.
+// RegexRouter takes them: translated into Go's syntax with Java's meaning
+// (translateJavaRegex), or refused naming the Java construct Go reads
+// otherwise or not at all.
 func compileTopicRegex(regex, replacement string) (topicRegex, error) {
-	re, err := regexp.Compile(`^(?:` + regex + `)$`)
+	goRegex, err := translateJavaRegex(regex)
+	if err != nil {
+		return topicRegex{}, field.Errorf("TopicRegex", "%q: %v", regex, err)
+	}
+	re, err := regexp.Compile(`^(?:` + goRegex + `)$`)
 	if err != nil {
 		return topicRegex{}, field.Errorf("TopicRegex", "%q: %v (the relay takes Java's syntax except lookaround and backreferences)", regex, err)
 	}

@@ -17,8 +17,11 @@ import (
 // type to a Connect type (its defaults: time.precision.mode adaptive,
 // decimal.handling.mode precise, binary.handling.mode bytes); each writer
 // prints that type its own way. Measured against Debezium 3.1.3 by
-// internal/compat's TestDebeziumColumnTypes. pgoutput gives the relay
-// Postgres's text form; what is not listed here is written as that text,
+// internal/compat's TestDebeziumColumnTypes and, for edge values (empty
+// strings, ±infinity, BC and five-digit years, NaN, subnormal floats, array
+// bounds), TestDebeziumEdgeValues. pgoutput gives the relay Postgres's text
+// form, and a domain column's type as the domain (Router.SetBaseTypes maps
+// it to its base type); what is not listed here is written as that text,
 // which is Debezium's too for text, varchar, uuid, json and jsonb.
 
 // A colType is a column's type OID and modifier (precision, scale).
@@ -73,10 +76,13 @@ const (
 )
 
 // headerText is a non-NULL column value as Debezium's header holds it; nil
-// for a header with a null value (an empty bytea is one).
+// for a header with a null value (an empty bytea and a numeric NaN are
+// ones), empty (not nil) for an empty string, as Debezium's.
 func headerText(ct colType, v []byte) []byte { return render(nil, ct, v, inHeader) }
 
-// structText is a non-NULL column value as Struct.toString prints it.
+// structText is a non-NULL column value as Struct.toString prints it; nil
+// when Debezium's value is null (the field is then left out), empty (not
+// nil) for an empty string.
 func structText(ct colType, v []byte) []byte {
 	if v == nil {
 		return nil
@@ -96,12 +102,25 @@ func jsonValue(dst []byte, ct colType, v []byte) []byte {
 // render appends v, a column's text of type ct, as writer w writes
 // Debezium's value of it. A text it cannot read is written as it is (as a
 // JSON string for inJSON).
+//
+// Debezium's null (a numeric NaN, an empty bytea header) is "null" for
+// inJSON and a nil result otherwise; every other value, the empty string
+// included, is a non-nil result.
 func render(dst []byte, ct colType, v []byte, w int) []byte {
+	if dst == nil && w != inJSON {
+		dst = make([]byte, 0, len(v)+8) // non-nil: an empty string is not a null
+	}
 	asText := func() []byte {
 		if w == inJSON {
 			return jsonString(dst, v)
 		}
 		return append(dst, v...)
+	}
+	null := func() []byte {
+		if w == inJSON {
+			return append(dst, "null"...)
+		}
+		return nil
 	}
 	switch ct.oid {
 	case int2OID, int4OID, int8OID, oidOID:
@@ -123,24 +142,38 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 		}
 		return append(dst, s...)
 	case timestampOID:
+		// adaptive: precision 0-3 is io.debezium.time.Timestamp (ms),
+		// 4-6 MicroTimestamp (µs).
+		ms := ct.mod >= 0 && ct.mod <= 3
+		switch string(v) {
+		case "infinity", "-infinity":
+			// Debezium's sentinels for them (pgjdbc's infinities
+			// converted through LocalDateTime).
+			s := tsInfinity[string(v)]
+			if ms {
+				s = s[:len(s)-3]
+			}
+			return append(dst, s...)
+		}
 		t, ok := parseTimestamp(v, false)
 		if !ok {
 			return asText()
 		}
-		// adaptive: precision 0-3 is io.debezium.time.Timestamp (ms),
-		// 4-6 MicroTimestamp (µs).
-		if ct.mod >= 0 && ct.mod <= 3 {
+		if ms {
 			return strconv.AppendInt(dst, t.UnixMilli(), 10)
 		}
 		return strconv.AppendInt(dst, t.UnixMicro(), 10)
 	case timestamptzOID:
 		t, ok := parseTimestamp(v, true)
 		if !ok {
-			return asText()
+			return asText() // ±infinity: Debezium writes the text too
 		}
 		// io.debezium.time.ZonedTimestamp: ISO 8601 in UTC, the fraction as
-		// wide as the column's precision.
-		b := t.UTC().AppendFormat(nil, "2006-01-02T15:04:05")
+		// wide as the column's precision; years as java.time prints them
+		// (-0043, +12345).
+		t = t.UTC()
+		b := appendJavaYear(nil, t.Year())
+		b = t.AppendFormat(b, "-01-02T15:04:05")
 		if p := precision(ct.mod); p > 0 {
 			frac := strconv.AppendInt(nil, int64(t.Nanosecond())/int64(math.Pow10(9-p)), 10)
 			b = append(append(b, '.'), bytes.Repeat([]byte{'0'}, p-len(frac))...)
@@ -152,8 +185,19 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 		}
 		return append(dst, b...)
 	case dateOID:
-		t, err := time.Parse("2006-01-02", string(v))
-		if err != nil {
+		switch string(v) {
+		case "infinity":
+			return append(dst, "-2147472692"...) // Debezium's sentinels, as written by 3.1.3
+		case "-infinity":
+			return append(dst, "-2147472691"...)
+		}
+		d, bc := bytes.CutSuffix(v, []byte(" BC"))
+		d = append(d[:len(d):len(d)], " 00:00:00"...)
+		if bc {
+			d = append(d, " BC"...)
+		}
+		t, ok := parseTimestamp(d, false)
+		if !ok {
 			return asText()
 		}
 		return strconv.AppendInt(dst, t.Unix()/86400, 10) // io.debezium.time.Date: days since the epoch
@@ -176,7 +220,7 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 		}
 		return append(dst, b...)
 	case numericOID:
-		return renderNumeric(dst, ct, v, w, asText)
+		return renderNumeric(dst, ct, v, w, asText, null)
 	case byteaOID:
 		b, err := decodeBytea(v)
 		if err != nil {
@@ -189,7 +233,7 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 			return append(dst, "java.nio.HeapByteBuffer[pos=0 lim="+n+" cap="+n+"]"...)
 		case inHeader:
 			if len(b) == 0 {
-				return nil // SimpleHeaderConverter writes an empty buffer as null
+				return null() // SimpleHeaderConverter writes an empty buffer as null
 			}
 			return base64.StdEncoding.AppendEncode(dst, b)
 		}
@@ -210,15 +254,28 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 // Debezium's VariableScaleDecimal Struct {scale, value}: a JSON object in a
 // header and under JsonConverter; Struct.toString prints the bytes' Java
 // identity ([B@1b2c3d), which cannot be reproduced, so the text is written
-// (migrate reports it). NaN and infinities are written as text.
-func renderNumeric(dst []byte, ct colType, v []byte, w int, asText func() []byte) []byte {
+// (migrate reports it), so the number is written, at Debezium's scale. NaN
+// and the infinities (Postgres 14 on) are null, as Debezium's.
+func renderNumeric(dst []byte, ct colType, v []byte, w int, asText, null func() []byte) []byte {
+	switch string(v) {
+	case "NaN", "Infinity", "-Infinity":
+		// Debezium writes them as null (decimal.handling.mode precise,
+		// logging an error); the infinities are Postgres 14's.
+		return null()
+	}
 	unscaled, scale, ok := parseDecimal(string(v))
 	if !ok {
 		return asText()
 	}
 	if ct.mod < 0 {
+		// VariableScaleDecimal drops the fraction's trailing zeros (-1.10
+		// is scale 1, 100.000 scale 0) but never goes below scale 0.
+		for scale > 0 && new(big.Int).Rem(unscaled, big.NewInt(10)).Sign() == 0 {
+			unscaled.Quo(unscaled, big.NewInt(10))
+			scale--
+		}
 		if w == inStruct {
-			return asText()
+			return append(dst, bigDecimalString(unscaled, scale)...)
 		}
 		dst = append(strconv.AppendInt(append(dst, `{"scale":`...), int64(scale), 10), `,"value":"`...)
 		dst = base64.StdEncoding.AppendEncode(dst, twosComplement(unscaled))
@@ -250,8 +307,13 @@ func precision(mod int32) int {
 }
 
 // javaFloat formats f as Java's Double.toString (bits 64) or Float.toString
-// (32) does, which Connect's converters and Jackson use: plain between 10^-3
-// and 10^7 with at least one fraction digit, else d.dddE±n.
+// (32) does from JDK 19 on (Raffaello Giulietti's specification), which
+// Connect's converters and Jackson use: the shortest decimal that reads back
+// as f, but when that has one digit, the closest one of at most two (Java
+// writes Float.MIN_VALUE 1.4E-45 where Go writes 1e-45); plain between 10^-3
+// and 10^7 with at least one fraction digit, else d.dddE±n. JDK 17 and 18
+// print a few values with more digits than needed (1.0E23 as
+// 9.999999999999999E22): docs/debezium.md names them.
 func javaFloat(f float64, bits int) string {
 	switch {
 	case math.IsNaN(f):
@@ -265,19 +327,58 @@ func javaFloat(f float64, bits int) string {
 	case f == 0:
 		return "0.0"
 	}
-	if a := math.Abs(f); a >= 1e-3 && a < 1e7 {
-		s := strconv.FormatFloat(f, 'f', -1, bits)
-		if !strings.Contains(s, ".") {
-			s += ".0"
+	e := strconv.FormatFloat(f, 'e', -1, bits)
+	if mant, _, _ := strings.Cut(e, "e"); !strings.Contains(mant, ".") {
+		// One digit: the closest two-digit decimal, if it reads back as f.
+		if two := strconv.FormatFloat(f, 'e', 1, bits); parsesAs(two, f, bits) {
+			e = two
 		}
-		return s
 	}
-	mant, exp, _ := strings.Cut(strconv.FormatFloat(f, 'e', -1, bits), "e")
-	if !strings.Contains(mant, ".") {
-		mant += ".0"
+	mant, exp, _ := strings.Cut(e, "e")
+	neg := strings.HasPrefix(mant, "-")
+	mant = strings.TrimPrefix(mant, "-")
+	digits := strings.TrimRight(strings.Replace(mant, ".", "", 1), "0")
+	if digits == "" {
+		digits = "0"
 	}
-	e, _ := strconv.Atoi(exp)
-	return mant + "E" + strconv.Itoa(e)
+	x, _ := strconv.Atoi(exp) // f = 0.d1d2... × 10^(x+1)
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	if a := math.Abs(f); a >= 1e-3 && a < 1e7 {
+		switch {
+		case x < 0:
+			b.WriteString("0.")
+			b.WriteString(strings.Repeat("0", -x-1))
+			b.WriteString(digits)
+		case len(digits) > x+1:
+			b.WriteString(digits[:x+1])
+			b.WriteByte('.')
+			b.WriteString(digits[x+1:])
+		default:
+			b.WriteString(digits)
+			b.WriteString(strings.Repeat("0", x+1-len(digits)))
+			b.WriteString(".0")
+		}
+		return b.String()
+	}
+	b.WriteString(digits[:1])
+	b.WriteByte('.')
+	if len(digits) > 1 {
+		b.WriteString(digits[1:])
+	} else {
+		b.WriteByte('0')
+	}
+	b.WriteByte('E')
+	b.WriteString(strconv.Itoa(x))
+	return b.String()
+}
+
+// parsesAs reports whether s reads back as f at bits' precision.
+func parsesAs(s string, f float64, bits int) bool {
+	g, err := strconv.ParseFloat(s, bits)
+	return err == nil && g == f
 }
 
 // parseDecimal reads Postgres's text of a finite numeric into its unscaled
@@ -401,7 +502,8 @@ func zonedTime(s string) ([]byte, bool) {
 // renderArray writes a one-dimensional Postgres array text ({a,"b c",NULL})
 // as a Connect array: a JSON array in a header and under JsonConverter
 // ([1,2,3], ["a","b c"]), Java's List.toString in a Struct ([a, b c]).
-// Multi-dimensional arrays and ones with explicit bounds are not read.
+// Explicit bounds are dropped, as Debezium drops them; a multi-dimensional
+// array is a null per top-level element ([null, null]), as Debezium's.
 func renderArray(dst []byte, elem uint32, v []byte, w int) ([]byte, bool) {
 	items, ok := parseArray(string(v))
 	if !ok {
@@ -421,7 +523,19 @@ func renderArray(dst []byte, elem uint32, v []byte, w int) ([]byte, bool) {
 			continue
 		}
 		switch {
-		case elem == 0 && w != inStruct: // text-like: a JSON string
+		case elem == 0 && w == inHeader:
+			// Connect's Values.convertToString quotes a string escaping only
+			// '\\' and '"': other characters, non-ASCII and control ones
+			// included, are written as they are.
+			dst = append(dst, '"')
+			for _, c := range []byte(*it) {
+				if c == '\\' || c == '"' {
+					dst = append(dst, '\\')
+				}
+				dst = append(dst, c)
+			}
+			dst = append(dst, '"')
+		case elem == 0 && w == inJSON: // a JSON string, as Jackson writes it
 			dst = jsonString(dst, []byte(*it))
 		case elem == 0:
 			dst = append(dst, *it...)
@@ -435,6 +549,39 @@ func renderArray(dst []byte, elem uint32, v []byte, w int) ([]byte, bool) {
 // parseArray splits a one-dimensional array's text into its elements, nil
 // for NULL, with quotes and backslash escapes removed.
 func parseArray(s string) ([]*string, bool) {
+	if strings.HasPrefix(s, "[") {
+		// Explicit bounds ([2:3]={1,2}): Debezium's list has the elements
+		// only.
+		i := strings.Index(s, "]={")
+		if i < 0 {
+			return nil, false
+		}
+		s = s[i+2:]
+	}
+	if strings.HasPrefix(s, "{{") {
+		// More than one dimension: Debezium's list holds a null per
+		// top-level element ({{1,2},{3,4}} is [null, null]).
+		var items []*string
+		depth := 0
+		for i := 1; i < len(s)-1; i++ {
+			switch s[i] {
+			case '"':
+				for i++; i < len(s) && s[i] != '"'; i++ {
+					if s[i] == '\\' {
+						i++
+					}
+				}
+			case '{':
+				if depth == 0 {
+					items = append(items, nil)
+				}
+				depth++
+			case '}':
+				depth--
+			}
+		}
+		return items, depth == 0
+	}
 	if len(s) < 2 || s[0] != '{' || s[len(s)-1] != '}' {
 		return nil, false
 	}
@@ -482,17 +629,60 @@ func parseArray(s string) ([]*string, bool) {
 	return items, true
 }
 
+// tsInfinity are the microsecond values Debezium 3.1.3 writes for a
+// timestamp's ±infinity (the millisecond ones are these without their last
+// three digits).
+var tsInfinity = map[string]string{
+	"infinity":  "9223372036825200000",
+	"-infinity": "-9223372036832400000",
+}
+
+// appendJavaYear appends a year as java.time's ISO formatter prints it: four
+// digits at least, a sign when negative (1 BC is year 0, 2 BC -0001) and a
+// '+' above 9999.
+func appendJavaYear(dst []byte, y int) []byte {
+	switch {
+	case y < 0:
+		dst = append(dst, '-')
+		y = -y
+	case y > 9999:
+		dst = append(dst, '+')
+	}
+	s := strconv.Itoa(y)
+	if len(s) < 4 {
+		dst = append(dst, "0000"[len(s):]...)
+	}
+	return append(dst, s...)
+}
+
 // parseTimestamp parses pgoutput's text of a timestamp (withZone false:
 // read as UTC, as Debezium reads it) or timestamptz (Postgres writes the
-// offset as +HH, +HH:MM or +HH:MM:SS).
+// offset as +HH, +HH:MM or +HH:MM:SS). Years may have five digits or more,
+// and " BC" ends a date before year 1 (1 BC is the proleptic year 0, as
+// java.time counts).
 func parseTimestamp(v []byte, withZone bool) (time.Time, bool) {
+	s := string(v)
+	bc := strings.HasSuffix(s, " BC")
+	s = strings.TrimSuffix(s, " BC")
+	dash := strings.IndexByte(s, '-')
+	if dash < 4 {
+		return time.Time{}, false
+	}
+	year, err := strconv.Atoi(s[:dash])
+	if err != nil || year < 1 {
+		return time.Time{}, false
+	}
+	if bc {
+		year = 1 - year
+	}
+	rest := "2000" + s[dash:] // a leap year, for 02-29
 	layouts := []string{"2006-01-02 15:04:05.999999"}
 	if withZone {
 		layouts = []string{"2006-01-02 15:04:05.999999Z07", "2006-01-02 15:04:05.999999Z07:00", "2006-01-02 15:04:05.999999Z07:00:00"}
 	}
 	for _, layout := range layouts {
-		if t, err := time.Parse(layout, string(v)); err == nil {
-			return t, true
+		if t, err := time.Parse(layout, rest); err == nil {
+			return time.Date(year, t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), t.Location()), true
 		}
 	}
 	return time.Time{}, false

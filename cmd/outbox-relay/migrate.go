@@ -48,9 +48,10 @@ relay would not write what Debezium wrote.
 
 With --postgres-dsn it also checks the converted config against the outbox
 table in that database: columns the relay would refuse at start, values it
-renders differently from Debezium (a timestamptz placed as a header), and
-options Debezium itself rejects (an event timestamp column that is not bigint).
-Each is a gap.
+renders differently from Debezium (a float on Java 17, a type never
+compared), and options Debezium itself rejects (an event timestamp column that
+is not timestamp). Each is a gap. Without it, a note says the column types
+were not checked.
 
 With --takeover (Debezium stopped first) it reads Debezium's last committed
 position from its offsets: the standalone worker's offset file (--offsets, its
@@ -88,6 +89,10 @@ password).`,
 				if err := checkPlanTable(cmd.Context(), postgresDSN, args[0], plan, connector); err != nil {
 					return err
 				}
+			}
+			if postgresDSN == "" {
+				plan.Notes = append(plan.Notes, debezium.Note{DebeziumKey: "table.include.list", Value: connector["table.include.list"],
+					Why: "the outbox table's column types were not checked, so values the relay writes otherwise than Debezium (a float on Java 17, a numeric without a scale in a StringConverter envelope, a type never compared), a missing mapped column, and an event timestamp column Debezium fails on are not named here: run again with --postgres-dsn postgres://USER@HOST:PORT/DB (the password from RELAY_POSTGRES_PASSWORD) to check them"})
 			}
 			if !takeover {
 				return printPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], plan)

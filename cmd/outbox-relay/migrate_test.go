@@ -59,6 +59,12 @@ func TestMigrateDebeziumConfig(t *testing.T) {
 	if !strings.Contains(errOut, "database.password") || !strings.Contains(errOut, "postgres.password_file") {
 		t.Errorf("stderr does not say where the password goes:\n%s", errOut)
 	}
+	// Without --postgres-dsn it says what it did not check and how to, and
+	// it names what the relay does with an empty aggregate id.
+	wantLines(t, "migrate stderr", errOut,
+		"note: table.include.list=public.outbox: the outbox table's column types were not checked",
+		"run again with --postgres-dsn postgres://USER@HOST:PORT/DB (the password from RELAY_POSTGRES_PASSWORD) to check them",
+		"note: transforms.outbox.table.field.event.key=aggregate_id: an event whose aggregate id is NULL or empty: Debezium sends it with an empty key; the relay does not send it: it parks the event in the retry table as dead")
 	c, err := load(t, writeFile(t, "relay.yaml", out))
 	if err != nil {
 		t.Fatalf("the printed config does not load: %v\n%s", err, out)
@@ -143,6 +149,53 @@ func TestMigrateDebeziumChecksTable(t *testing.T) {
 	wantLines(t, "migrate stderr", errOut,
 		`transforms.outbox.table.fields.additional.placement=took:header:took: column "took" is interval: the relay writes Postgres's text of it; Debezium's rendering of this type was not compared`)
 
+	// Debezium 3.1.3 fails on a bigint event timestamp and reads a
+	// timestamp one (measured).
+	execSQL(t, dsn, `ALTER TABLE outbox ADD COLUMN at_ms bigint, ADD COLUMN at_ts timestamp`)
+	for col, want := range map[string]int{"at_ms": exitcode.Failure, "at_ts": exitcode.OK} {
+		c := strings.Replace(dbzConnector, "table.field.event.timestamp=occurred_at", "table.field.event.timestamp="+col, 1)
+		code, _, errOut = run(t, "migrate", "debezium", writeFile(t, col+".properties", c), "--worker", worker, "--postgres-dsn", dsn)
+		if code != want {
+			t.Errorf("migrate --postgres-dsn with event timestamp %s: exit %d; want %d\n%s", col, code, want, errOut)
+		}
+		if gap := strings.Contains(errOut, "table.field.event.timestamp="+col+":"); gap != (want != exitcode.OK) {
+			t.Errorf("migrate --postgres-dsn with event timestamp %s: gap named %v; want %v\n%s", col, gap, want != exitcode.OK, errOut)
+		}
+	}
+	c := strings.Replace(dbzConnector, "table.field.event.timestamp=occurred_at", "table.field.event.timestamp=at_ms", 1)
+	_, _, errOut = run(t, "migrate", "debezium", writeFile(t, "ms.properties", c), "--worker", worker, "--postgres-dsn", dsn)
+	wantLines(t, "migrate stderr", errOut,
+		`transforms.outbox.table.field.event.timestamp=at_ms: column "at_ms" is bigint; Debezium's EventRouter fails its task on it`)
+
+	// Domains are their base type, through a domain over a domain: a
+	// timestamptz is measured, an interval is not. A float is named for
+	// Java 17's longer texts; an unscaled numeric in a StringConverter
+	// envelope for its Struct text.
+	execSQL(t, dsn, `CREATE DOMAIN d_when AS timestamptz; CREATE DOMAIN d_d_when AS d_when; CREATE DOMAIN d_took AS interval;
+ALTER TABLE outbox ADD COLUMN w d_d_when, ADD COLUMN dt d_took, ADD COLUMN f double precision, ADD COLUMN n numeric`)
+	fits0 := strings.Replace(dbzConnector, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
+	typed := strings.Replace(fits0, "type:header:eventType,tenant:envelope", "w:header,dt:header,f:header,n:envelope", 1)
+	typed = strings.Replace(typed, "org.apache.kafka.connect.json.JsonConverter", "org.apache.kafka.connect.storage.StringConverter", -1)
+	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "typed.properties", typed), "--worker", worker, "--postgres-dsn", dsn)
+	if code != exitcode.Failure || strings.Contains(errOut, "placement=w:header") {
+		t.Errorf("migrate --postgres-dsn with domain, float and numeric fields: exit %d; want 1, the domain over a domain over timestamptz not named\n%s", code, errOut)
+	}
+	wantLines(t, "migrate stderr", errOut,
+		`transforms.outbox.table.fields.additional.placement=dt:header:dt: column "dt" is d_took: the relay writes Postgres's text of it; Debezium's rendering of this type was not compared`,
+		`transforms.outbox.table.fields.additional.placement=f:header:f: column "f" is double precision: Debezium writes a float as the Java it runs on prints it, and Java 17 and 18 print some values longer than Java 19 on (1.0E23 as 9.999999999999999E22`,
+		`transforms.outbox.table.fields.additional.placement=n:envelope:n: column "n" is numeric: a numeric without a declared scale is Debezium's VariableScaleDecimal`)
+
+	// A bytea payload under StringConverter: Debezium wrote the buffer's
+	// toString.
+	execSQL(t, dsn, `ALTER TABLE outbox ADD COLUMN raw bytea`)
+	rawPayload := strings.Replace(typed, "transforms.outbox.table.fields.additional.placement=w:header,dt:header,f:header,n:envelope", "transforms.outbox.table.field.event.payload=raw", 1)
+	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "raw.properties", rawPayload), "--worker", worker, "--postgres-dsn", dsn)
+	if code != exitcode.Failure {
+		t.Errorf("migrate --postgres-dsn with a bytea payload under StringConverter: exit %d; want 1\n%s", code, errOut)
+	}
+	wantLines(t, "migrate stderr", errOut,
+		`transforms.outbox.table.field.event.payload=raw: column "raw" is bytea and the value converter StringConverter: Debezium wrote each value as the text java.nio.HeapByteBuffer[pos=0 lim=N cap=N]`)
+
 	fits := strings.Replace(dbzConnector, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
 	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "f.properties", fits), "--worker", worker, "--postgres-dsn", dsn)
 	if code != exitcode.OK {
@@ -181,5 +234,32 @@ func TestMigrateDebeziumPasswordFromEnv(t *testing.T) {
 	code, _, errOut := run(t, "migrate", "debezium", writeFile(t, "f.properties", fits), "--worker", writeFile(t, "w.properties", dbzWorker), "--postgres-dsn", u.String())
 	if code != exitcode.OK {
 		t.Errorf("migrate --postgres-dsn without a password, RELAY_POSTGRES_PASSWORD set: exit %d; want 0\n%s", code, errOut)
+	}
+}
+
+// TestMigrateDebeziumJavaRegex: a route.topic.regex with Java syntax Go
+// reads otherwise is a gap naming the construct (exit 1); one the relay
+// translates (a POSIX class) is copied as it is, exit 0.
+func TestMigrateDebeziumJavaRegex(t *testing.T) {
+	cleanEnv(t)
+	worker := writeFile(t, "w.properties", dbzWorker)
+	for regex, construct := range map[string]string{
+		`(?<routedByValue>[a-z&&[^x]]+)`: "&& inside a character class",
+		`(?<routedByValue>[[:alpha:]]+)`: "[ inside a character class",
+		`(?U)(?<routedByValue>\w+)`:      "the flag U in (?U)",
+		`(?<routedByValue>\p{Alpha}+)`:   "",
+	} {
+		c := dbzConnector + "transforms.outbox.route.topic.regex=" + strings.ReplaceAll(regex, `\`, `\\`) + "\n"
+		code, out, errOut := run(t, "migrate", "debezium", writeFile(t, "c.properties", c), "--worker", worker)
+		if construct == "" {
+			if code != exitcode.OK || !strings.Contains(out, `regex: "(?<routedByValue>\\p{Alpha}+)"`) {
+				t.Errorf("migrate with route.topic.regex=%s: exit %d; want 0 and topics.regex copied\nstdout:\n%s\nstderr:\n%s", regex, code, out, errOut)
+			}
+			continue
+		}
+		if code != exitcode.Failure {
+			t.Errorf("migrate with route.topic.regex=%s: exit %d; want 1\n%s", regex, code, errOut)
+		}
+		wantLines(t, "migrate stderr", errOut, "transforms.outbox.route.topic.regex="+regex+": the relay cannot route with it", construct+" is Java syntax that Go reads otherwise or not at all")
 	}
 }

@@ -59,23 +59,22 @@ var (
 )
 
 // TestDebeziumColumnTypes places one column of each type as a header and in
-// the envelope, under StringConverter and JsonConverter, on both sides, and
+// the envelope (alias env_<column>), under StringConverter and
+// JsonConverter (one Kafka Connect worker each), on both sides, and
 // compares the bytes.
 func TestDebeziumColumnTypes(t *testing.T) {
 	for _, conv := range []string{"string", "json"} {
-		for _, place := range []string{"header", "envelope"} {
-			t.Run(conv+"/"+place, func(t *testing.T) { runTypes(t, conv, place) })
-		}
+		t.Run(conv, func(t *testing.T) { runTypes(t, conv) })
 	}
 }
 
-func runTypes(t *testing.T, converter, place string) {
+func runTypes(t *testing.T, converter string) {
 	pg := testenv.Postgres(t)
 	k := testenv.Kafka(t)
 	var cols, fields []string
 	for _, c := range typeColumns {
 		cols = append(cols, c.name+" "+c.typ)
-		fields = append(fields, c.name+":"+place)
+		fields = append(fields, c.name+":header", c.name+":envelope:env_"+c.name)
 	}
 	pg.Exec(t, `CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
     aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb, `+strings.Join(cols, ", ")+`)`)
@@ -129,19 +128,16 @@ func runTypes(t *testing.T, converter, place string) {
 	conn.Stop(t)
 	for _, id := range ids {
 		d, r := dbz[id], rly[id]
-		if place == "envelope" {
-			if converter == "string" {
-				// A numeric without a scale is Debezium's
-				// VariableScaleDecimal Struct, whose toString prints its
-				// bytes' Java identity ([B@3a0ecabb): no relay can write
-				// that. The relay writes the number; migrate reports it.
-				d.value = numvStruct.ReplaceAll(d.value, []byte("c_numv=<VariableScaleDecimal>"))
-				r.value = numvText.ReplaceAll(r.value, []byte("c_numv=<VariableScaleDecimal>"))
-			}
-			if string(d.value) != string(r.value) {
-				t.Errorf("event %s value:\n  Debezium %s\n  relay    %s", id, d.value, r.value)
-			}
-			continue
+		if converter == "string" {
+			// A numeric without a scale is Debezium's
+			// VariableScaleDecimal Struct, whose toString prints its
+			// bytes' Java identity ([B@3a0ecabb): no relay can write
+			// that. The relay writes the number; migrate reports it.
+			d.value = numvStruct.ReplaceAll(d.value, []byte("c_numv=<VariableScaleDecimal>"))
+			r.value = numvText.ReplaceAll(r.value, []byte("c_numv=<VariableScaleDecimal>"))
+		}
+		if string(d.value) != string(r.value) {
+			t.Errorf("event %s value:\n  Debezium %s\n  relay    %s", id, d.value, r.value)
 		}
 		for _, c := range typeColumns {
 			dv, _ := headerValue(d.headers, c.name)

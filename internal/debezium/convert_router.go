@@ -53,6 +53,12 @@ func (c *converter) outbox() {
 			c.set("topics.replacement", repl, c.routerKey("route.topic.replacement"))
 		}
 	}
+	keyCol, has := c.opt("table.field.event.key")
+	if !has || keyCol == "" {
+		keyCol = debeziumColumns.AggregateID
+	}
+	c.note(c.routerKey("table.field.event.key"), keyCol,
+		"an event whose aggregate id is NULL or empty: Debezium sends it with an empty key; the relay does not send it: it parks the event in the retry table as dead with the reason (`outbox-relay retries list --status dead` shows it), and delivers the rest; give every event an aggregate id (a NOT NULL column with CHECK (%s <> ''))", keyCol)
 	c.set("message.headers", strings.Join(sql.LayoutDebezium.Headers(), ","), typeKey)
 	if v, has := c.opt("table.fields.additional.placement"); has && v != "" {
 		c.fields(v)

@@ -98,3 +98,37 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, oid).Scan(&raw)
 	}
 	return cols, nil
 }
+
+// BaseTypes reads every domain of the database and the base type it is over,
+// through domains over domains, for router.SetBaseTypes. The modifier is the
+// outermost one declared, as Postgres's getBaseTypeAndTypmod reads it.
+func BaseTypes(ctx context.Context, q Querier) (map[uint32]router.BaseType, error) {
+	var text string
+	if err := q.QueryRow(ctx, `SELECT coalesce(json_agg(json_build_array(oid::int8, typbasetype::int8, typtypmod)), '[]')::text
+FROM pg_catalog.pg_type WHERE typtype = 'd'`).Scan(&text); err != nil {
+		return nil, fmt.Errorf("read the database's domains: %w", err)
+	}
+	var list [][3]int64
+	if err := json.Unmarshal([]byte(text), &list); err != nil {
+		return nil, fmt.Errorf("read the database's domains: %w", err)
+	}
+	direct := make(map[uint32]router.BaseType, len(list))
+	for _, d := range list {
+		direct[uint32(d[0])] = router.BaseType{OID: uint32(d[1]), Mod: int32(d[2])}
+	}
+	out := make(map[uint32]router.BaseType, len(direct))
+	for oid, b := range direct {
+		for range len(direct) { // a chain is at most every domain long
+			next, ok := direct[b.OID]
+			if !ok {
+				break
+			}
+			if b.Mod == -1 {
+				b.Mod = next.Mod
+			}
+			b.OID = next.OID
+		}
+		out[oid] = b
+	}
+	return out, nil
+}

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -57,6 +59,15 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	rts, err := r.cfg.routers()
 	if err != nil {
 		return nil, err
+	}
+	// pgoutput names a domain column's type by the domain: the routers
+	// render it as its base type, as Debezium does.
+	bases, err := placement.BaseTypes(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	for _, rt := range rts {
+		rt.SetBaseTypes(bases)
 	}
 	var x *eos
 	if r.cfg.Delivery == DeliveryExactlyOnce {
