@@ -50,7 +50,8 @@
 #     (.dev/tls, made by internal/testenv/certs/cmd/devcerts). The role relay_cert (a
 #     member of relay, with REPLICATION) logs in with its client certificate only, over
 #     TLS, also for replication (hostssl ... cert lines ahead of initdb's host lines).
-#   - Kafka has three more listeners: SASL_SSL (SCRAM-SHA-512; users relay and admin),
+#   - Kafka has three more listeners: SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN;
+#     users relay and admin),
 #     SSL with ssl.client.auth=required (mTLS; the principal is the certificate's CN),
 #     and OAUTH, SASL_SSL with OAUTHBEARER (issue 36): Kafka's built-in unsecured
 #     validator, which takes an unsigned JWT (alg none) with sub and exp and makes sub
@@ -709,9 +710,13 @@ broker.heartbeat.interval.ms=500
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 super.users=User:ANONYMOUS;User:$KAFKA_ADMIN_USER
 allow.everyone.if.no.acl.found=false
-# SASL_SSL: SCRAM-SHA-512, credentials stored in the metadata log (kafka-configs).
-sasl.enabled.mechanisms=SCRAM-SHA-512
+# SASL_SSL: SCRAM-SHA-512 and SCRAM-SHA-256, credentials stored in the metadata log
+# (kafka-configs), and PLAIN, whose users and passwords are the JAAS options below (the
+# same ones: dev only, the broker's file holds them in clear).
+sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$KAFKA_SASL_USER="$KAFKA_SASL_PASSWORD" user_$KAFKA_ADMIN_USER="$KAFKA_ADMIN_PASSWORD";
 # OAUTH: SASL_SSL with OAUTHBEARER only. No server callback handler is named, so the
 # broker validates with Kafka's unsecured one (OAuthBearerUnsecuredValidatorCallbackHandler):
 # an unsigned JWT (alg none) whose exp has not passed; its sub is the principal. The
@@ -778,12 +783,12 @@ kafka_reconfigure() {
 # starts: a reformatted data directory loses both together.
 kafka_security() {
 	local spec sum marker=$KAFKA_HOME/data/relay-security.sha256 out=$KAFKA_HOME/security.log
-	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; transactional $KAFKA_RELAY_TXN_PREFIX $KAFKA_RELAY_CHECKPOINT_TOPIC; v3"
+	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; transactional $KAFKA_RELAY_TXN_PREFIX $KAFKA_RELAY_CHECKPOINT_TOPIC; scram 256 512; v4"
 	sum=$(printf '%s' "$spec" | sha256sum | cut -c1-64)
 	if [ "$(cat "$marker" 2>/dev/null)" = "$sum" ]; then
 		return 0
 	fi
-	log "creating the SCRAM users $KAFKA_SASL_USER and $KAFKA_ADMIN_USER and the ACLs of User:$KAFKA_SASL_USER"
+	log "creating the SCRAM users $KAFKA_SASL_USER (SHA-512 and SHA-256) and $KAFKA_ADMIN_USER and the ACLs of User:$KAFKA_SASL_USER"
 	: >"$out"
 	kafka_tool() {
 		kafka_java "$@" >>"$out" 2>&1 || {
@@ -793,6 +798,9 @@ kafka_security() {
 	}
 	kafka_tool "$(kafka_admin_class ConfigCommand)" --bootstrap-server "$KAFKA_BROKERS" --alter \
 		--add-config "SCRAM-SHA-512=[password=$KAFKA_SASL_PASSWORD]" --entity-type users --entity-name "$KAFKA_SASL_USER"
+	# One mechanism per request: the broker refuses a user's credential altered twice in one.
+	kafka_tool "$(kafka_admin_class ConfigCommand)" --bootstrap-server "$KAFKA_BROKERS" --alter \
+		--add-config "SCRAM-SHA-256=[password=$KAFKA_SASL_PASSWORD]" --entity-type users --entity-name "$KAFKA_SASL_USER"
 	kafka_tool "$(kafka_admin_class ConfigCommand)" --bootstrap-server "$KAFKA_BROKERS" --alter \
 		--add-config "SCRAM-SHA-512=[password=$KAFKA_ADMIN_PASSWORD]" --entity-type users --entity-name "$KAFKA_ADMIN_USER"
 	# The relay's ACLs, as docs/security.md documents them: write and describe its topics
@@ -1016,7 +1024,7 @@ print_info() {
 Postgres: $PG_DSN
           TLS: $PG_TLS_DSN
 Kafka:    $KAFKA_VERSION on $KAFKA_BROKERS
-          SASL_SSL (SCRAM-SHA-512, user $KAFKA_SASL_USER): $KAFKA_SASL_BROKERS; mTLS: $KAFKA_MTLS_BROKERS; CA: $TLS_DIR/ca.pem
+          SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN; user $KAFKA_SASL_USER): $KAFKA_SASL_BROKERS; mTLS: $KAFKA_MTLS_BROKERS; CA: $TLS_DIR/ca.pem
           OAUTHBEARER (unsecured JWT, sub $KAFKA_SASL_USER): $KAFKA_OAUTH_BROKERS
 Use them: eval "\$(make -s dev-env)"
 Stop:     make dev-down
@@ -1058,7 +1066,7 @@ cmd_kafka_up() {
 	fi
 	cat <<EOF
 Kafka:    $KAFKA_VERSION on $KAFKA_BROKERS
-          SASL_SSL (SCRAM-SHA-512, user $KAFKA_SASL_USER): $KAFKA_SASL_BROKERS; mTLS: $KAFKA_MTLS_BROKERS; CA: $TLS_DIR/ca.pem
+          SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN; user $KAFKA_SASL_USER): $KAFKA_SASL_BROKERS; mTLS: $KAFKA_MTLS_BROKERS; CA: $TLS_DIR/ca.pem
           OAUTHBEARER (unsecured JWT, sub $KAFKA_SASL_USER): $KAFKA_OAUTH_BROKERS
 Stop:     scripts/dev.sh kafka-down (with the same RELAY_DEV_* variables)
 EOF
