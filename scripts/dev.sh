@@ -4,7 +4,7 @@
 # tests use, without Docker.
 #
 #   scripts/dev.sh up                 start both (idempotent), print connection info
-#   scripts/dev.sh down               stop both, and every Postgres N that runs, by their PIDs
+#   scripts/dev.sh down               stop both, every Postgres N and every kafka-matrix broker that runs, by their PIDs
 #   scripts/dev.sh clean              down, then remove .dev/
 #   scripts/dev.sh env                print export lines for eval
 #   scripts/dev.sh status             show what runs
@@ -1076,6 +1076,24 @@ cmd_down() {
 	pg_stop fast
 	pg_stop_versions
 	kafka_stop TERM
+	kafka_stop_matrix
+}
+
+# kafka_stop_matrix stops the brokers scripts/kafka-matrix.sh left running under
+# .dev/kafka-matrix (it stops each after its run; an interrupted run may not have), each
+# on the port its own server.properties names.
+kafka_stop_matrix() {
+	local home port
+	for home in "$DEV_DIR"/kafka-matrix/*/kafka; do
+		[ -f "$home/server.properties" ] || continue
+		port=$(sed -n 's|^listeners=PLAINTEXT://127.0.0.1:\([0-9]*\),.*|\1|p' "$home/server.properties")
+		[ -n "$port" ] || continue
+		(
+			KAFKA_HOME=$home
+			KAFKA_PORT=$port
+			kafka_stop TERM
+		) || log "the broker of $home was not stopped (see above)"
+	done
 }
 
 # pg_stop_versions stops every Postgres N of .dev that runs (pg-up N started it).

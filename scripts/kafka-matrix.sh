@@ -45,7 +45,8 @@ KAFKA_MATRIX_RUN='^('\
 
 versions=("$@")
 if [ ${#versions[@]} -eq 0 ]; then
-	versions=("$(bash "$DEV" kafka-version)" "$KAFKA_MATRIX_NEWEST")
+	# The dev broker's default release, whatever RELAY_DEV_KAFKA_VERSION the caller exported.
+	versions=("$(RELAY_DEV_KAFKA_VERSION='' bash "$DEV" kafka-version)" "$KAFKA_MATRIX_NEWEST")
 fi
 
 # The dev servers' directory (the physical one: a worktree's .dev may be a link) holds
