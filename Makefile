@@ -11,7 +11,7 @@ LDFLAGS := -X main.version=$(VERSION)
 # Exports RELAY_POSTGRES_DSN, RELAY_KAFKA_BROKERS and the RELAY_TEST_* twins for a recipe.
 WITH_DEV_ENV := eval "$$($(DEV) env)" &&
 
-.PHONY: all build test test-short test-faults test-pg-matrix dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
+.PHONY: all build test test-short test-faults test-pg-matrix test-kafka dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
 
 all: build
 
@@ -44,6 +44,17 @@ test-faults: dev-up
 PG_MATRIX_VERSIONS ?=
 test-pg-matrix: dev-up
 	@scripts/pg-matrix.sh $(PG_MATRIX_VERSIONS)
+
+# The Kafka compatibility suite (scripts/kafka-matrix.sh holds the selection: sink/,
+# end to end, exactly-once, the secure listeners) on each version of KAFKA_VERSIONS, or
+# on KAFKA_VERSION alone (make test-kafka KAFKA_VERSION=4.4.0); by default the dev
+# broker's 3.9.1 and the newest 4.x. Each version runs on a broker of its own
+# (.dev/kafka-matrix/<version>, 127.0.0.1:19192 to 19196, jars from Maven Central) beside
+# the dev servers, whose Postgres it uses. One PASS/FAIL line per version, with its time.
+KAFKA_VERSIONS ?=
+KAFKA_VERSION ?=
+test-kafka: dev-up
+	@scripts/kafka-matrix.sh $(KAFKA_VERSIONS) $(KAFKA_VERSION)
 
 dev-up:
 	@$(DEV) up

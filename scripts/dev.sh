@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# dev.sh runs the local Postgres 15 and Apache Kafka 3.9.1 that development, the demo
-# and the integration tests use, without Docker.
+# dev.sh runs the local Postgres 15 and Apache Kafka (3.9.1 unless RELAY_DEV_KAFKA_VERSION
+# names another release, such as 4.4.0) that development, the demo and the integration
+# tests use, without Docker.
 #
 #   scripts/dev.sh up                 start both (idempotent), print connection info
-#   scripts/dev.sh down               stop both, and every Postgres N that runs, by their PIDs
+#   scripts/dev.sh down               stop both, every Postgres N and every kafka-matrix broker that runs, by their PIDs
 #   scripts/dev.sh clean              down, then remove .dev/
 #   scripts/dev.sh env                print export lines for eval
 #   scripts/dev.sh status             show what runs
 #   scripts/dev.sh deps               install what is missing (apt), nothing else
 #   scripts/dev.sh debezium-libs      fetch Kafka Connect + Debezium jars (integration tests)
+#   scripts/dev.sh kafka-up           start the broker only (and its users and ACLs)
+#   scripts/dev.sh kafka-down         stop the broker only
+#   scripts/dev.sh kafka-version      print the Kafka version the commands act on
 #   scripts/dev.sh kafka-kill         kill -9 the broker, wait until it is gone
 #   scripts/dev.sh kafka-start        start the broker, wait until it answers metadata
 #   scripts/dev.sh kafka-pause        SIGSTOP the broker: connections hang (a partition)
@@ -23,9 +27,19 @@
 #   scripts/dev.sh pg-release N       print the pinned binaries release of Postgres N
 #   scripts/dev.sh pg-bin N           print the bin directory of Postgres N, fetching it once
 #
-# State lives in .dev/ (git-ignored); the Kafka jars are cached outside the repo in
-# ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-3.9.1/libs (and Maven's ~/.m2), the
-# Kafka Connect + Debezium jars of internal/testenv/debezium in .../debezium-3.1.3/libs.
+# State lives in .dev/ (git-ignored); the Kafka jars are cached outside the repo, per
+# version, in ${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-<version>/libs (and
+# Maven's ~/.m2), the Kafka Connect + Debezium jars of internal/testenv/debezium in
+# .../debezium-3.1.3/libs.
+#
+# Kafka versions (issue 36): RELAY_DEV_KAFKA_VERSION=X.Y.Z runs that Apache Kafka release
+# from Maven Central (3.x or 4.x; `env` exports it, so the fault helpers restart the same
+# version). Kafka 4 logs with Log4j 2 (log4j2.properties, not log4j.properties), keeps
+# its admin tools in kafka-tools (org.apache.kafka.tools.AclCommand, ConfigCommand) and
+# runs KRaft only, which is all this script ever ran. A broker's data directory records
+# the version that formatted it: another version on the same .dev is refused, since
+# KRaft metadata does not go back to an older release; give each version its own
+# RELAY_DEV_DIR and ports (scripts/kafka-matrix.sh, `make test-kafka`, does).
 #
 # Fault helpers (kafka-kill, kafka-start, kafka-pause, kafka-resume, pg-stop-immediate,
 # pg-start) take an exclusive flock on .dev/fault.lock so that they wait for running
@@ -36,15 +50,21 @@
 #     (.dev/tls, made by internal/testenv/certs/cmd/devcerts). The role relay_cert (a
 #     member of relay, with REPLICATION) logs in with its client certificate only, over
 #     TLS, also for replication (hostssl ... cert lines ahead of initdb's host lines).
-#   - Kafka has two more listeners: SASL_SSL (SCRAM-SHA-512; users relay and admin) and
-#     SSL with ssl.client.auth=required (mTLS; the principal is the certificate's CN).
+#   - Kafka has three more listeners: SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN;
+#     users relay and admin),
+#     SSL with ssl.client.auth=required (mTLS; the principal is the certificate's CN),
+#     and OAUTH, SASL_SSL with OAUTHBEARER (issue 36): Kafka's built-in unsecured
+#     validator, which takes an unsigned JWT (alg none) with sub and exp and makes sub
+#     the principal; a token with sub relay is User:relay with its ACLs below. Dev only:
+#     anyone can make such a token.
 #     The StandardAuthorizer is on: ANONYMOUS (PLAINTEXT and the controller) and admin
 #     are super users; User:relay may only WRITE and DESCRIBE topics prefixed
 #     outbox.event. and DESCRIBE the cluster, and, for delivery: exactly-once, use
 #     transactional ids prefixed outbox-relay- and read and write the topic
 #     outbox-relay-checkpoints (the ACLs docs/security.md documents).
 #   `env` prints them as RELAY_TEST_POSTGRES_TLS_DSN, RELAY_TEST_KAFKA_SASL_BROKERS,
-#   RELAY_TEST_KAFKA_MTLS_BROKERS, RELAY_TEST_KAFKA_SASL_USER/_PASSWORD, RELAY_TEST_TLS_DIR.
+#   RELAY_TEST_KAFKA_MTLS_BROKERS, RELAY_TEST_KAFKA_OAUTH_BROKERS,
+#   RELAY_TEST_KAFKA_SASL_USER/_PASSWORD, RELAY_TEST_TLS_DIR.
 #
 # Other Postgres versions (issue 20), for `make test-pg-matrix`: Postgres N (13..18) runs
 # on 127.0.0.1:54N (5413..5418, RELAY_DEV_PG<N>_PORT), data in .dev/pg-N, with the default server's
@@ -59,7 +79,8 @@
 #
 # Environment: RELAY_DEV_PG_PORT (54329), RELAY_DEV_KAFKA_PORT (19092),
 # RELAY_DEV_KAFKA_CONTROLLER_PORT (Kafka port + 1), RELAY_DEV_KAFKA_SASL_PORT (Kafka
-# port + 2), RELAY_DEV_KAFKA_MTLS_PORT (Kafka port + 3), RELAY_DEV_DIR (<repo>/.dev).
+# port + 2), RELAY_DEV_KAFKA_MTLS_PORT (Kafka port + 3), RELAY_DEV_KAFKA_OAUTH_PORT (Kafka
+# port + 4), RELAY_DEV_KAFKA_VERSION (3.9.1), RELAY_DEV_DIR (<repo>/.dev).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -81,11 +102,27 @@ KAFKA_PORT=${RELAY_DEV_KAFKA_PORT:-19092}
 KAFKA_CTRL_PORT=${RELAY_DEV_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
 KAFKA_SASL_PORT=${RELAY_DEV_KAFKA_SASL_PORT:-$((KAFKA_PORT + 2))}
 KAFKA_MTLS_PORT=${RELAY_DEV_KAFKA_MTLS_PORT:-$((KAFKA_PORT + 3))}
-KAFKA_VERSION=3.9.1
+KAFKA_OAUTH_PORT=${RELAY_DEV_KAFKA_OAUTH_PORT:-$((KAFKA_PORT + 4))}
+# The default broker. Kafka 4.x releases Maven Central serves run too (4.4.0 was the
+# newest when this was written: scripts/kafka-matrix.sh's KAFKA_MATRIX_NEWEST).
+KAFKA_DEFAULT_VERSION=3.9.1
+KAFKA_VERSION=${RELAY_DEV_KAFKA_VERSION:-$KAFKA_DEFAULT_VERSION}
+[[ $KAFKA_VERSION =~ ^([0-9]+)\.[0-9]+\.[0-9]+$ ]] ||
+	{
+		printf 'dev: error: RELAY_DEV_KAFKA_VERSION=%s is not a Kafka release (X.Y.Z, e.g. 3.9.1 or 4.4.0)\n' "$KAFKA_VERSION" >&2
+		exit 1
+	}
+KAFKA_MAJOR=${BASH_REMATCH[1]}
+[ "$KAFKA_MAJOR" -ge 3 ] || {
+	printf 'dev: error: RELAY_DEV_KAFKA_VERSION=%s: dev.sh runs KRaft brokers, Kafka 3.x (3.3 or later) or 4.x\n' "$KAFKA_VERSION" >&2
+	exit 1
+}
 KAFKA_LIBS=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/kafka-$KAFKA_VERSION/libs
 KAFKA_HOME=$DEV_DIR/kafka
-# internal/testenv/debezium reads the jars from here: keep the two paths in step.
+# internal/testenv/debezium reads the jars from here: keep the two paths in step. Kafka
+# Connect's version is scripts/debezium/pom.xml's, whatever broker runs.
 DEBEZIUM_VERSION=3.1.3
+CONNECT_VERSION=3.9.1
 DEBEZIUM_LIBS=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/debezium-$DEBEZIUM_VERSION/libs
 PG_DB=outbox
 PG_USER=relay
@@ -115,6 +152,7 @@ KAFKA_RELAY_TXN_PREFIX=outbox-relay-outbox_relay
 KAFKA_RELAY_CHECKPOINT_TOPIC=outbox-relay-checkpoints
 KAFKA_SASL_BROKERS="127.0.0.1:$KAFKA_SASL_PORT"
 KAFKA_MTLS_BROKERS="127.0.0.1:$KAFKA_MTLS_PORT"
+KAFKA_OAUTH_BROKERS="127.0.0.1:$KAFKA_OAUTH_PORT"
 
 log() { printf 'dev: %s\n' "$*" >&2; }
 die() {
@@ -584,11 +622,12 @@ pg_stop() { # mode
 
 # ---------------------------------------------------------------- kafka
 
-# maven_libs POM DIR WHAT resolves POM's runtime dependencies into DIR (cached: a DIR
-# with .complete is left alone). Into a temporary directory first, so an interrupted
+# maven_libs POM DIR WHAT [MAVEN ARGS] resolves POM's runtime dependencies into DIR
+# (cached: a DIR with .complete is left alone). Into a temporary directory first, so an interrupted
 # download never leaves a directory with .complete and jars missing.
 maven_libs() {
 	local pom=$1 dir=$2 what=$3 tmp
+	shift 3
 	if [ -f "$dir/.complete" ]; then
 		return 0
 	fi
@@ -596,27 +635,49 @@ maven_libs() {
 	log "resolving $what jars from Maven Central into $dir"
 	mkdir -p "$(dirname "$dir")"
 	tmp=$(mktemp -d "$(dirname "$dir")/.libs.XXXXXX")
-	if ! mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies \
+	if ! mvn -q -B -Dstyle.color=never -f "$pom" "$@" dependency:copy-dependencies \
 		-DoutputDirectory="$tmp" -DincludeScope=runtime >&2; then
 		rm -rf "$tmp"
-		die "maven could not resolve the $what jars"
+		die "maven could not resolve the $what jars (a version Maven Central does not serve? RELAY_DEV_KAFKA_VERSION takes a release such as 3.9.1 or 4.4.0)"
 	fi
 	touch "$tmp/.complete"
 	rm -rf "$dir"
 	mv "$tmp" "$dir"
 }
 
-kafka_libs() { maven_libs "$ROOT/scripts/kafka/pom.xml" "$KAFKA_LIBS" "Kafka $KAFKA_VERSION"; }
+# kafka_logging is the pom's kafka.logging profile: Kafka 4 logs with Log4j 2.
+kafka_logging() { if [ "$KAFKA_MAJOR" -ge 4 ]; then echo log4j2; else echo reload4j; fi; }
+
+kafka_libs() {
+	maven_libs "$ROOT/scripts/kafka/pom.xml" "$KAFKA_LIBS" "Kafka $KAFKA_VERSION" \
+		-Dkafka.version="$KAFKA_VERSION" -Dkafka.logging="$(kafka_logging)"
+	[ -n "$(ls "$KAFKA_LIBS"/kafka_2.13-"$KAFKA_VERSION".jar 2>/dev/null)" ] ||
+		die "no kafka_2.13-$KAFKA_VERSION.jar in $KAFKA_LIBS: remove that directory to resolve it again"
+}
+
+# kafka_admin_class NAME prints the main class of Kafka's admin tool NAME (AclCommand,
+# ConfigCommand): kafka.admin in Kafka 3, org.apache.kafka.tools in Kafka 4.
+kafka_admin_class() {
+	if [ "$KAFKA_MAJOR" -ge 4 ]; then echo "org.apache.kafka.tools.$1"; else echo "kafka.admin.$1"; fi
+}
+
+# kafka_log_opt is the JVM option naming the logging configuration kafka_write_conf wrote.
+kafka_log_opt() {
+	if [ "$KAFKA_MAJOR" -ge 4 ]; then
+		echo "-Dlog4j2.configurationFile=file:$KAFKA_HOME/log4j2.properties"
+	else
+		echo "-Dlog4j.configuration=file:$KAFKA_HOME/log4j.properties"
+	fi
+}
 
 # debezium_libs resolves Kafka Connect and the Debezium Postgres connector, which the
 # integration tests run as a real Debezium to compare its output with the relay's.
 debezium_libs() {
-	maven_libs "$ROOT/scripts/debezium/pom.xml" "$DEBEZIUM_LIBS" "Kafka Connect $KAFKA_VERSION + Debezium $DEBEZIUM_VERSION"
+	maven_libs "$ROOT/scripts/debezium/pom.xml" "$DEBEZIUM_LIBS" "Kafka Connect $CONNECT_VERSION + Debezium $DEBEZIUM_VERSION"
 }
 
 kafka_java() { # main class and args
-	java -Xmx1g -Xms128m -Djava.awt.headless=true \
-		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
+	java -Xmx1g -Xms128m -Djava.awt.headless=true "$(kafka_log_opt)" \
 		-cp "$KAFKA_LIBS/*" "$@"
 }
 
@@ -629,14 +690,14 @@ kafka_write_conf() {
 	# below makes new certificates a configuration change, which restarts it.
 	tls_sum=$(cat "$TLS_DIR/server-key.pem" "$TLS_DIR/ca.pem" | sha256sum | cut -c1-16)
 	cat >"$out" <<EOF
-# Written by scripts/dev.sh on every start.
+# Written by scripts/dev.sh on every start, for Kafka $KAFKA_VERSION.
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CTRL_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CTRL_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_MTLS_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_MTLS_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CTRL_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_MTLS_PORT,OAUTH://127.0.0.1:$KAFKA_OAUTH_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_MTLS_PORT,OAUTH://127.0.0.1:$KAFKA_OAUTH_PORT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL,OAUTH:SASL_SSL
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$KAFKA_HOME/data
 num.partitions=4
@@ -658,9 +719,20 @@ broker.heartbeat.interval.ms=500
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 super.users=User:ANONYMOUS;User:$KAFKA_ADMIN_USER
 allow.everyone.if.no.acl.found=false
-# SASL_SSL: SCRAM-SHA-512, credentials stored in the metadata log (kafka-configs).
-sasl.enabled.mechanisms=SCRAM-SHA-512
+# SASL_SSL: SCRAM-SHA-512 and SCRAM-SHA-256, credentials stored in the metadata log
+# (kafka-configs), and PLAIN, whose users and passwords are the JAAS options below (the
+# same ones: dev only, the broker's file holds them in clear).
+sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$KAFKA_SASL_USER="$KAFKA_SASL_PASSWORD" user_$KAFKA_ADMIN_USER="$KAFKA_ADMIN_PASSWORD";
+# OAUTH: SASL_SSL with OAUTHBEARER only. No server callback handler is named, so the
+# broker validates with Kafka's unsecured one (OAuthBearerUnsecuredValidatorCallbackHandler):
+# an unsigned JWT (alg none) whose exp has not passed; its sub is the principal. The
+# login options only serve the broker's own login module, which this listener needs
+# configured although the broker never logs in through it.
+listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER
+listener.name.oauth.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required unsecuredLoginStringClaim_sub="$KAFKA_ADMIN_USER";
 # TLS for SASL_SSL and SSL: PEM files made by Go (internal/testenv/certs), no keytool.
 # tls files: $tls_sum
 ssl.keystore.type=PEM
@@ -672,7 +744,22 @@ ssl.truststore.location=$TLS_DIR/ca.pem
 listener.name.ssl.ssl.client.auth=required
 ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/\$1/,RULE:^CN=([^,]+),.*$/\$1/,DEFAULT
 EOF
-	cat >"$KAFKA_HOME/log4j.properties" <<EOF
+	# Kafka 3 logs with log4j 1 (reload4j), Kafka 4 with Log4j 2: the same settings.
+	if [ "$KAFKA_MAJOR" -ge 4 ]; then
+		cat >"$KAFKA_HOME/log4j2.properties" <<EOF
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = $KAFKA_HOME/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+logger.raft.name = kafka.server.KafkaRaftServer
+logger.raft.level = info
+EOF
+	else
+		cat >"$KAFKA_HOME/log4j.properties" <<EOF
 log4j.rootLogger=WARN, file
 log4j.logger.kafka.server.KafkaRaftServer=INFO
 log4j.appender.file=org.apache.log4j.FileAppender
@@ -680,12 +767,14 @@ log4j.appender.file.File=$KAFKA_HOME/server.log
 log4j.appender.file.layout=org.apache.log4j.PatternLayout
 log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 EOF
+	fi
 }
 
 # kafka_reconfigure restarts a running broker whose configuration differs from what
 # kafka_write_conf writes now (an older dev.sh's, other ports, new certificates), and
 # leaves an unchanged one alone.
 kafka_reconfigure() {
+	kafka_same_version
 	kafka_pid >/dev/null || return 0
 	kafka_write_conf "$KAFKA_HOME/server.properties.new"
 	if cmp -s "$KAFKA_HOME/server.properties.new" "$KAFKA_HOME/server.properties"; then
@@ -703,12 +792,12 @@ kafka_reconfigure() {
 # starts: a reformatted data directory loses both together.
 kafka_security() {
 	local spec sum marker=$KAFKA_HOME/data/relay-security.sha256 out=$KAFKA_HOME/security.log
-	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; transactional $KAFKA_RELAY_TXN_PREFIX $KAFKA_RELAY_CHECKPOINT_TOPIC; v3"
+	spec="users $KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD $KAFKA_ADMIN_USER:$KAFKA_ADMIN_PASSWORD; prefix $KAFKA_RELAY_TOPIC_PREFIX; transactional $KAFKA_RELAY_TXN_PREFIX $KAFKA_RELAY_CHECKPOINT_TOPIC; scram 256 512; v4"
 	sum=$(printf '%s' "$spec" | sha256sum | cut -c1-64)
 	if [ "$(cat "$marker" 2>/dev/null)" = "$sum" ]; then
 		return 0
 	fi
-	log "creating the SCRAM users $KAFKA_SASL_USER and $KAFKA_ADMIN_USER and the ACLs of User:$KAFKA_SASL_USER"
+	log "creating the SCRAM users $KAFKA_SASL_USER (SHA-512 and SHA-256) and $KAFKA_ADMIN_USER and the ACLs of User:$KAFKA_SASL_USER"
 	: >"$out"
 	kafka_tool() {
 		kafka_java "$@" >>"$out" 2>&1 || {
@@ -716,30 +805,33 @@ kafka_security() {
 			die "kafka tool failed: $1 (log: $out)"
 		}
 	}
-	kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$KAFKA_BROKERS" --alter \
+	kafka_tool "$(kafka_admin_class ConfigCommand)" --bootstrap-server "$KAFKA_BROKERS" --alter \
 		--add-config "SCRAM-SHA-512=[password=$KAFKA_SASL_PASSWORD]" --entity-type users --entity-name "$KAFKA_SASL_USER"
-	kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$KAFKA_BROKERS" --alter \
+	# One mechanism per request: the broker refuses a user's credential altered twice in one.
+	kafka_tool "$(kafka_admin_class ConfigCommand)" --bootstrap-server "$KAFKA_BROKERS" --alter \
+		--add-config "SCRAM-SHA-256=[password=$KAFKA_SASL_PASSWORD]" --entity-type users --entity-name "$KAFKA_SASL_USER"
+	kafka_tool "$(kafka_admin_class ConfigCommand)" --bootstrap-server "$KAFKA_BROKERS" --alter \
 		--add-config "SCRAM-SHA-512=[password=$KAFKA_ADMIN_PASSWORD]" --entity-type users --entity-name "$KAFKA_ADMIN_USER"
 	# The relay's ACLs, as docs/security.md documents them: write and describe its topics
 	# (prefixed), describe the cluster. No CREATE: with auto-creation a missing topic
 	# is then reported, not created. No IDEMPOTENT_WRITE: on Kafka 3.x, WRITE on a
 	# topic allows the idempotent producer's writes to it.
-	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
+	kafka_tool "$(kafka_admin_class AclCommand)" --bootstrap-server "$KAFKA_BROKERS" --add \
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Write --operation Describe \
 		--topic "$KAFKA_RELAY_TOPIC_PREFIX" --resource-pattern-type prefixed
-	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
+	kafka_tool "$(kafka_admin_class AclCommand)" --bootstrap-server "$KAFKA_BROKERS" --add \
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Describe --cluster
 	# delivery: exactly-once: the relay's transactional ids (outbox-relay-<slot>,
 	# and check's outbox-relay-<slot>-check) and its checkpoint topic, which it
 	# also reads when it starts. A broker set up before v3 granted every
 	# outbox-relay- id: that grant goes.
-	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --remove --force \
+	kafka_tool "$(kafka_admin_class AclCommand)" --bootstrap-server "$KAFKA_BROKERS" --remove --force \
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Write --operation Describe \
 		--transactional-id outbox-relay- --resource-pattern-type prefixed
-	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
+	kafka_tool "$(kafka_admin_class AclCommand)" --bootstrap-server "$KAFKA_BROKERS" --add \
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Write --operation Describe \
 		--transactional-id "$KAFKA_RELAY_TXN_PREFIX" --resource-pattern-type prefixed
-	kafka_tool kafka.admin.AclCommand --bootstrap-server "$KAFKA_BROKERS" --add \
+	kafka_tool "$(kafka_admin_class AclCommand)" --bootstrap-server "$KAFKA_BROKERS" --add \
 		--allow-principal "User:$KAFKA_SASL_USER" --operation Read --operation Write --operation Describe \
 		--topic "$KAFKA_RELAY_CHECKPOINT_TOPIC"
 	echo "$sum" >"$marker"
@@ -747,7 +839,7 @@ kafka_security() {
 
 kafka_format() {
 	[ -f "$KAFKA_HOME/data/meta.properties" ] && return 0
-	log "formatting KRaft storage in $KAFKA_HOME/data"
+	log "formatting KRaft storage in $KAFKA_HOME/data (kafka $KAFKA_VERSION)"
 	local id
 	id=$(kafka_java kafka.tools.StorageTool random-uuid)
 	kafka_java kafka.tools.StorageTool format -t "$id" -c "$KAFKA_HOME/server.properties" >"$KAFKA_HOME/format.log" 2>&1 ||
@@ -755,6 +847,19 @@ kafka_format() {
 			cat "$KAFKA_HOME/format.log" >&2
 			die "kafka storage format failed"
 		}
+	echo "$KAFKA_VERSION" >"$KAFKA_HOME/data/relay-kafka-version"
+}
+
+# kafka_same_version refuses a data directory another Kafka version formatted (one
+# without the record predates RELAY_DEV_KAFKA_VERSION: 3.9.1): KRaft metadata written
+# by a newer release does not load in an older one, and an upgrade in place would
+# leave the directory unusable by the version that made it.
+kafka_same_version() {
+	[ -f "$KAFKA_HOME/data/meta.properties" ] || return 0
+	local made
+	made=$(cat "$KAFKA_HOME/data/relay-kafka-version" 2>/dev/null || echo 3.9.1)
+	[ "$made" = "$KAFKA_VERSION" ] && return 0
+	die "the broker of $KAFKA_HOME is Kafka $made but RELAY_DEV_KAFKA_VERSION asks for $KAFKA_VERSION: give Kafka $KAFKA_VERSION a directory and ports of its own (RELAY_DEV_DIR, RELAY_DEV_KAFKA_PORT; scripts/kafka-matrix.sh does), or remove this one (scripts/dev.sh kafka-down; rm -rf $KAFKA_HOME) to start afresh"
 }
 
 # kafka_ours refuses to act on the broker of DEV_DIR when it is not the one on
@@ -795,6 +900,7 @@ kafka_answers() {
 }
 
 kafka_start() {
+	kafka_same_version
 	if kafka_pid >/dev/null; then
 		kafka_wait_ready
 		return 0
@@ -809,14 +915,13 @@ kafka_start() {
 	kafka_libs
 	kafka_write_conf
 	kafka_format
-	log "starting kafka $KAFKA_VERSION on $KAFKA_BROKERS (controller 127.0.0.1:$KAFKA_CTRL_PORT, SASL_SSL $KAFKA_SASL_BROKERS, mTLS $KAFKA_MTLS_BROKERS)"
+	log "starting kafka $KAFKA_VERSION on $KAFKA_BROKERS (controller 127.0.0.1:$KAFKA_CTRL_PORT, SASL_SSL $KAFKA_SASL_BROKERS, mTLS $KAFKA_MTLS_BROKERS, OAUTHBEARER $KAFKA_OAUTH_BROKERS)"
 	: >"$KAFKA_HOME/stdout.log"
 	rm -f "$KAFKA_HOME/kafka.pid"
 	# setsid: the broker must outlive make and the shell that started it. The inner shell
 	# writes its own PID, which exec hands to the JVM, so the PID file names the broker.
 	setsid bash -c 'echo $$ >"$1/kafka.pid"; shift; exec "$@"' _ "$KAFKA_HOME" \
-		java -Xmx1g -Xms128m -Djava.awt.headless=true \
-		-Dlog4j.configuration="file:$KAFKA_HOME/log4j.properties" \
+		java -Xmx1g -Xms128m -Djava.awt.headless=true "$(kafka_log_opt)" \
 		-cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_HOME/server.properties" \
 		</dev/null >>"$KAFKA_HOME/stdout.log" 2>&1 8>&- 9>&- & # no fault-lock descriptor: see pg_start
 	local i
@@ -910,9 +1015,12 @@ export RELAY_DEV_PG_VERSION='$PG_VERSION'
 export RELAY_DEV_KAFKA_PORT='$KAFKA_PORT'
 export RELAY_DEV_KAFKA_SASL_PORT='$KAFKA_SASL_PORT'
 export RELAY_DEV_KAFKA_MTLS_PORT='$KAFKA_MTLS_PORT'
+export RELAY_DEV_KAFKA_OAUTH_PORT='$KAFKA_OAUTH_PORT'
+export RELAY_DEV_KAFKA_VERSION='$KAFKA_VERSION'
 export RELAY_TEST_POSTGRES_TLS_DSN='$PG_TLS_DSN'
 export RELAY_TEST_KAFKA_SASL_BROKERS='$KAFKA_SASL_BROKERS'
 export RELAY_TEST_KAFKA_MTLS_BROKERS='$KAFKA_MTLS_BROKERS'
+export RELAY_TEST_KAFKA_OAUTH_BROKERS='$KAFKA_OAUTH_BROKERS'
 export RELAY_TEST_KAFKA_SASL_USER='$KAFKA_SASL_USER'
 export RELAY_TEST_KAFKA_SASL_PASSWORD='$KAFKA_SASL_PASSWORD'
 export RELAY_TEST_KAFKA_TOPIC_PREFIX='$KAFKA_RELAY_TOPIC_PREFIX'
@@ -924,8 +1032,9 @@ print_info() {
 	cat <<EOF
 Postgres: $PG_DSN
           TLS: $PG_TLS_DSN
-Kafka:    $KAFKA_BROKERS
-          SASL_SSL (SCRAM-SHA-512, user $KAFKA_SASL_USER): $KAFKA_SASL_BROKERS; mTLS: $KAFKA_MTLS_BROKERS; CA: $TLS_DIR/ca.pem
+Kafka:    $KAFKA_VERSION on $KAFKA_BROKERS
+          SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN; user $KAFKA_SASL_USER): $KAFKA_SASL_BROKERS; mTLS: $KAFKA_MTLS_BROKERS; CA: $TLS_DIR/ca.pem
+          OAUTHBEARER (unsecured JWT, sub $KAFKA_SASL_USER): $KAFKA_OAUTH_BROKERS
 Use them: eval "\$(make -s dev-env)"
 Stop:     make dev-down
 EOF
@@ -951,10 +1060,50 @@ cmd_up() {
 	print_info
 }
 
+# cmd_kafka_up starts the broker alone, for a second broker of another version beside
+# the dev servers (scripts/kafka-matrix.sh): the tests then use the dev Postgres.
+cmd_kafka_up() {
+	mkdir -p "$DEV_DIR"
+	if [ -z "${RELAY_FAULT_LOCK_HELD:-}" ]; then
+		exec 8>>"$DEV_DIR/fault.lock"
+		flock -s 8
+	fi
+	kafka_reconfigure
+	kafka_start
+	kafka_security
+	if [ -z "${RELAY_FAULT_LOCK_HELD:-}" ]; then
+		flock -u 8
+	fi
+	cat <<EOF
+Kafka:    $KAFKA_VERSION on $KAFKA_BROKERS
+          SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN; user $KAFKA_SASL_USER): $KAFKA_SASL_BROKERS; mTLS: $KAFKA_MTLS_BROKERS; CA: $TLS_DIR/ca.pem
+          OAUTHBEARER (unsecured JWT, sub $KAFKA_SASL_USER): $KAFKA_OAUTH_BROKERS
+Stop:     scripts/dev.sh kafka-down (with the same RELAY_DEV_* variables)
+EOF
+}
+
 cmd_down() {
 	pg_stop fast
 	pg_stop_versions
 	kafka_stop TERM
+	kafka_stop_matrix
+}
+
+# kafka_stop_matrix stops the brokers scripts/kafka-matrix.sh left running under
+# .dev/kafka-matrix (it stops each after its run; an interrupted run may not have), each
+# on the port its own server.properties names.
+kafka_stop_matrix() {
+	local home port
+	for home in "$DEV_DIR"/kafka-matrix/*/kafka; do
+		[ -f "$home/server.properties" ] || continue
+		port=$(sed -n 's|^listeners=PLAINTEXT://127.0.0.1:\([0-9]*\),.*|\1|p' "$home/server.properties")
+		[ -n "$port" ] || continue
+		(
+			KAFKA_HOME=$home
+			KAFKA_PORT=$port
+			kafka_stop TERM
+		) || log "the broker of $home was not stopped (see above)"
+	done
 }
 
 # pg_stop_versions stops every Postgres N of .dev that runs (pg-up N started it).
@@ -1022,7 +1171,7 @@ cmd_status() {
 	pg_setup_paths
 	if pg_running; then echo "$(pg_label): running on 127.0.0.1:$PG_PORT"; else echo "$(pg_label): stopped"; fi
 	local pid
-	if pid=$(kafka_pid); then echo "kafka: running (pid $pid) on $KAFKA_BROKERS, SASL_SSL $KAFKA_SASL_BROKERS, mTLS $KAFKA_MTLS_BROKERS"; else echo "kafka: stopped"; fi
+	if pid=$(kafka_pid); then echo "kafka $KAFKA_VERSION: running (pid $pid) on $KAFKA_BROKERS, SASL_SSL $KAFKA_SASL_BROKERS, mTLS $KAFKA_MTLS_BROKERS, OAUTHBEARER $KAFKA_OAUTH_BROKERS"; else echo "kafka $KAFKA_VERSION: stopped"; fi
 }
 
 case "${1:-}" in
@@ -1035,6 +1184,9 @@ clean)
 	rm -rf "$DEV_DIR"
 	;;
 env) print_env ;;
+kafka-up) cmd_kafka_up ;;
+kafka-down) kafka_stop TERM ;;
+kafka-version) echo "$KAFKA_VERSION" ;;
 status) cmd_status ;;
 deps) deps ;;
 debezium-libs) debezium_libs ;;
@@ -1068,7 +1220,7 @@ pg-bin)
 	echo "$PG_BIN"
 	;;
 *)
-	sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac

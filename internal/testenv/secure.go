@@ -1,10 +1,13 @@
 package testenv
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,9 +17,10 @@ import (
 // The secure endpoints of the dev servers (scripts/dev.sh up, issue 14), exported by
 // `make -s dev-env` beside the plain ones.
 const (
-	envPostgresTLSDSN  = "RELAY_TEST_POSTGRES_TLS_DSN"   // keyword DSN: relay_cert, verify-full, client certificate
-	envKafkaSASL       = "RELAY_TEST_KAFKA_SASL_BROKERS" // SASL_SSL, SCRAM-SHA-512
-	envKafkaMTLS       = "RELAY_TEST_KAFKA_MTLS_BROKERS" // SSL with client certificates required
+	envPostgresTLSDSN  = "RELAY_TEST_POSTGRES_TLS_DSN"    // keyword DSN: relay_cert, verify-full, client certificate
+	envKafkaSASL       = "RELAY_TEST_KAFKA_SASL_BROKERS"  // SASL_SSL, SCRAM-SHA-512
+	envKafkaMTLS       = "RELAY_TEST_KAFKA_MTLS_BROKERS"  // SSL with client certificates required
+	envKafkaOAuth      = "RELAY_TEST_KAFKA_OAUTH_BROKERS" // SASL_SSL, OAUTHBEARER with unsecured JWTs
 	envKafkaSASLUser   = "RELAY_TEST_KAFKA_SASL_USER"
 	envKafkaSASLPass   = "RELAY_TEST_KAFKA_SASL_PASSWORD"
 	envKafkaPrefix     = "RELAY_TEST_KAFKA_TOPIC_PREFIX" // the topics the SASL user may write
@@ -97,6 +101,47 @@ func KafkaSecure(t testing.TB) *KafkaSecureCluster {
 		TopicPrefix:  os.Getenv(envKafkaPrefix),
 		Files:        tlsFiles(t),
 	}
+}
+
+// KafkaOAuthCluster is the dev broker's OAUTHBEARER listener (SASL_SSL): Kafka's
+// unsecured validator, which takes an unsigned JWT (UnsecuredJWT) whose exp has not
+// passed and makes its sub the principal.
+type KafkaOAuthCluster struct {
+	*KafkaCluster          // the PLAINTEXT listener, as in KafkaSecureCluster
+	OAuthBrokers  []string // SASL_SSL with OAUTHBEARER, TLS with Files.CA
+	User          string   // the relay's principal: a token with this sub has its ACLs
+	SuperUser     string   // a super user of the dev broker: may read any topic
+	TopicPrefix   string   // what User may WRITE and DESCRIBE (see KafkaSecureCluster)
+	Files         TLSFiles
+}
+
+// devKafkaSuperUser is scripts/dev.sh's KAFKA_ADMIN_USER, in the broker's super.users.
+const devKafkaSuperUser = "admin"
+
+// KafkaOAuth returns the OAUTHBEARER listener after checking that the plain one
+// answers (see Kafka). It skips and fails as KafkaSecure does.
+func KafkaOAuth(t testing.TB) *KafkaOAuthCluster {
+	t.Helper()
+	requireSecure(t, envKafkaBrokers, envKafkaOAuth, envKafkaSASLUser, envKafkaPrefix, envTLSDir)
+	k := Kafka(t)
+	return &KafkaOAuthCluster{
+		KafkaCluster: k,
+		OAuthBrokers: splitList(os.Getenv(envKafkaOAuth)),
+		User:         os.Getenv(envKafkaSASLUser),
+		SuperUser:    devKafkaSuperUser,
+		TopicPrefix:  os.Getenv(envKafkaPrefix),
+		Files:        tlsFiles(t),
+	}
+}
+
+// UnsecuredJWT is a token the dev broker's OAUTHBEARER listener accepts for sub
+// until exp: an unsigned JWT ("alg": "none", RFC 7519 section 6) with iat and exp.
+// Anyone can make one: dev brokers only.
+func UnsecuredJWT(sub string, exp time.Time) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	header := enc([]byte(`{"alg":"none"}`))
+	claims, _ := json.Marshal(map[string]any{"sub": sub, "iat": time.Now().Unix(), "exp": exp.Unix()})
+	return header + "." + enc(claims) + "."
 }
 
 // requireSecure skips or fails t unless every variable of secure is set. plain is
