@@ -142,6 +142,7 @@ type Kafka struct {
 	stragglers []*flight
 	pipe       pipe     // Sends not yet waited for (pipeline.go)
 	txn        txnState // with a TransactionalID (txn.go)
+	reader     *Reader  // LastCommitted's, made at its first call
 
 	outage outage
 }
@@ -313,5 +314,8 @@ func (k *Kafka) Close() error {
 		c.close()
 	}
 	k.transport.Load().CloseIdleConnections()
+	if k.reader != nil {
+		k.reader.Close()
+	}
 	return nil
 }
