@@ -14,12 +14,11 @@ import (
 // tail of other keys costs only what it must. Not safe for concurrent use
 // with Write.
 func (k *Kafka) LastCommitted(ctx context.Context, topic string, key []byte) (value []byte, found bool, err error) {
-	if k.reader == nil {
-		if k.reader, err = NewReader(k.cfg); err != nil {
-			return nil, false, err
-		}
+	adm, err := k.admin()
+	if err != nil {
+		return nil, false, err
 	}
-	r := k.reader
+	r := &Reader{cl: k.kc, adm: adm}
 	parts, err := r.Partitions(ctx, topic)
 	if err != nil {
 		return nil, false, err
