@@ -7,55 +7,28 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/sinkapi"
 )
 
 // What a failure means is decided here, once, from kafka-go's errors: the
 // caller learns from a Failure whether writing the event again can succeed
 // and what to tell the operator, and never needs Kafka's error codes.
 
-// A Failure is one event that failed on its own, as the sink judged it.
-type Failure struct {
-	Index int   // into the events passed to Write
-	Err   error // what Kafka (or the sink) answered; ErrBehind for an event held behind a failed one
-
-	// Permanent is true when writing the event again will fail the same
-	// way: too large, invalid or colliding topic name, not authorized to
-	// write, corrupt or invalid record. A failure that may pass later, such
-	// as a missing topic (one an operator may create, or Kafka did not
-	// create in time, or the relay may not create), is not permanent; nor is
-	// ErrBehind.
-	Permanent bool
-	// Reason says in plain words why the event was refused and what fixes
-	// it: the last_error of a retry-table row.
-	Reason string
-}
-
-// WriteError lists the events of a Write that failed on their own, by
-// ascending Index. Every event not listed was acknowledged.
-type WriteError struct {
-	Failures []Failure
-}
-
-func (e *WriteError) Error() string {
-	if len(e.Failures) == 1 {
-		return fmt.Sprintf("write message %d: %v", e.Failures[0].Index, e.Failures[0].Err)
-	}
-	return fmt.Sprintf("write: %d messages failed, first message %d: %v", len(e.Failures), e.Failures[0].Index, e.Failures[0].Err)
-}
-
-// Unwrap exposes every failure's error to errors.Is and errors.As.
-func (e *WriteError) Unwrap() []error {
-	errs := make([]error, len(e.Failures))
-	for i, f := range e.Failures {
-		errs[i] = f.Err
-	}
-	return errs
-}
+// The contract's types (package sinkapi), under the names callers of sink
+// have always used.
+type (
+	// A Failure is one event that failed on its own: sinkapi.Failure.
+	Failure = sinkapi.Failure
+	// WriteError lists the events of a Write that failed on their own:
+	// sinkapi.WriteError.
+	WriteError = sinkapi.WriteError
+	// A Delivery is the outcome to come of a Send: sinkapi.Delivery.
+	Delivery = sinkapi.Delivery
+)
 
 // ErrBehind is the error of a message that was not written because an
-// earlier message with the same topic and key failed in the same Write:
-// written, it would overtake that message. It fails with it, in order.
-var ErrBehind = errors.New("not written: an earlier message with the same topic and key failed")
+// earlier message with the same topic and key failed: sinkapi.ErrBehind.
+var ErrBehind = sinkapi.ErrBehind
 
 // judge fills in what each failure means, for the events Write was given.
 func judge(fails []Failure, events []event.Event) {
