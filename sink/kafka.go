@@ -24,8 +24,8 @@
 //     messages fail with a *TopicError saying what is wrong, in Kafka's words
 //     when Kafka gives them. A topic Kafka may be creating is waited for at
 //     most TopicWait per Write; then its messages fail, not permanently.
-//   - Ping asks a broker over a fresh connection, never kafka-go's cache: it
-//     fails while no broker answers.
+//   - Ping sends a metadata request, never answered from a cache (admin.go):
+//     it fails while no broker answers.
 //   - Per-key order is input order, for every message that is acknowledged.
 //     Keys map to partitions with kafka.Murmur2Balancer, the Java client's
 //     partitioner (so Debezium's and ours agree).
