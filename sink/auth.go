@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/field"
 )
@@ -22,7 +22,7 @@ import (
 type AuthError struct {
 	Field  string // the field of Config to fix, like "SASL.Password"
 	Reason string // what is wrong, in plain words, with the fix; {Field} names other fields
-	Err    error  // what kafka-go or crypto/tls answered
+	Err    error  // what Kafka (kerr) or crypto/tls answered
 }
 
 func (e *AuthError) Error() string {
@@ -69,10 +69,10 @@ func (k *Kafka) authError(err error) error {
 	var rec tls.RecordHeaderError
 	msg := err.Error()
 	switch {
-	case errors.Is(err, kafka.SASLAuthenticationFailed):
+	case errors.Is(err, kerr.SaslAuthenticationFailed):
 		return &AuthError{Field: "SASL.Password", Err: err,
 			Reason: fmt.Sprintf("the broker refused the SASL %s login of user %q: set {SASL.Username} and {SASL.Password} to credentials the cluster knows", mech, sasl.Username)}
-	case errors.Is(err, kafka.UnsupportedSASLMechanism):
+	case errors.Is(err, kerr.UnsupportedSaslMechanism):
 		return &AuthError{Field: "SASL.Mechanism", Err: err,
 			Reason: fmt.Sprintf("the broker does not offer SASL %s on this listener: set {SASL.Mechanism} to one it has enabled (sasl.enabled.mechanisms), or use the listener that offers it", mech)}
 	case errors.As(err, &unknown):
@@ -90,8 +90,9 @@ func (k *Kafka) authError(err error) error {
 	case errors.As(err, &rec) || strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return &AuthError{Field: "TLS.Enabled", Err: err,
 			Reason: "the broker does not speak TLS on this listener: turn {TLS.Enabled} off, or use its SSL or SASL_SSL listener"}
-	case !k.cfg.TLS.Enabled && strings.Contains(msg, "expecting TLS"):
-		// kafka-go's words when a TLS listener hangs up on a plain client.
+	case !k.cfg.TLS.Enabled && strings.Contains(msg, "speaking to a tls endpoint"):
+		// kgo's words (kgo.ErrLargeRespSize) when a TLS listener answers a
+		// plain client with a TLS alert.
 		return &AuthError{Field: "TLS.Enabled", Err: err,
 			Reason: "the broker expects TLS on this listener: turn {TLS.Enabled} on (with {TLS.CAFile} for a private CA), or use a plain listener"}
 	case strings.Contains(msg, "remote error: tls: certificate required"),

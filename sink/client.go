@@ -1,33 +1,101 @@
 package sink
 
 import (
+	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
-// Client returns a kafka-go client that connects as a Kafka of cfg would:
-// its brokers, TLS, SASL and client id, each request bounded by WriteTimeout.
-// It is for a reader beside the relay (the sink only writes): the caller
-// closes it with Close. It neither dials nor starts goroutines.
-func Client(cfg Config) (*ReadClient, error) {
+// This file connects franz-go's client (kgo) as the sink connects: the
+// same brokers, client id, TLS (and mTLS), SASL and dialer. Every kgo client
+// of the package is built from clientOpts, so that a setting reaches all of
+// them or none.
+
+// clientOpts returns the kgo options that connect as cfg says. cfg has been
+// validated.
+func (c *Config) clientOpts() ([]kgo.Opt, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.ClientID(c.ClientID)}
+	tc, err := c.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c.Dial != nil && tc != nil:
+		// kgo takes either a dialer or a TLS config: wrap the dialer.
+		dial := c.Dial
+		opts = append(opts, kgo.Dialer(func(ctx context.Context, network, host string) (net.Conn, error) {
+			conn, err := dial(ctx, network, host)
+			if err != nil {
+				return nil, err
+			}
+			cfg := tc.Clone()
+			if cfg.ServerName == "" {
+				cfg.ServerName, _, _ = net.SplitHostPort(host)
+			}
+			tconn := tls.Client(conn, cfg)
+			if err := tconn.HandshakeContext(ctx); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			return tconn, nil
+		}))
+	case c.Dial != nil:
+		opts = append(opts, kgo.Dialer(c.Dial))
+	case tc != nil:
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	mech, err := c.saslMechanism()
+	if err != nil {
+		return nil, err
+	}
+	if mech != nil {
+		opts = append(opts, kgo.SASL(mech))
+	}
+	return opts, nil
+}
+
+// saslMechanism is SASL as franz-go's mechanism, nil for none; Validate has
+// checked the name and the username.
+//
+// This is where a mechanism plugs in: a name in SASLMechanisms and a case
+// here returning its sasl.Mechanism. OAUTHBEARER (a token source, e.g.
+// package sink/oauthbearer) and AWS_MSK_IAM (franz-go's sasl/aws) are added
+// the same way; kgo calls the mechanism on every connection, so a mechanism
+// that refreshes its token does so there.
+func (c *Config) saslMechanism() (sasl.Mechanism, error) {
+	auth := scram.Auth{User: c.SASL.Username, Pass: c.SASL.Password}
+	switch c.SASL.Mechanism {
+	case "":
+		return nil, nil
+	case "plain":
+		return plain.Auth{User: c.SASL.Username, Pass: c.SASL.Password}.AsMechanism(), nil
+	case "scram-sha-256":
+		return auth.AsSha256Mechanism(), nil
+	case "scram-sha-512":
+		return auth.AsSha512Mechanism(), nil
+	}
+	return nil, fmt.Errorf("SASL mechanism %q is not supported", c.SASL.Mechanism)
+}
+
+// newClient validates cfg and returns a kgo client that connects as a Kafka
+// of cfg would, with opts added. It dials lazily.
+func newClient(cfg *Config, opts ...kgo.Opt) (*kgo.Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka config: %w", err)
 	}
-	mech, _ := cfg.mechanism()
-	tc, err := cfg.tlsConfig()
+	base, err := cfg.clientOpts()
 	if err != nil {
 		return nil, fmt.Errorf("kafka config: %w", err)
 	}
-	t := &kafka.Transport{ClientID: cfg.ClientID, TLS: tc, SASL: mech, Dial: cfg.Dial}
-	return &ReadClient{Client: &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: t, Timeout: cfg.WriteTimeout}, transport: t}, nil
+	cl, err := kgo.NewClient(append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return cl, nil
 }
-
-// A ReadClient is a kafka-go client with the sink's connection settings.
-type ReadClient struct {
-	*kafka.Client
-	transport *kafka.Transport
-}
-
-// Close closes the client's idle connections.
-func (c *ReadClient) Close() { c.transport.CloseIdleConnections() }

@@ -5,57 +5,32 @@ import (
 	"fmt"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/sinkapi"
 )
 
-// What a failure means is decided here, once, from kafka-go's errors: the
+// What a failure means is decided here, once, from Kafka's error codes as
+// franz-go's kerr names them: the
 // caller learns from a Failure whether writing the event again can succeed
 // and what to tell the operator, and never needs Kafka's error codes.
 
-// A Failure is one event that failed on its own, as the sink judged it.
-type Failure struct {
-	Index int   // into the events passed to Write
-	Err   error // what Kafka (or the sink) answered; ErrBehind for an event held behind a failed one
-
-	// Permanent is true when writing the event again will fail the same
-	// way: too large, invalid or colliding topic name, not authorized to
-	// write, corrupt or invalid record. A failure that may pass later, such
-	// as a missing topic (one an operator may create, or Kafka did not
-	// create in time, or the relay may not create), is not permanent; nor is
-	// ErrBehind.
-	Permanent bool
-	// Reason says in plain words why the event was refused and what fixes
-	// it: the last_error of a retry-table row.
-	Reason string
-}
-
-// WriteError lists the events of a Write that failed on their own, by
-// ascending Index. Every event not listed was acknowledged.
-type WriteError struct {
-	Failures []Failure
-}
-
-func (e *WriteError) Error() string {
-	if len(e.Failures) == 1 {
-		return fmt.Sprintf("write message %d: %v", e.Failures[0].Index, e.Failures[0].Err)
-	}
-	return fmt.Sprintf("write: %d messages failed, first message %d: %v", len(e.Failures), e.Failures[0].Index, e.Failures[0].Err)
-}
-
-// Unwrap exposes every failure's error to errors.Is and errors.As.
-func (e *WriteError) Unwrap() []error {
-	errs := make([]error, len(e.Failures))
-	for i, f := range e.Failures {
-		errs[i] = f.Err
-	}
-	return errs
-}
+// The contract's types (package sinkapi), under the names callers of sink
+// have always used.
+type (
+	// A Failure is one event that failed on its own: sinkapi.Failure.
+	Failure = sinkapi.Failure
+	// WriteError lists the events of a Write that failed on their own:
+	// sinkapi.WriteError.
+	WriteError = sinkapi.WriteError
+	// A Delivery is the outcome to come of a Send: sinkapi.Delivery.
+	Delivery = sinkapi.Delivery
+)
 
 // ErrBehind is the error of a message that was not written because an
-// earlier message with the same topic and key failed in the same Write:
-// written, it would overtake that message. It fails with it, in order.
-var ErrBehind = errors.New("not written: an earlier message with the same topic and key failed")
+// earlier message with the same topic and key failed: sinkapi.ErrBehind.
+var ErrBehind = sinkapi.ErrBehind
 
 // judge fills in what each failure means, for the events Write was given.
 func judge(fails []Failure, events []event.Event) {
@@ -66,6 +41,28 @@ func judge(fails []Failure, events []event.Event) {
 	}
 }
 
+// kerrOf is the Kafka error code err carries, as franz-go's kerr error,
+// nil when it carries none. The failure vocabulary is decided on kerr's
+// errors; kafka-go's codes (the producer's, until it moves onto kgo) are the
+// same numbers and are read here, once.
+func kerrOf(err error) *kerr.Error {
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		return ke
+	}
+	var tooLarge kafka.MessageTooLargeError
+	if errors.As(err, &tooLarge) {
+		return kerr.MessageTooLarge
+	}
+	var kg kafka.Error
+	if errors.As(err, &kg) {
+		if e, ok := kerr.ErrorForCode(int16(kg)).(*kerr.Error); ok {
+			return e
+		}
+	}
+	return nil
+}
+
 // permanent reports whether err, a Failure's error, will fail the same way
 // when the message is written again (see Failure.Permanent). A *TopicError
 // says itself.
@@ -74,25 +71,17 @@ func permanent(err error) bool {
 	if errors.As(err, &te) {
 		return te.Permanent
 	}
-	var tooLarge kafka.MessageTooLargeError
-	if errors.As(err, &tooLarge) {
-		return true
-	}
-	var kerr kafka.Error
-	if !errors.As(err, &kerr) {
-		return false
-	}
-	switch kerr {
-	case kafka.MessageSizeTooLarge,
-		kafka.InvalidTopic,
-		kafka.TopicAuthorizationFailed,
-		kafka.InvalidMessage, // CORRUPT_MESSAGE
-		kafka.InvalidRecord,
-		kafka.InvalidMessageSize,
-		kafka.RecordListTooLarge,
-		kafka.InvalidTimestamp,
-		kafka.UnsupportedForMessageFormat,
-		kafka.PolicyViolation:
+	switch kerrOf(err) {
+	case kerr.MessageTooLarge,
+		kerr.InvalidTopicException,
+		kerr.TopicAuthorizationFailed,
+		kerr.CorruptMessage,
+		kerr.InvalidRecord,
+		kerr.InvalidFetchSize, // kafka-go's InvalidMessageSize
+		kerr.RecordListTooLarge,
+		kerr.InvalidTimestamp,
+		kerr.UnsupportedForMessageFormat,
+		kerr.PolicyViolation:
 		return true
 	}
 	return false
@@ -105,15 +94,17 @@ func permanent(err error) bool {
 // waited for like an outage; topicFailure waits a bounded time for a topic
 // that is being created.
 func perMessage(err error) bool {
-	return permanent(err) || errors.Is(err, kafka.UnknownTopicOrPartition)
+	return permanent(err) || kerrOf(err) == kerr.UnknownTopicOrPartition
 }
 
 // topicLevel reports whether err holds for every message of a topic, so that
 // splitting a batch of one topic cannot isolate a culprit.
 func topicLevel(err error) bool {
-	return errors.Is(err, kafka.UnknownTopicOrPartition) ||
-		errors.Is(err, kafka.InvalidTopic) ||
-		errors.Is(err, kafka.TopicAuthorizationFailed)
+	switch kerrOf(err) {
+	case kerr.UnknownTopicOrPartition, kerr.InvalidTopicException, kerr.TopicAuthorizationFailed:
+		return true
+	}
+	return false
 }
 
 // reason says in plain words why Kafka refused e with err, a Failure's error,
@@ -121,14 +112,14 @@ func topicLevel(err error) bool {
 func reason(err error, e *event.Event) string {
 	// Each case appends err: for a *TopicError its text holds Kafka's own
 	// words (a collision's, a policy's).
-	var tooLarge kafka.MessageTooLargeError
-	switch {
-	case errors.Is(err, ErrBehind):
+	if errors.Is(err, ErrBehind) {
 		return fmt.Sprintf("not written to topic %q: an earlier message with the same key failed, and it waits behind it", e.Topic)
-	case errors.As(err, &tooLarge), errors.Is(err, kafka.MessageSizeTooLarge), errors.Is(err, kafka.RecordListTooLarge):
+	}
+	switch kerrOf(err) {
+	case kerr.MessageTooLarge, kerr.RecordListTooLarge:
 		return fmt.Sprintf("the message (%d bytes) is larger than Kafka accepts for topic %q: raise the topic's max.message.bytes (and kafka.batch_bytes) and requeue it, or drop it (%v)",
 			len(e.Key)+len(e.Value), e.Topic, err)
-	case errors.Is(err, kafka.UnknownTopicOrPartition):
+	case kerr.UnknownTopicOrPartition:
 		// The topic check's reason knows whether the relay asked for
 		// auto-creation and what the broker did: adding "the relay does
 		// not create topics" to it contradicted it when it did.
@@ -138,9 +129,9 @@ func reason(err error, e *event.Event) string {
 		}
 		return fmt.Sprintf("topic %q does not exist: create it (kafka.allow_auto_topic_creation also needs the broker's auto.create.topics.enable); retried with backoff (%v)",
 			e.Topic, err)
-	case errors.Is(err, kafka.TopicAuthorizationFailed):
+	case kerr.TopicAuthorizationFailed:
 		return fmt.Sprintf("the relay's Kafka user may not write to topic %q: grant it and requeue (%v)", e.Topic, err)
-	case errors.Is(err, kafka.InvalidTopic):
+	case kerr.InvalidTopicException:
 		return fmt.Sprintf("%q is not a valid topic name: fix the topic config and requeue (%v)", e.Topic, err)
 	}
 	return fmt.Sprintf("Kafka refused the message for topic %q: %v", e.Topic, err)

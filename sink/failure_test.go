@@ -8,11 +8,12 @@ import (
 	"testing"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/event"
 )
 
-// What a kafka-go error means for the event: the one place that knows.
+// What a Kafka error means for the event: the one place that knows.
 func TestPermanent(t *testing.T) {
 	tests := []struct {
 		err  error
@@ -33,6 +34,17 @@ func TestPermanent(t *testing.T) {
 		{kafka.NetworkException, false},
 		{context.DeadlineExceeded, false},
 		{errors.New("dial tcp 127.0.0.1:1: connection refused"), false},
+		// franz-go's errors mean the same as kafka-go's codes.
+		{kerr.MessageTooLarge, true},
+		{kerr.RecordListTooLarge, true},
+		{kerr.InvalidTopicException, true},
+		{fmt.Errorf("produce: %w", kerr.TopicAuthorizationFailed), true},
+		{kerr.InvalidRecord, true},
+		{kerr.PolicyViolation, true},
+		{kerr.UnknownTopicOrPartition, false},
+		{kerr.NotEnoughReplicas, false},
+		{kerr.NotLeaderForPartition, false},
+		{kerr.RequestTimedOut, false},
 	}
 	for _, tt := range tests {
 		if got := permanent(tt.err); got != tt.want {
@@ -47,6 +59,8 @@ func TestJudge(t *testing.T) {
 		{Index: 0, Err: kafka.MessageSizeTooLarge},
 		{Index: 1, Err: ErrBehind},
 		{Index: 2, Err: kafka.UnknownTopicOrPartition},
+		{Index: 0, Err: kerr.MessageTooLarge},
+		{Index: 2, Err: fmt.Errorf("produce: %w", kerr.TopicAuthorizationFailed)},
 	}
 	judge(fails, events)
 	want := []struct {
@@ -56,6 +70,8 @@ func TestJudge(t *testing.T) {
 		{true, `the message (11 bytes) is larger than Kafka accepts for topic "orders"`},
 		{false, "an earlier message with the same key failed"},
 		{false, `topic "x" does not exist`},
+		{true, `the message (11 bytes) is larger than Kafka accepts for topic "orders"`},
+		{true, `may not write to topic "x"`},
 	}
 	for i, f := range fails {
 		if f.Permanent != want[i].permanent || !strings.Contains(f.Reason, want[i].reason) {

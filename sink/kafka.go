@@ -24,8 +24,8 @@
 //     messages fail with a *TopicError saying what is wrong, in Kafka's words
 //     when Kafka gives them. A topic Kafka may be creating is waited for at
 //     most TopicWait per Write; then its messages fail, not permanently.
-//   - Ping asks a broker over a fresh connection, never kafka-go's cache: it
-//     fails while no broker answers.
+//   - Ping sends a metadata request, never answered from a cache (admin.go):
+//     it fails while no broker answers.
 //   - Per-key order is input order, for every message that is acknowledged.
 //     Keys map to partitions with kafka.Murmur2Balancer, the Java client's
 //     partitioner (so Debezium's and ours agree).
@@ -90,19 +90,19 @@
 package sink
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // A Kafka writes messages to Kafka. See the package doc for its guarantees.
@@ -142,6 +142,10 @@ type Kafka struct {
 	stragglers []*flight
 	pipe       pipe     // Sends not yet waited for (pipeline.go)
 	txn        txnState // with a TransactionalID (txn.go)
+
+	adminMu sync.Mutex
+	kc      *kgo.Client  // admin.go's, made at the first question
+	adm     *kadm.Client // on kc
 
 	outage outage
 }
@@ -253,37 +257,6 @@ func (k *Kafka) Outage() (since time.Time, cause error) {
 	return k.outage.since, k.outage.cause
 }
 
-// Ping asks a broker for metadata over a connection of its own, opened with
-// the configured TLS and SASL and closed before it returns, so that the answer
-// is fresh: the Writer's Transport answers metadata from its cache, which
-// outlives an outage. It returns nil once any bootstrap broker answers, or an
-// error when none does before ctx is done (or within WriteTimeout when ctx has
-// no deadline). For readiness checks and `check`; safe for concurrent use.
-func (k *Kafka) Ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
-	defer cancel()
-	t := &kafka.Transport{
-		ClientID: k.cfg.ClientID,
-		TLS:      k.tls,
-		SASL:     k.mech,
-		Dial:     k.cfg.Dial,
-		// Brokers only: the answer's size does not grow with the cluster's
-		// topics. The request is the pool's first discovery, sent now.
-		MetadataTopics: []string{},
-		MetadataTTL:    time.Hour,
-	}
-	defer t.CloseIdleConnections()
-	c := &kafka.Client{Addr: k.addr, Transport: t}
-	start := time.Now()
-	if _, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
-		if ctx.Err() != nil {
-			err = fmt.Errorf("no answer within %s: %w", time.Since(start).Round(time.Millisecond), err)
-		}
-		return fmt.Errorf("ping kafka %s: %w", strings.Join(k.cfg.Brokers, ","), err)
-	}
-	return nil
-}
-
 // Stats returns the counters since New. Safe for concurrent use.
 func (k *Kafka) Stats() Stats {
 	return Stats{
@@ -313,5 +286,6 @@ func (k *Kafka) Close() error {
 		c.close()
 	}
 	k.transport.Load().CloseIdleConnections()
+	k.closeAdmin()
 	return nil
 }

@@ -79,6 +79,12 @@ func TestJavaMurmur2Partition(t *testing.T) {
 		if got := javaMurmur2Partition([]byte(tt.key), 4); got != tt.partition {
 			t.Errorf("javaMurmur2Partition(%q, 4) = %d; want %d", tt.key, got, tt.partition)
 		}
+		// franz-go's default partitioner for keyed records: the one the
+		// producer on kgo uses, so its partitions agree with Debezium's.
+		kp := kgo.StickyKeyPartitioner(nil).ForTopic("t")
+		if got := kp.Partition(&kgo.Record{Key: []byte(tt.key)}, 4); got != tt.partition {
+			t.Errorf("kgo.StickyKeyPartitioner(%q, 4 partitions) = %d; want %d", tt.key, got, tt.partition)
+		}
 		b := &kafka.Murmur2Balancer{}
 		if got := b.Balance(kafka.Message{Key: []byte(tt.key)}, 0, 1, 2, 3); got != tt.partition {
 			t.Errorf("Murmur2Balancer.Balance(%q, 4 partitions) = %d; want %d", tt.key, got, tt.partition)

@@ -54,21 +54,6 @@ import (
 //     for (Abandon): their requests settle their partitions' sequence
 //     numbers before the next call sends anything (stragglers).
 
-// A Delivery is the outcome to come of a Send.
-type Delivery interface {
-	// Done is closed once Kafka answered the Send's requests (at once for
-	// a Send that Wait writes itself): Wait then blocks only to write
-	// again what failed.
-	Done() <-chan struct{}
-	// Wait blocks until every event of the Send is acknowledged, or has
-	// failed on its own, and returns what Write returns: nil, ctx's error,
-	// or a *WriteError. Deliveries are waited for in the order of their
-	// Sends, from the goroutine that sends, each as soon as it is Done:
-	// while a Send that was not pipelined waits, later Sends are not
-	// pipelined either.
-	Wait(ctx context.Context) error
-}
-
 // errAbandoned is Wait's answer for a Send given up on (Abandon, or an
 // earlier Wait returned ctx's error): none of its events is acknowledged.
 var errAbandoned = errors.New("sink: write abandoned: an earlier wait ended or Abandon was called")

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol/createtopics"
 )
 
 // What Kafka 3.9.1 was seen to answer (kafka-go v0.4.51), which the code
@@ -227,61 +226,4 @@ func (k *Kafka) rememberMissing(topic string, err error) {
 		}
 	}
 	k.missing[topic] = missing{err: err, at: time.Now()}
-}
-
-// lookTopic asks a broker for every topic's metadata (the sink's own cache
-// holds only its topics: kafka.go) and reports whether topic is known, and
-// the name of an existing topic it collides with, if any. Both are false/""
-// when no broker answers. A diagnosis, made when a topic fails, not per write.
-func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collides string) {
-	t := &kafka.Transport{ClientID: k.cfg.ClientID, TLS: k.tls, SASL: k.mech, Dial: k.cfg.Dial, MetadataTTL: time.Hour}
-	defer t.CloseIdleConnections()
-	c := &kafka.Client{Addr: k.addr, Transport: t, Timeout: k.cfg.WriteTimeout}
-	resp, err := c.Metadata(ctx, &kafka.MetadataRequest{})
-	if err != nil {
-		return false, ""
-	}
-	u := unifiedTopic(topic)
-	for _, t := range resp.Topics {
-		switch {
-		case t.Name == topic:
-			known = t.Error == nil
-		case unifiedTopic(t.Name) == u:
-			collides = t.Name
-		}
-	}
-	return known, collides
-}
-
-// validateCreate asks Kafka whether topic could be created (CreateTopics with
-// ValidateOnly and the broker's default partitions and replication factor,
-// KIP-464), which is the only answer that carries Kafka's reason for refusing
-// a name. It returns Kafka's message and code; code 0 means it could be
-// created or the question could not be answered within diagnoseTimeout.
-// Nothing is created.
-func (k *Kafka) validateCreate(ctx context.Context, topic string) (string, kafka.Error) {
-	ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
-	defer cancel()
-	resp, err := k.transport.Load().RoundTrip(ctx, k.addr, &createtopics.Request{
-		Topics: []createtopics.RequestTopic{{
-			Name:              topic,
-			NumPartitions:     -1,
-			ReplicationFactor: -1,
-		}},
-		TimeoutMs:    int32(diagnoseTimeout / time.Millisecond),
-		ValidateOnly: true,
-	})
-	if err != nil {
-		return "", 0
-	}
-	r, ok := resp.(*createtopics.Response)
-	if !ok {
-		return "", 0
-	}
-	for _, t := range r.Topics {
-		if t.Name == topic {
-			return t.ErrorMessage, kafka.Error(t.ErrorCode)
-		}
-	}
-	return "", 0
 }

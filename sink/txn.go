@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -205,45 +204,6 @@ func (k *Kafka) InitTransactions(ctx context.Context) error {
 // the open transaction keeps its own. Not safe for concurrent use with
 // Write.
 func (k *Kafka) SetTransactionTimeout(d time.Duration) { k.cfg.TransactionTimeout = d }
-
-// MaxTransactionTimeout reads the broker's transaction.max.timeout.ms
-// (DescribeConfigs of one broker: every broker of a cluster should agree),
-// the longest transaction timeout InitTransactions may ask for. The
-// principal needs DESCRIBE_CONFIGS on the cluster. Not safe for concurrent
-// use with Close.
-func (k *Kafka) MaxTransactionTimeout(ctx context.Context) (time.Duration, error) {
-	const name = "transaction.max.timeout.ms"
-	c := &kafka.Client{Addr: k.addr, Transport: k.transport.Load(), Timeout: k.cfg.WriteTimeout}
-	meta, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
-	if err != nil {
-		return 0, fmt.Errorf("read %s: metadata: %w", name, err)
-	}
-	if len(meta.Brokers) == 0 {
-		return 0, fmt.Errorf("read %s: the metadata lists no broker", name)
-	}
-	res, err := c.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
-		ResourceType: kafka.ResourceTypeBroker, ResourceName: strconv.Itoa(meta.Brokers[0].ID), ConfigNames: []string{name},
-	}}})
-	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", name, err)
-	}
-	for _, r := range res.Resources {
-		if r.Error != nil {
-			return 0, fmt.Errorf("read %s of broker %s (the principal needs DESCRIBE_CONFIGS on the cluster): %w", name, r.ResourceName, r.Error)
-		}
-		for _, e := range r.ConfigEntries {
-			if e.ConfigName != name {
-				continue
-			}
-			ms, err := strconv.ParseInt(e.ConfigValue, 10, 64)
-			if err != nil || ms <= 0 {
-				return 0, fmt.Errorf("read %s: the broker's value %q is not a number of milliseconds", name, e.ConfigValue)
-			}
-			return time.Duration(ms) * time.Millisecond, nil
-		}
-	}
-	return 0, fmt.Errorf("read %s: the broker did not return it", name)
-}
 
 // coordinate runs one request to the transaction coordinator until it
 // succeeds, retrying with backoff while the coordinator is unavailable or
@@ -529,43 +489,3 @@ func (k *Kafka) CheckTransactions(ctx context.Context, transactionalID, topic st
 
 // checkKey is the key of CheckTransactions' aborted record.
 const checkKey = "outbox-relay check (aborted)"
-
-// CreateCompactedTopic creates topic with one partition, the broker's
-// replication factor and cleanup.policy=compact (a relay's own topic of
-// records keyed by a name, of which only the latest matters), and reports
-// whether it did: false, nil when the topic exists already. Not safe for
-// concurrent use with Write.
-func (k *Kafka) CreateCompactedTopic(ctx context.Context, topic string) (created bool, err error) {
-	c := &kafka.Client{Addr: k.addr, Transport: k.transport.Load(), Timeout: k.cfg.WriteTimeout}
-	// Asked first: a principal may describe a topic it may not create, and
-	// Kafka refuses creating an existing topic to it as not authorized.
-	meta, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return false, fmt.Errorf("metadata of %s: %w", topic, err)
-	}
-	for _, t := range meta.Topics {
-		if t.Name == topic && t.Error == nil && len(t.Partitions) > 0 {
-			return false, nil
-		}
-	}
-	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: topic, NumPartitions: 1, ReplicationFactor: -1,
-		ConfigEntries: []kafka.ConfigEntry{
-			{ConfigName: "cleanup.policy", ConfigValue: "compact"},
-			// Segments roll hourly, so that compaction, which skips the
-			// active segment, keeps the topic near one record per key.
-			{ConfigName: "segment.ms", ConfigValue: "3600000"},
-		},
-	}}})
-	if err != nil {
-		return false, fmt.Errorf("create topic %s: %w", topic, err)
-	}
-	switch err := res.Errors[topic]; {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, kafka.TopicAlreadyExists):
-		return false, nil
-	default:
-		return false, fmt.Errorf("create topic %s: %w", topic, err)
-	}
-}

@@ -18,7 +18,7 @@ import (
 // every partition of topic, partition by partition in offset order.
 func committedValues(t *testing.T, brokers []string, topic string, partitions int) []string {
 	t.Helper()
-	c, err := sink.Client(sink.Config{Brokers: brokers})
+	c, err := sink.NewReader(sink.Config{Brokers: brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func committedValues(t *testing.T, brokers []string, topic string, partitions in
 	defer cancel()
 	var out []string
 	for p := range partitions {
-		if _, err := sink.ReadCommitted(ctx, c.Client, topic, p, 0, func(r sink.Record) error {
+		if _, err := c.ReadCommitted(ctx, topic, p, 0, func(r sink.Record) error {
 			out = append(out, string(r.Value))
 			return nil
 		}); err != nil {

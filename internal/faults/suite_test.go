@@ -717,23 +717,27 @@ func (s *suite) read(topic string) []Delivery {
 		}
 		return out
 	}
-	c, err := sink.Client(sink.Config{Brokers: s.kafka.Brokers})
+	c, err := sink.NewReader(sink.Config{Brokers: s.kafka.Brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	meta, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil || len(meta.Topics) != 1 {
-		t.Fatalf("metadata of %s: %v", topic, err)
+	parts, err := c.Partitions(ctx, topic)
+	if err != nil {
+		t.Fatalf("partitions of %s: %v", topic, err)
 	}
-	for _, p := range meta.Topics[0].Partitions {
-		if _, err := sink.ReadCommitted(ctx, c.Client, topic, p.ID, 0, func(r sink.Record) error {
-			add(Delivery{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value)}, r.Headers)
+	for _, p := range parts {
+		if _, err := c.ReadCommitted(ctx, topic, p, 0, func(r sink.Record) error {
+			hs := make([]kafka.Header, len(r.Headers))
+			for i, h := range r.Headers {
+				hs[i] = kafka.Header(h)
+			}
+			add(Delivery{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value)}, hs)
 			return nil
 		}); err != nil {
-			t.Fatalf("read %s[%d] read_committed: %v", topic, p.ID, err)
+			t.Fatalf("read %s[%d] read_committed: %v", topic, p, err)
 		}
 	}
 	return out

@@ -23,7 +23,7 @@ func (f *fixture) eosConfig(t testing.TB) relay.Config {
 // readCommitted reads the test's topics as a read_committed consumer does.
 func (f *fixture) readCommitted(t testing.TB) []delivered {
 	t.Helper()
-	c, err := sink.Client(sink.Config{Brokers: f.kafka.Brokers})
+	c, err := sink.NewReader(sink.Config{Brokers: f.kafka.Brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func (f *fixture) readCommitted(t testing.TB) []delivered {
 	var out []delivered
 	for _, at := range aggregateTypes {
 		for p := range 4 {
-			if _, err := sink.ReadCommitted(ctx, c.Client, f.prefix+"."+at, p, 0, func(r sink.Record) error {
+			if _, err := c.ReadCommitted(ctx, f.prefix+"."+at, p, 0, func(r sink.Record) error {
 				d := delivered{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key),
 					Value: string(r.Value), Headers: map[string]string{}}
 				for _, h := range r.Headers {

@@ -285,7 +285,7 @@ func (f fenceFunc) check(ctx context.Context) error { return f(ctx) }
 // Once the retry worker delivered an aggregate's rows and released it, the
 // aggregate's new events go to Kafka again; until then they queue behind.
 func TestPipelineUnblocksAfterDelivery(t *testing.T) {
-	s := &fakeSink{fail: func(e *event.Event) error {
+	s := &fakeSink{Refuse: func(e *event.Event) error {
 		if string(e.Value) == "2" {
 			return errTooLarge
 		}
@@ -464,7 +464,7 @@ func TestGateOverflow(t *testing.T) {
 // event of each of them is parked behind its rows, as when the gate holds
 // them all; an aggregate whose rows were delivered goes to Kafka again.
 func TestPipelineGateOverflow(t *testing.T) {
-	s := &fakeSink{fail: func(e *event.Event) error {
+	s := &fakeSink{Refuse: func(e *event.Event) error {
 		if string(e.Value) == "bad" {
 			return errTooLarge
 		}

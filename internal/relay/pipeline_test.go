@@ -26,7 +26,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
-	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sinkapi"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -96,94 +96,20 @@ func (l *ledger) lastConfirmed() pglogrepl.LSN {
 	return l.confirmed[len(l.confirmed)-1]
 }
 
-// fakeSink acknowledges every event but those fail refuses (permanently,
-// with the error's text as the reason), keeping the sink's contract: later
-// events of a refused event's lane in the same Write fail with ErrBehind.
-// block, when set, holds every Write until closed.
-//
-// Send queues a write that its Wait makes, in order; an event that failed
-// holds its lane in the writes sent before that Wait returned, as sink.Kafka
-// promises (its pipelined batches behind a failed one are not appended).
-type fakeSink struct {
-	l     *ledger
-	fail  func(e *event.Event) error
-	block chan struct{}
+// fakeSink is the in-memory sink of the contract (sinkapi.Memory): it
+// acknowledges every event but those Refuse refuses, and keeps the lane
+// rules (ErrBehind) as sink.Kafka does. startPipe points its Ack at the
+// test's ledger.
+type fakeSink = sinkapi.Memory
 
-	queue []*fakeDelivery
-	holds map[event.Lane]bool
-}
-
-type fakeDelivery struct {
-	s   *fakeSink
-	evs []event.Event
-}
-
-func (s *fakeSink) Send(ctx context.Context, evs []event.Event) sink.Delivery {
-	d := &fakeDelivery{s: s, evs: evs}
-	s.queue = append(s.queue, d)
-	return d
-}
-
-func (s *fakeSink) Abandon() { s.queue, s.holds = nil, nil }
-
-func (d *fakeDelivery) Done() <-chan struct{} { return closedCh }
-
-func (d *fakeDelivery) Wait(ctx context.Context) error {
-	s := d.s
-	if len(s.queue) == 0 || s.queue[0] != d {
-		return errors.New("fakeSink: Wait out of order or abandoned")
+// ack records events a sink acknowledged.
+func (l *ledger) ack(evs []event.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range evs {
+		l.handled[e.PositionKey()] = "acked"
+		l.acked = append(l.acked, e)
 	}
-	s.queue = s.queue[1:]
-	err := s.write(ctx, d.evs, s.holds)
-	var we *sink.WriteError
-	if len(s.queue) == 0 {
-		s.holds = nil
-	} else if errors.As(err, &we) {
-		if s.holds == nil {
-			s.holds = map[event.Lane]bool{}
-		}
-		for _, f := range we.Failures {
-			s.holds[d.evs[f.Index].Lane()] = true
-		}
-	}
-	return err
-}
-
-func (s *fakeSink) write(ctx context.Context, evs []event.Event, held map[event.Lane]bool) error {
-	if s.block != nil {
-		select {
-		case <-s.block:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	s.l.mu.Lock()
-	defer s.l.mu.Unlock()
-	var we sink.WriteError
-	failed := map[event.Lane]bool{}
-	for lane := range held {
-		failed[lane] = true
-	}
-	for i := range evs {
-		e := &evs[i]
-		if failed[e.Lane()] {
-			we.Failures = append(we.Failures, sink.Failure{Index: i, Err: sink.ErrBehind, Reason: "behind"})
-			continue
-		}
-		if s.fail != nil {
-			if err := s.fail(e); err != nil {
-				failed[e.Lane()] = true
-				we.Failures = append(we.Failures, sink.Failure{Index: i, Err: err, Permanent: true, Reason: err.Error()})
-				continue
-			}
-		}
-		s.l.handled[e.PositionKey()] = "acked"
-		s.l.acked = append(s.l.acked, *e)
-	}
-	if len(we.Failures) > 0 {
-		return &we
-	}
-	return nil
 }
 
 // fakeRetry is an in-memory retry table.
@@ -277,7 +203,7 @@ func startPipe(t *testing.T, pc pipeConfig) *pipe {
 	if pc.sink == nil {
 		pc.sink = &fakeSink{}
 	}
-	pc.sink.l = l
+	pc.sink.Ack = l.ack
 	if pc.fence == nil {
 		pc.fence = open{}
 	}
@@ -427,7 +353,7 @@ func TestPipelineConfirmsOnlyHandled(t *testing.T) {
 		per  int
 	}{
 		{"clean", &fakeSink{}, []txn{{{"Order", "a", "1"}, {"Order", "b", "1"}}, {{"Order", "a", "2"}}}, 1},
-		{"one refused", &fakeSink{fail: func(e *event.Event) error {
+		{"one refused", &fakeSink{Refuse: func(e *event.Event) error {
 			if string(e.Value) == "2" {
 				return errTooLarge
 			}
@@ -461,7 +387,7 @@ func TestPipelineConfirmsOnlyHandled(t *testing.T) {
 // A refused event holds back the later events of its lane, in the retry
 // table behind it, and no other lane.
 func TestPipelineFailureHoldsItsLaneOnly(t *testing.T) {
-	s := &fakeSink{fail: func(e *event.Event) error {
+	s := &fakeSink{Refuse: func(e *event.Event) error {
 		if e.AggregateID == "a" && string(e.Value) == "2" {
 			return errTooLarge
 		}
@@ -511,14 +437,14 @@ func TestPipelineRouteFailureBlocksItsLane(t *testing.T) {
 
 // Nothing is confirmed while Kafka holds the writes; everything after.
 func TestPipelineHoldsWhileKafkaBlocks(t *testing.T) {
-	s := &fakeSink{block: make(chan struct{})}
+	s := &fakeSink{Block: make(chan struct{})}
 	p := startPipe(t, pipeConfig{sink: s})
 	last := p.send(t, txn{{"Order", "a", "1"}}, 1)
 	time.Sleep(50 * time.Millisecond) // the behaviour under test: nothing moves meanwhile
 	if got := p.l.lastConfirmed(); got != 0 {
 		t.Fatalf("confirmed %s while Kafka had acknowledged nothing", got)
 	}
-	close(s.block)
+	close(s.Block)
 	p.waitConfirmed(t, last)
 }
 
