@@ -1,0 +1,193 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	outboxevent "github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// blockedSink is a stream sink whose broker can be made unreachable: while
+// blocked its Sends wait (as sink.Kafka's do through an outage), Outage
+// says so, and Ping fails.
+type blockedSink struct {
+	relay.Sink
+	mu      sync.Mutex
+	since   time.Time
+	release chan struct{}
+}
+
+func (s *blockedSink) block() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.since, s.release = time.Now(), make(chan struct{})
+}
+
+func (s *blockedSink) unblock() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.release != nil {
+		close(s.release)
+	}
+	s.since, s.release = time.Time{}, nil
+}
+
+func (s *blockedSink) wait(ctx context.Context) error {
+	s.mu.Lock()
+	rel := s.release
+	s.mu.Unlock()
+	if rel == nil {
+		return nil
+	}
+	select {
+	case <-rel:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+var errBlocked = errors.New("test: the broker is blocked")
+
+func (s *blockedSink) Send(ctx context.Context, evs []outboxevent.Event) sink.Delivery {
+	if err := s.wait(ctx); err != nil {
+		return failedDelivery{err}
+	}
+	return s.Sink.Send(ctx, evs)
+}
+
+func (s *blockedSink) Write(ctx context.Context, evs []outboxevent.Event) error {
+	if err := s.wait(ctx); err != nil {
+		return err
+	}
+	return s.Sink.Write(ctx, evs)
+}
+
+func (s *blockedSink) Ping(ctx context.Context) error {
+	s.mu.Lock()
+	blocked := s.release != nil
+	s.mu.Unlock()
+	if blocked {
+		return errBlocked
+	}
+	return s.Sink.Ping(ctx)
+}
+
+func (s *blockedSink) Outage() (time.Time, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.release != nil {
+		return s.since, errBlocked
+	}
+	return s.Sink.Outage()
+}
+
+type failedDelivery struct{ err error }
+
+func (d failedDelivery) Done() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+func (d failedDelivery) Wait(context.Context) error { return d.err }
+
+// TestWALBuffer: with the broker unreachable and other tables writing WAL,
+// a relay with postgres.max_retained_wal buffers what it reads in the WAL
+// buffer table and confirms its slot past events Kafka never took; when
+// the broker is back every event arrives in per-aggregate commit order,
+// with the headers it had, the buffer empties, and the relay streams live
+// again.
+func TestWALBuffer(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MaxRetainedWAL = 4 << 20
+	ctx := context.Background()
+	var sinks relay.Sinks
+	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
+		scfg := cfg.Sink
+		scfg.Logger = cfg.Logger
+		k, err := sink.New(scfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { k.Close() })
+		*s = k
+	}
+	bs := &blockedSink{Sink: sinks.Stream}
+	sinks.Stream = bs
+	r, err := relay.New(cfg, sinks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("relay did not stop within 60s of cancel")
+		}
+	})
+
+	// Live first.
+	f.insertTx(t, f.makeEvents(20))
+	f.waitCount(t, 20, 30*time.Second)
+
+	bs.block()
+	f.pg.Exec(t, `CREATE TABLE walbuf_noise (b bytea)`)
+	for i := range 30 {
+		f.insertTx(t, f.makeEvents(10))
+		// About 1 MB of WAL that compresses badly.
+		f.pg.Exec(t, `INSERT INTO walbuf_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 2000) g, generate_series(1, 30) h GROUP BY g`)
+		if i%10 == 9 {
+			time.Sleep(time.Second)
+		}
+	}
+	blockedLSN := f.commitEnds(t)
+	last := blockedLSN[len(blockedLSN)-1]
+	// The slot moves past events Kafka has not taken: they are in the buffer.
+	f.waitConfirmed(t, last, 60*time.Second)
+	var held int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held == 0 {
+		t.Fatalf("the slot was confirmed past undelivered events, but the WAL buffer holds none of them")
+	}
+	t.Logf("confirmed past %s with Kafka blocked; %d events in the buffer", last, held)
+
+	bs.unblock()
+	f.insertTx(t, f.makeEvents(20))
+	got := f.waitCount(t, 20+300+20, 90*time.Second)
+	rep := f.check(t, got)
+	if rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
+		t.Fatalf("lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	// The buffer empties and the relay streams live again.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		if held == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the WAL buffer still holds %d events 60s after Kafka came back", held)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	f.insertTx(t, f.makeEvents(5))
+	got = f.waitCount(t, 20+300+20+5, 30*time.Second)
+	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 {
+		t.Fatalf("after the buffer emptied: lost %d, order violations %d: %s", rep.lost, rep.orderViolations, rep.firstProblem)
+	}
+	t.Logf("duplicates %d", rep.duplicates)
+}
