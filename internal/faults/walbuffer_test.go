@@ -177,7 +177,7 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	}
 	defer stopProducer()
 
-	// Another table writes about 3 MB/s of WAL that does not compress:
+	// Another table writes about 2 MB/s of WAL that does not compress:
 	// random bytes, stored uncompressed.
 	var noiseBytes int64
 	noiseCtx, stopNoise := context.WithCancel(ctx)
@@ -195,7 +195,7 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 			}
 			select {
 			case <-noiseCtx.Done():
-			case <-time.After(300*time.Millisecond - time.Since(began)):
+			case <-time.After(500*time.Millisecond - time.Since(began)):
 			}
 		}
 	}()
@@ -242,7 +242,11 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 		time.Sleep(2 * time.Second)
 		r = start()
 	}
-	for time.Since(downAt) < 150*time.Second {
+	// 400 MB at 2 MB/s. (Faster, the slot would hold more than the bound
+	// whatever the relay does: a logical slot's restart_lsn moves only
+	// from one xl_running_xacts record to the next, 15 s apart, which
+	// makes up to ~30 s of WAL; see docs/wal-buffer.md.)
+	for time.Since(downAt) < 210*time.Second {
 		time.Sleep(time.Second)
 	}
 	walWritten := walAt() - walDown

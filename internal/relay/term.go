@@ -381,11 +381,14 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 	var rd readingSeen
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	for {
+	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if n%5 == 0 {
+			r.sampleBuffer(ctx, t)
 		}
 		st := t.stream.Stats()
 		now := time.Now()

@@ -273,3 +273,16 @@ func (r *Relay) drain(ctx context.Context, t *term, untilEmpty bool, nearlyEmpty
 	}
 	return err
 }
+
+// sampleBuffer records what the slot's buffer holds, for the metrics. A
+// failed read is skipped: the next sample tries again.
+func (r *Relay) sampleBuffer(ctx context.Context, t *term) {
+	if t.buffer == nil || r.m == nil {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if st, err := t.buffer.Stats(sctx); err == nil {
+		r.m.SetBuffered(st.Events, st.Oldest)
+	}
+}

@@ -14,12 +14,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// DefaultTable is the buffer table's name when the relay's retry table has
-// the default name; otherwise TableFor names it.
-const DefaultTable = "outbox_relay_wal_buffer"
+// DefaultTable is the buffer table's name.
+const DefaultTable = sql.DefaultWALBufferTable
 
 // TableFor is the buffer table beside the retry table retry: in its schema,
-// named DefaultTable, so that one setting (outbox.retry_table) places both.
+// named DefaultTable, so that one setting (retry.table) places both.
 func TableFor(retry string) (sql.Table, error) {
 	if retry == "" {
 		retry = sql.DefaultRetryTable
@@ -28,7 +27,7 @@ func TableFor(retry string) (sql.Table, error) {
 	if err != nil {
 		return sql.Table{}, err
 	}
-	return sql.Table{Schema: t.Schema, Name: DefaultTable}, nil
+	return sql.WALBufferTable(t), nil
 }
 
 // CreateTable returns the statements that create the buffer table t and its
@@ -199,17 +198,27 @@ type Stats struct {
 // Stats reads what the buffer holds of the slot. A missing table holds
 // nothing.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	return stats(ctx, s.db, s.t, s.slot)
+}
+
+func stats(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, t sql.Table, slot string) (Stats, error) {
 	var st Stats
 	var oldest *time.Time
 	var lsn *string
-	err := s.db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), coalesce(sum(octet_length(event)), 0)::bigint, min(buffered_at), min(commit_lsn)::text
-FROM %s WHERE to_regclass($2) IS NOT NULL AND slot_name = $1`, s.t.Quoted()), s.slot, s.t.Quoted()).Scan(&st.Events, &st.Bytes, &oldest, &lsn)
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.Quoted()).Scan(&exists); err != nil || !exists {
+		return Stats{}, err
+	}
+	err := db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), coalesce(sum(octet_length(event)), 0)::bigint, min(buffered_at), min(commit_lsn)::text
+FROM %s WHERE slot_name = $1`, t.Quoted()), slot).Scan(&st.Events, &st.Bytes, &oldest, &lsn)
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "42P01" { // undefined_table
 			return Stats{}, nil
 		}
-		return Stats{}, fmt.Errorf("read the wal buffer %s: %w", s.t, err)
+		return Stats{}, fmt.Errorf("read the wal buffer %s: %w", t, err)
 	}
 	if oldest != nil {
 		st.Oldest = *oldest
@@ -220,6 +229,14 @@ FROM %s WHERE to_regclass($2) IS NOT NULL AND slot_name = $1`, s.t.Quoted()), s.
 		}
 	}
 	return st, nil
+}
+
+// ReadStats is Store.Stats for a caller without a Store (lag, status):
+// what table t holds of slot; nothing when the table is missing.
+func ReadStats(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, t sql.Table, slot string) (Stats, error) {
+	return stats(ctx, db, t, slot)
 }
 
 // RetainedWAL is how many bytes of WAL the slot makes the server keep:
