@@ -147,15 +147,6 @@ func TablePrivileges(o Objects) []Privilege {
 	}...)
 }
 
-// DefaultWALBufferTable is the WAL buffer table's name (internal/walbuffer).
-const DefaultWALBufferTable = "outbox_relay_wal_buffer"
-
-// WALBufferTable is the WAL buffer table beside the retry table retry: in
-// its schema, named DefaultWALBufferTable.
-func WALBufferTable(retry Table) Table {
-	return Table{Schema: retry.Schema, Name: DefaultWALBufferTable}
-}
-
 // RetrySequence returns the name PostgreSQL gives the sequence of the retry
 // table's seq column (bigserial): <table>_seq_seq, the table's name cut so
 // that the whole fits in 63 bytes. (PostgreSQL would add a number if that

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	crand "crypto/rand"
+	"fmt"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
@@ -24,6 +25,7 @@ const (
 	killNone      walBufferKill = "no kill"
 	killBuffering walBufferKill = "killed while buffering"
 	killDraining  walBufferKill = "killed while draining"
+	killLeader    walBufferKill = "HA leader killed while buffering"
 )
 
 // The bound of the WAL buffer runs (issue 35's Done-when).
@@ -46,7 +48,7 @@ func TestWALBufferKafkaOutage(t *testing.T) {
 	}
 	testenv.Exclusive(t) // kills Kafka
 	bin := testenv.RelayBinary(t)
-	kills := []walBufferKill{killNone, killBuffering, killDraining}
+	kills := []walBufferKill{killNone, killBuffering, killDraining, killLeader}
 	if only := os.Getenv("RELAY_TEST_WALBUFFER_KILL"); only != "" {
 		kills = []walBufferKill{walBufferKill(strings.ReplaceAll(only, "_", " "))}
 	}
@@ -210,6 +212,11 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	defer stopNoiseWriter()
 
 	r := start()
+	var standby *slotLossRelay
+	if kill == killLeader {
+		time.Sleep(2 * time.Second) // r leads
+		standby = start()
+	}
 	time.Sleep(10 * time.Second) // live
 	walAt := func() int64 {
 		var lsn int64
@@ -231,16 +238,27 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	mu.Unlock()
 	downAt, walDown := time.Now(), walAt()
 	t.Logf("Kafka killed")
-	if kill == killBuffering {
+	if kill == killBuffering || kill == killLeader {
 		for deadline := time.Now().Add(90 * time.Second); buffered() < 1000; time.Sleep(200 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("the relay did not buffer 1000 events within 90s of the outage\n%s", tailLines(r.out.String(), 30))
 			}
 		}
-		sigkill(r)
-		t.Logf("relay SIGKILLed while buffering (%d events in the buffer)", buffered())
-		time.Sleep(2 * time.Second)
-		r = start()
+		if kill == killLeader {
+			leader := r
+			if !strings.Contains(s.leader(), fmt.Sprintf("pid %d ", r.cmd.Process.Pid)) {
+				leader, standby = standby, r
+			}
+			sigkill(leader)
+			t.Logf("HA leader (pid %d) SIGKILLed while buffering (%d events in the buffer); the standby (pid %d) takes over",
+				leader.cmd.Process.Pid, buffered(), standby.cmd.Process.Pid)
+			r = standby
+		} else {
+			sigkill(r)
+			t.Logf("relay SIGKILLed while buffering (%d events in the buffer)", buffered())
+			time.Sleep(2 * time.Second)
+			r = start()
+		}
 	}
 	// 400 MB at 2 MB/s. (Faster, the slot would hold more than the bound
 	// whatever the relay does: a logical slot's restart_lsn moves only
@@ -340,4 +358,14 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	if bound := 2*window + 2*walbuffer.DefaultPageSize; rep.Duplicates > bound {
 		t.Errorf("%d duplicates; want at most %d", rep.Duplicates, bound)
 	}
+}
+
+// leader is who leads the slot, as the checkpoint table names it
+// ("host … pid N started …").
+func (s *suite) leader() string {
+	var who *string
+	if err := s.pool.QueryRow(context.Background(), `SELECT leader FROM outbox_relay_checkpoint WHERE slot_name = $1`, s.slot).Scan(&who); err != nil || who == nil {
+		return ""
+	}
+	return *who + " "
 }

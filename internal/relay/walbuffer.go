@@ -134,8 +134,12 @@ func (r *Relay) watchRetained(ctx context.Context, pool *pgxpool.Pool, t *term) 
 		if lsn := t.stream.Stats().ConfirmedLSN; lsn != last {
 			last, moved = lsn, now
 		}
+		// Still with events held: a relay with nothing in flight is not
+		// blocked while Postgres decodes a large transaction of another
+		// table (a switch would make it decode it again from the start).
 		since, cause := r.sink.Outage()
-		blocked := !since.IsZero() || now.Sub(moved) >= blockedAfter
+		held, _ := t.pipe.win.usage()
+		blocked := !since.IsZero() || held > 0 && now.Sub(moved) >= blockedAfter
 		retained, ok, err := walbuffer.RetainedWAL(ctx, pool, r.cfg.Replication.Slot)
 		if err != nil || !ok || !walbuffer.ShouldBuffer(retained, r.cfg.MaxRetainedWAL, blocked) {
 			continue
@@ -234,7 +238,7 @@ func (t *drainTally) close() {}
 func (r *Relay) drain(ctx context.Context, t *term, untilEmpty bool, nearlyEmpty func()) error {
 	w := &writer{sink: r.sink, gate: t.pipe.gate, fence: t.lease, win: newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes),
 		health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m, depth: r.cfg.Sink.MaxInFlight, bulk: int(r.cfg.Sink.BatchBytes)}
-	d := &walbuffer.Drainer{Store: t.buffer, PageSize: max(r.cfg.Sink.BatchSize, walbuffer.DefaultPageSize),
+	d := &walbuffer.Drainer{Store: t.buffer, PageSize: max(r.cfg.Sink.BatchSize, walbuffer.DefaultPageSize), PageBytes: r.cfg.MaxInFlightBytes / 2,
 		Fence:   t.lease.check,
 		Deleted: func(n int64) { r.m.Drained(int(n)) },
 		Failed:  func(err error) { r.log.Warn("WAL buffer: read or delete failed; trying again", "err", err) }}

@@ -25,6 +25,9 @@ const (
 type Drainer struct {
 	Store    *Store
 	PageSize int           // rows per page; default DefaultPageSize
+	// PageBytes bounds a page's stored bytes (the relay's in-flight byte
+	// window); 0: no bound.
+	PageBytes int
 	Poll     time.Duration // wait when nothing is left to read; default DefaultPoll
 	// Send hands a page to the writer, in order; it may block while the
 	// writer is busy and returns only ctx's error.
@@ -100,7 +103,7 @@ func (d *Drainer) Run(ctx context.Context, untilEmpty bool, nearlyEmpty func()) 
 			deleted, hasDeleted = acked, true
 		}
 		allDone := !hasSent || ok && !acked.Less(sent)
-		page, err := d.Store.Page(ctx, sent, size)
+		page, err := d.Store.Page(ctx, sent, size, d.PageBytes)
 		if err != nil {
 			if err := d.wait(ctx, err, &bo); err != nil {
 				return err
@@ -117,10 +120,12 @@ func (d *Drainer) Run(ctx context.Context, untilEmpty bool, nearlyEmpty func()) 
 		if len(page) == 0 && allDone && untilEmpty {
 			return nil
 		}
-		if len(page) < size/2 && allDone && nearlyEmpty != nil {
+		// A page cut short by its bytes is no sign of an emptying buffer.
+		full := len(page) == size || d.PageBytes > 0 && pageBytes(page) >= d.PageBytes/2
+		if !full && len(page) < size/2 && allDone && nearlyEmpty != nil {
 			nearlyEmpty()
 		}
-		if len(page) == size {
+		if full {
 			continue
 		}
 		t := time.NewTimer(poll)
@@ -133,6 +138,14 @@ func (d *Drainer) Run(ctx context.Context, untilEmpty bool, nearlyEmpty func()) 
 		case <-t.C:
 		}
 	}
+}
+
+func pageBytes(page []Entry) int {
+	n := 0
+	for i := range page {
+		n += len(page[i].Event.Value) + len(page[i].Event.Key)
+	}
+	return n
 }
 
 // errStore marks a failure of the buffer table, which the Drainer waits out

@@ -30,18 +30,9 @@ func TableFor(retry string) (sql.Table, error) {
 	return sql.WALBufferTable(t), nil
 }
 
-// CreateTable returns the statements that create the buffer table t and its
-// index, each a no-op when it exists.
-func CreateTable(t sql.Table) []string {
-	return []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-    "slot_name" text NOT NULL,
-    "commit_lsn" pg_lsn NOT NULL,
-    "pos" integer NOT NULL,
-    "event" bytea NOT NULL,
-    "buffered_at" timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY ("slot_name", "commit_lsn", "pos")
-)`, t.Quoted())}
-}
+// CreateTable returns the statements that create the buffer table t, each
+// a no-op when it exists (sql.WALBufferTableDDL).
+func CreateTable(t sql.Table) []string { return sql.WALBufferTableDDL(t) }
 
 // A Key is a buffered event's place in the WAL: its transaction's commit
 // LSN and its position in the transaction. Keys order events as the WAL
@@ -136,8 +127,11 @@ ON CONFLICT DO NOTHING`, s.t.Quoted()), s.slot, lsns, pos, docs)
 	return nil
 }
 
-// Page returns up to limit entries after key after, in key order.
-func (s *Store) Page(ctx context.Context, after Key, limit int) ([]Entry, error) {
+// Page returns up to limit entries after key after, in key order, and
+// stops early once they hold maxBytes of stored copies (0: no limit; the
+// first entry is always returned), so that a page of large events does not
+// outgrow the relay's memory bound.
+func (s *Store) Page(ctx context.Context, after Key, limit, maxBytes int) ([]Entry, error) {
 	rows, err := s.db.Query(ctx, fmt.Sprintf(`SELECT event FROM %s
 WHERE slot_name = $1 AND (slot_name, commit_lsn, pos) > ($1, $2::pg_lsn, $3)
 ORDER BY slot_name, commit_lsn, pos LIMIT $4`, s.t.Quoted()), s.slot, after.LSN.String(), after.Pos, limit)
@@ -146,11 +140,16 @@ ORDER BY slot_name, commit_lsn, pos LIMIT $4`, s.t.Quoted()), s.slot, after.LSN.
 	}
 	defer rows.Close()
 	var out []Entry
+	size := 0
 	for rows.Next() {
+		if maxBytes > 0 && size >= maxBytes {
+			break
+		}
 		var doc []byte
 		if err := rows.Scan(&doc); err != nil {
 			return nil, fmt.Errorf("read the wal buffer %s: %w", s.t, err)
 		}
+		size += len(doc)
 		e, err := decode(doc)
 		if err != nil {
 			return nil, fmt.Errorf("wal buffer %s: a row cannot be decoded (edited by hand?): %w", s.t, err)

@@ -103,7 +103,7 @@ func TestStore(t *testing.T) {
 	if err := other.Append(ctx, []Entry{sample(0x1, 1)}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Page(ctx, Key{}, 10)
+	got, err := s.Page(ctx, Key{}, 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,8 +118,11 @@ func TestStore(t *testing.T) {
 	if !reflect.DeepEqual(got[0], in[1]) {
 		t.Errorf("Page()[0] = %+v; want %+v", got[0], in[1])
 	}
-	if page, _ := s.Page(ctx, got[0].Key(), 1); len(page) != 1 || page[0].Key() != got[1].Key() {
+	if page, _ := s.Page(ctx, got[0].Key(), 1, 0); len(page) != 1 || page[0].Key() != got[1].Key() {
 		t.Errorf("Page(after %s, 1) = %v; want %s", got[0].Key(), page, got[1].Key())
+	}
+	if page, _ := s.Page(ctx, Key{}, 10, 1); len(page) != 1 {
+		t.Errorf("Page(limit 10, 1 byte) = %d entries; want the first only", len(page))
 	}
 	st, err := s.Stats(ctx)
 	if err != nil || st.Events != 3 || st.OldestLSN != 0xFFFFFFF || st.Oldest.IsZero() {
@@ -179,7 +182,7 @@ func TestDrainer(t *testing.T) {
 			case k := <-pending:
 				time.Sleep(5 * time.Millisecond)
 				// Nothing is deleted before the writer finished it.
-				if page, _ := s.Page(wctx, Key{}, 1); len(page) == 0 || k.Less(page[0].Key()) {
+				if page, _ := s.Page(wctx, Key{}, 1, 0); len(page) == 0 || k.Less(page[0].Key()) {
 					t.Errorf("rows up to %s were deleted before the writer finished them", k)
 				}
 				d.Acked(k)
@@ -220,5 +223,55 @@ func TestDrainerFenced(t *testing.T) {
 	}
 	if any, _ := s.Any(ctx); !any {
 		t.Errorf("a fenced drainer deleted rows")
+	}
+}
+
+// TestWriteCost measures what buffering costs Postgres per event: the WAL
+// of appending and deleting it, and the table's size while it is held
+// (docs/wal-buffer.md quotes the figures, per million events of a 300-byte
+// JSON payload with three headers). It fails only if a row costs more than
+// four times its event in WAL.
+func TestWriteCost(t *testing.T) {
+	ctx := context.Background()
+	s, pg := newStore(t, "cost")
+	pool := pg.Pool(t)
+	const n, batch = 20000, 1000
+	payload := []byte(`{"order_id": "8f14e45f-ceea-467f-a0e6-3c7a1e2d9b11", "customer": "c-12345", "items": [{"sku": "A-1", "qty": 2, "price": 19.99}, {"sku": "B-7", "qty": 1, "price": 5.5}], "total": 45.48, "currency": "EUR", "placed_at": "2026-11-28T03:00:00Z", "note": "leave at the door, ring twice"}`)
+	wal := func() int64 {
+		var lsn int64
+		if err := pool.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint`).Scan(&lsn); err != nil {
+			t.Fatal(err)
+		}
+		return lsn
+	}
+	var stored int
+	before := wal()
+	for i := 0; i < n; i += batch {
+		entries := make([]Entry, batch)
+		for j := range entries {
+			e := sample(pglogrepl.LSN(0x1000000+i+j), 1)
+			e.Event.Value = payload
+			entries[j] = e
+			stored += len(encode(&e))
+		}
+		if err := s.Append(ctx, entries); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appended := wal()
+	var size int64
+	if err := pool.QueryRow(ctx, `SELECT pg_total_relation_size($1)`, s.Table().Quoted()).Scan(&size); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Delete(ctx, Key{LSN: 0xFFFFFFFF}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := wal()
+	perEvent := float64(stored) / n
+	appendWAL, deleteWAL := float64(appended-before)/n, float64(deleted-appended)/n
+	t.Logf("per event (%.0f bytes stored): append %.0f bytes of WAL, delete %.0f; table %.0f bytes while held. Per million events: %.0f MB of WAL, table %.0f MB",
+		perEvent, appendWAL, deleteWAL, float64(size)/n, (appendWAL+deleteWAL)*1e6/(1<<20), float64(size)*1e6/n/(1<<20))
+	if appendWAL+deleteWAL > 4*perEvent {
+		t.Errorf("buffering an event of %.0f bytes wrote %.0f bytes of WAL; want at most 4 times its size", perEvent, appendWAL+deleteWAL)
 	}
 }
