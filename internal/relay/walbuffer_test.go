@@ -3,6 +3,9 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -190,4 +193,81 @@ func TestWALBuffer(t *testing.T) {
 		t.Fatalf("after the buffer emptied: lost %d, order violations %d: %s", rep.lost, rep.orderViolations, rep.firstProblem)
 	}
 	t.Logf("duplicates %d", rep.duplicates)
+}
+
+// TestWALBufferDrainRate measures how fast a buffer drains against how fast
+// the relay delivers the same backlog live (docs/wal-buffer.md quotes it).
+// RELAY_TEST_MEASURE=1 only: it writes 2 × 50,000 events.
+func TestWALBufferDrainRate(t *testing.T) {
+	if os.Getenv("RELAY_TEST_MEASURE") == "" {
+		t.Skip("a measurement: RELAY_TEST_MEASURE=1")
+	}
+	const n = 50000
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MaxRetainedWAL = 1 << 20
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+	var sinks relay.Sinks
+	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
+		k, err := sink.New(cfg.Sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { k.Close() })
+		*s = k
+	}
+	bs := &blockedSink{Sink: sinks.Stream}
+	sinks.Stream = bs
+	r, err := relay.New(cfg, sinks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	insert := func() {
+		for i := 0; i < n; i += 1000 {
+			f.insertTx(t, f.makeEvents(1000))
+		}
+	}
+	held := func() int {
+		var c int
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&c); err != nil {
+			return -1
+		}
+		return c
+	}
+	// Live: the backlog of n events, from the insert's end to the last
+	// confirmed.
+	f.insertTx(t, f.makeEvents(10))
+	f.waitCount(t, 10, 30*time.Second)
+	insert()
+	ends := f.commitEnds(t)
+	began := time.Now()
+	f.waitConfirmed(t, ends[len(ends)-1], 5*time.Minute)
+	live := time.Since(began)
+
+	// Buffered: n events in the buffer (WAL of another table makes the slot
+	// retain enough to switch), then Kafka back.
+	bs.block()
+	f.insertTx(t, f.makeEvents(10))
+	f.pg.Exec(t, `CREATE TABLE rate_noise (b bytea)`)
+	for held() <= 0 {
+		f.pg.Exec(t, `INSERT INTO rate_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 20000)`)
+		time.Sleep(200 * time.Millisecond)
+	}
+	insert()
+	ends = f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], 5*time.Minute)
+	h := held()
+	bs.unblock()
+	began = time.Now()
+	for held() > 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	drain := time.Since(began)
+	t.Logf("live: %d events in %s (%.0f events/s); drain: %d buffered events in %s (%.0f events/s)",
+		n, live.Round(time.Millisecond), n/live.Seconds(), h, drain.Round(time.Millisecond), float64(h)/drain.Seconds())
 }

@@ -42,6 +42,23 @@
 //     does before every other write; a row a deposed leader still appends is
 //     keyed by its WAL position, so it can only duplicate, never reorder.
 //
+// The buffer is a delay line in front of the relay's writer, not a second
+// delivery path: what is stored is exactly what the writer would have been
+// handed (routed events and router failures, in order), and the drain hands
+// it to the same writer later. So the gate (an aggregate with rows in the
+// retry table keeps its later events behind them), the retry table and
+// fencing apply at delivery time as they would have live, and a buffered
+// event that Kafka refuses is parked like a live one. A relay that enters
+// the mode leads again from its checkpoint (rather than diverting its
+// pipeline in place) because the pipeline is stuck on Kafka: produce
+// requests in flight are abandoned (they may still land: duplicates, at
+// most the in-flight window, as after any restart), and the new term reads
+// the WAL again from the checkpoint into the buffer.
+//
+// Not with exactly-once delivery: there the checkpoint travels in each
+// Kafka transaction, and a buffered range would need a checkpoint of its
+// own and a non-transactional writer; the relay holds the slot as before.
+//
 // Full copies are stored (topic, key, value, headers, the event's identity
 // and its router failure, if any) rather than pointers to outbox rows: a
 // logical-message outbox has no rows, and an application may delete its rows
