@@ -24,11 +24,11 @@ const (
 // delivered again only after a stop (what was sent and not yet deleted).
 type Drainer struct {
 	Store    *Store
-	PageSize int           // rows per page; default DefaultPageSize
+	PageSize int // rows per page; default DefaultPageSize
 	// PageBytes bounds a page's stored bytes (the relay's in-flight byte
 	// window); 0: no bound.
 	PageBytes int
-	Poll     time.Duration // wait when nothing is left to read; default DefaultPoll
+	Poll      time.Duration // wait when nothing is left to read; default DefaultPoll
 	// Send hands a page to the writer, in order; it may block while the
 	// writer is busy and returns only ctx's error.
 	Send func(ctx context.Context, page []Entry) error
