@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -15,7 +14,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
-	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -32,35 +30,7 @@ type term struct {
 	pipe    *pipeline
 	worker  *retry.Worker
 
-	// The WAL buffer (walbuffer.go): how this term delivers, the slot's
-	// buffer (nil when off), and, while buffering, the signal to stop at a
-	// transaction boundary and lead again draining first.
-	mode   termMode
-	buffer *walbuffer.Store
-	toLive chan struct{}
-	once   sync.Once
-	began  time.Time // when lead began
-}
-
-// minBuffering is the least a buffering term lasts before it leaves
-// buffering: a broker that flaps does not make the relay switch each time.
-const minBuffering = 10 * time.Second
-
-// leaveBuffering asks a buffering term to stop reading at a transaction
-// boundary, save its checkpoint, and end: the next drains the rest, then
-// streams live.
-func (t *term) leaveBuffering() {
-	t.once.Do(func() { close(t.toLive) })
-}
-
-// leftBuffering reports whether leaveBuffering was called.
-func (t *term) leftBuffering() bool {
-	select {
-	case <-t.toLive:
-		return true
-	default:
-		return false
-	}
+	bufferTerm // the WAL buffer's part (walbuffer.go)
 }
 
 // newTerm opens the term (open: where it starts, checked) and builds its
@@ -70,13 +40,9 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	if err != nil {
 		return nil, err
 	}
-	t := &term{start: o.start, store: o.store, buffer: o.buffer, toLive: make(chan struct{})}
-	if t.mode, err = r.termMode(ctx, o.buffer); err != nil {
+	t := &term{start: o.start, store: o.store}
+	if t.bufferTerm, err = r.newBufferTerm(ctx, o.buffer); err != nil {
 		return nil, err
-	}
-	var buffer *walbuffer.Store
-	if t.mode == modeBuffering {
-		buffer = o.buffer
 	}
 	slot := r.cfg.Replication.Slot
 	t.lease = newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, r.log, o.store, o.store, func() checkpoint.Server {
@@ -108,7 +74,7 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	}
 	t.pipe = newPipeline(r.cfg, ends{
 		routers: rts, placers: o.placers, sink: r.sink, gate: o.gate,
-		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store, eos: x, buffer: buffer,
+		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store, eos: x, buffer: t.appendTo(),
 	}, o.start)
 	var committed func() pglogrepl.LSN
 	if x != nil {
@@ -150,7 +116,6 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 	// batch is routed): keep it short, it only smooths hand-overs.
 	batches := make(chan replication.Batch, 4)
 
-	t.began = time.Now()
 	r.live.Store(t)
 	defer r.live.Store(nil)
 	defer r.m.SetActive(false)
@@ -168,35 +133,9 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		r.m.TookOver(epoch)
 		return nil
 	})
-	g.Go(func() error {
-		if t.mode == modeDrainFirst {
-			// What the buffer holds comes before anything the stream
-			// reads: drained to its end first.
-			r.log.Info("WAL buffer: delivering what it holds before streaming live", "slot", r.cfg.Replication.Slot)
-			if err := r.drain(streamCtx, t, true, nil); err != nil {
-				return ignoreCanceled(err)
-			}
-			r.log.Info("WAL buffer: empty; streaming live", "slot", r.cfg.Replication.Slot)
-			r.m.SetBuffering(false)
-		}
-		return r.runStream(streamCtx, gctx, t, batches)
-	})
-	r.m.SetBuffering(t.mode != modeLive)
-	switch {
-	case t.mode == modeBuffering:
-		r.log.Warn("WAL buffer: buffering: events read go to the buffer table, and from it to Kafka in order", "slot", r.cfg.Replication.Slot, "table", t.buffer.Table().String())
-		g.Go(func() error {
-			return ignoreCanceled(r.drain(streamCtx, t, false, func() {
-				// Kafka takes what it is handed and little is left: leave
-				// buffering once the buffering time covers a flap.
-				if since, _ := r.sink.Outage(); since.IsZero() && time.Since(t.began) >= minBuffering {
-					t.leaveBuffering()
-				}
-			}))
-		})
-	case t.buffer != nil:
-		g.Go(func() error { return r.watchRetained(streamCtx, pool, t) })
-	}
+	// The stream, after what the WAL buffer holds; and the buffer's
+	// drainer, or the watch that starts buffering.
+	g.Go(func() error { return r.runBuffered(streamCtx, gctx, pool, g, t, batches) })
 	g.Go(func() error { return ignoreCanceled(t.worker.Run(streamCtx)) })
 	g.Go(func() error { r.pumpStats(streamCtx, t); return nil })
 	g.Go(func() error { t.pipe.gate.sweep(streamCtx, 30*time.Second); return nil })
@@ -207,22 +146,7 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		}
 	}
 	var schemaStop error
-	stop := ctx.Done()
-	if t.mode == modeBuffering {
-		// Stopped by the shutdown, or by leaving buffering.
-		leave := make(chan struct{})
-		stop = leave
-		g.Go(func() error {
-			select {
-			case <-ctx.Done():
-			case <-t.toLive:
-			case <-streamCtx.Done():
-				return nil
-			}
-			close(leave)
-			return nil
-		})
-	}
+	stop := t.stopOn(ctx, streamCtx, g) // also when leaving buffering
 	t.pipe.run(gctx, g, stop, batches, func(err error) error {
 		if se := (*stopError)(nil); errors.As(err, &se) {
 			// Not a failure of the pipeline: drain what came before the

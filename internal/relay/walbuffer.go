@@ -14,8 +14,10 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 )
 
@@ -87,6 +89,109 @@ func (r *Relay) openBuffer(ctx context.Context, pool *pgxpool.Pool) (*walbuffer.
 		return nil, nil
 	}
 	return s, nil
+}
+
+// bufferTerm is a term's part of the WAL buffer: how it delivers, the slot's
+// buffer (nil when off), and, while buffering, the signal to stop at a
+// transaction boundary and lead again draining first.
+type bufferTerm struct {
+	mode   termMode
+	buffer *walbuffer.Store
+	toLive chan struct{}
+	once   sync.Once
+	began  time.Time // when the term began to lead
+}
+
+// minBuffering is the least a buffering term lasts before it leaves
+// buffering: a broker that flaps does not make the relay switch each time.
+const minBuffering = 10 * time.Second
+
+func (r *Relay) newBufferTerm(ctx context.Context, buf *walbuffer.Store) (bufferTerm, error) {
+	mode, err := r.termMode(ctx, buf)
+	return bufferTerm{mode: mode, buffer: buf, toLive: make(chan struct{})}, err
+}
+
+// appendTo is the store the pipeline's writer appends to: the buffer while
+// buffering, else nil (Kafka).
+func (b *bufferTerm) appendTo() *walbuffer.Store {
+	if b.mode == modeBuffering {
+		return b.buffer
+	}
+	return nil
+}
+
+// leaveBuffering asks a buffering term to stop reading at a transaction
+// boundary, save its checkpoint, and end: the next drains the rest, then
+// streams live.
+func (b *bufferTerm) leaveBuffering() {
+	b.once.Do(func() { close(b.toLive) })
+}
+
+// leftBuffering reports whether leaveBuffering was called.
+func (b *bufferTerm) leftBuffering() bool {
+	select {
+	case <-b.toLive:
+		return true
+	default:
+		return false
+	}
+}
+
+// stopOn is the channel that stops the pipeline at a transaction boundary:
+// closed on shutdown (ctx), and, while buffering, on leaveBuffering too.
+func (b *bufferTerm) stopOn(ctx, streamCtx context.Context, g *errgroup.Group) <-chan struct{} {
+	if b.mode != modeBuffering {
+		return ctx.Done()
+	}
+	leave := make(chan struct{})
+	g.Go(func() error {
+		select {
+		case <-ctx.Done():
+		case <-b.toLive:
+		case <-streamCtx.Done():
+			return nil
+		}
+		close(leave)
+		return nil
+	})
+	return leave
+}
+
+// runBuffered runs the term's stream (runStream) as its mode says: after
+// draining the buffer to its end (draining first), beside the drainer
+// (buffering), or beside the watch that switches to buffering (live, with
+// the bound on).
+func (r *Relay) runBuffered(streamCtx, gctx context.Context, pool *pgxpool.Pool, g *errgroup.Group, t *term, out chan<- replication.Batch) error {
+	t.began = time.Now()
+	slot := r.cfg.Replication.Slot
+	r.m.SetBuffering(t.mode != modeLive)
+	switch {
+	case t.mode == modeDrainFirst:
+		// What the buffer holds comes before anything the stream reads:
+		// drained to its end first (the watch cuts it short if Kafka is
+		// away again and the slot retains half the bound).
+		g.Go(func() error { return r.watchRetained(streamCtx, pool, t) })
+		r.log.Info("WAL buffer: delivering what it holds before streaming live", "slot", slot)
+		if err := r.drain(streamCtx, t, true, nil); err != nil {
+			return ignoreCanceled(err)
+		}
+		r.log.Info("WAL buffer: empty; streaming live", "slot", slot)
+		r.m.SetBuffering(false)
+	case t.mode == modeBuffering:
+		r.log.Warn("WAL buffer: buffering: events read go to the buffer table, and from it to Kafka in order", "slot", slot, "table", t.buffer.Table().String())
+		g.Go(func() error {
+			return ignoreCanceled(r.drain(streamCtx, t, false, func() {
+				// Kafka takes what it is handed and little is left: leave
+				// buffering once the buffering time covers a flap.
+				if since, _ := r.sink.Outage(); since.IsZero() && time.Since(t.began) >= minBuffering {
+					t.leaveBuffering()
+				}
+			}))
+		})
+	case t.buffer != nil:
+		g.Go(func() error { return r.watchRetained(streamCtx, pool, t) })
+	}
+	return r.runStream(streamCtx, gctx, t, out)
 }
 
 // termMode decides how the term delivers: a buffer holding rows of the slot
