@@ -168,15 +168,28 @@ func (r *Relay) runBuffered(streamCtx, gctx context.Context, pool *pgxpool.Pool,
 	switch {
 	case t.mode == modeDrainFirst:
 		// What the buffer holds comes before anything the stream reads:
-		// drained to its end first (the watch cuts it short if Kafka is
-		// away again and the slot retains half the bound).
+		// drained to its end first. The stream starts at once all the
+		// same: holding the slot is what makes this relay the leader
+		// (lease.take waits for it), and the drain writes only as the
+		// leader. What it reads meanwhile waits (a few batches, then the
+		// stream waits too) until the rest, under half a page, is
+		// delivered; the watch cuts the drain short if Kafka is away
+		// again and the slot retains half the bound.
+		raw := make(chan replication.Batch, cap(out))
+		drained := make(chan struct{})
 		g.Go(func() error { return r.watchRetained(streamCtx, pool, t) })
-		r.log.Info("WAL buffer: delivering what it holds before streaming live", "slot", slot)
-		if err := r.drain(streamCtx, t, true, nil); err != nil {
-			return ignoreCanceled(err)
-		}
-		r.log.Info("WAL buffer: empty; streaming live", "slot", slot)
-		r.m.SetBuffering(false)
+		g.Go(func() error {
+			r.log.Info("WAL buffer: delivering what it holds before streaming live", "slot", slot)
+			if err := r.drain(streamCtx, t, true, nil); err != nil {
+				return ignoreCanceled(err)
+			}
+			r.log.Info("WAL buffer: empty; streaming live", "slot", slot)
+			r.m.SetBuffering(false)
+			close(drained)
+			return nil
+		})
+		g.Go(func() error { forwardAfter(streamCtx, drained, raw, out); return nil })
+		return r.runStream(streamCtx, gctx, t, raw)
 	case t.mode == modeBuffering:
 		r.log.Warn("WAL buffer: buffering: events read go to the buffer table, and from it to Kafka in order", "slot", slot, "table", t.buffer.Table().String())
 		g.Go(func() error {
@@ -192,6 +205,28 @@ func (r *Relay) runBuffered(streamCtx, gctx context.Context, pool *pgxpool.Pool,
 		g.Go(func() error { return r.watchRetained(streamCtx, pool, t) })
 	}
 	return r.runStream(streamCtx, gctx, t, out)
+}
+
+// forwardAfter passes what in receives to out, once ready is closed, until
+// ctx is done.
+func forwardAfter(ctx context.Context, ready <-chan struct{}, in <-chan replication.Batch, out chan<- replication.Batch) {
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return
+	}
+	for {
+		select {
+		case b := <-in:
+			select {
+			case out <- b:
+			case <-ctx.Done():
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // termMode decides how the term delivers: a buffer holding rows of the slot

@@ -6,11 +6,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	outboxevent "github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -109,6 +112,7 @@ func TestWALBuffer(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config(t)
 	cfg.MaxRetainedWAL = 4 << 20
+	cfg.Metrics = metrics.New()
 	ctx := context.Background()
 	var sinks relay.Sinks
 	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
@@ -165,10 +169,42 @@ func TestWALBuffer(t *testing.T) {
 		t.Fatalf("the slot was confirmed past undelivered events, but the WAL buffer holds none of them")
 	}
 	t.Logf("confirmed past %s with Kafka blocked; %d events in the buffer", last, held)
+	// lag and status say so, and the metrics.
+	lr, err := ops.Lag(ctx, f.pool, ops.Config{Slot: f.slot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	if err := lr.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if lr.Buffer == nil || lr.Buffer.Events != int64(held) || !strings.Contains(text.String(), "BUFFERING") {
+		t.Errorf("lag while buffering: wal_buffer %+v, text:\n%s\nwant %d events and a BUFFERING line", lr.Buffer, text.String(), held)
+	}
+	if sr, err := ops.Status(ctx, f.pool, ops.Config{Slot: f.slot}); err != nil || sr.Buffer == nil {
+		t.Errorf("status while buffering: wal_buffer %+v, %v; want it", sr.Buffer, err)
+	}
+	if v := gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active"); v != 1 {
+		t.Errorf("outbox_relay_wal_buffer_active = %v while buffering; want 1", v)
+	}
 
+	// Events keep coming while the buffer drains: the relay leaves
+	// buffering with some of them still buffered, drains those before it
+	// streams live, and none overtakes another.
 	bs.unblock()
+	more := 0
+	for deadline := time.Now().Add(90 * time.Second); ; more++ {
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		if (held == 0 && more >= 40) || time.Now().After(deadline) {
+			break
+		}
+		f.insertTx(t, f.makeEvents(2))
+		time.Sleep(50 * time.Millisecond)
+	}
 	f.insertTx(t, f.makeEvents(20))
-	got := f.waitCount(t, 20+300+20, 90*time.Second)
+	got := f.waitCount(t, 20+300+2*more+20, 90*time.Second)
 	rep := f.check(t, got)
 	if rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
 		t.Fatalf("lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
@@ -188,7 +224,13 @@ func TestWALBuffer(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	f.insertTx(t, f.makeEvents(5))
-	got = f.waitCount(t, 20+300+20+5, 30*time.Second)
+	got = f.waitCount(t, 20+300+2*more+20+5, 30*time.Second)
+	if v := gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active"); v != 0 {
+		t.Errorf("outbox_relay_wal_buffer_active = %v once live again; want 0", v)
+	}
+	if lr, err := ops.Lag(ctx, f.pool, ops.Config{Slot: f.slot}); err != nil || lr.Buffer != nil {
+		t.Errorf("lag once the buffer is empty: wal_buffer %+v, %v; want none", lr.Buffer, err)
+	}
 	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 {
 		t.Fatalf("after the buffer emptied: lost %d, order violations %d: %s", rep.lost, rep.orderViolations, rep.firstProblem)
 	}
@@ -270,4 +312,20 @@ func TestWALBufferDrainRate(t *testing.T) {
 	drain := time.Since(began)
 	t.Logf("live: %d events in %s (%.0f events/s); drain: %d buffered events in %s (%.0f events/s)",
 		n, live.Round(time.Millisecond), n/live.Seconds(), h, drain.Round(time.Millisecond), float64(h)/drain.Seconds())
+}
+
+// gauge reads a gauge of m by name.
+func gauge(t *testing.T, m *metrics.Metrics, name string) float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
