@@ -2,10 +2,12 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -247,7 +250,7 @@ func TestWALBufferDrainRate(t *testing.T) {
 	const n = 50000
 	f := newFixture(t)
 	cfg := f.config(t)
-	cfg.MaxRetainedWAL = 1 << 20
+	cfg.MaxRetainedWAL = 64 << 20
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()
 	var sinks relay.Sinks
@@ -285,8 +288,16 @@ func TestWALBufferDrainRate(t *testing.T) {
 	// confirmed.
 	f.insertTx(t, f.makeEvents(10))
 	f.waitCount(t, 10, 30*time.Second)
+	// Kafka blocked while the backlog is written, then back: the relay
+	// delivers it live (nothing buffers: the slot retains less than half
+	// the bound).
+	bs.block()
 	insert()
 	ends := f.commitEnds(t)
+	if held() > 0 {
+		t.Fatalf("the live backlog went to the buffer")
+	}
+	bs.unblock()
 	began := time.Now()
 	f.waitConfirmed(t, ends[len(ends)-1], 5*time.Minute)
 	live := time.Since(began)
@@ -297,7 +308,8 @@ func TestWALBufferDrainRate(t *testing.T) {
 	f.insertTx(t, f.makeEvents(10))
 	f.pg.Exec(t, `CREATE TABLE rate_noise (b bytea)`)
 	for held() <= 0 {
-		f.pg.Exec(t, `INSERT INTO rate_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 20000)`)
+		f.pg.Exec(t, `INSERT INTO rate_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 200000)`)
+		f.insertTx(t, f.makeEvents(1))
 		time.Sleep(200 * time.Millisecond)
 	}
 	insert()
@@ -328,4 +340,74 @@ func gauge(t *testing.T, m *metrics.Metrics, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// TestWALBufferDrainsFirst: a term that left buffering with events still in
+// the buffer delivers them before anything it streams, and leads while it
+// does (with HA, leading is holding the slot: a drain that waited for the
+// lease before streaming waited for ever).
+func TestWALBufferDrainsFirst(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MaxRetainedWAL = 64 << 20
+	ctx := context.Background()
+	tbl, err := walbuffer.TableFor("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := walbuffer.NewStore(f.pool, tbl, f.slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The rest of a buffer: events of the first aggregates' sequences,
+	// committed before the slot's position.
+	var rest []walbuffer.Entry
+	for i, e := range f.makeEvents(30) {
+		rest = append(rest, walbuffer.Entry{Event: outboxevent.Event{
+			ID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
+			Topic: f.prefix + "." + e.AggregateType, Key: []byte(e.AggregateID), Value: []byte(e.Payload),
+			Headers:   []outboxevent.Header{{Key: "id", Value: []byte(e.ID)}, {Key: "event_type", Value: []byte(e.EventType)}, {Key: "aggregate_type", Value: []byte(e.AggregateType)}},
+			CommitLSN: 0x100, Pos: i + 1, Table: "public.outbox",
+		}})
+	}
+	if err := store.Append(ctx, rest); err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRelay(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.DrainFirstNext(r)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	f.insertTx(t, f.makeEvents(20)) // streamed after the rest
+	got := waitRead(t, f.readAll, 50, 60*time.Second)
+	// Per aggregate, the buffered events (earlier sequence numbers) come
+	// first: check's order is the payloads' sequence per key, Kafka's order.
+	sort.Slice(got, func(i, j int) bool {
+		a, b := got[i], got[j]
+		return a.Topic < b.Topic || a.Topic == b.Topic && (a.Partition < b.Partition || a.Partition == b.Partition && a.Offset < b.Offset)
+	})
+	seen := map[string]int{}
+	for _, d := range got {
+		var p struct {
+			Agg string `json:"agg"`
+			Seq int    `json:"seq"`
+		}
+		if err := json.Unmarshal([]byte(d.Value), &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Seq <= seen[d.Topic+"/"+p.Agg] {
+			t.Errorf("%s: seq %d after %d: a streamed event overtook a buffered one", p.Agg, p.Seq, seen[d.Topic+"/"+p.Agg])
+		}
+		seen[d.Topic+"/"+p.Agg] = p.Seq
+	}
+	if any, _ := store.Any(ctx); any {
+		t.Errorf("rows left in the WAL buffer after the drain")
+	}
 }
