@@ -42,6 +42,7 @@ PG_MATRIX_PACKAGES=(
 	./internal/ops
 	./internal/replay
 	./internal/retention
+	./internal/walbuffer
 	./replication/pgslot
 	./replication
 	./checkpoint
@@ -51,7 +52,7 @@ PG_MATRIX_RUN='^('\
 'TestLeastPrivilege|TestCheckWarnsSuperuser|TestCheckGood|TestCheckBroken|TestSetup.*|TestGrant.*|'\
 'TestPublicationRecreatedAfterSlot|TestStartLSNBeyondWAL.*|TestCheckpointSet.*|TestPrune|'\
 'TestEndToEnd|TestMessagesEndToEnd|TestSIGKILLMidStream|TestSIGTERMMidStream|TestIdleAdvancesSlot|TestPostgresRestart|TestSchemaDriftStops|'\
-'TestFaultSuite|TestHighAvailability|TestHostile|'\
+'TestFaultSuite|TestHighAvailability|TestHostile|TestWALBuffer|TestStore|TestDrainer|TestDrainerFenced|TestWriteCost|'\
 'TestLag.*|TestStatus|TestMetricsDuringRun|'\
 'TestReplay(ByTimeAggregateAndTopic|FromLSN|OrderWithConcurrentWriters|Resume|BesideLiveRelay|KilledAndResumed)|'\
 'TestInsertThenDelete|TestRetention.*|TestRound.*|TestDryRun|TestCheckTable|'\

@@ -112,3 +112,14 @@ CREATE INDEX IF NOT EXISTS "outbox_relay_retry_slot_status_next_attempt_idx"
 -- Earlier versions indexed the text itself.
 CREATE INDEX IF NOT EXISTS "outbox_relay_retry_slot_aggregate_md5_seq_idx"
     ON "outbox_relay_retry" ("slot_name", md5("aggregate"), "seq");
+
+-- The WAL buffer: what a relay that cannot deliver has read, in WAL order, so that
+-- its slot need not keep the WAL (postgres.max_retained_wal; docs/wal-buffer.md).
+CREATE TABLE IF NOT EXISTS "outbox_relay_wal_buffer" (
+    "slot_name" text NOT NULL,
+    "commit_lsn" pg_lsn NOT NULL,
+    "pos" integer NOT NULL,
+    "event" bytea NOT NULL,
+    "buffered_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("slot_name", "commit_lsn", "pos")
+);

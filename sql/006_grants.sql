@@ -53,6 +53,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "outbox_relay_retry" TO "outbox_re
 -- (bigserial)
 GRANT USAGE ON SEQUENCE "outbox_relay_retry_seq_seq" TO "outbox_relay";
 
+-- WAL buffer table: run stores what it reads there while it cannot deliver
+-- (postgres.max_retained_wal), delivers it and deletes it; lag and status read
+-- it
+GRANT SELECT, INSERT, DELETE ON TABLE "outbox_relay_wal_buffer" TO "outbox_relay";
+
 -- replay table: replay saves each run's progress, to resume it by --id
 GRANT SELECT, INSERT, UPDATE ON TABLE "outbox_relay_replay" TO "outbox_relay";
 

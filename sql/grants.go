@@ -140,6 +140,8 @@ func TablePrivileges(o Objects) []Privilege {
 			Why: "run stores failed events, its retry worker updates and deletes them; retries list/show/requeue/drop"},
 		{Kind: Sequence, Object: RetrySequence(o.Retry), What: "retry table's sequence", Privileges: []string{"USAGE"},
 			Why: "inserting into the retry table draws its seq (bigserial)"},
+		{Kind: Relation, Object: WALBufferTable(o.Retry), What: "WAL buffer table", Privileges: []string{"SELECT", "INSERT", "DELETE"},
+			Why: "run stores what it reads there while it cannot deliver (postgres.max_retained_wal), delivers it and deletes it; lag and status read it"},
 		{Kind: Relation, Object: ReplayTableName(o.Checkpoint), What: "replay table", Privileges: []string{"SELECT", "INSERT", "UPDATE"},
 			Why: "replay saves each run's progress, to resume it by --id"},
 	}...)

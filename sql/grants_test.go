@@ -33,6 +33,7 @@ func TestGrantStatements(t *testing.T) {
 		`GRANT SELECT, INSERT, DELETE ON TABLE "cp_history" TO "my""role"`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "relay"."` + strings.Repeat("r", 60) + `" TO "my""role"`,
 		`GRANT USAGE ON SEQUENCE "relay"."` + strings.Repeat("r", 55) + `_seq_seq" TO "my""role"`,
+		`GRANT SELECT, INSERT, DELETE ON TABLE "relay"."outbox_relay_wal_buffer" TO "my""role"`,
 		`GRANT SELECT, INSERT, UPDATE ON TABLE "outbox_relay_replay" TO "my""role"`,
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -67,6 +67,7 @@ func (e *env) adminConfig() admin.Config {
 		TransactionalID:     relay.TransactionalID(c.Replication.Slot),
 		Retention:           c.Retention.Retention,
 		RetentionPartitions: c.Retention.Partitions,
+		MaxRetainedWAL:      c.MaxRetainedWAL,
 		RedactedDSN:         redactDSN(c.Replication.DSN),
 		Fix:                 hint,
 		Text:                operatorText,

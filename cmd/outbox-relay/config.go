@@ -251,5 +251,8 @@ func (c *config) relayConfig(log *slog.Logger) relay.Config {
 func (c *config) retentionConfig() retention.Config {
 	rc := c.Retention
 	rc.Table, rc.CheckpointTable, rc.Slot = c.Table, c.CheckpointTable, c.Replication.Slot
+	if rt, err := sql.ParseTable(c.RetryTable); err == nil {
+		rc.BufferTable = sql.WALBufferTable(rt).String()
+	}
 	return rc
 }

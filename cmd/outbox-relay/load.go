@@ -147,6 +147,8 @@ func (l *loader) read(s *setting, c *config) {
 		}
 	case integer:
 		reflect.ValueOf(p).Elem().SetInt(int64(l.int(key)))
+	case size:
+		*p.(*int64) = l.size(key)
 	case boolean:
 		*p.(*bool) = l.bool(key)
 	case negated:
@@ -225,6 +227,39 @@ func (l *loader) int(key string) int {
 		l.errs = append(l.errs, fmt.Errorf("%s: %q is not a whole number", key, s))
 	}
 	return n
+}
+
+// size reads a number of bytes as Postgres writes them (1GB, 64MB, 512kB:
+// units of 1024, case-insensitive), a plain number, or off.
+func (l *loader) size(key string) int64 {
+	s := strings.TrimSpace(l.str(key))
+	if s == "" || strings.EqualFold(s, "off") {
+		return 0
+	}
+	n, err := parseSize(s)
+	if err != nil {
+		l.errs = append(l.errs, fmt.Errorf("%s: %q is not a size; write it as 1GB, 512MB, 64kB, a number of bytes, or off", key, s))
+	}
+	return n
+}
+
+func parseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"tb", 1 << 40}, {"gb", 1 << 30}, {"mb", 1 << 20}, {"kb", 1 << 10}, {"b", 1}}
+	num, mult := strings.ToLower(s), int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(num, u.suffix) {
+			num, mult = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("size %q", s)
+	}
+	return n * mult, nil
 }
 
 func (l *loader) bool(key string) bool {

@@ -104,6 +104,11 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	if len(res.HeldBy) > 0 {
 		var slots []string
 		for _, r := range res.HeldBy {
+			if r.Buffer {
+				// Rows this relay has read but not delivered yet.
+				slots = append(slots, "the WAL buffer (postgres.max_retained_wal: "+r.State()+")")
+				continue
+			}
 			slots = append(slots, fmt.Sprintf("slot %s (%s)", r.Slot, r.State()))
 		}
 		counted := fmt.Sprint(res.KeptForReaders)

@@ -63,6 +63,7 @@ const (
 	placements             // a map of schema.table: deliver|ignore
 	tables                 // outbox.tables: a list of objects (tables.go)
 	ignored                // accepted for compatibility, warned about, unused
+	size                   // bytes: 1GB, 512MB, 64kB (Postgres's units, ×1024) or a number; "off" or 0 for 0 (int64 field)
 )
 
 // settings lists every key, in the order of config.example.yaml and of the
@@ -101,6 +102,9 @@ var settings = []setting{
 	{key: "postgres.on_slot_loss", def: relay.OnSlotLossFail, kind: lower,
 		doc:   "when the slot does not continue from the checkpoint (dropped, invalidated by `max_slot_wal_keep_size`, missing after a failover): `fail` exits 4 and names the fix; `refill` does what `outbox-relay recover` does (re-delivers the lost range from the outbox table, creates the slot again) and streams on. See [When the slot is lost or replaced](failover.md#when-the-slot-is-lost-or-replaced)",
 		field: func(c *config) any { return &c.OnSlotLoss }},
+	{key: "postgres.max_retained_wal", def: "1GB", kind: size,
+		doc:   "the most WAL the relay makes Postgres keep for its slot while it cannot deliver (Kafka away, a topic refused, the relay behind): past half of it the relay keeps reading, stores what it read in its WAL buffer table in Postgres, confirms the slot past it, and delivers it first, in commit order, when Kafka is back; `off` or `0`: hold the slot instead. Not applied with `delivery: exactly-once` yet. See [The WAL buffer](wal-buffer.md)",
+		field: func(c *config) any { return &c.MaxRetainedWAL }},
 	{key: "outbox.table", def: sql.DefaultOutboxTable, kind: text,
 		doc:  `table or schema.table, exact (case-sensitive) names; may be partitioned (see [Partitioned outbox tables](outbox-table.md#partitioned-outbox-tables))`,
 		flag: "outbox-table", usage: "outbox table, table or schema.table",

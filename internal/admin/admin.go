@@ -66,6 +66,10 @@ type Config struct {
 	// RetentionPartitions is outbox.retention_partitions: with drop or
 	// detach, Check also checks the partitioning and ownership they need.
 	RetentionPartitions retention.PartitionMode
+	// MaxRetainedWAL is postgres.max_retained_wal (0: off): Check reports
+	// it against max_slot_wal_keep_size; Setup creates the WAL buffer
+	// table either way.
+	MaxRetainedWAL int64
 
 	// RedactedDSN is DSN without its password, for messages.
 	RedactedDSN string

@@ -234,6 +234,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 		}
 	}
 	checkFailover(ctx, conn, cfg, c, sl)
+	checkWALBound(ctx, conn, cfg, c)
 
 	// The retry table: run stores failed events there.
 	switch rOID, err := tableOID(ctx, conn, cfg.RetryTable); {
@@ -506,5 +507,37 @@ func checkTransactions(ctx context.Context, cfg *Config, k Kafka, c *checker) {
 	default:
 		c.fail("kafka transactions", "%v; the checkpoint topic must exist (outbox-relay setup creates it) and the relay's principal needs READ, WRITE and DESCRIBE on it, and WRITE and DESCRIBE on TransactionalId prefixed %s",
 			cfg.scrub(err), relay.TransactionalIDPrefix)
+	}
+}
+
+// checkWALBound reports postgres.max_retained_wal against the server's
+// max_slot_wal_keep_size: the bound protects only while the relay runs; the
+// server's limit protects the disk from a stopped relay, and must stay well
+// above the bound so that a running relay buffers long before its slot is
+// invalidated (a refill then heals a stopped relay's lost slot).
+func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker) {
+	var keepMB, maxWALMB int64
+	err := conn.QueryRow(ctx, `SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_wal_size')`).Scan(&keepMB, &maxWALMB)
+	if err != nil {
+		c.warn("max_retained_wal", "cannot read max_slot_wal_keep_size: %v", cfg.scrub(err))
+		return
+	}
+	bound := cfg.MaxRetainedWAL
+	recommend := max(2*bound, 2*maxWALMB<<20)
+	mb := func(b int64) string { return fmt.Sprintf("%dMB", b>>20) }
+	switch {
+	case bound == 0 && keepMB < 0:
+		c.warn("max_retained_wal", "off, and max_slot_wal_keep_size is unlimited: while Kafka is away the slot keeps every table's WAL until the disk is full; set postgres.max_retained_wal (1GB) and max_slot_wal_keep_size with postgres.on_slot_loss: refill (docs/wal-buffer.md)")
+	case bound == 0:
+		c.warn("max_retained_wal", "off: while Kafka is away the slot keeps WAL up to max_slot_wal_keep_size = %s, then it is invalidated and needs a refill; set postgres.max_retained_wal (1GB) to buffer in Postgres instead (docs/wal-buffer.md)", mb(keepMB<<20))
+	case cfg.ExactlyOnce:
+		c.warn("max_retained_wal", "%s is not applied with delivery: exactly-once: the slot keeps WAL while Kafka is away; set max_slot_wal_keep_size (at least %s) with postgres.on_slot_loss: refill (docs/wal-buffer.md)", mb(bound), mb(recommend))
+	case keepMB < 0:
+		c.warn("max_retained_wal", "%s while the relay runs; max_slot_wal_keep_size is unlimited, so a STOPPED relay's slot keeps WAL until the disk is full: set max_slot_wal_keep_size = '%s' (2 x the bound, at least 2 x max_wal_size) with postgres.on_slot_loss: refill (docs/wal-buffer.md)", mb(bound), mb(recommend))
+	case keepMB<<20 < recommend:
+		c.warn("max_retained_wal", "%s, but max_slot_wal_keep_size = %s may invalidate the slot of a running relay before it buffers (it starts at half the bound, and the slot keeps up to ~15 s of WAL more): raise max_slot_wal_keep_size to at least '%s' or lower postgres.max_retained_wal (docs/wal-buffer.md)", mb(bound), mb(keepMB<<20), mb(recommend))
+	default:
+		c.ok("max_retained_wal", "%s, below max_slot_wal_keep_size = %s: a running relay buffers in Postgres long before its slot could be lost", mb(bound), mb(keepMB<<20))
 	}
 }

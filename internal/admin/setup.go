@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -200,6 +201,25 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		say("retry table %s: already exists (upgraded if an earlier version made it)", retryTable)
 	} else {
 		say("retry table %s: created", retryTable)
+	}
+	// The WAL buffer beside the retry table (postgres.max_retained_wal).
+	buf, err := walbuffer.TableFor(retryTable.String())
+	if err != nil {
+		return err
+	}
+	bOID, err := tableOID(ctx, conn, buf)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range walbuffer.CreateTable(buf) {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("create WAL buffer table %s: %w", buf, err)
+		}
+	}
+	if bOID != 0 {
+		say("WAL buffer table %s: already exists", buf)
+	} else {
+		say("WAL buffer table %s: created", buf)
 	}
 	if err := setupOwners(ctx, conn, cfg, say, problem); err != nil {
 		return err
@@ -419,6 +439,7 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 		sql.CheckpointTable(o.Checkpoint), sql.CheckpointUpgrade(o.Checkpoint))
 	block("The checkpoint history (replay and retention map LSNs to rows with it).", sql.CheckpointHistoryTable(o.Checkpoint)...)
 	block("The retry table: failed events, and those waiting behind them.", sql.RetryTable(o.Retry)...)
+	block("The WAL buffer: what the relay read and could not deliver yet (postgres.max_retained_wal).", walbuffer.CreateTable(sql.WALBufferTable(o.Retry))...)
 	block("The replay table: replay's resumable runs.", sql.ReplayTable(o.Checkpoint)...)
 	if cfg.MessagesOnly {
 		block("The publication, of no table: the relay reads logical decoding messages, which\n"+

@@ -119,6 +119,8 @@ type Metrics struct {
 	retentionLast, retentionDur unsetGauge
 	retentionKept               unsetGauge
 
+	walBuffer *walBuffer
+
 	topics sync.Map // topic name -> *Topic
 	tables sync.Map // table name -> *Table
 }
@@ -183,6 +185,7 @@ func New() *Metrics {
 	m.refills = counter("refills_total", "Refills done: the slot did not continue from the checkpoint, and the relay re-delivered the uncovered range from the outbox table (outbox-relay recover, postgres.on_slot_loss: refill).")
 	m.refilled = counter("refilled_events_total", "Outbox rows re-delivered by refills (sent to Kafka or stored in the retry table), duplicates of earlier deliveries included.")
 	m.sampled = &sampled{}
+	m.walBuffer = newWALBuffer(m.reg)
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.pauses, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.traceInvalid, m.schemaStops, m.placementStops,

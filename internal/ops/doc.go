@@ -78,6 +78,9 @@
 //	retry.dead                     int     events that will not be retried (dead letters)
 //	retry.oldest_pending_age_seconds
 //	                               number  now - first_failed_at of the oldest pending event, or null
+//	wal_buffer                     object  absent unless the WAL buffer holds events of the slot: the relay
+//	                                       is buffering (postgres.max_retained_wal): {table, events, bytes,
+//	                                       since (when the oldest held was buffered), oldest_commit_lsn}
 //	slot_gap                       object  null, or: the slot does not continue from the checkpoint and
 //	                                       run refuses to stream it (exit 4; DESIGN invariant 14)
 //	slot_gap.cause                 string  "slot_ahead" (dropped and recreated, advanced, or read by another
@@ -89,7 +92,8 @@
 // `outbox-relay status --json` prints one StatusReport object: slot_name,
 // checked_at, streaming (bool: the slot is active and its backend is a
 // walsender in pg_stat_replication), version (from application_name
-// "outbox-relay/<version>", or null), and slot, checkpoint and slot_gap as above.
+// "outbox-relay/<version>", or null), and slot, checkpoint, slot_gap and
+// wal_buffer as above.
 //
 // `outbox-relay checkpoint show --json` prints one CheckpointReport object:
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"math"
 	"strconv"
 	"strings"
@@ -165,6 +166,9 @@ type LagReport struct {
 	// in their order; TimeLag is the first table's.
 	Tables []TableLag `json:"tables,omitempty"`
 	Retry  *Retry     `json:"retry"`
+	// Buffer is what the WAL buffer holds (package walbuffer); nil when
+	// it holds nothing of the slot.
+	Buffer *Buffer `json:"wal_buffer,omitempty"`
 	// SlotGap is set when the slot does not continue from the checkpoint:
 	// run refuses to stream it (see FindGap).
 	SlotGap *SlotGap `json:"slot_gap"`
@@ -242,7 +246,33 @@ type StatusReport struct {
 	Version    *string     `json:"version"`
 	Slot       Slot        `json:"slot"`
 	Checkpoint *Checkpoint `json:"checkpoint"`
-	SlotGap    *SlotGap    `json:"slot_gap"` // as in LagReport
+	SlotGap    *SlotGap    `json:"slot_gap"`             // as in LagReport
+	Buffer     *Buffer     `json:"wal_buffer,omitempty"` // as in LagReport
+}
+
+// Buffer is what the WAL buffer table holds of a slot: the relay is
+// buffering (or draining) while it holds events.
+type Buffer struct {
+	Table  string    `json:"table"`
+	Events int64     `json:"events"`
+	Bytes  int64     `json:"bytes"`
+	Since  time.Time `json:"since"` // when the oldest event held was buffered
+	// OldestLSN is the commit LSN of the oldest event held.
+	OldestLSN string `json:"oldest_commit_lsn"`
+}
+
+// QueryBuffer reads what the WAL buffer beside retryTable holds of slot;
+// nil when nothing (or no table).
+func QueryBuffer(ctx context.Context, q Querier, retryTable, slot string) (*Buffer, error) {
+	t, err := walbuffer.TableFor(retryTable)
+	if err != nil {
+		return nil, err
+	}
+	st, err := walbuffer.ReadStats(ctx, q, t, slot)
+	if err != nil || st.Events == 0 {
+		return nil, err
+	}
+	return &Buffer{Table: t.String(), Events: st.Events, Bytes: st.Bytes, Since: st.Oldest, OldestLSN: st.OldestLSN.String()}, nil
 }
 
 type slotRow struct {
@@ -450,6 +480,9 @@ func Lag(ctx context.Context, q Querier, cfg Config) (*LagReport, error) {
 	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot, cfg.Fix); err != nil {
 		return nil, err
 	}
+	if r.Buffer, err = QueryBuffer(ctx, q, cfg.RetryTable, cfg.Slot); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -596,6 +629,9 @@ func Status(ctx context.Context, q Querier, cfg Config) (*StatusReport, error) {
 		return nil, err
 	}
 	if r.SlotGap, err = FindGap(ctx, q, cfg.CheckpointTable, cfg.Slot, cfg.Fix); err != nil {
+		return nil, err
+	}
+	if r.Buffer, err = QueryBuffer(ctx, q, cfg.RetryTable, cfg.Slot); err != nil {
 		return nil, err
 	}
 	return r, nil

@@ -86,6 +86,7 @@ func (r *LagReport) WriteText(w io.Writer) error {
 		row("last delivered", "n/a (nothing delivered yet)")
 	}
 	row("retry", retry(r.Retry))
+	bufferRow(row, r.Buffer, r.CheckedAt)
 	gapRows(row, r.SlotGap)
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write text: %w", err)
@@ -130,11 +131,22 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 	} else {
 		row("checkpoint", "none saved")
 	}
+	bufferRow(row, r.Buffer, r.CheckedAt)
 	gapRows(row, r.SlotGap)
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write text: %w", err)
 	}
 	return nil
+}
+
+// bufferRow says the relay is buffering: what the WAL buffer holds, since
+// when.
+func bufferRow(row func(k, v string), b *Buffer, now time.Time) {
+	if b == nil {
+		return
+	}
+	row("BUFFERING", fmt.Sprintf("%d events (%s) held in the WAL buffer %s since %s (postgres.max_retained_wal): delivered first, in commit order, once Kafka takes them",
+		b.Events, BytesOrNA(&b.Bytes), b.Table, timeAgo(&b.Since, now)))
 }
 
 // gapRows says that run refuses the slot, what range is uncovered and why,

@@ -216,6 +216,14 @@ type Config struct {
 	// streams on from the new slot.
 	OnSlotLoss string
 
+	// MaxRetainedWAL bounds, in bytes, the WAL the slot makes the server
+	// keep while delivery is blocked (package walbuffer): past
+	// walbuffer.EnterFraction of it the relay buffers what it reads in the
+	// WAL buffer table and confirms the slot past it. 0: off (the slot holds
+	// the WAL until Kafka takes the events). Not applied with exactly-once
+	// delivery.
+	MaxRetainedWAL int64
+
 	// Retry tunes the retry worker (backoff, maximum age and attempts, poll
 	// interval); its Store, Sink, Topic, Delivered and Logger are the
 	// relay's own and are overwritten.
@@ -247,6 +255,9 @@ func (c *Config) validate() error {
 	field.Default(&c.Replication.Slot, sql.DefaultSlot)
 	field.Default(&c.Replication.Publication, sql.DefaultPublication)
 	field.OneOf(&v, "OnSlotLoss", &c.OnSlotLoss, OnSlotLossFail, OnSlotLossFail, OnSlotLossRefill)
+	if n := c.MaxRetainedWAL; n != 0 && n < 1<<20 {
+		v.Errorf("MaxRetainedWAL", "%d bytes is out of range; use at least 1MB (1GB is a good start), or 0 for off", n)
+	}
 	field.OneOf(&v, "Source", &c.Source, SourceTable, SourceTable, SourceMessages, SourceBoth)
 	switch {
 	case !c.readsMessages():

@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -114,6 +115,9 @@ type ends struct {
 	stream  confirmer
 	history historyRecorder
 	eos     *eos // nil: at least once
+	// buffer, when set, takes the chunks instead of the sink: a
+	// buffering term's (walbuffer.go).
+	buffer *walbuffer.Store
 }
 
 // newPipeline wires a pipeline that starts after start (the position the
@@ -127,7 +131,7 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 		// A chunk that ends a transaction is a Kafka transaction (eos.go).
 		maxMsgs, maxBytes = min(maxMsgs, cfg.TransactionMaxEvents), min(maxBytes, cfg.TransactionMaxBytes)
 	}
-	return &pipeline{
+	p := &pipeline{
 		route: &routeStage{
 			tables: sources(cfg, e), win: win,
 			maxMsgs: maxMsgs, maxBytes: maxBytes,
@@ -142,6 +146,10 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate: e.gate, win: win, health: h, hist: hist,
 	}
+	if e.buffer != nil {
+		p.writer.buffer = e.buffer
+	}
+	return p
 }
 
 // sources are the outbox tables of the route stage: their names, routers,

@@ -143,6 +143,10 @@ type Relay struct {
 	// leadProblem is why this standby could not take over (couldLead),
 	// nil when it could or has not looked yet.
 	leadProblem atomic.Pointer[string]
+
+	// next is the mode the next term asked for (walbuffer.go); Run's
+	// goroutine only.
+	next termMode
 }
 
 // Sinks are the sinks a Relay writes with. A sink is not safe for
@@ -276,6 +280,11 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		}
 		if errors.Is(err, errStandBy) && rctx.Err() == nil {
 			r.log.Warn("no longer leading: standing by", "slot", r.cfg.Replication.Slot, "reason", err)
+			continue
+		}
+		if sw := (*switchError)(nil); errors.As(err, &sw) && rctx.Err() == nil {
+			r.log.Warn("WAL buffer: leading again from the checkpoint, "+sw.to.String(), "slot", r.cfg.Replication.Slot, "reason", sw.why)
+			r.next = sw.to
 			continue
 		}
 		if errors.Is(err, errRestart) && rctx.Err() == nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 )
 
 // runRetention runs a retention round (package retention) of one outbox table every
@@ -18,6 +19,9 @@ func (r *Relay) runRetention(ctx context.Context, db retention.DB, table string)
 	cfg := r.cfg.Retention
 	cfg.Table = table
 	cfg.Deleted = r.m.RetentionDeleted
+	if bt, err := walbuffer.TableFor(r.cfg.RetryTable); err == nil {
+		cfg.BufferTable = bt.String()
+	}
 	log := r.log.With("component", "retention", "table", table)
 	log.Info("retention on: deleting delivered outbox rows older than the retention",
 		"retention", cfg.Retention.String(), "interval", cfg.Interval.String(), "batch_size", cfg.BatchSize,

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -33,6 +34,7 @@ type opened struct {
 	rstore  *retry.Store
 	gate    *gate               // loaded
 	placers []*placement.Placer // per outbox table, as Config.outboxes
+	buffer  *walbuffer.Store    // the slot's WAL buffer; nil when off
 }
 
 // open resolves where to start and loads the gate, waiting for Postgres if it
@@ -103,6 +105,10 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 				}
 			}
 			o.placers = append(o.placers, p)
+		}
+		// The WAL buffer's table, created when missing.
+		if o.buffer, err = r.openBuffer(ctx, pool); err != nil {
+			return err
 		}
 		// Retention that cannot work says so at start, not once a minute.
 		if r.cfg.Retention.Retention > 0 {

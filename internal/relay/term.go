@@ -31,6 +31,8 @@ type term struct {
 	lease   *lease
 	pipe    *pipeline
 	worker  *retry.Worker
+
+	bufferTerm // the WAL buffer's part (walbuffer.go)
 }
 
 // newTerm opens the term (open: where it starts, checked) and builds its
@@ -41,6 +43,9 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 		return nil, err
 	}
 	t := &term{start: o.start, store: o.store}
+	if t.bufferTerm, err = r.newBufferTerm(ctx, o.buffer); err != nil {
+		return nil, err
+	}
 	slot := r.cfg.Replication.Slot
 	t.lease = newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, r.log, o.store, o.store, func() checkpoint.Server {
 		if srv := t.stream.Server(); srv != nil {
@@ -80,7 +85,7 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	}
 	t.pipe = newPipeline(r.cfg, ends{
 		routers: rts, placers: o.placers, sink: r.sink, gate: o.gate,
-		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store, eos: x,
+		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store, eos: x, buffer: t.appendTo(),
 	}, o.start)
 	var committed func() pglogrepl.LSN
 	if x != nil {
@@ -139,7 +144,9 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		r.m.TookOver(epoch)
 		return nil
 	})
-	g.Go(func() error { return r.runStream(streamCtx, gctx, t, batches) })
+	// The stream, after what the WAL buffer holds; and the buffer's
+	// drainer, or the watch that starts buffering.
+	g.Go(func() error { return r.runBuffered(streamCtx, gctx, pool, g, t, batches) })
 	g.Go(func() error { return ignoreCanceled(t.worker.Run(streamCtx)) })
 	g.Go(func() error { r.pumpStats(streamCtx, t); return nil })
 	g.Go(func() error { t.pipe.gate.sweep(streamCtx, 30*time.Second); return nil })
@@ -150,7 +157,8 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		}
 	}
 	var schemaStop error
-	t.pipe.run(gctx, g, ctx.Done(), batches, func(err error) error {
+	stop := t.stopOn(ctx, streamCtx, g) // also when leaving buffering
+	t.pipe.run(gctx, g, stop, batches, func(err error) error {
 		if se := (*stopError)(nil); errors.As(err, &se) {
 			// Not a failure of the pipeline: drain what came before the
 			// change and save its checkpoint, as at a clean stop, so that a
@@ -198,6 +206,9 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 	if ctx.Err() != nil {
 		r.log.Info("stopped", "checkpoint", t.pipe.com.saved.String())
 		return ctx.Err()
+	}
+	if t.leftBuffering() {
+		return &switchError{to: modeDrainFirst, why: "the WAL buffer is nearly empty and Kafka takes events"}
 	}
 	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
 }
@@ -305,11 +316,14 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 	var rd readingSeen
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	for {
+	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if n%5 == 0 {
+			r.sampleBuffer(ctx, t)
 		}
 		st := t.stream.Stats()
 		now := time.Now()

@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -45,6 +46,11 @@ type writer struct {
 	depth  int          // chunks sent and not yet finished, at most; 0 means 1
 	bulk   int          // bytes of chunks sent and not yet finished above which no more are sent
 	eos    *eos         // nil: at least once
+	// buffer, when set, takes every chunk instead of the sink: a
+	// buffering term's writer (walbuffer.go).
+	buffer interface {
+		Append(ctx context.Context, entries []walbuffer.Entry) error
+	}
 }
 
 // sent is a chunk on its way: what went to the sink, and what is parked.
@@ -62,6 +68,9 @@ type sent struct {
 // stops). With exactly-once delivery (eos) it first takes the transactional
 // id and writes each chunk as eos.deliver does.
 func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
+	if r.buffer != nil {
+		return r.runBuffer(ctx, in, com)
+	}
 	if r.eos != nil {
 		return r.runExactlyOnce(ctx, in, com)
 	}
@@ -304,14 +313,18 @@ func (r *writer) observe(c *chunk, sent []event.Event, parked int) {
 // the routing config (the worker routes again) or the data, and requeue.
 func failureEvent(f *routeFailure) retry.Event {
 	ev := retry.NewEvent(&f.ev)
-	reason := f.err.Error()
-	var re *router.RouteError
-	if errors.As(f.err, &re) && re.Reason != "" {
-		reason = re.Reason
-	}
-	ev.Reason = "cannot route the event: " + reason + "; then requeue it"
+	ev.Reason = "cannot route the event: " + routeReason(f.err) + "; then requeue it"
 	ev.Permanent = true
 	return ev
+}
+
+// routeReason is what a router's refusal says is wrong.
+func routeReason(err error) string {
+	var re *router.RouteError
+	if errors.As(err, &re) && re.Reason != "" {
+		return re.Reason
+	}
+	return err.Error()
 }
 
 // waitingEvent is the retry row of an event that waits behind an earlier

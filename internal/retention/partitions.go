@@ -265,9 +265,15 @@ func keptFor(undelivered, rows int64, held []Reader) string {
 	if len(held) > 0 {
 		var slots []string
 		for _, r := range held {
+			if r.Buffer {
+				why += ", or this slot's WAL buffer holds their events (not delivered yet)"
+				continue
+			}
 			slots = append(slots, strconv.Quote(r.Slot))
 		}
-		why += ", or slot " + strings.Join(slots, ", ") + " has not passed them"
+		if len(slots) > 0 {
+			why += ", or slot " + strings.Join(slots, ", ") + " has not passed them"
+		}
 	}
 	return fmt.Sprintf("%d of its %d rows are not known to be delivered (%s)", undelivered, rows, why)
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
+	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 const day = 24 * time.Hour
@@ -325,5 +327,36 @@ func TestPartitionDropWaitsForOtherSlots(t *testing.T) {
 	res = partitionRound(t, e, retention.PartitionsDrop, false)
 	if gonePs, kept := gone(res); !slices.Equal(gonePs, []string{"public.pobox_p2"}) || e.tableExists(t, "pobox_p2") {
 		t.Errorf("round once slot %s passed p2's rows: gone %v, kept %v; want p2 dropped", other, gonePs, kept)
+	}
+}
+
+// TestPartitionDropWaitsForBuffer: a partition holding rows of a
+// transaction whose events the relay's WAL buffer still holds is not
+// dropped, whatever its age, until the buffer is delivered.
+func TestPartitionDropWaitsForBuffer(t *testing.T) {
+	e := partitionedEnv(t)
+	buf := sql.WALBufferTable(sql.Table{Name: sql.DefaultRetryTable})
+	for _, s := range walbuffer.CreateTable(buf) {
+		e.exec(t, s)
+	}
+	e.insertInto(t, 2, 25*day) // p1: delivered
+	e.coverAll(t)
+	held := e.wal(t)
+	e.insertInto(t, 3, 15*day) // p2: its events in the buffer
+	e.exec(t, `INSERT INTO `+buf.Quoted()+` (slot_name, commit_lsn, pos, event) VALUES ($1, $2::pg_lsn, 1, '\x01')`, slot, (held + 1).String())
+	e.coverAll(t)
+
+	round := func() retention.Result {
+		return e.round(t, retention.Config{Table: "public.pobox", Retention: 7 * day, Partitions: retention.PartitionsDrop,
+			Pause: time.Millisecond, BufferTable: buf.String()})
+	}
+	gonePs, kept := gone(round())
+	if !slices.Equal(gonePs, []string{"public.pobox_p1"}) || !strings.Contains(kept["public.pobox_p2"], "WAL buffer") || e.rowsIn(t, "pobox_p2") != 3 {
+		t.Fatalf("round with p2's events in the WAL buffer: gone %v, kept %v, p2 rows %d; want p1 dropped, p2 kept for the WAL buffer",
+			gonePs, kept, e.rowsIn(t, "pobox_p2"))
+	}
+	e.exec(t, `DELETE FROM `+buf.Quoted())
+	if gonePs, kept := gone(round()); !slices.Equal(gonePs, []string{"public.pobox_p2"}) || e.tableExists(t, "pobox_p2") {
+		t.Errorf("round once the buffer was delivered: gone %v, kept %v; want p2 dropped", gonePs, kept)
 	}
 }

@@ -37,6 +37,9 @@ type Reader struct {
 	// Lost: the slot is invalidated (wal_status lost, or a conflict);
 	// Missing: a checkpoint row names a slot the server does not have.
 	Lost, Missing bool
+	// Buffer: the relay's own WAL buffer, which holds undelivered events
+	// of transactions from Position (their commit LSN) on.
+	Buffer bool
 	// Xmin is the horizon of Position (0: none): the snapshot_xmin of the
 	// newest history row whose snapshot_lsn it has reached. Rows of
 	// transactions older than it were committed before Position, so the
@@ -51,6 +54,9 @@ type Reader struct {
 
 // State says what kind of reader it is, for people.
 func (r Reader) State() string {
+	if r.Buffer {
+		return "its WAL buffer holds undelivered events committed from " + r.Position.String() + " on"
+	}
 	var s []string
 	switch {
 	case r.Missing:
@@ -70,6 +76,9 @@ func (r Reader) State() string {
 
 // held says why the reader keeps rows, and how to let retention go on.
 func (r Reader) held(cfg Config, own string) string {
+	if r.Buffer {
+		return fmt.Sprintf("slot %q %s and no checkpoint history row precedes them: nothing is deleted until they are delivered", r.Slot, r.State())
+	}
 	fix := fmt.Sprintf("if slot %q does not read %s, list it in outbox.retention_ignore_slots", r.Slot, cfg.Table)
 	switch {
 	case r.Missing || r.Lost:
@@ -135,7 +144,48 @@ FROM o WHERE NOT o.name = ANY($2::text[]) ORDER BY o.name`, cfg.Slot, ignore)
 		}
 		out = append(out, rd)
 	}
-	return out, nil
+	if cfg.BufferTable == "" {
+		return out, nil
+	}
+	b, err := bufferReader(ctx, db, cfg, h, own)
+	if err != nil || b == nil {
+		return out, err
+	}
+	return append(out, *b), nil
+}
+
+// bufferReader is the relay's WAL buffer as a reader: its oldest buffered
+// commit mapped through the slot's own history, as a checkpoint is; nil
+// when the buffer holds nothing of the slot (or there is no buffer table).
+func bufferReader(ctx context.Context, db DB, cfg Config, h sql.Table, own *checkpoint.Horizon) (*Reader, error) {
+	bt, err := sql.ParseTable(cfg.BufferTable)
+	if err != nil {
+		return nil, fmt.Errorf("WAL buffer table: %w", err)
+	}
+	exists, err := queryRows(ctx, db, `SELECT to_regclass($1) IS NOT NULL`, bt.Quoted())
+	if err != nil || exists[0][0] != "true" {
+		return nil, err
+	}
+	rows, err := queryRows(ctx, db, `WITH b AS (SELECT min(commit_lsn) AS pos FROM `+bt.Quoted()+` WHERE slot_name = $1)
+SELECT coalesce(b.pos::text, ''), coalesce((SELECT h.snapshot_xmin::text FROM `+h.Quoted()+` h
+    WHERE h.slot_name = $1 AND h.snapshot_lsn <= b.pos ORDER BY h.snapshot_lsn DESC LIMIT 1), '') FROM b`, cfg.Slot)
+	if err != nil {
+		return nil, fmt.Errorf("read the WAL buffer %s: %w", bt, err)
+	}
+	if rows[0][0] == "" {
+		return nil, nil
+	}
+	r := &Reader{Slot: cfg.Slot, Buffer: true, Checkpoint: true}
+	if r.Position, err = pglogrepl.ParseLSN(rows[0][0]); err != nil {
+		return nil, err
+	}
+	if rows[0][1] != "" {
+		if r.Xmin, err = strconv.ParseUint(rows[0][1], 10, 64); err != nil {
+			return nil, fmt.Errorf("history snapshot_xmin %q: %w", rows[0][1], err)
+		}
+		r.Age = own.Age + int64(own.Entry.SnapshotXmin) - int64(r.Xmin)
+	}
+	return r, nil
 }
 
 // queryRows runs q in a read-only transaction of its own (DB has no Query)

@@ -168,6 +168,12 @@ type Config struct {
 	// not wait for them (see "Other readers" in the package doc).
 	IgnoreSlots []string
 
+	// BufferTable is the relay's WAL buffer table (sql.WALBufferTable;
+	// "": none): rows of transactions the buffer holds events of are not
+	// delivered yet, so the slot's oldest buffered commit holds the
+	// horizon back like another reader.
+	BufferTable string
+
 	// DryRun counts what a round would delete, in read-only statements
 	// (their timeout the larger of StatementTimeout and 60s), and deletes
 	// nothing; with Partitions drop or detach it lists the partitions that

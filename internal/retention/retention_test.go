@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -326,5 +327,51 @@ func TestRoundWaitsForOtherSlots(t *testing.T) {
 		!strings.Contains(res.NoHorizon, "does not exist") || !strings.Contains(res.NoHorizon, "outbox-relay recover") {
 		t.Errorf("Round with another relay's checkpoint and no slot = deleted %d, %s %q; want nothing deleted, naming gone_relay, its missing slot and recover",
 			res.Deleted, res.NoHorizonKind, res.NoHorizon)
+	}
+}
+
+// TestRoundKeepsBufferedRows: rows of transactions the relay's WAL buffer
+// still holds events of are not delivered: retention keeps them (a dry run
+// says how many, and for what), and deletes them once the buffer is
+// delivered.
+func TestRoundKeepsBufferedRows(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	buf := sql.WALBufferTable(sql.Table{Name: sql.DefaultRetryTable})
+	for _, s := range walbuffer.CreateTable(buf) {
+		if _, err := e.pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.insert(t, 5, 2*time.Hour)
+	e.coverAll(t)
+	// The next transaction's events went to the buffer: its commit comes
+	// after this position.
+	buffered := e.wal(t)
+	e.insert(t, 4, 2*time.Hour)
+	if _, err := e.pool.Exec(ctx, `INSERT INTO `+buf.Quoted()+` (slot_name, commit_lsn, pos, event) VALUES ($1, $2::pg_lsn, 1, '\x01')`,
+		slot, (buffered + 1).String()); err != nil {
+		t.Fatal(err)
+	}
+	e.coverAll(t) // the checkpoint passes them: the buffer made that so
+
+	cfg := retention.Config{BufferTable: buf.String()}
+	dry := cfg
+	dry.DryRun = true
+	res := e.round(t, dry)
+	if res.Deleted != 5 || res.KeptForReaders != 4 || len(res.HeldBy) != 1 || !res.HeldBy[0].Buffer ||
+		!strings.Contains(res.HeldBy[0].State(), "WAL buffer") {
+		t.Errorf("dry run with 4 rows' events in the WAL buffer = would delete %d, keep %d for %+v; want 5 deleted, 4 kept for the WAL buffer",
+			res.Deleted, res.KeptForReaders, res.HeldBy)
+	}
+	if res := e.round(t, cfg); res.Deleted != 5 || e.count(t) != 4 {
+		t.Fatalf("Round with 4 rows' events in the WAL buffer: deleted %d, %d left; want 5 deleted, 4 left", res.Deleted, e.count(t))
+	}
+	// Delivered: the buffer is empty, and they go.
+	if _, err := e.pool.Exec(ctx, `DELETE FROM `+buf.Quoted()); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.round(t, cfg); res.Deleted != 4 || len(res.HeldBy) != 0 {
+		t.Fatalf("Round once the buffer was delivered: deleted %d, held by %+v; want 4 deleted", res.Deleted, res.HeldBy)
 	}
 }

@@ -1,0 +1,371 @@
+package faults
+
+import (
+	"context"
+	crand "crypto/rand"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
+)
+
+// walBufferKill is when a WAL buffer run SIGKILLs the relay.
+type walBufferKill string
+
+const (
+	killNone      walBufferKill = "no kill"
+	killBuffering walBufferKill = "killed while buffering"
+	killDraining  walBufferKill = "killed while draining"
+	killLeader    walBufferKill = "HA leader killed while buffering"
+)
+
+// The bound of the WAL buffer runs (issue 35's Done-when).
+const walBufferBound = 64 << 20
+
+// TestWALBufferKafkaOutage is issue 35's test: the relay binary with
+// postgres.max_retained_wal 64MB, Kafka killed for over two minutes while
+// the producer inserts outbox events (a sequence per aggregate in the
+// payload, poison included) and another table writes over 400 MB of WAL
+// that does not compress. The slot's retained WAL, sampled every 2 s, stays
+// at or below the bound plus two WAL segments; once Kafka is back every
+// event arrives in per-aggregate commit order, duplicates within the
+// window, and the buffer empties. Also with the relay SIGKILLed once while
+// buffering, and once while draining the buffer. Only under
+// RELAY_FAULTS=full (make test-faults); internal/relay's TestWALBuffer is
+// the fast form.
+func TestWALBufferKafkaOutage(t *testing.T) {
+	if os.Getenv("RELAY_FAULTS") != "full" {
+		t.Skip("RELAY_FAULTS=full only (make test-faults); the fast form is internal/relay's TestWALBuffer")
+	}
+	testenv.Exclusive(t) // kills Kafka
+	bin := testenv.RelayBinary(t)
+	kills := []walBufferKill{killNone, killBuffering, killDraining, killLeader}
+	if only := os.Getenv("RELAY_TEST_WALBUFFER_KILL"); only != "" {
+		kills = []walBufferKill{walBufferKill(strings.ReplaceAll(only, "_", " "))}
+	}
+	for _, k := range kills {
+		t.Run(strings.ReplaceAll(string(k), " ", "_"), func(t *testing.T) { runWALBuffer(t, bin, k) })
+	}
+}
+
+func runWALBuffer(t *testing.T, bin string, kill walBufferKill) {
+	seed := uint64(time.Now().UnixNano())
+	s := &suite{t: t, m: full, rng: mrand.New(mrand.NewPCG(seed, 35)), began: time.Now(), count: map[faultKind]int{}}
+	s.pg = testenv.Postgres(t)
+	s.kafka = testenv.Kafka(t)
+	s.pool = s.pg.Pool(t)
+	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "wb"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
+	s.setupDatabase()
+	// The probe slot would hold all the WAL: not needed here.
+	s.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, s.probe)
+	for _, at := range aggregateTypes {
+		s.kafka.CreateTopic(t, s.topic(at.name), 4)
+	}
+	s.pg.Exec(t, `CREATE TABLE noise (id bigserial PRIMARY KEY, b bytea NOT NULL)`)
+	s.pg.Exec(t, `ALTER TABLE noise ALTER COLUMN b SET STORAGE EXTERNAL`) // no compression either
+	ctx := context.Background()
+	var segment int64
+	if err := s.pool.QueryRow(ctx, `SELECT setting::bigint * CASE unit WHEN 'B' THEN 1 WHEN '8kB' THEN 8192 WHEN 'MB' THEN 1048576 END
+FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(),
+		"RELAY_POSTGRES_DSN="+s.pg.DSN,
+		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
+		"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
+		"RELAY_POSTGRES_SLOT="+s.slot,
+		"RELAY_POSTGRES_MAX_RETAINED_WAL="+strconv.Itoa(walBufferBound),
+		"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
+		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
+		"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
+		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
+		"RELAY_CHECKPOINT_INTERVAL=100ms",
+		"RELAY_RETRY_BACKOFF_MIN=200ms",
+		"RELAY_RETRY_BACKOFF_MAX=1s",
+		"RELAY_RETRY_POLL_INTERVAL=200ms",
+		"RELAY_METRICS_LISTEN=",
+		"RELAY_LOG_FORMAT=json",
+	)
+	logFile, err := os.CreateTemp("", "outbox-relay-walbuffer-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	t.Logf("%s: seed %d, relay output %s", kill, seed, logFile.Name())
+	var relays []*slotLossRelay
+	start := func() *slotLossRelay {
+		cmd := exec.Command(bin, "run")
+		cmd.Env = env
+		r := &slotLossRelay{cmd: cmd, out: &lockedBuffer{}, done: make(chan error, 1)}
+		cmd.Stdout, cmd.Stderr = r.out, r.out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { r.done <- cmd.Wait() }()
+		relays = append(relays, r)
+		return r
+	}
+	sigkill := func(r *slotLossRelay) {
+		r.cmd.Process.Signal(syscall.SIGKILL)
+		err := <-r.done
+		r.done <- err
+	}
+	kafkaDown := false
+	defer func() {
+		if kafkaDown {
+			testenv.StartKafka(t)
+		}
+		for _, r := range relays {
+			r.cmd.Process.Kill()
+			<-r.done
+			logFile.WriteString(r.out.String())
+		}
+	}()
+
+	// The slot's retained WAL, every 2 s, from the start.
+	var mu sync.Mutex
+	var peak, peakDown int64
+	samples := 0
+	sctx, stopSampling := context.WithCancel(ctx)
+	var sampling sync.WaitGroup
+	sampling.Add(1)
+	go func() {
+		defer sampling.Done()
+		tick := time.NewTicker(2 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+			b, ok, err := walbuffer.RetainedWAL(sctx, s.pool, s.slot)
+			if err != nil || !ok {
+				continue
+			}
+			mu.Lock()
+			samples++
+			peak = max(peak, b)
+			if kafkaDown {
+				peakDown = max(peakDown, b)
+			}
+			mu.Unlock()
+		}
+	}()
+	defer func() { stopSampling(); sampling.Wait() }()
+
+	prod := newProducer(s.pg.DSN, seed, 200)
+	prodCtx, stopProd := context.WithCancel(ctx)
+	prodDone := make(chan error, 1)
+	go func() { prodDone <- prod.Run(prodCtx) }()
+	stopped := false
+	stopProducer := func() {
+		if !stopped {
+			stopped = true
+			stopProd()
+			if err := <-prodDone; err != nil {
+				t.Errorf("producer: %v", err)
+			}
+		}
+	}
+	defer stopProducer()
+
+	// Another table writes about 2 MB/s of WAL that does not compress:
+	// random bytes, stored uncompressed.
+	var noiseBytes int64
+	noiseCtx, stopNoise := context.WithCancel(ctx)
+	noiseDone := make(chan struct{})
+	go func() {
+		defer close(noiseDone)
+		blob := make([]byte, 1<<20)
+		for noiseCtx.Err() == nil {
+			began := time.Now()
+			crand.Read(blob)
+			if _, err := s.pool.Exec(noiseCtx, `INSERT INTO noise (b) VALUES ($1)`, blob); err == nil {
+				mu.Lock()
+				noiseBytes += int64(len(blob))
+				mu.Unlock()
+			}
+			select {
+			case <-noiseCtx.Done():
+			case <-time.After(500*time.Millisecond - time.Since(began)):
+			}
+		}
+	}()
+	stoppedNoise := false
+	stopNoiseWriter := func() {
+		if !stoppedNoise {
+			stoppedNoise = true
+			stopNoise()
+			<-noiseDone
+		}
+	}
+	defer stopNoiseWriter()
+
+	r := start()
+	var standby *slotLossRelay
+	if kill == killLeader {
+		time.Sleep(2 * time.Second) // r leads
+		standby = start()
+	}
+	time.Sleep(10 * time.Second) // live
+	walAt := func() int64 {
+		var lsn int64
+		if err := s.pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&lsn); err != nil {
+			t.Fatal(err)
+		}
+		return lsn
+	}
+	buffered := func() int64 {
+		var n int64
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, s.slot).Scan(&n); err != nil {
+			return -1
+		}
+		return n
+	}
+	testenv.StopKafka(t)
+	mu.Lock()
+	kafkaDown = true
+	mu.Unlock()
+	downAt, walDown := time.Now(), walAt()
+	t.Logf("Kafka killed")
+	if kill == killBuffering || kill == killLeader {
+		for deadline := time.Now().Add(90 * time.Second); buffered() < 1000; time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the relay did not buffer 1000 events within 90s of the outage\n%s", tailLines(r.out.String(), 30))
+			}
+		}
+		if kill == killLeader {
+			leader := r
+			if !strings.Contains(s.leader(), fmt.Sprintf("pid %d ", r.cmd.Process.Pid)) {
+				leader, standby = standby, r
+			}
+			sigkill(leader)
+			t.Logf("HA leader (pid %d) SIGKILLed while buffering (%d events in the buffer); the standby (pid %d) takes over",
+				leader.cmd.Process.Pid, buffered(), standby.cmd.Process.Pid)
+			r = standby
+		} else {
+			sigkill(r)
+			t.Logf("relay SIGKILLed while buffering (%d events in the buffer)", buffered())
+			time.Sleep(2 * time.Second)
+			r = start()
+		}
+	}
+	// 400 MB at 2 MB/s. (Faster, the slot would hold more than the bound
+	// whatever the relay does: a logical slot's restart_lsn moves only
+	// from one xl_running_xacts record to the next, 15 s apart, which
+	// makes up to ~30 s of WAL; see docs/wal-buffer.md.)
+	for time.Since(downAt) < 210*time.Second {
+		time.Sleep(time.Second)
+	}
+	walWritten := walAt() - walDown
+	held := buffered()
+	var tableBytes int64
+	if err := s.pool.QueryRow(ctx, `SELECT pg_total_relation_size('outbox_relay_wal_buffer')`).Scan(&tableBytes); err != nil {
+		t.Fatal(err)
+	}
+	testenv.StartKafka(t)
+	mu.Lock()
+	kafkaDown = false
+	mu.Unlock()
+	backAt := time.Now()
+	t.Logf("Kafka back after %s: %d MB of WAL written meanwhile, %d events in the buffer (table %d kB)",
+		backAt.Sub(downAt).Round(time.Second), walWritten>>20, held, tableBytes>>10)
+	if walWritten < 400<<20 {
+		t.Errorf("only %d MB of WAL written during the outage; want at least 400 MB", walWritten>>20)
+	}
+	if held <= 0 {
+		t.Errorf("nothing in the WAL buffer after the outage; want the relay to have buffered")
+	}
+	if kill == killDraining {
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			n := buffered()
+			if n >= 0 && n < held*3/4 && n > 0 {
+				sigkill(r)
+				t.Logf("relay SIGKILLed while draining (%d of %d events left)", n, held)
+				break
+			}
+			if n == 0 || time.Now().After(deadline) {
+				t.Fatalf("did not catch the relay draining (%d events left)", n)
+			}
+		}
+		time.Sleep(time.Second)
+		r = start()
+	}
+	// Drained: the buffer empty.
+	var drained time.Duration
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if buffered() == 0 {
+			drained = time.Since(backAt)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the WAL buffer still holds %d events 5 minutes after Kafka came back\n%s", buffered(), tailLines(r.out.String(), 30))
+		}
+	}
+	time.Sleep(5 * time.Second) // live again, the producer writing
+	stopNoiseWriter()
+	stopProducer()
+	ps := prod.Stats()
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
+		var pending int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_retry WHERE status = 'pending'`).Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		if rep := Check(s.collect()); rep.Lost == 0 && pending == 0 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("not drained 5 minutes after the producer stopped: %d lost, %d pending retry rows: %v", rep.Lost, pending, rep.Problems)
+		}
+	}
+	select {
+	case err := <-r.done:
+		r.done <- err
+		t.Fatalf("the relay exited (%v); want it streaming\n%s", err, tailLines(r.out.String(), 30))
+	default:
+	}
+	stopSampling()
+	sampling.Wait()
+	rep := Check(s.collect())
+	limit := int64(walBufferBound) + 2*segment
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%s: %d events (%d poison) from %d producer transactions; LOST %d, DUPLICATES %d (bound %d), ORDER violations %d; "+
+		"retained WAL peak %d MB (during the outage %d MB; bound %d MB + 2 segments = %d MB; %d samples); "+
+		"outage %s, %d MB of WAL written in it; %d events buffered (table %d kB, %d bytes/event); buffer drained in %s after Kafka came back",
+		kill, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, 2*window, rep.OrderViolations,
+		peak>>20, peakDown>>20, walBufferBound>>20, limit>>20, samples, backAt.Sub(downAt).Round(time.Second), walWritten>>20,
+		held, tableBytes>>10, tableBytes/max(held, 1), drained.Round(time.Millisecond))
+	if peak > limit {
+		t.Errorf("the slot retained %d bytes of WAL at its peak; want at most %d (the bound plus two segments)", peak, limit)
+	}
+	if rep.Lost != 0 || rep.OrderViolations != 0 || rep.Mismatches != 0 || rep.PoisonWrong != 0 || rep.NonPoisonRetries != 0 {
+		t.Errorf("lost %d, order violations %d, mismatches %d, poison wrong %d, retry rows for good events %d; want 0 each:\n  %s",
+			rep.Lost, rep.OrderViolations, rep.Mismatches, rep.PoisonWrong, rep.NonPoisonRetries, strings.Join(rep.Problems, "\n  "))
+	}
+	// A kill resends at most the window; each switch into buffering can
+	// too (produce requests in flight), and a kill while draining what a
+	// page or two of the buffer had sent.
+	if bound := 2*window + 2*walbuffer.DefaultPageSize; rep.Duplicates > bound {
+		t.Errorf("%d duplicates; want at most %d", rep.Duplicates, bound)
+	}
+}
+
+// leader is who leads the slot, as the checkpoint table names it
+// ("host … pid N started …").
+func (s *suite) leader() string {
+	var who *string
+	if err := s.pool.QueryRow(context.Background(), `SELECT leader FROM outbox_relay_checkpoint WHERE slot_name = $1`, s.slot).Scan(&who); err != nil || who == nil {
+		return ""
+	}
+	return *who + " "
+}

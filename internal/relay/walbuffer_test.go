@@ -1,0 +1,413 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	outboxevent "github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// blockedSink is a stream sink whose broker can be made unreachable: while
+// blocked its Sends wait (as sink.Kafka's do through an outage), Outage
+// says so, and Ping fails.
+type blockedSink struct {
+	relay.Sink
+	mu      sync.Mutex
+	since   time.Time
+	release chan struct{}
+}
+
+func (s *blockedSink) block() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.since, s.release = time.Now(), make(chan struct{})
+}
+
+func (s *blockedSink) unblock() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.release != nil {
+		close(s.release)
+	}
+	s.since, s.release = time.Time{}, nil
+}
+
+func (s *blockedSink) wait(ctx context.Context) error {
+	s.mu.Lock()
+	rel := s.release
+	s.mu.Unlock()
+	if rel == nil {
+		return nil
+	}
+	select {
+	case <-rel:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+var errBlocked = errors.New("test: the broker is blocked")
+
+func (s *blockedSink) Send(ctx context.Context, evs []outboxevent.Event) sink.Delivery {
+	if err := s.wait(ctx); err != nil {
+		return failedDelivery{err}
+	}
+	return s.Sink.Send(ctx, evs)
+}
+
+func (s *blockedSink) Write(ctx context.Context, evs []outboxevent.Event) error {
+	if err := s.wait(ctx); err != nil {
+		return err
+	}
+	return s.Sink.Write(ctx, evs)
+}
+
+func (s *blockedSink) Ping(ctx context.Context) error {
+	s.mu.Lock()
+	blocked := s.release != nil
+	s.mu.Unlock()
+	if blocked {
+		return errBlocked
+	}
+	return s.Sink.Ping(ctx)
+}
+
+func (s *blockedSink) Outage() (time.Time, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.release != nil {
+		return s.since, errBlocked
+	}
+	return s.Sink.Outage()
+}
+
+type failedDelivery struct{ err error }
+
+func (d failedDelivery) Done() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+func (d failedDelivery) Wait(context.Context) error { return d.err }
+
+// TestWALBuffer: with the broker unreachable and other tables writing WAL,
+// a relay with postgres.max_retained_wal buffers what it reads in the WAL
+// buffer table and confirms its slot past events Kafka never took; when
+// the broker is back every event arrives in per-aggregate commit order,
+// with the headers it had, the buffer empties, and the relay streams live
+// again.
+func TestWALBuffer(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MaxRetainedWAL = 4 << 20
+	cfg.Metrics = metrics.New()
+	ctx := context.Background()
+	var sinks relay.Sinks
+	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
+		scfg := cfg.Sink
+		scfg.Logger = cfg.Logger
+		k, err := sink.New(scfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { k.Close() })
+		*s = k
+	}
+	bs := &blockedSink{Sink: sinks.Stream}
+	sinks.Stream = bs
+	r, err := relay.New(cfg, sinks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("relay did not stop within 60s of cancel")
+		}
+	})
+
+	// Live first.
+	f.insertTx(t, f.makeEvents(20))
+	f.waitCount(t, 20, 30*time.Second)
+
+	bs.block()
+	f.pg.Exec(t, `CREATE TABLE walbuf_noise (b bytea)`)
+	for i := range 30 {
+		f.insertTx(t, f.makeEvents(10))
+		// About 1 MB of WAL that compresses badly.
+		f.pg.Exec(t, `INSERT INTO walbuf_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 2000) g, generate_series(1, 30) h GROUP BY g`)
+		if i%10 == 9 {
+			time.Sleep(time.Second)
+		}
+	}
+	blockedLSN := f.commitEnds(t)
+	last := blockedLSN[len(blockedLSN)-1]
+	// The slot moves past events Kafka has not taken: they are in the buffer.
+	f.waitConfirmed(t, last, 60*time.Second)
+	var held int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held == 0 {
+		t.Fatalf("the slot was confirmed past undelivered events, but the WAL buffer holds none of them")
+	}
+	t.Logf("confirmed past %s with Kafka blocked; %d events in the buffer", last, held)
+	// lag and status say so, and the metrics.
+	lr, err := ops.Lag(ctx, f.pool, ops.Config{Slot: f.slot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	if err := lr.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if lr.Buffer == nil || lr.Buffer.Events != int64(held) || !strings.Contains(text.String(), "BUFFERING") {
+		t.Errorf("lag while buffering: wal_buffer %+v, text:\n%s\nwant %d events and a BUFFERING line", lr.Buffer, text.String(), held)
+	}
+	if sr, err := ops.Status(ctx, f.pool, ops.Config{Slot: f.slot}); err != nil || sr.Buffer == nil {
+		t.Errorf("status while buffering: wal_buffer %+v, %v; want it", sr.Buffer, err)
+	}
+	if v := gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active"); v != 1 {
+		t.Errorf("outbox_relay_wal_buffer_active = %v while buffering; want 1", v)
+	}
+
+	// Events keep coming while the buffer drains: the relay leaves
+	// buffering with some of them still buffered, drains those before it
+	// streams live, and none overtakes another.
+	bs.unblock()
+	more := 0
+	for deadline := time.Now().Add(90 * time.Second); ; more++ {
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		if (held == 0 && more >= 40) || time.Now().After(deadline) {
+			break
+		}
+		f.insertTx(t, f.makeEvents(2))
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.insertTx(t, f.makeEvents(20))
+	got := f.waitCount(t, 20+300+2*more+20, 90*time.Second)
+	rep := f.check(t, got)
+	if rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
+		t.Fatalf("lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	// The buffer empties and the relay streams live again.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		if held == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the WAL buffer still holds %d events 60s after Kafka came back", held)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	f.insertTx(t, f.makeEvents(5))
+	got = f.waitCount(t, 20+300+2*more+20+5, 30*time.Second)
+	if v := gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active"); v != 0 {
+		t.Errorf("outbox_relay_wal_buffer_active = %v once live again; want 0", v)
+	}
+	if lr, err := ops.Lag(ctx, f.pool, ops.Config{Slot: f.slot}); err != nil || lr.Buffer != nil {
+		t.Errorf("lag once the buffer is empty: wal_buffer %+v, %v; want none", lr.Buffer, err)
+	}
+	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 {
+		t.Fatalf("after the buffer emptied: lost %d, order violations %d: %s", rep.lost, rep.orderViolations, rep.firstProblem)
+	}
+	t.Logf("duplicates %d", rep.duplicates)
+}
+
+// TestWALBufferDrainRate measures how fast a buffer drains against how fast
+// the relay delivers the same backlog live (docs/wal-buffer.md quotes it).
+// RELAY_TEST_MEASURE=1 only: it writes 2 × 50,000 events.
+func TestWALBufferDrainRate(t *testing.T) {
+	if os.Getenv("RELAY_TEST_MEASURE") == "" {
+		t.Skip("a measurement: RELAY_TEST_MEASURE=1")
+	}
+	const n = 50000
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MaxRetainedWAL = 64 << 20
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+	var sinks relay.Sinks
+	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
+		k, err := sink.New(cfg.Sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { k.Close() })
+		*s = k
+	}
+	bs := &blockedSink{Sink: sinks.Stream}
+	sinks.Stream = bs
+	r, err := relay.New(cfg, sinks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	insert := func() {
+		for i := 0; i < n; i += 1000 {
+			f.insertTx(t, f.makeEvents(1000))
+		}
+	}
+	held := func() int {
+		var c int
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&c); err != nil {
+			return -1
+		}
+		return c
+	}
+	// Live: the backlog of n events, from the insert's end to the last
+	// confirmed.
+	f.insertTx(t, f.makeEvents(10))
+	f.waitCount(t, 10, 30*time.Second)
+	// Kafka blocked while the backlog is written, then back: the relay
+	// delivers it live (nothing buffers: the slot retains less than half
+	// the bound).
+	bs.block()
+	insert()
+	ends := f.commitEnds(t)
+	if held() > 0 {
+		t.Fatalf("the live backlog went to the buffer")
+	}
+	bs.unblock()
+	began := time.Now()
+	f.waitConfirmed(t, ends[len(ends)-1], 5*time.Minute)
+	live := time.Since(began)
+
+	// Buffered: n events in the buffer (WAL of another table makes the slot
+	// retain enough to switch), then Kafka back.
+	bs.block()
+	f.insertTx(t, f.makeEvents(10))
+	f.pg.Exec(t, `CREATE TABLE rate_noise (b bytea)`)
+	for held() <= 0 {
+		f.pg.Exec(t, `INSERT INTO rate_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 200000)`)
+		f.insertTx(t, f.makeEvents(1))
+		time.Sleep(200 * time.Millisecond)
+	}
+	insert()
+	ends = f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], 5*time.Minute)
+	h := held()
+	bs.unblock()
+	began = time.Now()
+	for held() > 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	drain := time.Since(began)
+	t.Logf("live: %d events in %s (%.0f events/s); drain: %d buffered events in %s (%.0f events/s)",
+		n, live.Round(time.Millisecond), n/live.Seconds(), h, drain.Round(time.Millisecond), float64(h)/drain.Seconds())
+}
+
+// gauge reads a gauge of m by name.
+func gauge(t *testing.T, m *metrics.Metrics, name string) float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// TestWALBufferDrainsFirst: a term that left buffering with events still in
+// the buffer delivers them before anything it streams, and leads while it
+// does (with HA, leading is holding the slot: a drain that waited for the
+// lease before streaming waited for ever).
+func TestWALBufferDrainsFirst(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t)
+	cfg.MaxRetainedWAL = 64 << 20
+	ctx := context.Background()
+	tbl, err := walbuffer.TableFor("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := walbuffer.NewStore(f.pool, tbl, f.slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The rest of a buffer: events of the first aggregates' sequences,
+	// committed before the slot's position.
+	var rest []walbuffer.Entry
+	for i, e := range f.makeEvents(30) {
+		rest = append(rest, walbuffer.Entry{Event: outboxevent.Event{
+			ID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
+			Topic: f.prefix + "." + e.AggregateType, Key: []byte(e.AggregateID), Value: []byte(e.Payload),
+			Headers:   []outboxevent.Header{{Key: "id", Value: []byte(e.ID)}, {Key: "event_type", Value: []byte(e.EventType)}, {Key: "aggregate_type", Value: []byte(e.AggregateType)}},
+			CommitLSN: 0x100, Pos: i + 1, Table: "public.outbox",
+		}})
+	}
+	if err := store.Append(ctx, rest); err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRelay(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.DrainFirstNext(r)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	f.insertTx(t, f.makeEvents(20)) // streamed after the rest
+	got := waitRead(t, f.readAll, 50, 60*time.Second)
+	// Per aggregate, the buffered events (earlier sequence numbers) come
+	// first: check's order is the payloads' sequence per key, Kafka's order.
+	sort.Slice(got, func(i, j int) bool {
+		a, b := got[i], got[j]
+		return a.Topic < b.Topic || a.Topic == b.Topic && (a.Partition < b.Partition || a.Partition == b.Partition && a.Offset < b.Offset)
+	})
+	seen := map[string]int{}
+	for _, d := range got {
+		var p struct {
+			Agg string `json:"agg"`
+			Seq int    `json:"seq"`
+		}
+		if err := json.Unmarshal([]byte(d.Value), &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Seq <= seen[d.Topic+"/"+p.Agg] {
+			t.Errorf("%s: seq %d after %d: a streamed event overtook a buffered one", p.Agg, p.Seq, seen[d.Topic+"/"+p.Agg])
+		}
+		seen[d.Topic+"/"+p.Agg] = p.Seq
+	}
+	if any, _ := store.Any(ctx); any {
+		t.Errorf("rows left in the WAL buffer after the drain")
+	}
+}
