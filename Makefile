@@ -33,7 +33,7 @@ test-short:
 # (`make test` runs reduced ones): the fault suite kills and pauses the dev servers, so it
 # waits for other tests to leave them (testenv.Exclusive).
 test-faults: dev-up
-	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -run 'TestFaultSuite|TestHighAvailability|TestSlotLoss|TestFailover|TestPrimaryFastShutdown' -v ./internal/faults
+	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 90m -run 'TestFaultSuite|TestHighAvailability|TestSlotLoss|TestFailover|TestPrimaryFastShutdown|TestWALBufferKafkaOutage|TestWalsenderNeverBlocksCheckpoints' -v ./internal/faults
 	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 60m -v ./internal/hostile
 	$(WITH_DEV_ENV) RELAY_FAULTS=full $(GO) test -race -count=1 -timeout 20m -run 'TestRunMemory' -v ./cmd/outbox-relay
 
