@@ -459,6 +459,10 @@ wal_level = logical
 max_replication_slots = 32
 max_wal_senders = 32
 max_connections = 200
+# What check recommends beside postgres.max_retained_wal (1GB): 2 x the bound and at
+# least 2 x max_wal_size, so that a STOPPED relay's slot cannot fill the disk
+# (docs/wal-buffer.md). Tests that invalidate a slot lower it with ALTER SYSTEM.
+max_slot_wal_keep_size = 4GB
 # Dev and test data only: a crashed server (not a crashed machine) loses nothing.
 fsync = off
 log_min_messages = warning

@@ -524,7 +524,12 @@ func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker)
 		return
 	}
 	bound := cfg.MaxRetainedWAL
-	recommend := max(2*bound, 2*maxWALMB<<20)
+	// The bound plus the headroom below which the shipped alert
+	// OutboxRelaySlotAtRisk fires (safe_wal_size < 2e9): a running relay at
+	// its bound must not look at risk. Never under 2 x the bound or
+	// 2 x max_wal_size (a checkpoint's worth of WAL on top of the bound).
+	const atRiskHeadroom = 2 << 30
+	recommend := max(2*bound, bound+atRiskHeadroom, 2*maxWALMB<<20)
 	mb := func(b int64) string { return fmt.Sprintf("%dMB", b>>20) }
 	switch {
 	case bound == 0 && keepMB < 0:
@@ -534,7 +539,7 @@ func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker)
 	case cfg.ExactlyOnce:
 		c.warn("max_retained_wal", "%s is not applied with delivery: exactly-once: the slot keeps WAL while Kafka is away; set max_slot_wal_keep_size (at least %s) with postgres.on_slot_loss: refill (docs/wal-buffer.md)", mb(bound), mb(recommend))
 	case keepMB < 0:
-		c.warn("max_retained_wal", "%s while the relay runs; max_slot_wal_keep_size is unlimited, so a STOPPED relay's slot keeps WAL until the disk is full: set max_slot_wal_keep_size = '%s' (2 x the bound, at least 2 x max_wal_size) with postgres.on_slot_loss: refill (docs/wal-buffer.md)", mb(bound), mb(recommend))
+		c.warn("max_retained_wal", "%s while the relay runs; max_slot_wal_keep_size is unlimited, so a STOPPED relay's slot keeps WAL until the disk is full: set max_slot_wal_keep_size = '%s' (the bound plus the 2 GB under which OutboxRelaySlotAtRisk fires; at least 2 x the bound and 2 x max_wal_size) with postgres.on_slot_loss: refill (docs/wal-buffer.md)", mb(bound), mb(recommend))
 	case keepMB<<20 < recommend:
 		c.warn("max_retained_wal", "%s, but max_slot_wal_keep_size = %s may invalidate the slot of a running relay before it buffers (it starts at half the bound, and the slot keeps up to ~15 s of WAL more): raise max_slot_wal_keep_size to at least '%s' or lower postgres.max_retained_wal (docs/wal-buffer.md)", mb(bound), mb(keepMB<<20), mb(recommend))
 	default:
