@@ -166,7 +166,7 @@ func TestWorkerMissingTopic(t *testing.T) {
 
 	waitFor(t, 20*time.Second, "A-1 to fail 3 times", func() bool { return get(t, s, "A-1").Attempts >= 3 })
 	a1 := get(t, s, "A-1")
-	if a1.Status != retry.StatusPending || !strings.Contains(a1.LastError, topic) || !strings.Contains(a1.LastError, "create it") {
+	if a1.Status != retry.StatusPending || !strings.Contains(a1.LastError, topic) || !strings.Contains(a1.LastError, "create the topic") {
 		t.Errorf("A-1 = status %q, last error %q; want pending, naming the topic and the fix", a1.Status, a1.LastError)
 	}
 	if wait := time.Until(a1.NextAttemptAt); wait > 400*time.Millisecond {
