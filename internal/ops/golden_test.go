@@ -46,7 +46,9 @@ var volatile = map[string]string{
 	"oldest_undelivered_at": "<time>", "lag_bytes": "<bytes>", "behind_bytes": "<bytes>", "retained_wal_bytes": "<bytes>",
 	"safe_wal_size_bytes": "<bytes>", "seconds": "<seconds>", "last_delivered_age_seconds": "<seconds>",
 	"oldest_pending_age_seconds": "<seconds>",
-	"max_slot_wal_keep_size":     "<setting>", "max_slot_wal_keep_size_bytes": "<bytes>",
+	// The dev servers set max_slot_wal_keep_size (scripts/dev.sh: what check
+	// recommends), so the files show it, and safe_wal_size, as bytes.
+	"max_slot_wal_keep_size": "<setting>", "max_slot_wal_keep_size_bytes": "<bytes>",
 	"resume_lsn": "<lsn>", "snapshot_lsn": "<lsn>", "snapshot_xmin": "<xid>",
 	"retention_horizon_missing": "<reason>", "table": "<table>",
 }
