@@ -337,12 +337,16 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	sampling.Wait()
 	rep := Check(s.collect())
 	limit := int64(walBufferBound) + 2*segment
+	// A kill resends at most the window; each switch into buffering can
+	// too (produce requests in flight), and a kill while draining what a
+	// page or two of the buffer had sent.
+	dupBound := 2*window + 2*walbuffer.DefaultPageSize
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("%s: %d events (%d poison) from %d producer transactions; LOST %d, DUPLICATES %d (bound %d), ORDER violations %d; "+
 		"retained WAL peak %d MB (during the outage %d MB; bound %d MB + 2 segments = %d MB; %d samples); "+
 		"outage %s, %d MB of WAL written in it; %d events buffered (table %d kB, %d bytes/event); buffer drained in %s after Kafka came back",
-		kill, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, 2*window, rep.OrderViolations,
+		kill, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, dupBound, rep.OrderViolations,
 		peak>>20, peakDown>>20, walBufferBound>>20, limit>>20, samples, backAt.Sub(downAt).Round(time.Second), walWritten>>20,
 		held, tableBytes>>10, tableBytes/max(held, 1), drained.Round(time.Millisecond))
 	if peak > limit {
@@ -352,11 +356,8 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 		t.Errorf("lost %d, order violations %d, mismatches %d, poison wrong %d, retry rows for good events %d; want 0 each:\n  %s",
 			rep.Lost, rep.OrderViolations, rep.Mismatches, rep.PoisonWrong, rep.NonPoisonRetries, strings.Join(rep.Problems, "\n  "))
 	}
-	// A kill resends at most the window; each switch into buffering can
-	// too (produce requests in flight), and a kill while draining what a
-	// page or two of the buffer had sent.
-	if bound := 2*window + 2*walbuffer.DefaultPageSize; rep.Duplicates > bound {
-		t.Errorf("%d duplicates; want at most %d", rep.Duplicates, bound)
+	if rep.Duplicates > dupBound {
+		t.Errorf("%d duplicates; want at most %d", rep.Duplicates, dupBound)
 	}
 }
 
