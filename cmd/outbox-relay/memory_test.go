@@ -118,9 +118,26 @@ FROM generate_series(1, %d) i`, aggregates, 2*aggregates))
 	parkStart := time.Now()
 	waitCheckpoint(t, dsn, slot, end, stderr, 3*time.Minute)
 	parked := time.Since(parkStart)
-	if got, want := queryString(t, dsn, `SELECT count(*) || ' rows, ' || count(DISTINCT aggregate) || ' aggregates' FROM outbox_relay_retry WHERE slot_name = $1 AND status = 'pending'`, slot),
-		fmt.Sprintf("%d rows, %d aggregates", 2*aggregates, aggregates); got != want {
-		t.Fatalf("pending retry rows: %s; want %s (every event waiting for its topic)", got, want)
+	// Parking this many events is slow enough that, at the defaults, the
+	// slot can retain half of postgres.max_retained_wal: the relay then
+	// buffers the rest (the WAL buffer) and its drainer parks them from
+	// there. Every event ends in the retry table, the buffer empty.
+	want := fmt.Sprintf("%d rows, %d aggregates, 0 buffered", 2*aggregates, aggregates)
+	var got string
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
+		got = queryString(t, dsn, `SELECT count(*) || ' rows, ' || count(DISTINCT aggregate) || ' aggregates, ' ||
+	(SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1) || ' buffered'
+FROM outbox_relay_retry WHERE slot_name = $1 AND status = 'pending'`, slot)
+		if got == want || time.Now().After(deadline) {
+			break
+		}
+	}
+	parked = time.Since(parkStart)
+	if got != want {
+		all := queryString(t, dsn, `SELECT coalesce(string_agg(slot_name || '/' || status || ': ' || n, ', '), 'none') FROM (SELECT slot_name, status, count(*) n FROM outbox_relay_retry GROUP BY 1, 2) c`)
+		buffered := queryString(t, dsn, `SELECT count(*)::text FROM outbox_relay_wal_buffer`)
+		t.Fatalf("pending retry rows: %s; want %s (every event waiting for its topic); retry table: %s; WAL buffer: %s rows\n%s",
+			got, want, all, buffered, lastLines(stderr.String(), 40))
 	}
 	parkedPeak := peakRSS(t, cmd.Process.Pid)
 
@@ -252,4 +269,10 @@ func peakRSS(t *testing.T, pid int) int64 {
 	}
 	t.Fatalf("no VmHWM in /proc/%d/status", pid)
 	return 0
+}
+
+// lastLines is the end of a relay's log, for a failure's message.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
