@@ -280,6 +280,11 @@ func (r *Relay) watchRetained(ctx context.Context, pool *pgxpool.Pool, t *term) 
 		since, cause := r.sink.Outage()
 		held, _ := t.pipe.win.usage()
 		blocked := !since.IsZero() || held > 0 && now.Sub(moved) >= blockedAfter
+		if !blocked {
+			// ShouldBuffer would say no whatever the slot retains: a relay
+			// that delivers asks Postgres nothing.
+			continue
+		}
 		retained, ok, err := walbuffer.RetainedWAL(ctx, pool, r.cfg.Replication.Slot)
 		if err != nil || !ok || !walbuffer.ShouldBuffer(retained, r.cfg.MaxRetainedWAL, blocked) {
 			continue
