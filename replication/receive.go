@@ -67,22 +67,15 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		msg, err := conn.ReceiveMessage(context.Background())
-		now = time.Now()
+		msg, at, err := s.receive(ctx, conn, lastRecv, deadAfter)
+		now = at
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if pgconn.Timeout(err) {
-				if silent := now.Sub(lastRecv); silent > deadAfter {
-					return fmt.Errorf("no message from the server for %s", silent.Round(time.Second))
-				}
-				continue
-			}
-			return s.classify("receive", err)
+			return err
+		}
+		if msg == nil {
+			continue
 		}
 		lastRecv = now
-		s.stats.lastMessageAt.Store(lastRecv.UnixNano())
 
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
@@ -266,22 +259,14 @@ func (s *Stream) pause(ctx context.Context, conn *pgconn.PgConn, asm *assembler,
 		if ctx.Err() != nil { // a cancel before the deadline above would be lost
 			return ctx.Err()
 		}
-		msg, err := conn.ReceiveMessage(context.Background())
-		now = time.Now()
+		msg, now, err := s.receive(ctx, conn, lastRecv, deadAfter)
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if pgconn.Timeout(err) {
-				if silent := now.Sub(lastRecv); silent > deadAfter {
-					return fmt.Errorf("no message from the server for %s", silent.Round(time.Second))
-				}
-				continue
-			}
-			return s.classify("receive", err)
+			return err
+		}
+		if msg == nil {
+			continue
 		}
 		lastRecv = now
-		s.stats.lastMessageAt.Store(now.UnixNano())
 		n, err := s.pausedMessage(ctx, conn, st, msg)
 		if err != nil {
 			return err
@@ -291,6 +276,30 @@ func (s *Stream) pause(ctx context.Context, conn *pgconn.PgConn, asm *assembler,
 			droppedBytes += int64(n)
 		}
 	}
+}
+
+// receive reads one message under the read deadline already set, and
+// returns when it was read. A deadline that passed is no error (nil
+// message) unless the server has been silent for more than deadAfter since
+// lastRecv: TCP alone would take many minutes to tell that the network is
+// gone. Both the receive loop and the paused loop read through it.
+func (s *Stream) receive(ctx context.Context, conn *pgconn.PgConn, lastRecv time.Time, deadAfter time.Duration) (pgproto3.BackendMessage, time.Time, error) {
+	msg, err := conn.ReceiveMessage(context.Background())
+	now := time.Now()
+	if err == nil {
+		s.stats.lastMessageAt.Store(now.UnixNano())
+		return msg, now, nil
+	}
+	if ctx.Err() != nil {
+		return nil, now, ctx.Err()
+	}
+	if pgconn.Timeout(err) {
+		if silent := now.Sub(lastRecv); silent > deadAfter {
+			return nil, now, fmt.Errorf("no message from the server for %s", silent.Round(time.Second))
+		}
+		return nil, now, nil
+	}
+	return nil, now, s.classify("receive", err)
 }
 
 // pausedMessage handles a message read while paused: a keepalive is
