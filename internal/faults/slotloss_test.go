@@ -58,6 +58,21 @@ type slotLossRelay struct {
 	done chan error
 }
 
+// startSlotLossRelay starts `bin run` with env, its output in out and its
+// exit in done.
+func startSlotLossRelay(t *testing.T, bin string, env []string) *slotLossRelay {
+	t.Helper()
+	cmd := exec.Command(bin, "run")
+	cmd.Env = env
+	r := &slotLossRelay{cmd: cmd, out: &lockedBuffer{}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.done <- cmd.Wait() }()
+	return r
+}
+
 // lockedBuffer is a process's output, read while it writes.
 type lockedBuffer struct {
 	mu sync.Mutex
@@ -118,14 +133,7 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	t.Logf("%s: seed %d, relay output %s", loss, seed, logFile.Name())
 	var relays []*slotLossRelay
 	start := func() *slotLossRelay {
-		cmd := exec.Command(bin, "run")
-		cmd.Env = env
-		r := &slotLossRelay{cmd: cmd, out: &lockedBuffer{}, done: make(chan error, 1)}
-		cmd.Stdout, cmd.Stderr = r.out, r.out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { r.done <- cmd.Wait() }()
+		r := startSlotLossRelay(t, bin, env)
 		relays = append(relays, r)
 		return r
 	}

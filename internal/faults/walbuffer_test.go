@@ -6,7 +6,6 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,14 +102,7 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	t.Logf("%s: seed %d, relay output %s", kill, seed, logFile.Name())
 	var relays []*slotLossRelay
 	start := func() *slotLossRelay {
-		cmd := exec.Command(bin, "run")
-		cmd.Env = env
-		r := &slotLossRelay{cmd: cmd, out: &lockedBuffer{}, done: make(chan error, 1)}
-		cmd.Stdout, cmd.Stderr = r.out, r.out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { r.done <- cmd.Wait() }()
+		r := startSlotLossRelay(t, bin, env)
 		relays = append(relays, r)
 		return r
 	}
