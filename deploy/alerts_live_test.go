@@ -642,6 +642,10 @@ func TestAlertsHealthyPairThenFlapping(t *testing.T) {
 		leader.waitMetric(t, "outbox_relay_active", "1")
 		next.waitMetric(t, "outbox_relay_ready", "1")
 		p.waitSeen(t, fmt.Sprintf(`outbox_relay_takeovers_total{instance=%q}`, next.addr), "0")
+		// The leader's own takeover must be scraped before it dies: a rise
+		// Prometheus never saw is no rise to the rule (and a leader killed
+		// within a scrape of leading is exactly that).
+		p.waitSeen(t, fmt.Sprintf(`outbox_relay_takeovers_total{instance=%q}`, leader.addr), "1")
 		leader.stop(syscall.SIGKILL)
 		next.waitMetric(t, "outbox_relay_active", "1")
 		flapped = time.Now() // the takeover, as the relay exports it

@@ -181,12 +181,13 @@ func (w *txnTimeouts) problem(now time.Time) (string, time.Duration) {
 	return w.stuck.Error(), now.Sub(w.since)
 }
 
-// stopped turns a clean stop (err wraps context.Canceled) while a
-// transaction the broker aborted is written again into its
-// *TxnTimeoutError: the operator learns why the relay made no progress, and
-// the exit code says it. Other errors pass unchanged.
+// stopped turns a stop (err wraps context.Canceled, or ErrDrainTimeout: the
+// drain was writing it when its time ran out) while a transaction the broker
+// aborted is written again into its *TxnTimeoutError: the operator learns
+// why the relay made no progress, and the exit code says it. Other errors
+// pass unchanged.
 func (w *txnTimeouts) stopped(err error) error {
-	if w == nil || !errors.Is(err, context.Canceled) {
+	if w == nil || !(errors.Is(err, context.Canceled) || errors.Is(err, ErrDrainTimeout)) {
 		return err
 	}
 	w.mu.Lock()

@@ -89,12 +89,19 @@ func (l *logBuffer) lines(subs ...string) int {
 // that reads it puts it back for the cleanup) and the metrics address.
 func (f *fixture) timeoutRelay(t *testing.T, cap time.Duration) (*relay.Relay, *slowSink, *logBuffer, context.CancelFunc, chan error, string) {
 	t.Helper()
+	return f.timeoutRelayWith(t, cap, func(*relay.Config) {})
+}
+
+// timeoutRelayWith is timeoutRelay with edit applied to the configuration.
+func (f *fixture) timeoutRelayWith(t *testing.T, cap time.Duration, edit func(*relay.Config)) (*relay.Relay, *slowSink, *logBuffer, context.CancelFunc, chan error, string) {
+	t.Helper()
 	cfg := f.eosConfig(t)
 	cfg.Sink.TransactionTimeout = time.Second
 	cfg.TransactionMaxEvents = 50
 	cfg.MetricsListen = freeAddr(t)
 	logs := &logBuffer{t: t}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	edit(&cfg)
 	r, slow, cancel, done := f.startSlow(t, cfg, 700*time.Millisecond, cap)
 	return r, slow, logs, cancel, done, cfg.MetricsListen
 }
@@ -269,9 +276,20 @@ func TestExactlyOnceTransactionTimeoutAtCap(t *testing.T) {
 // exit code, not a clean stop or another relay's fencing.
 func TestExactlyOnceTransactionTimeoutStopped(t *testing.T) {
 	f := newFixture(t)
-	r, _, _, cancel, done, _ := f.timeoutRelay(t, 0)
+	// The stop must come while the transaction is written again: once the
+	// producer with the raised timeout is up. Whether the new stream has read
+	// the transaction by then is a race; the short drain (the 20 slow chunks
+	// take 14 s) keeps it from finishing the write either way.
+	r, _, logs, cancel, done, _ := f.timeoutRelayWith(t, 0, func(c *relay.Config) { c.ShutdownTimeout = 2 * time.Second })
 	f.insertTx(t, f.makeEvents(1000))
 	waitNotReady(t, r, 45*time.Second, timeoutWords...)
+	deadline := time.Now().Add(45 * time.Second)
+	for logs.lines("kafka transactional producer", "transaction_timeout=15m0s") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the relay did not start writing the aborted transaction again (no producer with the raised timeout) within 45s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	cancel()
 	var err error
 	select {
