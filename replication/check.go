@@ -147,6 +147,9 @@ func (s *Stream) publicationAtSlotError(op string, err error) error {
 // reconnecting cannot help, errSlotBusy when waiting may, and otherwise returns
 // it wrapped (retryable).
 func (s *Stream) classify(op string, err error) error {
+	if PoolerRefused(err) {
+		return &fatalError{msg: op + ": " + PoolerAdvice, sentinel: ErrPooler, cause: err}
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return fmt.Errorf("%s: %w", op, err)
@@ -172,6 +175,21 @@ func (s *Stream) classify(op string, err error) error {
 		return &fatalError{msg: fmt.Sprintf("%s: replication slot %q cannot be used: create it again and check for lost events", op, s.cfg.Slot), sentinel: ErrSlotMissing, cause: err}
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// PoolerAdvice says what a replication connection refused by a connection
+// pooler means, and the fix.
+const PoolerAdvice = "the replication connection reached a connection pooler (PgBouncer?), which cannot carry logical replication: " +
+	"set postgres.replication_dsn to connect to Postgres directly (postgres.dsn may stay on the pooler for SQL); pg_hba.conf is not the cause"
+
+// PoolerRefused says whether err is a connection pooler refusing a
+// connection for a startup parameter it does not forward: PgBouncer answers
+// "unsupported startup parameter: replication" to a replication connection
+// (and so for statement_timeout and the like on an SQL connection). Postgres
+// itself never says this.
+func PoolerRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Message, "unsupported startup parameter")
 }
 
 // quoteLiteral quotes s as an SQL string literal (standard_conforming_strings).

@@ -16,7 +16,11 @@ import (
 // Config configures a Stream. The zero value of every field but DSN, Slot and
 // Publication means its documented default.
 type Config struct {
-	DSN             string        // ordinary libpq/URL DSN; the stream adds replication=database itself
+	DSN string // ordinary libpq/URL DSN; the stream adds replication=database itself
+	// ReplicationDSN, when set, is where the replication connection goes
+	// instead of DSN: Postgres itself when DSN is a connection pooler's
+	// (ReplicationConnDSN). The stream opens no other connection.
+	ReplicationDSN  string
 	Slot            string        // existing logical slot using pgoutput (created by `setup`)
 	Publication     string        // publication covering the outbox table(s)
 	ApplicationName string        // default "outbox-relay"; shows in pg_stat_replication
@@ -90,6 +94,15 @@ type Config struct {
 	NonTransactional string
 
 	Logger *slog.Logger // default discards
+}
+
+// ReplicationConnDSN is the DSN of the replication connection:
+// ReplicationDSN, or DSN when it is unset.
+func (cfg Config) ReplicationConnDSN() string {
+	if cfg.ReplicationDSN != "" {
+		return cfg.ReplicationDSN
+	}
+	return cfg.DSN
 }
 
 // Values of Config.NonTransactional.

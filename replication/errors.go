@@ -37,6 +37,10 @@ var (
 	ErrPublicationAfterSlot = fmt.Errorf("%w at the slot's position", ErrPublicationMissing)
 	// ErrAuth: the server rejected the credentials.
 	ErrAuth = errors.New("authentication failed")
+	// ErrPooler: the replication connection reached a connection pooler
+	// (PgBouncer) instead of Postgres; poolers cannot carry logical
+	// replication. See PoolerRefused.
+	ErrPooler = errors.New("connection pooler in the way of the replication connection")
 	// ErrPermission: the role may not replicate or read what the stream needs.
 	ErrPermission = errors.New("permission denied")
 	// ErrConfig: the Config is invalid (see the message for the field).

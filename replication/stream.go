@@ -170,7 +170,7 @@ func (s *Stream) Stats() Stats {
 //
 // Run blocks until ctx is done, returning an error that wraps ctx.Err(), or
 // until a non-retryable error: one wrapping ErrSlotMissing, ErrSlotPlugin,
-// ErrSlotDatabase, ErrSlotActive, ErrPublicationMissing, ErrAuth,
+// ErrSlotDatabase, ErrSlotActive, ErrPublicationMissing, ErrAuth, ErrPooler,
 // ErrPermission, ErrConfig or ErrMessagesUnsupported, or a *DecodeError or
 // *NonTransactionalError. Lost connections are retried
 // with backoff. Run must not be called again while it runs; a Stream may be
@@ -322,7 +322,7 @@ func (s *Stream) pluginArgs() []string {
 }
 
 func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	pcfg, err := pgconn.ParseConfig(s.cfg.DSN)
+	pcfg, err := pgconn.ParseConfig(s.cfg.ReplicationConnDSN())
 	if err != nil {
 		// ParseConfigError redacts passwords only best effort: keep the DSN out.
 		return nil, &fatalError{msg: "replication: DSN cannot be parsed: check its syntax", sentinel: ErrConfig, cause: errors.Unwrap(err)}

@@ -50,6 +50,7 @@ func (e *env) adminConfig() admin.Config {
 	return admin.Config{
 		Tables:              more,
 		DSN:                 c.Replication.DSN,
+		ReplicationDSN:      c.Replication.ReplicationDSN,
 		Slot:                c.Replication.Slot,
 		Publication:         c.Replication.Publication,
 		Failover:            c.Failover,

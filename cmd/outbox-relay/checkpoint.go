@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 )
 
 func newCheckpointCmd(wrap wrapFunc) *cobra.Command {
@@ -89,7 +90,7 @@ or active), 2 bad LSN, refused position, or no --yes.`,
 }
 
 func setCheckpoint(ctx context.Context, e *env, lsn pglogrepl.LSN, yes bool) error {
-	pc, err := pgxpool.ParseConfig(e.cfg.Replication.DSN)
+	pc, err := sqlconn.PoolConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}

@@ -63,6 +63,8 @@ func (c *config) validate() error {
 			errs = append(errs, err)
 		} else if err := checkMultiHost(dsn); err != nil {
 			errs = append(errs, err)
+		} else if err := checkReplicationDSN(c.Replication.ReplicationDSN); err != nil {
+			errs = append(errs, err)
 		} else if err := c.applyPostgresPassword(); err != nil {
 			errs = append(errs, err)
 		}

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
@@ -18,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/debezium"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -151,7 +151,7 @@ func checkPlanTable(ctx context.Context, dsn, source string, plan *debezium.Plan
 	if err != nil {
 		return fmt.Errorf("--postgres-dsn %s: %w", redactDSN(dsn), err)
 	}
-	conn, err := pgx.Connect(ctx, connDSN)
+	conn, err := sqlconn.Connect(ctx, connDSN)
 	if err != nil {
 		return fmt.Errorf("--postgres-dsn %s: %w", redactDSN(dsn), err)
 	}

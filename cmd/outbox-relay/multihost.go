@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -30,4 +32,21 @@ func checkMultiHost(dsn string) error {
 	}
 	return fmt.Errorf("postgres.dsn names %d hosts but not target_session_attrs=read-write: the relay would connect to the first host that answers, "+
 		"which may be a standby; add target_session_attrs=read-write (keyword form) or ?target_session_attrs=read-write (URL form)", len(hosts))
+}
+
+// checkReplicationDSN checks postgres.replication_dsn ("" for none) as
+// postgres.dsn is checked, under its own key.
+func checkReplicationDSN(dsn string) error {
+	if dsn == "" {
+		return nil
+	}
+	err := checkDSN(dsn)
+	if err == nil {
+		err = checkMultiHost(dsn)
+	}
+	if err == nil {
+		return nil
+	}
+	// The checks name postgres.dsn; the text after the key stays.
+	return errors.New("postgres.replication_dsn" + strings.TrimPrefix(err.Error(), "postgres.dsn"))
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 )
 
 func newPruneCmd(wrap wrapFunc) *cobra.Command {
@@ -70,7 +71,7 @@ and why, and deletes the delivered old rows of the default partition;
 }
 
 func prune(ctx context.Context, e *env, rc retention.Config) error {
-	cfg, err := pgx.ParseConfig(e.cfg.Replication.DSN)
+	cfg, err := sqlconn.ConnConfig(e.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}

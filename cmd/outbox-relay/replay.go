@@ -12,13 +12,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -145,7 +145,7 @@ func runReplay(ctx context.Context, e *env, stderr io.Writer, a replayArgs) erro
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	c := e.cfg
-	pool, err := pgxpool.New(ctx, c.Replication.DSN)
+	pool, err := sqlconn.NewPool(ctx, c.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}

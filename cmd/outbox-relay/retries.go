@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 )
 
 // retryTable is the configured retry table (retry.table).
@@ -62,8 +63,17 @@ An ID is the SEQ number that list shows, or the event id.`,
 
 // openRetryStore connects for a retries subcommand. List and show run in
 // read-only sessions, so that looking can never change anything.
+//
+// A read-only session is a session setting (default_transaction_read_only,
+// a startup parameter), which a pooler refuses or, in transaction mode, does
+// not keep: list and show connect to postgres.replication_dsn when it is set
+// (Postgres itself), the others to postgres.dsn.
 func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, func(), error) {
-	pc, err := pgxpool.ParseConfig(e.cfg.Replication.DSN)
+	dsn := e.cfg.Replication.DSN
+	if readOnly {
+		dsn = e.cfg.Replication.ReplicationConnDSN()
+	}
+	pc, err := sqlconn.PoolConfig(dsn)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: postgres.dsn: %w", errConfig, err)
 	}
@@ -75,7 +85,7 @@ func openRetryStore(ctx context.Context, e *env, readOnly bool) (*retry.Store, f
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
+		return nil, nil, fmt.Errorf("connect to postgres %s: %w", redactDSN(dsn), err)
 	}
 	s, err := retry.NewStore(pool, e.retryTable(), e.cfg.Replication.Slot)
 	if err != nil {

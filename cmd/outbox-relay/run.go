@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
@@ -155,7 +155,7 @@ func isHex8(s string) bool {
 func checkStartLSN(ctx context.Context, e *env, lsn pglogrepl.LSN, force bool) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(cctx, e.cfg.Replication.DSN)
+	conn, err := sqlconn.Connect(cctx, e.cfg.Replication.DSN)
 	if err != nil {
 		err = fmt.Errorf("connect to postgres %s: %w", redactDSN(e.cfg.Replication.DSN), err)
 		e.log.Warn("cannot check --start-lsn against the server's WAL position now; the relay checks it when it connects", "error", err)

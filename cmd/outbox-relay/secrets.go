@@ -57,7 +57,8 @@ func readSecretFile(key, path string) (string, error) {
 }
 
 // applyPostgresPassword puts the password from postgres.password_file or
-// RELAY_POSTGRES_PASSWORD into c.Replication.DSN, which checkDSN has accepted.
+// RELAY_POSTGRES_PASSWORD into c.Replication.DSN and, when set,
+// c.Replication.ReplicationDSN, which checkDSN has accepted.
 func (c *config) applyPostgresPassword() error {
 	envPW, fromEnv := os.LookupEnv(postgresRelayPasswordEnv)
 	fromEnv = fromEnv && envPW != ""
@@ -75,18 +76,28 @@ func (c *config) applyPostgresPassword() error {
 			return err
 		}
 	}
-	has, err := dsnHasPassword(c.Replication.DSN)
-	if err != nil {
-		return err
+	// The same password serves the replication connection's DSN, when it
+	// has one of its own (postgres.replication_dsn): the same role.
+	for _, d := range []struct {
+		key string
+		dsn *string
+	}{{"postgres.dsn", &c.Replication.DSN}, {"postgres.replication_dsn", &c.Replication.ReplicationDSN}} {
+		if *d.dsn == "" {
+			continue
+		}
+		has, err := dsnHasPassword(*d.dsn)
+		if err != nil {
+			return err
+		}
+		if has {
+			return fmt.Errorf("%s: holds a password, and %s is set too; remove the password from the DSN (recommended) or unset %s", d.key, source, source)
+		}
+		dsn, err := withPassword(*d.dsn, pw)
+		if err != nil {
+			return fmt.Errorf("%s: %w", source, err)
+		}
+		*d.dsn = dsn
 	}
-	if has {
-		return fmt.Errorf("postgres.dsn: holds a password, and %s is set too; remove the password from the DSN (recommended) or unset %s", source, source)
-	}
-	dsn, err := withPassword(c.Replication.DSN, pw)
-	if err != nil {
-		return fmt.Errorf("%s: %w", source, err)
-	}
-	c.Replication.DSN = dsn
 	return nil
 }
 
@@ -215,9 +226,11 @@ func fileSecrets(raw []byte) []string {
 			keys = append(keys, s.key)
 		}
 	}
-	if dsn := v.GetString("postgres.dsn"); dsn != "" {
-		if has, err := dsnHasPassword(dsn); err == nil && has {
-			keys = append(keys, "postgres.dsn")
+	for _, key := range []string{"postgres.dsn", "postgres.replication_dsn"} {
+		if dsn := v.GetString(key); dsn != "" {
+			if has, err := dsnHasPassword(dsn); err == nil && has {
+				keys = append(keys, key)
+			}
 		}
 	}
 	return keys
@@ -226,8 +239,9 @@ func fileSecrets(raw []byte) []string {
 // secretElsewhere says where each secret a config file may hold belongs
 // instead.
 var secretElsewhere = map[string]string{
-	"kafka.sasl.password": "put kafka.sasl.password in kafka.sasl.password_file or RELAY_KAFKA_SASL_PASSWORD instead",
-	"postgres.dsn":        "move the DSN's password to postgres.password_file or " + postgresRelayPasswordEnv,
+	"kafka.sasl.password":      "put kafka.sasl.password in kafka.sasl.password_file or RELAY_KAFKA_SASL_PASSWORD instead",
+	"postgres.dsn":             "move the DSN's password to postgres.password_file or " + postgresRelayPasswordEnv,
+	"postgres.replication_dsn": "move the DSN's password to postgres.password_file or " + postgresRelayPasswordEnv,
 }
 
 // configFileWarning returns check's warning when the config file holds

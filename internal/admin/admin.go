@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -29,9 +30,12 @@ import (
 // Config names what Setup creates and Check examines. Names are validated by
 // the caller (the CLI's configuration); empty names are errors, not defaults.
 type Config struct {
-	DSN         string
-	Slot        string
-	Publication string
+	DSN string
+	// ReplicationDSN is postgres.replication_dsn: where replication
+	// connections go, "" for DSN (see ReplicationConnDSN).
+	ReplicationDSN string
+	Slot           string
+	Publication    string
 	// Failover is postgres.failover: setup makes the slot a failover slot
 	// (Postgres 17+), check verifies the primary's and standbys' side.
 	Failover    bool
@@ -107,8 +111,17 @@ func (c *Config) scrub(err error) error {
 	return c.Scrub(err)
 }
 
+// ReplicationConnDSN is the DSN of replication connections, and of the checks
+// that must reach Postgres itself: ReplicationDSN, or DSN when it is unset.
+func (c *Config) ReplicationConnDSN() string {
+	if c.ReplicationDSN != "" {
+		return c.ReplicationDSN
+	}
+	return c.DSN
+}
+
 func (c *Config) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, c.DSN)
+	conn, err := sqlconn.Connect(ctx, c.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres %s: %w", c.RedactedDSN, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -423,7 +424,7 @@ func tableColumns(ctx context.Context, conn *pgx.Conn, oid uint32, table sql.Tab
 // checkReplicationConn opens a replication connection as the relay will:
 // pg_hba.conf and the role's connection limit are only tested this way.
 func checkReplicationConn(ctx context.Context, cfg *Config, c *checker) {
-	pc, err := pgconn.ParseConfig(cfg.DSN)
+	pc, err := pgconn.ParseConfig(cfg.ReplicationConnDSN())
 	if err != nil {
 		c.fail("replication connection", "%v", cfg.scrub(err))
 		return
@@ -432,6 +433,11 @@ func checkReplicationConn(ctx context.Context, cfg *Config, c *checker) {
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(cctx, pc)
+	if replication.PoolerRefused(err) {
+		// Not pg_hba.conf's doing: the pooler refused before Postgres saw it.
+		c.fail("replication connection", "%s (%v)", replication.PoolerAdvice, cfg.scrub(err))
+		return
+	}
 	if err != nil {
 		c.fail("replication connection", "%v; allow it in pg_hba.conf (a line for this database, user and host) and check the role's privileges", cfg.scrub(err))
 		return

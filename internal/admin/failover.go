@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -36,9 +37,9 @@ func failoverProblem(ctx context.Context, conn *pgx.Conn, cfg *Config) (string, 
 // ALTER_REPLICATION_SLOT is a replication command (Postgres 17+), and fails
 // while a walsender holds the slot.
 func alterSlotFailover(ctx context.Context, cfg *Config, slot string) error {
-	pc, err := pgconn.ParseConfig(cfg.DSN)
+	pc, err := pgconn.ParseConfig(cfg.ReplicationConnDSN())
 	if err != nil {
-		return errors.New("postgres.dsn cannot be parsed: check its syntax")
+		return errors.New("postgres.replication_dsn (or postgres.dsn) cannot be parsed: check its syntax")
 	}
 	pc.RuntimeParams["replication"] = "database"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
@@ -118,7 +119,7 @@ FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, name).Scan(&exists, 
 
 // checkStandbys checks every host of postgres.dsn that is a standby.
 func checkStandbys(ctx context.Context, cfg *Config, c *checker, named []string) {
-	hosts, err := pgslot.Hosts(cfg.DSN)
+	hosts, err := pgslot.Hosts(cfg.ReplicationConnDSN())
 	if err != nil {
 		c.fail("failover standbys", "%v", err)
 		return
@@ -128,7 +129,7 @@ func checkStandbys(ctx context.Context, cfg *Config, c *checker, named []string)
 			"list the standbys too (host=primary,standby1 port=5432,5432 target_session_attrs=read-write, or postgres://user@primary:5432,standby1:5432/db?target_session_attrs=read-write)")
 		return
 	}
-	pcfg, err := pgx.ParseConfig(cfg.DSN)
+	pcfg, err := sqlconn.ConnConfig(cfg.ReplicationConnDSN())
 	if err != nil {
 		c.fail("failover standbys", "postgres.dsn cannot be parsed: check its syntax")
 		return

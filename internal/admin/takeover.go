@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
@@ -23,7 +23,7 @@ import (
 // and refuses a checkpoint already past start: a relay has run on the slot
 // since.
 func TakeOver(ctx context.Context, cfg Config, start pglogrepl.LSN, origin string, w io.Writer) error {
-	pool, err := pgxpool.New(ctx, cfg.DSN)
+	pool, err := sqlconn.NewPool(ctx, cfg.DSN)
 	if err != nil {
 		return err
 	}

@@ -5,37 +5,46 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 )
 
 // A Session is the ordinary connection lag, status and checkpoint show read
 // over (a Querier). It dials on first use and again after the connection is
-// lost, so that a watch survives a server restart. It is read-only
-// (default_transaction_read_only) and bounded in time (statement_timeout,
-// lock_timeout), so that a check can neither change anything nor hang
-// behind a lock. Not safe for concurrent use.
+// lost, so that a watch survives a server restart. Each query runs in a
+// transaction of its own that is read-only (BEGIN READ ONLY) and bounded in
+// time (statement_timeout, lock_timeout, set for that transaction), so that
+// a check can neither change anything nor hang behind a lock. They are set
+// per transaction rather than as startup parameters because a connection
+// pooler refuses those (PgBouncer: "unsupported startup parameter") and, in
+// transaction mode, keeps no session setting from one transaction to the
+// next (package sqlconn). Not safe for concurrent use.
 type Session struct {
 	cfg      *pgx.ConnConfig
 	redacted string
 	conn     *pgx.Conn
 }
 
+// The bounds of a Session's queries.
+const (
+	sessionStatementTimeout = "10s"
+	sessionLockTimeout      = "5s"
+)
+
 // NewSession returns a Session with the DSN dsn, named applicationName on the
 // server; redacted is the DSN without its password, for messages. It does not
 // dial.
 func NewSession(dsn, redacted, applicationName string) (*Session, error) {
-	cfg, err := pgx.ParseConfig(dsn)
+	cfg, err := sqlconn.ConnConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
-	rp := cfg.RuntimeParams
-	rp["application_name"] = applicationName
-	rp["default_transaction_read_only"] = "on"
-	rp["statement_timeout"] = "10s"
-	rp["lock_timeout"] = "5s"
+	cfg.RuntimeParams["application_name"] = applicationName
 	return &Session{cfg: cfg, redacted: redacted}, nil
 }
 
-// QueryRow implements Querier, dialling first when not connected.
+// QueryRow implements Querier, dialling first when not connected. The
+// returned Row must be scanned: Scan ends the query's transaction.
 func (s *Session) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if s.conn == nil || s.conn.IsClosed() {
 		conn, err := pgx.ConnectConfig(ctx, s.cfg)
@@ -44,7 +53,16 @@ func (s *Session) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 		}
 		s.conn = conn
 	}
-	return s.conn.QueryRow(ctx, sql, args...)
+	tx, err := s.conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return errRow{err}
+	}
+	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)`,
+		sessionStatementTimeout, sessionLockTimeout); err != nil {
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the error that matters is err
+		return errRow{err}
+	}
+	return txRow{ctx: ctx, tx: tx, row: tx.QueryRow(ctx, sql, args...)}
 }
 
 // Close closes the connection, if any.
@@ -57,3 +75,18 @@ func (s *Session) Close(ctx context.Context) {
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
+
+// txRow is a row read in a transaction of its own, which Scan ends.
+type txRow struct {
+	ctx context.Context
+	tx  pgx.Tx
+	row pgx.Row
+}
+
+func (r txRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	// Read-only: nothing to commit. A rollback that fails leaves the
+	// connection broken, and the next query dials again.
+	r.tx.Rollback(context.WithoutCancel(r.ctx)) //nolint:errcheck // see above
+	return err
+}

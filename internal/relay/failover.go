@@ -63,7 +63,7 @@ func (r *Relay) alterFailover(ctx context.Context) error {
 // wins, which may be the old one. Hosts that cannot be reached are skipped:
 // a dead host cannot be the newer primary's only witness, the live ones are.
 func (r *Relay) fenceSuperseded(ctx context.Context, srv pgslot.Server, cp pglogrepl.LSN) error {
-	hosts, err := pgslot.Hosts(r.cfg.Replication.DSN)
+	hosts, err := pgslot.Hosts(r.cfg.Replication.ReplicationConnDSN())
 	if err != nil || len(hosts) < 2 {
 		return nil
 	}

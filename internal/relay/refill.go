@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -15,6 +16,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -114,7 +117,7 @@ var ErrNoGap = errors.New("the slot continues from the checkpoint: nothing to re
 // forked timeline), or ErrNoGap. With dryRun it changes nothing and counts
 // what it would send.
 func (r *Relay) Recover(ctx context.Context, dryRun bool) (*RefillResult, error) {
-	pool, err := pgxpool.New(ctx, r.cfg.Replication.DSN)
+	pool, err := sqlconn.NewPool(ctx, r.cfg.Replication.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}
@@ -227,16 +230,18 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 
 	// One refill of a slot at a time: the relays of an HA group all meet
 	// the gap. The one that waited finds it healed, or refills what is left.
-	lock, err := pool.Acquire(ctx)
+	// A session-level lock, so on a direct connection: through a pooler in
+	// transaction mode it would stay on a server connection the pooler
+	// hands to others, and the unlock might go to another one.
+	lock, err := r.directConn(ctx, "outbox-relay refill lock")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("refill: connect for the refill lock: %w", err)
 	}
-	defer lock.Release()
+	defer lock.Close(context.WithoutCancel(ctx)) // ends the session, and with it the lock
 	key := "outbox-relay refill " + slot
 	if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, key); err != nil {
 		return nil, fmt.Errorf("refill: take the refill lock: %w", err)
 	}
-	defer lock.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext($1))`, key) //nolint:errcheck // the session ends with the pool anyway
 	// Judged again, under the lock and on a connection of its own: the
 	// gap a running stream met is judged from what it saw (a missing slot
 	// on a new timeline may be a fork as well).
@@ -486,18 +491,35 @@ func (r *Relay) dropSlot(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 }
 
+// replicationConn opens a replication connection, to
+// postgres.replication_dsn when set (postgres.dsn may be a pooler's).
 func (r *Relay) replicationConn(ctx context.Context, app string) (*pgconn.PgConn, error) {
-	pcfg, err := pgconn.ParseConfig(r.cfg.Replication.DSN)
+	pcfg, err := pgconn.ParseConfig(r.cfg.Replication.ReplicationConnDSN())
 	if err != nil {
-		return nil, errors.New("postgres.dsn cannot be parsed: check its syntax")
+		return nil, errors.New("postgres.replication_dsn (or postgres.dsn) cannot be parsed: check its syntax")
 	}
 	pcfg.RuntimeParams["replication"] = "database"
 	pcfg.RuntimeParams["application_name"] = app
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
-	if err != nil {
+	switch {
+	case replication.PoolerRefused(err):
+		return nil, fmt.Errorf("connect to postgres over a replication connection: %s: %w", replication.PoolerAdvice, err)
+	case err != nil:
 		return nil, fmt.Errorf("connect to postgres over a replication connection (the role needs the REPLICATION attribute, and pg_hba.conf must allow it): %w", err)
 	}
 	return conn, nil
+}
+
+// directConn opens an SQL connection to Postgres itself
+// (postgres.replication_dsn when set): session state such as a session-level
+// advisory lock does not survive a pooler in transaction mode.
+func (r *Relay) directConn(ctx context.Context, app string) (*pgx.Conn, error) {
+	cfg, err := sqlconn.ConnConfig(r.cfg.Replication.ReplicationConnDSN())
+	if err != nil {
+		return nil, errors.New("postgres.replication_dsn (or postgres.dsn) cannot be parsed: check its syntax")
+	}
+	cfg.RuntimeParams["application_name"] = app
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
 // refillProgressEvery is how often a refill logs how many events it sent.

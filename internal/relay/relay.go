@@ -100,6 +100,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/router"
 )
@@ -243,7 +244,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if err := r.checkAuth(ctx); err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(ctx, r.cfg.Replication.DSN)
+	pool, err := sqlconn.NewPool(ctx, r.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("connect to postgres: %w", err)
 	}
