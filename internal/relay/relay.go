@@ -244,9 +244,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if err := r.checkAuth(ctx); err != nil {
 		return err
 	}
-	pool, err := sqlconn.NewPool(ctx, r.cfg.Replication.DSN)
+	pool, pooled, err := sqlconn.NewHotPool(ctx, r.cfg.Replication.DSN)
 	if err != nil {
 		return fmt.Errorf("connect to postgres: %w", err)
+	}
+	if pooled {
+		r.log.Info("postgres.dsn leads to a connection pooler: SQL uses unnamed statements (works in transaction mode); the replication connection goes to postgres.replication_dsn")
 	}
 	defer pool.Close()
 	r.pool.Store(pool)
