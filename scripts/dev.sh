@@ -323,11 +323,22 @@ ensure_prometheus_installed() {
 	command -v prometheus >/dev/null || apt_install prometheus
 }
 
+# ensure_pgbouncer_installed installs Debian's pgbouncer (1.18 on Debian 12): the
+# connection-pooler tests (TestPgBouncer, TestNewHotPool) start their own PgBouncer
+# in front of the dev Postgres. Only a test tool, as prometheus: `up` warns rather
+# than fails when it cannot be installed (the tests then skip, except under CI=true).
+# The package's own service is not started (no init system here; it would listen on
+# 6432 otherwise, which no test uses).
+ensure_pgbouncer_installed() {
+	command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer
+}
+
 deps() {
 	ensure_pg_installed
 	ensure_java_installed
 	ensure_kcat_installed
 	ensure_prometheus_installed
+	ensure_pgbouncer_installed
 }
 
 # ---------------------------------------------------------------- locking
@@ -1061,6 +1072,7 @@ cmd_up() {
 		flock -u 8
 	fi
 	(ensure_prometheus_installed) || log "prometheus is not installed: the real-Prometheus alert tests (deploy) will skip; install it with: sudo apt-get install prometheus"
+	(ensure_pgbouncer_installed) || log "pgbouncer is not installed: the connection-pooler tests will skip; install it with: sudo apt-get install pgbouncer"
 	print_info
 }
 
