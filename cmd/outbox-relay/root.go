@@ -139,6 +139,7 @@ RELAY_POSTGRES_PASSWORD, PGPASSWORD, ~/.pgpass) and kafka.sasl.password_file
 		newSetupCmd(wrap),
 		newCheckCmd(wrap),
 		newVersionCmd(),
+		newHealthCmd(),
 		newLagCmd(wrap),
 		newStatusCmd(wrap),
 		newRetriesCmd(wrap),
