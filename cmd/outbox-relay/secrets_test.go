@@ -287,3 +287,61 @@ func TestCheckWarnsOnReadableConfigFile(t *testing.T) {
 		t.Fatalf("check of a chmod 600 file: exit = %d, output:\n%s%s\nwant 0 and no warning about the file", code, out, errOut)
 	}
 }
+
+// TestReplicationDSN: postgres.replication_dsn is checked as postgres.dsn is,
+// under its own key, gets the same password, and is used for the replication
+// connection only; unset, postgres.dsn serves both.
+func TestReplicationDSN(t *testing.T) {
+	pwFile := writeFile(t, "pg-password", hostilePassword+"\n")
+	setup := func(t *testing.T) {
+		cleanEnv(t)
+		unsetenv(t, postgresRelayPasswordEnv)
+		t.Setenv("PGPASSWORD", "")
+		t.Setenv("PGPASSFILE", "/nonexistent")
+		t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@pgbouncer:6432/app")
+		t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
+	}
+	t.Run("unset", func(t *testing.T) {
+		setup(t)
+		c, err := load(t, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Replication.ReplicationConnDSN(); got != c.Replication.DSN {
+			t.Errorf("ReplicationConnDSN() = %q; want postgres.dsn %q", got, c.Replication.DSN)
+		}
+	})
+	t.Run("password for both", func(t *testing.T) {
+		setup(t)
+		t.Setenv("RELAY_POSTGRES_REPLICATION_DSN", "host=db port=5432 user=relay dbname=app")
+		t.Setenv("RELAY_POSTGRES_PASSWORD_FILE", pwFile)
+		c, err := load(t, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range []struct{ key, dsn, host string }{
+			{"postgres.dsn", c.Replication.DSN, "pgbouncer"},
+			{"postgres.replication_dsn", c.Replication.ReplicationConnDSN(), "db"},
+		} {
+			pc, err := pgconn.ParseConfig(d.dsn)
+			if err != nil {
+				t.Fatalf("%s: %v", d.key, err)
+			}
+			if pc.Host != d.host || pc.Password != hostilePassword {
+				t.Errorf("%s: host %q password %q; want %q and the file's", d.key, pc.Host, pc.Password, d.host)
+			}
+		}
+	})
+	for _, tt := range []struct{ name, dsn, want string }{
+		{"unparsable", "postgres://relay:a@b@db/app", "postgres.replication_dsn: `postgres://relay"},
+		{"several hosts", "postgres://relay@db1:5432,db2:5432/app", "postgres.replication_dsn names 2 hosts but not target_session_attrs=read-write"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			setup(t)
+			t.Setenv("RELAY_POSTGRES_REPLICATION_DSN", tt.dsn)
+			if _, err := load(t, ""); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("load with postgres.replication_dsn %q = %v; want an error containing %q", tt.dsn, err, tt.want)
+			}
+		})
+	}
+}
