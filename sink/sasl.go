@@ -141,14 +141,13 @@ func (c *Config) tokenAuthError(err error, refused bool) error {
 		}
 		return nil
 	}
-	fieldName := "SASL.OAuthTokenFile"
+	fieldName, renew := "SASL.OAuthTokenFile", "whatever writes {SASL.OAuthTokenFile} (an identity agent, a projected service-account token) has stopped renewing it: make it write a fresh token before the old one expires; the relay reads the file again for every connection"
 	if s.OAuthTokenCommand != "" {
-		fieldName = "SASL.OAuthTokenCommand"
+		fieldName, renew = "SASL.OAuthTokenCommand", "{SASL.OAuthTokenCommand} printed a token that had already expired: make it print a fresh one"
 	}
 	switch {
 	case errors.Is(err, oauthbearer.ErrExpired):
-		return &AuthError{Field: fieldName, Err: err,
-			Reason: "the SASL OAUTHBEARER token has expired: whatever issues it must write a fresh token before the old one expires (the file is read for every connection), or the command must print a fresh one"}
+		return &AuthError{Field: fieldName, Err: err, Reason: "the SASL OAUTHBEARER token has expired: " + renew}
 	case errors.Is(err, oauthbearer.ErrRefused), refused:
 		return &AuthError{Field: fieldName, Err: err,
 			Reason: "the broker refused the SASL OAUTHBEARER token: compare its issuer (iss), audience (aud), signing key and scope with the listener's sasl.oauthbearer settings, and its subject (sub) with the relay's ACLs"}
