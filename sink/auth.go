@@ -68,6 +68,9 @@ func (k *Kafka) authError(err error) error {
 	var verify *tls.CertificateVerificationError
 	var rec tls.RecordHeaderError
 	msg := err.Error()
+	if ae := k.cfg.tokenAuthError(err, errors.Is(err, kerr.SaslAuthenticationFailed)); ae != nil {
+		return ae
+	}
 	switch {
 	case errors.Is(err, kerr.SaslAuthenticationFailed):
 		return &AuthError{Field: "SASL.Password", Err: err,

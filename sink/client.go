@@ -64,10 +64,9 @@ func (c *Config) clientOpts() ([]kgo.Opt, error) {
 // checked the name and the username.
 //
 // This is where a mechanism plugs in: a name in SASLMechanisms and a case
-// here returning its sasl.Mechanism. OAUTHBEARER (a token source, e.g.
-// package sink/oauthbearer) and AWS_MSK_IAM (franz-go's sasl/aws) are added
-// the same way; kgo calls the mechanism on every connection, so a mechanism
-// that refreshes its token does so there.
+// here returning its sasl.Mechanism. kgo calls the mechanism on every
+// connection, so OAUTHBEARER and AWS_MSK_IAM (sasl.go) read their token or
+// credentials there.
 func (c *Config) saslMechanism() (sasl.Mechanism, error) {
 	auth := scram.Auth{User: c.SASL.Username, Pass: c.SASL.Password}
 	switch c.SASL.Mechanism {
@@ -79,6 +78,8 @@ func (c *Config) saslMechanism() (sasl.Mechanism, error) {
 		return auth.AsSha256Mechanism(), nil
 	case "scram-sha-512":
 		return auth.AsSha512Mechanism(), nil
+	case "oauthbearer", "aws_msk_iam":
+		return c.tokenSASL(), nil
 	}
 	return nil, fmt.Errorf("SASL mechanism %q is not supported", c.SASL.Mechanism)
 }

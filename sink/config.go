@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/sink/oauthbearer"
 )
 
 // Config configures a Kafka sink. Zero values mean the documented defaults;
@@ -90,11 +91,22 @@ type TLSConfig struct {
 }
 
 // SASLConfig enables SASL authentication. Mechanism is "", "plain",
-// "scram-sha-256" or "scram-sha-512".
+// "scram-sha-256", "scram-sha-512" (with Username and Password),
+// "oauthbearer" (with one of OAuthTokenFile and OAuthTokenCommand) or
+// "aws_msk_iam" (AWS credentials from the environment: package awsmsk).
 type SASLConfig struct {
 	Mechanism string
 	Username  string
 	Password  string
+	// OAuthTokenFile holds the OAUTHBEARER token, read again for every
+	// connection (package oauthbearer).
+	OAuthTokenFile string
+	// OAuthTokenCommand prints the OAUTHBEARER token; run again shortly
+	// before the token expires (package oauthbearer).
+	OAuthTokenCommand string
+
+	tokens   *oauthbearer.Source // made by Validate from tokensOf
+	tokensOf oauthbearer.Config
 }
 
 // Bounds of BatchSize and BatchBytes; see Validate.
@@ -122,7 +134,7 @@ const (
 // SASL.Mechanism take (lower case; Validate folds them).
 var (
 	Compressions   = []string{"none", "gzip", "snappy", "lz4", "zstd"}
-	SASLMechanisms = []string{"plain", "scram-sha-256", "scram-sha-512"}
+	SASLMechanisms = []string{"plain", "scram-sha-256", "scram-sha-512", "oauthbearer", "aws_msk_iam"}
 )
 
 // Validate fills defaults and returns every value that cannot work, each a
@@ -177,11 +189,15 @@ func (c *Config) Validate() error {
 	c.SASL.Mechanism = strings.ToLower(c.SASL.Mechanism)
 	switch {
 	case c.SASL.Mechanism == "":
-		if c.SASL.Username != "" || c.SASL.Password != "" {
-			v.Errorf("SASL.Mechanism", "empty, but a SASL username or password is set; set it to one of %s", strings.Join(SASLMechanisms, ", "))
+		if c.SASL.Username != "" || c.SASL.Password != "" || c.SASL.OAuthTokenFile != "" || c.SASL.OAuthTokenCommand != "" {
+			v.Errorf("SASL.Mechanism", "empty, but SASL credentials (a username, password or token) are set; set it to one of %s", strings.Join(SASLMechanisms, ", "))
 		}
 	case !slices.Contains(SASLMechanisms, c.SASL.Mechanism):
 		v.Errorf("SASL.Mechanism", "%q is not one of %s", c.SASL.Mechanism, strings.Join(SASLMechanisms, ", "))
+	case tokenMechanism(c.SASL.Mechanism):
+		c.validateTokenSASL(&v)
+	case c.SASL.OAuthTokenFile != "" || c.SASL.OAuthTokenCommand != "":
+		v.Errorf("SASL.Mechanism", "%s takes a username and password, but an OAUTHBEARER token file or command is set: set it to oauthbearer, or unset {SASL.OAuthTokenFile} and {SASL.OAuthTokenCommand}", c.SASL.Mechanism)
 	case c.SASL.Username == "":
 		v.Add(field.Required("SASL.Username", "SASL "+c.SASL.Mechanism+" needs a username"))
 	default:
@@ -235,6 +251,8 @@ func (c *Config) mechanism() (sasl.Mechanism, error) {
 	switch c.SASL.Mechanism {
 	case "":
 		return nil, nil
+	case "oauthbearer", "aws_msk_iam":
+		return kafkaGoMechanism{c.tokenSASL()}, nil
 	case "plain":
 		return plain.Mechanism{Username: c.SASL.Username, Password: c.SASL.Password}, nil
 	case "scram-sha-256":

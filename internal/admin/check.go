@@ -471,6 +471,14 @@ func checkKafka(ctx context.Context, cfg *Config, k Kafka, c *checker) {
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := k.Ping(cctx); err != nil {
+		// A refusal of the relay's own settings (SASL, TLS) is named with
+		// the mechanism and the key to change; anything else may be an
+		// outage.
+		var auth *sink.AuthError
+		if a, ok := k.(interface{ CheckAuth(context.Context) error }); ok && errors.As(a.CheckAuth(ctx), &auth) {
+			c.fail("kafka", "refused: %s (%v)", cfg.text(field.Within("Sink", auth.FieldError())), cfg.scrub(auth.Err))
+			return
+		}
 		c.fail("kafka", "%v; check kafka.brokers, TLS and SASL settings", cfg.scrub(err))
 		return
 	}
