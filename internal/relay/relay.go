@@ -133,8 +133,8 @@ type Relay struct {
 	// bufferSink is the WAL buffer's drain's with exactly-once delivery
 	// (eosbuffer.go); nil at least once, where the drain uses sink.
 	bufferSink Sink
-	m         *metrics.Metrics             // nil records nothing
-	pool      atomic.Pointer[pgxpool.Pool] // set by Run; Ready reads it from any goroutine
+	m          *metrics.Metrics             // nil records nothing
+	pool       atomic.Pointer[pgxpool.Pool] // set by Run; Ready reads it from any goroutine
 
 	// timeouts watches exactly-once transactions that outlive their
 	// timeout, across terms (txntimeout.go); nil at least once.
