@@ -1,7 +1,7 @@
 package relay
 
 // The WAL buffer with exactly-once delivery (docs/wal-buffer.md,
-// docs/exactly-once.md): the bound applies, and what goes through the
+// docs/guarantees.md#exactly-once): the bound applies, and what goes through the
 // buffer is delivered at least once, each message marked with
 // event.HeaderDelivery, as the retry worker's, replay's and a refill's are.
 //
