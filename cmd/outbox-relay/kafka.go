@@ -30,11 +30,16 @@ func newSinks(cfg sink.Config, n int) (sinks []*sink.Kafka, done func(), err err
 	return sinks, done, nil
 }
 
-// newRelay builds the relay of run and recover with its two sinks (the
-// pipeline's and the retry worker's); done closes them once the relay
-// returned.
+// newRelay builds the relay of run and recover with its sinks (the
+// pipeline's and the retry worker's; with exactly-once delivery and a WAL
+// bound also the WAL buffer drain's, non-transactional); done closes them
+// once the relay returned.
 func newRelay(rc relay.Config) (r *relay.Relay, done func(), err error) {
-	ks, done, err := newSinks(rc.Sink, 1)
+	n := 1
+	if rc.Delivery == relay.DeliveryExactlyOnce && rc.MaxRetainedWAL > 0 {
+		n = 2
+	}
+	ks, done, err := newSinks(rc.Sink, n)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -52,7 +57,11 @@ func newRelay(rc relay.Config) (r *relay.Relay, done func(), err error) {
 	ks = append(stream, ks...)
 	rdone := done
 	done = func() { sdone(); rdone() }
-	if r, err = relay.New(rc, relay.Sinks{Stream: ks[0], Retry: ks[1]}); err != nil {
+	sinks := relay.Sinks{Stream: ks[0], Retry: ks[1]}
+	if len(ks) > 2 {
+		sinks.Drain = ks[2]
+	}
+	if r, err = relay.New(rc, sinks); err != nil {
 		done()
 		return nil, nil, err
 	}

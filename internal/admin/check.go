@@ -550,13 +550,20 @@ func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker)
 		c.warn("max_retained_wal", "off, and max_slot_wal_keep_size is unlimited: while Kafka is away the slot keeps every table's WAL until the disk is full; set postgres.max_retained_wal (1GB) and max_slot_wal_keep_size with postgres.on_slot_loss: refill (docs/wal-buffer.md)")
 	case bound == 0:
 		c.warn("max_retained_wal", "off: while Kafka is away the slot keeps WAL up to max_slot_wal_keep_size = %s, then it is invalidated and needs a refill; set postgres.max_retained_wal (1GB) to buffer in Postgres instead (docs/wal-buffer.md)", mb(keepMB<<20))
-	case cfg.ExactlyOnce:
-		c.warn("max_retained_wal", "%s is not applied with delivery: exactly-once: the slot keeps WAL while Kafka is away; set max_slot_wal_keep_size (at least %s) with postgres.on_slot_loss: refill (docs/wal-buffer.md)", mb(bound), mb(recommend))
 	case keepMB < 0:
-		c.warn("max_retained_wal", "%s while the relay runs; max_slot_wal_keep_size is unlimited, so a STOPPED relay's slot keeps WAL until the disk is full: set max_slot_wal_keep_size = '%s' (the bound plus the 2 GB under which OutboxRelaySlotAtRisk fires; at least 2 x the bound and 2 x max_wal_size) with postgres.on_slot_loss: refill (docs/wal-buffer.md)", mb(bound), mb(recommend))
+		c.warn("max_retained_wal", "%s while the relay runs; max_slot_wal_keep_size is unlimited, so a STOPPED relay's slot keeps WAL until the disk is full: set max_slot_wal_keep_size = '%s' (the bound plus the 2 GB under which OutboxRelaySlotAtRisk fires; at least 2 x the bound and 2 x max_wal_size) with postgres.on_slot_loss: refill (docs/wal-buffer.md)%s", mb(bound), mb(recommend), eosNote(cfg))
 	case keepMB<<20 < recommend:
-		c.warn("max_retained_wal", "%s, but max_slot_wal_keep_size = %s may invalidate the slot of a running relay before it buffers (it starts at half the bound, and the slot keeps up to ~15 s of WAL more): raise max_slot_wal_keep_size to at least '%s' or lower postgres.max_retained_wal (docs/wal-buffer.md)", mb(bound), mb(keepMB<<20), mb(recommend))
+		c.warn("max_retained_wal", "%s, but max_slot_wal_keep_size = %s may invalidate the slot of a running relay before it buffers (it starts at half the bound, and the slot keeps up to ~15 s of WAL more): raise max_slot_wal_keep_size to at least '%s' or lower postgres.max_retained_wal (docs/wal-buffer.md)%s", mb(bound), mb(keepMB<<20), mb(recommend), eosNote(cfg))
 	default:
-		c.ok("max_retained_wal", "%s, below max_slot_wal_keep_size = %s: a running relay buffers in Postgres long before its slot could be lost", mb(bound), mb(keepMB<<20))
+		c.ok("max_retained_wal", "%s, below max_slot_wal_keep_size = %s: a running relay buffers in Postgres long before its slot could be lost%s", mb(bound), mb(keepMB<<20), eosNote(cfg))
 	}
+}
+
+// eosNote is what check adds about the WAL buffer with exactly-once
+// delivery: the buffered range is delivered at least once.
+func eosNote(cfg *Config) string {
+	if !cfg.ExactlyOnce || cfg.MaxRetainedWAL == 0 {
+		return ""
+	}
+	return "; with delivery: exactly-once, events that go through the buffer are delivered at least once, marked outbox-relay-delivery: at-least-once (docs/wal-buffer.md)"
 }

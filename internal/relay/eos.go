@@ -57,8 +57,9 @@ import (
 //     deletes the rows parked in a Kafka transaction that never committed
 //     (retry.Store.Unpark): their transactions are read again and parked
 //     again, in order, behind nothing that came after them. The retry
-//     worker, replay and refill write outside transactions: at least once,
-//     and their messages carry event.HeaderDelivery.
+//     worker, replay, refill and the WAL buffer's drain (eosbuffer.go)
+//     write outside transactions: at least once, and their messages carry
+//     event.HeaderDelivery.
 //   - A Kafka transaction holds whole Postgres transactions: it is
 //     committed at the end of each chunk that ends one (chunks are bounded
 //     by TransactionMaxEvents and TransactionMaxBytes), and a Postgres

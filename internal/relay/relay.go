@@ -130,8 +130,11 @@ type Relay struct {
 	routers   []*router.Router // per outbox table (Config.outboxes), validated; each term routes with its own
 	sink      Sink
 	retrySink Sink
-	m         *metrics.Metrics             // nil records nothing
-	pool      atomic.Pointer[pgxpool.Pool] // set by Run; Ready reads it from any goroutine
+	// bufferSink is the WAL buffer's drain's with exactly-once delivery
+	// (eosbuffer.go); nil at least once, where the drain uses sink.
+	bufferSink Sink
+	m          *metrics.Metrics             // nil records nothing
+	pool       atomic.Pointer[pgxpool.Pool] // set by Run; Ready reads it from any goroutine
 
 	// timeouts watches exactly-once transactions that outlive their
 	// timeout, across terms (txntimeout.go); nil at least once.
@@ -156,6 +159,11 @@ type Relay struct {
 type Sinks struct {
 	Stream Sink // the pipeline's, and a refill's
 	Retry  Sink // the retry worker's
+	// Drain is the WAL buffer's drain's with exactly-once delivery
+	// (Config.MaxRetainedWAL): never transactional, it delivers the
+	// buffered range at least once beside the retry worker. Required then;
+	// unused at least once, where the drain writes with Stream.
+	Drain Sink
 }
 
 // An authChecker is a Sink that can tell, before anything streams, whether
@@ -190,11 +198,17 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 	}); !ok && cfg.Delivery == DeliveryExactlyOnce {
 		return nil, errors.New("relay: exactly-once delivery needs a transactional stream sink (sink.Kafka with a TransactionalID)")
 	}
+	if cfg.Delivery == DeliveryExactlyOnce && cfg.MaxRetainedWAL > 0 && sinks.Drain == nil {
+		return nil, errors.New("relay: exactly-once delivery with a WAL bound (MaxRetainedWAL) needs a third, non-transactional sink for the WAL buffer's drain (Sinks.Drain)")
+	}
 	rts, err := cfg.routers()
 	if err != nil {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger, routers: rts, sink: sinks.Stream, retrySink: sinks.Retry, m: cfg.Metrics}
+	if cfg.Delivery == DeliveryExactlyOnce {
+		r.bufferSink = sinks.Drain
+	}
 	if cfg.Delivery == DeliveryExactlyOnce {
 		r.timeouts = newTxnTimeouts(cfg.Sink.TransactionTimeout, r.log)
 	}

@@ -58,11 +58,11 @@ type switchError struct {
 
 func (e *switchError) Error() string { return fmt.Sprintf("switching to %s: %s", e.to, e.why) }
 
-// bufferOn reports whether the bound applies: set, and not exactly-once
-// (whose Kafka transactions carry the checkpoint: the buffer would need one
-// of its own; see docs/wal-buffer.md).
+// bufferOn reports whether the bound applies: set. (With exactly-once
+// delivery too: the buffered range is delivered at least once, see
+// eosbuffer.go.)
 func (r *Relay) bufferOn() bool {
-	return r.cfg.MaxRetainedWAL > 0 && r.cfg.Delivery != DeliveryExactlyOnce
+	return r.cfg.MaxRetainedWAL > 0
 }
 
 // openBuffer returns the slot's buffer store, the table created when
@@ -196,7 +196,7 @@ func (r *Relay) runBuffered(streamCtx, gctx context.Context, pool *pgxpool.Pool,
 			return ignoreCanceled(r.drain(streamCtx, t, false, func() {
 				// Kafka takes what it is handed and little is left: leave
 				// buffering once the buffering time covers a flap.
-				if since, _ := r.sink.Outage(); since.IsZero() && time.Since(t.began) >= minBuffering {
+				if since, _ := r.drainSink().Outage(); since.IsZero() && time.Since(t.began) >= minBuffering {
 					t.leaveBuffering()
 				}
 			}))
@@ -378,10 +378,11 @@ func (t *drainTally) close() {}
 
 // drain delivers the buffer through a writer of its own (the stream's sink,
 // which the term's pipeline does not use meanwhile: a buffering pipeline
-// writes to the buffer, a draining-first one has not started), with the
+// writes to the buffer, a draining-first one has not started; with
+// exactly-once delivery the drain's own, drainSink), with the
 // term's gate and lease. untilEmpty and nearlyEmpty are walbuffer.Drainer.Run's.
 func (r *Relay) drain(ctx context.Context, t *term, untilEmpty bool, nearlyEmpty func()) error {
-	w := &writer{sink: r.sink, gate: t.pipe.gate, fence: t.lease, win: newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes),
+	w := &writer{sink: r.drainSink(), gate: t.pipe.gate, fence: t.lease, win: newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes),
 		health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m, depth: r.cfg.Sink.MaxInFlight, bulk: int(r.cfg.Sink.BatchBytes)}
 	d := &walbuffer.Drainer{Store: t.buffer, PageSize: max(r.cfg.Sink.BatchSize, walbuffer.DefaultPageSize), PageBytes: r.cfg.MaxInFlightBytes / 2,
 		Fence:   t.lease.check,

@@ -69,6 +69,9 @@ type sent struct {
 // id and writes each chunk as eos.deliver does.
 func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 	if r.buffer != nil {
+		if r.eos != nil {
+			r.eos.buffering()
+		}
 		return r.runBuffer(ctx, in, com)
 	}
 	if r.eos != nil {

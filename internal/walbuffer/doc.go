@@ -55,9 +55,11 @@
 // most the in-flight window, as after any restart), and the new term reads
 // the WAL again from the checkpoint into the buffer.
 //
-// Not with exactly-once delivery: there the checkpoint travels in each
-// Kafka transaction, and a buffered range would need a checkpoint of its
-// own and a non-transactional writer; the relay holds the slot as before.
+// With exactly-once delivery the buffered range is delivered at least once
+// (the relay's drain writes outside Kafka transactions and marks each
+// message; internal/relay/eosbuffer.go says why): the exactly-once
+// checkpoint travels in each Kafka transaction, and the buffered range has
+// no checkpoint of its own there.
 //
 // Full copies are stored (topic, key, value, headers, the event's identity
 // and its router failure, if any) rather than pointers to outbox rows: a

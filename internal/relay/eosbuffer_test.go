@@ -1,0 +1,214 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	outboxevent "github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// blockedTxnSink is a transactional stream sink (sink.Kafka with a
+// transactional id) whose broker can be made unreachable with its
+// blockedSink: while blocked, every call that talks to Kafka waits (an
+// abort fails at once: the relay bounds it anyway).
+type blockedTxnSink struct {
+	*blockedSink
+	k *sink.Kafka
+}
+
+func (s *blockedTxnSink) InitTransactions(ctx context.Context) error {
+	if err := s.wait(ctx); err != nil {
+		return err
+	}
+	return s.k.InitTransactions(ctx)
+}
+
+func (s *blockedTxnSink) Commit(ctx context.Context) error {
+	if err := s.wait(ctx); err != nil {
+		return err
+	}
+	return s.k.Commit(ctx)
+}
+
+func (s *blockedTxnSink) Abort(ctx context.Context) error {
+	if since, _ := s.blockedSink.Outage(); !since.IsZero() {
+		return errBlocked
+	}
+	return s.k.Abort(ctx)
+}
+
+func (s *blockedTxnSink) LastCommitted(ctx context.Context, topic string, key []byte) ([]byte, bool, error) {
+	if err := s.wait(ctx); err != nil {
+		return nil, false, err
+	}
+	return s.k.LastCommitted(ctx, topic, key)
+}
+
+func (s *blockedTxnSink) SetTransactionTimeout(d time.Duration) { s.k.SetTransactionTimeout(d) }
+
+func (s *blockedTxnSink) MaxTransactionTimeout(ctx context.Context) (time.Duration, error) {
+	if err := s.wait(ctx); err != nil {
+		return 0, err
+	}
+	return s.k.MaxTransactionTimeout(ctx)
+}
+
+// TestWALBufferExactlyOnce: with exactly-once delivery the WAL bound
+// applies too. With the broker unreachable and other tables writing WAL,
+// the relay buffers and confirms its slot past events Kafka never took;
+// when the broker is back, a read_committed consumer reads every event in
+// per-aggregate commit order; each buffered event's messages carry the
+// outbox-relay-delivery: at-least-once header (the buffered range is
+// delivered at least once), and no message without it is repeated: the
+// events streamed live before and after are read exactly once.
+func TestWALBufferExactlyOnce(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.eosConfig(t)
+	cfg.MaxRetainedWAL = 4 << 20
+	cfg.Metrics = metrics.New()
+	ctx := context.Background()
+	newSink := func(txn bool) *sink.Kafka {
+		scfg := cfg.Sink
+		scfg.Logger = cfg.Logger
+		if txn {
+			scfg.TransactionalID = relay.TransactionalID(cfg.Replication.Slot)
+		}
+		k, err := sink.New(scfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { k.Close() })
+		return k
+	}
+	// Kafka away is both sinks that talk to it while buffering: the
+	// stream's (transactional) and the drain's.
+	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: newSink(true)}}
+	stream.k = stream.Sink.(*sink.Kafka)
+	drain := &blockedSink{Sink: newSink(false)}
+	block := func() { stream.block(); drain.block() }
+	unblock := func() { stream.unblock(); drain.unblock() }
+	if _, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false)}); err == nil {
+		t.Errorf("relay.New with exactly-once, a WAL bound and no drain sink = nil error; want one naming Sinks.Drain")
+	}
+	r, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false), Drain: drain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("relay did not stop within 60s of cancel")
+		}
+	})
+	live := map[string]bool{} // streamed live: exactly once, unmarked
+	insertLive := func(n int) {
+		evs := f.makeEvents(n)
+		for _, e := range evs {
+			live[e.ID] = true
+		}
+		f.insertTx(t, evs)
+	}
+
+	insertLive(20)
+	f.waitCommitted(t, 20, time.Minute)
+
+	block()
+	buffered := map[string]bool{} // read while Kafka was away: through the buffer
+	f.pg.Exec(t, `CREATE TABLE walbuf_noise (b bytea)`)
+	for i := range 30 {
+		evs := f.makeEvents(10)
+		for _, e := range evs {
+			buffered[e.ID] = true
+		}
+		f.insertTx(t, evs)
+		// About 1 MB of WAL that compresses badly.
+		f.pg.Exec(t, `INSERT INTO walbuf_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 2000) g, generate_series(1, 30) h GROUP BY g`)
+		if i%10 == 9 {
+			time.Sleep(time.Second)
+		}
+	}
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], 60*time.Second)
+	var held int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held == 0 {
+		t.Fatalf("the slot was confirmed past undelivered events, but the WAL buffer holds none of them")
+	}
+	t.Logf("confirmed past %s with Kafka blocked; %d events in the buffer", ends[len(ends)-1], held)
+
+	// Back: events keep coming while the buffer drains (to the buffer, or
+	// live once the relay left buffering).
+	unblock()
+	for deadline := time.Now().Add(90 * time.Second); ; {
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		if held == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the WAL buffer still holds %d events 90s after Kafka came back", held)
+		}
+		f.insertTx(t, f.makeEvents(2))
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Live again (no longer buffering, the buffer drained): these are
+	// written in Kafka transactions.
+	waitFor(t, 90*time.Second, "the relay streaming live again", func() (bool, string) {
+		return gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active") == 0, "outbox_relay_wal_buffer_active is 1"
+	})
+	insertLive(10)
+	var got []delivered
+	waitFor(t, 90*time.Second, "every outbox row read_committed", func() (bool, string) {
+		got = f.readCommitted(t)
+		rep := f.check(t, got)
+		return rep.lost == 0, rep.firstProblem
+	})
+	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
+		t.Fatalf("read_committed: lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	unmarked := map[string]int{}
+	dups := 0
+	seen := map[string]bool{}
+	for _, d := range got {
+		id := d.Headers["id"]
+		if seen[id] {
+			dups++
+		}
+		seen[id] = true
+		mark, ok := d.Headers[outboxevent.HeaderDelivery]
+		switch {
+		case buffered[id] && mark != outboxevent.DeliveryAtLeastOnce:
+			t.Errorf("buffered event %s read with %s = %q (present %v); want %q", id, outboxevent.HeaderDelivery, mark, ok, outboxevent.DeliveryAtLeastOnce)
+		case live[id] && ok:
+			t.Errorf("event %s streamed live read with %s = %q; want no such header", id, outboxevent.HeaderDelivery, mark)
+		case ok && mark != outboxevent.DeliveryAtLeastOnce:
+			t.Errorf("event %s: %s = %q; want %q or none", id, outboxevent.HeaderDelivery, mark, outboxevent.DeliveryAtLeastOnce)
+		}
+		if !ok {
+			unmarked[id]++
+		}
+	}
+	for id, n := range unmarked {
+		if n > 1 {
+			t.Errorf("event %s read %d times without %s: only a message marked at least once may repeat", id, n, outboxevent.HeaderDelivery)
+		}
+	}
+	for id := range live {
+		if unmarked[id] != 1 {
+			t.Errorf("event %s streamed live read %d times unmarked; want exactly once", id, unmarked[id])
+		}
+	}
+	t.Logf("%d messages read_committed, %d duplicates (all marked), %d buffered events", len(got), dups, len(buffered))
+}
