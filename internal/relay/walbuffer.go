@@ -353,6 +353,7 @@ func drainChunk(page []walbuffer.Entry, evs []event.Event) *chunk {
 	for i := range page {
 		e := &page[i]
 		c.bytes += e.Size()
+		c.rows++
 		if e.Failure != "" {
 			c.fails = append(c.fails, routeFailure{before: len(c.evs), ev: e.Event,
 				err: &router.RouteError{EventID: e.Event.ID, Reason: e.Failure}})
@@ -415,7 +416,7 @@ func (r *Relay) drain(ctx context.Context, t *term, untilEmpty bool, nearlyEmpty
 	}()
 	d.Send = func(ctx context.Context, page []walbuffer.Entry) error {
 		c := drainChunk(page, w.win.spareEvents())
-		if err := w.win.take(ctx, 0, c.bytes, false); err != nil {
+		if err := w.win.take(ctx, 0, c.windowBytes(), false); err != nil {
 			return err
 		}
 		tally.mu.Lock()
