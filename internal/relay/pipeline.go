@@ -190,7 +190,8 @@ func (p *pipeline) run(ctx context.Context, g *errgroup.Group, stop <-chan struc
 // and what their acknowledgement allows to confirm.
 type chunk struct {
 	evs   []event.Event // routed events, to write
-	bytes int           // window bytes held by these events
+	bytes int           // their rows' bytes (row.Size)
+	rows  int           // rows read into the chunk, each charged eventOverhead in the window
 
 	endLSN     pglogrepl.LSN // end of the last transaction completed in this chunk, 0 if none
 	commitTime time.Time     // its commit time
@@ -215,6 +216,9 @@ func (c *chunk) addCommit(lsn pglogrepl.LSN, at time.Time) {
 	}
 	c.commits = append(c.commits, commitRun{at: at, lsn: lsn, n: 1})
 }
+
+// windowBytes is what the chunk holds of the window's bytes.
+func (c *chunk) windowBytes() int { return c.bytes + c.rows*eventOverhead }
 
 func (c *chunk) empty() bool {
 	return len(c.evs) == 0 && len(c.fails) == 0 && c.endLSN == 0 && c.covered+c.trailing == 0

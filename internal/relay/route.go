@@ -129,12 +129,13 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 			}
 		}
 
-		if !r.win.tryTake(len(b.Rows), b.Bytes, inTxn) {
+		charge := b.Bytes + len(b.Rows)*eventOverhead
+		if !r.win.tryTake(len(b.Rows), charge, inTxn) {
 			// What we hold counts against the window: hand it on before waiting.
 			if err := flush(); err != nil {
 				return err
 			}
-			if err := r.win.take(ctx, len(b.Rows), b.Bytes, inTxn); err != nil {
+			if err := r.win.take(ctx, len(b.Rows), charge, inTxn); err != nil {
 				return err
 			}
 		}
@@ -145,6 +146,7 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 			row := &b.Rows[i]
 			cur.trailing++
 			cur.bytes += row.Size()
+			cur.rows++
 			txnRow++
 			var m router.Message
 			var err error

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -341,11 +342,18 @@ func bufferEntries(c *chunk) []walbuffer.Entry {
 }
 
 // drainChunk is a page of the buffer as the writer takes it: router
-// failures back in their places.
-func drainChunk(page []walbuffer.Entry) *chunk {
-	c := &chunk{}
+// failures back in their places, its events in evs (a buffer the writer
+// recycled, or nil), its bytes the page's stored copies, which the drain
+// holds in its window until the writer is done with it.
+func drainChunk(page []walbuffer.Entry, evs []event.Event) *chunk {
+	if evs == nil {
+		evs = make([]event.Event, 0, len(page))
+	}
+	c := &chunk{evs: evs}
 	for i := range page {
 		e := &page[i]
+		c.bytes += e.Size()
+		c.rows++
 		if e.Failure != "" {
 			c.fails = append(c.fails, routeFailure{before: len(c.evs), ev: e.Event,
 				err: &router.RouteError{EventID: e.Event.ID, Reason: e.Failure}})
@@ -384,7 +392,14 @@ func (t *drainTally) close() {}
 func (r *Relay) drain(ctx context.Context, t *term, untilEmpty bool, nearlyEmpty func()) error {
 	w := &writer{sink: r.drainSink(), gate: t.pipe.gate, fence: t.lease, win: newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes),
 		health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m, depth: r.cfg.Sink.MaxInFlight, bulk: int(r.cfg.Sink.BatchBytes)}
-	d := &walbuffer.Drainer{Store: t.buffer, PageSize: max(r.cfg.Sink.BatchSize, walbuffer.DefaultPageSize), PageBytes: r.cfg.MaxInFlightBytes / 2,
+	// The drain's memory is bounded as the pipeline's: pages of at most
+	// DefaultPageSize rows and half the window, the writer holding at most
+	// the window's bytes of them (taken in Send, given back when done).
+	// Pages of kafka.batch_size rows (10,000 at the defaults), with the
+	// writer's queue unbounded by bytes, held ~40 MB of events beside the
+	// buffering pipeline's window (issue 34: 119 MiB RSS against the bound
+	// of 80 MiB).
+	d := &walbuffer.Drainer{Store: t.buffer, PageSize: walbuffer.DefaultPageSize, PageBytes: r.cfg.MaxInFlightBytes / 2,
 		Fence:   t.lease.check,
 		Deleted: func(n int64) { r.m.Drained(int(n)) },
 		Failed:  func(err error) { r.log.Warn("WAL buffer: read or delete failed; trying again", "err", err) }}
@@ -401,7 +416,10 @@ func (r *Relay) drain(ctx context.Context, t *term, untilEmpty bool, nearlyEmpty
 		cancel() // a writer that failed ends the drain
 	}()
 	d.Send = func(ctx context.Context, page []walbuffer.Entry) error {
-		c := drainChunk(page)
+		c := drainChunk(page, w.win.spareEvents())
+		if err := w.win.take(ctx, 0, c.windowBytes(), false); err != nil {
+			return err
+		}
 		tally.mu.Lock()
 		tally.at[c] = page[len(page)-1].Key()
 		tally.mu.Unlock()

@@ -35,6 +35,16 @@ type window struct {
 	spare chan []event.Event
 }
 
+// eventOverhead is what the window's bytes count for each row beside its
+// bytes: what the relay holds of an event besides its columns (its 280-byte
+// envelope, its headers and strings, its retry row when it is diverted).
+// Without it, small events made the byte window a count of tens of
+// thousands of events: 200,000 rows of ~100 bytes in one transaction (where
+// the event limit does not apply) held ~80,000 events, ~40 MB beside the
+// window (issue 34: the relay at or over its memory bound of 80 MiB while
+// 100,000 aggregates were parked).
+const eventOverhead = 512
+
 func newWindow(maxEvents, maxBytes int) *window {
 	return &window{maxEvents: maxEvents, maxBytes: maxBytes, changed: make(chan struct{}),
 		spare: make(chan []event.Event, 2)}

@@ -257,7 +257,7 @@ func (r *writer) finish(ctx context.Context, s *sent, com acker) error {
 
 // done hands a chunk whose events are all acknowledged or stored to com.
 func (r *writer) done(c *chunk, send []event.Event, parked int, com acker) {
-	r.win.giveBytes(c.bytes)
+	r.win.giveBytes(c.windowBytes())
 	com.ack(c)
 	r.health.progress()
 	if r.m != nil && len(send) > 0 {

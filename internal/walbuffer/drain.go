@@ -143,7 +143,7 @@ func (d *Drainer) Run(ctx context.Context, untilEmpty bool, nearlyEmpty func()) 
 func pageBytes(page []Entry) int {
 	n := 0
 	for i := range page {
-		n += len(page[i].Event.Value) + len(page[i].Event.Key)
+		n += page[i].Size()
 	}
 	return n
 }

@@ -54,6 +54,10 @@ type Entry struct {
 	Failure string
 }
 
+// Size is what e counts against a page's byte bound: the bytes of its
+// event's key and value, as Page and the relay's window count them.
+func (e *Entry) Size() int { return len(e.Event.Value) + len(e.Event.Key) }
+
 // Key is where e's event is in the WAL.
 func (e *Entry) Key() Key { return Key{LSN: e.Event.CommitLSN, Pos: e.Event.Pos} }
 
@@ -106,26 +110,44 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // Append stores entries. It is durable when it returns nil; an entry whose
 // key is stored already is left as it is (a transaction read again).
+//
+// It writes AppendPage entries per statement, each encoded just before its
+// statement: a chunk of 10,000 events in one statement held its encoded
+// copies twice over (ours and pgx's parameters), ~11 MB at once beside the
+// pipeline's window (issue 34, the relay over its memory bound while it
+// buffered). The statements commit one by one, in key order: one that
+// fails leaves the earlier ones stored, and the caller's retry (or the next
+// term's reading the transaction again) stores them again as no-ops; a
+// Drainer reading meanwhile sees a prefix in key order, as it would of a
+// later Append.
 func (s *Store) Append(ctx context.Context, entries []Entry) error {
-	if len(entries) == 0 {
-		return nil
-	}
-	lsns, pos, docs := make([]string, len(entries)), make([]int32, len(entries)), make([][]byte, len(entries))
 	for i := range entries {
-		e := &entries[i]
-		if e.Event.CommitLSN == 0 {
-			return fmt.Errorf("wal buffer: event %q has no commit LSN", e.Event.ID)
+		if entries[i].Event.CommitLSN == 0 {
+			return fmt.Errorf("wal buffer: event %q has no commit LSN", entries[i].Event.ID)
 		}
-		lsns[i], pos[i], docs[i] = e.Event.CommitLSN.String(), int32(e.Event.Pos), encode(e)
 	}
-	_, err := s.db.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot_name, commit_lsn, pos, event)
+	n := min(len(entries), AppendPage)
+	lsns, pos, docs := make([]string, n), make([]int32, n), make([][]byte, n)
+	for done := 0; done < len(entries); done += n {
+		page := entries[done:min(done+n, len(entries))]
+		lsns, pos, docs = lsns[:len(page)], pos[:len(page)], docs[:len(page)]
+		for i := range page {
+			e := &page[i]
+			lsns[i], pos[i], docs[i] = e.Event.CommitLSN.String(), int32(e.Event.Pos), encode(e)
+		}
+		_, err := s.db.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot_name, commit_lsn, pos, event)
 SELECT $1, l::pg_lsn, p, e FROM unnest($2::text[], $3::int[], $4::bytea[]) AS u(l, p, e)
 ON CONFLICT DO NOTHING`, s.t.Quoted()), s.slot, lsns, pos, docs)
-	if err != nil {
-		return fmt.Errorf("append %d events to the wal buffer %s: %w", len(entries), s.t, err)
+		clear(docs) // the encoded copies go with their statement
+		if err != nil {
+			return fmt.Errorf("append %d events to the wal buffer %s: %w", len(entries), s.t, err)
+		}
 	}
 	return nil
 }
+
+// AppendPage is the most entries Append writes with one statement.
+const AppendPage = 1000
 
 // Page returns up to limit entries after key after, in key order, and
 // stops early once they hold maxBytes of stored copies (0: no limit; the
@@ -139,7 +161,7 @@ ORDER BY slot_name, commit_lsn, pos LIMIT $4`, s.t.Quoted()), s.slot, after.LSN.
 		return nil, fmt.Errorf("read the wal buffer %s: %w", s.t, err)
 	}
 	defer rows.Close()
-	var out []Entry
+	out := make([]Entry, 0, min(limit, DefaultPageSize))
 	size := 0
 	for rows.Next() {
 		if maxBytes > 0 && size >= maxBytes {

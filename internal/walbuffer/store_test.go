@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -137,6 +138,43 @@ func TestStore(t *testing.T) {
 	missing, _ := NewStore(pg.Pool(t), sql.Table{Name: "no_such_buffer"}, "a")
 	if st, err := missing.Stats(ctx); err != nil || st.Events != 0 {
 		t.Errorf("Stats of a missing table = %+v, %v; want nothing, no error", st, err)
+	}
+}
+
+// TestAppendPages: an Append larger than one statement's page stores every
+// entry whole, in key order, and again as a no-op (a transaction read
+// again); an entry without a commit LSN refuses the whole Append before
+// anything is stored.
+func TestAppendPages(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newStore(t, "pages")
+	in := make([]Entry, 2*AppendPage+1)
+	for i := range in {
+		in[i] = sample(pglogrepl.LSN(0x100+i/7), i%7)
+	}
+	bad := append(slices.Clone(in[:AppendPage+1]), Entry{Event: event.Event{ID: "no-lsn", Pos: 1}})
+	if err := s.Append(ctx, bad); err == nil {
+		t.Fatal("Append with an entry without a commit LSN = nil error; want one")
+	}
+	if any, _ := s.Any(ctx); any {
+		t.Fatal("an Append refused for an entry without a commit LSN stored some of the others")
+	}
+	for range 2 {
+		if err := s.Append(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Page(ctx, Key{}, len(in)+10, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(in) {
+		t.Fatalf("Page = %d entries after appending %d twice; want %d", len(got), len(in), len(in))
+	}
+	for i := range in {
+		if !reflect.DeepEqual(got[i], in[i]) {
+			t.Fatalf("entry %d = %+v; want %+v", i, got[i], in[i])
+		}
 	}
 }
 
