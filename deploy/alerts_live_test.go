@@ -844,3 +844,41 @@ func (s *alertSlot) queryRow(sql string, args []any, dest ...any) error {
 	defer conn.Close(context.Background())
 	return conn.QueryRow(ctx, sql, args...).Scan(dest...)
 }
+
+// TestAlertsBuffering: with Kafka unreachable and other tables writing WAL
+// past postgres.max_retained_wal (4 MB here), the relay buffers what it reads
+// in its WAL buffer table (issue 35) and OutboxRelayBuffering fires once the
+// oldest buffered event is older than the threshold (900 s shipped, 1 s in
+// the test's copy).
+func TestAlertsBuffering(t *testing.T) {
+	t.Parallel()
+	rules, names := rulesCopy(t, override{"OutboxRelayBuffering", "> 900", "> 1"})
+	s := newAlertSlot(t)
+	r := s.newAlertRelay(t, "r", "RELAY_KAFKA_BROKERS="+freeAddr(t), "RELAY_POSTGRES_MAX_RETAINED_WAL=4MB")
+	p := startPrometheus(t, rules, len(names), r.addr)
+	r.start(t)
+	r.waitMetric(t, "outbox_relay_active", "1")
+	p.waitSeen(t, fmt.Sprintf(`outbox_relay_wal_buffer_active{instance=%q}`, r.addr), "0")
+	s.insert(t, "order", 50, 100)
+	s.pg.Exec(t, `CREATE TABLE walbuf_noise (b bytea)`)
+	for range 10 {
+		// About 1 MB of WAL that compresses badly, in a table the relay does not read.
+		s.pg.Exec(t, `INSERT INTO walbuf_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 2000) g, generate_series(1, 30) h GROUP BY g`)
+	}
+	s.insert(t, "order", 50, 100)
+	// The relay decides to buffer on its next look at the slot (every few
+	// seconds while delivery is blocked), then leads again from the checkpoint.
+	waitFor(t, 90*time.Second, "the relay buffering", func() error {
+		if got := r.metric("outbox_relay_wal_buffer_active"); got != "1" {
+			return fmt.Errorf("outbox_relay_wal_buffer_active = %q", got)
+		}
+		return nil
+	})
+	// The gauge of the oldest buffered event's age is sampled with the rest.
+	buffering := time.Now()
+	p.waitFiring(t, "OutboxRelayBuffering", r.addr, buffering, 10*time.Second)
+	var held int
+	if err := s.queryRow(`SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, []any{s.slot}, &held); err != nil || held == 0 {
+		t.Errorf("OutboxRelayBuffering fired; the buffer table holds %d events of the slot (%v), want them all", held, err)
+	}
+}
