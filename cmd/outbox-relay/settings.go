@@ -311,7 +311,7 @@ var settings = []setting{
 		doc:   `events read but not yet covered by a saved checkpoint: what a crash can resend (plus the transaction being read); 1 to 10,000,000`,
 		field: func(c *config) any { return &c.MaxInFlightEvents }},
 	{key: "pipeline.max_in_flight_bytes", def: strconv.Itoa(relay.DefaultMaxInFlightBytes), kind: integer,
-		doc:   "payload bytes read but not yet acknowledged by Kafka: bounds memory; the Go heap gets a soft limit of 32 MiB + 2 × this unless `GOMEMLIMIT` is set; 65536 (64 KiB) to 17179869184 (16 GiB)",
+		doc:   "payload bytes read but not yet acknowledged by Kafka, each event counting 512 bytes more for what the relay holds of it besides: bounds memory; the Go heap gets a soft limit of 32 MiB + 2 × this unless `GOMEMLIMIT` is set; 65536 (64 KiB) to 17179869184 (16 GiB)",
 		field: func(c *config) any { return &c.MaxInFlightBytes }},
 	{key: "pipeline.max_procs", def: "1", kind: integer,
 		doc:   "CPUs that run the relay's Go code at once (Go's `GOMAXPROCS`, which wins when set); `0`: one per CPU, Go's default. One is enough: one slot's walsender delivers less than one core of the relay can handle, and beside Postgres and Kafka a second one made the relay slower and dearer, spinning and waking threads (on the 2-core bench: 16.9 → 11.3 CPU-s per million one-event transactions and 40,426 → 55,925 events/s drained, [Performance](performance.md#where-the-time-goes)); 0 to 1024",

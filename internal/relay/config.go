@@ -160,7 +160,7 @@ type Config struct {
 	Retention retention.Config
 
 	MaxInFlightEvents int // default 50000: events read but not yet covered by a saved checkpoint
-	MaxInFlightBytes  int // default 8 MiB: payload bytes read but not yet acknowledged by Kafka
+	MaxInFlightBytes  int // default 8 MiB: payload bytes read but not yet acknowledged by Kafka, plus 512 per event
 
 	// StartLSN, when set, moves the start forward past the saved checkpoint and
 	// the slot's position (operator's --start-lsn). Moving backwards behind the
