@@ -98,17 +98,7 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Errorf("relay did not stop within 60s of cancel")
-		}
-	})
+	runRelay(t, r)
 	live := map[string]bool{} // streamed live: exactly once, unmarked
 	insertLive := func(n int) {
 		evs := f.makeEvents(n)
@@ -123,15 +113,13 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 
 	block()
 	buffered := map[string]bool{} // read while Kafka was away: through the buffer
-	f.pg.Exec(t, `CREATE TABLE walbuf_noise (b bytea)`)
 	for i := range 30 {
 		evs := f.makeEvents(10)
 		for _, e := range evs {
 			buffered[e.ID] = true
 		}
 		f.insertTx(t, evs)
-		// About 1 MB of WAL that compresses badly.
-		f.pg.Exec(t, `INSERT INTO walbuf_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 2000) g, generate_series(1, 30) h GROUP BY g`)
+		f.noiseWAL(t, 1)
 		if i%10 == 9 {
 			time.Sleep(time.Second)
 		}

@@ -144,6 +144,11 @@ func (f *fixture) start(t testing.TB, cfg relay.Config) *running {
 	if err != nil {
 		t.Fatalf("relay.New: %v", err)
 	}
+	return runRelay(t, r)
+}
+
+// runRelay runs r until the test ends (or stop).
+func runRelay(t testing.TB, r *relay.Relay) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &running{cancel: cancel, done: make(chan error, 1)}
 	go func() { run.done <- r.Run(ctx) }()
@@ -156,6 +161,16 @@ func (f *fixture) start(t testing.TB, cfg relay.Config) *running {
 		}
 	})
 	return run
+}
+
+// noiseWAL writes about n MB of WAL that compresses badly into a table the
+// relay does not read, for the WAL bound.
+func (f *fixture) noiseWAL(t testing.TB, n int) {
+	t.Helper()
+	f.pg.Exec(t, `CREATE TABLE IF NOT EXISTS walbuf_noise (b bytea)`)
+	for range n {
+		f.pg.Exec(t, `INSERT INTO walbuf_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 2000) g, generate_series(1, 30) h GROUP BY g`)
+	}
 }
 
 // stop cancels the relay and requires a clean shutdown.

@@ -134,28 +134,16 @@ func TestWALBuffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Errorf("relay did not stop within 60s of cancel")
-		}
-	})
+	runRelay(t, r)
 
 	// Live first.
 	f.insertTx(t, f.makeEvents(20))
 	f.waitCount(t, 20, 30*time.Second)
 
 	bs.block()
-	f.pg.Exec(t, `CREATE TABLE walbuf_noise (b bytea)`)
 	for i := range 30 {
 		f.insertTx(t, f.makeEvents(10))
-		// About 1 MB of WAL that compresses badly.
-		f.pg.Exec(t, `INSERT INTO walbuf_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 2000) g, generate_series(1, 30) h GROUP BY g`)
+		f.noiseWAL(t, 1)
 		if i%10 == 9 {
 			time.Sleep(time.Second)
 		}
