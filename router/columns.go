@@ -212,7 +212,7 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 	p.payloadBytea = p.payloadType.oid == byteaOID
 	p.keyType = r.colTypeOf(rel.Columns[p.aggregateID])
 	if p.timestamp >= 0 {
-		p.timestampType = rel.Columns[p.timestamp].TypeOID
+		p.timestampType = r.colTypeOf(rel.Columns[p.timestamp]).oid
 	}
 	for _, f := range r.fields {
 		i, err := find(f.Column, "")
@@ -253,8 +253,8 @@ type BaseType struct {
 // domain's OID), read from the catalog (placement.BaseTypes) at start-up.
 // pgoutput names a column's type by its own OID, a domain's too; Debezium
 // writes a domain's value as its base type's, and so does the router for
-// the domains it knows. A domain created after start-up is written as its
-// text until the next start.
+// the domains it knows. The relay tells it again when a relation names a
+// type it has not been told of (a domain created while it runs).
 func (r *Router) SetBaseTypes(bases map[uint32]BaseType) {
 	r.bases = bases
 	r.rel = nil // resolve the columns again

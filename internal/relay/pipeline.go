@@ -118,6 +118,10 @@ type ends struct {
 	// buffer, when set, takes the chunks instead of the sink: a
 	// buffering term's (walbuffer.go).
 	buffer *walbuffer.Store
+	// domains reads the database's domains again (a domain created while
+	// the term runs); bases is what the routers were told at its start.
+	domains func(context.Context) (map[uint32]router.BaseType, error)
+	bases   map[uint32]router.BaseType
 }
 
 // newPipeline wires a pipeline that starts after start (the position the
@@ -136,15 +140,20 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 			tables: sources(cfg, e), win: win,
 			maxMsgs: maxMsgs, maxBytes: maxBytes,
 			log: cfg.Logger, m: cfg.Metrics,
-			msgM:       cfg.Metrics.Table(messagesLabel(cfg.Replication.MessagePrefixes)),
-			readTables: cfg.readsTable(),
-			outboxOf:   make(map[*replication.Relation]int),
-			received:   make([]int, len(e.routers)),
+			msgM:        cfg.Metrics.Table(messagesLabel(cfg.Replication.MessagePrefixes)),
+			readTables:  cfg.readsTable(),
+			outboxOf:    make(map[*replication.Relation]int),
+			readDomains: e.domains,
+			knownTypes:  make(map[uint32]bool, len(e.bases)),
+			received:    make([]int, len(e.routers)),
 		},
 		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans,
 			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes), eos: e.eos},
 		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate: e.gate, win: win, health: h, hist: hist,
+	}
+	for oid := range e.bases {
+		p.route.knownTypes[oid] = true
 	}
 	if e.buffer != nil {
 		p.writer.buffer = e.buffer

@@ -32,9 +32,13 @@ type routeStage struct {
 	// it every insert the publication delivers stops the relay.
 	readTables bool
 
-	outboxOf       map[*replication.Relation]int // index in tables; -1: not an outbox
-	received       []int                         // per table, of the batch being routed
-	partitionNamed bool                          // logged that partitions arrive under their own names
+	outboxOf map[*replication.Relation]int // index in tables; -1: not an outbox
+	// readDomains reads the database's domains (placement.BaseTypes);
+	// knownTypes are the user-defined types the routers were told of.
+	readDomains    func(context.Context) (map[uint32]router.BaseType, error)
+	knownTypes     map[uint32]bool
+	received       []int // per table, of the batch being routed
+	partitionNamed bool  // logged that partitions arrive under their own names
 	lastBadHeaders time.Time
 	lastBadTrace   time.Time
 }
@@ -226,6 +230,61 @@ func (r *routeStage) outbox(ctx context.Context, rel *replication.Relation) (int
 	if t, ok := r.outboxOf[rel]; ok {
 		return t, nil
 	}
+	t, err := r.place(ctx, rel)
+	if err == nil && t >= 0 {
+		err = r.domains(ctx, rel)
+	}
+	return t, err
+}
+
+// firstUserOID is Postgres's FirstNormalObjectId: types below it are
+// built in, never domains the database made.
+const firstUserOID = 16384
+
+// domains reads the database's domains again when an outbox relation has a
+// column of a user-defined type the routers have not been told of. The
+// routers render a domain as its base type, as Debezium does, from the
+// catalog read at the term's start; a domain created while the relay runs
+// (pgoutput announces the relation again once a column takes it) would
+// otherwise be written as its text until the next term. Each type is asked
+// about once a term, domain or not (an enum is not a domain).
+func (r *routeStage) domains(ctx context.Context, rel *replication.Relation) error {
+	if r.readDomains == nil {
+		return nil
+	}
+	fresh := false
+	for _, c := range rel.Columns {
+		if c.TypeOID >= firstUserOID && !r.knownTypes[c.TypeOID] {
+			fresh = true
+		}
+	}
+	if !fresh {
+		return nil
+	}
+	var bases map[uint32]router.BaseType
+	if err := retryIf(ctx, r.log, "read the database's domains", unreachable, func() error {
+		var err error
+		bases, err = r.readDomains(ctx)
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, c := range rel.Columns {
+		if c.TypeOID >= firstUserOID {
+			r.knownTypes[c.TypeOID] = true
+		}
+	}
+	for oid := range bases {
+		r.knownTypes[oid] = true
+	}
+	for _, s := range r.tables {
+		s.router.SetBaseTypes(bases)
+	}
+	return nil
+}
+
+// place asks which outbox table inserts under rel belong to, for outbox.
+func (r *routeStage) place(ctx context.Context, rel *replication.Relation) (int, error) {
 	if !r.readTables {
 		// Whether the table's inserts are events too (a table outbox
 		// being moved to messages) or the publication covers a table by

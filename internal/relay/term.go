@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router"
 )
 
 // A term is one term of leadership: everything that lives from taking the
@@ -86,6 +87,9 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	t.pipe = newPipeline(r.cfg, ends{
 		routers: rts, placers: o.placers, sink: r.sink, gate: o.gate,
 		fence: t.lease, saver: t.lease, stream: t.stream, history: o.store, eos: x, buffer: t.appendTo(),
+		bases: bases, domains: func(ctx context.Context) (map[uint32]router.BaseType, error) {
+			return placement.BaseTypes(ctx, pool)
+		},
 	}, o.start)
 	var committed func() pglogrepl.LSN
 	if x != nil {
