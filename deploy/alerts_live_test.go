@@ -398,7 +398,12 @@ type alertSlot struct {
 
 func newAlertSlot(t *testing.T, extra ...string) *alertSlot {
 	t.Helper()
-	pg := testenv.Postgres(t)
+	return newAlertSlotOn(t, testenv.Postgres(t), extra...)
+}
+
+// newAlertSlotOn is newAlertSlot in the database pg (of a private server).
+func newAlertSlotOn(t *testing.T, pg *testenv.PG, extra ...string) *alertSlot {
+	t.Helper()
 	kafka := testenv.Kafka(t)
 	s := &alertSlot{pg: pg, slot: testenv.UniqueName(t, "alerts"), prefix: testenv.UniqueName(t, "alerts"), bin: testenv.RelayBinary(t)}
 	s.env = append([]string{

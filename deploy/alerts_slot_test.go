@@ -1,0 +1,104 @@
+package deploy
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// privateSlotServer is a Postgres 15 server of the test's own (the shared dev
+// server's max_slot_wal_keep_size must not change: other packages' slots live
+// there), with 1 MB WAL segments so that a few megabytes of WAL fill and
+// remove segments, no wal_keep_size (which would keep WAL the slot lost), and
+// no checkpoint but the test's own (max_wal_size and checkpoint_timeout far
+// away), so that the slot is invalidated when the test says.
+func privateSlotServer(t *testing.T) *testenv.Node {
+	t.Helper()
+	prometheusBinary(t) // skip before making a server the test cannot use
+	return testenv.NewServer(t, 15, testenv.ServerOptions{WALSegmentMB: 1, Conf: `wal_keep_size = 0
+min_wal_size = 4MB
+max_wal_size = 1GB
+checkpoint_timeout = 1h
+`})
+}
+
+// noiseWAL writes about mb MB of WAL that compresses badly into a table the
+// relay does not read.
+func (s *alertSlot) noiseWAL(t *testing.T, mb int) {
+	t.Helper()
+	s.pg.Exec(t, `CREATE TABLE IF NOT EXISTS wal_noise (b bytea)`)
+	for range mb {
+		s.pg.Exec(t, `INSERT INTO wal_noise SELECT decode(string_agg(md5(random()::text), ''), 'hex') FROM generate_series(1, 2000) g, generate_series(1, 30) h GROUP BY g`)
+	}
+}
+
+// privateExec runs sql on the private server of srv as its superuser, over
+// srv's own DSN: never testenv.SuperuserConn, which prefers the shared dev
+// server's superuser, whose cluster-wide settings must not change.
+func privateExec(t *testing.T, srv *testenv.Node, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, srv.DSN(""))
+	if err != nil {
+		t.Fatalf("connect to the private server: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// TestAlertsSlotAtRiskThenLost: a relay that cannot deliver (Kafka
+// unreachable) with the WAL bound off holds its slot while other tables write
+// WAL, on a private server whose max_slot_wal_keep_size is set to 8 MB while
+// it runs (a SIGHUP setting). OutboxRelaySlotAtRisk fires once less than 4 MB
+// can be written before the slot may be lost (the shipped 2 GB lowered to
+// 4 MB in the test's copy: the test writes megabytes, not gigabytes), and the
+// slot's WAL then becomes unreserved; a CHECKPOINT removes that WAL and
+// invalidates the slot (wal_status lost): OutboxRelaySlotLost fires.
+func TestAlertsSlotAtRiskThenLost(t *testing.T) {
+	t.Parallel()
+	rules, names := rulesCopy(t, override{"OutboxRelaySlotAtRisk", "< 2e9", "< 4e6"})
+	srv := privateSlotServer(t)
+	s := newAlertSlotOn(t, &testenv.PG{DSN: srv.DSN(""), AdminDSN: srv.DSN("postgres")}, "RELAY_POSTGRES_MAX_RETAINED_WAL=off")
+	r := s.newAlertRelay(t, "r", "RELAY_KAFKA_BROKERS="+freeAddr(t))
+	p := startPrometheus(t, rules, len(names), r.addr)
+	r.start(t)
+	r.waitMetric(t, "outbox_relay_active", "1")
+	// Undeliverable: the slot's position stays before them.
+	s.insert(t, "order", 10, 100)
+	privateExec(t, srv, `ALTER SYSTEM SET max_slot_wal_keep_size = '8MB'`)
+	privateExec(t, srv, `SELECT pg_reload_conf()`)
+	p.waitSeen(t, `outbox_relay_slot_safe_wal_size_bytes > bool 4e6`, "1")
+	p.waitSeen(t, `outbox_relay_slot_wal_status{status="reserved"}`, "1")
+	for _, a := range p.alerts(t) {
+		if n := a.Labels["alertname"]; n == "OutboxRelaySlotAtRisk" || n == "OutboxRelaySlotLost" {
+			t.Fatalf("more than 4 MB left before the slot may be lost: %s; want it silent", a)
+		}
+	}
+
+	s.noiseWAL(t, 6)
+	written := time.Now()
+	// The slot is sampled every 10 s.
+	const settle = 12 * time.Second
+	p.waitFiring(t, "OutboxRelaySlotAtRisk", r.addr, written, settle)
+	if f, ok := p.firing(t, "OutboxRelaySlotLost", ""); ok {
+		t.Fatalf("the slot is at risk, not lost: %s", f)
+	}
+	s.noiseWAL(t, 6)
+	p.waitSeen(t, `outbox_relay_slot_wal_status{status="unreserved"}`, "1")
+
+	privateExec(t, srv, `CHECKPOINT`)
+	lost := time.Now()
+	var status string
+	if err := s.queryRow(`SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, []any{s.slot}, &status); err != nil || status != "lost" {
+		t.Fatalf("after CHECKPOINT the slot's wal_status is %q (%v); want lost", status, err)
+	}
+	p.waitFiring(t, "OutboxRelaySlotLost", "", lost, settle)
+	t.Logf("relay log (tail):\n%s", tail(r.log.String(), 6))
+}
