@@ -101,6 +101,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/router"
 )
@@ -356,8 +357,12 @@ func (r *Relay) linger(ctx, rctx context.Context, err error) {
 	if r.cfg.StopLinger <= 0 || r.cfg.MetricsListen == "" || err == nil || ctx.Err() != nil || context.Cause(rctx) != nil {
 		return
 	}
+	// A pgoutput message the relay cannot decode is such a stop too: it is
+	// not retried (the same bytes would arrive again), and exiting at once
+	// would end the process before decode_errors_total 1 was scraped.
 	var se *stopError
-	if !errors.Is(err, pgslot.ErrGap) && !errors.As(err, &se) {
+	var de *replication.DecodeError
+	if !errors.Is(err, pgslot.ErrGap) && !errors.As(err, &se) && !errors.As(err, &de) {
 		return
 	}
 	why := "stopped: " + err.Error()
