@@ -1,5 +1,9 @@
 package deploy
 
+// More live alert cases (see alerts_live_test.go for how they run): the slot
+// invalidated by max_slot_wal_keep_size on a private server, retention held
+// back, replication pauses; alerts_decode_test.go has the decode error.
+
 import (
 	"context"
 	"testing"
@@ -101,4 +105,30 @@ func TestAlertsSlotAtRiskThenLost(t *testing.T) {
 	}
 	p.waitFiring(t, "OutboxRelaySlotLost", "", lost, settle)
 	t.Logf("relay log (tail):\n%s", tail(r.log.String(), 6))
+}
+
+// TestAlertsRetentionBehind: with retention on (1 s, a round every second)
+// and Kafka unreachable, no row is delivered, so no row may be deleted:
+// outbox_relay_retention_lag_seconds, how long the oldest row past the
+// retention has been due, grows with the rows' age and
+// OutboxRelayRetentionBehind fires (its one-hour threshold lowered to 5 s in
+// the test's copy, its 30m `for:` to testFor like every other).
+func TestAlertsRetentionBehind(t *testing.T) {
+	t.Parallel()
+	rules, names := rulesCopy(t, override{"OutboxRelayRetentionBehind", "> 3600", "> 5"})
+	s := newAlertSlot(t, "RELAY_OUTBOX_RETENTION=1s", "RELAY_OUTBOX_RETENTION_INTERVAL=1s")
+	r := s.newAlertRelay(t, "r", "RELAY_KAFKA_BROKERS="+freeAddr(t))
+	p := startPrometheus(t, rules, len(names), r.addr)
+	r.start(t)
+	r.waitMetric(t, "outbox_relay_active", "1")
+	p.waitSeen(t, `outbox_relay_retention_lag_seconds`, "0")
+	s.insert(t, "order", 20, 100)
+	// Due 1 s after their insert, over the threshold 5 s later.
+	over := time.Now().Add(6 * time.Second)
+	time.Sleep(time.Until(over))
+	p.waitFiring(t, "OutboxRelayRetentionBehind", r.addr, over, 2*time.Second)
+	var left int
+	if err := s.queryRow(`SELECT count(*) FROM outbox`, nil, &left); err != nil || left != 20 {
+		t.Errorf("RetentionBehind fired; the outbox holds %d rows (%v), want the 20 undelivered ones", left, err)
+	}
 }
