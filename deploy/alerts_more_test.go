@@ -6,6 +6,7 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -131,4 +132,58 @@ func TestAlertsRetentionBehind(t *testing.T) {
 	if err := s.queryRow(`SELECT count(*) FROM outbox`, nil, &left); err != nil || left != 20 {
 		t.Errorf("RetentionBehind fired; the outbox holds %d rows (%v), want the 20 undelivered ones", left, err)
 	}
+}
+
+// TestAlertsReplicationPausing: the relay's pipeline is held three times
+// (the test locks the checkpoint table against writes, so no checkpoint is
+// saved; with pipeline.max_in_flight_events 5 the pipeline stops taking
+// batches once 5 events wait for one) while a producer inserts; after 5 s
+// without a batch taken the stream pauses, and resumes when the lock goes.
+// Two pauses are silent; the third fires OutboxRelayReplicationPausing.
+func TestAlertsReplicationPausing(t *testing.T) {
+	t.Parallel()
+	rules, names := rulesCopy(t)
+	s := newAlertSlot(t, "RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS=5")
+	r := s.newAlertRelay(t, "r")
+	p := startPrometheus(t, rules, len(names), r.addr)
+	r.start(t)
+	r.waitMetric(t, "outbox_relay_active", "1")
+	p.waitSeen(t, `outbox_relay_replication_pauses_total`, "0")
+	s.produce(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var third time.Time
+	for i := 1; i <= 3; i++ {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE outbox_relay_checkpoint IN EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, fmt.Sprintf("pause %d", i), func() error {
+			if got := r.metric("outbox_relay_replication_pauses_total"); got != fmt.Sprint(i) {
+				return fmt.Errorf("replication_pauses_total = %q", got)
+			}
+			return nil
+		})
+		third = time.Now()
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Resumed: the pipeline took the batch and saves checkpoints again.
+		r.waitMetric(t, "outbox_relay_ready", "1")
+		if i == 2 {
+			p.waitSeen(t, `outbox_relay_replication_pauses_total`, "2")
+			time.Sleep(3 * scrapeEvery)
+			if f, ok := p.firing(t, "OutboxRelayReplicationPausing", ""); ok {
+				t.Fatalf("two pauses: %s; want it silent", f)
+			}
+		}
+	}
+	p.waitFiring(t, "OutboxRelayReplicationPausing", r.addr, third, time.Second)
 }
