@@ -7,6 +7,10 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,4 +190,51 @@ func TestAlertsReplicationPausing(t *testing.T) {
 		}
 	}
 	p.waitFiring(t, "OutboxRelayReplicationPausing", r.addr, third, time.Second)
+}
+
+// TestAlertsEveryRuleFiredLive: every rule of the shipped alerts.yaml is made
+// to fire by one of the live tests of this package (a waitFiring call naming
+// it), so that a rule added later without one fails here.
+func TestAlertsEveryRuleFiredLive(t *testing.T) {
+	_, names := rulesCopy(t)
+	files, err := filepath.Glob("alerts_*_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var src strings.Builder
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Write(b)
+	}
+	fired := map[string]bool{}
+	for _, m := range regexp.MustCompile(`waitFiring\(t, "(\w+)"`).FindAllStringSubmatch(src.String(), -1) {
+		fired[m[1]] = true
+	}
+	// TestAlertsKafkaUnreachable fires these four in a loop over their names.
+	for _, m := range regexp.MustCompile(`"(OutboxRelay\w+)"`).FindAllStringSubmatch(loopFired(t, src.String()), -1) {
+		fired[m[1]] = true
+	}
+	// TestAlertsSlotLoss fires one per on_slot_loss mode, from its table.
+	for _, m := range regexp.MustCompile(`\{"\w+", "(OutboxRelay\w+)"\}`).FindAllStringSubmatch(src.String(), -1) {
+		fired[m[1]] = true
+	}
+	for _, n := range names {
+		if !fired[n] {
+			t.Errorf("no live test makes %s fire (deploy/alerts_*_test.go): add one that makes its condition true", n)
+		}
+	}
+}
+
+// loopFired is the list of names of the one loop that calls waitFiring(t,
+// name, …) over a literal slice.
+func loopFired(t *testing.T, src string) string {
+	t.Helper()
+	m := regexp.MustCompile(`for _, name := range \[\]string\{([^}]*)\} \{\s*p\.waitFiring\(t, name,`).FindStringSubmatch(src)
+	if m == nil {
+		t.Fatal("the loop of TestAlertsKafkaUnreachable over the alerts it fires is not found: update loopFired")
+	}
+	return m[1]
 }
