@@ -17,7 +17,7 @@ package deploy
 // shipped ones: a misspelt metric makes its case fail.
 //
 // The tests run in parallel (each with its own Prometheus, relays and
-// database): about 95 s for the package on a busy 2-core machine.
+// database): about 135 s for the package on a busy 2-core machine.
 //
 // alerts_more_test.go and alerts_decode_test.go fire the other rules:
 // OutboxRelaySlotAtRisk and OutboxRelaySlotLost on a private Postgres (its
