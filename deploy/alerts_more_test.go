@@ -109,7 +109,6 @@ func TestAlertsSlotAtRiskThenLost(t *testing.T) {
 		t.Fatalf("after CHECKPOINT the slot's wal_status is %q (%v); want lost", status, err)
 	}
 	p.waitFiring(t, "OutboxRelaySlotLost", "", lost, settle)
-	t.Logf("relay log (tail):\n%s", tail(r.log.String(), 6))
 }
 
 // TestAlertsRetentionBehind: with retention on (1 s, a round every second)
