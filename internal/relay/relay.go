@@ -351,8 +351,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 // linger keeps the process observable after Run stopped for an operator
 // (Config.StopLinger): /readyz answers 503 with the cause, ready and active
 // are 0, slot_gap and the stop counters stay as set, the slot and retry
-// gauges are sampled on, until ctx ends or the linger is over. Other errors (the metrics server failing, ctx cancelled)
-// return at once.
+// gauges are sampled on, until ctx ends or the linger is over. Other errors
+// (the metrics server failing, ctx cancelled) return at once.
 func (r *Relay) linger(ctx, rctx context.Context, err error) {
 	if r.cfg.StopLinger <= 0 || r.cfg.MetricsListen == "" || err == nil || ctx.Err() != nil || context.Cause(rctx) != nil {
 		return
