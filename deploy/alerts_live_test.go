@@ -17,14 +17,15 @@ package deploy
 // shipped ones: a misspelt metric makes its case fail.
 //
 // The tests run in parallel (each with its own Prometheus, relays and
-// database): about 95 s for the package on a busy 2-core machine.
+// database): about 135 s for the package on a busy 2-core machine.
 //
-// Not covered here: OutboxRelaySlotAtRisk and OutboxRelaySlotLost need
-// max_slot_wal_keep_size set on the server (a shared server's setting);
-// OutboxRelayDecodeErrors needs WAL that real Postgres does not write;
-// OutboxRelayRetentionBehind needs an hour of retention lag. Their expressions
-// are covered by promtool (alerts_test.yaml) with series as the binary exports
-// them.
+// alerts_more_test.go and alerts_decode_test.go fire the other rules:
+// OutboxRelaySlotAtRisk and OutboxRelaySlotLost on a private Postgres (its
+// max_slot_wal_keep_size is a server-wide setting the shared one must not
+// get), OutboxRelayDecodeErrors through a proxy that alters a pgoutput
+// message, OutboxRelayRetentionBehind and OutboxRelayReplicationPausing.
+// Every rule is also unit-tested by promtool (alerts_test.yaml) with series as
+// the binary exports them.
 
 import (
 	"bytes"
@@ -398,7 +399,12 @@ type alertSlot struct {
 
 func newAlertSlot(t *testing.T, extra ...string) *alertSlot {
 	t.Helper()
-	pg := testenv.Postgres(t)
+	return newAlertSlotOn(t, testenv.Postgres(t), extra...)
+}
+
+// newAlertSlotOn is newAlertSlot in the database pg (of a private server).
+func newAlertSlotOn(t *testing.T, pg *testenv.PG, extra ...string) *alertSlot {
+	t.Helper()
 	kafka := testenv.Kafka(t)
 	s := &alertSlot{pg: pg, slot: testenv.UniqueName(t, "alerts"), prefix: testenv.UniqueName(t, "alerts"), bin: testenv.RelayBinary(t)}
 	s.env = append([]string{

@@ -38,10 +38,10 @@ checkpoint and exits 0. A second signal exits at once, 1 (nothing is lost: what
 was not confirmed is delivered again on the next start), as does a drain that
 outlasts pipeline.shutdown_timeout (Kafka unreachable, say).
 
-A slot gap (postgres.on_slot_loss: fail) or a stop before an insert the relay
-cannot deliver keeps run up not ready (/readyz 503, the metrics scraped) for
-health.stop_linger, then it exits 4 (gap) or 1; SIGTERM meanwhile exits at once
-with that code. Exit codes: docs/commands.md#exit-codes.
+A slot gap (postgres.on_slot_loss: fail), a stop before an insert the relay
+cannot deliver or a pgoutput message it cannot decode keeps run up not ready
+(/readyz 503, the metrics scraped) for health.stop_linger, then it exits 4
+(gap) or 1; SIGTERM meanwhile exits at once with that code. Exit codes: docs/commands.md#exit-codes.
 
 With delivery: exactly-once, a Postgres transaction that takes longer to write than
 kafka.transaction_timeout is aborted by the broker: run reports it (/readyz, the

@@ -323,7 +323,7 @@ var settings = []setting{
 		doc:   "how long the WAL may be ahead of the confirmed position with no progress before `/readyz`, `outbox_relay_stalled_seconds` and the log call the relay stalled",
 		field: func(c *config) any { return &c.StallAfter }},
 	{key: "health.stop_linger", def: durationText(5 * time.Minute), kind: duration,
-		doc:   "after `run` stops for what only an operator can fix (a slot gap with `postgres.on_slot_loss: fail`, an insert it must stop before), how long it stays up not ready (`/readyz` 503 naming the cause, `outbox_relay_ready` 0, `outbox_relay_slot_gap` 1) so that Prometheus and Kubernetes see why, before it exits with its code (4 for a gap); SIGTERM exits at once with the same code; `0s` exits at once; only with `metrics.listen` set. See [When the slot is lost or replaced](failover.md#when-the-slot-is-lost-or-replaced)",
+		doc:   "after `run` stops for what only an operator can fix (a slot gap with `postgres.on_slot_loss: fail`, an insert it must stop before, a pgoutput message it cannot decode), how long it stays up not ready (`/readyz` 503 naming the cause, `outbox_relay_ready` 0, `outbox_relay_slot_gap` 1, the slot's gauges such as `outbox_relay_slot_wal_status` sampled on) so that Prometheus and Kubernetes see why, before it exits with its code (4 for a gap); SIGTERM exits at once with the same code; `0s` exits at once; only with `metrics.listen` set. See [When the slot is lost or replaced](failover.md#when-the-slot-is-lost-or-replaced)",
 		field: func(c *config) any { return &c.StopLinger }},
 	{key: "checkpoint.table", def: sql.DefaultCheckpointTable, kind: text,
 		doc:   `the relay's checkpoint table (table or schema.table): one row per slot, so relays of other slots may share it`,

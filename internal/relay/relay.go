@@ -101,6 +101,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/router"
 )
@@ -349,15 +350,19 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 
 // linger keeps the process observable after Run stopped for an operator
 // (Config.StopLinger): /readyz answers 503 with the cause, ready and active
-// are 0, slot_gap and the stop counters stay as set, until ctx ends or the
-// linger is over. Other errors (the metrics server failing, ctx cancelled)
-// return at once.
+// are 0, slot_gap and the stop counters stay as set, the slot and retry
+// gauges are sampled on, until ctx ends or the linger is over. Other errors
+// (the metrics server failing, ctx cancelled) return at once.
 func (r *Relay) linger(ctx, rctx context.Context, err error) {
 	if r.cfg.StopLinger <= 0 || r.cfg.MetricsListen == "" || err == nil || ctx.Err() != nil || context.Cause(rctx) != nil {
 		return
 	}
+	// A pgoutput message the relay cannot decode is such a stop too: it is
+	// not retried (the same bytes would arrive again), and exiting at once
+	// would end the process before decode_errors_total 1 was scraped.
 	var se *stopError
-	if !errors.Is(err, pgslot.ErrGap) && !errors.As(err, &se) {
+	var de *replication.DecodeError
+	if !errors.Is(err, pgslot.ErrGap) && !errors.As(err, &se) && !errors.As(err, &de) {
 		return
 	}
 	why := "stopped: " + err.Error()
@@ -365,6 +370,20 @@ func (r *Relay) linger(ctx, rctx context.Context, err error) {
 	r.m.SetStopped()
 	r.log.Error("stopped until an operator acts: /readyz answers 503 and /metrics stays up so that monitoring sees why; exiting after health.stop_linger, or at once on SIGTERM",
 		"health.stop_linger", r.cfg.StopLinger.String(), "err", err)
+	// The slot and retry gauges go on being sampled while the relay lingers:
+	// the term's sampler ended with the term, often before it saw what
+	// stopped it (a slot invalidated by max_slot_wal_keep_size ends the term
+	// within milliseconds of the checkpoint that removed its WAL, so
+	// wal_status lost was never exported and OutboxRelaySlotLost could not
+	// fire, issue 37), and an operator's repair shows while it lingers.
+	var sampling errgroup.Group
+	sctx, stopSampling := context.WithCancel(ctx)
+	defer func() { stopSampling(); sampling.Wait() }()
+	if pool := r.pool.Load(); pool != nil {
+		if err := r.sampleMetrics(sctx, &sampling, pool); err != nil {
+			r.log.Warn("cannot sample the slot's metrics while stopped", "err", err)
+		}
+	}
 	t := time.NewTimer(r.cfg.StopLinger)
 	defer t.Stop()
 	select {
