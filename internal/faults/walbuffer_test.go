@@ -365,10 +365,10 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	dupBound := 2*window + 2*walbuffer.DefaultPageSize
 	mu.Lock()
 	defer mu.Unlock()
-	t.Logf("%s: %d events (%d poison) from %d producer transactions; LOST %d, DUPLICATES %d (bound %d), ORDER violations %d; "+
+	t.Logf("%s: %d events (%d poison) from %d producer transactions; LOST %d, DUPLICATES %d (+%d marked at least once; bound %d), ORDER violations %d; "+
 		"retained WAL peak %d MB (during the outage %d MB; bound %d MB + 2 segments = %d MB; %d samples); "+
 		"outage %s, %d MB of WAL written in it; %d events buffered (table %d kB, %d bytes/event); buffer drained in %s after Kafka came back",
-		kill, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, dupBound, rep.OrderViolations,
+		kill, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, rep.MarkedDuplicates, dupBound, rep.OrderViolations,
 		peak>>20, peakDown>>20, walBufferBound>>20, limit>>20, samples, backAt.Sub(downAt).Round(time.Second), walWritten>>20,
 		held, tableBytes>>10, tableBytes/max(held, 1), drained.Round(time.Millisecond))
 	if peak > limit {
