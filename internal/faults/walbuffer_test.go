@@ -152,6 +152,7 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	// The slot's retained WAL, every 2 s, from the start.
 	var mu sync.Mutex
 	var peak, peakDown int64
+	var peakAt time.Time
 	samples := 0
 	sctx, stopSampling := context.WithCancel(ctx)
 	var sampling sync.WaitGroup
@@ -172,7 +173,9 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 			}
 			mu.Lock()
 			samples++
-			peak = max(peak, b)
+			if b > peak {
+				peak, peakAt = b, time.Now()
+			}
 			if kafkaDown {
 				peakDown = max(peakDown, b)
 			}
@@ -366,10 +369,10 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("%s: %d events (%d poison) from %d producer transactions; LOST %d, DUPLICATES %d (+%d marked at least once; bound %d), ORDER violations %d; "+
-		"retained WAL peak %d MB (during the outage %d MB; bound %d MB + 2 segments = %d MB; %d samples); "+
+		"retained WAL peak %d MB (sampled %s after Kafka came back; during the outage %d MB; bound %d MB + 2 segments = %d MB; %d samples); "+
 		"outage %s, %d MB of WAL written in it; %d events buffered (table %d kB, %d bytes/event); buffer drained in %s after Kafka came back",
 		kill, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, rep.MarkedDuplicates, dupBound, rep.OrderViolations,
-		peak>>20, peakDown>>20, walBufferBound>>20, limit>>20, samples, backAt.Sub(downAt).Round(time.Second), walWritten>>20,
+		peak>>20, peakAt.Sub(backAt).Round(time.Second), peakDown>>20, walBufferBound>>20, limit>>20, samples, backAt.Sub(downAt).Round(time.Second), walWritten>>20,
 		held, tableBytes>>10, tableBytes/max(held, 1), drained.Round(time.Millisecond))
 	if peak > limit {
 		t.Errorf("the slot retained %d bytes of WAL at its peak; want at most %d (the bound plus two segments)", peak, limit)
