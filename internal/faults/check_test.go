@@ -67,3 +67,48 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckBufferedEOS: the exactly-once checks of the WAL buffer runs fail
+// on each way the contract can break.
+func TestCheckBufferedEOS(t *testing.T) {
+	row := func(id string, seq int) Row { return Row{ID: id, AggregateType: "Order", AggregateID: "a", Seq: seq} }
+	msg := func(id string, offset int64, marked bool) Delivery {
+		return Delivery{Topic: "t.Order", Partition: 1, Offset: offset, Key: "a", ID: id, AtLeastOnce: marked}
+	}
+	l1, b1, b2, l2 := row("l1", 1), row("b1", 2), row("b2", 3), row("l2", 4)
+	poison := Row{ID: "p1", AggregateID: "poison-1", Poison: "too large"}
+	rows := []Row{l1, b1, b2, l2, poison}
+	buffered := map[string]bool{"b1": true, "b2": true}
+	type counts struct{ unmarkedRepeats, bufferedUnmarked, unmarkedAfterMarked, liveWrong int }
+	tests := []struct {
+		name string
+		msgs []Delivery
+		want counts
+	}{
+		{"clean", []Delivery{msg("l1", 0, false), msg("b1", 1, true), msg("b2", 2, true), msg("l2", 3, false)}, counts{}},
+		{"marked repeats and the blocked term's unmarked copy first are allowed",
+			[]Delivery{msg("l1", 0, false), msg("b1", 1, false), msg("b1", 2, true), msg("b2", 3, true), msg("b1", 4, true), msg("b2", 5, true), msg("l2", 6, false)}, counts{}},
+		{"unmarked repeat", []Delivery{msg("l1", 0, false), msg("l1", 1, false), msg("b1", 2, true), msg("b2", 3, true), msg("l2", 4, false)},
+			counts{unmarkedRepeats: 1, liveWrong: 1}},
+		{"buffered event read unmarked only", []Delivery{msg("l1", 0, false), msg("b1", 1, false), msg("b2", 2, true), msg("l2", 3, false)},
+			counts{bufferedUnmarked: 1}},
+		{"buffered range streamed again after the drain", []Delivery{msg("l1", 0, false), msg("b1", 1, true), msg("b2", 2, true), msg("b1", 3, false), msg("l2", 4, false)},
+			counts{unmarkedAfterMarked: 1}},
+		{"live event marked", []Delivery{msg("l1", 0, false), msg("b1", 1, true), msg("b2", 2, true), msg("l2", 3, true)},
+			counts{liveWrong: 1}},
+		{"live event also marked", []Delivery{msg("l1", 0, false), msg("b1", 1, true), msg("b2", 2, true), msg("l2", 3, false), msg("l2", 4, true)},
+			counts{liveWrong: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := checkBufferedEOS(Input{Rows: rows, Delivered: tt.msgs}, buffered)
+			got := counts{e.unmarkedRepeats, e.bufferedUnmarked, e.unmarkedAfterMarked, e.liveWrong}
+			if got != tt.want {
+				t.Errorf("checkBufferedEOS() = %+v; want %+v (problems: %s)", got, tt.want, strings.Join(e.problems, "; "))
+			}
+			if e.buffered != 2 || e.live != 2 {
+				t.Errorf("checkBufferedEOS() counted %d buffered, %d live events; want 2, 2", e.buffered, e.live)
+			}
+		})
+	}
+}

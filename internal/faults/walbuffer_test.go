@@ -1,11 +1,13 @@
 package faults
 
 import (
+	"cmp"
 	"context"
 	crand "crypto/rand"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
+	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
 // walBufferKill is when a WAL buffer run SIGKILLs the relay.
@@ -41,7 +46,24 @@ const walBufferBound = 64 << 20
 // buffering, and once while draining the buffer. Only under
 // RELAY_FAULTS=full (make test-faults); internal/relay's TestWALBuffer is
 // the fast form.
-func TestWALBufferKafkaOutage(t *testing.T) {
+func TestWALBufferKafkaOutage(t *testing.T) { walBufferOutage(t, false) }
+
+// TestWALBufferKafkaOutageExactlyOnce is TestWALBufferKafkaOutage with
+// delivery: exactly-once, read as a read_committed consumer reads: the same
+// bound, outages and kills, lost 0 and order kept, and what
+// docs/guarantees.md promises of the buffered range under exactly-once
+// (internal/relay/eosbuffer.go): every event that went through the buffer
+// (an audit trigger on the buffer table records each) is read with the
+// at-least-once mark; an unmarked message is never repeated, nor read after
+// a marked copy of its event; every event that never went through the
+// buffer (streamed live) is read exactly once, unmarked. RELAY_TEST_WALBUFFER_KILL
+// selects one variant, as for TestWALBufferKafkaOutage.
+func TestWALBufferKafkaOutageExactlyOnce(t *testing.T) { walBufferOutage(t, true) }
+
+// walBufferOutage runs the variants of TestWALBufferKafkaOutage (or the one
+// RELAY_TEST_WALBUFFER_KILL names, spaces as underscores), with eos in
+// delivery: exactly-once.
+func walBufferOutage(t *testing.T, eos bool) {
 	if os.Getenv("RELAY_FAULTS") != "full" {
 		t.Skip("RELAY_FAULTS=full only (make test-faults); the fast form is internal/relay's TestWALBuffer")
 	}
@@ -52,13 +74,13 @@ func TestWALBufferKafkaOutage(t *testing.T) {
 		kills = []walBufferKill{walBufferKill(strings.ReplaceAll(only, "_", " "))}
 	}
 	for _, k := range kills {
-		t.Run(strings.ReplaceAll(string(k), " ", "_"), func(t *testing.T) { runWALBuffer(t, bin, k) })
+		t.Run(strings.ReplaceAll(string(k), " ", "_"), func(t *testing.T) { runWALBuffer(t, bin, k, eos) })
 	}
 }
 
-func runWALBuffer(t *testing.T, bin string, kill walBufferKill) {
+func runWALBuffer(t *testing.T, bin string, kill walBufferKill, eos bool) {
 	seed := uint64(time.Now().UnixNano())
-	s := &suite{t: t, m: full, rng: mrand.New(mrand.NewPCG(seed, 35)), began: time.Now(), count: map[faultKind]int{}}
+	s := &suite{t: t, m: full, rng: mrand.New(mrand.NewPCG(seed, 35)), began: time.Now(), count: map[faultKind]int{}, eos: eos}
 	s.pg = testenv.Postgres(t)
 	s.kafka = testenv.Kafka(t)
 	s.pool = s.pg.Pool(t)
@@ -94,12 +116,16 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 		"RELAY_METRICS_LISTEN=",
 		"RELAY_LOG_FORMAT=json",
 	)
+	env = append(env, s.deliveryEnv()...)
+	if eos {
+		s.auditWALBuffer()
+	}
 	logFile, err := os.CreateTemp("", "outbox-relay-walbuffer-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	t.Logf("%s: seed %d, relay output %s", kill, seed, logFile.Name())
+	t.Logf("%s, %s: seed %d, relay output %s", kill, delivery(eos), seed, logFile.Name())
 	var relays []*slotLossRelay
 	start := func() *slotLossRelay {
 		r := startSlotLossRelay(t, bin, env)
@@ -126,6 +152,7 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	// The slot's retained WAL, every 2 s, from the start.
 	var mu sync.Mutex
 	var peak, peakDown int64
+	var peakAt time.Time
 	samples := 0
 	sctx, stopSampling := context.WithCancel(ctx)
 	var sampling sync.WaitGroup
@@ -146,7 +173,9 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 			}
 			mu.Lock()
 			samples++
-			peak = max(peak, b)
+			if b > peak {
+				peak, peakAt = b, time.Now()
+			}
 			if kafkaDown {
 				peakDown = max(peakDown, b)
 			}
@@ -304,6 +333,9 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 			t.Fatalf("the WAL buffer still holds %d events 5 minutes after Kafka came back\n%s", buffered(), tailLines(r.out.String(), 30))
 		}
 	}
+	if eos {
+		s.waitLiveEOS(r)
+	}
 	time.Sleep(5 * time.Second) // live again, the producer writing
 	stopNoiseWriter()
 	stopProducer()
@@ -327,7 +359,8 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	}
 	stopSampling()
 	sampling.Wait()
-	rep := Check(s.collect())
+	in := s.collect()
+	rep := Check(in)
 	limit := int64(walBufferBound) + 2*segment
 	// A kill resends at most the window; each switch into buffering can
 	// too (produce requests in flight), and a kill while draining what a
@@ -335,11 +368,11 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	dupBound := 2*window + 2*walbuffer.DefaultPageSize
 	mu.Lock()
 	defer mu.Unlock()
-	t.Logf("%s: %d events (%d poison) from %d producer transactions; LOST %d, DUPLICATES %d (bound %d), ORDER violations %d; "+
-		"retained WAL peak %d MB (during the outage %d MB; bound %d MB + 2 segments = %d MB; %d samples); "+
+	t.Logf("%s: %d events (%d poison) from %d producer transactions; LOST %d, DUPLICATES %d (+%d marked at least once; bound %d), ORDER violations %d; "+
+		"retained WAL peak %d MB (sampled %s after Kafka came back; during the outage %d MB; bound %d MB + 2 segments = %d MB; %d samples); "+
 		"outage %s, %d MB of WAL written in it; %d events buffered (table %d kB, %d bytes/event); buffer drained in %s after Kafka came back",
-		kill, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, dupBound, rep.OrderViolations,
-		peak>>20, peakDown>>20, walBufferBound>>20, limit>>20, samples, backAt.Sub(downAt).Round(time.Second), walWritten>>20,
+		kill, rep.Events, rep.Poison, ps.Transactions, rep.Lost, rep.Duplicates, rep.MarkedDuplicates, dupBound, rep.OrderViolations,
+		peak>>20, peakAt.Sub(backAt).Round(time.Second), peakDown>>20, walBufferBound>>20, limit>>20, samples, backAt.Sub(downAt).Round(time.Second), walWritten>>20,
 		held, tableBytes>>10, tableBytes/max(held, 1), drained.Round(time.Millisecond))
 	if peak > limit {
 		t.Errorf("the slot retained %d bytes of WAL at its peak; want at most %d (the bound plus two segments)", peak, limit)
@@ -348,8 +381,207 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 		t.Errorf("lost %d, order violations %d, mismatches %d, poison wrong %d, retry rows for good events %d; want 0 each:\n  %s",
 			rep.Lost, rep.OrderViolations, rep.Mismatches, rep.PoisonWrong, rep.NonPoisonRetries, strings.Join(rep.Problems, "\n  "))
 	}
-	if rep.Duplicates > dupBound {
-		t.Errorf("%d duplicates; want at most %d", rep.Duplicates, dupBound)
+	if !eos {
+		if rep.Duplicates > dupBound {
+			t.Errorf("%d duplicates; want at most %d", rep.Duplicates, dupBound)
+		}
+		return
+	}
+	if n := rep.Duplicates + rep.MarkedDuplicates; n > dupBound {
+		t.Errorf("%d duplicates (%d unmarked, %d marked at least once); want at most %d", n, rep.Duplicates, rep.MarkedDuplicates, dupBound)
+	}
+	e := checkBufferedEOS(in, s.walBufferAudit())
+	t.Logf("%s, exactly-once read read_committed: %d events through the buffer (%d read marked at least once, %d of them also read unmarked once, "+
+		"from the blocked live term's last transaction); %d streamed live; %d messages marked, %d unmarked; "+
+		"UNMARKED REPEATS %d, buffered events NOT MARKED %d, unmarked AFTER MARKED %d, live events NOT READ EXACTLY ONCE UNMARKED %d",
+		kill, e.buffered, e.bufferedMarked, e.bufferedAlsoUnmarked, e.live, e.marked, e.unmarked,
+		e.unmarkedRepeats, e.bufferedUnmarked, e.unmarkedAfterMarked, e.liveWrong)
+	if e.unmarkedRepeats != 0 || e.bufferedUnmarked != 0 || e.unmarkedAfterMarked != 0 || e.liveWrong != 0 {
+		t.Errorf("exactly-once: %d events read unmarked more than once, %d buffered events without a marked copy, "+
+			"%d unmarked copies read after a marked one, %d live events not read exactly once unmarked; want 0 each:\n  %s",
+			e.unmarkedRepeats, e.bufferedUnmarked, e.unmarkedAfterMarked, e.liveWrong, strings.Join(e.problems, "\n  "))
+	}
+}
+
+// waitLiveEOS waits until the relay r streams live again after its WAL
+// buffer drained: until a read_committed consumer reads, unmarked, an event
+// that was not yet in the outbox table when this began (written in a Kafka
+// transaction, so not through the buffer). Then what the producer writes
+// next checks the live term that follows a buffered range.
+func (s *suite) waitLiveEOS(r *slotLossRelay) {
+	t := s.t
+	ctx := context.Background()
+	rows, err := s.pool.Query(ctx, `SELECT id::text FROM outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		before[id] = true
+	}
+	began := time.Now()
+	for deadline := began.Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
+		for _, at := range aggregateTypes {
+			for _, d := range s.read(s.topic(at.name)) {
+				if !d.AtLeastOnce && !before[d.ID] {
+					t.Logf("streaming live again %s after the buffer drained (event %s read unmarked)", time.Since(began).Round(time.Second), d.ID)
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no event written after the WAL buffer drained was read unmarked within 2 minutes: the relay did not stream live again\n%s",
+				tailLines(r.out.String(), 30))
+		}
+	}
+}
+
+// bufferedEOS is what checkBufferedEOS found.
+type bufferedEOS struct {
+	buffered, bufferedMarked, bufferedAlsoUnmarked, live int // events
+	marked, unmarked                                     int // messages
+
+	unmarkedRepeats     int // events read unmarked more than once
+	bufferedUnmarked    int // events that went through the buffer, never read marked
+	unmarkedAfterMarked int // events read unmarked after a marked copy (streamed again after the drain)
+	liveWrong           int // events never buffered, not read exactly once and unmarked
+	problems            []string
+}
+
+// checkBufferedEOS checks the exactly-once contract of the WAL buffer
+// (internal/relay/eosbuffer.go) on what a read_committed consumer read:
+// every good event that went through the buffer (buffered, by id) is read
+// marked at least once; it may also be read unmarked once before that (the
+// blocked live term committed it to Kafka before the Postgres checkpoint
+// moved past it, and the buffering term read it again), never after; an
+// unmarked message is never repeated; every other good event was streamed
+// live and is read exactly once, unmarked. Lost events and order are
+// Check's.
+func checkBufferedEOS(in Input, buffered map[string]bool) bufferedEOS {
+	var e bufferedEOS
+	problem := func(format string, args ...any) {
+		if len(e.problems) < maxProblems {
+			e.problems = append(e.problems, fmt.Sprintf(format, args...))
+		}
+	}
+	msgs := slices.Clone(in.Delivered)
+	slices.SortStableFunc(msgs, func(a, b Delivery) int {
+		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+	})
+	type copies struct{ marked, unmarked, unmarkedAfterMarked int }
+	byID := map[string]*copies{}
+	for _, m := range msgs {
+		c := byID[m.ID]
+		if c == nil {
+			c = &copies{}
+			byID[m.ID] = c
+		}
+		if m.AtLeastOnce {
+			c.marked++
+			e.marked++
+			continue
+		}
+		c.unmarked++
+		e.unmarked++
+		if c.marked > 0 {
+			c.unmarkedAfterMarked++
+		}
+	}
+	for _, r := range in.Rows {
+		if r.Poison != "" {
+			continue // dead in the retry table (Check)
+		}
+		c := byID[r.ID]
+		if c == nil {
+			continue // lost (Check)
+		}
+		if c.unmarked > 1 {
+			e.unmarkedRepeats++
+			problem("event %s (%s seq %d) read unmarked %d times", r.ID, r.AggregateID, r.Seq, c.unmarked)
+		}
+		if c.unmarkedAfterMarked > 0 {
+			e.unmarkedAfterMarked++
+			problem("event %s (%s seq %d) read unmarked after a copy marked at least once", r.ID, r.AggregateID, r.Seq)
+		}
+		if buffered[r.ID] {
+			e.buffered++
+			if c.marked == 0 {
+				e.bufferedUnmarked++
+				problem("event %s (%s seq %d) went through the WAL buffer but was read only unmarked (%d times)", r.ID, r.AggregateID, r.Seq, c.unmarked)
+				continue
+			}
+			e.bufferedMarked++
+			if c.unmarked > 0 {
+				e.bufferedAlsoUnmarked++
+			}
+			continue
+		}
+		e.live++
+		if c.unmarked != 1 || c.marked != 0 {
+			e.liveWrong++
+			problem("event %s (%s seq %d) never went through the WAL buffer; read %d times unmarked, %d times marked; want once, unmarked",
+				r.ID, r.AggregateID, r.Seq, c.unmarked, c.marked)
+		}
+	}
+	return e
+}
+
+// auditWALBuffer creates the WAL buffer table as the relay would (its
+// Migrate then leaves it as it is) and a trigger that copies every row the
+// relay appends into wal_buffer_audit, a table of the same shape, so that
+// walBufferAudit can tell which events went through the buffer after the
+// drain deleted them.
+func (s *suite) auditWALBuffer() {
+	buf, err := walbuffer.TableFor("")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, stmt := range walbuffer.CreateTable(buf) {
+		s.pg.Exec(s.t, stmt)
+	}
+	for _, stmt := range walbuffer.CreateTable(walBufferAuditTable) {
+		s.pg.Exec(s.t, stmt)
+	}
+	s.pg.Exec(s.t, `CREATE FUNCTION wal_buffer_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO `+walBufferAuditTable.Quoted()+` (slot_name, commit_lsn, pos, event)
+			VALUES (NEW.slot_name, NEW.commit_lsn, NEW.pos, NEW.event) ON CONFLICT DO NOTHING;
+			RETURN NULL;
+		END$$`)
+	s.pg.Exec(s.t, `CREATE TRIGGER wal_buffer_audit AFTER INSERT ON `+buf.Quoted()+` FOR EACH ROW EXECUTE FUNCTION wal_buffer_audit()`)
+}
+
+// walBufferAuditTable holds a copy of every row ever appended to the WAL
+// buffer (auditWALBuffer).
+var walBufferAuditTable = outboxsql.Table{Schema: "public", Name: "wal_buffer_audit"}
+
+// walBufferAudit returns the ids of the events that ever went through the
+// slot's WAL buffer, read from the audit copy with the buffer's own decoder.
+func (s *suite) walBufferAudit() map[string]bool {
+	st, err := walbuffer.NewStore(s.pool, walBufferAuditTable, s.slot)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ids := map[string]bool{}
+	var after walbuffer.Key
+	for {
+		page, err := st.Page(ctx, after, 10000, 0)
+		if err != nil {
+			s.t.Fatalf("read the WAL buffer audit: %v", err)
+		}
+		if len(page) == 0 {
+			return ids
+		}
+		for _, e := range page {
+			ids[e.Event.ID] = true
+		}
+		after = page[len(page)-1].Key()
 	}
 }
 

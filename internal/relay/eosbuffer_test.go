@@ -35,7 +35,7 @@ func (s *blockedTxnSink) Commit(ctx context.Context) error {
 }
 
 func (s *blockedTxnSink) Abort(ctx context.Context) error {
-	if since, _ := s.blockedSink.Outage(); !since.IsZero() {
+	if s.blocked() {
 		return errBlocked
 	}
 	return s.k.Abort(ctx)
@@ -199,4 +199,80 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 		}
 	}
 	t.Logf("%d messages read_committed, %d duplicates (all marked), %d buffered events", len(got), dups, len(buffered))
+}
+
+// TestWALBufferExactlyOnceLeavesBuffering: with exactly-once delivery, a
+// relay whose broker is back leaves buffering and streams live again, also
+// while another table writes WAL fast enough that the slot retains half
+// the bound between xl_running_xacts records. The stream's transactional
+// sink writes nothing while the relay buffers (the drain has a sink of its
+// own), so it still reports the outage (sink.Kafka learns that Kafka is
+// back only by writing to it): the watch of the term that drains and then
+// streams live must not take that for Kafka being away. Found by
+// internal/faults' TestWALBufferKafkaOutageExactlyOnce: the relay went back
+// to buffering at once, "delivery is blocked: connection refused", with the
+// broker up; at the retained WAL a busy primary keeps, for good.
+func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.eosConfig(t)
+	cfg.MaxRetainedWAL = 4 << 20
+	cfg.Metrics = metrics.New()
+	newSink := func(txn bool) *sink.Kafka {
+		scfg := cfg.Sink
+		scfg.Logger = cfg.Logger
+		if txn {
+			scfg.TransactionalID = relay.TransactionalID(cfg.Replication.Slot)
+		}
+		k, err := sink.New(scfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { k.Close() })
+		return k
+	}
+	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: newSink(true), sticky: true}}
+	stream.k = stream.Sink.(*sink.Kafka)
+	drain := &blockedSink{Sink: newSink(false)}
+	r, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false), Drain: drain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, r)
+	f.insertTx(t, f.makeEvents(10))
+	f.waitCommitted(t, 10, time.Minute)
+
+	stream.block()
+	drain.block()
+	waitFor(t, 90*time.Second, "the relay buffering", func() (bool, string) {
+		f.insertTx(t, f.makeEvents(5))
+		f.noiseWAL(t, 1)
+		return gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active") == 1, "outbox_relay_wal_buffer_active is 0"
+	})
+	stream.unblock()
+	drain.unblock()
+	// No events from here on: the stream's sink has nothing to write, so
+	// only a watch that asks the sink that delivers can tell Kafka is back.
+	// The noise keeps the slot's retained WAL over half the bound.
+	live := time.Time{}
+	waitFor(t, 2*time.Minute, "the relay streaming live for 10s", func() (bool, string) {
+		f.noiseWAL(t, 1)
+		if gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active") == 1 {
+			live = time.Time{}
+			return false, "outbox_relay_wal_buffer_active is 1 (buffering, or draining before streaming live)"
+		}
+		if live.IsZero() {
+			live = time.Now()
+		}
+		return time.Since(live) >= 10*time.Second, "live for less than 10s"
+	})
+	f.insertTx(t, f.makeEvents(10))
+	var got []delivered
+	waitFor(t, 90*time.Second, "every outbox row read_committed", func() (bool, string) {
+		got = f.readCommitted(t)
+		rep := f.check(t, got)
+		return rep.lost == 0, rep.firstProblem
+	})
+	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
+		t.Fatalf("read_committed: lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
 }

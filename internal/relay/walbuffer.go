@@ -278,7 +278,7 @@ func (r *Relay) watchRetained(ctx context.Context, pool *pgxpool.Pool, t *term) 
 		// Still with events held: a relay with nothing in flight is not
 		// blocked while Postgres decodes a large transaction of another
 		// table (a switch would make it decode it again from the start).
-		since, cause := r.sink.Outage()
+		since, cause := r.outage(t)
 		held, _ := t.pipe.win.usage()
 		blocked := !since.IsZero() || held > 0 && now.Sub(moved) >= blockedAfter
 		if !blocked {
@@ -298,6 +298,24 @@ func (r *Relay) watchRetained(ctx context.Context, pool *pgxpool.Pool, t *term) 
 		}
 		return &switchError{to: modeBuffering, why: why}
 	}
+}
+
+// outage is the Kafka outage watchRetained takes for blocked delivery: the
+// stream sink's. With exactly-once the stream's transactional sink writes
+// nothing while the relay buffers or drains (the drain has a sink of its
+// own), and a sink learns that Kafka is back only by writing: an outage it
+// reports from before term t began may be long over, so the drain's sink,
+// which wrote since, is asked instead. (Taking the stale one made a relay
+// that left buffering go back to it at once with the broker up, and with
+// the slot retaining half the bound, as a busy primary's does between
+// xl_running_xacts records, never stream live again.) A new outage of a
+// live term still ends it: the confirmed position stands still.
+func (r *Relay) outage(t *term) (time.Time, error) {
+	since, cause := r.sink.Outage()
+	if r.cfg.Delivery != DeliveryExactlyOnce || since.IsZero() || !since.Before(t.began) {
+		return since, cause
+	}
+	return r.drainSink().Outage()
 }
 
 // bufferWriter is the writer of a buffering term: it appends every chunk,

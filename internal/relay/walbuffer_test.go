@@ -29,6 +29,28 @@ type blockedSink struct {
 	mu      sync.Mutex
 	since   time.Time
 	release chan struct{}
+	// sticky: after unblock, Outage still reports the outage until a Send
+	// or Write succeeds, as sink.Kafka's does (it learns that Kafka is
+	// back only by writing to it).
+	sticky bool
+	stale  bool
+}
+
+// blocked reports whether the broker is unreachable now (Outage may say
+// so for longer: sticky).
+func (s *blockedSink) blocked() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.release != nil
+}
+
+// wrote records a successful Send or Write: a sticky outage is over.
+func (s *blockedSink) wrote() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stale {
+		s.since, s.stale = time.Time{}, false
+	}
 }
 
 func (s *blockedSink) block() {
@@ -43,7 +65,12 @@ func (s *blockedSink) unblock() {
 	if s.release != nil {
 		close(s.release)
 	}
-	s.since, s.release = time.Time{}, nil
+	s.release = nil
+	if s.sticky && !s.since.IsZero() {
+		s.stale = true
+		return
+	}
+	s.since = time.Time{}
 }
 
 func (s *blockedSink) wait(ctx context.Context) error {
@@ -67,21 +94,40 @@ func (s *blockedSink) Send(ctx context.Context, evs []outboxevent.Event) sink.De
 	if err := s.wait(ctx); err != nil {
 		return failedDelivery{err}
 	}
-	return s.Sink.Send(ctx, evs)
+	d := s.Sink.Send(ctx, evs)
+	if s.sticky {
+		return stickyDelivery{d, s}
+	}
+	return d
+}
+
+// stickyDelivery ends a sticky blockedSink's outage once Kafka acknowledged.
+type stickyDelivery struct {
+	sink.Delivery
+	s *blockedSink
+}
+
+func (d stickyDelivery) Wait(ctx context.Context) error {
+	err := d.Delivery.Wait(ctx)
+	if err == nil {
+		d.s.wrote()
+	}
+	return err
 }
 
 func (s *blockedSink) Write(ctx context.Context, evs []outboxevent.Event) error {
 	if err := s.wait(ctx); err != nil {
 		return err
 	}
-	return s.Sink.Write(ctx, evs)
+	err := s.Sink.Write(ctx, evs)
+	if err == nil {
+		s.wrote()
+	}
+	return err
 }
 
 func (s *blockedSink) Ping(ctx context.Context) error {
-	s.mu.Lock()
-	blocked := s.release != nil
-	s.mu.Unlock()
-	if blocked {
+	if s.blocked() {
 		return errBlocked
 	}
 	return s.Sink.Ping(ctx)
@@ -90,7 +136,7 @@ func (s *blockedSink) Ping(ctx context.Context) error {
 func (s *blockedSink) Outage() (time.Time, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.release != nil {
+	if s.release != nil || s.stale {
 		return s.since, errBlocked
 	}
 	return s.Sink.Outage()
