@@ -440,7 +440,7 @@ func (r *Relay) Ready(ctx context.Context) error {
 		}
 		return nil
 	}
-	since, cause := r.sink.Outage()
+	since, cause := r.outage(t)
 	st := t.stream.Stats()
 	_, why := t.pipe.health.failing(time.Now(), st, since, cause)
 	if t.stopped != nil && st.ConfirmedLSN <= t.stopped.Before {

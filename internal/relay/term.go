@@ -333,7 +333,7 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 		now := time.Now()
 		r.publishReading(ctx, t, st.Reading, st.ConfirmedLSN, now, &rd)
 		t.pipe.health.sample(st.ConfirmedLSN, st.ServerWALEnd, now)
-		since, cause := r.sink.Outage()
+		since, cause := r.outage(t)
 		failing, why := t.pipe.health.failing(now, st, since, cause)
 		stalled := t.pipe.health.stalledFor(now)
 		if msg, d := r.timeouts.problem(now); msg != "" {

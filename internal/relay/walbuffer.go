@@ -300,8 +300,8 @@ func (r *Relay) watchRetained(ctx context.Context, pool *pgxpool.Pool, t *term) 
 	}
 }
 
-// outage is the Kafka outage watchRetained takes for blocked delivery: the
-// stream sink's. With exactly-once the stream's transactional sink writes
+// outage is the Kafka outage the term's health (/readyz, health_failing)
+// and watchRetained's blocked delivery take: the stream sink's. With exactly-once the stream's transactional sink writes
 // nothing while the relay buffers or drains (the drain has a sink of its
 // own), and a sink learns that Kafka is back only by writing: an outage it
 // reports from before term t began may be long over, so the drain's sink,
