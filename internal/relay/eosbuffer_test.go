@@ -71,19 +71,7 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 	cfg.MaxRetainedWAL = 4 << 20
 	cfg.Metrics = metrics.New()
 	ctx := context.Background()
-	newSink := func(txn bool) *sink.Kafka {
-		scfg := cfg.Sink
-		scfg.Logger = cfg.Logger
-		if txn {
-			scfg.TransactionalID = relay.TransactionalID(cfg.Replication.Slot)
-		}
-		k, err := sink.New(scfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { k.Close() })
-		return k
-	}
+	newSink := func(txn bool) *sink.Kafka { return eosSink(t, cfg, txn) }
 	// Kafka away is both sinks that talk to it while buffering: the
 	// stream's (transactional) and the drain's.
 	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: newSink(true)}}
@@ -217,19 +205,7 @@ func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
 	cfg := f.eosConfig(t)
 	cfg.MaxRetainedWAL = 4 << 20
 	cfg.Metrics = metrics.New()
-	newSink := func(txn bool) *sink.Kafka {
-		scfg := cfg.Sink
-		scfg.Logger = cfg.Logger
-		if txn {
-			scfg.TransactionalID = relay.TransactionalID(cfg.Replication.Slot)
-		}
-		k, err := sink.New(scfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { k.Close() })
-		return k
-	}
+	newSink := func(txn bool) *sink.Kafka { return eosSink(t, cfg, txn) }
 	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: newSink(true), sticky: true}}
 	stream.k = stream.Sink.(*sink.Kafka)
 	drain := &blockedSink{Sink: newSink(false)}
@@ -301,4 +277,21 @@ func labelledGauge(t *testing.T, m *metrics.Metrics, name, label, value string) 
 		}
 	}
 	return 0
+}
+
+// eosSink is a sink of cfg.Sink closed at the test's end; txn makes it the
+// stream's transactional one (its id from the slot, as the CLI's).
+func eosSink(t *testing.T, cfg relay.Config, txn bool) *sink.Kafka {
+	t.Helper()
+	scfg := cfg.Sink
+	scfg.Logger = cfg.Logger
+	if txn {
+		scfg.TransactionalID = relay.TransactionalID(cfg.Replication.Slot)
+	}
+	k, err := sink.New(scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
 }
