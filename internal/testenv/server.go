@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -31,35 +30,14 @@ type ServerOptions struct {
 func NewServer(t testing.TB, version int, opts ServerOptions) *Node {
 	t.Helper()
 	skipUnlessServers(t, envPostgresDSN)
-	reapClusters()
-	bin := postgresBin(t, version)
-	dir, err := os.MkdirTemp("", "outbox-relay-cluster-")
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	c := &Cluster{Version: version, Bin: bin, Dir: dir, Database: "outbox"}
-	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	t.Cleanup(func() { c.destroy(t) })
-	if err := c.chownForServer(dir); err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	ports, err := serverPorts(1)
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	p := &Node{Name: "primary", Port: ports[0], c: c}
+	c := &Cluster{Version: version, Database: "outbox"}
+	p := newClusterNodes(t, c, "primary")[0]
 	c.Primary = p
-	p.Data = filepath.Join(dir, p.Name)
-	p.Log = filepath.Join(dir, p.Name+".log")
-	p.sock = filepath.Join(dir, p.Name+".sock")
-	c.run(t, "mkdir", "-p", p.sock)
 	args := []string{"-D", p.Data, "-U", "postgres", "-E", "UTF8", "--locale=C", "--auth=trust"}
 	if opts.WALSegmentMB > 0 {
 		args = append(args, "--wal-segsize="+strconv.Itoa(opts.WALSegmentMB))
 	}
-	c.run(t, filepath.Join(bin, "initdb"), args...)
+	c.run(t, filepath.Join(c.Bin, "initdb"), args...)
 	c.writeFile(t, filepath.Join(p.Data, "postgresql.conf"), "\ninclude_if_exists = 'relay_ha.conf'\ninclude_if_exists = 'relay_role.conf'\ninclude_if_exists = 'relay_test.conf'\n", true)
 	c.writeFile(t, filepath.Join(p.Data, "relay_ha.conf"), c.commonConf(), false)
 	c.writeFile(t, filepath.Join(p.Data, "relay_role.conf"), c.primaryConf(p, ClusterOptions{}), false)

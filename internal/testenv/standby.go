@@ -77,22 +77,19 @@ type ClusterOptions struct {
 // (synchronous_standby_names names it).
 const standbyApplicationName = "standby"
 
-// NewCluster starts a primary and a standby of Postgres version (13..18) and
-// returns once the standby streams. The binaries are Debian's for 15 when
-// installed, else the Maven Central ones of scripts/dev.sh (fetched on first use).
-func NewCluster(t testing.TB, version int, opts ClusterOptions) *Cluster {
+// newClusterNodes gives c (its Version set) its binaries and a directory of
+// its own, removed at the test's end, and makes one node per name with a
+// free loopback port and its paths in that directory. Nothing is initialised
+// or started.
+func newClusterNodes(t testing.TB, c *Cluster, names ...string) []*Node {
 	t.Helper()
-	skipUnlessServers(t, envPostgresDSN)
-	if opts.FailoverSlots && version < 17 {
-		t.Fatalf("testenv: failover slots need Postgres 17 or later, not %d", version)
-	}
 	reapClusters()
-	bin := postgresBin(t, version)
+	c.Bin = postgresBin(t, c.Version)
 	dir, err := os.MkdirTemp("", "outbox-relay-cluster-")
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	c := &Cluster{Version: version, Bin: bin, Dir: dir, Database: "outbox", StandbySlot: "standby_slot", opts: opts}
+	c.Dir = dir
 	// The owner file lets a later run stop servers whose test died without
 	// its cleanups (a -timeout panic).
 	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
@@ -102,20 +99,33 @@ func NewCluster(t testing.TB, version int, opts ClusterOptions) *Cluster {
 	if err := c.chownForServer(dir); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	ports, err := serverPorts(2)
+	ports, err := serverPorts(len(names))
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	c.Primary = &Node{Name: "primary", Port: ports[0], c: c}
-	c.Standby = &Node{Name: "standby", Port: ports[1], c: c}
-	for _, n := range []*Node{c.Primary, c.Standby} {
-		n.Data = filepath.Join(dir, n.Name)
-		n.Log = filepath.Join(dir, n.Name+".log")
-		n.sock = filepath.Join(dir, n.Name+".sock")
+	nodes := make([]*Node, len(names))
+	for i, name := range names {
+		n := &Node{Name: name, Port: ports[i], c: c,
+			Data: filepath.Join(dir, name), Log: filepath.Join(dir, name+".log"), sock: filepath.Join(dir, name+".sock")}
 		c.run(t, "mkdir", "-p", n.sock)
+		nodes[i] = n
 	}
+	return nodes
+}
 
-	p := c.Primary
+// NewCluster starts a primary and a standby of Postgres version (13..18) and
+// returns once the standby streams. The binaries are Debian's for 15 when
+// installed, else the Maven Central ones of scripts/dev.sh (fetched on first use).
+func NewCluster(t testing.TB, version int, opts ClusterOptions) *Cluster {
+	t.Helper()
+	skipUnlessServers(t, envPostgresDSN)
+	if opts.FailoverSlots && version < 17 {
+		t.Fatalf("testenv: failover slots need Postgres 17 or later, not %d", version)
+	}
+	c := &Cluster{Version: version, Database: "outbox", StandbySlot: "standby_slot", opts: opts}
+	nodes := newClusterNodes(t, c, "primary", "standby")
+	c.Primary, c.Standby = nodes[0], nodes[1]
+	bin, p := c.Bin, c.Primary
 	c.run(t, filepath.Join(bin, "initdb"), "-D", p.Data, "-U", "postgres", "-E", "UTF8", "--locale=C", "--auth=trust")
 	c.writeFile(t, filepath.Join(p.Data, "postgresql.conf"), "\ninclude_if_exists = 'relay_ha.conf'\ninclude_if_exists = 'relay_role.conf'\n", true)
 	c.writeFile(t, filepath.Join(p.Data, "relay_ha.conf"), c.commonConf(), false)
