@@ -154,6 +154,10 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	var peak, peakDown int64
 	var peakAt time.Time
 	samples := 0
+	// The samples, printed around the peak when it is over the limit:
+	// whether the slot's restart_lsn or the relay's confirmed position
+	// stood still.
+	var trace []walSample
 	sctx, stopSampling := context.WithCancel(ctx)
 	var sampling sync.WaitGroup
 	sampling.Add(1)
@@ -171,8 +175,11 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 			if err != nil || !ok {
 				continue
 			}
+			var unconfirmed int64
+			s.pool.QueryRow(sctx, `SELECT coalesce((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, -1) FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&unconfirmed)
 			mu.Lock()
 			samples++
+			trace = append(trace, walSample{at: time.Now(), retained: b, unconfirmed: unconfirmed, kafkaDown: kafkaDown})
 			if b > peak {
 				peak, peakAt = b, time.Now()
 			}
@@ -375,7 +382,8 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 		peak>>20, peakAt.Sub(backAt).Round(time.Second), peakDown>>20, walBufferBound>>20, limit>>20, samples, backAt.Sub(downAt).Round(time.Second), walWritten>>20,
 		held, tableBytes>>10, tableBytes/max(held, 1), drained.Round(time.Millisecond))
 	if peak > limit {
-		t.Errorf("the slot retained %d bytes of WAL at its peak; want at most %d (the bound plus two segments)", peak, limit)
+		t.Errorf("the slot retained %d bytes of WAL at its peak; want at most %d (the bound plus two segments); the samples around it (s after Kafka came back: retained/unconfirmed MB):\n%s",
+			peak, limit, traceAround(trace, peakAt, backAt))
 	}
 	if rep.Lost != 0 || rep.OrderViolations != 0 || rep.Mismatches != 0 || rep.PoisonWrong != 0 || rep.NonPoisonRetries != 0 {
 		t.Errorf("lost %d, order violations %d, mismatches %d, poison wrong %d, retry rows for good events %d; want 0 each:\n  %s",
@@ -593,4 +601,29 @@ func (s *suite) leader() string {
 		return ""
 	}
 	return *who + " "
+}
+
+// A walSample is one sample of the slot: retained is pg_current_wal_lsn() -
+// restart_lsn, unconfirmed pg_current_wal_lsn() - confirmed_flush_lsn.
+type walSample struct {
+	at                    time.Time
+	retained, unconfirmed int64
+	kafkaDown             bool
+}
+
+// traceAround formats the samples from a minute before at to 20 s after it,
+// their times relative to back.
+func traceAround(trace []walSample, at, back time.Time) string {
+	var b strings.Builder
+	for _, s := range trace {
+		if s.at.Before(at.Add(-time.Minute)) || s.at.After(at.Add(20*time.Second)) {
+			continue
+		}
+		down := ""
+		if s.kafkaDown {
+			down = " (kafka down)"
+		}
+		fmt.Fprintf(&b, "  %+6.0fs %4d/%4d%s\n", s.at.Sub(back).Seconds(), s.retained>>20, s.unconfirmed>>20, down)
+	}
+	return b.String()
 }
