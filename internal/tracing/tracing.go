@@ -1,5 +1,5 @@
-// Package tracing exports one OpenTelemetry span per delivered event that
-// carries a trace context: the relay's part of the event's trace, from its
+// Package tracing exports, over OTLP/HTTP (protobuf), one OpenTelemetry span
+// per delivered event that carries a trace context: the relay's part of the event's trace, from its
 // transaction's commit in Postgres to Kafka's acknowledgement, as a child of
 // the context the outbox row carried.
 //
@@ -12,7 +12,10 @@
 //     retry table) gets no span from the live path.
 //   - Tracing never holds up delivery: spans are batched and exported by the
 //     OpenTelemetry SDK's own goroutine, dropped when its queue is full, and
-//     an exporter that cannot reach its collector only logs.
+//     an exporter that cannot reach its collector only logs (a batch is sent
+//     once, within 10 s, and dropped if refused).
+//   - The package links no gRPC: an unused exporter must not cost the relay
+//     memory (see otlpHTTP).
 //   - The span follows OpenTelemetry's messaging conventions for Kafka
 //     (semconv 1.37): name "send <topic>", kind producer, messaging.system
 //     kafka, messaging.operation.type send, the destination, the message id
