@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"reflect"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -89,8 +89,8 @@ func (c *config) validate() error {
 		}
 	}
 	if e := c.Tracing.OTLPEndpoint; e != "" {
-		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("tracing.otlp_endpoint", "%q: want the OTLP/gRPC collector as http://host:port (plaintext) or https://host:port (TLS), e.g. http://127.0.0.1:4317; \"\" exports no spans", e)
+		if _, err := tracing.ParseEndpoint(e); err != nil {
+			bad("tracing.otlp_endpoint", "%v; \"\" exports no spans", err)
 		}
 	}
 	if c.MaxProcs < 0 || c.MaxProcs > 1024 {

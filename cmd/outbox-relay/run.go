@@ -73,6 +73,11 @@ reaches that position would be skipped for good.`,
 				rc.StartLSNForce = force
 			}
 			if ep := e.cfg.Tracing.OTLPEndpoint; ep != "" {
+				if tracing.GRPCPort(ep) {
+					// Not an error: a collector may serve OTLP/HTTP there,
+					// and tracing must never stop delivery.
+					e.log.Warn("tracing: tracing.otlp_endpoint names port 4317, OTLP/gRPC's; the relay exports over OTLP/HTTP (port 4318 by default), so a gRPC receiver there will refuse its spans", "endpoint", ep)
+				}
 				tr, err := tracing.New(cmd.Context(), tracing.Config{Endpoint: ep, ServiceName: e.cfg.Tracing.ServiceName, Version: version})
 				if err != nil {
 					return fmt.Errorf("%w: %w", errConfig, err)

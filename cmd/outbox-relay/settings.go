@@ -360,7 +360,7 @@ var settings = []setting{
 		flag: "metrics-listen", usage: "metrics address; \"\" disables",
 		field: func(c *config) any { return &c.MetricsListen }},
 	{key: "tracing.otlp_endpoint", def: "", kind: text,
-		doc:   "the OTLP/gRPC collector (`http://host:port` plaintext, `https://host:port` TLS) to export one span per delivered event that carries a trace context (see [Trace context](outbox-table.md#trace-context))",
+		doc:   "the OpenTelemetry collector's OTLP/HTTP receiver (`http://host:4318` plaintext, `https://host:4318` TLS; spans are POSTed to `/v1/traces` under it) to export one span per delivered event that carries a trace context (see [Trace context](outbox-table.md#trace-context)); the relay does not speak OTLP/gRPC (port 4317)",
 		shown: "`\"\"` (off)",
 		field: func(c *config) any { return &c.Tracing.OTLPEndpoint }},
 	{key: "tracing.service_name", def: "outbox-relay", kind: text,

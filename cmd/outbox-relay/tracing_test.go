@@ -1,9 +1,11 @@
 package main
 
 import (
-	"context"
 	"encoding/hex"
-	"net"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -13,24 +15,37 @@ import (
 
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// otlpReceiver is an OTLP/gRPC trace receiver: the collector's service, on a
-// loopback port, keeping what the relay's exporter sends.
+// otlpReceiver is an OTLP/HTTP trace receiver, as a collector's: POST
+// /v1/traces with a binary protobuf ExportTraceServiceRequest (the
+// collector's own message type, so the test checks the wire format rather
+// than the relay's encoding of it), on a loopback port, keeping what the
+// relay's exporter sends.
 type otlpReceiver struct {
-	collectortrace.UnimplementedTraceServiceServer
 	mu    sync.Mutex
 	spans []*tracepb.Span
 	attrs map[string]string // of the last resource
+	bad   []string          // requests that were not OTLP/HTTP protobuf exports
 }
 
-func (r *otlpReceiver) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+func (r *otlpReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, rs := range req.ResourceSpans {
+	body, err := io.ReadAll(req.Body)
+	var ex collectortrace.ExportTraceServiceRequest
+	if err == nil {
+		err = proto.Unmarshal(body, &ex)
+	}
+	if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" || err != nil {
+		r.bad = append(r.bad, fmt.Sprintf("%s %s Content-Type %q: %v", req.Method, req.URL.Path, req.Header.Get("Content-Type"), err))
+		http.Error(w, "not an OTLP/HTTP protobuf trace export", http.StatusBadRequest)
+		return
+	}
+	for _, rs := range ex.ResourceSpans {
 		r.attrs = map[string]string{}
 		for _, kv := range rs.GetResource().GetAttributes() {
 			r.attrs[kv.Key] = kv.GetValue().GetStringValue()
@@ -39,27 +54,23 @@ func (r *otlpReceiver) Export(_ context.Context, req *collectortrace.ExportTrace
 			r.spans = append(r.spans, ss.Spans...)
 		}
 	}
-	return &collectortrace.ExportTraceServiceResponse{}, nil
+	out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.Write(out)
 }
 
 func startOTLPReceiver(t *testing.T) (*otlpReceiver, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
 	r := &otlpReceiver{}
-	collectortrace.RegisterTraceServiceServer(srv, r)
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
-	return r, "http://" + ln.Addr().String()
+	srv := httptest.NewServer(r) // listens on 127.0.0.1
+	t.Cleanup(srv.Close)
+	return r, srv.URL
 }
 
 // TestTraceSpansExported follows one trace through the relay: the outbox
 // row's traceparent (a headers-column entry here; the tracing column is
 // TestCloudEventsEndToEnd's), the relay's span exported over OTLP to a real
-// gRPC receiver as the row span's child, from the commit to the Kafka
+// OTLP/HTTP receiver as the row span's child, from the commit to the Kafka
 // acknowledgement, and the Kafka message's traceparent naming that span. An
 // event without a trace context gets neither a span nor a header.
 func TestTraceSpansExported(t *testing.T) {
@@ -111,6 +122,9 @@ func TestTraceSpansExported(t *testing.T) {
 
 	recv.mu.Lock()
 	defer recv.mu.Unlock()
+	if len(recv.bad) > 0 {
+		t.Errorf("the receiver refused %d requests: %q", len(recv.bad), recv.bad)
+	}
 	if len(recv.spans) != 1 {
 		t.Fatalf("the receiver got %d spans; want 1, the traced event's (relay log:\n%s)", len(recv.spans), p.stderr.String())
 	}
@@ -132,6 +146,11 @@ func TestTraceSpansExported(t *testing.T) {
 	case attrs["messaging.system"] != "kafka" || attrs["messaging.destination.name"] != topic ||
 		attrs["messaging.operation.type"] != "send" || attrs["messaging.message.id"] != traced:
 		t.Errorf("span attributes %v; want the Kafka messaging conventions with this topic and event id", attrs)
+	case attrs["outbox.aggregate_type"] != aggType || attrs["outbox.event_type"] != "Placed":
+		t.Errorf("span attributes %v; want outbox.aggregate_type %s, outbox.event_type Placed", attrs, aggType)
+	case s.Flags != 0x301:
+		// Sampled (the row's flags), and the parent is known to be remote.
+		t.Errorf("span flags %#x; want 0x301 (sampled, remote parent)", s.Flags)
 	case end.Before(start) || start.Before(inserted.Add(-time.Minute)) || end.After(time.Now()):
 		t.Errorf("span from %v to %v; want from the commit (about %v) to the acknowledgement", start, end, inserted)
 	case recv.attrs["service.name"] != "relay-under-test":

@@ -1,5 +1,5 @@
-// Package tracing exports one OpenTelemetry span per delivered event that
-// carries a trace context: the relay's part of the event's trace, from its
+// Package tracing exports, over OTLP/HTTP (protobuf), one OpenTelemetry span
+// per delivered event that carries a trace context: the relay's part of the event's trace, from its
 // transaction's commit in Postgres to Kafka's acknowledgement, as a child of
 // the context the outbox row carried.
 //
@@ -12,7 +12,10 @@
 //     retry table) gets no span from the live path.
 //   - Tracing never holds up delivery: spans are batched and exported by the
 //     OpenTelemetry SDK's own goroutine, dropped when its queue is full, and
-//     an exporter that cannot reach its collector only logs.
+//     an exporter that cannot reach its collector only logs (a batch is sent
+//     once, within 10 s, and dropped if refused).
+//   - The package links no gRPC: an unused exporter must not cost the relay
+//     memory (see otlpHTTP).
 //   - The span follows OpenTelemetry's messaging conventions for Kafka
 //     (semconv 1.37): name "send <topic>", kind producer, messaging.system
 //     kafka, messaging.operation.type send, the destination, the message id
@@ -23,10 +26,10 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
@@ -37,8 +40,11 @@ import (
 
 // Config configures the exporter.
 type Config struct {
-	// Endpoint is the OTLP/gRPC collector: http://host:port (plaintext) or
-	// https://host:port (TLS with the system's roots).
+	// Endpoint is the OTLP/HTTP collector: http://host:port (plaintext) or
+	// https://host:port (TLS with the system's roots), where spans are
+	// POSTed to /v1/traces (a URL that ends in /v1/traces is used as is).
+	// OTLP/HTTP's port is 4318; 4317 is OTLP/gRPC's, which the relay does
+	// not speak.
 	Endpoint    string
 	ServiceName string // resource service.name; default outbox-relay
 	Version     string // resource service.version
@@ -50,21 +56,14 @@ type Tracer struct {
 	tracer trace.Tracer
 }
 
-// New starts an exporter to cfg.Endpoint. It does not wait for the
+// New starts an exporter to cfg.Endpoint. It does not contact the
 // collector: spans wait in the SDK's queue until it answers.
 func New(ctx context.Context, cfg Config) (*Tracer, error) {
-	u, err := url.Parse(cfg.Endpoint)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("tracing.otlp_endpoint %q: want the OTLP/gRPC collector as http://host:port (plaintext) or https://host:port (TLS), e.g. http://127.0.0.1:4317", cfg.Endpoint)
-	}
-	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(u.Host)}
-	if u.Scheme == "http" {
-		opts = append(opts, otlptracegrpc.WithInsecure())
-	}
-	exp, err := otlptracegrpc.New(ctx, opts...)
+	u, err := ParseEndpoint(cfg.Endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("tracing: OTLP exporter for %s: %w", cfg.Endpoint, err)
+		return nil, fmt.Errorf("tracing.otlp_endpoint: %w", err)
 	}
+	exp := newOTLPHTTP(u)
 	if cfg.ServiceName == "" {
 		cfg.ServiceName = "outbox-relay"
 	}
@@ -152,4 +151,29 @@ func (chosenIDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
 func chosenSpanID(ctx context.Context) trace.SpanID {
 	id, _ := ctx.Value(spanIDKey{}).(trace.SpanID)
 	return id
+}
+
+// ParseEndpoint checks an OTLP/HTTP collector endpoint and returns the URL
+// spans are POSTed to: http(s)://host:port[/path]/v1/traces.
+func ParseEndpoint(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err == nil && (u.Scheme == "grpc" || u.Scheme == "grpcs") {
+		return "", fmt.Errorf("%q: the relay exports over OTLP/HTTP, not gRPC: give the collector's OTLP/HTTP receiver as http://host:4318 (plaintext) or https://host:4318 (TLS)", endpoint)
+	}
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("%q: want the collector's OTLP/HTTP receiver as http://host:port (plaintext) or https://host:port (TLS), e.g. http://127.0.0.1:4318", endpoint)
+	}
+	p := strings.TrimSuffix(u.Path, "/")
+	if !strings.HasSuffix(p, "/v1/traces") {
+		p += "/v1/traces"
+	}
+	u.Path, u.RawPath = p, ""
+	return u.String(), nil
+}
+
+// GRPCPort reports whether endpoint names port 4317, OTLP/gRPC's: most
+// likely a collector that will not understand the relay's OTLP/HTTP.
+func GRPCPort(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	return err == nil && u.Port() == "4317"
 }
