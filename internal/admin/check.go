@@ -531,13 +531,22 @@ func checkTransactions(ctx context.Context, cfg *Config, k Kafka, c *checker) {
 // invalidated (a refill then heals a stopped relay's lost slot).
 func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker) {
 	var keepMB, maxWALMB int64
+	var fpiHints bool
 	err := conn.QueryRow(ctx, `SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
-       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_wal_size')`).Scan(&keepMB, &maxWALMB)
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_wal_size'),
+       current_setting('data_checksums') = 'on' OR current_setting('wal_log_hints') = 'on'`).Scan(&keepMB, &maxWALMB, &fpiHints)
 	if err != nil {
 		c.warn("max_retained_wal", "cannot read max_slot_wal_keep_size: %v", cfg.scrub(err))
 		return
 	}
 	bound := cfg.MaxRetainedWAL
+	defer func() {
+		if bound > 0 && fpiHints {
+			// Said apart: vacuum's bursts are the WAL an operator sizing
+			// the bound by the application's write rate leaves out.
+			c.info("max_retained_wal", "data checksums or wal_log_hints are on: vacuum writes full-page images in bursts (about 40 MB/s at the default autovacuum cost settings) that a slot retains until the next xl_running_xacts record, whatever the relay confirms; size the bound for the largest burst on top of 30 s of the steady WAL rate, twice over (docs/wal-buffer.md)")
+		}
+	}()
 	// The bound plus the headroom below which the shipped alert
 	// OutboxRelaySlotAtRisk fires (safe_wal_size < 2e9): a running relay at
 	// its bound must not look at risk. Never under 2 x the bound or

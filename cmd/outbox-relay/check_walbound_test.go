@@ -1,0 +1,56 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestCheckWALBound: check reports postgres.max_retained_wal against the
+// server's max_slot_wal_keep_size as docs/wal-buffer.md says, recommending a
+// max_slot_wal_keep_size of the bound plus 2 GB (at least 2 x the bound and
+// 2 x max_wal_size), and names vacuum's full-page-image bursts when data
+// checksums or wal_log_hints make them. The dev server (4GB, no checksums)
+// for the good case and the bound off; a private server for the settings
+// the shared one must not be given.
+func TestCheckWALBound(t *testing.T) {
+	const burst = "info  max_retained_wal: data checksums or wal_log_hints are on: vacuum writes full-page images in bursts"
+	check := func(t *testing.T) string {
+		t.Helper()
+		_, out, _ := run(t, "check")
+		return out
+	}
+	t.Run("dev server", func(t *testing.T) {
+		dbEnv(t)
+		out := check(t)
+		wantLines(t, "check", out, "ok    max_retained_wal: 1024MB, below max_slot_wal_keep_size = 4096MB: a running relay buffers in Postgres long before its slot could be lost")
+		if strings.Contains(out, burst) {
+			t.Errorf("check names vacuum's bursts on a server without checksums or wal_log_hints:\n%s", out)
+		}
+		t.Setenv("RELAY_POSTGRES_MAX_RETAINED_WAL", "off")
+		wantLines(t, "check", check(t), "warn  max_retained_wal: off: while Kafka is away the slot keeps WAL up to max_slot_wal_keep_size = 4096MB, then it is invalidated and needs a refill")
+	})
+	t.Run("private server", func(t *testing.T) {
+		srv := testenv.NewServer(t, 15, testenv.ServerOptions{Conf: "max_slot_wal_keep_size = 1GB\nmax_wal_size = 2GB\nwal_log_hints = on\n"})
+		cleanEnv(t)
+		t.Setenv("RELAY_POSTGRES_DSN", srv.DSN(""))
+		t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9")
+		out := check(t)
+		// 2 x max_wal_size (4GB) is the largest of the three.
+		wantLines(t, "check", out,
+			"warn  max_retained_wal: 1024MB, but max_slot_wal_keep_size = 1024MB may invalidate the slot of a running relay before it buffers",
+			"raise max_slot_wal_keep_size to at least '4096MB' or lower postgres.max_retained_wal",
+			burst)
+		srv.Exec(t, "", `ALTER SYSTEM SET max_slot_wal_keep_size = -1`)
+		srv.Exec(t, "", `SELECT pg_reload_conf()`)
+		wantLines(t, "check", check(t),
+			"warn  max_retained_wal: 1024MB while the relay runs; max_slot_wal_keep_size is unlimited, so a STOPPED relay's slot keeps WAL until the disk is full: set max_slot_wal_keep_size = '4096MB'")
+		t.Setenv("RELAY_POSTGRES_MAX_RETAINED_WAL", "0")
+		out = check(t)
+		wantLines(t, "check", out, "warn  max_retained_wal: off, and max_slot_wal_keep_size is unlimited")
+		if strings.Contains(out, burst) {
+			t.Errorf("check names vacuum's bursts with the bound off:\n%s", out)
+		}
+	})
+}
