@@ -212,7 +212,7 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		return ctx.Err()
 	}
 	if t.leftBuffering() {
-		return &switchError{to: modeDrainFirst, why: "the WAL buffer is nearly empty and Kafka takes events"}
+		return &switchError{to: modeDrainFirst, why: "the WAL buffer is nearly empty, Kafka takes events and the slot just moved"}
 	}
 	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
 }

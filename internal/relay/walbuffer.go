@@ -193,11 +193,14 @@ func (r *Relay) runBuffered(streamCtx, gctx context.Context, pool *pgxpool.Pool,
 		return r.runStream(streamCtx, gctx, t, raw)
 	case t.mode == modeBuffering:
 		r.log.Warn("WAL buffer: buffering: events read go to the buffer table, and from it to Kafka in order", "slot", slot, "table", t.buffer.Table().String())
+		leave := walbuffer.NewLeaveGate(r.cfg.MaxRetainedWAL)
+		g.Go(func() error { r.sampleRetained(streamCtx, pool, leave); return nil })
 		g.Go(func() error {
 			return ignoreCanceled(r.drain(streamCtx, t, false, func() {
 				// Kafka takes what it is handed and little is left: leave
-				// buffering once the buffering time covers a flap.
-				if since, _ := r.drainSink().Outage(); since.IsZero() && time.Since(t.began) >= minBuffering {
+				// buffering once the buffering time covers a flap, and
+				// just after the slot moved (walbuffer.LeaveGate).
+				if since, _ := r.drainSink().Outage(); since.IsZero() && time.Since(t.began) >= minBuffering && leave.Ready(time.Now()) {
 					t.leaveBuffering()
 				}
 			}))
@@ -297,6 +300,23 @@ func (r *Relay) watchRetained(ctx context.Context, pool *pgxpool.Pool, t *term) 
 			why += fmt.Sprintf(": nothing confirmed for %s", now.Sub(moved).Round(time.Second))
 		}
 		return &switchError{to: modeBuffering, why: why}
+	}
+}
+
+// sampleRetained feeds the slot's retained WAL to gate once a second until
+// ctx ends; a failed sample is skipped (the gate's MaxLeaveWait covers it).
+func (r *Relay) sampleRetained(ctx context.Context, pool *pgxpool.Pool, gate *walbuffer.LeaveGate) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		if b, ok, err := walbuffer.RetainedWAL(ctx, pool, r.cfg.Replication.Slot); err == nil && ok {
+			gate.Sample(b, time.Now())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
 }
 

@@ -18,8 +18,8 @@
 // events), deleting rows once Kafka acknowledged them or the retry table
 // stored them. While the table holds rows of the slot, new events keep
 // appending behind them: nothing read later overtakes what is buffered. When
-// the drainer finds the table nearly empty and Kafka answering, the relay
-// stops the buffering pipeline at a transaction boundary (its checkpoint
+// the drainer finds the table nearly empty and Kafka answering, and the slot
+// has just moved (LeaveGate), the relay stops the buffering pipeline at a transaction boundary (its checkpoint
 // saved), drains the rest before it streams again, and then streams live
 // from the checkpoint.
 //
