@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // The JSON scanner of the headers column and of a logical message's content:
@@ -30,6 +31,12 @@ func estimateHeaders(b []byte) int {
 func appendJSONHeaders(dst []Header, b []byte) ([]Header, error) {
 	if !json.Valid(b) {
 		return dst, errors.New("not valid JSON")
+	}
+	// json.Valid passes invalid UTF-8 inside strings, which unquote would hand on
+	// as it is where a string has no escapes and encoding/json would turn into
+	// U+FFFD where it has: refused, as the message source refuses such content.
+	if !utf8.Valid(b) {
+		return dst, errors.New("not valid UTF-8 (JSON is UTF-8)")
 	}
 	// b is valid JSON from here on, so the scanner below need not re-check it.
 	i := skipSpace(b, 0)

@@ -6,14 +6,16 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"unicode/utf8"
 )
 
 // referenceHeaders is encoding/json's reading of a headers object, in the
 // scanner's terms: the entries in stored order (duplicates kept), strings as
 // their decoded text, other values as their JSON text, nulls left out; ok is
-// false when b is not a JSON object.
+// false when b is not a JSON object, or not UTF-8 (which encoding/json would
+// alter, turning bytes into U+FFFD).
 func referenceHeaders(b []byte) (hs []Header, ok bool) {
-	if !json.Valid(b) {
+	if !json.Valid(b) || !utf8.Valid(b) {
 		return nil, false
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -52,7 +54,7 @@ func referenceHeaders(b []byte) (hs []Header, ok bool) {
 }
 
 // FuzzAppendJSONHeaders: the headers scanner never panics, refuses what is not
-// a JSON object, and reads every object as encoding/json does (same entries,
+// a UTF-8 JSON object, and reads every object as encoding/json does (same entries,
 // same order, same bytes), after what dst already held, with an estimate that
 // never falls short. The seeds are the headers of the router's unit tests.
 func FuzzAppendJSONHeaders(f *testing.F) {
