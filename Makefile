@@ -11,7 +11,9 @@ LDFLAGS := -X main.version=$(VERSION)
 # Exports RELAY_POSTGRES_DSN, RELAY_KAFKA_BROKERS and the RELAY_TEST_* twins for a recipe.
 WITH_DEV_ENV := eval "$$($(DEV) env)" &&
 
-.PHONY: all build test test-short test-faults test-pg-matrix test-kafka dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
+BENCH   := cd bench &&
+
+.PHONY: all build bench-build test test-short test-faults test-pg-matrix test-kafka dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
 
 all: build
 
@@ -21,16 +23,25 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/outbox-relay ./cmd/outbox-relay
 
+# The bench is a module of its own (bench/go.mod: its plotting stays out of the
+# product's go.mod); bin/outbox-bench runs from the repository root, where its defaults
+# (bin/outbox-relay, docs/bench) are.
+bench-build:
+	$(BENCH) $(GO) build -o ../bin/outbox-bench ./cmd/outbox-bench
+
 # The integration tests need the dev servers: start them (a no-op when they run), and
 # the Kafka Connect + Debezium jars that internal/testenv/debezium runs (cached).
+# ./... stops at bench/go.mod: the bench's tests run second, on the same servers.
 test: dev-up
 	@$(DEV) debezium-libs
 	$(WITH_DEV_ENV) $(GO) test -race -count=1 -timeout 40m ./...
+	$(WITH_DEV_ENV) $(BENCH) $(GO) test -race -count=1 -timeout 10m ./...
 
 # Unit tests only, in well under a minute: no servers and no Docker. Integration tests
 # skip, naming `make dev-up` (testenv, under -short with no RELAY_TEST_* servers).
 test-short:
 	env -u RELAY_TEST_POSTGRES_DSN -u RELAY_TEST_KAFKA_BROKERS $(GO) test -short -count=1 ./...
+	$(BENCH) env -u RELAY_TEST_POSTGRES_DSN -u RELAY_TEST_KAFKA_BROKERS $(GO) test -short -count=1 ./...
 
 # The fault-injection suite and the randomized hostile-data run in their full forms
 # (`make test` runs reduced ones): the fault suite kills and pauses the dev servers, so it
@@ -86,9 +97,9 @@ demo:
 # run, as testenv's tests do (.dev/fault.lock): it waits while a fault test of a concurrent
 # `go test` has a server stopped on purpose (dev-up would restart it), and no fault test
 # stops one under it. -o: a server that `up` starts must not inherit the lock.
-bench: build
+bench: build bench-build
 	@mkdir -p .dev
-	flock -o -s .dev/fault.lock bash -c '$(DEV) up && $(WITH_DEV_ENV) $(GO) run ./cmd/outbox-bench $(BENCH_ARGS)'
+	flock -o -s .dev/fault.lock bash -c '$(DEV) up && $(WITH_DEV_ENV) bin/outbox-bench $(BENCH_ARGS)'
 
 # A soak (not in CI): the relay's drain capacity first, then the relay at half of it for
 # SOAK (30m), RSS and commit→ack p99 per minute, appended to report.md and soak.jsonl as
@@ -96,9 +107,9 @@ bench: build
 # PASS/FAIL on flat RSS, no p99 drift and every event delivered. BENCH_ARGS adds flags
 # (-rate N skips the capacity drain). Same shared lock as bench.
 SOAK ?= 30m
-bench-soak: build
+bench-soak: build bench-build
 	@mkdir -p .dev
-	flock -o -s .dev/fault.lock bash -c '$(DEV) up && $(WITH_DEV_ENV) $(GO) run ./cmd/outbox-bench -soak $(SOAK) $(BENCH_ARGS)'
+	flock -o -s .dev/fault.lock bash -c '$(DEV) up && $(WITH_DEV_ENV) bin/outbox-bench -soak $(SOAK) $(BENCH_ARGS)'
 
 # A replay of 1,000,000 outbox rows through the binary: events/s, CPU and peak RSS (the
 # test's log). make test runs the same test on 20,000 rows.
@@ -109,6 +120,7 @@ lint:
 	@files=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$files" ]; then echo "gofmt needed:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
+	$(BENCH) $(GO) vet ./...
 
 # The Helm chart and the plain manifests in deploy/: helm lint, kubeconform against the
 # Kubernetes schemas, a negative check, and deploy/kubernetes/outbox-relay.yaml up to date

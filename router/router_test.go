@@ -326,6 +326,8 @@ func TestRouteHeadersColumn(t *testing.T) {
 		{"JSON null", `null`, base, 0, false},
 		{"not JSON", `{"a":`, base, 0, true},
 		{"empty text", ``, base, 0, true},
+		{"invalid UTF-8 in a value", "{\"x\": \"a\xff\"}", base, 0, true},
+		{"invalid UTF-8 in a key", "{\"\x93\": \"v\"}", base, 0, true},
 	}
 	r := mustNew(t, router.Config{})
 	for _, tt := range tests {

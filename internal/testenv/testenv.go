@@ -6,7 +6,8 @@
 //  1. RELAY_TEST_POSTGRES_DSN / RELAY_TEST_KAFKA_BROKERS, as printed by
 //     `make -s dev-env` for the servers of `make dev-up` (scripts/dev.sh). The fault
 //     helpers (StopKafka, StartKafka, StopPostgres, StartPostgres) then run
-//     scripts/dev.sh, found by walking up to the directory holding go.mod, for the dev
+//     scripts/dev.sh, found by walking up to the directory whose go.mod is the
+//     product's (not the nested bench module's, bench/go.mod), for the dev
 //     servers at RELAY_DEV_PG_PORT / RELAY_DEV_KAFKA_PORT; they refuse to act when the
 //     DSN or brokers point at another port, so a foreign server is never stopped.
 //  2. Otherwise testcontainers-go, when a Docker engine answers: one Postgres 15
@@ -71,27 +72,39 @@ var (
 	lock     *faultLock
 )
 
-// repoRoot is the directory holding go.mod, found by walking up from the test's
-// working directory (its package directory), or "" when there is none.
+// repoRoot is the repository root (see rootFrom), found from the test's working
+// directory (its package directory), or "" when there is none.
 func repoRoot() string {
 	repoRootOnce.Do(func() {
-		dir, err := os.Getwd()
-		if err != nil {
-			return
-		}
-		for {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				repoRootDir = dir
-				return
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				return
-			}
-			dir = parent
+		if dir, err := os.Getwd(); err == nil {
+			repoRootDir = rootFrom(dir)
 		}
 	})
 	return repoRootDir
+}
+
+// rootModule is the module line of the repository root's go.mod.
+const rootModule = "module github.com/outbox-relay/outbox-relay"
+
+// rootFrom walks up from dir to the directory whose go.mod declares the product's
+// module, or returns "". Not the first go.mod above dir: the bench is a nested module
+// (bench/go.mod) whose tests run in bench/cmd/outbox-bench, and they must share
+// .dev/fault.lock, the Postgres socket and scripts/dev.sh with every other test.
+func rootFrom(dir string) string {
+	for {
+		if mod, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil {
+			for _, line := range strings.Split(string(mod), "\n") {
+				if strings.TrimSpace(line) == rootModule {
+					return dir
+				}
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
 }
 
 func faultLocker() *faultLock {

@@ -459,3 +459,40 @@ func (f *fatalRecorder) Fatalf(format string, args ...any) {
 }
 
 func (f *fatalRecorder) Helper() {}
+
+// TestRootFromNestedModule: a test of the nested bench module (bench/go.mod) runs in
+// bench/cmd/outbox-bench; the root it finds must be the repository's, where .dev (the
+// fault lock shared with every other test binary, the Postgres socket) and scripts/dev.sh
+// are, not bench/.
+func TestRootFromNestedModule(t *testing.T) {
+	repo := t.TempDir()
+	write := func(rel, text string) {
+		t.Helper()
+		path := filepath.Join(repo, rel)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module github.com/outbox-relay/outbox-relay\n\ngo 1.26\n")
+	write("bench/go.mod", "module github.com/outbox-relay/outbox-relay/bench\n\ngo 1.26\n\n"+
+		"replace github.com/outbox-relay/outbox-relay => ../\n")
+	write("bench/cmd/outbox-bench/main.go", "package main\n")
+	write("internal/relay/relay.go", "package relay\n")
+
+	for _, dir := range []string{
+		repo,
+		filepath.Join(repo, "internal", "relay"),
+		filepath.Join(repo, "bench"),
+		filepath.Join(repo, "bench", "cmd", "outbox-bench"),
+	} {
+		if got := rootFrom(dir); got != repo {
+			t.Errorf("rootFrom(%s) = %q; want the repository root %q", dir, got, repo)
+		}
+	}
+	if got := rootFrom(t.TempDir()); got != "" {
+		t.Errorf("rootFrom(a directory outside any module) = %q; want \"\"", got)
+	}
+}
