@@ -220,7 +220,7 @@ func TestMessagesRefillFromArchive(t *testing.T) {
 	f.waitHistoryCovered(t)
 	run.stop(t)
 
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	emit(3, 5) // no slot: only the archive has them
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	emit(1, 5)

@@ -50,7 +50,7 @@ func (f *fixture) partitionedOutbox(t *testing.T, viaRoot bool) {
 		f.pg.Exec(t, `CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert')`)
 	}
 	// The slot must decode with the new publication: recreate it after.
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 }
 
@@ -493,7 +493,7 @@ func TestDebeziumTableWithoutEventType(t *testing.T) {
 	f.pg.Exec(t, `CREATE TABLE dbz_outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
     aggregateid varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`)
 	f.pg.Exec(t, outboxsql.CreatePublication("outbox_relay", outboxsql.Table{Schema: "public", Name: "dbz_outbox"}))
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	cfg := f.config(t)
 	cfg.Table = "public.dbz_outbox"

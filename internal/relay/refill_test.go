@@ -93,7 +93,7 @@ func TestRefillRecreatedSlot(t *testing.T) {
 	run.stop(t)
 	cp := f.checkpointLSN(t)
 
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	f.produce(t, 1, 5, 0) // decoded by the recreated slot, and in the table
@@ -232,7 +232,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // the held event's aggregate has later events here
 
 	began := time.Now()
@@ -289,7 +289,7 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // the dead letter's aggregate has later events here
 	f.start(t, cfg)
 	waitFor(t, time.Minute, "the refill recorded in the checkpoint row", func() (bool, string) {
@@ -394,7 +394,7 @@ func TestRefillRefused(t *testing.T) {
 	f.waitHistoryCovered(t)
 	run.stop(t)
 	cp := f.checkpointLSN(t)
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 1, 5, 0)
 
 	f.pg.Exec(t, `UPDATE outbox_relay_checkpoint SET system_identifier = '1' WHERE slot_name = $1`, f.slot)
@@ -451,7 +451,7 @@ func TestRefillKilledResumes(t *testing.T) {
 	f.waitHistoryCovered(t)
 	run.stop(t)
 
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	const total = 20000
 	f.pg.Exec(t, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
 SELECT gen_random_uuid(), 'Order', 'k-' || (i % 50), 'OrderChanged', jsonb_build_object('i', i) FROM generate_series(1, $1::int) i`, total)
@@ -536,7 +536,7 @@ func TestRecoverLogsProgress(t *testing.T) {
 	f.waitAll(t, time.Minute)
 	f.waitHistoryCovered(t)
 	run.stop(t)
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them
 
 	logs := &logBuffer{t: t}

@@ -79,7 +79,7 @@ func TestRecreatedSlotRefused(t *testing.T) {
 	run.stop(t)
 	cp := f.checkpointLSN(t)
 
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 2, 5, 0) // never sent
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	slotAt := f.slotConfirmed(t)

@@ -275,7 +275,7 @@ func TestSeveralTablesRefill(t *testing.T) {
 	f.waitHistoryCovered(t)
 	run.stop(t)
 
-	f.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, f.slot)
+	f.pg.DropSlot(t, f.slot)
 	for range 5 {
 		p.tx(t, f, 3+p.rng.IntN(20)) // no slot: only the tables have them
 	}

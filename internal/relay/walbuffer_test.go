@@ -263,6 +263,15 @@ func TestWALBuffer(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// It leaves buffering just after the slot moved (walbuffer.LeaveGate):
+	// within MaxLeaveWait of the buffer emptying.
+	for deadline := time.Now().Add(walbuffer.MaxLeaveWait + 30*time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if v := gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active"); v == 0 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("outbox_relay_wal_buffer_active = %v %s after the buffer emptied; want 0 (live again)", v, walbuffer.MaxLeaveWait+30*time.Second)
+		}
+	}
 	f.insertTx(t, f.makeEvents(5))
 	f.waitAll(t, 30*time.Second)
 	got := f.readAll(t)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -204,12 +205,21 @@ func TestReplayKilledAndResumed(t *testing.T) {
 	env := f.relayEnv(t)
 	cmd := exec.Command(testenv.RelayBinary(t), "replay", "--id", "killed", "--batch", "100", "--rate", "2000")
 	cmd.Env = env
-	var out bytes.Buffer
+	var out lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(700 * time.Millisecond)
+	// Killed 400 ms after its producer is up (at 2,000 events/s, under
+	// half-way), not 700 ms after start: on a loaded machine the process
+	// could still be starting then.
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "kafka idempotent producer"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("replay's producer not up 30s after start\n%s", out.String())
+		}
+	}
+	time.Sleep(400 * time.Millisecond)
 	cmd.Process.Kill()
 	cmd.Wait()
 	before := count(f.read(t, f.prefix+"Order", "killed"))
@@ -240,4 +250,22 @@ func TestReplayKilledAndResumed(t *testing.T) {
 		t.Errorf("%d events sent twice; want at most one page (100)", dups)
 	}
 	t.Logf("killed after %d of 3000 events; resumed: all delivered, %d sent twice", before, dups)
+}
+
+// lockedBuffer is a bytes.Buffer a process writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/testcontainers/testcontainers-go"
 )
@@ -141,6 +143,31 @@ func (p *PG) Exec(t testing.TB, sql string, args ...any) {
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, sql, args...); err != nil {
 		t.Fatalf("testenv: Exec(%q): %v", sql, err)
+	}
+}
+
+// DropSlot drops the replication slot, waiting up to 30 s while it is still
+// active: a walsender ends a moment after its client closed the connection
+// (longer on a loaded machine), and pg_drop_replication_slot refuses an
+// active slot.
+func (p *PG) DropSlot(t testing.TB, slot string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := connectRetry(ctx, p.DSN)
+	if err != nil {
+		t.Fatalf("testenv: drop slot %s: connect: %v", slot, err)
+	}
+	defer conn.Close(context.Background())
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+		var pgErr *pgconn.PgError
+		if err == nil {
+			return
+		}
+		if !errors.As(err, &pgErr) || pgErr.Code != "55006" || time.Now().After(deadline) {
+			t.Fatalf("testenv: drop slot %s: %v", slot, err)
+		}
 	}
 }
 
