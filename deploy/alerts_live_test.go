@@ -28,7 +28,6 @@ package deploy
 // the binary exports them.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -170,7 +169,7 @@ scrape_configs:
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr,
 	)
-	var log syncBuffer
+	var log testenv.Output
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start prometheus: %v", err)
@@ -492,7 +491,7 @@ type alertRelay struct {
 	extra   []string
 	cmd     *exec.Cmd
 	done    chan error
-	log     *syncBuffer
+	log     *testenv.Output
 	started time.Time
 }
 
@@ -505,7 +504,7 @@ func (r *alertRelay) start(t *testing.T) {
 	t.Helper()
 	cmd := exec.Command(r.slot.bin, "run")
 	cmd.Env = append(append(append([]string(nil), r.slot.env...), "RELAY_METRICS_LISTEN="+r.addr), r.extra...)
-	r.log = &syncBuffer{}
+	r.log = &testenv.Output{}
 	cmd.Stdout, cmd.Stderr = r.log, r.log
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start relay %s: %v", r.name, err)
@@ -581,24 +580,6 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's writes and the test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestAlertsHealthyPairThenFlapping: a healthy HA pair under load fires

@@ -195,7 +195,7 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 // their own (none exists: the test creates those it needs), and waits for
 // replication to start. GOMEMLIMIT, GOGC and GOMAXPROCS are left unset, as an
 // operator runs it. The relay is stopped at the end of the test.
-func startRelayAtDefaults(t *testing.T, bin string) (*exec.Cmd, *syncBuffer) {
+func startRelayAtDefaults(t *testing.T, bin string) (*exec.Cmd, *testenv.Output) {
 	t.Helper()
 	t.Setenv("RELAY_KAFKA_BROKERS", kafkaBrokers(t))
 	t.Setenv("RELAY_METRICS_LISTEN", "")
@@ -207,7 +207,7 @@ func startRelayAtDefaults(t *testing.T, bin string) (*exec.Cmd, *syncBuffer) {
 		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
 	}
 	cmd := exec.Command(bin, "run")
-	stderr := &syncBuffer{}
+	stderr := &testenv.Output{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -228,7 +228,7 @@ func startRelayAtDefaults(t *testing.T, bin string) (*exec.Cmd, *syncBuffer) {
 
 // waitCheckpoint waits until the relay's checkpoint reaches lsn: everything
 // before it acknowledged by Kafka or stored in the retry table.
-func waitCheckpoint(t *testing.T, dsn, slot, lsn string, stderr *syncBuffer, timeout time.Duration) {
+func waitCheckpoint(t *testing.T, dsn, slot, lsn string, stderr *testenv.Output, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for queryString(t, dsn, `SELECT (coalesce(max(lsn), '0/0') >= $2::pg_lsn)::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, slot, lsn) != "true" {
@@ -240,7 +240,7 @@ func waitCheckpoint(t *testing.T, dsn, slot, lsn string, stderr *syncBuffer, tim
 }
 
 // waitLog waits until the relay's log holds s.
-func waitLog(t *testing.T, log *syncBuffer, s string, timeout time.Duration) {
+func waitLog(t *testing.T, log *testenv.Output, s string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !strings.Contains(log.String(), s) {

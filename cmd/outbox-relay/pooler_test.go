@@ -44,7 +44,7 @@ func TestPgBouncer(t *testing.T) {
 			ids = append(ids, insertEvents(t, direct, aggType, 20, 0)...)
 			waitDelivered(t, k, topic, ids, "through pgbouncer")
 			assertOrder(t, k, topic, ids)
-			waitCheckpoint(t, direct, slot, walNow(t, direct).String(), &syncBuffer{}, time.Minute)
+			waitCheckpoint(t, direct, slot, walNow(t, direct).String(), &testenv.Output{}, time.Minute)
 
 			code, out, errOut = run(t, "lag")
 			if code != exitcode.OK {
@@ -85,7 +85,7 @@ func runWithin(t *testing.T, d time.Duration, args ...string) (code int, stdout,
 	}
 	done := make(chan result, 1)
 	go func() {
-		var o, e syncBuffer
+		var o, e testenv.Output
 		c := execute(args, &o, &e)
 		done <- result{c, o.String(), e.String()}
 	}()

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,25 +26,8 @@ import (
 // test's own environment), its output collected.
 type secRelay struct {
 	cmd            *exec.Cmd
-	stdout, stderr *syncBuffer
+	stdout, stderr *testenv.Output
 	done           chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // secEnv is the process environment: PATH and HOME, then env (KEY=value).
@@ -56,7 +37,7 @@ func secEnv(env ...string) []string {
 
 func startSecRelay(t *testing.T, env []string, args ...string) *secRelay {
 	t.Helper()
-	r := &secRelay{stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	r := &secRelay{stdout: &testenv.Output{}, stderr: &testenv.Output{}, done: make(chan error, 1)}
 	r.cmd = exec.Command(testenv.RelayBinary(t), args...)
 	r.cmd.Env = secEnv(env...)
 	r.cmd.Stdout, r.cmd.Stderr = r.stdout, r.stderr

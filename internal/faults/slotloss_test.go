@@ -2,7 +2,6 @@ package faults
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -54,7 +52,7 @@ func TestSlotLoss(t *testing.T) {
 // slotLossRelay is one relay process of a slot-loss run.
 type slotLossRelay struct {
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *testenv.Output
 	done chan error
 }
 
@@ -64,31 +62,13 @@ func startSlotLossRelay(t *testing.T, bin string, env []string) *slotLossRelay {
 	t.Helper()
 	cmd := exec.Command(bin, "run")
 	cmd.Env = env
-	r := &slotLossRelay{cmd: cmd, out: &lockedBuffer{}, done: make(chan error, 1)}
+	r := &slotLossRelay{cmd: cmd, out: &testenv.Output{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = r.out, r.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() { r.done <- cmd.Wait() }()
 	return r
-}
-
-// lockedBuffer is a process's output, read while it writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func runSlotLoss(t *testing.T, bin string, loss slotLoss) {

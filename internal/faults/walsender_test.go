@@ -106,7 +106,7 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	t.Logf("seed %d, relay output %s", seed, logFile.Name())
 	cmd := exec.Command(bin, "run")
 	cmd.Env = env
-	out := &lockedBuffer{}
+	out := &testenv.Output{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -205,7 +204,7 @@ func TestReplayKilledAndResumed(t *testing.T) {
 	env := f.relayEnv(t)
 	cmd := exec.Command(testenv.RelayBinary(t), "replay", "--id", "killed", "--batch", "100", "--rate", "2000")
 	cmd.Env = env
-	var out lockedBuffer
+	var out testenv.Output
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -250,22 +249,4 @@ func TestReplayKilledAndResumed(t *testing.T) {
 		t.Errorf("%d events sent twice; want at most one page (100)", dups)
 	}
 	t.Logf("killed after %d of 3000 events; resumed: all delivered, %d sent twice", before, dups)
-}
-
-// lockedBuffer is a bytes.Buffer a process writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
