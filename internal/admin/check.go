@@ -540,13 +540,6 @@ func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker)
 		return
 	}
 	bound := cfg.MaxRetainedWAL
-	defer func() {
-		if bound > 0 && fpiHints {
-			// Said apart: vacuum's bursts are the WAL an operator sizing
-			// the bound by the application's write rate leaves out.
-			c.info("max_retained_wal", "data checksums or wal_log_hints are on: vacuum writes full-page images in bursts (about 40 MB/s at the default autovacuum cost settings) that a slot retains until the next xl_running_xacts record, whatever the relay confirms; size the bound for the largest burst on top of 30 s of the steady WAL rate, twice over (docs/wal-buffer.md)")
-		}
-	}()
 	// The bound plus the headroom below which the shipped alert
 	// OutboxRelaySlotAtRisk fires (safe_wal_size < 2e9): a running relay at
 	// its bound must not look at risk. Never under 2 x the bound or
@@ -565,6 +558,11 @@ func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker)
 		c.warn("max_retained_wal", "%s, but max_slot_wal_keep_size = %s may invalidate the slot of a running relay before it buffers (it starts at half the bound, and the slot keeps up to ~15 s of WAL more): raise max_slot_wal_keep_size to at least '%s' or lower postgres.max_retained_wal (docs/wal-buffer.md)%s", mb(bound), mb(keepMB<<20), mb(recommend), eosNote(cfg))
 	default:
 		c.ok("max_retained_wal", "%s, below max_slot_wal_keep_size = %s: a running relay buffers in Postgres long before its slot could be lost%s", mb(bound), mb(keepMB<<20), eosNote(cfg))
+	}
+	if bound > 0 && fpiHints {
+		// Said apart: vacuum's bursts are the WAL an operator sizing the
+		// bound by the application's write rate leaves out.
+		c.info("max_retained_wal", "data checksums or wal_log_hints are on: vacuum writes full-page images in bursts (about 40 MB/s at the default autovacuum cost settings) that a slot retains until the next xl_running_xacts record, whatever the relay confirms; size the bound for the largest burst on top of 30 s of the steady WAL rate, twice over (docs/wal-buffer.md)")
 	}
 }
 
