@@ -52,7 +52,7 @@ PG_MATRIX_RUN='^('\
 'TestLeastPrivilege|TestCheckWarnsSuperuser|TestCheckGood|TestCheckBroken|TestSetup.*|TestGrant.*|'\
 'TestPublicationRecreatedAfterSlot|TestStartLSNBeyondWAL.*|TestCheckpointSet.*|TestPrune|'\
 'TestEndToEnd|TestMessagesEndToEnd|TestSIGKILLMidStream|TestSIGTERMMidStream|TestIdleAdvancesSlot|TestPostgresRestart|TestSchemaDriftStops|'\
-'TestFaultSuite|TestHighAvailability|TestHostile|TestWALBuffer|TestStore|TestDrainer|TestDrainerFenced|TestWriteCost|'\
+'TestFaultSuite|TestHighAvailability|TestHostile|TestWALBuffer|TestStore|TestDrainer|TestDrainerFenced|TestWriteCost|TestLogSnapshots|TestCheckWALBound|'\
 'TestLag.*|TestStatus|TestMetricsDuringRun|'\
 'TestReplay(ByTimeAggregateAndTopic|FromLSN|OrderWithConcurrentWriters|Resume|BesideLiveRelay|KilledAndResumed)|'\
 'TestInsertThenDelete|TestRetention.*|TestRound.*|TestDryRun|TestCheckTable|'\

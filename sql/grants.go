@@ -187,6 +187,21 @@ END
 `, Literal(role)))
 }
 
+// GrantLogSnapshots grants role EXECUTE on pg_log_standby_snapshot() where
+// the server has it (Postgres 16+; a no-op before): with it, a relay near
+// postgres.max_retained_wal logs running-xacts records itself, so that its
+// slot's restart_lsn follows what it confirms within seconds rather than
+// the server's 15 s or more (internal/walbuffer's snapshots.go).
+func GrantLogSnapshots(role string) string {
+	return Do(fmt.Sprintf(`
+BEGIN
+    IF to_regprocedure('pg_log_standby_snapshot()') IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO %%I', %s);
+    END IF;
+END
+`, Literal(role)))
+}
+
 // Do wraps a PL/pgSQL body in a DO statement, dollar-quoted with a tag the
 // body does not contain (names from the configuration may hold "$$").
 func Do(body string) string {

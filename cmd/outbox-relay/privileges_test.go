@@ -166,6 +166,14 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 	wantLines(t, "check", out, "ok    role: "+role+" has REPLICATION", "ok    privileges: "+role+" has what the relay needs on ",
 		"info  TLS: no - the connection is not encrypted; set sslmode=verify-full")
+	// The bound's running-xacts records: granted by the script where the
+	// server has the function (Postgres 16+).
+	wantLines(t, "setup --print-sql", script, "GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO %I")
+	if v := queryString(t, su, `SHOW server_version_num`); v >= "160000" {
+		wantLines(t, "check", out, `ok    max_retained_wal: "`+role+`" may run pg_log_standby_snapshot()`)
+	} else {
+		wantLines(t, "check", out, "info  max_retained_wal: before Postgres 16 the slot moves only at the server's xl_running_xacts records")
+	}
 
 	// run, as the role: events delivered, a failed event stored in the
 	// retry table (INSERT and the sequence), checkpoints saved.

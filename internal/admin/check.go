@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
+	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -532,9 +533,10 @@ func checkTransactions(ctx context.Context, cfg *Config, k Kafka, c *checker) {
 func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker) {
 	var keepMB, maxWALMB int64
 	var fpiHints bool
+	var role string
 	err := conn.QueryRow(ctx, `SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
        (SELECT setting::bigint FROM pg_settings WHERE name = 'max_wal_size'),
-       current_setting('data_checksums') = 'on' OR current_setting('wal_log_hints') = 'on'`).Scan(&keepMB, &maxWALMB, &fpiHints)
+       current_setting('data_checksums') = 'on' OR current_setting('wal_log_hints') = 'on', current_user`).Scan(&keepMB, &maxWALMB, &fpiHints, &role)
 	if err != nil {
 		c.warn("max_retained_wal", "cannot read max_slot_wal_keep_size: %v", cfg.scrub(err))
 		return
@@ -559,10 +561,31 @@ func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker)
 	default:
 		c.ok("max_retained_wal", "%s, below max_slot_wal_keep_size = %s: a running relay buffers in Postgres long before its slot could be lost%s", mb(bound), mb(keepMB<<20), eosNote(cfg))
 	}
+	if bound > 0 {
+		checkSnapshots(ctx, conn, role, cfg, c)
+	}
 	if bound > 0 && fpiHints {
 		// Said apart: vacuum's bursts are the WAL an operator sizing the
 		// bound by the application's write rate leaves out.
 		c.info("max_retained_wal", "data checksums or wal_log_hints are on: vacuum writes full-page images in bursts (about 40 MB/s at the default autovacuum cost settings) that a slot retains until the next xl_running_xacts record, whatever the relay confirms; size the bound for the largest burst on top of 30 s of the steady WAL rate, twice over (docs/wal-buffer.md)")
+	}
+}
+
+// checkSnapshots says how closely the slot can follow what the relay
+// confirms: within seconds when the role may log running-xacts records
+// itself (walbuffer.CanLogSnapshots), else at the server's own, every 15 s
+// or more, which the bound must leave room for.
+func checkSnapshots(ctx context.Context, conn *pgx.Conn, role string, cfg *Config, c *checker) {
+	can, exists, err := walbuffer.CanLogSnapshots(ctx, conn)
+	switch {
+	case err != nil:
+		c.warn("max_retained_wal", "cannot read whether the role may run pg_log_standby_snapshot(): %v", cfg.scrub(err))
+	case can:
+		c.ok("max_retained_wal", "%s may run pg_log_standby_snapshot(): near the bound the relay logs running-xacts records itself, so its slot follows what it confirms within seconds", sql.Ident(role))
+	case exists:
+		c.info("max_retained_wal", "%s may not run pg_log_standby_snapshot(): the slot moves only at the server's xl_running_xacts records, every 15 s, and a record that finds a transaction open does not move it, so the bound must leave room for 45 s of the server's WAL; GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO %s (setup --print-sql prints it) lets the relay keep that to seconds (docs/wal-buffer.md)", sql.Ident(role), sql.Ident(role))
+	default:
+		c.info("max_retained_wal", "before Postgres 16 the slot moves only at the server's xl_running_xacts records, every 15 s, and a record that finds a transaction open does not move it, so the bound must leave room for 45 s of the server's WAL (on 16+ the relay can log the records itself: docs/wal-buffer.md)")
 	}
 }
 

@@ -458,6 +458,12 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 	for _, p := range sql.RelayPrivileges(o) {
 		block(p.What+": "+p.Why, p.Grant(role))
 	}
+	if cfg.MaxRetainedWAL > 0 {
+		block("Postgres 16+ (skipped before): the relay near postgres.max_retained_wal logs\n"+
+			"running-xacts records itself, so that its slot follows what it confirms within\n"+
+			"seconds rather than every 15 s or more (docs/wal-buffer.md).",
+			sql.GrantLogSnapshots(role))
+	}
 	slotStmt, slotNote := sql.CreateSlotIfMissing(cfg.Slot), ""
 	if cfg.Failover {
 		// postgres.failover: a failover slot (Postgres 17+).

@@ -102,6 +102,15 @@ func runWALBuffer(t *testing.T, bin string, kill walBufferKill, eos bool) {
 	// such bursts in the bound; this test holds the rate it states.
 	s.pg.Exec(t, `ALTER TABLE noise SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)`)
 	ctx := context.Background()
+	// The relay's role may log running-xacts records where the server has
+	// pg_log_standby_snapshot() (16+), as setup --print-sql grants: near the
+	// bound the slot then follows what the relay confirms within seconds
+	// (walbuffer's snapshots.go). Before 16 it moves every 15 s or more.
+	if cfg, err := pgx.ParseConfig(s.pg.DSN); err != nil {
+		t.Fatal(err)
+	} else if _, err := testenv.SuperuserConnIn(t, s.pg.DSN).Exec(ctx, outboxsql.GrantLogSnapshots(cfg.User)); err != nil {
+		t.Fatalf("grant pg_log_standby_snapshot: %v", err)
+	}
 	var segment int64
 	if err := s.pool.QueryRow(ctx, `SELECT setting::bigint * CASE unit WHEN 'B' THEN 1 WHEN '8kB' THEN 8192 WHEN 'MB' THEN 1048576 END
 FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {

@@ -14,6 +14,7 @@ type walBuffer struct {
 	events, oldest prometheus.Gauge
 	appended       prometheus.Counter
 	drained        prometheus.Counter
+	snapshots      prometheus.Counter
 }
 
 func newWALBuffer(reg *prometheus.Registry) *walBuffer {
@@ -24,13 +25,14 @@ func newWALBuffer(reg *prometheus.Registry) *walBuffer {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
 	}
 	w := &walBuffer{
-		active:   g("wal_buffer_active", "1 while the relay buffers (its slot retained half of postgres.max_retained_wal while delivery was blocked: events go to the WAL buffer table, then to Kafka) or drains the buffer before streaming live; else 0."),
-		events:   g("wal_buffer_events", "Events held in the WAL buffer table for this slot, not yet delivered (sampled)."),
-		oldest:   g("wal_buffer_oldest_age_seconds", "Age of the oldest event held in the WAL buffer table, 0 when none (sampled)."),
-		appended: c("wal_buffer_appended_events_total", "Events written to the WAL buffer table instead of Kafka."),
-		drained:  c("wal_buffer_drained_events_total", "Events delivered from the WAL buffer table (sent to Kafka or stored in the retry table) and deleted from it."),
+		active:    g("wal_buffer_active", "1 while the relay buffers (its slot retained half of postgres.max_retained_wal while delivery was blocked: events go to the WAL buffer table, then to Kafka) or drains the buffer before streaming live; else 0."),
+		events:    g("wal_buffer_events", "Events held in the WAL buffer table for this slot, not yet delivered (sampled)."),
+		oldest:    g("wal_buffer_oldest_age_seconds", "Age of the oldest event held in the WAL buffer table, 0 when none (sampled)."),
+		appended:  c("wal_buffer_appended_events_total", "Events written to the WAL buffer table instead of Kafka."),
+		drained:   c("wal_buffer_drained_events_total", "Events delivered from the WAL buffer table (sent to Kafka or stored in the retry table) and deleted from it."),
+		snapshots: c("wal_snapshots_logged_total", "Running-xacts records the relay logged (pg_log_standby_snapshot(), Postgres 16+) so that its slot's restart_lsn could move before the server's own, every 15 s; logged while the slot retains a quarter of postgres.max_retained_wal."),
 	}
-	reg.MustRegister(w.active, w.events, w.oldest, w.appended, w.drained)
+	reg.MustRegister(w.active, w.events, w.oldest, w.appended, w.drained, w.snapshots)
 	return w
 }
 
@@ -66,6 +68,13 @@ func (m *Metrics) Buffered(n int) {
 func (m *Metrics) Drained(n int) {
 	if m != nil {
 		m.walBuffer.drained.Add(float64(n))
+	}
+}
+
+// WALSnapshotLogged counts a running-xacts record the relay logged.
+func (m *Metrics) WALSnapshotLogged() {
+	if m != nil {
+		m.walBuffer.snapshots.Inc()
 	}
 }
 

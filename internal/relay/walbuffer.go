@@ -166,6 +166,9 @@ func (r *Relay) runBuffered(streamCtx, gctx context.Context, pool *pgxpool.Pool,
 	t.began = time.Now()
 	slot := r.cfg.Replication.Slot
 	r.m.SetBuffering(t.mode != modeLive)
+	if t.buffer != nil {
+		g.Go(func() error { r.nudgeSnapshots(streamCtx, pool); return nil })
+	}
 	switch {
 	case t.mode == modeDrainFirst:
 		// What the buffer holds comes before anything the stream reads:
@@ -317,6 +320,41 @@ func (r *Relay) sampleRetained(ctx context.Context, pool *pgxpool.Pool, gate *wa
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// nudgeSnapshots logs an xl_running_xacts record every
+// walbuffer.NudgeEvery while the slot retains walbuffer.NudgeFraction of the
+// bound and the relay has confirmed most of it, so that restart_lsn follows
+// the confirmed position within seconds rather than the bgwriter's 15 s (or
+// 30 s and more when a record finds a transaction open: walbuffer's
+// snapshots.go). It does nothing where the role cannot (Postgres 13 to 15,
+// a standby, no EXECUTE on pg_log_standby_snapshot()); check says what that
+// costs. A call that fails ends it for the term, with a warning.
+func (r *Relay) nudgeSnapshots(ctx context.Context, pool *pgxpool.Pool) {
+	can, _, err := walbuffer.CanLogSnapshots(ctx, pool)
+	if err != nil || !can {
+		return
+	}
+	tick := time.NewTicker(walbuffer.NudgeEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		retained, unconfirmed, ok, err := walbuffer.SlotWAL(ctx, pool, r.cfg.Replication.Slot)
+		if err != nil || !ok || !walbuffer.ShouldNudge(retained, unconfirmed, r.cfg.MaxRetainedWAL) {
+			continue
+		}
+		if err := walbuffer.LogSnapshot(ctx, pool); err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("WAL buffer: cannot log a running-xacts record (pg_log_standby_snapshot); the slot moves at the server's own, every 15 s or more", "err", err)
+			}
+			return
+		}
+		r.m.WALSnapshotLogged()
 	}
 }
 

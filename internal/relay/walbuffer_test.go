@@ -13,12 +13,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	outboxevent "github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/sink"
+	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
 // blockedSink is a stream sink whose broker can be made unreachable: while
@@ -163,6 +167,17 @@ func TestWALBuffer(t *testing.T) {
 	cfg.MaxRetainedWAL = 4 << 20
 	cfg.Metrics = metrics.New()
 	ctx := context.Background()
+	// The relay's role may log running-xacts records where the server has
+	// the function (16+), as setup --print-sql grants.
+	var version int
+	if err := f.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if pc, err := pgx.ParseConfig(f.pg.DSN); err != nil {
+		t.Fatal(err)
+	} else if _, err := testenv.SuperuserConnIn(t, f.pg.DSN).Exec(ctx, outboxsql.GrantLogSnapshots(pc.User)); err != nil {
+		t.Fatal(err)
+	}
 	var sinks relay.Sinks
 	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
 		scfg := cfg.Sink
@@ -223,6 +238,18 @@ func TestWALBuffer(t *testing.T) {
 	}
 	if v := gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active"); v != 1 {
 		t.Errorf("outbox_relay_wal_buffer_active = %v while buffering; want 1", v)
+	}
+	// Confirmed past a quarter of the bound: on 16+ the relay logs
+	// running-xacts records (every walbuffer.NudgeEvery) so that its slot
+	// follows; before 16 it cannot.
+	if version >= 160000 {
+		for deadline := time.Now().Add(3 * walbuffer.NudgeEvery); counter(t, cfg.Metrics, "outbox_relay_wal_snapshots_logged_total") == 0; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("Postgres %d: outbox_relay_wal_snapshots_logged_total = 0 while buffering past a quarter of the bound; want records logged", version)
+			}
+		}
+	} else if v := counter(t, cfg.Metrics, "outbox_relay_wal_snapshots_logged_total"); v != 0 {
+		t.Errorf("Postgres %d: outbox_relay_wal_snapshots_logged_total = %v; want 0 (no pg_log_standby_snapshot before 16)", version, v)
 	}
 
 	// Events keep coming while the buffer drains: the relay leaves
@@ -383,6 +410,22 @@ func gauge(t *testing.T, m *metrics.Metrics, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
 			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// counter reads a counter of m by name.
+func counter(t *testing.T, m *metrics.Metrics, name string) float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}
 	t.Fatalf("no metric %s", name)

@@ -17,9 +17,22 @@ import (
 // superuser; the connection is closed at cleanup.
 func SuperuserConn(t testing.TB, dsn string) *pgx.Conn {
 	t.Helper()
+	return superuserConn(t, dsn, false)
+}
+
+// SuperuserConnIn is SuperuserConn connected to dsn's database, for what
+// is per database: grants on functions, extensions.
+func SuperuserConnIn(t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	return superuserConn(t, dsn, true)
+}
+
+func superuserConn(t testing.TB, dsn string, sameDB bool) *pgx.Conn {
+	t.Helper()
 	ctx := context.Background()
 	candidates := []string{os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN"), dsn}
-	if cfg, err := pgx.ParseConfig(dsn); err == nil && repoRoot() != "" {
+	cfg, cfgErr := pgx.ParseConfig(dsn)
+	if cfgErr == nil && repoRoot() != "" {
 		sock := filepath.Join(repoRoot(), ".dev", "pg", "run")
 		candidates = append(candidates, "host="+sock+" port="+strconv.Itoa(int(cfg.Port))+" user=postgres dbname="+cfg.Database)
 	}
@@ -27,7 +40,14 @@ func SuperuserConn(t testing.TB, dsn string) *pgx.Conn {
 		if c == "" {
 			continue
 		}
-		conn, err := pgx.Connect(ctx, c)
+		cc, err := pgx.ParseConfig(c)
+		if err != nil {
+			continue
+		}
+		if sameDB && cfgErr == nil {
+			cc.Database = cfg.Database
+		}
+		conn, err := pgx.ConnectConfig(ctx, cc)
 		if err != nil {
 			continue
 		}
