@@ -567,7 +567,7 @@ func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker)
 	if bound > 0 && fpiHints {
 		// Said apart: vacuum's bursts are the WAL an operator sizing the
 		// bound by the application's write rate leaves out.
-		c.info("max_retained_wal", "data checksums or wal_log_hints are on: vacuum writes full-page images in bursts (about 40 MB/s at the default autovacuum cost settings) that a slot retains until the next xl_running_xacts record, whatever the relay confirms; size the bound for the largest burst on top of 30 s of the steady WAL rate, twice over (docs/wal-buffer.md)")
+		c.info("max_retained_wal", "data checksums or wal_log_hints are on: vacuum writes full-page images in bursts (about 40 MB/s at the default autovacuum cost settings) that a slot retains until the next xl_running_xacts record, whatever the relay confirms; size the bound for the largest burst on top of 45 s of the steady WAL rate (a few seconds where the relay logs the records itself), twice over (docs/wal-buffer.md)")
 	}
 }
 

@@ -42,6 +42,11 @@
 //     does before every other write; a row a deposed leader still appends is
 //     keyed by its WAL position, so it can only duplicate, never reorder.
 //
+// Postgres moves a slot's restart_lsn only at xl_running_xacts records, to
+// the snapshot before the oldest transaction open at the record; a relay near
+// its bound logs such records itself where it may (snapshots.go), so that
+// the slot follows what it confirms.
+//
 // The buffer is a delay line in front of the relay's writer, not a second
 // delivery path: what is stored is exactly what the writer would have been
 // handed (routed events and router failures, in order), and the drain hands
