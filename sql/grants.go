@@ -191,7 +191,8 @@ END
 // the server has it (Postgres 16+; a no-op before): with it, a relay near
 // postgres.max_retained_wal logs running-xacts records itself, so that its
 // slot's restart_lsn follows what it confirms within seconds rather than
-// the server's 15 s or more (internal/walbuffer's snapshots.go).
+// the server's 15 s or more, without the temporary slot it uses otherwise
+// (internal/walbuffer's snapshots.go).
 func GrantLogSnapshots(role string) string {
 	return Do(fmt.Sprintf(`
 BEGIN

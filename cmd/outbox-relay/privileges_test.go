@@ -172,7 +172,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if v := queryString(t, su, `SHOW server_version_num`); v >= "160000" {
 		wantLines(t, "check", out, `ok    max_retained_wal: "`+role+`" may run pg_log_standby_snapshot()`)
 	} else {
-		wantLines(t, "check", out, "info  max_retained_wal: before Postgres 16 the slot moves only at the server's xl_running_xacts records")
+		wantLines(t, "check", out, "info  max_retained_wal: before Postgres 16 the relay near the bound logs running-xacts records by creating and dropping a temporary slot")
 	}
 
 	// run, as the role: events delivered, a failed event stored in the

@@ -571,21 +571,22 @@ func checkWALBound(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker)
 	}
 }
 
-// checkSnapshots says how closely the slot can follow what the relay
-// confirms: within seconds when the role may log running-xacts records
-// itself (walbuffer.CanLogSnapshots), else at the server's own, every 15 s
-// or more, which the bound must leave room for.
+// checkSnapshots says how the relay near its bound logs running-xacts
+// records so that its slot follows what it confirms within seconds
+// (walbuffer.SnapshotMethodOf), and what that costs.
 func checkSnapshots(ctx context.Context, conn *pgx.Conn, role string, cfg *Config, c *checker) {
-	can, exists, err := walbuffer.CanLogSnapshots(ctx, conn)
+	method, function, err := walbuffer.SnapshotMethodOf(ctx, conn)
 	switch {
 	case err != nil:
-		c.warn("max_retained_wal", "cannot read whether the role may run pg_log_standby_snapshot(): %v", cfg.scrub(err))
-	case can:
+		c.warn("max_retained_wal", "cannot read how the role may log running-xacts records: %v", cfg.scrub(err))
+	case method == walbuffer.SnapshotFunction:
 		c.ok("max_retained_wal", "%s may run pg_log_standby_snapshot(): near the bound the relay logs running-xacts records itself, so its slot follows what it confirms within seconds", sql.Ident(role))
-	case exists:
-		c.info("max_retained_wal", "%s may not run pg_log_standby_snapshot(): the slot moves only at the server's xl_running_xacts records, every 15 s, and a record that finds a transaction open does not move it, so the bound must leave room for 45 s of the server's WAL; GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO %s (setup --print-sql prints it) lets the relay keep that to seconds (docs/wal-buffer.md)", sql.Ident(role), sql.Ident(role))
+	case method == walbuffer.SnapshotSlot && function:
+		c.info("max_retained_wal", "%s may not run pg_log_standby_snapshot(): near the bound the relay logs running-xacts records by creating and dropping a temporary slot (one free entry of max_replication_slots for a moment; the server logs \"logical decoding found consistent point\" each time); GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO %s (setup --print-sql prints it) does it without either (docs/wal-buffer.md)", sql.Ident(role), sql.Ident(role))
+	case method == walbuffer.SnapshotSlot:
+		c.info("max_retained_wal", "before Postgres 16 the relay near the bound logs running-xacts records by creating and dropping a temporary slot, so that its slot follows what it confirms within seconds: it needs one free entry of max_replication_slots for a moment, and the server logs \"logical decoding found consistent point\" each time (docs/wal-buffer.md)")
 	default:
-		c.info("max_retained_wal", "before Postgres 16 the slot moves only at the server's xl_running_xacts records, every 15 s, and a record that finds a transaction open does not move it, so the bound must leave room for 45 s of the server's WAL (on 16+ the relay can log the records itself: docs/wal-buffer.md)")
+		c.info("max_retained_wal", "the relay cannot log running-xacts records here (a standby, or a role without REPLICATION): the slot moves only at the server's, every 15 s, and a record that finds a transaction open does not move it, so the bound must leave room for 45 s of the server's WAL (docs/wal-buffer.md)")
 	}
 }
 

@@ -30,7 +30,7 @@ func newWALBuffer(reg *prometheus.Registry) *walBuffer {
 		oldest:    g("wal_buffer_oldest_age_seconds", "Age of the oldest event held in the WAL buffer table, 0 when none (sampled)."),
 		appended:  c("wal_buffer_appended_events_total", "Events written to the WAL buffer table instead of Kafka."),
 		drained:   c("wal_buffer_drained_events_total", "Events delivered from the WAL buffer table (sent to Kafka or stored in the retry table) and deleted from it."),
-		snapshots: c("wal_snapshots_logged_total", "Running-xacts records the relay logged (pg_log_standby_snapshot(), Postgres 16+) so that its slot's restart_lsn could move before the server's own, every 15 s; logged while the slot retains a quarter of postgres.max_retained_wal."),
+		snapshots: c("wal_snapshots_logged_total", "Running-xacts records the relay logged (pg_log_standby_snapshot() on Postgres 16+ where granted, else a temporary slot created and dropped) so that its slot's restart_lsn could move before the server's own, every 15 s; logged while the slot retains a quarter of postgres.max_retained_wal."),
 	}
 	reg.MustRegister(w.active, w.events, w.oldest, w.appended, w.drained, w.snapshots)
 	return w

@@ -9,10 +9,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -328,14 +332,22 @@ func (r *Relay) sampleRetained(ctx context.Context, pool *pgxpool.Pool, gate *wa
 // bound and the relay has confirmed most of it, so that restart_lsn follows
 // the confirmed position within seconds rather than the bgwriter's 15 s (or
 // 30 s and more when a record finds a transaction open: walbuffer's
-// snapshots.go). It does nothing where the role cannot (Postgres 13 to 15,
-// a standby, no EXECUTE on pg_log_standby_snapshot()); check says what that
-// costs. A call that fails ends it for the term, with a warning.
+// snapshots.go), by pg_log_standby_snapshot() where the role may run it,
+// else by a temporary slot on a connection of its own. It does nothing on a
+// standby. A call that fails ends it for the term, with a warning, except a
+// temporary slot's wait for open transactions (its record is logged first).
 func (r *Relay) nudgeSnapshots(ctx context.Context, pool *pgxpool.Pool) {
-	can, _, err := walbuffer.CanLogSnapshots(ctx, pool)
-	if err != nil || !can {
+	method, _, err := walbuffer.SnapshotMethodOf(ctx, pool)
+	if err != nil || method == walbuffer.NoSnapshots {
 		return
 	}
+	var conn *pgx.Conn // the temporary slots' session
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	name := fmt.Sprintf("outbox_relay_xacts_%d_%x", os.Getpid(), rand.Uint32())
 	tick := time.NewTicker(walbuffer.NudgeEvery)
 	defer tick.Stop()
 	for {
@@ -348,14 +360,42 @@ func (r *Relay) nudgeSnapshots(ctx context.Context, pool *pgxpool.Pool) {
 		if err != nil || !ok || !walbuffer.ShouldNudge(retained, unconfirmed, r.cfg.MaxRetainedWAL) {
 			continue
 		}
-		if err := walbuffer.LogSnapshot(ctx, pool); err != nil {
+		if method == walbuffer.SnapshotFunction {
+			err = walbuffer.LogSnapshot(ctx, pool)
+		} else {
+			if conn == nil {
+				c, aerr := pool.Acquire(ctx)
+				if aerr != nil {
+					continue
+				}
+				conn = c.Hijack()
+			}
+			err = walbuffer.LogSnapshotBySlot(ctx, conn, name)
+			if err != nil {
+				// Closing the session drops a slot the call left.
+				conn.Close(context.Background())
+				conn = nil
+				if lockTimedOut(err) {
+					r.m.WALSnapshotLogged()
+					continue
+				}
+			}
+		}
+		if err != nil {
 			if ctx.Err() == nil {
-				r.log.Warn("WAL buffer: cannot log a running-xacts record (pg_log_standby_snapshot); the slot moves at the server's own, every 15 s or more", "err", err)
+				r.log.Warn("WAL buffer: cannot log a running-xacts record; the slot moves at the server's own, every 15 s or more", "by", method.String(), "err", err)
 			}
 			return
 		}
 		r.m.WALSnapshotLogged()
 	}
+}
+
+// lockTimedOut reports whether err is a lock_timeout or statement_timeout
+// cancellation (a temporary slot waiting for open transactions).
+func lockTimedOut(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "57014")
 }
 
 // outage is the Kafka outage the term's health (/readyz, health_failing)

@@ -44,7 +44,7 @@
 //
 // Postgres moves a slot's restart_lsn only at xl_running_xacts records, to
 // the snapshot before the oldest transaction open at the record; a relay near
-// its bound logs such records itself where it may (snapshots.go), so that
+// its bound logs such records itself (snapshots.go), so that
 // the slot follows what it confirms.
 //
 // The buffer is a delay line in front of the relay's writer, not a second

@@ -3,6 +3,7 @@ package walbuffer
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,40 +21,105 @@ import (
 // insert in progress, 96.7 MB with the drain's burst on top, against a
 // 96 MB limit.
 //
-// Postgres 16 added pg_log_standby_snapshot(), which logs such a record at
-// once (meant for logical decoding on standbys, valid on a primary). A relay
-// whose slot retains NudgeFraction of its bound while it has confirmed most
-// of that WAL (so the record would let the slot move) asks for one every
-// NudgeEvery: the slot then keeps seconds of WAL, not 15 to 45. Each call
-// writes one small WAL record and makes every logical walsender of the
-// server serialize a snapshot (a small file); at one per NudgeEvery per
-// relay near its bound, that is noise. Without the function (Postgres 13
-// to 15) or without EXECUTE on it, the bound must leave room for 45 s of
-// the server's WAL (docs/wal-buffer.md, `check`).
+// A relay whose slot retains NudgeFraction of its bound while it has
+// confirmed most of that WAL (so that a record would let the slot move) logs
+// one every NudgeEvery: the slot then keeps seconds of WAL, not 15 to 45.
+// Two ways, by what the role may do (SnapshotMethodOf):
+//
+//   - pg_log_standby_snapshot() (Postgres 16+, EXECUTE granted: setup
+//     --print-sql grants it): one small WAL record, nothing else.
+//   - Else, on any version, a temporary logical slot created and dropped at
+//     once (the relay's role has REPLICATION): Postgres logs the record
+//     when a logical slot reserves its WAL, and again once the transactions
+//     open at that record ended. It needs a free entry of
+//     max_replication_slots for a moment, waits at most slotLockTimeout for
+//     open transactions (the record is logged before that wait), and the
+//     server logs "logical decoding found consistent point" each time.
+//
+// Each record makes every logical walsender of the server save a small
+// snapshot file; at one per NudgeEvery per relay near its bound, that is
+// noise.
 const (
 	NudgeEvery    = 2 * time.Second
 	NudgeFraction = 0.25
 )
 
-// LogSnapshotsFunc is the function a relay calls, and the one its role needs
-// EXECUTE on.
-const LogSnapshotsFunc = "pg_log_standby_snapshot()"
+// slotLockTimeout bounds how long a temporary slot's creation waits for the
+// transactions open at its record: the record is in the WAL by then, and a
+// transaction open that long holds the relay's slot anyway.
+const slotLockTimeout = time.Second
 
-// CanLogSnapshots reports whether the connected role may log running-xacts
-// records: a primary (not in recovery) of Postgres 16 or later, with
-// EXECUTE on pg_log_standby_snapshot(). exists says whether the server has
-// the function at all (Postgres 16 or later), for check's advice.
-func CanLogSnapshots(ctx context.Context, db DB) (can, exists bool, err error) {
-	err = db.QueryRow(ctx, `SELECT to_regprocedure('pg_log_standby_snapshot()') IS NOT NULL,
-       CASE WHEN to_regprocedure('pg_log_standby_snapshot()') IS NULL OR pg_is_in_recovery() THEN false
-            ELSE has_function_privilege(to_regprocedure('pg_log_standby_snapshot()'), 'EXECUTE') END`).Scan(&exists, &can)
-	return can, exists, err
+// A SnapshotMethod is how a role logs running-xacts records.
+type SnapshotMethod int
+
+const (
+	// NoSnapshots: a standby, or a role with neither way.
+	NoSnapshots SnapshotMethod = iota
+	// SnapshotFunction: pg_log_standby_snapshot().
+	SnapshotFunction
+	// SnapshotSlot: a temporary logical slot created and dropped.
+	SnapshotSlot
+)
+
+func (m SnapshotMethod) String() string {
+	switch m {
+	case SnapshotFunction:
+		return "pg_log_standby_snapshot()"
+	case SnapshotSlot:
+		return "a temporary logical slot"
+	}
+	return "none"
 }
 
-// LogSnapshot logs an xl_running_xacts record (pg_log_standby_snapshot()).
+// SnapshotMethodOf returns how the connected role can log running-xacts
+// records, and whether the server has pg_log_standby_snapshot() (16+), for
+// check's advice.
+func SnapshotMethodOf(ctx context.Context, db DB) (m SnapshotMethod, function bool, err error) {
+	var granted, recovery, replication bool
+	err = db.QueryRow(ctx, `SELECT to_regprocedure('pg_log_standby_snapshot()') IS NOT NULL,
+       CASE WHEN to_regprocedure('pg_log_standby_snapshot()') IS NULL THEN false
+            ELSE has_function_privilege(to_regprocedure('pg_log_standby_snapshot()'), 'EXECUTE') END,
+       pg_is_in_recovery(),
+       coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false)`).Scan(&function, &granted, &recovery, &replication)
+	switch {
+	case err != nil || recovery:
+		return NoSnapshots, function, err
+	case granted:
+		return SnapshotFunction, function, nil
+	case replication:
+		return SnapshotSlot, function, nil
+	}
+	return NoSnapshots, function, nil
+}
+
+// LogSnapshot logs an xl_running_xacts record with pg_log_standby_snapshot().
 func LogSnapshot(ctx context.Context, db DB) error {
 	_, err := db.Exec(ctx, `SELECT pg_log_standby_snapshot()`)
 	return err
+}
+
+// LogSnapshotBySlot logs an xl_running_xacts record by creating a temporary
+// logical slot named name and dropping it, on conn, a connection of the
+// caller's own: a temporary slot belongs to its session, so a caller whose
+// call failed must close conn, which drops any slot left (one that lingered
+// on a pooled connection would hold WAL for as long as it lives).
+func LogSnapshotBySlot(ctx context.Context, conn *pgx.Conn, name string) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	ms := strconv.FormatInt(slotLockTimeout.Milliseconds(), 10)
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`, ms, strconv.FormatInt(2*slotLockTimeout.Milliseconds(), 10)); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput', true)`, name); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // SlotWAL returns what the slot makes the server keep (pg_current_wal_lsn()

@@ -30,14 +30,14 @@ func TestShouldNudge(t *testing.T) {
 	}
 }
 
-// TestLogSnapshots: on Postgres 16+ a role with EXECUTE on
-// pg_log_standby_snapshot() (and only then) can log running-xacts records,
-// and they move a slot as snapshots.go says: a record that finds a
-// transaction open leaves restart_lsn before that transaction, one logged
-// after it ended moves restart_lsn past it. Before 16 the function is
-// missing and CanLogSnapshots says so. The slot is read with the SQL
-// interface (pg_logical_slot_get_binary_changes), which confirms what it
-// read, as a relay confirms.
+// TestLogSnapshots: a role with REPLICATION logs running-xacts records by a
+// temporary slot on any version, and by pg_log_standby_snapshot() on 16+
+// once granted EXECUTE; a role with neither cannot. Either way the records
+// move a slot as snapshots.go says: a record that finds a transaction open
+// leaves restart_lsn before that transaction, one logged after it ended
+// moves restart_lsn past it; and no temporary slot is left behind. The slot
+// is read with the SQL interface (pg_logical_slot_get_binary_changes), which
+// confirms what it read, as a relay confirms.
 func TestLogSnapshots(t *testing.T) {
 	ctx := context.Background()
 	pg := testenv.Postgres(t)
@@ -46,41 +46,67 @@ func TestLogSnapshots(t *testing.T) {
 	if err := su.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
 		t.Fatal(err)
 	}
-	role := testenv.UniqueName(t, "snap")
-	mustExec(t, su, `CREATE ROLE `+sql.Ident(role)+` NOLOGIN`)
-	t.Cleanup(func() {
-		su.Exec(ctx, `DROP OWNED BY `+sql.Ident(role))
-		if _, err := su.Exec(ctx, `DROP ROLE `+sql.Ident(role)); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
+	// as returns a session acting as a new role with attrs.
+	as := func(attrs string) (*pgx.Conn, string) {
+		role := testenv.UniqueName(t, "snap")
+		mustExec(t, su, `CREATE ROLE `+sql.Ident(role)+` NOLOGIN `+attrs)
+		t.Cleanup(func() {
+			su.Exec(ctx, `DROP OWNED BY `+sql.Ident(role))
+			if _, err := su.Exec(ctx, `DROP ROLE `+sql.Ident(role)); err != nil {
+				t.Errorf("drop role %s: %v", role, err)
+			}
+		})
+		c := testenv.SuperuserConnIn(t, pg.DSN)
+		mustExec(t, c, `SET ROLE `+sql.Ident(role))
+		return c, role
+	}
+	method := func(c *pgx.Conn) SnapshotMethod {
+		t.Helper()
+		m, function, err := SnapshotMethodOf(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if function != (version >= 160000) {
+			t.Errorf("Postgres %d: SnapshotMethodOf says the server has pg_log_standby_snapshot() = %v", version, function)
+		}
+		return m
+	}
+
+	plain, _ := as("NOREPLICATION")
+	if m := method(plain); m != NoSnapshots {
+		t.Errorf("a role without REPLICATION or the grant: method %s; want none", m)
+	}
+	repl, role := as("REPLICATION")
+	if m := method(repl); m != SnapshotSlot {
+		t.Fatalf("a role with REPLICATION, no grant: method %s; want a temporary logical slot", m)
+	}
+	if err := LogSnapshot(ctx, repl); err == nil {
+		t.Fatal("LogSnapshot without EXECUTE (or before 16) = nil; want an error")
+	}
+	t.Run("temporary slot", func(t *testing.T) {
+		name := testenv.UniqueName(t, "xacts")
+		moves(t, pg, su, func() error { return LogSnapshotBySlot(ctx, repl, name) })
+		var left int
+		if err := su.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&left); err != nil || left != 0 {
+			t.Errorf("temporary slots left: %d, %v; want 0", left, err)
 		}
 	})
-	as := testenv.SuperuserConnIn(t, pg.DSN)
-	mustExec(t, as, `SET ROLE `+sql.Ident(role))
-
-	can, exists, err := CanLogSnapshots(ctx, as)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if version < 160000 {
-		if exists || can {
-			t.Fatalf("Postgres %d: CanLogSnapshots = can %v, exists %v; want false, false (pg_log_standby_snapshot is 16+)", version, can, exists)
-		}
-		if err := LogSnapshot(ctx, as); err == nil {
-			t.Fatalf("Postgres %d: LogSnapshot = nil; want the function missing", version)
-		}
 		return
 	}
-	if !exists || can {
-		t.Fatalf("Postgres %d, no grant: CanLogSnapshots = can %v, exists %v; want false, true", version, can, exists)
-	}
-	if err := LogSnapshot(ctx, as); err == nil {
-		t.Fatal("LogSnapshot without EXECUTE = nil; want permission denied")
-	}
 	mustExec(t, su, sql.GrantLogSnapshots(role))
-	if can, _, err = CanLogSnapshots(ctx, as); err != nil || !can {
-		t.Fatalf("after the grant: CanLogSnapshots = %v, %v; want true", can, err)
+	if m := method(repl); m != SnapshotFunction {
+		t.Fatalf("after the grant: method %s; want pg_log_standby_snapshot()", m)
 	}
+	t.Run("function", func(t *testing.T) {
+		moves(t, pg, su, func() error { return LogSnapshot(ctx, repl) })
+	})
+}
 
+// moves checks that records logged by logSnapshot move a new slot as
+// snapshots.go says.
+func moves(t *testing.T, pg *testenv.PG, su *pgx.Conn, logSnapshot func() error) {
+	ctx := context.Background()
 	table, slot := testenv.UniqueName(t, "snap_t"), testenv.UniqueName(t, "snap_slot")
 	mustExec(t, su, `CREATE TABLE `+sql.Ident(table)+` (n int)`)
 	mustExec(t, su, `CREATE PUBLICATION `+sql.Ident(slot)+` FOR TABLE `+sql.Ident(table))
@@ -108,8 +134,8 @@ func TestLogSnapshots(t *testing.T) {
 		lsn, _ := pglogrepl.ParseLSN(s)
 		return lsn
 	}
-	if err := LogSnapshot(ctx, as); err != nil {
-		t.Fatalf("LogSnapshot with EXECUTE: %v", err)
+	if err := logSnapshot(); err != nil {
+		t.Fatalf("logging a record: %v", err)
 	}
 	consume()
 
@@ -125,9 +151,9 @@ func TestLogSnapshots(t *testing.T) {
 	}
 	for range 3 {
 		mustExec(t, su, `INSERT INTO `+sql.Ident(table)+` SELECT generate_series(1, 1000)`)
-		if err := LogSnapshot(ctx, as); err != nil {
-			t.Fatal(err)
-		}
+		// A temporary slot waits for the open transaction, up to its
+		// lock_timeout, after logging its record: a timeout is expected.
+		logSnapshot()
 	}
 	if r := consume(); r > before {
 		t.Errorf("restart_lsn %s with a transaction open since %s; want it before that transaction", r, before)
@@ -141,8 +167,8 @@ func TestLogSnapshots(t *testing.T) {
 	// (any database's) open at a record hold it the same way: a few tries.
 	var r pglogrepl.LSN
 	for try := 0; try < 20; try++ {
-		if err := LogSnapshot(ctx, as); err != nil {
-			t.Fatal(err)
+		if err := logSnapshot(); err != nil {
+			t.Logf("logging a record: %v", err)
 		}
 		if r = consume(); r >= committed {
 			return
