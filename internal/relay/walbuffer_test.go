@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
 
 	outboxevent "github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
@@ -404,21 +405,17 @@ func TestWALBufferDrainRate(t *testing.T) {
 // gauge reads a gauge of m by name.
 func gauge(t *testing.T, m *metrics.Metrics, name string) float64 {
 	t.Helper()
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
+	return metric(t, m, name).GetGauge().GetValue()
 }
 
 // counter reads a counter of m by name.
 func counter(t *testing.T, m *metrics.Metrics, name string) float64 {
+	t.Helper()
+	return metric(t, m, name).GetCounter().GetValue()
+}
+
+// metric returns the first series of m's metric name.
+func metric(t *testing.T, m *metrics.Metrics, name string) *dto.Metric {
 	t.Helper()
 	mfs, err := m.Registry().Gather()
 	if err != nil {
@@ -426,11 +423,11 @@ func counter(t *testing.T, m *metrics.Metrics, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+			return mf.GetMetric()[0]
 		}
 	}
 	t.Fatalf("no metric %s", name)
-	return 0
+	return nil
 }
 
 // TestWALBufferDrainsFirst: a term that left buffering with events still in

@@ -264,16 +264,8 @@ func ReadStats(ctx context.Context, db interface {
 // pg_current_wal_lsn() - restart_lsn. ok is false when the slot has no
 // restart_lsn (or is not there), or the server is a standby.
 func RetainedWAL(ctx context.Context, db DB, slot string) (bytes int64, ok bool, err error) {
-	var b *int64
-	err = db.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE (pg_current_wal_lsn() - restart_lsn)::bigint END
-FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&b)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, nil
-	}
-	if err != nil || b == nil {
-		return 0, false, err
-	}
-	return *b, true, nil
+	bytes, _, ok, err = SlotWAL(ctx, db, slot)
+	return bytes, ok, err
 }
 
 // EnterFraction is the share of the bound at which a blocked relay starts
