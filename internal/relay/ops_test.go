@@ -195,8 +195,8 @@ func sumMetric(body, name string) float64 {
 }
 
 // TestLagCountsTransactionBeingRead: while the relay reads one large
-// transaction (5000 events, delivered slowly: 0.5 s a write, 64 KiB in
-// flight), lag reports it (its events and bytes so far, its age), counts it
+// transaction (5000 events, 64 KiB in flight, Kafka's writes held until lag
+// has shown it, then 0.1 s each), lag reports it (its events and bytes so far, its age), counts it
 // in behind_bytes, and a --max-bytes threshold that lag_bytes alone does
 // not exceed fires on it; once the transaction is confirmed, the figure is
 // gone. Before, only lag_bytes (the slot's WAL lag) was there, which misses
@@ -206,7 +206,19 @@ func TestLagCountsTransactionBeingRead(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config(t)
 	cfg.MaxInFlightBytes = 64 << 10
-	f.startSlow(t, cfg, 500*time.Millisecond, 0)
+	// Held rather than only slow: how long the relay takes over the
+	// transaction must not decide whether lag sees it (CI's loaded run
+	// failed on a 0.5 s delay a write).
+	hold := make(chan struct{})
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(hold)
+		}
+	}
+	defer release()
+	f.startSlowSink(t, cfg, &slowSink{delay: 100 * time.Millisecond, hold: hold})
 	ctx := context.Background()
 	conn, err := f.pool.Acquire(ctx)
 	if err != nil {
@@ -226,7 +238,11 @@ func TestLagCountsTransactionBeingRead(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lag reading = nil for a minute while the relay delivers a transaction of 5000 events; want its figures")
+			var row string
+			if err := f.pool.QueryRow(ctx, "SELECT coalesce((SELECT to_jsonb(c)::text FROM outbox_relay_checkpoint c WHERE slot_name = $1), 'no row')", f.slot).Scan(&row); err != nil {
+				row = err.Error()
+			}
+			t.Fatalf("lag reading = nil for a minute while the relay holds a transaction of 5000 events (report %+v, checkpoint row %s); want its figures", r, row)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -250,6 +266,7 @@ func TestLagCountsTransactionBeingRead(t *testing.T) {
 		t.Errorf("lag's text lacks the transaction being read:\n%s", text.String())
 	}
 
+	release()
 	f.waitCount(t, 5000, 2*time.Minute)
 	f.waitConfirmed(t, f.commitEnds(t)[0], time.Minute)
 	if r, err = ops.Lag(ctx, conn, ocfg); err != nil {

@@ -30,10 +30,17 @@ type slowSink struct {
 	*sink.Kafka
 	delay time.Duration
 	cap   time.Duration
+	hold  chan struct{} // when not nil, every Send waits until it is closed
 	inits atomic.Int32
 }
 
 func (s *slowSink) Send(ctx context.Context, evs []outboxevent.Event) sink.Delivery {
+	if s.hold != nil {
+		select {
+		case <-s.hold:
+		case <-ctx.Done():
+		}
+	}
 	t := time.NewTimer(s.delay)
 	select {
 	case <-t.C:
@@ -110,6 +117,13 @@ func (f *fixture) timeoutRelayWith(t *testing.T, cap time.Duration, edit func(*r
 // of delay and cap.
 func (f *fixture) startSlow(t *testing.T, cfg relay.Config, delay, cap time.Duration) (*relay.Relay, *slowSink, context.CancelFunc, chan error) {
 	t.Helper()
+	return f.startSlowSink(t, cfg, &slowSink{delay: delay, cap: cap})
+}
+
+// startSlowSink starts a relay of cfg whose stream writes through slow
+// (its Kafka made here).
+func (f *fixture) startSlowSink(t *testing.T, cfg relay.Config, slow *slowSink) (*relay.Relay, *slowSink, context.CancelFunc, chan error) {
+	t.Helper()
 	cfg.Sink.Logger = cfg.Logger
 	scfg := cfg.Sink
 	if cfg.Delivery == relay.DeliveryExactlyOnce {
@@ -123,7 +137,7 @@ func (f *fixture) startSlow(t *testing.T, cfg relay.Config, delay, cap time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
-	slow := &slowSink{Kafka: k, delay: delay, cap: cap}
+	slow.Kafka = k
 	r, err := relay.New(cfg, relay.Sinks{Stream: slow, Retry: retry})
 	if err != nil {
 		t.Fatalf("relay.New: %v", err)
