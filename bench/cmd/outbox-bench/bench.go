@@ -60,8 +60,13 @@ func (b *bench) runOnce(ctx context.Context, run int) error {
 		if b.o.SkipSustained || ctx.Err() != nil {
 			break
 		}
-		if err := b.sustainedWorkload(ctx, run, per); err != nil {
+		if err := b.sustainedWorkload(ctx, run, workload{Per: per}); err != nil {
 			errs = append(errs, fmt.Errorf("sustained %d per txn: %w", per, err))
+		}
+	}
+	if !b.o.SkipSustained && b.o.HighRate > 0 && ctx.Err() == nil {
+		if err := b.sustainedWorkload(ctx, run, workload{Per: highRatePerTxn, Rate: b.o.HighRate}); err != nil {
+			errs = append(errs, fmt.Errorf("sustained %d per txn at %d events/s: %w", highRatePerTxn, b.o.HighRate, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -174,14 +174,14 @@ func copyFile(src, dst string) {
 
 // dbzSink runs Debezium on a slot of its own, created now: the relay's phase
 // came before and its rows are not Debezium's to deliver.
-func (b *bench) dbzSink(db *benchDB, run, per int) sustainedSink {
+func (b *bench) dbzSink(db *benchDB, run int, w workload) sustainedSink {
 	return sustainedSink{
-		name: "debezium", typePrefix: fmt.Sprintf("b%sr%dz%d_", b.stamp, run, per), topics: dbzTopicsFor, warmUp: dbzWarmUp,
+		name: "debezium", typePrefix: fmt.Sprintf("b%sr%dz%d%s_", b.stamp, run, w.Per, w.tag()), topics: dbzTopicsFor, warmUp: dbzWarmUp,
 		start: func(ctx context.Context) (runningSink, error) {
 			if err := db.ensureObjects(ctx, []string{db.DbzPublication}, []string{db.DbzSlot}); err != nil {
 				return nil, err
 			}
-			return b.startDebezium(ctx, db, db.DbzSlot, fmt.Sprintf("debezium-sustained-%d-run%d", per, run))
+			return b.startDebezium(ctx, db, db.DbzSlot, fmt.Sprintf("debezium-sustained-%d%s-run%d", w.Per, w.tag(), run))
 		},
 	}
 }

@@ -127,7 +127,8 @@ func (b *bench) drainRelay(ctx context.Context, db *benchDB, lastBefore pglogrep
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	p, err := startProc(b.o.RelayBin, []string{"run"}, b.relayEnv(db), filepath.Join(b.dir, fmt.Sprintf("relay-drain-%d-run%d.log", d.PerTxn, d.Run)))
+	log := filepath.Join(b.dir, fmt.Sprintf("relay-drain-%d-run%d.log", d.PerTxn, d.Run))
+	p, err := startProc(b.o.RelayBin, []string{"run"}, b.profiled(b.relayEnv(db), log), log)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}

@@ -98,8 +98,8 @@ func (b *bench) drainRelayEOS(ctx context.Context, db *benchDB, lastBefore pglog
 		return fail(fmt.Errorf("connect: %w", err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	p, err := startProc(b.o.RelayBin, []string{"run"}, b.eosEnv(db, db.EOSSlot, cpTopic, "outbox.eos.{aggregate_type}"),
-		filepath.Join(b.dir, fmt.Sprintf("relay-eos-drain-%d-run%d.log", d.PerTxn, d.Run)))
+	log := filepath.Join(b.dir, fmt.Sprintf("relay-eos-drain-%d-run%d.log", d.PerTxn, d.Run))
+	p, err := startProc(b.o.RelayBin, []string{"run"}, b.profiled(b.eosEnv(db, db.EOSSlot, cpTopic, "outbox.eos.{aggregate_type}"), log), log)
 	if err != nil {
 		return fail(fmt.Errorf("relay exactly-once: %w", err))
 	}
@@ -144,18 +144,18 @@ func (b *bench) drainRelayEOS(ctx context.Context, db *benchDB, lastBefore pglog
 // relayEOSSink is the exactly-once relay as a sustained sink: on the relay's
 // slot after the at-least-once relay's phase (it resumes from their shared
 // checkpoint), read by a read_committed consumer.
-func (b *bench) relayEOSSink(db *benchDB, run, per int) sustainedSink {
+func (b *bench) relayEOSSink(db *benchDB, run int, w workload) sustainedSink {
 	var dropCP func()
 	return sustainedSink{
-		name: sinkRelayEOS, typePrefix: fmt.Sprintf("b%sr%de%d_", b.stamp, run, per), topics: topicsFor, readCommitted: true,
+		name: sinkRelayEOS, typePrefix: fmt.Sprintf("b%sr%de%d%s_", b.stamp, run, w.Per, w.tag()), topics: topicsFor, readCommitted: true,
 		start: func(ctx context.Context) (runningSink, error) {
-			cpTopic, drop, err := b.checkpointTopic(ctx, b.kafka(), fmt.Sprintf("r%ds%d", run, per))
+			cpTopic, drop, err := b.checkpointTopic(ctx, b.kafka(), fmt.Sprintf("r%ds%d%s", run, w.Per, w.tag()))
 			if err != nil {
 				return nil, err
 			}
 			dropCP = drop
-			p, err := startProc(b.o.RelayBin, []string{"run"}, b.eosEnv(db, db.RelaySlot, cpTopic, ""),
-				filepath.Join(b.dir, fmt.Sprintf("relay-eos-sustained-%d-run%d.log", per, run)))
+			log := filepath.Join(b.dir, fmt.Sprintf("relay-eos-sustained-%d%s-run%d.log", w.Per, w.tag(), run))
+			p, err := startProc(b.o.RelayBin, []string{"run"}, b.profiled(b.eosEnv(db, db.RelaySlot, cpTopic, ""), log), log)
 			if err != nil {
 				drop()
 				return nil, fmt.Errorf("relay exactly-once: %w", err)

@@ -67,6 +67,10 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.Rate, "rate", 10000, "sustained insert rate, events/s (lowered to what the producer holds)")
 	fs.DurationVar(&o.Duration, "duration", 60*time.Second, "length of each sustained phase")
 	sustainedPer := fs.String("sustained-per-txn", "100,1", "events per transaction of the sustained phases, comma-separated")
+	fs.IntVar(&o.HighRate, "high-rate", 50000, fmt.Sprintf("events/s of the high-rate sustained workload (transactions of %d events, "+
+		"-duration long; relay, exactly-once and the peers, as the other sustained phases); 0 skips it", highRatePerTxn))
+	fs.BoolVar(&o.CPUProfile, "cpuprofile", false, "write a CPU profile of every relay process beside its log in the report directory "+
+		"(relay-<workload>-run<N>.cpu; `go tool pprof -top bin/outbox-relay <file>`)")
 	fs.IntVar(&o.Producers, "producers", 8, "producer connections of the sustained phases and the soak")
 	fs.IntVar(&o.Runs, "runs", 3, "runs; medians are reported")
 	fs.BoolVar(&o.SkipDrain, "skip-drain", false, "skip the backlog drains")
@@ -74,7 +78,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.Tables, "tables", 3, "outbox tables of the tables workload: the -events backlog over them, read by one relay on one slot "+
 		"against a relay and a slot per table (the first -per-txn size); 0 or 1 skips it")
 	fs.BoolVar(&o.ExactlyOnce, "exactly-once", true, "also run the relay with delivery: exactly-once, beside at-least-once, in every drain and sustained phase")
-	fs.BoolVar(&o.Quick, "quick", false, "smoke run: 20k events, 5 s at 2k events/s, 1 run (explicit flags win)")
+	fs.BoolVar(&o.Quick, "quick", false, "smoke run: 20k events, 5 s at 2k events/s (4k for the high-rate workload), 1 run (explicit flags win)")
 	fs.StringVar(&o.RelayBin, "relay", "bin/outbox-relay", "outbox-relay binary")
 	fs.StringVar(&o.RecvBin, "pg-recvlogical", "/usr/lib/postgresql/15/bin/pg_recvlogical", "pg_recvlogical binary")
 	fs.StringVar(&o.OutDir, "out", "docs/bench", "reports directory: each invocation writes <out>/<time>/ and links <out>/latest")
@@ -119,6 +123,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		if !set["runs"] {
 			o.Runs = 1
 		}
+		if !set["high-rate"] {
+			o.HighRate = 4000
+		}
 	}
 	o.PostgresDSN = os.Getenv("RELAY_POSTGRES_DSN")
 	for b := range strings.SplitSeq(os.Getenv("RELAY_KAFKA_BROKERS"), ",") {
@@ -158,6 +165,8 @@ func (o *options) validate() error {
 		return errors.New("-events, -aggregates, -producers and -runs must be at least 1")
 	case o.Rate < slices.Max(o.SustainedPerTxn):
 		return fmt.Errorf("-rate %d is below -sustained-per-txn %d: lower -sustained-per-txn", o.Rate, slices.Max(o.SustainedPerTxn))
+	case o.HighRate != 0 && o.HighRate < highRatePerTxn:
+		return fmt.Errorf("-high-rate %d is below its %d events per transaction: give at least %d, or 0 to skip it", o.HighRate, highRatePerTxn, highRatePerTxn)
 	case o.SkipDrain && o.SkipSustained:
 		return errors.New("-skip-drain and -skip-sustained together leave nothing to measure")
 	case o.Soak < 0 || (o.Soak > 0 && o.Soak < time.Minute):

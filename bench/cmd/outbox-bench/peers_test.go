@@ -185,6 +185,25 @@ func TestParseOptions(t *testing.T) {
 		{args: []string{"-per-txn", "1000,0"}, wantErr: `-per-txn: "0" is not a positive number`},
 		{args: []string{"-sustained-per-txn", ""}, wantErr: "-sustained-per-txn: give at least one number"},
 		{args: []string{"-rate", "50"}, wantErr: "-rate 50 is below -sustained-per-txn 100"},
+		{args: nil, check: func(o options) string {
+			if o.HighRate != 50000 || o.CPUProfile {
+				return fmt.Sprintf("HighRate, CPUProfile = %d, %v; want 50000, false", o.HighRate, o.CPUProfile)
+			}
+			return ""
+		}},
+		{args: []string{"-quick"}, check: func(o options) string {
+			if o.HighRate != 4000 {
+				return fmt.Sprintf("-quick: HighRate = %d; want 4000", o.HighRate)
+			}
+			return ""
+		}},
+		{args: []string{"-high-rate", "0", "-cpuprofile"}, check: func(o options) string {
+			if o.HighRate != 0 || !o.CPUProfile {
+				return fmt.Sprintf("HighRate, CPUProfile = %d, %v; want 0, true", o.HighRate, o.CPUProfile)
+			}
+			return ""
+		}},
+		{args: []string{"-high-rate", "50"}, wantErr: "-high-rate 50 is below its 100 events per transaction"},
 		{args: []string{"-soak", "30m"}, check: func(o options) string {
 			if o.Soak != 30*time.Minute || o.Runs != 1 || o.RateSet {
 				return fmt.Sprintf("Soak, Runs, RateSet = %v, %d, %v", o.Soak, o.Runs, o.RateSet)

@@ -143,9 +143,9 @@ func (r *Report) latencyPlots() [][]*plot.Plot {
 	nines := plot.ConstantTicks{{Value: 0, Label: "p0"}, {Value: math.Log10(2), Label: "p50"}, {Value: 1, Label: "p90"},
 		{Value: 2, Label: "p99"}, {Value: 3, Label: "p99.9"}, {Value: 4, Label: "p99.99"}, {Value: 5, Label: "p99.999"}}
 	var lines int
-	colors := map[int]int{} // one colour per transaction size, dashed for Debezium
+	colors := map[string]int{} // one colour per workload, dashed for Debezium
 	for _, w := range r.Summary.Sustained {
-		xys := percentileCurve(r.AckHists[workloadKey(w.Sink, w.PerTxn)])
+		xys := percentileCurve(r.AckHists[workloadKey(w.Sink, w.PerTxn, w.Rate)])
 		if len(xys) == 0 {
 			continue
 		}
@@ -153,10 +153,11 @@ func (r *Report) latencyPlots() [][]*plot.Plot {
 		if err != nil {
 			continue
 		}
-		if _, ok := colors[w.PerTxn]; !ok {
-			colors[w.PerTxn] = len(colors)
+		wk := workloadKey("", w.PerTxn, w.Rate)
+		if _, ok := colors[wk]; !ok {
+			colors[wk] = len(colors)
 		}
-		l.Color = plotutil.Color(colors[w.PerTxn])
+		l.Color = plotutil.Color(colors[wk])
 		l.Width = vg.Points(1.5)
 		if w.Sink == "debezium" {
 			l.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}

@@ -52,6 +52,8 @@ type Settings struct {
 	Rate            int           `json:"rate"`
 	Duration        time.Duration `json:"duration_ns"`
 	SustainedPerTxn []int         `json:"sustained_per_txn"`
+	HighRate        int           `json:"high_rate,omitempty"` // events/s of the high-rate workload (transactions of highRatePerTxn); 0: none
+	CPUProfile      bool          `json:"cpu_profile,omitempty"`
 	Producers       int           `json:"producers"`
 	Runs            int           `json:"runs"`
 	Quick           bool          `json:"quick"`
@@ -159,6 +161,7 @@ type SustainedRun struct {
 	Run          int     `json:"run"`
 	Sink         string  `json:"sink"` // relay or debezium
 	PerTxn       int     `json:"per_txn"`
+	Rate         int     `json:"requested_rate,omitempty"` // the workload's rate; 0: -rate
 	TargetRate   int     `json:"target_rate"`
 	AchievedRate float64 `json:"achieved_rate"`
 	Events       int     `json:"events"`
@@ -224,6 +227,7 @@ type DrainSummary struct {
 type SustainedSummary struct {
 	Sink          string  `json:"sink"`
 	PerTxn        int     `json:"per_txn"`
+	Rate          int     `json:"requested_rate,omitempty"` // the workload's rate; 0: -rate
 	TargetRate    int     `json:"target_rate"`
 	Runs          int     `json:"runs"`
 	AchievedRate  float64 `json:"achieved_rate"`
@@ -236,8 +240,14 @@ type SustainedSummary struct {
 	CPUPerMillion float64 `json:"cpu_seconds_per_million"` // timed phase
 }
 
-// workloadKey names a sustained workload of one sink: "relay/100".
-func workloadKey(sink string, perTxn int) string { return fmt.Sprintf("%s/%d", sink, perTxn) }
+// workloadKey names a sustained workload of one sink: "relay/100", or
+// "relay/100@50000" for one at a rate of its own.
+func workloadKey(sink string, perTxn, rate int) string {
+	if rate == 0 {
+		return fmt.Sprintf("%s/%d", sink, perTxn)
+	}
+	return fmt.Sprintf("%s/%d@%d", sink, perTxn, rate)
+}
 
 // summarize fills Summary and Targets from the runs. Rates and latencies are
 // medians over runs; peak RSS is also given as the maximum, and the RSS target
@@ -248,7 +258,7 @@ func (r *Report) summarize() {
 		r.Summary.Drains = append(r.Summary.Drains, summarizeDrain(per, r.Drain))
 	}
 	for _, w := range r.sustainedWorkloads() {
-		r.Summary.Sustained = append(r.Summary.Sustained, summarizeSustained(w.sink, w.per, r.Sustained))
+		r.Summary.Sustained = append(r.Summary.Sustained, summarizeSustained(w.sink, w.per, w.rate, r.Sustained))
 	}
 	r.Targets = targets(r.Summary)
 	if r.Soak != nil {
@@ -270,8 +280,8 @@ func (r *Report) drainSizes() []int {
 }
 
 type sustainedWorkload struct {
-	sink string
-	per  int
+	sink      string
+	per, rate int
 }
 
 // sustainedWorkloads are the sustained workloads in the order they ran.
@@ -279,7 +289,7 @@ func (r *Report) sustainedWorkloads() []sustainedWorkload {
 	var out []sustainedWorkload
 	seen := map[sustainedWorkload]bool{}
 	for _, s := range r.Sustained {
-		w := sustainedWorkload{s.Sink, s.PerTxn}
+		w := sustainedWorkload{s.Sink, s.PerTxn, s.Rate}
 		if !seen[w] {
 			seen[w] = true
 			out = append(out, w)
@@ -347,12 +357,12 @@ func summarizeDrain(per int, runs []DrainRun) DrainSummary {
 	return s
 }
 
-func summarizeSustained(sink string, per int, runs []SustainedRun) SustainedSummary {
-	s := SustainedSummary{Sink: sink, PerTxn: per}
+func summarizeSustained(sink string, per, rate int, runs []SustainedRun) SustainedSummary {
+	s := SustainedSummary{Sink: sink, PerTxn: per, Rate: rate}
 	var acks, receipts []Latency
 	var rates, cpu []float64
 	for _, r := range runs {
-		if r.Sink != sink || r.PerTxn != per {
+		if r.Sink != sink || r.PerTxn != per || r.Rate != rate {
 			continue
 		}
 		s.TargetRate = r.TargetRate

@@ -225,12 +225,22 @@ func TestWriteMarkdown_ProducerBelowRate(t *testing.T) {
 	r := sampleReport()
 	r.Producer.CommitsPerSec = 7890
 	b := &bench{o: options{Settings: r.Config}, rep: r}
-	if got := b.sustainedRate(1); got != 7800 {
+	if got := b.sustainedRate(workload{Per: 1}); got != 7800 {
 		t.Errorf("sustainedRate(1) = %d; want 7800 (the probe's 7,890 commits/s rounded down to 100)", got)
 	}
-	if got := b.sustainedRate(100); got != 10000 {
+	if got := b.sustainedRate(workload{Per: 100}); got != 10000 {
 		t.Errorf("sustainedRate(100) = %d; want -rate 10,000 (100 commits/s)", got)
 	}
+	// The high-rate workload: its own rate, lowered like the others to
+	// what the producer holds (7,800 commits/s of 100 events).
+	if got := b.sustainedRate(workload{Per: 100, Rate: 50000}); got != 50000 {
+		t.Errorf("sustainedRate(100 at 50,000/s) = %d; want 50,000 (500 commits/s)", got)
+	}
+	r.Producer.CommitsPerSec = 420
+	if got := b.sustainedRate(workload{Per: 100, Rate: 50000}); got != 40000 {
+		t.Errorf("sustainedRate(100 at 50,000/s) with the producer at 420 commits/s = %d; want 40,000", got)
+	}
+	r.Producer.CommitsPerSec = 7890
 	for i := range r.Sustained {
 		if r.Sustained[i].PerTxn == 1 {
 			r.Sustained[i].TargetRate = 7800
@@ -286,7 +296,7 @@ func TestReportJSON(t *testing.T) {
 	for i := 1; i <= 1000; i++ {
 		h.Add(time.Duration(i) * 10 * time.Microsecond)
 	}
-	r.AckHists = map[string]*Histogram{workloadKey("relay", 100): h}
+	r.AckHists = map[string]*Histogram{workloadKey("relay", 100, 0): h}
 	js, err := json.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
@@ -338,7 +348,7 @@ func TestPlots(t *testing.T) {
 	for i := 1; i <= 1000; i++ {
 		h.Add(time.Duration(i) * 10 * time.Microsecond)
 	}
-	r.AckHists = map[string]*Histogram{workloadKey("relay", 100): h, workloadKey("debezium", 100): h}
+	r.AckHists = map[string]*Histogram{workloadKey("relay", 100, 0): h, workloadKey("debezium", 100, 0): h}
 	files, err := r.plots()
 	if err != nil {
 		t.Fatal(err)
@@ -403,5 +413,69 @@ func TestPercentileCurve(t *testing.T) {
 	}
 	if got := percentileCurve(nil); got != nil {
 		t.Errorf("percentileCurve(nil) = %v; want nil", got)
+	}
+}
+
+// The high-rate workload (-high-rate) is a workload of its own beside the
+// -rate one of the same transaction size: its runs are summarised apart,
+// its curve has its own histogram, and the relay is judged on its p99
+// (≤ 25 ms) at the rate it was asked for, not on the 10,000/s targets.
+func TestSummarize_HighRateWorkload(t *testing.T) {
+	r := sampleReport()
+	for i, p99 := range []float64{20, 31, 24} {
+		r.Sustained = append(r.Sustained, SustainedRun{
+			Run: i + 1, Sink: "relay", PerTxn: 100, Rate: 50000, TargetRate: 50000, AchievedRate: 49800, Events: 3000000, Commits: 30000,
+			Received: 3000000, PhaseCPUSec: 20, PeakRSS: 45 << 20,
+			Ack: Latency{Count: 3000000, P50: ms(2), P99: ms(p99), Max: ms(60)},
+		})
+	}
+	r.summarize()
+	s := r.Summary
+	if len(s.Sustained) != 3 || s.Sustained[2].Rate != 50000 || s.Sustained[0].Rate != 0 {
+		t.Fatalf("Summary.Sustained = %+v; want relay 100, 1, then 100 at 50,000/s", s.Sustained)
+	}
+	if w := s.Sustained[0]; w.Ack.P99 != ms(13) || w.Events != 1800000 {
+		t.Errorf("the 10,000/s workload took the high-rate runs in: p99 %v, events %d; want 13ms, 1,800,000", w.Ack.P99, w.Events)
+	}
+	if w := s.Sustained[2]; w.Ack.P99 != ms(24) || w.Events != 9000000 || w.Runs != 3 {
+		t.Errorf("high-rate summary: p99 %v, events %d, runs %d; want the median 24ms, 9,000,000, 3", w.Ack.P99, w.Events, w.Runs)
+	}
+	if got := workloadKey("relay", 100, 50000); got == workloadKey("relay", 100, 0) {
+		t.Errorf("workloadKey of the high-rate workload = %q, the same as the -rate one's", got)
+	}
+	var high []Target
+	for _, tg := range r.Targets {
+		if strings.Contains(tg.Name, "50,000 events/s") {
+			high = append(high, tg)
+		}
+	}
+	if len(high) != 1 || !high[0].Pass || !strings.Contains(high[0].Want, "p99 ≤ 25ms") {
+		t.Fatalf("high-rate targets = %+v; want one, passing, p99 ≤ 25ms", high)
+	}
+	// Run below the asked rate (the producer could not hold it): not a pass,
+	// however low the p99, and the note says why.
+	w := s.Sustained[2]
+	w.TargetRate = 30000
+	if tg := highRateTarget(w); tg.Pass || !strings.Contains(tg.Note, "run at 30,000 events/s") {
+		t.Errorf("highRateTarget at 30,000 of 50,000 events/s = %+v; want a failure noting the rate", tg)
+	}
+	w.TargetRate, w.Ack.P99 = 50000, ms(26)
+	if tg := highRateTarget(w); tg.Pass {
+		t.Errorf("highRateTarget with p99 26ms = %+v; want a failure", tg)
+	}
+}
+
+// -cpuprofile gives every relay process a profile named after its log;
+// without it the environment is left as it was.
+func TestProfiled(t *testing.T) {
+	env := []string{"A=1"}
+	b := &bench{}
+	if got := b.profiled(env, "/r/relay-sustained-100h50000-run2.log"); len(got) != 1 {
+		t.Errorf("profiled without -cpuprofile = %v; want the environment unchanged", got)
+	}
+	b.o.CPUProfile = true
+	got := b.profiled(env, "/r/relay-sustained-100h50000-run2.log")
+	if len(got) != 2 || got[1] != "RELAY_CPUPROFILE=/r/relay-sustained-100h50000-run2.cpu" {
+		t.Errorf("profiled with -cpuprofile = %v; want RELAY_CPUPROFILE beside the log", got)
 	}
 }

@@ -350,7 +350,8 @@ func (b *bench) soakPhase(ctx context.Context, db *benchDB, r *SoakResult) error
 	g.Go(func() error { return consume(cctx, b.o.Brokers, topics, false, commits, samples) })
 	defer func() { stopBackground(); _ = g.Wait() }()
 
-	relay, err := startProc(b.o.RelayBin, []string{"run"}, b.relayEnv(db), filepath.Join(b.dir, "relay-soak.log"))
+	log := filepath.Join(b.dir, "relay-soak.log")
+	relay, err := startProc(b.o.RelayBin, []string{"run"}, b.profiled(b.relayEnv(db), log), log)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +16,25 @@ import (
 // probeDuration is how long the producer commits flat out to measure its
 // capacity.
 const probeDuration = 5 * time.Second
+
+// highRatePerTxn is the transaction size of the high-rate workload (-high-rate):
+// 500 transactions of 100 events a second at 50,000 events/s.
+const highRatePerTxn = 100
+
+// A workload is a sustained phase's shape: transactions of Per events at
+// Rate events/s, 0 meaning -rate.
+type workload struct {
+	Per, Rate int
+}
+
+// tag tells a high-rate workload's databases, topics and files from the
+// -rate one of the same transaction size.
+func (w workload) tag() string {
+	if w.Rate == 0 {
+		return ""
+	}
+	return fmt.Sprintf("h%d", w.Rate)
+}
 
 // A runningSink is the relay or Debezium while it delivers a sustained phase;
 // stop ends it and says what it cost.
@@ -59,11 +79,12 @@ func (r relayProc) stop() usage {
 	return u
 }
 
-func (b *bench) relaySink(db *benchDB, run, per int) sustainedSink {
+func (b *bench) relaySink(db *benchDB, run int, w workload) sustainedSink {
 	return sustainedSink{
-		name: "relay", typePrefix: fmt.Sprintf("b%sr%ds%d_", b.stamp, run, per), topics: topicsFor,
+		name: "relay", typePrefix: fmt.Sprintf("b%sr%ds%d%s_", b.stamp, run, w.Per, w.tag()), topics: topicsFor,
 		start: func(context.Context) (runningSink, error) {
-			p, err := startProc(b.o.RelayBin, []string{"run"}, b.relayEnv(db), filepath.Join(b.dir, fmt.Sprintf("relay-sustained-%d-run%d.log", per, run)))
+			log := filepath.Join(b.dir, fmt.Sprintf("relay-sustained-%d%s-run%d.log", w.Per, w.tag(), run))
+			p, err := startProc(b.o.RelayBin, []string{"run"}, b.profiled(b.relayEnv(db), log), log)
 			if err != nil {
 				return nil, fmt.Errorf("relay: %w", err)
 			}
@@ -72,38 +93,49 @@ func (b *bench) relaySink(db *benchDB, run, per int) sustainedSink {
 	}
 }
 
-// sustainedRate is the events/s of the sustained workload of per events per
-// transaction: -rate, unless that needs more commits/s than the producer
-// held in the probe; then the highest multiple of 100 commits/s it held.
-func (b *bench) sustainedRate(per int) int {
+// sustainedRate is the events/s of a sustained workload: its rate (-rate for
+// the usual ones), unless that needs more commits/s than the producer held
+// in the probe; then the highest multiple of 100 commits/s it held.
+func (b *bench) sustainedRate(w workload) int {
 	rate := b.o.Rate
-	if p := b.rep.Producer; p != nil && float64(rate)/float64(per) > p.CommitsPerSec {
-		rate = max(int(p.CommitsPerSec)/100*100, 1) * per
+	if w.Rate > 0 {
+		rate = w.Rate
 	}
-	return max(rate, per)
+	if p := b.rep.Producer; p != nil && float64(rate)/float64(w.Per) > p.CommitsPerSec {
+		rate = max(int(p.CommitsPerSec)/100*100, 1) * w.Per
+	}
+	return max(rate, w.Per)
+}
+
+// profiled is env with a CPU profile of the relay beside its log (-cpu-profile).
+func (b *bench) profiled(env []string, logPath string) []string {
+	if !b.o.CPUProfile {
+		return env
+	}
+	return append(env, "RELAY_CPUPROFILE="+strings.TrimSuffix(logPath, ".log")+".cpu")
 }
 
 // sustainedWorkload runs the relay, then Debezium, at a fixed rate of
 // transactions of per events, in a fresh database.
-func (b *bench) sustainedWorkload(ctx context.Context, run, per int) (err error) {
-	db, err := b.workloadDB(ctx, fmt.Sprintf("r%d_s%d", run, per), false)
+func (b *bench) sustainedWorkload(ctx context.Context, run int, w workload) (err error) {
+	db, err := b.workloadDB(ctx, fmt.Sprintf("r%d_s%d%s", run, w.Per, w.tag()), false)
 	if err != nil {
 		return err
 	}
 	defer b.dropDatabase(ctx, db, &err)
-	sinks := []sustainedSink{b.relaySink(db, run, per)}
+	sinks := []sustainedSink{b.relaySink(db, run, w)}
 	if b.o.ExactlyOnce {
-		sinks = append(sinks, b.relayEOSSink(db, run, per))
+		sinks = append(sinks, b.relayEOSSink(db, run, w))
 	}
 	if b.debezium() {
-		sinks = append(sinks, b.dbzSink(db, run, per))
+		sinks = append(sinks, b.dbzSink(db, run, w))
 	}
 	var errs []error
 	for _, sink := range sinks {
 		if ctx.Err() != nil {
 			break
 		}
-		s := b.sustained(ctx, db, run, per, sink)
+		s := b.sustained(ctx, db, run, w, sink)
 		b.rep.Sustained = append(b.rep.Sustained, s)
 		if s.Err != "" {
 			errs = append(errs, fmt.Errorf("%s: %s", sink.name, s.Err))
@@ -114,9 +146,9 @@ func (b *bench) sustainedWorkload(ctx context.Context, run, per int) (err error)
 
 // sustained inserts at a fixed rate while the sink runs and an in-process
 // consumer measures each event's latency from its producer's COMMIT return.
-func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink sustainedSink) (s SustainedRun) {
-	rate := b.sustainedRate(per)
-	s = SustainedRun{Run: run, Sink: sink.name, PerTxn: per, TargetRate: rate}
+func (b *bench) sustained(ctx context.Context, db *benchDB, run int, w workload, sink sustainedSink) (s SustainedRun) {
+	per, rate := w.Per, b.sustainedRate(w)
+	s = SustainedRun{Run: run, Sink: sink.name, PerTxn: per, Rate: w.Rate, TargetRate: rate}
 	fail := func(err error) SustainedRun { s.Err = err.Error(); return s }
 	topics := sink.topics(sink.typePrefix)
 	client := b.kafka()
@@ -207,7 +239,7 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink s
 	if sink.readCommitted {
 		ack = samples.receipt
 	}
-	h := b.ackHist(sink.name, per)
+	h := b.ackHist(sink.name, w)
 	for _, d := range ack {
 		h.Add(d)
 	}
@@ -218,8 +250,8 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run, per int, sink s
 }
 
 // ackHist is the commit→ack histogram of a sink and workload over all runs.
-func (b *bench) ackHist(sink string, per int) *Histogram {
-	k := workloadKey(sink, per)
+func (b *bench) ackHist(sink string, w workload) *Histogram {
+	k := workloadKey(sink, w.Per, w.Rate)
 	if b.rep.AckHists == nil {
 		b.rep.AckHists = map[string]*Histogram{}
 	}

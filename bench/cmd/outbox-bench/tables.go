@@ -311,7 +311,8 @@ func (b *bench) tablesSide(ctx context.Context, db *benchDB, label string, specs
 			}
 			args = append(args, "--config", path)
 		}
-		p, err := startProc(b.o.RelayBin, args, spec.env, filepath.Join(b.dir, fmt.Sprintf("relay-tables-%s-%d.log", label, i+1)))
+		log := filepath.Join(b.dir, fmt.Sprintf("relay-tables-%s-%d.log", label, i+1))
+		p, err := startProc(b.o.RelayBin, args, b.profiled(spec.env, log), log)
 		if err != nil {
 			return s, fmt.Errorf("relay %s %d: %w", label, i+1, err)
 		}
