@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,16 +208,9 @@ func TestLagCountsTransactionBeingRead(t *testing.T) {
 	cfg := f.config(t)
 	cfg.MaxInFlightBytes = 64 << 10
 	// Held rather than only slow: how long the relay takes over the
-	// transaction must not decide whether lag sees it (CI's loaded run
-	// failed on a 0.5 s delay a write).
+	// transaction must not decide whether lag sees it.
 	hold := make(chan struct{})
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(hold)
-		}
-	}
+	release := sync.OnceFunc(func() { close(hold) })
 	defer release()
 	f.startSlowSink(t, cfg, &slowSink{delay: 100 * time.Millisecond, hold: hold})
 	ctx := context.Background()

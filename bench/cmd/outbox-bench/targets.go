@@ -71,13 +71,7 @@ func targets(s Summary) []Target {
 			continue
 		}
 		name := fmt.Sprintf("%s per txn", fmtCount(w.PerTxn))
-		var note string
-		switch {
-		case w.TargetRate < targetRate:
-			note = fmt.Sprintf("run at %s events/s, below the target's %s", fmtCount(w.TargetRate), fmtCount(targetRate))
-		case w.AchievedRate < 0.95*float64(w.TargetRate):
-			note = fmt.Sprintf("the producer reached only %s of %s events/s", fmtRate(w.AchievedRate), fmtCount(w.TargetRate))
-		}
+		note := rateNote(w, targetRate)
 		a := w.Ack
 		ts = append(ts,
 			Target{
@@ -117,13 +111,7 @@ func targets(s Summary) []Target {
 // highRateTarget judges the relay at the high-rate workload (-high-rate):
 // commit→ack p99 at the rate it was asked for.
 func highRateTarget(w SustainedSummary) Target {
-	var note string
-	switch {
-	case w.TargetRate < w.Rate:
-		note = fmt.Sprintf("run at %s events/s: the producer held no more commits/s", fmtCount(w.TargetRate))
-	case w.AchievedRate < 0.95*float64(w.TargetRate):
-		note = fmt.Sprintf("the producer reached only %s of %s events/s", fmtRate(w.AchievedRate), fmtCount(w.TargetRate))
-	}
+	note := rateNote(w, w.Rate)
 	return Target{
 		Name: fmt.Sprintf("%s per txn at %s events/s: commit→ack", fmtCount(w.PerTxn), fmtCount(w.Rate)),
 		Want: fmt.Sprintf("p99 ≤ %s", fmtDur(targetHighP99)),
@@ -131,4 +119,17 @@ func highRateTarget(w SustainedSummary) Target {
 		Pass: w.Ack.P99 <= targetHighP99 && w.TargetRate >= w.Rate,
 		Note: note,
 	}
+}
+
+// rateNote says why a sustained workload's figures are not at the rate its
+// target is for (want events/s): it ran below it, or the producer fell short
+// of the rate it ran at; "" when neither.
+func rateNote(w SustainedSummary, want int) string {
+	switch {
+	case w.TargetRate < want:
+		return fmt.Sprintf("run at %s events/s, below the target's %s", fmtCount(w.TargetRate), fmtCount(want))
+	case w.AchievedRate < 0.95*float64(w.TargetRate):
+		return fmt.Sprintf("the producer reached only %s of %s events/s", fmtRate(w.AchievedRate), fmtCount(w.TargetRate))
+	}
+	return ""
 }
