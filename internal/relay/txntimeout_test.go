@@ -32,9 +32,11 @@ type slowSink struct {
 	cap   time.Duration
 	hold  chan struct{} // when not nil, every Send waits until it is closed
 	inits atomic.Int32
+	sent  atomic.Int64 // events handed to Send, held or not
 }
 
 func (s *slowSink) Send(ctx context.Context, evs []outboxevent.Event) sink.Delivery {
+	s.sent.Add(int64(len(evs)))
 	if s.hold != nil {
 		select {
 		case <-s.hold:
