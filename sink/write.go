@@ -253,117 +253,18 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 
 		var werrs kafka.WriteErrors
 		if !errors.As(err, &werrs) || len(werrs) != len(batch) {
-			// The whole call was refused before anything was produced:
-			// metadata for a topic, or the connection.
-			switch {
-			case !perMessage(err):
-				// Broker-wide: retry the same call below.
-			case !oneTopic(batch):
-				// kafka-go does not say which topic failed: write each topic
-				// on its own. Topics are independent for ordering.
-				for _, group := range byTopic(msgs, idx) {
-					if err := k.write(ctx, st, group); err != nil {
-						return err
-					}
-				}
-				return nil
-			case topicLevel(err):
-				ferr, wait := k.topicFailure(ctx, st, msgs[idx[0]].Topic, err)
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				if wait {
-					if err := backoff.Sleep(ctx, topicPoll); err != nil {
-						return err
-					}
-					continue
-				}
-				for _, i := range idx {
-					if st.held(i) {
-						st.fail(i, ErrBehind)
-					} else {
-						st.fail(i, ferr)
-					}
-				}
-				return nil
-			case len(idx) == 1:
-				st.fail(idx[0], err)
-				return nil
-			default:
-				// Not expected (sizes are checked up front), but a
-				// record-level refusal of the whole call is narrowed down
-				// like one of a batch.
-				half := len(idx) / 2
-				if err := k.write(ctx, st, idx[:half]); err != nil {
-					return err
-				}
-				return k.write(ctx, st, idx[half:])
-			}
-			if err := k.backoff(ctx, attempt, err); err != nil {
+			again, err := k.writeRefused(ctx, st, idx, batch, err, &attempt)
+			if !again || err != nil {
 				return err
 			}
-			attempt++
 			continue
 		}
 
 		// Per partition: each partition's batch succeeded or failed whole.
 		k.acked(batch, werrs)
-		var retry, isolate []int
-		var retryErr error
-		records := 0
-		for _, e := range werrs {
-			if e != nil && perMessage(e) && !topicLevel(e) {
-				records++
-			}
-		}
-		// A topic-level answer for a partition (its leader does not know the
-		// topic yet, or may not write it) is decided once per topic.
-		var topicErrs map[string]error
-		for j, e := range werrs {
-			switch {
-			case e == nil:
-			case !perMessage(e):
-				retry = append(retry, idx[j])
-				retryErr = e
-			case topicLevel(e):
-				topic := msgs[idx[j]].Topic
-				ferr, seen := topicErrs[topic]
-				if !seen {
-					var wait bool
-					if ferr, wait = k.topicFailure(ctx, st, topic, e); ctx.Err() != nil {
-						return ctx.Err()
-					} else if wait {
-						ferr = nil
-					}
-					if topicErrs == nil {
-						topicErrs = make(map[string]error)
-					}
-					topicErrs[topic] = ferr
-				}
-				if ferr == nil {
-					retry = append(retry, idx[j])
-				} else {
-					st.fail(idx[j], ferr)
-				}
-			case records > 1:
-				isolate = append(isolate, idx[j])
-			default:
-				st.fail(idx[j], e)
-			}
-		}
-		if len(isolate) > 0 {
-			// A record-level error for a batch of several messages: find the
-			// culprits by halves, each half in order after the one before.
-			half := len(isolate) / 2
-			if err := k.write(ctx, st, isolate[:half]); err != nil {
-				return err
-			}
-			if err := k.write(ctx, st, isolate[half:]); err != nil {
-				return err
-			}
-		}
-		if len(retry) == 0 {
-			return nil
+		retry, retryErr, err := k.writeFailed(ctx, st, idx, werrs)
+		if err != nil || len(retry) == 0 {
+			return err
 		}
 		// Only the failed partitions' messages go again, before anything
 		// that follows them in the input.
@@ -378,6 +279,126 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 		}
 		idx = retry
 	}
+}
+
+// writeRefused handles a write of msgs[idx...] (batch) whose whole call was refused
+// before anything was produced (metadata for a topic, or the connection):
+// it writes them in parts, fails them, or waits, and says whether to write
+// them again (again), counting a broker-wide failure's attempt.
+func (k *Kafka) writeRefused(ctx context.Context, st *writeState, idx []int, batch []kafka.Message, err error, attempt *int) (again bool, _ error) {
+	msgs := st.msgs
+	switch {
+	case !perMessage(err):
+		// Broker-wide: retry the same call.
+		if err := k.backoff(ctx, *attempt, err); err != nil {
+			return false, err
+		}
+		*attempt++
+		return true, nil
+	case !oneTopic(batch):
+		// kafka-go does not say which topic failed: write each topic on
+		// its own. Topics are independent for ordering.
+		for _, group := range byTopic(msgs, idx) {
+			if err := k.write(ctx, st, group); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	case topicLevel(err):
+		ferr, wait := k.topicFailure(ctx, st, msgs[idx[0]].Topic, err)
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if wait {
+			if err := backoff.Sleep(ctx, topicPoll); err != nil {
+				return false, err
+			}
+			return true, nil
+		}
+		for _, i := range idx {
+			if st.held(i) {
+				st.fail(i, ErrBehind)
+			} else {
+				st.fail(i, ferr)
+			}
+		}
+		return false, nil
+	case len(idx) == 1:
+		st.fail(idx[0], err)
+		return false, nil
+	default:
+		// Not expected (sizes are checked up front), but a record-level
+		// refusal of the whole call is narrowed down like one of a batch.
+		half := len(idx) / 2
+		if err := k.write(ctx, st, idx[:half]); err != nil {
+			return false, err
+		}
+		return false, k.write(ctx, st, idx[half:])
+	}
+}
+
+// writeFailed handles the partitions' answers werrs to a write of
+// msgs[idx...] (each partition's batch succeeded or failed whole): it fails
+// the messages that failed on their own, finds the culprits of a
+// record-level error by halves, and returns the messages to write again
+// with the broker-wide error that failed them (nil when only topics being
+// created did).
+func (k *Kafka) writeFailed(ctx context.Context, st *writeState, idx []int, werrs kafka.WriteErrors) (retry []int, retryErr, _ error) {
+	msgs := st.msgs
+	var isolate []int
+	records := 0
+	for _, e := range werrs {
+		if e != nil && perMessage(e) && !topicLevel(e) {
+			records++
+		}
+	}
+	// A topic-level answer for a partition (its leader does not know the
+	// topic yet, or may not write it) is decided once per topic.
+	var topicErrs map[string]error
+	for j, e := range werrs {
+		switch {
+		case e == nil:
+		case !perMessage(e):
+			retry = append(retry, idx[j])
+			retryErr = e
+		case topicLevel(e):
+			topic := msgs[idx[j]].Topic
+			ferr, seen := topicErrs[topic]
+			if !seen {
+				var wait bool
+				if ferr, wait = k.topicFailure(ctx, st, topic, e); ctx.Err() != nil {
+					return nil, nil, ctx.Err()
+				} else if wait {
+					ferr = nil
+				}
+				if topicErrs == nil {
+					topicErrs = make(map[string]error)
+				}
+				topicErrs[topic] = ferr
+			}
+			if ferr == nil {
+				retry = append(retry, idx[j])
+			} else {
+				st.fail(idx[j], ferr)
+			}
+		case records > 1:
+			isolate = append(isolate, idx[j])
+		default:
+			st.fail(idx[j], e)
+		}
+	}
+	if len(isolate) > 0 {
+		// A record-level error for a batch of several messages: find the
+		// culprits by halves, each half in order after the one before.
+		half := len(isolate) / 2
+		if err := k.write(ctx, st, isolate[:half]); err != nil {
+			return nil, nil, err
+		}
+		if err := k.write(ctx, st, isolate[half:]); err != nil {
+			return nil, nil, err
+		}
+	}
+	return retry, retryErr, nil
 }
 
 // backoff counts a broker-wide failure, records it as (part of) an outage,

@@ -95,6 +95,15 @@ func Check(in Input) Report {
 		}
 	}
 
+	seen := rep.checkDelivered(in, rows)
+	rep.checkRetry(in, rows, seen)
+	return rep
+}
+
+// checkDelivered counts what the messages in Kafka say (duplicates,
+// mismatches, poison delivered, order per aggregate) and returns the ids
+// they carry.
+func (rep *Report) checkDelivered(in Input, rows map[string]*Row) map[string]bool {
 	msgs := slices.Clone(in.Delivered)
 	slices.SortStableFunc(msgs, func(a, b Delivery) int {
 		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
@@ -149,6 +158,12 @@ func Check(in Input) Report {
 		a.lastSeq = max(a.lastSeq, r.Seq)
 	}
 
+	return seen
+}
+
+// checkRetry counts what the retry table says (retry rows of good events,
+// poison not dead) and the events neither in Kafka nor in the retry table.
+func (rep *Report) checkRetry(in Input, rows map[string]*Row, seen map[string]bool) {
 	retried := map[string]RetryRow{}
 	for _, rr := range in.Retry {
 		retried[rr.EventID] = rr
@@ -190,7 +205,6 @@ func Check(in Input) Report {
 			rep.problem("event %s (%s seq %d) is neither in Kafka nor in the retry table", r.ID, r.AggregateID, r.Seq)
 		}
 	}
-	return rep
 }
 
 // Failed reports whether any count that must be zero is not.

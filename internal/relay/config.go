@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -195,7 +196,11 @@ type Config struct {
 	MetricsListen string
 	// Spans, when set, exports the span of every acknowledged event that
 	// has one (event.Span; Router.Spans mints them), e.g. *tracing.Tracer.
-	Spans      SpanExporter
+	Spans SpanExporter
+	// StageTrace, when set, gets a line per chunk the pipeline delivered
+	// whole, with the times of its stages (stages.go): for benchmarks
+	// finding where commit→ack goes. Nil costs nothing.
+	StageTrace io.Writer
 	RetryTable string // default "outbox_relay_retry"
 
 	// Identity is how this relay names itself as leader, in the checkpoint
@@ -275,45 +280,7 @@ func (c *Config) validate() error {
 	if n := c.TransactionMaxBytes; n > 0 && n < MinInFlightBytes {
 		v.Errorf("TransactionMaxBytes", "%d is out of range; use at least %d (64 KiB) (default %d)", n, MinInFlightBytes, DefaultTransactionMaxBytes)
 	}
-	field.Default(&c.Table, sql.DefaultOutboxTable)
-	if !strings.Contains(c.Table, ".") {
-		c.Table = "public." + c.Table
-	}
-	if _, err := sql.ParseTable(c.Table); err != nil {
-		v.Errorf("Table", "%v", err)
-	}
-	seen := map[string]bool{c.Table: true}
-	for i := range c.Tables {
-		t := &c.Tables[i]
-		name := fmt.Sprintf("Tables[%d].Table", i)
-		if t.Table == "" {
-			v.Add(field.Required(name, "name the outbox table"))
-			continue
-		}
-		if !strings.Contains(t.Table, ".") {
-			t.Table = "public." + t.Table
-		}
-		if _, err := sql.ParseTable(t.Table); err != nil {
-			v.Errorf(name, "%v", err)
-		} else if seen[t.Table] {
-			v.Errorf(name, "%s is named twice: list each outbox table once", t.Table)
-		} else if _, other := c.OtherTables[t.Table]; other {
-			v.Errorf(name, "%s is also in {OtherTables}: remove it there", t.Table)
-		}
-		seen[t.Table] = true
-	}
-	if len(c.Tables) > 0 && !c.readsTable() {
-		v.Errorf("Tables", "lists outbox tables but {Source} is %s: read tables too (%s), or remove the list", c.Source, SourceBoth)
-	}
-	for name, a := range c.OtherTables {
-		if t, err := sql.ParseTable(name); err != nil || t.Schema == "" {
-			v.Errorf("OtherTables", "%q is not schema.table: name each table with its schema, as inserts arrive under it", name)
-		} else if name == c.Table {
-			v.Errorf("OtherTables", "names the outbox table %s itself: remove it", name)
-		} else if a != placement.Deliver && a != placement.Ignore {
-			v.Errorf("OtherTables", "%s: want deliver or ignore", name)
-		}
-	}
+	c.validateTables(&v)
 	field.Default(&c.CheckpointTable, sql.DefaultCheckpointTable)
 	if _, err := sql.ParseTable(c.CheckpointTable); err != nil {
 		v.Errorf("CheckpointTable", "%v", err)
@@ -369,6 +336,51 @@ func (c *Config) validate() error {
 		c.Sink.Logger = c.Logger
 	}
 	return v.Err()
+}
+
+// validateTables fills and checks the outbox tables (Table, Tables) and the
+// tables the placer is told of (OtherTables): each schema-qualified, named
+// once, and read only with a source that reads tables.
+func (c *Config) validateTables(v *field.Checker) {
+	field.Default(&c.Table, sql.DefaultOutboxTable)
+	if !strings.Contains(c.Table, ".") {
+		c.Table = "public." + c.Table
+	}
+	if _, err := sql.ParseTable(c.Table); err != nil {
+		v.Errorf("Table", "%v", err)
+	}
+	seen := map[string]bool{c.Table: true}
+	for i := range c.Tables {
+		t := &c.Tables[i]
+		name := fmt.Sprintf("Tables[%d].Table", i)
+		if t.Table == "" {
+			v.Add(field.Required(name, "name the outbox table"))
+			continue
+		}
+		if !strings.Contains(t.Table, ".") {
+			t.Table = "public." + t.Table
+		}
+		if _, err := sql.ParseTable(t.Table); err != nil {
+			v.Errorf(name, "%v", err)
+		} else if seen[t.Table] {
+			v.Errorf(name, "%s is named twice: list each outbox table once", t.Table)
+		} else if _, other := c.OtherTables[t.Table]; other {
+			v.Errorf(name, "%s is also in {OtherTables}: remove it there", t.Table)
+		}
+		seen[t.Table] = true
+	}
+	if len(c.Tables) > 0 && !c.readsTable() {
+		v.Errorf("Tables", "lists outbox tables but {Source} is %s: read tables too (%s), or remove the list", c.Source, SourceBoth)
+	}
+	for name, a := range c.OtherTables {
+		if t, err := sql.ParseTable(name); err != nil || t.Schema == "" {
+			v.Errorf("OtherTables", "%q is not schema.table: name each table with its schema, as inserts arrive under it", name)
+		} else if name == c.Table {
+			v.Errorf("OtherTables", "names the outbox table %s itself: remove it", name)
+		} else if a != placement.Deliver && a != placement.Ignore {
+			v.Errorf("OtherTables", "%s: want deliver or ignore", name)
+		}
+	}
 }
 
 // A SpanExporter exports the spans of events Kafka acknowledged at ack. It

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -211,16 +212,8 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		}
 	}
 	if dryRun {
-		for _, s := range sels {
-			text, args := s.sel.SQL()
-			var n int64
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&n); err != nil {
-				return nil, fmt.Errorf("refill (dry run): count the rows of %s: %w", s.name, err)
-			}
-			res.Events += n
-		}
-		if res.Pruned != nil {
-			res.Pruned.Found = res.Events
+		if err := countRefill(ctx, pool, sels, res); err != nil {
+			return nil, err
 		}
 		return res, nil
 	}
@@ -228,38 +221,11 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	log.Warn("refilling from the outbox table: the slot does not continue from the checkpoint",
 		"slot", slot, "cause", gap.Cause, "checkpoint", cp.LSN.String(), "reason", gap.Reason())
 
-	// One refill of a slot at a time: the relays of an HA group all meet
-	// the gap. The one that waited finds it healed, or refills what is left.
-	// A session-level lock, so on a direct connection: through a pooler in
-	// transaction mode it would stay on a server connection the pooler
-	// hands to others, and the unlock might go to another one.
-	lock, err := r.directConn(ctx, "outbox-relay refill lock")
+	lock, again, err := r.lockRefill(ctx, pool, store, cp, log)
 	if err != nil {
-		return nil, fmt.Errorf("refill: connect for the refill lock: %w", err)
+		return nil, err
 	}
 	defer lock.Close(context.WithoutCancel(ctx)) // ends the session, and with it the lock
-	key := "outbox-relay refill " + slot
-	if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, key); err != nil {
-		return nil, fmt.Errorf("refill: take the refill lock: %w", err)
-	}
-	// Judged again, under the lock and on a connection of its own: the
-	// gap a running stream met is judged from what it saw (a missing slot
-	// on a new timeline may be a fork as well).
-	again, err := r.findGap(ctx, pool)
-	switch {
-	case err != nil:
-		return nil, err
-	case again == nil:
-		log.Info("refill: another relay healed the slot meanwhile", "slot", slot)
-		return nil, ErrNoGap
-	case !again.Cause.Refillable():
-		return nil, again
-	}
-	if cp2, err := store.Load(ctx, slot); err != nil {
-		return nil, err
-	} else if cp2.LSN != cp.LSN {
-		return nil, errRefillAgain // another relay refilled, and the slot was lost again since
-	}
 	gap = again
 	srv, err := r.identify(ctx)
 	if err != nil {
@@ -301,8 +267,25 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	// 3. and 4. Read in the snapshot, deliver as the live relay does. The
 	// replication connection stays open and idle meanwhile: the snapshot
 	// lives as long as it does nothing else.
+	progress := refillProgress(ctx, store, slot, epoch, log)
+	xmin, at, err := r.deliverRefill(ctx, pool, sels, created.SnapshotName, ls, res, progress)
+	if err != nil {
+		return nil, fmt.Errorf("refill %s stopped (the checkpoint is unchanged: the next start refills again): %w", res.ID, err)
+	}
+
+	// 5. The checkpoint at the consistent point, fenced, and its history.
+	if err := r.finishRefill(ctx, store, epoch, gap, res, at, xmin, began, log); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// refillProgress returns what records a refill's progress in the checkpoint
+// row (so that a refill killed and started again skips what was sent) and
+// logs it now and then.
+func refillProgress(ctx context.Context, store *checkpoint.Store, slot string, epoch int64, log *slog.Logger) func(checkpoint.RefillProgress) {
 	lastLogged := time.Now()
-	progress := func(p checkpoint.RefillProgress) {
+	return func(p checkpoint.RefillProgress) {
 		if err := store.SaveRefillProgress(ctx, slot, epoch, p); err != nil {
 			log.Warn("refill: cannot record its progress; if it is killed, the next refill sends again what it sent", "err", err)
 		}
@@ -313,17 +296,76 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 			log.Info("refill progress", "sent", p.Sent)
 		}
 	}
-	xmin, at, err := r.deliverRefill(ctx, pool, sels, created.SnapshotName, ls, res, progress)
-	if err != nil {
-		return nil, fmt.Errorf("refill %s stopped (the checkpoint is unchanged: the next start refills again): %w", res.ID, err)
-	}
+}
 
-	// 5. The checkpoint at the consistent point, fenced, and its history.
+// countRefill counts, for a dry run, the events a refill would re-send.
+func countRefill(ctx context.Context, pool *pgxpool.Pool, sels []refillSource, res *RefillResult) error {
+	for _, s := range sels {
+		text, args := s.sel.SQL()
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&n); err != nil {
+			return fmt.Errorf("refill (dry run): count the rows of %s: %w", s.name, err)
+		}
+		res.Events += n
+	}
+	if res.Pruned != nil {
+		res.Pruned.Found = res.Events
+	}
+	return nil
+}
+
+// lockRefill takes the slot's refill lock and judges the gap again under
+// it. One refill of a slot at a time: the relays of an HA group all meet
+// the gap. The one that waited finds it healed (ErrNoGap), or refills what
+// is left. The lock is session-level, so on a direct connection, which the
+// caller closes to release it: through a pooler in transaction mode it
+// would stay on a server connection the pooler hands to others, and the
+// unlock might go to another one.
+func (r *Relay) lockRefill(ctx context.Context, pool *pgxpool.Pool, store *checkpoint.Store, cp checkpoint.Checkpoint, log *slog.Logger) (_ *pgx.Conn, _ *pgslot.GapError, err error) {
+	slot := r.cfg.Replication.Slot
+	lock, err := r.directConn(ctx, "outbox-relay refill lock")
+	if err != nil {
+		return nil, nil, fmt.Errorf("refill: connect for the refill lock: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			lock.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	key := "outbox-relay refill " + slot
+	if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, key); err != nil {
+		return nil, nil, fmt.Errorf("refill: take the refill lock: %w", err)
+	}
+	// Judged again, under the lock and on a connection of its own: the
+	// gap a running stream met is judged from what it saw (a missing slot
+	// on a new timeline may be a fork as well).
+	again, err := r.findGap(ctx, pool)
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case again == nil:
+		log.Info("refill: another relay healed the slot meanwhile", "slot", slot)
+		return nil, nil, ErrNoGap
+	case !again.Cause.Refillable():
+		return nil, nil, again
+	}
+	if cp2, err := store.Load(ctx, slot); err != nil {
+		return nil, nil, err
+	} else if cp2.LSN != cp.LSN {
+		return nil, nil, errRefillAgain // another relay refilled, and the slot was lost again since
+	}
+	return lock, again, nil
+}
+
+// finishRefill saves the checkpoint at the new slot's consistent point
+// (fenced), records the refill and its history row, and says it is done.
+func (r *Relay) finishRefill(ctx context.Context, store *checkpoint.Store, epoch int64, gap *pgslot.GapError, res *RefillResult, at time.Time, xmin uint64, began time.Time, log *slog.Logger) error {
+	slot := r.cfg.Replication.Slot
 	notFenced := func(err error) bool { return !errors.Is(err, checkpoint.ErrFenced) }
 	if err := retryIf(ctx, log, "save the checkpoint after the refill", notFenced, func() error {
 		return store.SaveFenced(ctx, slot, epoch, res.To, at)
 	}); err != nil {
-		return nil, fmt.Errorf("refill %s: %w", res.ID, err)
+		return fmt.Errorf("refill %s: %w", res.ID, err)
 	}
 	res.Duration = time.Since(began)
 	what := fmt.Sprintf("refill %s at %s: slot %s, %d events re-sent from the outbox table (%d into the retry table, %d left in it), checkpoint %s -> %s, in %s",
@@ -343,7 +385,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	log.Warn("refill done: the slot continues from the checkpoint again",
 		"slot", slot, "cause", gap.Cause, "from_checkpoint", res.From.String(), "to_checkpoint", res.To.String(),
 		"events", res.Events-res.Held, "parked_in_retry_table", res.Parked, "already_in_retry_table", res.Held, "duration", res.Duration.Round(time.Millisecond).String(), "selection", res.Note)
-	return res, nil
+	return nil
 }
 
 // skipRefilled narrows the selections when a refill from the same

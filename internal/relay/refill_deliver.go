@@ -83,27 +83,13 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 		return 0, time.Time{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+sql.Literal(snapshot)); err != nil {
-		return 0, time.Time{}, fmt.Errorf("import the slot's snapshot: %w", err)
-	}
-	var xminText string
-	var at time.Time
-	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, now()`).Scan(&xminText, &at); err != nil {
+	xmin, at, err := importSnapshot(ctx, tx, snapshot)
+	if err != nil {
 		return 0, time.Time{}, err
 	}
-	xmin, err := strconv.ParseUint(xminText, 10, 64)
+	rts, err := declareRefill(ctx, tx, sels)
 	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("snapshot xmin %q: %w", xminText, err)
-	}
-	rts := make([]*router.Router, len(sels))
-	for i, s := range sels {
-		text, args := s.sel.SQL()
-		if _, err := tx.Exec(ctx, fmt.Sprintf("DECLARE refill_%d NO SCROLL CURSOR FOR ", i)+text, args...); err != nil {
-			return 0, time.Time{}, fmt.Errorf("read the outbox table %s: %w", s.name, err)
-		}
-		if rts[i], err = router.New(s.router); err != nil {
-			return 0, time.Time{}, err
-		}
+		return 0, time.Time{}, err
 	}
 	rstore, err := retry.NewStore(pool, r.cfg.RetryTable, r.cfg.Replication.Slot)
 	if err != nil {
@@ -128,114 +114,12 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 		held += at.held
 		progress(checkpoint.RefillProgress{ID: res.ID, From: res.From, Xmin: xmin, Table: at.table, Position: at.pos, Sent: res.Resumed + done + held})
 	}
+	rd := &refillReader{tx: tx, sels: sels, rts: rts, res: res, at: at, gt: gt, rstore: rstore, tally: tally,
+		atLeastOnce: rsink != r.sink, header: router.Header{Key: HeaderRefillID, Value: []byte(res.ID)}}
 	chunks := make(chan *chunk)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.run(gctx, chunks, tally) })
-	header := router.Header{Key: HeaderRefillID, Value: []byte(res.ID)}
-	g.Go(func() error {
-		defer close(chunks)
-		// A chunk per fetch: one Kafka write, a few in memory at a time.
-		// The tables one after the other, each in its order.
-		n, cur := 0, 0
-		for cur < len(sels) {
-			sel, rt := sels[cur].sel, rts[cur]
-			fetch := fmt.Sprintf("FETCH FORWARD %d FROM refill_%d", max(r.cfg.Sink.BatchSize, 1000), cur)
-			rows, err := tx.Query(gctx, fetch)
-			if err != nil {
-				return fmt.Errorf("read the outbox table: %w", err)
-			}
-			type routed struct {
-				m   router.Message
-				err error
-			}
-			var read []routed
-			var last []string
-			for rows.Next() {
-				row, pos, err := sel.Scan(rows)
-				last = pos
-				if err != nil {
-					rows.Close()
-					return err
-				}
-				n++
-				m, err := rt.Route(row)
-				m.Refill, m.Pos, m.CommitTime, m.Table = res.ID, n, at, sels[cur].name
-				m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == HeaderRefillID }), header)
-				if rsink != r.sink {
-					// Beside an exactly-once stream: at least once.
-					m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
-				}
-				m.Extra = append(slices.DeleteFunc(slices.Clone(m.Extra), func(h event.Header) bool { return h.Key == HeaderRefillID }), event.Header(header))
-				if err != nil {
-					var re *router.RouteError
-					if !errors.As(err, &re) {
-						rows.Close()
-						return fmt.Errorf("route refilled event %d: %w", n, err)
-					}
-				}
-				read = append(read, routed{m, err})
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return fmt.Errorf("read the outbox table: %w", err)
-			}
-			if len(read) == 0 {
-				cur++
-				continue
-			}
-			res.Events += int64(len(read))
-			// Events the stream already stored in the retry table are
-			// there still (a dead letter, a row being retried): sent or
-			// stored again they would be a second copy behind the first,
-			// pending for ever behind a dead one, or sent again after an
-			// operator dropped it. Only an aggregate blocked in the gate
-			// can have such rows.
-			var ask []event.Event
-			var askAt []int
-			for i := range read {
-				if gt.holds(read[i].m.Lane().String()) {
-					ask, askAt = append(ask, read[i].m.Event), append(askAt, i)
-				}
-			}
-			held := map[int]bool{}
-			if len(ask) > 0 {
-				h, err := rstore.Held(gctx, ask, "refill:"+res.ID+":")
-				if err != nil {
-					return fmt.Errorf("refill: %w", err)
-				}
-				for j := range h {
-					held[askAt[j]] = true
-				}
-				res.Held += int64(len(h))
-			}
-			c := &chunk{}
-			at := refillAt{table: cur, held: int64(len(held))}
-			for _, v := range last {
-				if v == "" { // NULL: no value of the order is empty text
-					at.pos = append(at.pos, nil)
-				} else {
-					at.pos = append(at.pos, &v)
-				}
-			}
-			tally.sent(c, at)
-			for i := range read {
-				if held[i] {
-					continue
-				}
-				if read[i].err != nil {
-					c.fails = append(c.fails, routeFailure{before: len(c.evs), ev: read[i].m.Event, err: read[i].err})
-					continue
-				}
-				c.evs = append(c.evs, read[i].m.Event)
-			}
-			select {
-			case chunks <- c:
-			case <-gctx.Done():
-				return gctx.Err()
-			}
-		}
-		return nil
-	})
+	g.Go(func() error { return rd.run(gctx, chunks, r.cfg.Sink.BatchSize) })
 	if err := g.Wait(); err != nil {
 		return 0, time.Time{}, err
 	}
@@ -248,6 +132,195 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 		r.log.Warn("refill: cannot count the refilled events in the retry table", "err", err)
 	}
 	return xmin, at, tx.Commit(ctx)
+}
+
+// importSnapshot makes tx read in the slot's exported snapshot, and returns
+// the snapshot's xmin (a full xid) and the server's time.
+func importSnapshot(ctx context.Context, tx pgx.Tx, snapshot string) (uint64, time.Time, error) {
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+sql.Literal(snapshot)); err != nil {
+		return 0, time.Time{}, fmt.Errorf("import the slot's snapshot: %w", err)
+	}
+	var xminText string
+	var at time.Time
+	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, now()`).Scan(&xminText, &at); err != nil {
+		return 0, time.Time{}, err
+	}
+	xmin, err := strconv.ParseUint(xminText, 10, 64)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("snapshot xmin %q: %w", xminText, err)
+	}
+	return xmin, at, nil
+}
+
+// declareRefill declares a cursor refill_<i> over each selection, and
+// returns their routers.
+func declareRefill(ctx context.Context, tx pgx.Tx, sels []refillSource) ([]*router.Router, error) {
+	rts := make([]*router.Router, len(sels))
+	for i, s := range sels {
+		text, args := s.sel.SQL()
+		if _, err := tx.Exec(ctx, fmt.Sprintf("DECLARE refill_%d NO SCROLL CURSOR FOR ", i)+text, args...); err != nil {
+			return nil, fmt.Errorf("read the outbox table %s: %w", s.name, err)
+		}
+		var err error
+		if rts[i], err = router.New(s.router); err != nil {
+			return nil, err
+		}
+	}
+	return rts, nil
+}
+
+// refillReader reads a refill's cursors and makes chunks of their events.
+type refillReader struct {
+	tx          pgx.Tx
+	sels        []refillSource
+	rts         []*router.Router
+	res         *RefillResult
+	at          time.Time // the snapshot's time: the events' commit time
+	gt          *gate
+	rstore      *retry.Store
+	tally       *refillTally
+	atLeastOnce bool // beside an exactly-once stream: say so in a header
+	header      router.Header
+	n           int // events read so far: their positions
+}
+
+// refillRouted is an event read and routed, or its routing's failure.
+type refillRouted struct {
+	m   router.Message
+	err error
+}
+
+// run hands chunks to the writer until the cursors are read, and closes
+// chunks. A chunk per fetch: one Kafka write, a few in memory at a time. The
+// tables one after the other, each in its order.
+func (rd *refillReader) run(ctx context.Context, chunks chan<- *chunk, batchSize int) error {
+	defer close(chunks)
+	for cur := 0; cur < len(rd.sels); {
+		read, last, err := rd.fetch(ctx, cur, max(batchSize, 1000))
+		if err != nil {
+			return err
+		}
+		if len(read) == 0 {
+			cur++
+			continue
+		}
+		c, err := rd.chunk(ctx, cur, read, last)
+		if err != nil {
+			return err
+		}
+		select {
+		case chunks <- c:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// fetch reads and routes up to n rows of cursor cur; it returns them and
+// the last row's position in the selection's order.
+func (rd *refillReader) fetch(ctx context.Context, cur, n int) ([]refillRouted, []string, error) {
+	sel, rt := rd.sels[cur].sel, rd.rts[cur]
+	rows, err := rd.tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM refill_%d", n, cur))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the outbox table: %w", err)
+	}
+	defer rows.Close()
+	var read []refillRouted
+	var last []string
+	for rows.Next() {
+		row, pos, err := sel.Scan(rows)
+		last = pos
+		if err != nil {
+			return nil, nil, err
+		}
+		rd.n++
+		m, err := rt.Route(row)
+		rd.mark(&m, cur)
+		if err != nil {
+			var re *router.RouteError
+			if !errors.As(err, &re) {
+				return nil, nil, fmt.Errorf("route refilled event %d: %w", rd.n, err)
+			}
+		}
+		read = append(read, refillRouted{m, err})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read the outbox table: %w", err)
+	}
+	return read, last, nil
+}
+
+// mark gives a refilled event of table cur its place and the refill's
+// headers.
+func (rd *refillReader) mark(m *router.Message, cur int) {
+	m.Refill, m.Pos, m.CommitTime, m.Table = rd.res.ID, rd.n, rd.at, rd.sels[cur].name
+	m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == HeaderRefillID }), rd.header)
+	if rd.atLeastOnce {
+		// Beside an exactly-once stream: at least once.
+		m.Headers = append(slices.DeleteFunc(m.Headers, func(h router.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
+	}
+	m.Extra = append(slices.DeleteFunc(slices.Clone(m.Extra), func(h event.Header) bool { return h.Key == HeaderRefillID }), event.Header(rd.header))
+}
+
+// chunk makes the chunk of one fetch of table cur, leaving out the events
+// the retry table holds already, and registers it with the tally.
+func (rd *refillReader) chunk(ctx context.Context, cur int, read []refillRouted, last []string) (*chunk, error) {
+	rd.res.Events += int64(len(read))
+	held, err := rd.held(ctx, read)
+	if err != nil {
+		return nil, err
+	}
+	c := &chunk{}
+	at := refillAt{table: cur, held: int64(len(held))}
+	for _, v := range last {
+		if v == "" { // NULL: no value of the order is empty text
+			at.pos = append(at.pos, nil)
+		} else {
+			at.pos = append(at.pos, &v)
+		}
+	}
+	rd.tally.sent(c, at)
+	for i := range read {
+		if held[i] {
+			continue
+		}
+		if read[i].err != nil {
+			c.fails = append(c.fails, routeFailure{before: len(c.evs), ev: read[i].m.Event, err: read[i].err})
+			continue
+		}
+		c.evs = append(c.evs, read[i].m.Event)
+	}
+	return c, nil
+}
+
+// held returns which of read the retry table holds already. Events the
+// stream already stored there are there still (a dead letter, a row being
+// retried): sent or stored again they would be a second copy behind the
+// first, pending for ever behind a dead one, or sent again after an operator
+// dropped it. Only an aggregate blocked in the gate can have such rows.
+func (rd *refillReader) held(ctx context.Context, read []refillRouted) (map[int]bool, error) {
+	var ask []event.Event
+	var askAt []int
+	for i := range read {
+		if rd.gt.holds(read[i].m.Lane().String()) {
+			ask, askAt = append(ask, read[i].m.Event), append(askAt, i)
+		}
+	}
+	held := map[int]bool{}
+	if len(ask) == 0 {
+		return held, nil
+	}
+	h, err := rd.rstore.Held(ctx, ask, "refill:"+rd.res.ID+":")
+	if err != nil {
+		return nil, fmt.Errorf("refill: %w", err)
+	}
+	for j := range h {
+		held[askAt[j]] = true
+	}
+	rd.res.Held += int64(len(h))
+	return held, nil
 }
 
 func rstoreTable(name string) string {

@@ -60,43 +60,74 @@ type source struct {
 // came before can be.
 func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan replication.Batch, out chan<- *chunk) error {
 	defer close(out)
-	maxMsgs, maxBytes := r.maxMsgs, r.maxBytes
-	newChunk := func() *chunk {
-		evs := r.win.spareEvents()
-		if evs == nil {
-			evs = make([]event.Event, 0, min(maxMsgs, 1024))
-		}
-		return &chunk{evs: evs}
-	}
-	cur := newChunk()
-	flush := func() error {
-		if cur.empty() {
-			return nil
-		}
-		select {
-		case out <- cur:
-			cur = newChunk()
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	// stopBefore hands on what came before the event at position pos of
-	// b's transaction, so that the caller can drain and confirm it as at a
-	// clean stop (a restart then resends at most this transaction's earlier
-	// events), and returns the *stopError that stops before the event.
-	stopBefore := func(b *replication.Batch, pos int, err error) error {
-		if err := flush(); err != nil {
+	l := &routeLoop{r: r, ctx: ctx, out: out}
+	l.cur = l.newChunk()
+	for {
+		b, stopped, err := l.next(stop, in)
+		if stopped || err != nil {
 			return err
 		}
-		return &stopError{err: fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
-			pos, b.CommitLSN, err), lsn: b.CommitLSN}
+		if err := l.take(&b); err != nil {
+			return err
+		}
+		if err := l.route(&b); err != nil {
+			return err
+		}
 	}
-	inTxn := false
-	var txnRow int // position of the next row in its transaction, for retry keys
+}
+
+// routeLoop is one run of the route stage: the chunk it fills and where it
+// is in the transaction being read.
+type routeLoop struct {
+	r      *routeStage
+	ctx    context.Context
+	out    chan<- *chunk
+	cur    *chunk
+	inTxn  bool
+	txnRow int // position of the next row in its transaction, for retry keys
+}
+
+func (l *routeLoop) newChunk() *chunk {
+	evs := l.r.win.spareEvents()
+	if evs == nil {
+		evs = make([]event.Event, 0, min(l.r.maxMsgs, 1024))
+	}
+	return &chunk{evs: evs}
+}
+
+// flush hands on what is held, waiting for the writer to take it.
+func (l *routeLoop) flush() error {
+	if l.cur.empty() {
+		return nil
+	}
+	select {
+	case l.out <- l.cur:
+		l.cur = l.newChunk()
+		return nil
+	case <-l.ctx.Done():
+		return l.ctx.Err()
+	}
+}
+
+// stopBefore hands on what came before the event at position pos of b's
+// transaction, so that the caller can drain and confirm it as at a clean
+// stop (a restart then resends at most this transaction's earlier events),
+// and returns the *stopError that stops before the event.
+func (l *routeLoop) stopBefore(b *replication.Batch, pos int, err error) error {
+	if err := l.flush(); err != nil {
+		return err
+	}
+	return &stopError{err: fmt.Errorf("stopped before the event at position %d of the transaction committed at %s, so that nothing from it on is confirmed: %w",
+		pos, b.CommitLSN, err), lsn: b.CommitLSN}
+}
+
+// next returns the next batch, handing on what is held meanwhile. On stop
+// (only between transactions: the open one is finished first) it hands on
+// what it holds and returns stopped, with flush's error.
+func (l *routeLoop) next(stop <-chan struct{}, in <-chan replication.Batch) (b replication.Batch, stopped bool, err error) {
 	for {
 		stopCh := stop
-		if inTxn {
+		if l.inTxn {
 			stopCh = nil // finish the open transaction first
 		}
 		// What we hold goes to the writer as soon as it takes it, and
@@ -104,117 +135,129 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 		// busy writer makes chunks grow (fewer, larger Kafka writes), an
 		// idle one gets each batch at once (latency).
 		var outCh chan<- *chunk
-		if !cur.empty() {
-			outCh = out
-		}
-		var b replication.Batch
-		got := false
-		if outCh != nil {
+		if !l.cur.empty() {
+			outCh = l.out
 			// A batch already waiting joins what we hold before the writer
 			// is offered it: select picks at random among ready cases, and
 			// a stream that reads several small transactions at once would
 			// otherwise hand them on one chunk (one produce request) each.
 			select {
 			case b = <-in:
-				got = true
+				return b, false, nil
 			default:
 			}
 		}
-		if !got {
-			select {
-			case b = <-in:
-			case outCh <- cur:
-				cur = newChunk()
-				continue
-			case <-stopCh:
-				return flush()
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-
-		charge := b.Bytes + len(b.Rows)*eventOverhead
-		if !r.win.tryTake(len(b.Rows), charge, inTxn) {
-			// What we hold counts against the window: hand it on before waiting.
-			if err := flush(); err != nil {
-				return err
-			}
-			if err := r.win.take(ctx, len(b.Rows), charge, inTxn); err != nil {
-				return err
-			}
-		}
-		if !inTxn {
-			txnRow = 0
-		}
-		for i := range b.Rows {
-			row := &b.Rows[i]
-			cur.trailing++
-			cur.bytes += row.Size()
-			cur.rows++
-			txnRow++
-			var m router.Message
-			var err error
-			if row.Message != nil {
-				// A message's content is routed as the row it stands for.
-				r.msgM.Received(1)
-				m, err = r.tables[0].router.RouteMessage(row.Message.Content)
-			} else {
-				t, perr := r.outbox(ctx, row.Relation)
-				if perr != nil {
-					var pe *placement.Error
-					if errors.As(perr, &pe) {
-						r.m.PlacementStop()
-						return stopBefore(&b, txnRow, perr)
-					}
-					return perr
-				}
-				if t < 0 {
-					r.m.IgnoredChange("other_table")
-					continue
-				}
-				r.received[t]++
-				m, err = r.tables[t].router.Route(*row)
-				m.Table = r.tables[t].name
-			}
-			r.headerTrouble(&m)
-			m.CommitLSN, m.CommitTime, m.Pos = b.CommitLSN, b.CommitTime, txnRow
-			if err != nil {
-				var re *router.RouteError
-				if !errors.As(err, &re) {
-					var se *router.SchemaError
-					if errors.As(err, &se) {
-						r.m.SchemaStop()
-						return stopBefore(&b, txnRow, err)
-					}
-					return fmt.Errorf("route event of transaction %d committed at %s: %w", b.Xid, b.CommitLSN, err)
-				}
-				// Not this relay's to drop nor to stop for: the event goes
-				// to the retry table, in its place.
-				cur.fails = append(cur.fails, routeFailure{before: len(cur.evs), ev: m.Event, err: err})
-				continue
-			}
-			cur.evs = append(cur.evs, m.Event)
-			cur.addCommit(b.CommitLSN, b.CommitTime)
-			if len(cur.evs) >= maxMsgs || cur.bytes >= maxBytes {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-		}
-		for t, n := range r.received {
-			if n > 0 {
-				r.tables[t].m.Received(n)
-				r.received[t] = 0
-			}
-		}
-		inTxn = !b.Last
-		if b.Last {
-			cur.endLSN = b.EndLSN
-			cur.commitTime = b.CommitTime
-			cur.covered += cur.trailing
-			cur.trailing = 0
+		select {
+		case b = <-in:
+			return b, false, nil
+		case outCh <- l.cur:
+			l.cur = l.newChunk()
+		case <-stopCh:
+			return b, true, l.flush()
+		case <-l.ctx.Done():
+			return b, false, l.ctx.Err()
 		}
 	}
+}
+
+// take takes the window's share for b's rows, handing on what is held
+// before it waits, since what we hold counts against the window.
+func (l *routeLoop) take(b *replication.Batch) error {
+	charge := b.Bytes + len(b.Rows)*eventOverhead
+	if l.r.win.tryTake(len(b.Rows), charge, l.inTxn) {
+		return nil
+	}
+	if err := l.flush(); err != nil {
+		return err
+	}
+	return l.r.win.take(l.ctx, len(b.Rows), charge, l.inTxn)
+}
+
+// route routes b's rows into the chunk, handing it on when full, and marks
+// where its transaction ends.
+func (l *routeLoop) route(b *replication.Batch) error {
+	r := l.r
+	if !l.inTxn {
+		l.txnRow = 0
+	}
+	for i := range b.Rows {
+		if err := l.routeRow(b, &b.Rows[i]); err != nil {
+			return err
+		}
+	}
+	for t, n := range r.received {
+		if n > 0 {
+			r.tables[t].m.Received(n)
+			r.received[t] = 0
+		}
+	}
+	l.inTxn = !b.Last
+	if b.Last {
+		cur := l.cur // the chunk the transaction ends in
+		cur.endLSN = b.EndLSN
+		cur.commitTime = b.CommitTime
+		cur.covered += cur.trailing
+		cur.trailing = 0
+	}
+	return nil
+}
+
+// routeRow routes one row of b into the chunk: its event, or its failure
+// to the retry table in its place, or nothing for a table that is no
+// outbox; a schema or placement error stops before it.
+func (l *routeLoop) routeRow(b *replication.Batch, row *replication.Row) error {
+	r, cur := l.r, l.cur
+	cur.trailing++
+	cur.bytes += row.Size()
+	cur.rows++
+	l.txnRow++
+	var m router.Message
+	var err error
+	if row.Message != nil {
+		// A message's content is routed as the row it stands for.
+		r.msgM.Received(1)
+		m, err = r.tables[0].router.RouteMessage(row.Message.Content)
+	} else {
+		t, perr := r.outbox(l.ctx, row.Relation)
+		if perr != nil {
+			var pe *placement.Error
+			if errors.As(perr, &pe) {
+				r.m.PlacementStop()
+				return l.stopBefore(b, l.txnRow, perr)
+			}
+			return perr
+		}
+		if t < 0 {
+			r.m.IgnoredChange("other_table")
+			return nil
+		}
+		r.received[t]++
+		m, err = r.tables[t].router.Route(*row)
+		m.Table = r.tables[t].name
+	}
+	r.headerTrouble(&m)
+	m.CommitLSN, m.CommitTime, m.Pos = b.CommitLSN, b.CommitTime, l.txnRow
+	if err != nil {
+		var re *router.RouteError
+		if !errors.As(err, &re) {
+			var se *router.SchemaError
+			if errors.As(err, &se) {
+				r.m.SchemaStop()
+				return l.stopBefore(b, l.txnRow, err)
+			}
+			return fmt.Errorf("route event of transaction %d committed at %s: %w", b.Xid, b.CommitLSN, err)
+		}
+		// Not this relay's to drop nor to stop for: the event goes to the
+		// retry table, in its place.
+		cur.fails = append(cur.fails, routeFailure{before: len(cur.evs), ev: m.Event, err: err})
+		return nil
+	}
+	cur.evs = append(cur.evs, m.Event)
+	cur.addCommit(b.CommitLSN, b.CommitTime)
+	if len(cur.evs) >= r.maxMsgs || cur.bytes >= r.maxBytes {
+		return l.flush()
+	}
+	return nil
 }
 
 // outbox returns which outbox table inserts under rel belong to (its index

@@ -174,7 +174,13 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		}
 		return err
 	}, stopStream) // the final checkpoint is confirmed: the stream may close
-	err := g.Wait()
+	return r.leadEnded(ctx, pctx, t, g.Wait(), schemaStop)
+}
+
+// leadEnded says why term t's pipeline ended, given what its group returned
+// (err) and the stop before a change it drained for (schemaStop), recording
+// a stop in the checkpoint table for lag, status and the next run's /readyz.
+func (r *Relay) leadEnded(ctx, pctx context.Context, t *term, err, schemaStop error) error {
 	if cause := context.Cause(pctx); errors.Is(cause, ErrDrainTimeout) {
 		return fmt.Errorf("%w after %s: the events not yet confirmed will be sent again on the next start",
 			ErrDrainTimeout, r.cfg.ShutdownTimeout)
@@ -185,11 +191,7 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 	if nt := (*replication.NonTransactionalError)(nil); errors.As(err, &nt) {
 		// Like a stop before a transaction: lag, status and the next
 		// run's /readyz say why until the checkpoint passes it.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if rerr := t.store.RecordStop(rctx, r.cfg.Replication.Slot, nt.LSN, err.Error()); rerr != nil {
-			r.log.Warn("cannot record the stop in the checkpoint table", "err", rerr)
-		}
+		r.recordStop(ctx, t, nt.LSN, err)
 	}
 	if err != nil {
 		return err
@@ -200,11 +202,7 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		// down: a failure to record it loses nothing, the error says all.
 		se := (*stopError)(nil)
 		errors.As(schemaStop, &se)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := t.store.RecordStop(rctx, r.cfg.Replication.Slot, se.lsn, schemaStop.Error()); err != nil {
-			r.log.Warn("cannot record the stop in the checkpoint table", "err", err)
-		}
+		r.recordStop(ctx, t, se.lsn, schemaStop)
 		return schemaStop
 	}
 	if ctx.Err() != nil {
@@ -215,6 +213,16 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		return &switchError{to: modeDrainFirst, why: "the WAL buffer is nearly empty, Kafka takes events and the slot just moved"}
 	}
 	return errors.New("relay: pipeline stopped without a reason") // unreachable: the stream only returns on error or stop
+}
+
+// recordStop records in the checkpoint table that the relay stopped before
+// lsn, and why; a failure is logged, as the returned error says it all.
+func (r *Relay) recordStop(ctx context.Context, t *term, lsn pglogrepl.LSN, why error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := t.store.RecordStop(rctx, r.cfg.Replication.Slot, lsn, why.Error()); err != nil {
+		r.log.Warn("cannot record the stop in the checkpoint table", "err", err)
+	}
 }
 
 // retryWorker builds the retry worker of a term. It writes to Kafka beside
