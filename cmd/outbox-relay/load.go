@@ -384,7 +384,7 @@ func checkKeys(raw []byte) (map[string]map[string]string, []map[string]any, erro
 // envNotSettings are the RELAY_* variables the binary reads that are not a
 // key's: the password that must never be a key of the file, and the
 // developers' profiles (profile.go).
-var envNotSettings = []string{postgresRelayPasswordEnv, "RELAY_CPUPROFILE", "RELAY_MEMPROFILE", "RELAY_TRACE"}
+var envNotSettings = []string{postgresRelayPasswordEnv, "RELAY_CPUPROFILE", "RELAY_MEMPROFILE", "RELAY_TRACE", "RELAY_STAGES"}
 
 // envToolingPrefixes are the project's own tooling's variables (tests, the
 // dev servers, benchmarks): they are exported where the binary runs under

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"log/slog"
@@ -8,16 +9,18 @@ import (
 	"runtime/pprof"
 	"runtime/trace"
 	"strconv"
+	"sync"
 )
 
-// startProfiles starts the profiles that RELAY_CPUPROFILE, RELAY_MEMPROFILE
-// and RELAY_TRACE ask for (file paths; "%p" in a path becomes the process
+// startProfiles starts the profiles that RELAY_CPUPROFILE, RELAY_MEMPROFILE,
+// RELAY_TRACE and RELAY_STAGES (the pipeline's stage times, which it
+// returns for relay.Config.StageTrace) ask for (file paths; "%p" in a path becomes the process
 // id, so that the several relays of one benchmark do not overwrite each
 // other's files) and returns what writes and closes them at exit. They are
 // for developers profiling the real binary on a backlog (make bench passes
 // the environment through); undocumented for operators, off when unset, and
 // a profile that cannot be started is logged, never fatal.
-func startProfiles(log *slog.Logger) (stop func()) {
+func startProfiles(log *slog.Logger) (stages io.Writer, stop func()) {
 	var stops []func()
 	path := func(env string) string {
 		p := os.Getenv(env)
@@ -61,6 +64,17 @@ func startProfiles(log *slog.Logger) (stop func()) {
 		}
 		stops = append(stops, func() { stop(); f.Close() })
 	}
+	if f := create("RELAY_STAGES"); f != nil {
+		// The pipeline's stage times, a line per delivered chunk
+		// (internal/relay/stages.go), buffered: a write per chunk would
+		// cost the pipeline a system call each.
+		w := bufio.NewWriterSize(f, 64<<10)
+		stages = &lockedWriter{w: w}
+		stops = append(stops, func() {
+			stages.(*lockedWriter).flush()
+			f.Close()
+		})
+	}
 	start("RELAY_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile)
 	start("RELAY_TRACE", trace.Start, trace.Stop)
 	if f := create("RELAY_MEMPROFILE"); f != nil {
@@ -73,9 +87,28 @@ func startProfiles(log *slog.Logger) (stop func()) {
 			f.Close()
 		})
 	}
-	return func() {
+	return stages, func() {
 		for i := len(stops) - 1; i >= 0; i-- {
 			stops[i]()
 		}
 	}
+}
+
+// lockedWriter is a buffered writer that the stage trace's writes and its
+// flush at exit share.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bufio.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func (l *lockedWriter) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_ = l.w.Flush()
 }

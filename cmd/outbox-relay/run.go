@@ -93,6 +93,9 @@ reaches that position would be skipped for good.`,
 				}()
 				rc.Spans = tr
 			}
+			stages, stopProfiles := startProfiles(e.log) // RELAY_CPUPROFILE etc.: profile.go
+			defer stopProfiles()
+			rc.StageTrace = stages
 			r, closeSinks, err := newRelay(rc)
 			if err != nil {
 				return fmt.Errorf("%w: %w", errConfig, err)
@@ -100,7 +103,6 @@ reaches that position would be skipped for good.`,
 			defer closeSinks()
 			setMemoryLimit(e)
 			setMaxProcs(e)
-			defer startProfiles(e.log)() // RELAY_CPUPROFILE etc.: profile.go
 			ctx, stop := signalContext(cmd.Context(), e)
 			defer stop()
 			e.log.Info("starting",

@@ -332,6 +332,7 @@ func (x *eos) deliver(ctx context.Context, w *writer, c *chunk) (sent []event.Ev
 		if err != nil {
 			return nil, 0, x.failed(ctx, err)
 		}
+		c.sentAt = head.sentAt // stage trace: the first write of c
 		if cp != nil {
 			if err := x.sink.Commit(ctx); err != nil {
 				return nil, 0, x.failed(ctx, fmt.Errorf("commit the Kafka transaction up to %s: %w", c.endLSN, err))
@@ -353,6 +354,9 @@ func (x *eos) deliver(ctx context.Context, w *writer, c *chunk) (sent []event.Ev
 		s, p, err := w.deliver(ctx, tail, nil)
 		if err != nil {
 			return nil, 0, x.failed(ctx, err)
+		}
+		if c.sentAt.IsZero() {
+			c.sentAt = tail.sentAt
 		}
 		x.open = x.open || len(s) > 0
 		sent, parked = append(sent, s...), parked+p

@@ -146,9 +146,10 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 			readDomains: e.domains,
 			knownTypes:  make(map[uint32]bool, len(e.bases)),
 			received:    make([]int, len(e.routers)),
+			trace:       cfg.StageTrace != nil,
 		},
 		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans,
-			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes), eos: e.eos},
+			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes), eos: e.eos, stages: newStageTrace(cfg.StageTrace)},
 		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate: e.gate, win: win, health: h, hist: hist,
 	}
@@ -209,6 +210,11 @@ type chunk struct {
 
 	commits []commitRun    // commit of each run of evs: latency histogram
 	fails   []routeFailure // events the router refused, in order
+
+	// Stage times, only while Config.StageTrace is set: when the route
+	// stage took the batch of the chunk's first event, when the writer took
+	// the chunk, and when it handed it to the sink.
+	readAt, tookAt, sentAt time.Time
 }
 
 // A commitRun is n consecutive events of one transaction.

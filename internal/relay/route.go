@@ -41,6 +41,7 @@ type routeStage struct {
 	partitionNamed bool  // logged that partitions arrive under their own names
 	lastBadHeaders time.Time
 	lastBadTrace   time.Time
+	trace          bool // chunks carry their stage times (Config.StageTrace)
 }
 
 // A source is one outbox table as the route stage reads it.
@@ -67,6 +68,9 @@ func (r *routeStage) run(ctx context.Context, stop <-chan struct{}, in <-chan re
 		if stopped || err != nil {
 			return err
 		}
+		if r.trace {
+			l.batchAt = time.Now()
+		}
 		if err := l.take(&b); err != nil {
 			return err
 		}
@@ -85,6 +89,8 @@ type routeLoop struct {
 	cur    *chunk
 	inTxn  bool
 	txnRow int // position of the next row in its transaction, for retry keys
+	// batchAt is when the batch being routed was taken, while tracing.
+	batchAt time.Time
 }
 
 func (l *routeLoop) newChunk() *chunk {
@@ -251,6 +257,9 @@ func (l *routeLoop) routeRow(b *replication.Batch, row *replication.Row) error {
 		// retry table, in its place.
 		cur.fails = append(cur.fails, routeFailure{before: len(cur.evs), ev: m.Event, err: err})
 		return nil
+	}
+	if r.trace && cur.readAt.IsZero() {
+		cur.readAt = l.batchAt
 	}
 	cur.evs = append(cur.evs, m.Event)
 	cur.addCommit(b.CommitLSN, b.CommitTime)

@@ -46,6 +46,7 @@ type writer struct {
 	depth  int          // chunks sent and not yet finished, at most; 0 means 1
 	bulk   int          // bytes of chunks sent and not yet finished above which no more are sent
 	eos    *eos         // nil: at least once
+	stages *stageTrace  // nil: no stage trace (Config.StageTrace)
 	// buffer, when set, takes every chunk instead of the sink: a
 	// buffering term's writer (walbuffer.go).
 	buffer interface {
@@ -146,6 +147,9 @@ func (r *writer) runExactlyOnce(ctx context.Context, in <-chan *chunk, com acker
 		return err
 	}
 	for c := range in {
+		if r.stages != nil {
+			c.tookAt = time.Now()
+		}
 		send, parked, err := r.eos.deliver(ctx, r, c)
 		if err != nil {
 			return err
@@ -171,6 +175,9 @@ func (s *sent) done() <-chan struct{} {
 // start diverts what must not go to Kafka and sends the rest, and cp, when
 // not nil, last (exactly-once's checkpoint record).
 func (r *writer) start(ctx context.Context, c *chunk, cp *event.Event) (*sent, error) {
+	if r.stages != nil && c.tookAt.IsZero() {
+		c.tookAt = time.Now()
+	}
 	s := &sent{c: c, send: c.evs, cp: cp}
 	if len(c.fails) > 0 || r.gate.closed() {
 		// Only with more aggregates waiting than the gate holds does
@@ -193,6 +200,9 @@ func (r *writer) start(ctx context.Context, c *chunk, cp *event.Event) (*sent, e
 	if out := s.send; len(out) > 0 || cp != nil {
 		if cp != nil {
 			out = append(out[:len(out):len(out)], *cp)
+		}
+		if r.stages != nil {
+			c.sentAt = time.Now()
 		}
 		s.d = r.sink.Send(ctx, out)
 	}
@@ -265,6 +275,9 @@ func (r *writer) done(c *chunk, send []event.Event, parked int, com acker) {
 	}
 	if r.spans != nil && len(send) > 0 {
 		r.spans.Delivered(send, time.Now())
+	}
+	if r.stages != nil && parked == 0 && len(send) > 0 {
+		r.stages.write(c, len(send), time.Now())
 	}
 	// Nothing reads c's events any more: the sink copied what it
 	// sends, the retry table what it stores (their bytes are the

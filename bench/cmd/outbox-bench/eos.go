@@ -146,16 +146,17 @@ func (b *bench) drainRelayEOS(ctx context.Context, db *benchDB, lastBefore pglog
 // checkpoint), read by a read_committed consumer.
 func (b *bench) relayEOSSink(db *benchDB, run int, w workload) sustainedSink {
 	var dropCP func()
+	log := filepath.Join(b.dir, fmt.Sprintf("relay-eos-sustained-%d%s-run%d.log", w.Per, w.tag(), run))
 	return sustainedSink{
 		name: sinkRelayEOS, typePrefix: fmt.Sprintf("b%sr%de%d%s_", b.stamp, run, w.Per, w.tag()), topics: topicsFor, readCommitted: true,
+		stages: stagesPath(log),
 		start: func(ctx context.Context) (runningSink, error) {
 			cpTopic, drop, err := b.checkpointTopic(ctx, b.kafka(), fmt.Sprintf("r%ds%d%s", run, w.Per, w.tag()))
 			if err != nil {
 				return nil, err
 			}
 			dropCP = drop
-			log := filepath.Join(b.dir, fmt.Sprintf("relay-eos-sustained-%d%s-run%d.log", w.Per, w.tag(), run))
-			p, err := startProc(b.o.RelayBin, []string{"run"}, b.profiled(b.eosEnv(db, db.RelaySlot, cpTopic, ""), log), log)
+			p, err := startProc(b.o.RelayBin, []string{"run"}, withStages(b.profiled(b.eosEnv(db, db.RelaySlot, cpTopic, ""), log), log), log)
 			if err != nil {
 				drop()
 				return nil, fmt.Errorf("relay exactly-once: %w", err)

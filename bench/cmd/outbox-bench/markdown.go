@@ -25,6 +25,7 @@ func (r *Report) writeMarkdown(w io.Writer) error {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Name, t.Want, cell(got), verdict(t.Pass))
 		}
 	}
+	r.writeStages(&b)
 	r.writeTables(&b)
 	if r.Soak != nil {
 		r.Soak.writeMarkdown(&b)

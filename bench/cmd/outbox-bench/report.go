@@ -178,7 +178,9 @@ type SustainedRun struct {
 	// BenchCPUSec is the bench's own CPU in the timed phase (producer and
 	// consumer), which the sink competes with on a small machine.
 	BenchCPUSec float64 `json:"bench_cpu_seconds"`
-	Err         string  `json:"error,omitempty"`
+	// Stages is where the relay's clock says commit→ack went (relays only).
+	Stages *Stages `json:"stages,omitempty"`
+	Err    string  `json:"error,omitempty"`
 }
 
 // Summary holds the medians over the runs that finished, per workload.
@@ -238,6 +240,7 @@ type SustainedSummary struct {
 	Receipt       Latency `json:"commit_to_receipt"`
 	PeakRSSMax    int64   `json:"peak_rss_max_bytes"`
 	CPUPerMillion float64 `json:"cpu_seconds_per_million"` // timed phase
+	Stages        *Stages `json:"stages,omitempty"`        // medians over runs
 }
 
 // workloadKey names a sustained workload of one sink: "relay/100", or
@@ -361,6 +364,7 @@ func summarizeSustained(sink string, per, rate int, runs []SustainedRun) Sustain
 	s := SustainedSummary{Sink: sink, PerTxn: per, Rate: rate}
 	var acks, receipts []Latency
 	var rates, cpu []float64
+	var stages []*Stages
 	for _, r := range runs {
 		if r.Sink != sink || r.PerTxn != per || r.Rate != rate {
 			continue
@@ -378,8 +382,10 @@ func summarizeSustained(sink string, per, rate int, runs []SustainedRun) Sustain
 		rates = append(rates, r.AchievedRate)
 		cpu = append(cpu, perMillion(r.PhaseCPUSec, int64(r.Events)))
 		s.PeakRSSMax = max(s.PeakRSSMax, r.PeakRSS)
+		stages = append(stages, r.Stages)
 	}
 	s.Ack, s.Receipt = MedianLatency(acks), MedianLatency(receipts)
+	s.Stages = medianStages(stages)
 	s.AchievedRate, s.CPUPerMillion = Median(rates), Median(cpu)
 	return s
 }

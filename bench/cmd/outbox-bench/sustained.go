@@ -62,6 +62,8 @@ type sustainedSink struct {
 	// relay); its consumer reads read_committed and its commit → ack is
 	// commit → receipt (eos.go).
 	readCommitted bool
+	// stages, for a relay, is the file of its stage trace (RELAY_STAGES).
+	stages string
 }
 
 // relayProc is the relay as a runningSink; done, when set, runs once it
@@ -80,11 +82,12 @@ func (r relayProc) stop() usage {
 }
 
 func (b *bench) relaySink(db *benchDB, run int, w workload) sustainedSink {
+	log := filepath.Join(b.dir, fmt.Sprintf("relay-sustained-%d%s-run%d.log", w.Per, w.tag(), run))
 	return sustainedSink{
 		name: "relay", typePrefix: fmt.Sprintf("b%sr%ds%d%s_", b.stamp, run, w.Per, w.tag()), topics: topicsFor,
+		stages: stagesPath(log),
 		start: func(context.Context) (runningSink, error) {
-			log := filepath.Join(b.dir, fmt.Sprintf("relay-sustained-%d%s-run%d.log", w.Per, w.tag(), run))
-			p, err := startProc(b.o.RelayBin, []string{"run"}, b.profiled(b.relayEnv(db), log), log)
+			p, err := startProc(b.o.RelayBin, []string{"run"}, withStages(b.profiled(b.relayEnv(db), log), log), log)
 			if err != nil {
 				return nil, fmt.Errorf("relay: %w", err)
 			}
@@ -244,6 +247,11 @@ func (b *bench) sustained(ctx context.Context, db *benchDB, run int, w workload,
 		h.Add(d)
 	}
 	s.Ack, s.Receipt = Summarize(ack), Summarize(samples.receipt)
+	if sink.stages != "" {
+		if s.Stages, err = readStages(sink.stages, start); err != nil {
+			b.log.Warn("stage trace not read", "run", run, "sink", sink.name, "err", err)
+		}
+	}
 	b.log.Info("sustained done", "run", run, "sink", sink.name, "per_txn", per, "achieved_rate", int(s.AchievedRate),
 		"ack_p50", s.Ack.P50, "ack_p99", s.Ack.P99, "ack_max", s.Ack.Max)
 	return s
