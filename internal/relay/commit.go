@@ -151,7 +151,7 @@ func (c *committer) serverStopping(err error) {
 // restarting, and the stream will be waiting for it too. A save that finds a
 // newer epoch is not retried: it ends the term.
 func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
-	return retryIf(ctx, c.log, "save checkpoint "+lsn.String(), func(err error) bool {
+	return backoff.RetryIf(ctx, c.log, "save checkpoint "+lsn.String(), func(err error) bool {
 		return !errors.Is(err, checkpoint.ErrFenced)
 	}, c.health.watch("checkpoint", func() error {
 		err := c.store.save(ctx, lsn, commitTime)

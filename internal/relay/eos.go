@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -182,7 +183,7 @@ func (x *eos) start(ctx context.Context, f fence) error {
 	}
 	var v []byte
 	var found bool
-	if err := retryIf(ctx, x.log, "read the checkpoint from Kafka topic "+x.topic, nil, func() error {
+	if err := backoff.RetryIf(ctx, x.log, "read the checkpoint from Kafka topic "+x.topic, nil, func() error {
 		var err error
 		v, found, err = x.sink.LastCommitted(ctx, x.topic, []byte(x.slot))
 		return err
@@ -215,7 +216,7 @@ func (x *eos) unpark(ctx context.Context) error {
 	// Kafka checkpoint read before the new leader's commits) must not
 	// delete the rows the new leader parked.
 	hold := func(ctx context.Context, tx pgx.Tx) error { return x.hold(ctx, tx, x.taken) }
-	if err := retryIf(ctx, x.log, "delete the retry rows of transactions not committed to Kafka", func(err error) bool {
+	if err := backoff.RetryIf(ctx, x.log, "delete the retry rows of transactions not committed to Kafka", func(err error) bool {
 		return !errors.Is(err, checkpoint.ErrFenced)
 	}, func() error {
 		var err error

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
 	"github.com/outbox-relay/outbox-relay/backoff"
 )
 

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -142,7 +143,7 @@ func (l *lease) take(ctx context.Context) error {
 		return ctx.Err()
 	}
 	var epoch int64
-	if err := persist(ctx, l.log, "take over the slot (new epoch)", func() error {
+	if err := backoff.Persist(ctx, l.log, "take over the slot (new epoch)", func() error {
 		var err error
 		srv := l.server()
 		epoch, err = l.store.TakeOver(ctx, l.slot, l.who, srv)
@@ -228,7 +229,7 @@ func (l *lease) verify(ctx context.Context) error {
 	l.mu.Lock()
 	epoch := l.epoch
 	l.mu.Unlock()
-	return retryIf(ctx, l.log, "verify leadership before writing", func(err error) bool {
+	return backoff.RetryIf(ctx, l.log, "verify leadership before writing", func(err error) bool {
 		return !errors.Is(err, checkpoint.ErrFenced)
 	}, func() error {
 		at := time.Now()
@@ -308,7 +309,7 @@ func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
 	var logged, checked time.Time
 	for {
 		var sl pgslot.Slot
-		err := retryIf(ctx, r.log, "postgres unreachable while looking at the slot", unreachable, func() error {
+		err := backoff.RetryIf(ctx, r.log, "postgres unreachable while looking at the slot", unreachable, func() error {
 			var err error
 			sl, err = pgslot.Read(ctx, pool, r.cfg.Replication.Slot)
 			// What /readyz says of a standby (Ready): ready while it

@@ -362,7 +362,7 @@ func (r *Relay) lockRefill(ctx context.Context, pool *pgxpool.Pool, store *check
 func (r *Relay) finishRefill(ctx context.Context, store *checkpoint.Store, epoch int64, gap *pgslot.GapError, res *RefillResult, at time.Time, xmin uint64, began time.Time, log *slog.Logger) error {
 	slot := r.cfg.Replication.Slot
 	notFenced := func(err error) bool { return !errors.Is(err, checkpoint.ErrFenced) }
-	if err := retryIf(ctx, log, "save the checkpoint after the refill", notFenced, func() error {
+	if err := backoff.RetryIf(ctx, log, "save the checkpoint after the refill", notFenced, func() error {
 		return store.SaveFenced(ctx, slot, epoch, res.To, at)
 	}); err != nil {
 		return fmt.Errorf("refill %s: %w", res.ID, err)

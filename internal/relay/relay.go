@@ -96,7 +96,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
@@ -480,14 +479,6 @@ func ignoreCanceled(err error) error {
 	return err
 }
 
-// persist runs write until it succeeds or ctx is done, with capped
-// exponential backoff and jitter, logging the first failure and every tenth.
-// It is for writes to Postgres that must be durable before an LSN may be
-// confirmed: giving up is not an option, waiting is.
-func persist(ctx context.Context, log *slog.Logger, what string, write func() error) error {
-	return retryIf(ctx, log, what, nil, write)
-}
-
 // unreachable reports whether err means Postgres cannot be reached now but
 // may be soon: no connection, a connection lost, or the server shutting down
 // or starting up. Authentication and permission failures are not.
@@ -507,36 +498,4 @@ func unreachable(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
-
-// retryIf runs fn until it succeeds, ctx is done, or it fails with an error
-// retryable does not accept (nil accepts all), with capped exponential
-// backoff and jitter, logging the first failure and every tenth.
-func retryIf(ctx context.Context, log *slog.Logger, what string, retryable func(error) bool, fn func() error) error {
-	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
-	for attempt := 1; ; attempt++ {
-		err := fn()
-		if err == nil {
-			if attempt > 1 {
-				log.Info(what+": done after retrying", "attempts", attempt)
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s: %w", what, ctx.Err())
-		}
-		if retryable != nil && !retryable(err) {
-			return err
-		}
-		if attempt == 1 || attempt%10 == 0 {
-			log.Warn(what+": failed, retrying", "attempt", attempt, "err", err)
-		}
-		t := time.NewTimer(bo.Next())
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%s: %w", what, ctx.Err())
-		}
-	}
 }

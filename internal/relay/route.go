@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
@@ -314,7 +315,7 @@ func (r *routeStage) domains(ctx context.Context, rel *replication.Relation) err
 		return nil
 	}
 	var bases map[uint32]router.BaseType
-	if err := retryIf(ctx, r.log, "read the database's domains", unreachable, func() error {
+	if err := backoff.RetryIf(ctx, r.log, "read the database's domains", unreachable, func() error {
 		var err error
 		bases, err = r.readDomains(ctx)
 		return err
@@ -356,7 +357,7 @@ func (r *routeStage) place(ctx context.Context, rel *replication.Relation) (int,
 	var stop, ignore *placement.Placement
 	for t, s := range r.tables {
 		var p placement.Placement
-		err := retryIf(ctx, r.log, "look up a table the publication delivered", unreachable, func() error {
+		err := backoff.RetryIf(ctx, r.log, "look up a table the publication delivered", unreachable, func() error {
 			var err error
 			p, err = s.placer.Place(ctx, rel.ID, rel.Namespace, rel.Name)
 			return err

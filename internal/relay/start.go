@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/isolation"
@@ -48,7 +49,7 @@ func (r *Relay) open(ctx context.Context, pool *pgxpool.Pool) (*opened, error) {
 		return nil, fmt.Errorf("retry table: %w", err)
 	}
 	o.rstore, o.gate = rstore, newGate(rstore, r.log)
-	err = retryIf(ctx, r.log, "postgres unreachable at start-up", unreachable, func() error {
+	err = backoff.RetryIf(ctx, r.log, "postgres unreachable at start-up", unreachable, func() error {
 		var err error
 		if o.start, o.srv, err = r.resolveStart(ctx, pool, store); err != nil {
 			return err

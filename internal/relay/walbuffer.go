@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -426,7 +427,7 @@ func (r *writer) runBuffer(ctx context.Context, in <-chan *chunk, com acker) err
 				return err
 			}
 			r.health.waitFor("the WAL buffer to store %d events", len(entries))
-			err := persist(ctx, r.log, fmt.Sprintf("append %d events to the WAL buffer (nothing after them is confirmed until they are stored)", len(entries)),
+			err := backoff.Persist(ctx, r.log, fmt.Sprintf("append %d events to the WAL buffer (nothing after them is confirmed until they are stored)", len(entries)),
 				r.health.watch("wal_buffer", func() error { return r.buffer.Append(ctx, entries) }))
 			if err != nil {
 				return err

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -182,7 +183,7 @@ func (r *writer) start(ctx context.Context, c *chunk, cp *event.Event) (*sent, e
 	if len(c.fails) > 0 || r.gate.closed() {
 		// Only with more aggregates waiting than the gate holds does
 		// divert read the table, and fail with it.
-		err := persist(ctx, r.log, "read the retry table for aggregates with events waiting there (nothing of them is sent before)", r.health.watch("retry_table", func() (err error) {
+		err := backoff.Persist(ctx, r.log, "read the retry table for aggregates with events waiting there (nothing of them is sent before)", r.health.watch("retry_table", func() (err error) {
 			s.send, s.sendAt, s.parked, err = r.gate.divert(ctx, c)
 			return err
 		}))
@@ -387,7 +388,7 @@ func (r *writer) park(ctx context.Context, ds []diverted) error {
 			held = append(held, d.held)
 		}
 	}
-	err := persist(ctx, r.log, fmt.Sprintf("write %d events to the retry table (nothing after them is confirmed until they are stored)", len(evs)), r.health.watch("retry_table", func() error {
+	err := backoff.Persist(ctx, r.log, fmt.Sprintf("write %d events to the retry table (nothing after them is confirmed until they are stored)", len(evs)), r.health.watch("retry_table", func() error {
 		return r.gate.park(ctx, evs, held)
 	}))
 	if err != nil {
