@@ -511,15 +511,12 @@ func (r *Relay) dropSlot(ctx context.Context, pool *pgxpool.Pool) error {
 			return err
 		}
 		if !sl.Active {
-			if _, err := pool.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, slot); err != nil {
-				var pgErr *pgconn.PgError
-				if errors.As(err, &pgErr) && pgErr.Code == "42704" { // gone meanwhile
-					return nil
-				}
-				if errors.As(err, &pgErr) && pgErr.Code == "55006" { // taken meanwhile
-					continue
-				}
-				return fmt.Errorf("refill: drop replication slot %q to create it again: %w", slot, err)
+			err := pgslot.Drop(ctx, pool, slot)
+			if errors.Is(err, pgslot.ErrActive) { // taken meanwhile
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("refill: drop the replication slot to create it again: %w", err)
 			}
 			return nil
 		}

@@ -128,7 +128,7 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 	}
 	// What the retry table holds of this refill (the slot's rows): parked
 	// behind an aggregate's earlier rows, or refused.
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+rstoreTable(r.cfg.RetryTable)+` WHERE slot_name = $2 AND event_key LIKE $1`, "refill:"+res.ID+":%", r.cfg.Replication.Slot).Scan(&res.Parked); err != nil {
+	if res.Parked, err = rstore.CountKeys(ctx, "refill:"+res.ID+":"); err != nil {
 		r.log.Warn("refill: cannot count the refilled events in the retry table", "err", err)
 	}
 	return xmin, at, tx.Commit(ctx)
@@ -321,14 +321,6 @@ func (rd *refillReader) held(ctx context.Context, read []refillRouted) (map[int]
 	}
 	rd.res.Held += int64(len(h))
 	return held, nil
-}
-
-func rstoreTable(name string) string {
-	t, err := sql.ParseTable(name)
-	if err != nil {
-		return name
-	}
-	return t.Quoted()
 }
 
 func newRefillID() string {

@@ -335,3 +335,26 @@ func TestMigrate(t *testing.T) {
 		t.Errorf("long aggregate after Migrate stored as a last-resort record; want a normal row")
 	}
 }
+
+// TestCountKeys counts the slot's rows whose key starts with the prefix, as
+// text (no pattern: "_" is no wildcard), and no other slot's.
+func TestCountKeys(t *testing.T) {
+	ctx := context.Background()
+	s, pg := newStoreIn(t)
+	other, err := retry.NewStore(pg.Pool(t), "", "other_slot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Insert(ctx, []retry.Event{event("orders", "a", "refill:r_1:1"), event("orders", "b", "refill:r_1:2"),
+		event("orders", "c", "refill:rx1:3"), event("orders", "d", "live-1")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Insert(ctx, []retry.Event{event("orders", "a", "refill:r_1:9")}); err != nil {
+		t.Fatal(err)
+	}
+	for prefix, want := range map[string]int64{"refill:r_1:": 2, "refill:": 3, "live": 1, "none": 0} {
+		if n, err := s.CountKeys(ctx, prefix); err != nil || n != want {
+			t.Errorf("CountKeys(%q) = %d, %v; want %d", prefix, n, err, want)
+		}
+	}
+}

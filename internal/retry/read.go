@@ -65,6 +65,17 @@ WHERE EXISTS (SELECT 1 FROM %s r WHERE r.slot_name = $2 AND %s)`, s.table, sameA
 	return out, nil
 }
 
+// CountKeys counts the slot's rows whose event key starts with prefix: a
+// refill's rows ("refill:<id>:"), parked or refused.
+func (s *Store) CountKeys(ctx context.Context, prefix string) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.table+` WHERE slot_name = $1 AND starts_with(event_key, $2)`, s.slot, prefix).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count the rows of retry table %s with keys %s…: %w", s.name, prefix, err)
+	}
+	return n, nil
+}
+
 // Held reports which of evs the slot's rows already hold as the same message:
 // a row with the same event id, aggregate, event type and value, whatever
 // its status or key. A refill asks, so that an event the stream already

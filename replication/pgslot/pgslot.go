@@ -138,6 +138,27 @@ func Read(ctx context.Context, q Querier, name string) (Slot, error) {
 	return s, nil
 }
 
+// ErrActive is Drop's error when a process streams the slot.
+var ErrActive = errors.New("replication slot is active")
+
+// Drop drops the slot called name unless a process streams it (ErrActive).
+// A slot that does not exist, or went meanwhile, is no error: the caller
+// wanted it gone.
+func Drop(ctx context.Context, q Querier, name string) error {
+	var one int
+	err := q.QueryRow(ctx, `SELECT 1 FROM pg_catalog.pg_drop_replication_slot($1)`, name).Scan(&one)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42704": // undefined_object: gone
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "55006": // object_in_use
+		return fmt.Errorf("drop replication slot %q: %w (%s)", name, ErrActive, pgErr.Message)
+	}
+	return fmt.Errorf("drop replication slot %q: %w", name, err)
+}
+
 // ReplicationConn adapts a replication connection (replication=database) to a
 // Querier. A walsender speaks only the simple query protocol: queries take
 // no parameters, and values arrive in text form.

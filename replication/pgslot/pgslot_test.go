@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -65,5 +66,57 @@ func TestRead(t *testing.T) {
 				t.Errorf("Read(no_such_slot) = %v; want ErrNotFound saying to run setup", err)
 			}
 		})
+	}
+}
+
+// TestDrop: Drop drops an idle slot, takes a missing one as dropped, and
+// refuses with ErrActive while a walsender streams it.
+func TestDrop(t *testing.T) {
+	pg := testenv.Postgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	slot := testenv.UniqueName(t, "slot")
+	pg.Exec(t, `CREATE TABLE t (id int)`)
+	pg.Exec(t, `CREATE PUBLICATION p FOR TABLE t`)
+	pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+
+	pc, err := pgconn.ParseConfig(pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.RuntimeParams["replication"] = "database"
+	repl, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pglogrepl.StartReplication(ctx, repl, slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'p'"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgslot.Drop(ctx, conn, slot); !errors.Is(err, pgslot.ErrActive) {
+		t.Errorf("Drop of a streamed slot = %v; want ErrActive", err)
+	}
+	repl.Close(context.Background())
+	// The walsender exits after its connection: wait until the slot is idle.
+	for {
+		err = pgslot.Drop(ctx, conn, slot)
+		if !errors.Is(err, pgslot.ErrActive) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("Drop of the idle slot = %v", err)
+	}
+	if _, err := pgslot.Read(ctx, conn, slot); !errors.Is(err, pgslot.ErrNotFound) {
+		t.Errorf("Read after Drop = %v; want ErrNotFound", err)
+	}
+	if err := pgslot.Drop(ctx, conn, slot); err != nil {
+		t.Errorf("Drop of a missing slot = %v; want nil (it is gone, as wanted)", err)
 	}
 }
