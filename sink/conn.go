@@ -47,11 +47,15 @@ type call struct {
 	err      error
 	written  bool // the request reached the connection: its outcome may be unknown on error
 	done     chan struct{}
-	onDone   func() // called once done is closed, from the connection's reader
+	onDone   func()                // called once done is closed, from the connection's reader
+	observe  func(unanswered bool) // set once written, with an Observer
 }
 
 func (c *call) finish(res protocol.Message, err error) {
 	c.res, c.err = res, err
+	if c.observe != nil {
+		c.observe(err != nil)
+	}
 	close(c.done)
 	if c.onDone != nil {
 		c.onDone()
@@ -65,6 +69,7 @@ type brokerConn struct {
 	pc       *protocol.Conn
 	versions map[protocol.ApiKey]int16
 	timeout  time.Duration
+	obs      Observer // nil: none
 
 	slots chan struct{} // one per request in flight, MaxInFlight at most
 	queue chan *call    // written, not yet answered, in order (to the reader)
@@ -106,7 +111,7 @@ func (k *Kafka) dialBroker(ctx context.Context, addr string) (*brokerConn, error
 		return nil, fmt.Errorf("connect to kafka broker %s: %w", addr, err)
 	}
 	pc.SetDeadline(time.Time{})
-	bc.timeout, bc.clientID = k.cfg.WriteTimeout, k.cfg.ClientID
+	bc.timeout, bc.clientID, bc.obs = k.cfg.WriteTimeout, k.cfg.ClientID, k.obs
 	bc.slots = make(chan struct{}, k.cfg.MaxInFlight)
 	bc.queue = make(chan *call, k.cfg.MaxInFlight)
 	bc.dead = make(chan struct{})
@@ -227,9 +232,23 @@ func (c *brokerConn) send(ctx context.Context, req protocol.Message, onDone func
 		cl.finish(nil, c.failure())
 		return cl
 	}
+	if c.obs != nil {
+		c.observeCall(cl)
+	}
 	c.queue <- cl // never blocks: a slot is held
 	c.mu.Unlock()
 	return cl
+}
+
+// observeCall tells the Observer of a call written: in flight until its
+// answer, or its failure, and how long that took.
+func (c *brokerConn) observeCall(cl *call) {
+	obs, addr, at := c.obs, c.addr, time.Now()
+	obs.ProduceInFlight(addr, 1)
+	cl.observe = func(unanswered bool) {
+		obs.ProduceInFlight(addr, -1)
+		obs.ProduceAnswered(addr, time.Since(at), unanswered)
+	}
 }
 
 // readLoop reads the answers in the order the requests were written.

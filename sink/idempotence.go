@@ -387,6 +387,9 @@ func (k *Kafka) initProducer(ctx context.Context, reason string) error {
 	k.prod.inits++
 	if k.prod.inits > 1 {
 		k.stats.producerResets.Add(1)
+		if k.obs != nil {
+			k.obs.ProducerReset()
+		}
 		k.log.Warn("kafka idempotent producer reset: new producer id, sequences from 0",
 			"reason", reason, "old_producer_id", old, "producer_id", k.prod.id, "epoch", k.prod.epoch)
 	} else {

@@ -114,6 +114,7 @@ type Kafka struct {
 	compression kafka.Compression
 	log         *slog.Logger
 	stats       stats
+	obs         Observer // nil: none (SetObserver)
 
 	// transport serves metadata (for the sink's own topics only: see
 	// metadataFor), producer ids and topic diagnostics; produce requests
@@ -271,6 +272,28 @@ func (k *Kafka) Stats() Stats {
 		Pipelined:      k.stats.pipelined.Load(),
 	}
 }
+
+// An Observer is told what the producer does, for metrics (the relay's
+// internal/metrics implements it). Its methods are called from the
+// producer's goroutines and must not block.
+type Observer interface {
+	// ProduceAnswered: a produce request written to broker (host:port)
+	// was answered, or failed unanswered (its outcome unknown), took after
+	// it was written.
+	ProduceAnswered(broker string, took time.Duration, unanswered bool)
+	// ProduceInFlight: the produce requests written to broker and not
+	// yet answered changed by delta.
+	ProduceInFlight(broker string, delta int)
+	// ProduceRetried: a write retried after a broker-wide failure (Stats.Retries).
+	ProduceRetried()
+	// ProducerReset: a new producer id taken after the first
+	// (Stats.ProducerResets).
+	ProducerReset()
+}
+
+// SetObserver makes o the Observer of k's producer. Call it before the
+// first Write or Send.
+func (k *Kafka) SetObserver(o Observer) { k.obs = o }
 
 // Close waits for produce requests in flight (after a cancelled Write; each
 // ends within WriteTimeout) and closes the connections.

@@ -406,6 +406,9 @@ func (k *Kafka) writeFailed(ctx context.Context, st *writeState, idx []int, werr
 func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
 	k.stats.brokerErrors.Add(1)
 	k.stats.retries.Add(1)
+	if k.obs != nil {
+		k.obs.ProduceRetried()
+	}
 	k.outage.mu.Lock()
 	if k.outage.since.IsZero() {
 		k.outage.since = time.Now()

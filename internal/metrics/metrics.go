@@ -37,6 +37,11 @@
 //	events_failed_total{topic}            counter   events Kafka rejected (sent to the retry table)
 //	delivery_latency_seconds              histogram commit time in Postgres -> Kafka ack, per event
 //	produce_batch_messages                histogram messages per Kafka write
+//	kafka_produce_latency_seconds{broker} histogram produce request written -> answered (or its connection failed), per broker
+//	kafka_requests_in_flight{broker}      gauge     produce requests written and not yet answered, per broker
+//	kafka_produce_unanswered_total{broker} counter  produce requests written that got no answer (outcome unknown, settled by the producer)
+//	kafka_produce_retries_total           counter   Kafka writes retried after a broker-wide failure
+//	kafka_producer_resets_total           counter   producer ids taken after the first (idempotence.go)
 //	in_flight_events, in_flight_bytes     gauge     read but not yet covered by a saved checkpoint / acked
 //	confirmed_lsn                         gauge     last LSN confirmed to Postgres (as a number); absent before the first
 //	reconnects_total                      counter   replication connections re-established
@@ -120,6 +125,7 @@ type Metrics struct {
 	retentionKept               unsetGauge
 
 	walBuffer *walBuffer
+	producer  *producer
 
 	topics sync.Map // topic name -> *Topic
 	tables sync.Map // table name -> *Table
@@ -186,6 +192,7 @@ func New() *Metrics {
 	m.refilled = counter("refilled_events_total", "Outbox rows re-delivered by refills (sent to Kafka or stored in the retry table), duplicates of earlier deliveries included.")
 	m.sampled = &sampled{}
 	m.walBuffer = newWALBuffer(m.reg)
+	m.producer = newProducer(m.reg)
 	m.reg.MustRegister(m.received, m.delivered, m.failed, m.ignored, m.unsolicited, m.latency, m.batch,
 		m.inFlightEvents, m.inFlightBytes, m.confirmedLSN, m.reconnects, m.pauses, m.decodeErrors, m.sampleErrors, m.sampled,
 		m.retryAttempts, m.retryOK, m.retryDead, m.headersDropped, m.headersInvalid, m.traceInvalid, m.schemaStops, m.placementStops,

@@ -57,6 +57,17 @@ func TestMetricsDuringRun(t *testing.T) {
 	if got := sumMetric(body, "outbox_relay_delivery_latency_seconds_count"); got != n {
 		t.Errorf("outbox_relay_delivery_latency_seconds_count = %v; want %d (one observation per event)", got, n)
 	}
+	// The producer's figures, per broker (sink.Observer).
+	if got := sumMetric(body, "outbox_relay_kafka_produce_latency_seconds_count"); got < 1 {
+		t.Errorf("outbox_relay_kafka_produce_latency_seconds_count = %v; want the produce requests that delivered %d events", got, n)
+	}
+	broker := `{broker="` + f.kafka.Brokers[0] + `"}`
+	for _, want := range []string{"outbox_relay_kafka_produce_latency_seconds_count" + broker, "outbox_relay_kafka_requests_in_flight" + broker,
+		"outbox_relay_kafka_produce_retries_total 0", "outbox_relay_kafka_producer_resets_total 0"} {
+		if !strings.Contains(body, "\n"+want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 	if got := sumMetric(body, "outbox_relay_confirmed_lsn"); got < float64(ends[len(ends)-1]) {
 		t.Errorf("outbox_relay_confirmed_lsn = %v; want >= %d (%s)", got, uint64(ends[len(ends)-1]), ends[len(ends)-1])
 	}

@@ -103,6 +103,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // ErrDrainTimeout is the cause of a shutdown whose drain did not finish within
@@ -213,6 +214,14 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 		r.timeouts = newTxnTimeouts(cfg.Sink.TransactionTimeout, r.log)
 	}
 	r.m.SetRole(r.Role)
+	if cfg.Metrics != nil {
+		// The producers' figures (per broker: latency, requests in flight).
+		for _, s := range []any{sinks.Stream, sinks.Retry, sinks.Drain} {
+			if o, ok := s.(interface{ SetObserver(sink.Observer) }); ok {
+				o.SetObserver(cfg.Metrics)
+			}
+		}
+	}
 	// The counters of the topics the configuration names exist at 0 from
 	// start-up, so that increase() counts their first delivery; a topic the
 	// template makes from the data appears with its first event.
