@@ -163,6 +163,7 @@ type SustainedRun struct {
 	PerTxn       int     `json:"per_txn"`
 	Rate         int     `json:"requested_rate,omitempty"` // the workload's rate; 0: -rate
 	TargetRate   int     `json:"target_rate"`
+	RateCap      string  `json:"rate_lowered_by,omitempty"` // producer, or the slower system of an equal-rate comparison
 	AchievedRate float64 `json:"achieved_rate"`
 	Events       int     `json:"events"`
 	Commits      int     `json:"commits"`
@@ -231,6 +232,7 @@ type SustainedSummary struct {
 	PerTxn        int     `json:"per_txn"`
 	Rate          int     `json:"requested_rate,omitempty"` // the workload's rate; 0: -rate
 	TargetRate    int     `json:"target_rate"`
+	RateCap       string  `json:"rate_lowered_by,omitempty"`
 	Runs          int     `json:"runs"`
 	AchievedRate  float64 `json:"achieved_rate"`
 	Events        int     `json:"events"` // over the runs
@@ -369,7 +371,7 @@ func summarizeSustained(sink string, per, rate int, runs []SustainedRun) Sustain
 		if r.Sink != sink || r.PerTxn != per || r.Rate != rate {
 			continue
 		}
-		s.TargetRate = r.TargetRate
+		s.TargetRate, s.RateCap = r.TargetRate, r.RateCap
 		if r.Err != "" {
 			continue
 		}

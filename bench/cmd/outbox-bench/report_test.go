@@ -225,25 +225,25 @@ func TestWriteMarkdown_ProducerBelowRate(t *testing.T) {
 	r := sampleReport()
 	r.Producer.CommitsPerSec = 7890
 	b := &bench{o: options{Settings: r.Config}, rep: r}
-	if got := b.sustainedRate(workload{Per: 1}); got != 7800 {
-		t.Errorf("sustainedRate(1) = %d; want 7800 (the probe's 7,890 commits/s rounded down to 100)", got)
+	if got, by := b.sustainedRate(workload{Per: 1}); got != 7800 || by != "producer" {
+		t.Errorf("sustainedRate(1) = %d, %q; want 7800 (the probe's 7,890 commits/s rounded down to 100), producer", got, by)
 	}
-	if got := b.sustainedRate(workload{Per: 100}); got != 10000 {
+	if got, _ := b.sustainedRate(workload{Per: 100}); got != 10000 {
 		t.Errorf("sustainedRate(100) = %d; want -rate 10,000 (100 commits/s)", got)
 	}
 	// The high-rate workload: its own rate, lowered like the others to
 	// what the producer holds (7,800 commits/s of 100 events).
-	if got := b.sustainedRate(workload{Per: 100, Rate: 50000}); got != 50000 {
+	if got, _ := b.sustainedRate(workload{Per: 100, Rate: 50000}); got != 50000 {
 		t.Errorf("sustainedRate(100 at 50,000/s) = %d; want 50,000 (500 commits/s)", got)
 	}
 	r.Producer.CommitsPerSec = 420
-	if got := b.sustainedRate(workload{Per: 100, Rate: 50000}); got != 40000 {
+	if got, _ := b.sustainedRate(workload{Per: 100, Rate: 50000}); got != 40000 {
 		t.Errorf("sustainedRate(100 at 50,000/s) with the producer at 420 commits/s = %d; want 40,000", got)
 	}
 	r.Producer.CommitsPerSec = 7890
 	for i := range r.Sustained {
 		if r.Sustained[i].PerTxn == 1 {
-			r.Sustained[i].TargetRate = 7800
+			r.Sustained[i].TargetRate, r.Sustained[i].RateCap = 7800, "producer"
 		}
 	}
 	r.summarize()
@@ -253,6 +253,51 @@ func TestWriteMarkdown_ProducerBelowRate(t *testing.T) {
 	}
 	if want := "below -rate 10,000, so the one-event workload ran at 7,800 events/s"; !strings.Contains(md.String(), want) {
 		t.Errorf("writeMarkdown() lacks %q; got:\n%s", want, md.String())
+	}
+}
+
+// TestSustainedRate_EqualRate: with Debezium beside the relay, a -rate
+// workload of a transaction size this run drained runs at 80% of the slower
+// system's drain rate when that is below the rate, so that both hold it; the
+// report says so.
+func TestSustainedRate_EqualRate(t *testing.T) {
+	r := sampleReport()
+	r.Producer.CommitsPerSec = 20000
+	o := options{Settings: r.Config}
+	o.Peers = []string{"debezium"}
+	b := &bench{o: o, rep: r}
+	r.Drain = nil
+	for run, dbz := range []float64{6000, 5000, 7000} { // Debezium drains one-event transactions at 5,000..7,000/s
+		r.Drain = append(r.Drain, DrainRun{Run: run + 1, PerTxn: 1, Events: 60000, RelaySec: 1, Debezium: &PeerDrain{StreamSec: 60000 / dbz}})
+	}
+	if got, by := b.sustainedRate(workload{Per: 1}); got != 4800 || by != "debezium" {
+		t.Errorf("sustainedRate(1) = %d, %q; want 4,800 (80%% of Debezium's median 6,000/s, in 100s of commits), debezium", got, by)
+	}
+	if got, by := b.sustainedRate(workload{Per: 100}); got != 10000 || by != "" {
+		t.Errorf("sustainedRate(100) = %d, %q; want -rate 10,000: no drain of 100-event transactions to judge by", got, by)
+	}
+	if got, by := b.sustainedRate(workload{Per: 100, Rate: 50000}); got != 50000 || by != "" {
+		t.Errorf("sustainedRate(100 at 50,000/s) = %d, %q; want its own rate, never equalised", got, by)
+	}
+	b.o.Peers = nil
+	if got, by := b.sustainedRate(workload{Per: 1}); got != 10000 || by != "" {
+		t.Errorf("sustainedRate(1) without Debezium = %d, %q; want -rate 10,000", got, by)
+	}
+	for i := range r.Sustained {
+		if r.Sustained[i].PerTxn == 1 {
+			r.Sustained[i].TargetRate, r.Sustained[i].RateCap = 4800, "debezium"
+		}
+	}
+	r.summarize()
+	var md strings.Builder
+	if err := r.writeMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	if want := "The 1-per-transaction workload ran at 4,800 events/s, 80% of what debezium, the slower, drained"; !strings.Contains(md.String(), want) {
+		t.Errorf("writeMarkdown() lacks %q; got:\n%s", want, md.String())
+	}
+	if strings.Contains(md.String(), "so the one-event workload ran at") {
+		t.Errorf("writeMarkdown() blames the producer for Debezium's rate:\n%s", md.String())
 	}
 }
 

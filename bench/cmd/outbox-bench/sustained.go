@@ -98,16 +98,57 @@ func (b *bench) relaySink(db *benchDB, run int, w workload) sustainedSink {
 
 // sustainedRate is the events/s of a sustained workload: its rate (-rate for
 // the usual ones), unless that needs more commits/s than the producer held
-// in the probe; then the highest multiple of 100 commits/s it held.
-func (b *bench) sustainedRate(w workload) int {
-	rate := b.o.Rate
+// in the probe; then the highest multiple of 100 commits/s it held. With
+// Debezium beside the relay, a -rate workload whose transaction size was
+// drained in this run also runs at no more than heldFraction of the slower
+// system's drain rate, so that both hold it and their latencies compare
+// like for like (issue 39). by says what lowered it: "producer", the slower
+// system's name, or "" when nothing did.
+func (b *bench) sustainedRate(w workload) (rate int, by string) {
+	rate = b.o.Rate
 	if w.Rate > 0 {
 		rate = w.Rate
 	}
 	if p := b.rep.Producer; p != nil && float64(rate)/float64(w.Per) > p.CommitsPerSec {
-		rate = max(int(p.CommitsPerSec)/100*100, 1) * w.Per
+		rate, by = max(int(p.CommitsPerSec)/100*100, 1)*w.Per, "producer"
 	}
-	return max(rate, w.Per)
+	if w.Rate == 0 && b.debezium() {
+		if held, slower := b.heldRate(w.Per); held > 0 && float64(rate) > held*heldFraction {
+			rate, by = max(int(held*heldFraction/float64(w.Per))/100*100, 1)*w.Per, slower
+		}
+	}
+	return max(rate, w.Per), by
+}
+
+// heldFraction is the share of the slower system's drain rate an equal-rate
+// comparison runs at: at its full drain rate a system only just keeps up,
+// and its queue, and so its latency, would grow with the run's length.
+const heldFraction = 0.8
+
+// heldRate is the median, over this run's drains of per-event transactions
+// that both the relay and Debezium finished, of the slower one's events/s,
+// and the name of the one that was slower in most of them; 0 when there is
+// none.
+func (b *bench) heldRate(per int) (float64, string) {
+	var rates []float64
+	dbzSlower := 0
+	for _, d := range b.rep.Drain {
+		relay, dbz := d.RelayRate(), d.DbzRate()
+		if d.PerTxn != per || d.Err != "" || relay <= 0 || dbz <= 0 {
+			continue
+		}
+		rates = append(rates, min(relay, dbz))
+		if dbz < relay {
+			dbzSlower++
+		}
+	}
+	if len(rates) == 0 {
+		return 0, ""
+	}
+	if 2*dbzSlower >= len(rates) {
+		return Median(rates), "debezium"
+	}
+	return Median(rates), "relay"
 }
 
 // profiled is env with a CPU profile of the relay beside its log (-cpu-profile).
@@ -150,8 +191,9 @@ func (b *bench) sustainedWorkload(ctx context.Context, run int, w workload) (err
 // sustained inserts at a fixed rate while the sink runs and an in-process
 // consumer measures each event's latency from its producer's COMMIT return.
 func (b *bench) sustained(ctx context.Context, db *benchDB, run int, w workload, sink sustainedSink) (s SustainedRun) {
-	per, rate := w.Per, b.sustainedRate(w)
-	s = SustainedRun{Run: run, Sink: sink.name, PerTxn: per, Rate: w.Rate, TargetRate: rate}
+	per := w.Per
+	rate, capped := b.sustainedRate(w)
+	s = SustainedRun{Run: run, Sink: sink.name, PerTxn: per, Rate: w.Rate, TargetRate: rate, RateCap: capped}
 	fail := func(err error) SustainedRun { s.Err = err.Error(); return s }
 	topics := sink.topics(sink.typePrefix)
 	client := b.kafka()
