@@ -31,15 +31,7 @@ func TestRead(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	pc, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.RuntimeParams["replication"] = "database"
-	repl, err := pgconn.ConnectConfig(ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	repl := replicationConn(ctx, t, dsn)
 	defer repl.Close(context.Background())
 
 	for _, q := range []struct {
@@ -85,15 +77,7 @@ func TestDrop(t *testing.T) {
 	pg.Exec(t, `CREATE PUBLICATION p FOR TABLE t`)
 	pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
 
-	pc, err := pgconn.ParseConfig(pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.RuntimeParams["replication"] = "database"
-	repl, err := pgconn.ConnectConfig(ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	repl := replicationConn(ctx, t, pg.DSN)
 	if err := pglogrepl.StartReplication(ctx, repl, slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names 'p'"}}); err != nil {
 		t.Fatal(err)
@@ -119,4 +103,20 @@ func TestDrop(t *testing.T) {
 	if err := pgslot.Drop(ctx, conn, slot); err != nil {
 		t.Errorf("Drop of a missing slot = %v; want nil (it is gone, as wanted)", err)
 	}
+}
+
+// replicationConn opens a replication connection (replication=database) to
+// dsn.
+func replicationConn(ctx context.Context, t *testing.T, dsn string) *pgconn.PgConn {
+	t.Helper()
+	pc, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.RuntimeParams["replication"] = "database"
+	repl, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return repl
 }
