@@ -76,47 +76,61 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, asm *assembler
 			continue
 		}
 		lastRecv = now
-
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				return &DecodeError{LSN: st.sent, Err: errors.New("empty CopyData")}
-			}
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return &DecodeError{LSN: st.sent, Err: err}
-				}
-				s.advanceIdle(asm, pkm.ServerWALEnd)
-				if pkm.ReplyRequested {
-					if err := s.sendStatus(ctx, conn, st, false); err != nil {
-						return err
-					}
-				}
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return &DecodeError{LSN: st.sent, Err: err}
-				}
-				if err := s.xlogData(asm, xld, emit); err != nil {
-					return err
-				}
-			}
-		case *pgproto3.NoticeResponse:
-			// Postgres 18 leaves out a change written while the publication did not
-			// exist, with a warning, where 17 and older fail: the warning arrives
-			// before the transaction's commit, so stopping here confirms nothing
-			// past the change, and every start stops the same way, as on 17.
-			if n := (*pgconn.Notice)(pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(msg))); SkippedPublication(n) {
-				return s.publicationAtSlotError("stream", (*pgconn.PgError)(n))
-			}
-		case *pgproto3.ErrorResponse:
-			return s.classify("stream", pgconn.ErrorResponseToPgError(msg))
-		case *pgproto3.CopyDone:
-			return errors.New("server ended the replication stream")
+		if err := s.message(ctx, conn, asm, st, msg, emit); err != nil {
+			return err
 		}
 	}
+}
+
+// message handles one message of the receive loop; an error ends the stream.
+func (s *Stream) message(ctx context.Context, conn *pgconn.PgConn, asm *assembler, st *statusState, msg pgproto3.BackendMessage, emit func(Batch) error) error {
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		return s.copyData(ctx, conn, asm, st, msg.Data, emit)
+	case *pgproto3.NoticeResponse:
+		// Postgres 18 leaves out a change written while the publication did not
+		// exist, with a warning, where 17 and older fail: the warning arrives
+		// before the transaction's commit, so stopping here confirms nothing
+		// past the change, and every start stops the same way, as on 17.
+		if n := (*pgconn.Notice)(pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(msg))); SkippedPublication(n) {
+			return s.publicationAtSlotError("stream", (*pgconn.PgError)(n))
+		}
+	case *pgproto3.ErrorResponse:
+		return s.classify("stream", pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return errors.New("server ended the replication stream")
+	}
+	return nil
+}
+
+// copyData handles a CopyData message's payload: a primary keepalive (move
+// the idle position, reply if asked) or XLogData.
+func (s *Stream) copyData(ctx context.Context, conn *pgconn.PgConn, asm *assembler, st *statusState, data []byte, emit func(Batch) error) error {
+	if len(data) == 0 {
+		return &DecodeError{LSN: st.sent, Err: errors.New("empty CopyData")}
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return &DecodeError{LSN: st.sent, Err: err}
+		}
+		s.advanceIdle(asm, pkm.ServerWALEnd)
+		if pkm.ReplyRequested {
+			if err := s.sendStatus(ctx, conn, st, false); err != nil {
+				return err
+			}
+		}
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return &DecodeError{LSN: st.sent, Err: err}
+		}
+		if err := s.xlogData(asm, xld, emit); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // xlogData handles one XLogData message of the receive loop: decode it, hand

@@ -27,211 +27,295 @@ import (
 // negated Java classes inside a character class (\S, \P{Alpha}), and
 // \p{...} names that are not Unicode general categories.
 func translateJavaRegex(re string) (string, error) {
-	var b strings.Builder
-	type flags struct{ i, s bool }
-	stack := []flags{{}} // the flags of each open group; the last is in force
-	cur := func() *flags { return &stack[len(stack)-1] }
-	refuse := func(construct, why string) (string, error) {
-		return "", fmt.Errorf("%s is Java syntax that Go reads otherwise or not at all (%s): rewrite the expression without it, or route these aggregate types with topics.overrides", construct, why)
-	}
-	inClass := false
-	classStart := 0
-	for i := 0; i < len(re); i++ {
-		c := re[i]
+	t := &javaTranslator{re: re, stack: []javaFlags{{}}}
+	for ; t.i < len(re); t.i++ {
+		c := re[t.i]
+		var err error
 		switch {
 		case c == '\\':
-			if i+1 >= len(re) {
-				return refuse(`a trailing \`, "an incomplete escape")
-			}
-			e := re[i+1]
-			i++
-			switch e {
-			case 'Q':
-				end := strings.Index(re[i+1:], `\E`)
-				lit := re[i+1:]
-				if end >= 0 {
-					lit = re[i+1 : i+1+end]
-					i += end + 2
-				} else {
-					i = len(re)
-				}
-				for _, r := range lit {
-					writeLiteral(&b, r, cur().i && !inClass)
-				}
-			case 's':
-				b.WriteString(classOf(`\t\n\x0B\f\r `, inClass, false))
-			case 'S':
-				if inClass {
-					return refuse(`\S inside a character class`, "Java's excludes \\x0B, Go's does not")
-				}
-				b.WriteString(classOf(`\t\n\x0B\f\r `, false, true))
-			case 'v', 'V':
-				if inClass && e == 'V' {
-					return refuse(`\V inside a character class`, "a negated Java class")
-				}
-				b.WriteString(classOf(`\n\x0B\f\r\x{85}\x{2028}\x{2029}`, inClass, e == 'V'))
-			case 'h', 'H':
-				if inClass && e == 'H' {
-					return refuse(`\H inside a character class`, "a negated Java class")
-				}
-				b.WriteString(classOf(`\t \x{A0}\x{1680}\x{180E}\x{2000}-\x{200A}\x{202F}\x{205F}\x{3000}`, inClass, e == 'H'))
-			case 'p', 'P':
-				name := ""
-				switch {
-				case i+1 < len(re) && re[i+1] == '{':
-					end := strings.IndexByte(re[i+1:], '}')
-					if end < 0 {
-						return refuse(`\`+string(e)+"{", "an unclosed property")
-					}
-					name = re[i+2 : i+1+end]
-					i += end + 1
-				case i+1 < len(re):
-					name = re[i+1 : i+2]
-					i++
-				}
-				if set, ok := javaPOSIX[name]; ok {
-					if inClass && e == 'P' {
-						return refuse(`\P{`+name+`} inside a character class`, "a negated Java class")
-					}
-					b.WriteString(classOf(set, inClass, e == 'P'))
-				} else if generalCategory[name] {
-					b.WriteString(`\` + string(e) + "{" + name + "}")
-				} else {
-					return refuse(`\`+string(e)+"{"+name+"}", "not a Unicode general category Go knows by that name")
-				}
-			case 'u':
-				if i+4 >= len(re) {
-					return refuse(`\u`, "an incomplete escape")
-				}
-				v, err := strconv.ParseUint(re[i+1:i+5], 16, 32)
-				if err != nil {
-					return refuse(`\u`+re[i+1:i+5], "not four hex digits")
-				}
-				i += 4
-				writeLiteral(&b, rune(v), cur().i && !inClass)
-			case 'e':
-				b.WriteString(`\x{1B}`)
-			case '0':
-				j := i + 1
-				for j < len(re) && j < i+4 && re[j] >= '0' && re[j] <= '7' {
-					j++
-				}
-				v, err := strconv.ParseUint(re[i+1:j], 8, 32)
-				if err != nil || v > 0377 {
-					return refuse(`\0`+re[i+1:j], "an octal escape needs one to three octal digits up to 0377")
-				}
-				b.WriteString(fmt.Sprintf(`\x{%X}`, v))
-				i = j - 1
-			case 'b', 'B':
-				if inClass && e == 'b' {
-					return refuse(`\b inside a character class`, "Java refuses it")
-				}
-				return refuse(`\`+string(e), "Java's word boundary counts non-ASCII letters and digits as word characters, Go's only ASCII ones")
-			case 'R', 'X', 'G', 'Z', 'c', 'k':
-				return refuse(`\`+string(e), "Go has no such escape, or reads it otherwise")
-			case '1', '2', '3', '4', '5', '6', '7', '8', '9':
-				return refuse(`\`+string(e), "a backreference")
-			default:
-				if e >= 'a' && e <= 'z' || e >= 'A' && e <= 'Z' {
-					// \d \D \w \W \t \n \r \f \a \x \A \z: the same in both.
-					if !strings.ContainsRune("dDwWtnrfaxAz", rune(e)) {
-						return refuse(`\`+string(e), "not an escape both read alike")
-					}
-				}
-				b.WriteByte('\\')
-				b.WriteByte(e)
-			}
-		case inClass:
-			switch {
-			case c == '[':
-				return refuse("[ inside a character class", "Java reads a nested class or union ([a[bc]], [[:alpha:]] is the characters :alph), Go a literal or a POSIX class")
-			case c == '&' && i+1 < len(re) && re[i+1] == '&':
-				return refuse("&& inside a character class", "Java's class intersection; Go reads two '&' characters")
-			case c == ']' && i > classStart:
-				inClass = false
-				b.WriteByte(c)
-			case c == ']':
-				return refuse("] first in a character class", "Java and Go read it otherwise")
-			default:
-				if cur().i && isASCIILetter(c) {
-					return refuse("a letter in a character class under (?i)", "Java's case-insensitive match is ASCII-only, Go's Unicode; write both cases ([aAbB])")
-				}
-				b.WriteByte(c)
-			}
+			err = t.escape()
+		case t.inClass:
+			err = t.classByte(c)
 		case c == '[':
-			inClass = true
-			b.WriteByte(c)
-			classStart = i + 1
-			if i+1 < len(re) && re[i+1] == '^' {
-				b.WriteByte('^')
-				i++
-				classStart = i + 1
-			}
+			t.openClass()
 		case c == '.':
-			if cur().s {
-				b.WriteString(`(?s:.)`)
+			if t.cur().s {
+				t.b.WriteString(`(?s:.)`)
 			} else {
-				b.WriteString(`[^\n\r\x{85}\x{2028}\x{2029}]`)
+				t.b.WriteString(`[^\n\r\x{85}\x{2028}\x{2029}]`)
 			}
 		case c == '(':
-			rest := re[i+1:]
-			switch {
-			case strings.HasPrefix(rest, "?="), strings.HasPrefix(rest, "?!"), strings.HasPrefix(rest, "?<="), strings.HasPrefix(rest, "?<!"):
-				return refuse("("+rest[:min(len(rest), 3)], "lookaround")
-			case strings.HasPrefix(rest, "?>"):
-				return refuse("(?>", "an atomic group")
-			case strings.HasPrefix(rest, "?<"), strings.HasPrefix(rest, "?:"), !strings.HasPrefix(rest, "?"):
-				stack = append(stack, *cur())
-				b.WriteByte('(')
-			default: // (?flags) or (?flags:
-				j := 1
-				for j < len(rest) && rest[j] != ')' && rest[j] != ':' {
-					j++
-				}
-				if j >= len(rest) {
-					return refuse("(?"+rest[1:], "an unclosed group")
-				}
-				f := *cur()
-				on := true
-				for _, fc := range rest[1:j] {
-					switch fc {
-					case '-':
-						on = false
-					case 'i':
-						f.i = on
-					case 's':
-						f.s = on
-					default:
-						return refuse("the flag "+string(fc)+" in (?"+rest[1:j]+")", "Java's d (UNIX_LINES), m (its line terminators), u (Unicode case), x (comments), U (Unicode classes: Go's U is ungreedy) and c differ in Go")
-					}
-				}
-				if rest[j] == ')' {
-					*cur() = f // to the end of the enclosing group
-				} else {
-					stack = append(stack, f)
-					b.WriteString("(?:")
-				}
-				i += j + 1
-			}
+			err = t.group()
 		case c == ')':
-			if len(stack) > 1 {
-				stack = stack[:len(stack)-1]
+			if len(t.stack) > 1 {
+				t.stack = t.stack[:len(t.stack)-1]
 			}
-			b.WriteByte(c)
+			t.b.WriteByte(c)
 		case c == '*' || c == '+' || c == '?' || c == '}':
-			b.WriteByte(c)
-			if i+1 < len(re) && re[i+1] == '+' {
-				return refuse("the possessive quantifier "+string(c)+"+", "Go has no possessive quantifiers")
+			t.b.WriteByte(c)
+			if t.i+1 < len(re) && re[t.i+1] == '+' {
+				err = refuseJava("the possessive quantifier "+string(c)+"+", "Go has no possessive quantifiers")
 			}
 		default:
-			if cur().i && isASCIILetter(c) {
-				writeLiteral(&b, rune(c), true)
+			if t.cur().i && isASCIILetter(c) {
+				writeLiteral(&t.b, rune(c), true)
 			} else {
-				b.WriteByte(c)
+				t.b.WriteByte(c)
 			}
 		}
+		if err != nil {
+			return "", err
+		}
 	}
-	return b.String(), nil
+	return t.b.String(), nil
+}
+
+// javaFlags are the Java flags that change how translateJavaRegex writes
+// what follows: (?i) and (?s).
+type javaFlags struct{ i, s bool }
+
+// javaTranslator is the state of one translateJavaRegex: where it reads,
+// what it has written, the flags of each open group (the last is in force)
+// and whether it is inside a character class.
+type javaTranslator struct {
+	re         string
+	i          int // the byte being read; each step leaves it on the last byte it used
+	b          strings.Builder
+	stack      []javaFlags
+	inClass    bool
+	classStart int // the index of the first member of the open class
+}
+
+func (t *javaTranslator) cur() *javaFlags { return &t.stack[len(t.stack)-1] }
+
+// refuseJava is translateJavaRegex's error for a construct it will not translate.
+func refuseJava(construct, why string) error {
+	return fmt.Errorf("%s is Java syntax that Go reads otherwise or not at all (%s): rewrite the expression without it, or route these aggregate types with topics.overrides", construct, why)
+}
+
+// escape translates the escape whose backslash is at t.i.
+func (t *javaTranslator) escape() error {
+	re := t.re
+	if t.i+1 >= len(re) {
+		return refuseJava(`a trailing \`, "an incomplete escape")
+	}
+	e := re[t.i+1]
+	t.i++
+	switch e {
+	case 'Q':
+		t.quoted()
+	case 's', 'S', 'v', 'V', 'h', 'H':
+		return t.spaceClass(e)
+	case 'p', 'P':
+		return t.property(e)
+	case 'u', 'e', '0':
+		return t.codePoint(e)
+	case 'b', 'B':
+		if t.inClass && e == 'b' {
+			return refuseJava(`\b inside a character class`, "Java refuses it")
+		}
+		return refuseJava(`\`+string(e), "Java's word boundary counts non-ASCII letters and digits as word characters, Go's only ASCII ones")
+	case 'R', 'X', 'G', 'Z', 'c', 'k':
+		return refuseJava(`\`+string(e), "Go has no such escape, or reads it otherwise")
+	case '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return refuseJava(`\`+string(e), "a backreference")
+	default:
+		if e >= 'a' && e <= 'z' || e >= 'A' && e <= 'Z' {
+			// \d \D \w \W \t \n \r \f \a \x \A \z: the same in both.
+			if !strings.ContainsRune("dDwWtnrfaxAz", rune(e)) {
+				return refuseJava(`\`+string(e), "not an escape both read alike")
+			}
+		}
+		t.b.WriteByte('\\')
+		t.b.WriteByte(e)
+	}
+	return nil
+}
+
+// quoted writes \Q...\E (or \Q to the end) as literals; t.i is on the Q.
+func (t *javaTranslator) quoted() {
+	re, i := t.re, t.i
+	end := strings.Index(re[i+1:], `\E`)
+	lit := re[i+1:]
+	if end >= 0 {
+		lit = re[i+1 : i+1+end]
+		t.i += end + 2
+	} else {
+		t.i = len(re)
+	}
+	for _, r := range lit {
+		writeLiteral(&t.b, r, t.cur().i && !t.inClass)
+	}
+}
+
+// spaceClass writes \s \S \v \V \h \H as the ASCII classes Java means.
+func (t *javaTranslator) spaceClass(e byte) error {
+	switch e {
+	case 's':
+		t.b.WriteString(classOf(`\t\n\x0B\f\r `, t.inClass, false))
+	case 'S':
+		if t.inClass {
+			return refuseJava(`\S inside a character class`, "Java's excludes \\x0B, Go's does not")
+		}
+		t.b.WriteString(classOf(`\t\n\x0B\f\r `, false, true))
+	case 'v', 'V':
+		if t.inClass && e == 'V' {
+			return refuseJava(`\V inside a character class`, "a negated Java class")
+		}
+		t.b.WriteString(classOf(`\n\x0B\f\r\x{85}\x{2028}\x{2029}`, t.inClass, e == 'V'))
+	case 'h', 'H':
+		if t.inClass && e == 'H' {
+			return refuseJava(`\H inside a character class`, "a negated Java class")
+		}
+		t.b.WriteString(classOf(`\t \x{A0}\x{1680}\x{180E}\x{2000}-\x{200A}\x{202F}\x{205F}\x{3000}`, t.inClass, e == 'H'))
+	}
+	return nil
+}
+
+// property writes \p{Name} or \pN (and \P): a Java POSIX class as its ASCII
+// members, a Unicode general category as is.
+func (t *javaTranslator) property(e byte) error {
+	re, i := t.re, t.i
+	name := ""
+	switch {
+	case i+1 < len(re) && re[i+1] == '{':
+		end := strings.IndexByte(re[i+1:], '}')
+		if end < 0 {
+			return refuseJava(`\`+string(e)+"{", "an unclosed property")
+		}
+		name = re[i+2 : i+1+end]
+		t.i += end + 1
+	case i+1 < len(re):
+		name = re[i+1 : i+2]
+		t.i++
+	}
+	if set, ok := javaPOSIX[name]; ok {
+		if t.inClass && e == 'P' {
+			return refuseJava(`\P{`+name+`} inside a character class`, "a negated Java class")
+		}
+		t.b.WriteString(classOf(set, t.inClass, e == 'P'))
+	} else if generalCategory[name] {
+		t.b.WriteString(`\` + string(e) + "{" + name + "}")
+	} else {
+		return refuseJava(`\`+string(e)+"{"+name+"}", "not a Unicode general category Go knows by that name")
+	}
+	return nil
+}
+
+// codePoint writes \uXXXX, \e and octal \0nn as Go's \x{...}.
+func (t *javaTranslator) codePoint(e byte) error {
+	re, i := t.re, t.i
+	switch e {
+	case 'u':
+		if i+4 >= len(re) {
+			return refuseJava(`\u`, "an incomplete escape")
+		}
+		v, err := strconv.ParseUint(re[i+1:i+5], 16, 32)
+		if err != nil {
+			return refuseJava(`\u`+re[i+1:i+5], "not four hex digits")
+		}
+		t.i += 4
+		writeLiteral(&t.b, rune(v), t.cur().i && !t.inClass)
+	case 'e':
+		t.b.WriteString(`\x{1B}`)
+	case '0':
+		j := i + 1
+		for j < len(re) && j < i+4 && re[j] >= '0' && re[j] <= '7' {
+			j++
+		}
+		v, err := strconv.ParseUint(re[i+1:j], 8, 32)
+		if err != nil || v > 0377 {
+			return refuseJava(`\0`+re[i+1:j], "an octal escape needs one to three octal digits up to 0377")
+		}
+		t.b.WriteString(fmt.Sprintf(`\x{%X}`, v))
+		t.i = j - 1
+	}
+	return nil
+}
+
+// classByte translates c, a byte inside a character class other than a backslash.
+func (t *javaTranslator) classByte(c byte) error {
+	re, i := t.re, t.i
+	switch {
+	case c == '[':
+		return refuseJava("[ inside a character class", "Java reads a nested class or union ([a[bc]], [[:alpha:]] is the characters :alph), Go a literal or a POSIX class")
+	case c == '&' && i+1 < len(re) && re[i+1] == '&':
+		return refuseJava("&& inside a character class", "Java's class intersection; Go reads two '&' characters")
+	case c == ']' && i > t.classStart:
+		t.inClass = false
+		t.b.WriteByte(c)
+	case c == ']':
+		return refuseJava("] first in a character class", "Java and Go read it otherwise")
+	default:
+		if t.cur().i && isASCIILetter(c) {
+			return refuseJava("a letter in a character class under (?i)", "Java's case-insensitive match is ASCII-only, Go's Unicode; write both cases ([aAbB])")
+		}
+		t.b.WriteByte(c)
+	}
+	return nil
+}
+
+// openClass opens the character class whose '[' is at t.i (with its '^').
+func (t *javaTranslator) openClass() {
+	t.inClass = true
+	t.b.WriteByte('[')
+	t.classStart = t.i + 1
+	if t.i+1 < len(t.re) && t.re[t.i+1] == '^' {
+		t.b.WriteByte('^')
+		t.i++
+		t.classStart = t.i + 1
+	}
+}
+
+// group translates the '(' at t.i: a group, (?flags) or (?flags:...),
+// refusing lookaround and atomic groups.
+func (t *javaTranslator) group() error {
+	rest := t.re[t.i+1:]
+	switch {
+	case strings.HasPrefix(rest, "?="), strings.HasPrefix(rest, "?!"), strings.HasPrefix(rest, "?<="), strings.HasPrefix(rest, "?<!"):
+		return refuseJava("("+rest[:min(len(rest), 3)], "lookaround")
+	case strings.HasPrefix(rest, "?>"):
+		return refuseJava("(?>", "an atomic group")
+	case strings.HasPrefix(rest, "?<"), strings.HasPrefix(rest, "?:"), !strings.HasPrefix(rest, "?"):
+		t.stack = append(t.stack, *t.cur())
+		t.b.WriteByte('(')
+		return nil
+	}
+	return t.flagGroup(rest)
+}
+
+// flagGroup translates (?flags) (to the end of the enclosing group) or
+// (?flags: (a group of their own); rest follows the '('.
+func (t *javaTranslator) flagGroup(rest string) error {
+	j := 1
+	for j < len(rest) && rest[j] != ')' && rest[j] != ':' {
+		j++
+	}
+	if j >= len(rest) {
+		return refuseJava("(?"+rest[1:], "an unclosed group")
+	}
+	f := *t.cur()
+	on := true
+	for _, fc := range rest[1:j] {
+		switch fc {
+		case '-':
+			on = false
+		case 'i':
+			f.i = on
+		case 's':
+			f.s = on
+		default:
+			return refuseJava("the flag "+string(fc)+" in (?"+rest[1:j]+")", "Java's d (UNIX_LINES), m (its line terminators), u (Unicode case), x (comments), U (Unicode classes: Go's U is ungreedy) and c differ in Go")
+		}
+	}
+	if rest[j] == ')' {
+		*t.cur() = f // to the end of the enclosing group
+	} else {
+		t.stack = append(t.stack, f)
+		t.b.WriteString("(?:")
+	}
+	t.i += j + 1
+	return nil
 }
 
 // javaPOSIX are Java's POSIX character classes (US-ASCII only, Java's

@@ -110,101 +110,23 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 	if dst == nil && w != inJSON {
 		dst = make([]byte, 0, len(v)+8) // non-nil: an empty string is not a null
 	}
-	asText := func() []byte {
-		if w == inJSON {
-			return jsonString(dst, v)
-		}
-		return append(dst, v...)
-	}
-	null := func() []byte {
-		if w == inJSON {
-			return append(dst, "null"...)
-		}
-		return nil
-	}
 	switch ct.oid {
 	case int2OID, int4OID, int8OID, oidOID:
 		return append(dst, v...)
 	case boolOID:
 		return append(dst, boolText(v)...)
 	case float4OID, float8OID:
-		bits := 64
-		if ct.oid == float4OID {
-			bits = 32
-		}
-		f, err := strconv.ParseFloat(string(v), bits)
-		if err != nil {
-			return asText()
-		}
-		s := javaFloat(f, bits)
-		if w == inJSON && (math.IsNaN(f) || math.IsInf(f, 0)) {
-			return jsonString(dst, []byte(s)) // Jackson quotes non-numeric numbers
-		}
-		return append(dst, s...)
+		return renderFloat(dst, ct, v, w)
 	case timestampOID:
-		// adaptive: precision 0-3 is io.debezium.time.Timestamp (ms),
-		// 4-6 MicroTimestamp (µs).
-		ms := ct.mod >= 0 && ct.mod <= 3
-		switch string(v) {
-		case "infinity", "-infinity":
-			// Debezium's sentinels for them (pgjdbc's infinities
-			// converted through LocalDateTime).
-			s := tsInfinity[string(v)]
-			if ms {
-				s = s[:len(s)-3]
-			}
-			return append(dst, s...)
-		}
-		t, ok := parseTimestamp(v, false)
-		if !ok {
-			return asText()
-		}
-		if ms {
-			return strconv.AppendInt(dst, t.UnixMilli(), 10)
-		}
-		return strconv.AppendInt(dst, t.UnixMicro(), 10)
+		return renderTimestamp(dst, ct, v, w)
 	case timestamptzOID:
-		t, ok := parseTimestamp(v, true)
-		if !ok {
-			return asText() // ±infinity: Debezium writes the text too
-		}
-		// io.debezium.time.ZonedTimestamp: ISO 8601 in UTC, the fraction as
-		// wide as the column's precision; years as java.time prints them
-		// (-0043, +12345).
-		t = t.UTC()
-		b := appendJavaYear(nil, t.Year())
-		b = t.AppendFormat(b, "-01-02T15:04:05")
-		if p := precision(ct.mod); p > 0 {
-			frac := strconv.AppendInt(nil, int64(t.Nanosecond())/int64(math.Pow10(9-p)), 10)
-			b = append(append(b, '.'), bytes.Repeat([]byte{'0'}, p-len(frac))...)
-			b = append(b, frac...)
-		}
-		b = append(b, 'Z')
-		if w == inJSON {
-			return jsonString(dst, b)
-		}
-		return append(dst, b...)
+		return renderTimestamptz(dst, ct, v, w)
 	case dateOID:
-		switch string(v) {
-		case "infinity":
-			return append(dst, "-2147472692"...) // Debezium's sentinels, as written by 3.1.3
-		case "-infinity":
-			return append(dst, "-2147472691"...)
-		}
-		d, bc := bytes.CutSuffix(v, []byte(" BC"))
-		d = append(d[:len(d):len(d)], " 00:00:00"...)
-		if bc {
-			d = append(d, " BC"...)
-		}
-		t, ok := parseTimestamp(d, false)
-		if !ok {
-			return asText()
-		}
-		return strconv.AppendInt(dst, t.Unix()/86400, 10) // io.debezium.time.Date: days since the epoch
+		return renderDate(dst, v, w)
 	case timeOID:
 		us, ok := parseTimeOfDay(string(v))
 		if !ok {
-			return asText()
+			return asText(dst, v, w)
 		}
 		if ct.mod >= 0 && ct.mod <= 3 {
 			return strconv.AppendInt(dst, us/1000, 10) // io.debezium.time.Time (ms)
@@ -213,39 +135,147 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 	case timetzOID:
 		b, ok := zonedTime(string(v))
 		if !ok {
-			return asText()
+			return asText(dst, v, w)
 		}
-		if w == inJSON {
-			return jsonString(dst, b)
-		}
-		return append(dst, b...)
+		return asString(dst, b, w)
 	case numericOID:
-		return renderNumeric(dst, ct, v, w, asText, null)
+		return renderNumeric(dst, ct, v, w)
 	case byteaOID:
-		b, err := decodeBytea(v)
-		if err != nil {
-			return asText()
-		}
-		switch w {
-		case inStruct:
-			// Connect's BYTES value is a java.nio.ByteBuffer; toString.
-			n := strconv.Itoa(len(b))
-			return append(dst, "java.nio.HeapByteBuffer[pos=0 lim="+n+" cap="+n+"]"...)
-		case inHeader:
-			if len(b) == 0 {
-				return null() // SimpleHeaderConverter writes an empty buffer as null
-			}
-			return base64.StdEncoding.AppendEncode(dst, b)
-		}
-		dst = append(dst, '"')
-		return append(base64.StdEncoding.AppendEncode(dst, b), '"')
+		return renderBytea(dst, v, w)
 	}
 	if elem, ok := arrayElem[ct.oid]; ok {
 		if out, ok := renderArray(dst, elem, v, w); ok {
 			return out
 		}
 	}
-	return asText()
+	return asText(dst, v, w)
+}
+
+// asText appends v as it is: render's answer to a text it cannot read.
+func asText(dst, v []byte, w int) []byte {
+	if w == inJSON {
+		return jsonString(dst, v)
+	}
+	return append(dst, v...)
+}
+
+// asString appends b, a value Debezium writes as a string: quoted for inJSON.
+func asString(dst, b []byte, w int) []byte {
+	if w == inJSON {
+		return jsonString(dst, b)
+	}
+	return append(dst, b...)
+}
+
+// asNull is Debezium's null: "null" for inJSON, else a nil result.
+func asNull(dst []byte, w int) []byte {
+	if w == inJSON {
+		return append(dst, "null"...)
+	}
+	return nil
+}
+
+// renderFloat writes a real or double precision as Java prints it.
+func renderFloat(dst []byte, ct colType, v []byte, w int) []byte {
+	bits := 64
+	if ct.oid == float4OID {
+		bits = 32
+	}
+	f, err := strconv.ParseFloat(string(v), bits)
+	if err != nil {
+		return asText(dst, v, w)
+	}
+	s := javaFloat(f, bits)
+	if w == inJSON && (math.IsNaN(f) || math.IsInf(f, 0)) {
+		return jsonString(dst, []byte(s)) // Jackson quotes non-numeric numbers
+	}
+	return append(dst, s...)
+}
+
+// renderTimestamp writes a timestamp (without time zone) adaptively:
+// precision 0-3 is io.debezium.time.Timestamp (ms), 4-6 MicroTimestamp (µs).
+func renderTimestamp(dst []byte, ct colType, v []byte, w int) []byte {
+	ms := ct.mod >= 0 && ct.mod <= 3
+	switch string(v) {
+	case "infinity", "-infinity":
+		// Debezium's sentinels for them (pgjdbc's infinities
+		// converted through LocalDateTime).
+		s := tsInfinity[string(v)]
+		if ms {
+			s = s[:len(s)-3]
+		}
+		return append(dst, s...)
+	}
+	t, ok := parseTimestamp(v, false)
+	if !ok {
+		return asText(dst, v, w)
+	}
+	if ms {
+		return strconv.AppendInt(dst, t.UnixMilli(), 10)
+	}
+	return strconv.AppendInt(dst, t.UnixMicro(), 10)
+}
+
+// renderTimestamptz writes a timestamp with time zone as
+// io.debezium.time.ZonedTimestamp: ISO 8601 in UTC, the fraction as wide as
+// the column's precision; years as java.time prints them (-0043, +12345).
+func renderTimestamptz(dst []byte, ct colType, v []byte, w int) []byte {
+	t, ok := parseTimestamp(v, true)
+	if !ok {
+		return asText(dst, v, w) // ±infinity: Debezium writes the text too
+	}
+	t = t.UTC()
+	b := appendJavaYear(nil, t.Year())
+	b = t.AppendFormat(b, "-01-02T15:04:05")
+	if p := precision(ct.mod); p > 0 {
+		frac := strconv.AppendInt(nil, int64(t.Nanosecond())/int64(math.Pow10(9-p)), 10)
+		b = append(append(b, '.'), bytes.Repeat([]byte{'0'}, p-len(frac))...)
+		b = append(b, frac...)
+	}
+	b = append(b, 'Z')
+	return asString(dst, b, w)
+}
+
+// renderDate writes a date as io.debezium.time.Date: days since the epoch.
+func renderDate(dst, v []byte, w int) []byte {
+	switch string(v) {
+	case "infinity":
+		return append(dst, "-2147472692"...) // Debezium's sentinels, as written by 3.1.3
+	case "-infinity":
+		return append(dst, "-2147472691"...)
+	}
+	d, bc := bytes.CutSuffix(v, []byte(" BC"))
+	d = append(d[:len(d):len(d)], " 00:00:00"...)
+	if bc {
+		d = append(d, " BC"...)
+	}
+	t, ok := parseTimestamp(d, false)
+	if !ok {
+		return asText(dst, v, w)
+	}
+	return strconv.AppendInt(dst, t.Unix()/86400, 10)
+}
+
+// renderBytea writes a bytea as Connect's BYTES: base64, or a
+// java.nio.ByteBuffer's toString in Struct.toString.
+func renderBytea(dst, v []byte, w int) []byte {
+	b, err := decodeBytea(v)
+	if err != nil {
+		return asText(dst, v, w)
+	}
+	switch w {
+	case inStruct:
+		// Connect's BYTES value is a java.nio.ByteBuffer; toString.
+		n := strconv.Itoa(len(b))
+		return append(dst, "java.nio.HeapByteBuffer[pos=0 lim="+n+" cap="+n+"]"...)
+	case inHeader:
+		if len(b) == 0 {
+			return asNull(dst, w) // SimpleHeaderConverter writes an empty buffer as null
+		}
+		return base64.StdEncoding.AppendEncode(dst, b)
+	}
+	dst = append(dst, '"')
+	return append(base64.StdEncoding.AppendEncode(dst, b), '"')
 }
 
 // renderNumeric writes a numeric. With a declared scale it is a Connect
@@ -256,16 +286,16 @@ func render(dst []byte, ct colType, v []byte, w int) []byte {
 // identity ([B@1b2c3d), which cannot be reproduced, so the text is written
 // (migrate reports it), so the number is written, at Debezium's scale. NaN
 // and the infinities (Postgres 14 on) are null, as Debezium's.
-func renderNumeric(dst []byte, ct colType, v []byte, w int, asText, null func() []byte) []byte {
+func renderNumeric(dst []byte, ct colType, v []byte, w int) []byte {
 	switch string(v) {
 	case "NaN", "Infinity", "-Infinity":
 		// Debezium writes them as null (decimal.handling.mode precise,
 		// logging an error); the infinities are Postgres 14's.
-		return null()
+		return asNull(dst, w)
 	}
 	unscaled, scale, ok := parseDecimal(string(v))
 	if !ok {
-		return asText()
+		return asText(dst, v, w)
 	}
 	if ct.mod < 0 {
 		// VariableScaleDecimal drops the fraction's trailing zeros (-1.10

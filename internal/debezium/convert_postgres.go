@@ -11,6 +11,21 @@ import (
 
 // postgres maps the connection, the slot and the publication.
 func (c *converter) postgres() {
+	c.dsn()
+	slot := c.slot()
+	pub := c.publication()
+	if ms, has := c.get("status.update.interval.ms"); has && ms != "" {
+		if n, err := strconv.ParseInt(ms, 10, 64); err == nil && n > 0 && time.Duration(n)*time.Millisecond != 10*time.Second {
+			c.set("postgres.status_interval", (time.Duration(n) * time.Millisecond).String(), "status.update.interval.ms")
+		}
+	}
+	c.plugin(slot)
+	c.publicationMode(pub)
+}
+
+// dsn maps the connection settings to postgres.dsn, which it sets only
+// when host, user and database are all there and literal.
+func (c *converter) dsn() {
 	host, hasHost := c.get("database.hostname")
 	port, hasPort := c.get("database.port")
 	user, hasUser := c.get("database.user")
@@ -38,6 +53,25 @@ func (c *converter) postgres() {
 		from = append(from, "database.port")
 	}
 	from = append(from, "database.user", "database.dbname")
+	q, from := c.dsnTLS(from)
+	if _, has := c.get("database.password"); has {
+		c.note("database.password", redacted, "passwords are never copied into the relay's configuration: put it in a file named by postgres.password_file (RELAY_POSTGRES_PASSWORD_FILE), or in RELAY_POSTGRES_PASSWORD, or a .pgpass file")
+	}
+	if _, has := c.get("database.sslpassword"); has {
+		c.note("database.sslpassword", redacted, "the key's password is never copied: add sslpassword=... to the DSN in RELAY_POSTGRES_DSN")
+	}
+	if v, has := c.get("database.sslfactory"); has {
+		c.gap("database.sslfactory", v, "a pgjdbc SSL socket factory has no equivalent: configure TLS with sslmode, sslrootcert, sslcert and sslkey in postgres.dsn")
+	}
+	if ok {
+		u := url.URL{Scheme: "postgres", User: url.User(user), Host: net.JoinHostPort(host, port), Path: "/" + db, RawQuery: q.Encode()}
+		c.set("postgres.dsn", u.String(), strings.Join(from, ", "))
+	}
+}
+
+// dsnTLS maps sslmode and the certificate files to the DSN's query,
+// appending the keys it used to from.
+func (c *converter) dsnTLS(from []string) (url.Values, []string) {
 	q := url.Values{}
 	if mode, has := c.get("database.sslmode"); has && mode != "" {
 		from = append(from, "database.sslmode")
@@ -62,20 +96,11 @@ func (c *converter) postgres() {
 			c.note(f.key, v, "copied into postgres.dsn as %s: %s", f.param, f.why)
 		}
 	}
-	if _, has := c.get("database.password"); has {
-		c.note("database.password", redacted, "passwords are never copied into the relay's configuration: put it in a file named by postgres.password_file (RELAY_POSTGRES_PASSWORD_FILE), or in RELAY_POSTGRES_PASSWORD, or a .pgpass file")
-	}
-	if _, has := c.get("database.sslpassword"); has {
-		c.note("database.sslpassword", redacted, "the key's password is never copied: add sslpassword=... to the DSN in RELAY_POSTGRES_DSN")
-	}
-	if v, has := c.get("database.sslfactory"); has {
-		c.gap("database.sslfactory", v, "a pgjdbc SSL socket factory has no equivalent: configure TLS with sslmode, sslrootcert, sslcert and sslkey in postgres.dsn")
-	}
-	if ok {
-		u := url.URL{Scheme: "postgres", User: url.User(user), Host: net.JoinHostPort(host, port), Path: "/" + db, RawQuery: q.Encode()}
-		c.set("postgres.dsn", u.String(), strings.Join(from, ", "))
-	}
+	return q, from
+}
 
+// slot maps slot.name (Debezium's default if unset) and returns it.
+func (c *converter) slot() string {
 	slot, has := c.get("slot.name")
 	if !has || slot == "" {
 		slot = defaultSlot
@@ -83,6 +108,11 @@ func (c *converter) postgres() {
 	if c.literal("slot.name", slot, "postgres.slot") {
 		c.set("postgres.slot", slot, "slot.name")
 	}
+	return slot
+}
+
+// publication maps publication.name (Debezium's default if unset) and returns it.
+func (c *converter) publication() string {
 	pub, has := c.get("publication.name")
 	if !has || pub == "" {
 		pub = defaultPublication
@@ -90,12 +120,12 @@ func (c *converter) postgres() {
 	if c.literal("publication.name", pub, "postgres.publication") {
 		c.set("postgres.publication", pub, "publication.name")
 	}
-	if ms, has := c.get("status.update.interval.ms"); has && ms != "" {
-		if n, err := strconv.ParseInt(ms, 10, 64); err == nil && n > 0 && time.Duration(n)*time.Millisecond != 10*time.Second {
-			c.set("postgres.status_interval", (time.Duration(n) * time.Millisecond).String(), "status.update.interval.ms")
-		}
-	}
+	return pub
+}
 
+// plugin reports a slot that does not decode with pgoutput, the only
+// plugin the relay reads.
+func (c *converter) plugin(slot string) {
 	plugin, has := c.get("plugin.name")
 	switch p := strings.ToLower(plugin); {
 	case p == "pgoutput":
@@ -104,6 +134,11 @@ func (c *converter) postgres() {
 	default:
 		c.gap("plugin.name", plugin, "the slot %q decodes with %s; the relay reads pgoutput only: create a new pgoutput slot (outbox-relay setup) while Debezium still runs, start the relay on it, then stop Debezium; the overlap is sent twice, nothing is lost. Debezium's offsets do not apply to the new slot", slot, plugin)
 	}
+}
+
+// publicationMode notes what Debezium's publication.autocreate.mode made
+// of publication pub and how the relay reads it.
+func (c *converter) publicationMode(pub string) {
 	mode, has := c.get("publication.autocreate.mode")
 	if !has || mode == "" {
 		mode = "all_tables"
