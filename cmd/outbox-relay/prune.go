@@ -90,7 +90,17 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	start := time.Now()
 	res, err := retention.Round(ctx, conn, rc)
 	tw := ops.NewTable(e.stdout)
-	row := tw.Row
+	printPruneRound(tw.Row, rc, res, err, start)
+	if ferr := tw.Flush(); ferr != nil && err == nil {
+		err = fmt.Errorf("write: %w", ferr)
+	}
+	return err
+}
+
+// printPruneRound prints what a round of prune did (or, with an error, what
+// it did before it), a row per line: the horizon, the readers it kept rows
+// for, the partitions, the count deleted and the oldest row left.
+func printPruneRound(row func(k, v string), rc retention.Config, res retention.Result, err error, start time.Time) {
 	age := daysText(rc.Retention)
 	if h := res.Horizon; h != nil {
 		commit := "commit time unknown"
@@ -102,25 +112,38 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	} else if err == nil {
 		row("horizon", "none: "+res.NoHorizon)
 	}
-	if len(res.HeldBy) > 0 {
-		var slots []string
-		for _, r := range res.HeldBy {
-			if r.Buffer {
-				// Rows this relay has read but not delivered yet.
-				slots = append(slots, "the WAL buffer (postgres.max_retained_wal: "+r.State()+")")
-				continue
-			}
-			slots = append(slots, fmt.Sprintf("slot %s (%s)", r.Slot, r.State()))
-		}
-		counted := fmt.Sprint(res.KeptForReaders)
-		if !rc.DryRun && res.KeptForReaders >= retention.MaxKeptCount {
-			counted = "at least " + counted
-		}
-		row("kept for", fmt.Sprintf("%s: %s rows older than %s this slot delivered and it has not passed; "+
-			"list a slot that does not read the outbox in outbox.retention_ignore_slots", strings.Join(slots, ", "), counted, age))
+	printPruneKept(row, rc, res, age)
+	inPartitions, done := printPrunePartitions(row, rc, res, age)
+	printPruneDeleted(row, rc, res, age, inPartitions, done, start)
+	printPruneOldest(row, rc, res, err, age)
+}
+
+// printPruneKept names the readers the round kept rows for.
+func printPruneKept(row func(k, v string), rc retention.Config, res retention.Result, age string) {
+	if len(res.HeldBy) == 0 {
+		return
 	}
-	var inPartitions int64 // rows removed with their partitions
-	done := map[retention.PartitionMode]string{retention.PartitionsDrop: "dropped", retention.PartitionsDetach: "detached"}[rc.Partitions]
+	var slots []string
+	for _, r := range res.HeldBy {
+		if r.Buffer {
+			// Rows this relay has read but not delivered yet.
+			slots = append(slots, "the WAL buffer (postgres.max_retained_wal: "+r.State()+")")
+			continue
+		}
+		slots = append(slots, fmt.Sprintf("slot %s (%s)", r.Slot, r.State()))
+	}
+	counted := fmt.Sprint(res.KeptForReaders)
+	if !rc.DryRun && res.KeptForReaders >= retention.MaxKeptCount {
+		counted = "at least " + counted
+	}
+	row("kept for", fmt.Sprintf("%s: %s rows older than %s this slot delivered and it has not passed; "+
+		"list a slot that does not read the outbox in outbox.retention_ignore_slots", strings.Join(slots, ", "), counted, age))
+}
+
+// printPrunePartitions prints each partition dropped, detached or kept, and
+// returns the rows removed with their partitions and the word for how.
+func printPrunePartitions(row func(k, v string), rc retention.Config, res retention.Result, age string) (inPartitions int64, done string) {
+	done = map[retention.PartitionMode]string{retention.PartitionsDrop: "dropped", retention.PartitionsDetach: "detached"}[rc.Partitions]
 	for _, p := range res.Partitions {
 		switch {
 		case p.Gone && rc.DryRun:
@@ -134,6 +157,12 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 			inPartitions += p.Rows
 		}
 	}
+	return inPartitions, done
+}
+
+// printPruneDeleted prints how many rows the round deleted (would delete,
+// with --dry-run), and in how long.
+func printPruneDeleted(row func(k, v string), rc retention.Config, res retention.Result, age string, inPartitions int64, done string, start time.Time) {
 	switch {
 	case rc.DryRun && res.Horizon != nil:
 		row("would delete", fmt.Sprintf("%d rows older than %s (dry run: nothing deleted)", res.Deleted, age))
@@ -155,6 +184,11 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 	default:
 		row("deleted", "0 rows: nothing may be deleted without a horizon")
 	}
+}
+
+// printPruneOldest prints the oldest row past the retention that is left,
+// and why; nothing after an error.
+func printPruneOldest(row func(k, v string), rc retention.Config, res retention.Result, err error, age string) {
 	switch {
 	case err != nil:
 	case res.OldestExpired == nil && rc.Partitions != retention.PartitionsDelete:
@@ -167,8 +201,4 @@ func prune(ctx context.Context, e *env, rc retention.Config) error {
 		row("oldest left", fmt.Sprintf("%s, older than %s by %s: its transaction is not covered yet, or a transaction older than it is still open on the server",
 			res.OldestExpired.UTC().Format(time.RFC3339), age, ops.RoughDuration(res.Overdue)))
 	}
-	if ferr := tw.Flush(); ferr != nil && err == nil {
-		err = fmt.Errorf("write: %w", ferr)
-	}
-	return err
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -72,27 +73,11 @@ reaches that position would be skipped for good.`,
 				rc.StartLSN = lsn
 				rc.StartLSNForce = force
 			}
-			if ep := e.cfg.Tracing.OTLPEndpoint; ep != "" {
-				if tracing.GRPCPort(ep) {
-					// Not an error: a collector may serve OTLP/HTTP there,
-					// and tracing must never stop delivery.
-					e.log.Warn("tracing: tracing.otlp_endpoint names port 4317, OTLP/gRPC's; the relay exports over OTLP/HTTP (port 4318 by default), so a gRPC receiver there will refuse its spans", "endpoint", ep)
-				}
-				tr, err := tracing.New(cmd.Context(), tracing.Config{Endpoint: ep, ServiceName: e.cfg.Tracing.ServiceName, Version: version})
-				if err != nil {
-					return fmt.Errorf("%w: %w", errConfig, err)
-				}
-				defer func() {
-					// The spans still queued, within a bounded wait: a
-					// collector that is down must not hold up the exit.
-					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					defer cancel()
-					if err := tr.Shutdown(ctx); err != nil {
-						e.log.Warn("tracing: spans not exported at shutdown", "endpoint", ep, "err", err)
-					}
-				}()
-				rc.Spans = tr
+			shutdownTracing, err := startTracing(cmd.Context(), e, &rc)
+			if err != nil {
+				return err
 			}
+			defer shutdownTracing()
 			stages, stopProfiles := startProfiles(e.log) // RELAY_CPUPROFILE etc.: profile.go
 			defer stopProfiles()
 			rc.StageTrace = stages
@@ -126,6 +111,34 @@ reaches that position would be skipped for good.`,
 	cmd.Flags().BoolVar(&force, "force", false, "with --start-lsn: accept a position beyond the server's current WAL position. "+
 		"DANGER: every event committed until the WAL reaches it is SKIPPED FOR GOOD (never delivered)")
 	return cmd
+}
+
+// startTracing sets rc.Spans to a tracer exporting to tracing.otlp_endpoint,
+// when one is set, and returns what flushes its spans at exit.
+func startTracing(ctx context.Context, e *env, rc *relay.Config) (shutdown func(), err error) {
+	ep := e.cfg.Tracing.OTLPEndpoint
+	if ep == "" {
+		return func() {}, nil
+	}
+	if tracing.GRPCPort(ep) {
+		// Not an error: a collector may serve OTLP/HTTP there,
+		// and tracing must never stop delivery.
+		e.log.Warn("tracing: tracing.otlp_endpoint names port 4317, OTLP/gRPC's; the relay exports over OTLP/HTTP (port 4318 by default), so a gRPC receiver there will refuse its spans", "endpoint", ep)
+	}
+	tr, err := tracing.New(ctx, tracing.Config{Endpoint: ep, ServiceName: e.cfg.Tracing.ServiceName, Version: version})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errConfig, err)
+	}
+	rc.Spans = tr
+	return func() {
+		// The spans still queued, within a bounded wait: a
+		// collector that is down must not hold up the exit.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tr.Shutdown(ctx); err != nil {
+			e.log.Warn("tracing: spans not exported at shutdown", "endpoint", ep, "err", err)
+		}
+	}, nil
 }
 
 // lsnForm is the accepted spelling of a WAL position, for messages.

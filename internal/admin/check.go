@@ -96,6 +96,28 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	}
 	checkReplicationConn(ctx, cfg, c)
 
+	oid := checkOutboxTables(ctx, conn, cfg, c)
+	pub := checkPublication(ctx, conn, cfg, c, oid)
+	checkSlot(ctx, conn, cfg, c, sl, pub)
+	cpOID, hOID := checkCheckpointTables(ctx, conn, cfg, c)
+	if cpOID != 0 {
+		checkSlotGap(ctx, conn, cfg, c)
+		if hOID != 0 && oid != 0 {
+			checkRefill(ctx, conn, cfg, c)
+		}
+	}
+	checkFailover(ctx, conn, cfg, c, sl)
+	checkWALBound(ctx, conn, cfg, c)
+	checkRetryTables(ctx, conn, cfg, c)
+	checkPrivileges(ctx, conn, cfg, c, role)
+	checkRetention(ctx, conn, cfg, c, oid)
+}
+
+// checkOutboxTables checks the outbox table and its columns, the server's
+// logical decoding messages when the relay reads them, and the other outbox
+// tables, each with its columns and in the publication. It returns the outbox
+// table's OID, 0 when it is missing or could not be read.
+func checkOutboxTables(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker) (oid uint32) {
 	// The outbox table and its columns.
 	outbox := cfg.OutboxTable
 	oid, err := tableOID(ctx, conn, outbox)
@@ -146,8 +168,13 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 			c.ok("publication", "%s covers the outbox table %s", cfg.Publication, t.Name)
 		}
 	}
+	return oid
+}
 
-	// Publication.
+// checkPublication checks the publication of the outbox table (of OID oid)
+// and returns it as found.
+func checkPublication(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker, oid uint32) publicationInfo {
+	outbox := cfg.OutboxTable
 	pubName := cfg.Publication
 	pub, err := publication(ctx, conn, pubName, oid)
 	switch {
@@ -175,9 +202,13 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	default:
 		c.ok("publication", "%s covers %s and publishes inserts", pubName, outbox)
 	}
+	return pub
+}
 
-	// Slot.
-	slotName := cfg.Slot
+// checkSlot checks the slot as checkServer found it, and whether it can
+// decode with the publication pub.
+func checkSlot(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker, sl slotInfo, pub publicationInfo) {
+	slotName, pubName := cfg.Slot, cfg.Publication
 	switch {
 	case !sl.Exists:
 		// With a checkpoint, setup would only replace the gap by another
@@ -206,9 +237,12 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 			c.ok("slot decoding", "%s can decode with publication %s from its position", slotName, pubName)
 		}
 	}
+}
 
-	// Checkpoint table.
-	cpTable := cfg.CheckpointTable
+// checkCheckpointTables checks the checkpoint table and its history, and
+// returns their OIDs, 0 when missing or not read.
+func checkCheckpointTables(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker) (cpOID, hOID uint32) {
+	slotName, cpTable := cfg.Slot, cfg.CheckpointTable
 	cpOID, err := tableOID(ctx, conn, cpTable)
 	switch {
 	case err != nil:
@@ -219,7 +253,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 		checkpointLine(ctx, conn, cfg, c, "checkpoint table", cpTable, cpOID, func() (string, error) { return savedCheckpoint(ctx, conn, cpTable, slotName) })
 	}
 	history := sql.CheckpointHistoryName(cpTable)
-	hOID, err := tableOID(ctx, conn, history)
+	hOID, err = tableOID(ctx, conn, history)
 	switch {
 	case err != nil:
 		c.fail("checkpoint history", "%v", cfg.scrub(err))
@@ -229,15 +263,12 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	default:
 		checkpointLine(ctx, conn, cfg, c, "checkpoint history", history, hOID, func() (string, error) { return historySummary(ctx, conn, history, slotName) })
 	}
-	if cpOID != 0 {
-		checkSlotGap(ctx, conn, cfg, c)
-		if hOID != 0 && oid != 0 {
-			checkRefill(ctx, conn, cfg, c)
-		}
-	}
-	checkFailover(ctx, conn, cfg, c, sl)
-	checkWALBound(ctx, conn, cfg, c)
+	return cpOID, hOID
+}
 
+// checkRetryTables checks the retry table, the owners of its neighbours,
+// and the replay table.
+func checkRetryTables(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker) {
 	// The retry table: run stores failed events there.
 	switch rOID, err := tableOID(ctx, conn, cfg.RetryTable); {
 	case err != nil:
@@ -249,7 +280,7 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 		checkOwners(ctx, conn, cfg, c)
 	}
 	// The replay table is replay's alone: missing, it fails nothing.
-	replayTable := sql.ReplayTableName(cpTable)
+	replayTable := sql.ReplayTableName(cfg.CheckpointTable)
 	switch oid, err := tableOID(ctx, conn, replayTable); {
 	case err != nil:
 		c.fail("replay table", "%v", cfg.scrub(err))
@@ -258,9 +289,12 @@ func checkPostgres(ctx context.Context, cfg *Config, c *checker) {
 	default:
 		c.ok("replay table", "%s exists", replayTable)
 	}
+}
 
-	checkPrivileges(ctx, conn, cfg, c, role)
-
+// checkRetention checks, when retention is on, what it needs of the outbox
+// table (of OID oid).
+func checkRetention(ctx context.Context, conn *pgx.Conn, cfg *Config, c *checker, oid uint32) {
+	outbox := cfg.OutboxTable
 	// Retention, when on: what it needs of the outbox table.
 	switch {
 	case cfg.Retention <= 0:

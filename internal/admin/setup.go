@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/ops"
@@ -48,204 +49,255 @@ func setup(ctx context.Context, cfg *Config, createOutbox bool, w io.Writer) err
 	if pre.failed > 0 {
 		return fmt.Errorf("%w: %d check(s) failed (the FAIL lines above, as `outbox-relay check` prints them); fix them and run setup again", ErrNothingCreated, pre.failed)
 	}
-	// say prints one line; escaped, since names come from the config and
-	// the catalog and may hold control characters.
-	say := func(format string, args ...any) {
-		fmt.Fprintln(w, ops.Printable(fmt.Sprintf(format, args...)))
+	s := &setupRun{conn: conn, cfg: cfg, createOutbox: createOutbox, out: w, moreOIDs: map[sql.Table]uint32{}}
+	// The steps, in this order: each may use what those before it found
+	// (the outbox table's OID, the publication), and the slot comes last,
+	// since it retains WAL from the moment it exists.
+	for _, step := range []func(context.Context) error{
+		s.outboxTable,
+		s.messages,
+		s.outboxColumns,
+		s.moreTables,
+		s.checkpointTable,
+		s.checkpointHistory,
+		s.retryTable,
+		s.walBuffer,
+		s.owners,
+		s.replayTable,
+		s.publication,
+		s.publicationOfMore,
+		s.checkpointTopic,
+		s.slot,
+	} {
+		if err := step(ctx); err != nil {
+			return err
+		}
 	}
-	problems := 0
-	problem := func(format string, args ...any) {
-		problems++
-		say(format, args...)
+	if s.problems > 0 {
+		return fmt.Errorf("setup incomplete: %d problem(s) above", s.problems)
 	}
+	return nil
+}
 
-	outbox := cfg.OutboxTable
-	oid, err := tableOID(ctx, conn, outbox)
+// setupRun is one run of setup: what its steps share, and what those
+// before a step found that it needs.
+type setupRun struct {
+	conn         *pgx.Conn
+	cfg          *Config
+	createOutbox bool
+	out          io.Writer
+	problems     int
+
+	oid      uint32 // the outbox table's, 0 when missing
+	more     []sql.Table
+	moreOIDs map[sql.Table]uint32
+	pub      publicationInfo
+}
+
+// say prints one line; escaped, since names come from the config and
+// the catalog and may hold control characters.
+func (s *setupRun) say(format string, args ...any) {
+	fmt.Fprintln(s.out, ops.Printable(fmt.Sprintf(format, args...)))
+}
+
+// problem prints a line about what setup cannot fix, and counts it.
+func (s *setupRun) problem(format string, args ...any) {
+	s.problems++
+	s.say(format, args...)
+}
+
+// createOutboxTable runs the statements of an outbox table and returns its OID.
+func (s *setupRun) createOutboxTable(ctx context.Context, t sql.Table, columns sql.Columns, layout sql.Layout) (uint32, error) {
+	for _, stmt := range sql.OutboxTable(t, columns, layout) {
+		if _, err := s.conn.Exec(ctx, stmt); err != nil {
+			return 0, fmt.Errorf("create outbox table %s: %w", t, err)
+		}
+	}
+	return tableOID(ctx, s.conn, t)
+}
+
+func (s *setupRun) outboxTable(ctx context.Context) error {
+	cfg, outbox := s.cfg, s.cfg.OutboxTable
+	oid, err := tableOID(ctx, s.conn, outbox)
 	if err != nil {
 		return err
 	}
 	switch {
 	case oid != 0:
-		say("outbox table %s: already exists", outbox)
-	case createOutbox:
-		for _, stmt := range sql.OutboxTable(outbox, cfg.Columns, cfg.Layout) {
-			if _, err := conn.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("create outbox table %s: %w", outbox, err)
-			}
-		}
-		if oid, err = tableOID(ctx, conn, outbox); err != nil {
+		s.say("outbox table %s: already exists", outbox)
+	case s.createOutbox:
+		if oid, err = s.createOutboxTable(ctx, outbox, cfg.Columns, cfg.Layout); err != nil {
 			return err
 		}
-		say("outbox table %s: created (%s layout)", outbox, cfg.Layout)
+		s.say("outbox table %s: created (%s layout)", outbox, cfg.Layout)
 	case cfg.MessagesOnly:
-		say("outbox table %s: none; events come from logical decoding messages (outbox.source: messages), and this table is only the optional archive replay and recover read", outbox)
+		s.say("outbox table %s: none; events come from logical decoding messages (outbox.source: messages), and this table is only the optional archive replay and recover read", outbox)
 	default:
-		problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
+		s.problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or set outbox.table to your outbox table", outbox)
 	}
-	if cfg.Messages {
-		p, err := messagesProblem(ctx, conn)
-		if err != nil {
-			return err
-		}
-		if p != "" {
-			problem("messages: %s", p)
-		}
-	}
+	s.oid = oid
+	return nil
+}
 
-	// The columns the relay reads, as run checks them at start: a mapping
-	// that cannot work is a problem now, not at the first event.
-	if oid != 0 {
-		var ce *placement.ColumnsError
-		switch err := outboxColumns(ctx, conn, oid, outbox, cfg); {
-		case errors.As(err, &ce):
-			problem("%v", err)
-		case err != nil:
-			return err
-		}
+func (s *setupRun) messages(ctx context.Context) error {
+	if !s.cfg.Messages {
+		return nil
 	}
+	p, err := messagesProblem(ctx, s.conn)
+	if err != nil {
+		return err
+	}
+	if p != "" {
+		s.problem("messages: %s", p)
+	}
+	return nil
+}
 
-	// The other outbox tables (outbox.tables), each as the first.
-	var more []sql.Table
-	moreOIDs := map[sql.Table]uint32{}
-	for _, t := range cfg.Tables {
-		toid, err := tableOID(ctx, conn, t.Name)
+// outboxColumns checks the columns the relay reads, as run checks them at
+// start: a mapping that cannot work is a problem now, not at the first event.
+func (s *setupRun) outboxColumns(ctx context.Context) error {
+	if s.oid == 0 {
+		return nil
+	}
+	var ce *placement.ColumnsError
+	switch err := outboxColumns(ctx, s.conn, s.oid, s.cfg.OutboxTable, s.cfg); {
+	case errors.As(err, &ce):
+		s.problem("%v", err)
+	case err != nil:
+		return err
+	}
+	return nil
+}
+
+// moreTables does for the other outbox tables (outbox.tables) what
+// outboxTable and outboxColumns do for the first.
+func (s *setupRun) moreTables(ctx context.Context) error {
+	for _, t := range s.cfg.Tables {
+		toid, err := tableOID(ctx, s.conn, t.Name)
 		if err != nil {
 			return err
 		}
 		switch {
 		case toid != 0:
-			say("outbox table %s: already exists", t.Name)
-		case createOutbox:
-			for _, stmt := range sql.OutboxTable(t.Name, t.Columns, t.Layout) {
-				if _, err := conn.Exec(ctx, stmt); err != nil {
-					return fmt.Errorf("create outbox table %s: %w", t.Name, err)
-				}
-			}
-			if toid, err = tableOID(ctx, conn, t.Name); err != nil {
+			s.say("outbox table %s: already exists", t.Name)
+		case s.createOutbox:
+			if toid, err = s.createOutboxTable(ctx, t.Name, t.Columns, t.Layout); err != nil {
 				return err
 			}
-			say("outbox table %s: created (%s layout)", t.Name, t.Layout)
+			s.say("outbox table %s: created (%s layout)", t.Name, t.Layout)
 		default:
-			problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or remove it from outbox.tables", t.Name)
+			s.problem("outbox table %s: missing; create it with `outbox-relay setup --create-outbox-table`, or remove it from outbox.tables", t.Name)
 			continue
 		}
 		var ce *placement.ColumnsError
-		switch err := tableColumns(ctx, conn, toid, t.Name, t.Router); {
+		switch err := tableColumns(ctx, s.conn, toid, t.Name, t.Router); {
 		case errors.As(err, &ce):
-			problem("%v", err)
+			s.problem("%v", err)
 		case err != nil:
 			return err
 		}
-		more = append(more, t.Name)
-		moreOIDs[t.Name] = toid
+		s.more = append(s.more, t.Name)
+		s.moreOIDs[t.Name] = toid
 	}
+	return nil
+}
 
-	checkpoint := cfg.CheckpointTable
-	cpOID, err := tableOID(ctx, conn, checkpoint)
+func (s *setupRun) checkpointTable(ctx context.Context) error {
+	checkpoint := s.cfg.CheckpointTable
+	cpOID, err := tableOID(ctx, s.conn, checkpoint)
 	if err != nil {
 		return err
 	}
-	if cpOID != 0 {
-		// A table from before high availability gets the epoch columns
-		// that fence a former leader (a no-op when present).
-		var have int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute
-WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.CheckpointUpgradeColumns).Scan(&have); err != nil {
-			return fmt.Errorf("look up checkpoint table %s: %w", checkpoint, err)
-		}
-		if have < len(sql.CheckpointUpgradeColumns) {
-			if _, err := conn.Exec(ctx, sql.CheckpointUpgrade(checkpoint)); err != nil {
-				return fmt.Errorf("add the columns of this version to checkpoint table %s: %w", checkpoint, err)
-			}
-			say("checkpoint table %s: added the columns of this version (%s)", checkpoint, strings.Join(sql.CheckpointUpgradeColumns, ", "))
-		}
-		say("checkpoint table %s: already exists", checkpoint)
-	} else {
-		if _, err := conn.Exec(ctx, sql.CheckpointTable(checkpoint)); err != nil {
+	if cpOID == 0 {
+		if _, err := s.conn.Exec(ctx, sql.CheckpointTable(checkpoint)); err != nil {
 			return fmt.Errorf("create checkpoint table %s: %w", checkpoint, err)
 		}
-		say("checkpoint table %s: created", checkpoint)
+		s.say("checkpoint table %s: created", checkpoint)
+		return nil
 	}
+	// A table from before high availability gets the epoch columns
+	// that fence a former leader (a no-op when present).
+	var have int
+	if err := s.conn.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute
+WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.CheckpointUpgradeColumns).Scan(&have); err != nil {
+		return fmt.Errorf("look up checkpoint table %s: %w", checkpoint, err)
+	}
+	if have < len(sql.CheckpointUpgradeColumns) {
+		if _, err := s.conn.Exec(ctx, sql.CheckpointUpgrade(checkpoint)); err != nil {
+			return fmt.Errorf("add the columns of this version to checkpoint table %s: %w", checkpoint, err)
+		}
+		s.say("checkpoint table %s: added the columns of this version (%s)", checkpoint, strings.Join(sql.CheckpointUpgradeColumns, ", "))
+	}
+	s.say("checkpoint table %s: already exists", checkpoint)
+	return nil
+}
 
-	// The history of the checkpoint table: idempotent statements, run
-	// either way, so that a missing index is created too.
-	history := sql.CheckpointHistoryName(checkpoint)
-	hOID, err := tableOID(ctx, conn, history)
+// idempotent runs stmts, idempotent statements, whether or not table exists
+// (so that they also create what is missing of it, or upgrade it), and says
+// which: existed or created. what names the table in the error.
+func (s *setupRun) idempotent(ctx context.Context, table sql.Table, stmts []string, what, existed, created string) error {
+	oid, err := tableOID(ctx, s.conn, table)
 	if err != nil {
 		return err
 	}
-	for _, stmt := range sql.CheckpointHistoryTable(checkpoint) {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("create checkpoint history table %s: %w", history, err)
+	for _, stmt := range stmts {
+		if _, err := s.conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("%s %s: %w", what, table, err)
 		}
 	}
-	if hOID != 0 {
-		say("checkpoint history table %s: already exists", history)
+	if oid != 0 {
+		s.say(existed, table)
 	} else {
-		say("checkpoint history table %s: created", history)
+		s.say(created, table)
 	}
+	return nil
+}
 
-	retryTable := cfg.RetryTable
-	rOID, err := tableOID(ctx, conn, retryTable)
-	if err != nil {
-		return err
-	}
-	// The statements are idempotent and also upgrade a table made by an
-	// earlier version (what lets it store every event): run them either way.
-	for _, stmt := range sql.RetryTable(retryTable) {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("create or upgrade retry table %s: %w", retryTable, err)
-		}
-	}
-	if rOID != 0 {
-		say("retry table %s: already exists (upgraded if an earlier version made it)", retryTable)
-	} else {
-		say("retry table %s: created", retryTable)
-	}
-	// The WAL buffer beside the retry table (postgres.max_retained_wal).
-	buf, err := walbuffer.TableFor(retryTable.String())
-	if err != nil {
-		return err
-	}
-	bOID, err := tableOID(ctx, conn, buf)
-	if err != nil {
-		return err
-	}
-	for _, stmt := range walbuffer.CreateTable(buf) {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("create WAL buffer table %s: %w", buf, err)
-		}
-	}
-	if bOID != 0 {
-		say("WAL buffer table %s: already exists", buf)
-	} else {
-		say("WAL buffer table %s: created", buf)
-	}
-	if err := setupOwners(ctx, conn, cfg, say, problem); err != nil {
-		return err
-	}
+// checkpointHistory: idempotent statements, run either way, so that a
+// missing index is created too.
+func (s *setupRun) checkpointHistory(ctx context.Context) error {
+	checkpoint := s.cfg.CheckpointTable
+	return s.idempotent(ctx, sql.CheckpointHistoryName(checkpoint), sql.CheckpointHistoryTable(checkpoint),
+		"create checkpoint history table", "checkpoint history table %s: already exists", "checkpoint history table %s: created")
+}
 
-	// The replay table: replay would create it itself, but only as a role
-	// that may create tables; created here, replay runs with grants alone.
-	replayTable := sql.ReplayTableName(checkpoint)
-	rpOID, err := tableOID(ctx, conn, replayTable)
+// retryTable: the statements are idempotent and also upgrade a table made
+// by an earlier version (what lets it store every event): run them either way.
+func (s *setupRun) retryTable(ctx context.Context) error {
+	t := s.cfg.RetryTable
+	return s.idempotent(ctx, t, sql.RetryTable(t),
+		"create or upgrade retry table", "retry table %s: already exists (upgraded if an earlier version made it)", "retry table %s: created")
+}
+
+// walBuffer: the WAL buffer beside the retry table (postgres.max_retained_wal).
+func (s *setupRun) walBuffer(ctx context.Context) error {
+	buf, err := walbuffer.TableFor(s.cfg.RetryTable.String())
 	if err != nil {
 		return err
 	}
-	// Idempotent, and they upgrade a table of an earlier version (runs
-	// belong to a slot): run them either way.
-	for _, stmt := range sql.ReplayTable(checkpoint) {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("create or upgrade replay table %s: %w", replayTable, err)
-		}
-	}
-	if rpOID != 0 {
-		say("replay table %s: already exists (upgraded if an earlier version made it)", replayTable)
-	} else {
-		say("replay table %s: created", replayTable)
-	}
+	return s.idempotent(ctx, buf, walbuffer.CreateTable(buf),
+		"create WAL buffer table", "WAL buffer table %s: already exists", "WAL buffer table %s: created")
+}
 
-	pubName := cfg.Publication
+func (s *setupRun) owners(ctx context.Context) error {
+	return setupOwners(ctx, s.conn, s.cfg, s.say, s.problem)
+}
+
+// replayTable: replay would create it itself, but only as a role that may
+// create tables; created here, replay runs with grants alone. Idempotent,
+// and they upgrade a table of an earlier version (runs belong to a slot):
+// run them either way.
+func (s *setupRun) replayTable(ctx context.Context) error {
+	checkpoint := s.cfg.CheckpointTable
+	return s.idempotent(ctx, sql.ReplayTableName(checkpoint), sql.ReplayTable(checkpoint),
+		"create or upgrade replay table", "replay table %s: already exists (upgraded if an earlier version made it)", "replay table %s: created")
+}
+
+// publication creates the publication of the outbox tables, or says what
+// is wrong with the one that exists.
+func (s *setupRun) publication(ctx context.Context) error {
+	cfg, conn, oid := s.cfg, s.conn, s.oid
+	pubName, outbox := cfg.Publication, cfg.OutboxTable
 	pub, err := publication(ctx, conn, pubName, oid)
 	if err != nil {
 		return err
@@ -255,31 +307,31 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		if _, err := conn.Exec(ctx, sql.CreateMessagesPublication(pubName)); err != nil {
 			return fmt.Errorf("create publication %s: %w", pubName, err)
 		}
-		say("publication %s: created for no table (logical decoding messages are sent whatever it covers)", pubName)
+		s.say("publication %s: created for no table (logical decoding messages are sent whatever it covers)", pubName)
 	case cfg.MessagesOnly && oid != 0 && pub.Covers:
-		problem("publication %s: covers %s, whose inserts would stop a relay that reads messages only; fix: ALTER PUBLICATION %s DROP TABLE %s, or set outbox.source: both if its inserts are events too",
+		s.problem("publication %s: covers %s, whose inserts would stop a relay that reads messages only; fix: ALTER PUBLICATION %s DROP TABLE %s, or set outbox.source: both if its inserts are events too",
 			pubName, outbox, sql.Ident(pubName), outbox.Quoted())
 	case cfg.MessagesOnly:
-		say("publication %s: already exists", pubName)
+		s.say("publication %s: already exists", pubName)
 	case !pub.Exists && oid == 0:
-		problem("publication %s: not created: the outbox table is missing", pubName)
+		s.problem("publication %s: not created: the outbox table is missing", pubName)
 	case !pub.Exists:
-		if _, err := conn.Exec(ctx, sql.CreatePublication(pubName, outbox, more...)); err != nil {
+		if _, err := conn.Exec(ctx, sql.CreatePublication(pubName, outbox, s.more...)); err != nil {
 			return fmt.Errorf("create publication %s: %w", pubName, err)
 		}
 		names := outbox.String()
-		for _, t := range more {
+		for _, t := range s.more {
 			names += ", " + t.String()
 		}
-		say("publication %s: created for %s, inserts only, partitions under the table's name (publish_via_partition_root)", pubName, names)
-		pub.Exists, more = true, nil // all covered
+		s.say("publication %s: created for %s, inserts only, partitions under the table's name (publish_via_partition_root)", pubName, names)
+		pub.Exists, s.more = true, nil // all covered
 	case oid == 0:
-		say("publication %s: already exists", pubName)
+		s.say("publication %s: already exists", pubName)
 	case !pub.Covers:
-		problem("publication %s: already exists but does not cover %s (it covers %s); fix: ALTER PUBLICATION %s ADD TABLE %s, or set postgres.publication to another name",
+		s.problem("publication %s: already exists but does not cover %s (it covers %s); fix: ALTER PUBLICATION %s ADD TABLE %s, or set postgres.publication to another name",
 			pubName, outbox, publicationTables(pub), sql.Ident(pubName), outbox.Quoted())
 	case !pub.Insert:
-		problem("publication %s: already exists but does not publish inserts; fix: ALTER PUBLICATION %s SET (publish = 'insert')",
+		s.problem("publication %s: already exists but does not publish inserts; fix: ALTER PUBLICATION %s SET (publish = 'insert')",
 			pubName, sql.Ident(pubName))
 	case pub.PartitionsByName():
 		// The relay places partitions' inserts by the catalog, but one of
@@ -288,40 +340,58 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		if _, err := conn.Exec(ctx, sql.PublishViaRoot(pubName)); err != nil {
 			return fmt.Errorf("set publish_via_partition_root on publication %s: %w", pubName, err)
 		}
-		say("publication %s: already exists, covers the partitioned %s; set publish_via_partition_root = true, so that its partitions' inserts arrive under its name", pubName, outbox)
+		s.say("publication %s: already exists, covers the partitioned %s; set publish_via_partition_root = true, so that its partitions' inserts arrive under its name", pubName, outbox)
 	default:
-		say("publication %s: already exists, covers %s", pubName, outbox)
+		s.say("publication %s: already exists, covers %s", pubName, outbox)
 	}
+	s.pub = pub
+	return nil
+}
 
-	// An existing publication must cover every other outbox table too.
-	for _, t := range more {
-		if !pub.Exists || cfg.MessagesOnly {
+// publicationOfMore: an existing publication must cover every other outbox
+// table too.
+func (s *setupRun) publicationOfMore(ctx context.Context) error {
+	pubName := s.cfg.Publication
+	for _, t := range s.more {
+		if !s.pub.Exists || s.cfg.MessagesOnly {
 			break
 		}
-		tp, err := publication(ctx, conn, pubName, moreOIDs[t])
+		tp, err := publication(ctx, s.conn, pubName, s.moreOIDs[t])
 		if err != nil {
 			return err
 		}
 		if !tp.Covers {
-			problem("publication %s: does not cover the outbox table %s; fix: ALTER PUBLICATION %s ADD TABLE %s",
+			s.problem("publication %s: does not cover the outbox table %s; fix: ALTER PUBLICATION %s ADD TABLE %s",
 				pubName, t, sql.Ident(pubName), t.Quoted())
 		}
 	}
+	return nil
+}
 
-	if cfg.ExactlyOnce {
-		// The checkpoint topic of exactly-once delivery, before the slot.
-		switch created, err := cfg.Topics.CreateCompactedTopic(ctx, cfg.CheckpointTopic); {
-		case err != nil:
-			problem("kafka checkpoint topic %s: %v; create it (one partition, cleanup.policy=compact), or set kafka.checkpoint_topic to one that exists", cfg.CheckpointTopic, cfg.scrub(err))
-		case created:
-			say("kafka checkpoint topic %s: created (one partition, cleanup.policy=compact)", cfg.CheckpointTopic)
-		default:
-			say("kafka checkpoint topic %s: already exists", cfg.CheckpointTopic)
-		}
+// checkpointTopic: the checkpoint topic of exactly-once delivery, before
+// the slot.
+func (s *setupRun) checkpointTopic(ctx context.Context) error {
+	cfg := s.cfg
+	if !cfg.ExactlyOnce {
+		return nil
 	}
+	switch created, err := cfg.Topics.CreateCompactedTopic(ctx, cfg.CheckpointTopic); {
+	case err != nil:
+		s.problem("kafka checkpoint topic %s: %v; create it (one partition, cleanup.policy=compact), or set kafka.checkpoint_topic to one that exists", cfg.CheckpointTopic, cfg.scrub(err))
+	case created:
+		s.say("kafka checkpoint topic %s: created (one partition, cleanup.policy=compact)", cfg.CheckpointTopic)
+	default:
+		s.say("kafka checkpoint topic %s: already exists", cfg.CheckpointTopic)
+	}
+	return nil
+}
 
+// slot creates the pgoutput slot, last and only when nothing before it
+// found a problem, or checks the one that exists.
+func (s *setupRun) slot(ctx context.Context) error {
+	cfg, conn := s.cfg, s.conn
 	slotName := cfg.Slot
-	s, err := readSlot(ctx, conn, slotName)
+	sl, err := readSlot(ctx, conn, slotName)
 	if err != nil {
 		return err
 	}
@@ -331,36 +401,16 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 			return err
 		}
 		if p != "" {
-			problem("slot %s: %s", slotName, p)
+			s.problem("slot %s: %s", slotName, p)
 		}
 	}
 	switch {
-	case s.Exists:
-		if p := s.problem(slotName); p != "" {
-			problem("slot %s: already exists but %s", slotName, p)
-			break
-		}
-		say("slot %s: already exists (pgoutput)", slotName)
-		if cfg.Failover && problems == 0 {
-			if err := setupFailover(ctx, cfg, conn, slotName, say, problem); err != nil {
-				return err
-			}
-		}
-		// An existing slot and a publication created (now or earlier) after
-		// its position: each looks fine, together they fail every start.
-		if pub.Exists || oid != 0 {
-			p, err := publicationAtSlot(ctx, conn, pubName, s)
-			if err != nil {
-				return err
-			}
-			if p != "" {
-				problem("slot %s: %s", slotName, p)
-			}
-		}
-	case problems > 0:
+	case sl.Exists:
+		return s.existingSlot(ctx, sl)
+	case s.problems > 0:
 		// A slot holds WAL back from the moment it exists: not before the
 		// relay can use it.
-		problem("slot %s: not created until the problems above are fixed", slotName)
+		s.problem("slot %s: not created until the problems above are fixed", slotName)
 	default:
 		create, how := sql.CreateSlot(slotName), "pgoutput"
 		if cfg.Failover {
@@ -369,15 +419,40 @@ WHERE attrelid = $1 AND attname = ANY($2) AND NOT attisdropped`, cpOID, sql.Chec
 		if _, err := conn.Exec(ctx, create); err != nil {
 			return fmt.Errorf("create slot %s: %w", slotName, err)
 		}
-		s, err := readSlot(ctx, conn, slotName)
+		sl, err := readSlot(ctx, conn, slotName)
 		if err != nil {
 			return err
 		}
-		say("slot %s: created (%s) at %s", slotName, how, deref(s.ConfirmedFlushLSN))
+		s.say("slot %s: created (%s) at %s", slotName, how, deref(sl.ConfirmedFlushLSN))
 	}
+	return nil
+}
 
-	if problems > 0 {
-		return fmt.Errorf("setup incomplete: %d problem(s) above", problems)
+// existingSlot checks the slot that exists, and with postgres.failover
+// makes it a failover slot.
+func (s *setupRun) existingSlot(ctx context.Context, sl slotInfo) error {
+	cfg, conn := s.cfg, s.conn
+	slotName := cfg.Slot
+	if p := sl.problem(slotName); p != "" {
+		s.problem("slot %s: already exists but %s", slotName, p)
+		return nil
+	}
+	s.say("slot %s: already exists (pgoutput)", slotName)
+	if cfg.Failover && s.problems == 0 {
+		if err := setupFailover(ctx, cfg, conn, slotName, s.say, s.problem); err != nil {
+			return err
+		}
+	}
+	// An existing slot and a publication created (now or earlier) after
+	// its position: each looks fine, together they fail every start.
+	if s.pub.Exists || s.oid != 0 {
+		p, err := publicationAtSlot(ctx, conn, cfg.Publication, sl)
+		if err != nil {
+			return err
+		}
+		if p != "" {
+			s.problem("slot %s: %s", slotName, p)
+		}
 	}
 	return nil
 }

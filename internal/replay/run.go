@@ -70,7 +70,6 @@ func (r *Replayer) Run(ctx context.Context) error {
 	if err := r.save(ctx, false); err != nil { // the run exists from its first start: its end is fixed
 		return err
 	}
-	replayHeader := router.Header{Key: HeaderReplayID, Value: []byte(r.cfg.ID)}
 	// One cursor over the selection, read a page at a time: a keyset query
 	// per page would rescan every row sharing a created_at (one big
 	// transaction's thousands) for each page. The cursor's transaction is
@@ -93,95 +92,15 @@ func (r *Replayer) Run(ctx context.Context) error {
 	}
 	fetch := fmt.Sprintf("FETCH FORWARD %d FROM replay", r.cfg.BatchSize)
 	for {
-		rows, err := tx.Query(ctx, fetch)
+		evs, keys, n, err := r.readPage(ctx, tx, fetch, &prog)
 		if err != nil {
-			return r.stopped(ctx, fmt.Errorf("read the outbox table: %w", err))
-		}
-		var (
-			evs  []event.Event
-			keys [][]string // keyset position of each row
-			n    int
-		)
-		for rows.Next() {
-			row, pos, err := r.scan(rows)
-			if err != nil {
-				rows.Close()
-				return r.stopped(ctx, err)
-			}
-			n++
-			m, err := r.rt.Route(row)
-			if err != nil {
-				var se *router.SchemaError
-				if errors.As(err, &se) {
-					rows.Close()
-					return r.stopped(ctx, err)
-				}
-				// The live relay could not send it either (it went to the
-				// retry table): count it and go on.
-				prog.Skipped++
-				r.state.Skipped++
-				r.cfg.Log.Warn("replay: row skipped: the router refuses it", "error", err)
-				keys = append(keys, pos)
-				evs = append(evs, event.Event{}) // a hole, to keep keys aligned
-				continue
-			}
-			e := m.Event
-			if r.state.Topic != "" {
-				e.Topic = r.state.Topic
-			}
-			// The replay mark, and beside an exactly-once relay the
-			// at-least-once mark (a replay resends what may be in Kafka),
-			// in place of any headers-column entry of the same names.
-			e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == HeaderReplayID }), replayHeader)
-			if r.cfg.MarkAtLeastOnce {
-				e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
-			}
-			prog.Bytes += int64(len(e.Value))
-			evs = append(evs, e)
-			keys = append(keys, pos)
-		}
-		if err := rows.Err(); err != nil {
-			return r.stopped(ctx, fmt.Errorf("read the outbox table: %w", err))
+			return r.stopped(ctx, err)
 		}
 		if n == 0 {
 			break
 		}
-		send := make([]event.Event, 0, len(evs))
-		idx := make([]int, 0, len(evs)) // position in evs of each sent event
-		for i := range evs {
-			if evs[i].Topic != "" {
-				send = append(send, evs[i])
-				idx = append(idx, i)
-			}
-		}
-		if err := r.sink.Write(ctx, send); err != nil {
-			var we *sink.WriteError
-			if !errors.As(err, &we) || len(we.Failures) == 0 {
-				return r.stopped(ctx, fmt.Errorf("write to Kafka: %w", err))
-			}
-			// Everything before the first failure was acknowledged (later
-			// events of other aggregates may have been too: resent on resume).
-			first := we.Failures[0]
-			bad := send[first.Index]
-			if i := idx[first.Index]; i > 0 {
-				r.state.Position = keys[i-1]
-				r.state.Sent += int64(first.Index)
-			}
-			_ = r.save(context.WithoutCancel(ctx), false)
-			return fmt.Errorf("replay stopped at event %s (topic %s): %v; fix the cause and run the replay again with --id %s: it resumes at this event",
-				bad.ID, bad.Topic, first.Reason, r.cfg.ID)
-		}
-		r.state.Position = keys[len(keys)-1]
-		r.state.Sent += int64(len(send))
-		prog.Sent, prog.SentThisRun = r.state.Sent, prog.SentThisRun+int64(len(send))
-		if err := r.save(ctx, false); err != nil {
+		if err := r.sendPage(ctx, evs, keys, &prog); err != nil {
 			return err
-		}
-		if r.cfg.Progress != nil {
-			r.cfg.Progress(prog)
-		}
-		if err := r.pace(ctx, prog); err != nil {
-			return r.stopped(ctx, err)
 		}
 		if n < r.cfg.BatchSize {
 			break
@@ -193,6 +112,103 @@ func (r *Replayer) Run(ctx context.Context) error {
 	prog.Done, prog.Sent = true, r.state.Sent
 	if r.cfg.Progress != nil {
 		r.cfg.Progress(prog)
+	}
+	return nil
+}
+
+// readPage fetches the next page from the cursor and routes its rows. It
+// returns the events with their keyset positions, a zero event (a hole)
+// for each row the router refuses, which is counted as skipped, and n, the
+// rows read. A schema error stops the run.
+func (r *Replayer) readPage(ctx context.Context, tx pgx.Tx, fetch string, prog *Progress) (evs []event.Event, keys [][]string, n int, err error) {
+	rows, err := tx.Query(ctx, fetch)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("read the outbox table: %w", err)
+	}
+	defer rows.Close()
+	replayHeader := router.Header{Key: HeaderReplayID, Value: []byte(r.cfg.ID)}
+	for rows.Next() {
+		row, pos, err := r.scan(rows)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		n++
+		m, err := r.rt.Route(row)
+		if err != nil {
+			var se *router.SchemaError
+			if errors.As(err, &se) {
+				return nil, nil, 0, err
+			}
+			// The live relay could not send it either (it went to the
+			// retry table): count it and go on.
+			prog.Skipped++
+			r.state.Skipped++
+			r.cfg.Log.Warn("replay: row skipped: the router refuses it", "error", err)
+			keys = append(keys, pos)
+			evs = append(evs, event.Event{}) // a hole, to keep keys aligned
+			continue
+		}
+		e := m.Event
+		if r.state.Topic != "" {
+			e.Topic = r.state.Topic
+		}
+		// The replay mark, and beside an exactly-once relay the
+		// at-least-once mark (a replay resends what may be in Kafka),
+		// in place of any headers-column entry of the same names.
+		e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == HeaderReplayID }), replayHeader)
+		if r.cfg.MarkAtLeastOnce {
+			e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
+		}
+		prog.Bytes += int64(len(e.Value))
+		evs = append(evs, e)
+		keys = append(keys, pos)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, 0, fmt.Errorf("read the outbox table: %w", err)
+	}
+	return evs, keys, n, nil
+}
+
+// sendPage writes a page's events (not its holes) to Kafka, saves the
+// position after it, reports progress and keeps to the rate. The error it
+// returns is the run's: it says how to resume.
+func (r *Replayer) sendPage(ctx context.Context, evs []event.Event, keys [][]string, prog *Progress) error {
+	send := make([]event.Event, 0, len(evs))
+	idx := make([]int, 0, len(evs)) // position in evs of each sent event
+	for i := range evs {
+		if evs[i].Topic != "" {
+			send = append(send, evs[i])
+			idx = append(idx, i)
+		}
+	}
+	if err := r.sink.Write(ctx, send); err != nil {
+		var we *sink.WriteError
+		if !errors.As(err, &we) || len(we.Failures) == 0 {
+			return r.stopped(ctx, fmt.Errorf("write to Kafka: %w", err))
+		}
+		// Everything before the first failure was acknowledged (later
+		// events of other aggregates may have been too: resent on resume).
+		first := we.Failures[0]
+		bad := send[first.Index]
+		if i := idx[first.Index]; i > 0 {
+			r.state.Position = keys[i-1]
+			r.state.Sent += int64(first.Index)
+		}
+		_ = r.save(context.WithoutCancel(ctx), false)
+		return fmt.Errorf("replay stopped at event %s (topic %s): %v; fix the cause and run the replay again with --id %s: it resumes at this event",
+			bad.ID, bad.Topic, first.Reason, r.cfg.ID)
+	}
+	r.state.Position = keys[len(keys)-1]
+	r.state.Sent += int64(len(send))
+	prog.Sent, prog.SentThisRun = r.state.Sent, prog.SentThisRun+int64(len(send))
+	if err := r.save(ctx, false); err != nil {
+		return err
+	}
+	if r.cfg.Progress != nil {
+		r.cfg.Progress(*prog)
+	}
+	if err := r.pace(ctx, *prog); err != nil {
+		return r.stopped(ctx, err)
 	}
 	return nil
 }
