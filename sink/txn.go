@@ -15,6 +15,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 )
 
+// TransactionalIDPrefix begins every transactional id the relay uses: the
+// principal needs WRITE and DESCRIBE on TransactionalId resources with it.
+const TransactionalIDPrefix = "outbox-relay-"
+
+// TransactionalID is the Kafka transactional id of the relays of slot: one
+// per slot, so that a new leader fences the former ones.
+func TransactionalID(slot string) string { return TransactionalIDPrefix + slot }
+
 // This file is the transactional producer (Kafka's KIP-98 with
 // transactions), on top of the idempotent one (idempotence.go): with
 // Config.TransactionalID set, Write writes into the open transaction, and

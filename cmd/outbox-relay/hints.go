@@ -34,7 +34,7 @@ var hints = []struct {
 	{isErr(replication.ErrSlotMissing), `run "outbox-relay setup"`},
 	{isErr(pgslot.ErrNotFound), `run "outbox-relay setup"`},
 	{isErr(sink.ErrIdempotenceNotAllowed), `grant the Kafka principal IdempotentWrite on the cluster, or set kafka.idempotence: false`},
-	{isErr(sink.ErrTransactionsNotAllowed), `grant the Kafka principal WRITE and DESCRIBE on TransactionalId prefixed ` + relay.TransactionalIDPrefix + ` (kafka-acls.sh --add --transactional-id ` + relay.TransactionalIDPrefix + ` --resource-pattern-type prefixed), or set delivery: at-least-once; "outbox-relay check" checks it`},
+	{isErr(sink.ErrTransactionsNotAllowed), `grant the Kafka principal WRITE and DESCRIBE on TransactionalId prefixed ` + sink.TransactionalIDPrefix + ` (kafka-acls.sh --add --transactional-id ` + sink.TransactionalIDPrefix + ` --resource-pattern-type prefixed), or set delivery: at-least-once; "outbox-relay check" checks it`},
 	{isErr(pgslot.ErrFailoverUnsupported), `set postgres.failover: false and postgres.on_slot_loss: refill, or upgrade to Postgres 17 or later`},
 	{isErr(relay.ErrOutboxMissing), `run "outbox-relay setup --create-outbox-table", or set outbox.table to your outbox table`},
 	{isPgCode("42P01"), `a table the relay needs is missing: run "outbox-relay setup" (as the tables' owner) to create the relay's tables`},

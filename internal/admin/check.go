@@ -15,7 +15,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
-	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -550,12 +549,12 @@ func checkTransactions(ctx context.Context, cfg *Config, k Kafka, c *checker) {
 			principal = "User:" + u
 		}
 		c.fail("kafka transactions", "%v; fix: kafka-acls.sh --add --allow-principal %s --operation Write --operation Describe --transactional-id %s --resource-pattern-type prefixed",
-			cfg.scrub(err), principal, relay.TransactionalIDPrefix)
+			cfg.scrub(err), principal, sink.TransactionalIDPrefix)
 	case errors.Is(err, sink.ErrIdempotenceNotAllowed):
 		c.fail("kafka transactions", "%v", cfg.scrub(err))
 	default:
 		c.fail("kafka transactions", "%v; the checkpoint topic must exist (outbox-relay setup creates it) and the relay's principal needs READ, WRITE and DESCRIBE on it, and WRITE and DESCRIBE on TransactionalId prefixed %s",
-			cfg.scrub(err), relay.TransactionalIDPrefix)
+			cfg.scrub(err), sink.TransactionalIDPrefix)
 	}
 }
 

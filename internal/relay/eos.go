@@ -80,13 +80,13 @@ const (
 	DefaultTransactionMaxBytes  = 4 << 20
 )
 
-// TransactionalIDPrefix begins every transactional id the relay uses: the
-// principal needs WRITE and DESCRIBE on TransactionalId resources with it.
-const TransactionalIDPrefix = "outbox-relay-"
+// TransactionalIDPrefix begins every transactional id the relay uses
+// (sink.TransactionalIDPrefix).
+const TransactionalIDPrefix = sink.TransactionalIDPrefix
 
-// TransactionalID is the Kafka transactional id of the relays of slot: one
-// per slot, so that a new leader fences the former ones.
-func TransactionalID(slot string) string { return TransactionalIDPrefix + slot }
+// TransactionalID is the Kafka transactional id of the relays of slot
+// (sink.TransactionalID).
+func TransactionalID(slot string) string { return sink.TransactionalID(slot) }
 
 // errRestart wraps the reasons a term ends to begin again at once from the
 // checkpoint: its Kafka transaction was aborted.
