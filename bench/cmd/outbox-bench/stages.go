@@ -28,6 +28,8 @@ type Stages struct {
 // StageSplit is one chunk's stages.
 type StageSplit struct {
 	Events int           `json:"events"`
+	At     time.Duration `json:"at_ns"` // its commit, after the timed phase began
+
 	Read   time.Duration `json:"read_ns"`
 	Route  time.Duration `json:"route_ns"`
 	Divert time.Duration `json:"divert_ns"`
@@ -66,6 +68,7 @@ func readStages(path string, from time.Time) (*Stages, error) {
 		if commit.Before(from) {
 			continue
 		}
+		sp.At = commit.Sub(from)
 		for range sp.Events {
 			read, route, divert = append(read, sp.Read), append(route, sp.Route), append(divert, sp.Divert)
 			kafka, total = append(kafka, sp.Kafka), append(total, sp.Total)
@@ -149,8 +152,8 @@ func (r *Report) writeStages(b *strings.Builder) {
 			fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", wl, row.name, fmtDur(row.l.P50), fmtDur(row.l.P99), fmtDur(row.l.Max))
 		}
 		if w := st.Slowest; w != nil {
-			fmt.Fprintf(b, "| %s | slowest chunk (%s events) | read %s, route %s, divert %s, kafka %s | | %s |\n", wl, fmtCount(w.Events),
-				fmtDur(w.Read), fmtDur(w.Route), fmtDur(w.Divert), fmtDur(w.Kafka), fmtDur(w.Total))
+			fmt.Fprintf(b, "| %s | slowest chunk (%s events, committed %s into the phase) | read %s, route %s, divert %s, kafka %s | | %s |\n", wl, fmtCount(w.Events),
+				fmtDur(w.At), fmtDur(w.Read), fmtDur(w.Route), fmtDur(w.Divert), fmtDur(w.Kafka), fmtDur(w.Total))
 		}
 	}
 }

@@ -41,8 +41,8 @@ func TestReadStages(t *testing.T) {
 	if st.Kafka.Max != 50*time.Millisecond || st.Total.Max != 53*time.Millisecond {
 		t.Errorf("kafka max %s, total max %s; want 50ms, 53ms", st.Kafka.Max, st.Total.Max)
 	}
-	if w := st.Slowest; w == nil || w.Events != 1 || w.Kafka != 50*time.Millisecond || w.Total != 53*time.Millisecond {
-		t.Errorf("slowest = %+v; want the 1-event chunk, kafka 50ms of 53ms", w)
+	if w := st.Slowest; w == nil || w.Events != 1 || w.Kafka != 50*time.Millisecond || w.Total != 53*time.Millisecond || w.At != time.Second {
+		t.Errorf("slowest = %+v; want the 1-event chunk committed 1s into the phase, kafka 50ms of 53ms", w)
 	}
 
 	if st, err := readStages(filepath.Join(dir, "none.stages"), t0); st != nil || err != nil {
@@ -64,7 +64,7 @@ func TestReadStages(t *testing.T) {
 	var b strings.Builder
 	r.writeStages(&b)
 	md := b.String()
-	for _, want := range []string{"| relay, 100 per txn at 10,000 events/s | kafka | 4", "slowest chunk (1 events)", "| **total** |"} {
+	for _, want := range []string{"| relay, 100 per txn at 10,000 events/s | kafka | 4", "slowest chunk (1 events, committed 1s into the phase)", "| **total** |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("stage table lacks %q:\n%s", want, md)
 		}
