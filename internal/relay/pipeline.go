@@ -149,7 +149,7 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 			trace:       cfg.StageTrace != nil,
 		},
 		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans,
-			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes), eos: e.eos, stages: newStageTrace(cfg.StageTrace)},
+			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes), eos: e.eos, stages: cfg.StageTrace},
 		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate: e.gate, win: win, health: h, hist: hist,
 	}

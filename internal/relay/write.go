@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"time"
@@ -47,7 +48,7 @@ type writer struct {
 	depth  int          // chunks sent and not yet finished, at most; 0 means 1
 	bulk   int          // bytes of chunks sent and not yet finished above which no more are sent
 	eos    *eos         // nil: at least once
-	stages *stageTrace  // nil: no stage trace (Config.StageTrace)
+	stages io.Writer    // nil: no stage trace (Config.StageTrace, stages.go)
 	// buffer, when set, takes every chunk instead of the sink: a
 	// buffering term's writer (walbuffer.go).
 	buffer interface {
@@ -121,6 +122,7 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 				in = nil
 				continue
 			}
+			r.took(c)
 			s, err := r.start(ctx, c, nil)
 			if err != nil {
 				return err
@@ -148,9 +150,7 @@ func (r *writer) runExactlyOnce(ctx context.Context, in <-chan *chunk, com acker
 		return err
 	}
 	for c := range in {
-		if r.stages != nil {
-			c.tookAt = time.Now()
-		}
+		r.took(c)
 		send, parked, err := r.eos.deliver(ctx, r, c)
 		if err != nil {
 			return err
@@ -162,6 +162,14 @@ func (r *writer) runExactlyOnce(ctx context.Context, in <-chan *chunk, com acker
 	}
 	com.close()
 	return nil
+}
+
+// took stamps when the writer took c from the route stage, for the stage
+// trace.
+func (r *writer) took(c *chunk) {
+	if r.stages != nil {
+		c.tookAt = time.Now()
+	}
 }
 
 var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -176,9 +184,6 @@ func (s *sent) done() <-chan struct{} {
 // start diverts what must not go to Kafka and sends the rest, and cp, when
 // not nil, last (exactly-once's checkpoint record).
 func (r *writer) start(ctx context.Context, c *chunk, cp *event.Event) (*sent, error) {
-	if r.stages != nil && c.tookAt.IsZero() {
-		c.tookAt = time.Now()
-	}
 	s := &sent{c: c, send: c.evs, cp: cp}
 	if len(c.fails) > 0 || r.gate.closed() {
 		// Only with more aggregates waiting than the gate holds does
@@ -278,7 +283,7 @@ func (r *writer) done(c *chunk, send []event.Event, parked int, com acker) {
 		r.spans.Delivered(send, time.Now())
 	}
 	if r.stages != nil && parked == 0 && len(send) > 0 {
-		r.stages.write(c, len(send), time.Now())
+		writeStages(r.stages, c, len(send), time.Now())
 	}
 	// Nothing reads c's events any more: the sink copied what it
 	// sends, the retry table what it stores (their bytes are the

@@ -91,8 +91,9 @@ func (r *Replayer) Run(ctx context.Context) error {
 		return r.stopped(ctx, fmt.Errorf("read the outbox table: %w", err))
 	}
 	fetch := fmt.Sprintf("FETCH FORWARD %d FROM replay", r.cfg.BatchSize)
+	mark := router.Header{Key: HeaderReplayID, Value: []byte(r.cfg.ID)}
 	for {
-		evs, keys, n, err := r.readPage(ctx, tx, fetch, &prog)
+		evs, keys, n, err := r.readPage(ctx, tx, fetch, mark, &prog)
 		if err != nil {
 			return r.stopped(ctx, err)
 		}
@@ -119,14 +120,14 @@ func (r *Replayer) Run(ctx context.Context) error {
 // readPage fetches the next page from the cursor and routes its rows. It
 // returns the events with their keyset positions, a zero event (a hole)
 // for each row the router refuses, which is counted as skipped, and n, the
-// rows read. A schema error stops the run.
-func (r *Replayer) readPage(ctx context.Context, tx pgx.Tx, fetch string, prog *Progress) (evs []event.Event, keys [][]string, n int, err error) {
+// rows read. Each event carries mark, the replay's header. A schema error
+// stops the run.
+func (r *Replayer) readPage(ctx context.Context, tx pgx.Tx, fetch string, mark router.Header, prog *Progress) (evs []event.Event, keys [][]string, n int, err error) {
 	rows, err := tx.Query(ctx, fetch)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("read the outbox table: %w", err)
 	}
 	defer rows.Close()
-	replayHeader := router.Header{Key: HeaderReplayID, Value: []byte(r.cfg.ID)}
 	for rows.Next() {
 		row, pos, err := r.scan(rows)
 		if err != nil {
@@ -155,7 +156,7 @@ func (r *Replayer) readPage(ctx context.Context, tx pgx.Tx, fetch string, prog *
 		// The replay mark, and beside an exactly-once relay the
 		// at-least-once mark (a replay resends what may be in Kafka),
 		// in place of any headers-column entry of the same names.
-		e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == HeaderReplayID }), replayHeader)
+		e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == HeaderReplayID }), mark)
 		if r.cfg.MarkAtLeastOnce {
 			e.Headers = append(slices.DeleteFunc(e.Headers, func(h router.Header) bool { return h.Key == event.HeaderDelivery }), event.AtLeastOnce())
 		}
