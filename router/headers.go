@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/router/connect"
 )
 
 // A Header is a Kafka record header: the envelope's.
@@ -129,7 +130,7 @@ func (r *Router) fieldHeaders(m *Message, pos *positions, row [][]byte) {
 		}
 		v := row[pos.fields[i].pos]
 		if v != nil {
-			v = headerText(pos.fields[i].typ, v)
+			v = connect.HeaderValue(pos.fields[i].typ, v)
 		}
 		m.Extra = append(m.Extra, Header{Key: f.Alias, Value: v})
 	}
