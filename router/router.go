@@ -274,7 +274,9 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	if valueErr != nil {
 		return m, valueErr
 	}
-	m.Headers, _ = r.rt.headers.appendTo(r.headerSlab(3+len(m.Extra), row.Size()), id, eventType, aggType, m.Extra) // Extra holds no reserved name
+	// Extra holds no reserved name (extraHeaders dropped them, and Config
+	// gives fields no reserved alias): no need to filter as Build does.
+	m.Headers = append(r.rt.headers.appendOwn(r.headerSlab(3+len(m.Extra), row.Size()), id, eventType, aggType), m.Extra...)
 	return m, nil
 }
 
@@ -293,14 +295,13 @@ func (r *Router) value(pos *positions, payload []byte, row [][]byte) []byte {
 	if !r.envelope {
 		return connect.AppendJSON(nil, pos.payloadType, raw)
 	}
-	s := connect.NewStruct(json, len(raw))
-	s.Field("payload", pos.payloadType, raw)
+	e := connect.NewEnvelope(json, pos.payloadType, raw)
 	for i, f := range r.fields {
 		if f.Placement == PlaceEnvelope {
-			s.Field(f.Alias, pos.fields[i].typ, row[pos.fields[i].pos])
+			e.Add(f.Alias, pos.fields[i].typ, row[pos.fields[i].pos])
 		}
 	}
-	return s.Bytes()
+	return e.Bytes()
 }
 
 // maxInterned bounds the interned aggregate and event types; past it the

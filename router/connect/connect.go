@@ -74,86 +74,77 @@ const (
 	inJSON          // JsonConverter, schemas disabled
 )
 
-// HeaderValue is a non-NULL column value as Debezium's header holds it; nil
-// for a header with a null value (an empty bytea and a numeric NaN are
+// HeaderValue is a column value as Debezium's header holds it; nil for NULL
+// and for a header with a null value (an empty bytea and a numeric NaN are
 // ones), empty (not nil) for an empty string, as Debezium's.
 func HeaderValue(ct Type, v []byte) []byte { return render(nil, ct, v, inHeader) }
 
-// structText is a non-NULL column value as Struct.toString prints it; nil
-// when Debezium's value is null (the field is then left out), empty (not
-// nil) for an empty string.
-func structText(ct Type, v []byte) []byte {
-	if v == nil {
-		return nil
-	}
-	return render(nil, ct, v, inStruct)
-}
+// structText is a column value as Struct.toString prints it; nil when
+// Debezium's value is null (the field is then left out), empty (not nil)
+// for an empty string.
+func structText(ct Type, v []byte) []byte { return render(nil, ct, v, inStruct) }
 
 // AppendJSON appends a column's value as JsonConverter (schemas disabled)
 // writes Debezium's value of it; NULL is null.
-func AppendJSON(dst []byte, ct Type, v []byte) []byte {
-	if v == nil {
-		return append(dst, "null"...)
-	}
-	return render(dst, ct, v, inJSON)
-}
+func AppendJSON(dst []byte, ct Type, v []byte) []byte { return render(dst, ct, v, inJSON) }
 
-// A Struct is a record value that is a Kafka Connect Struct (Debezium's
-// outbox envelope: the payload and the fields placed beside it) as a
-// converter writes it: under JsonConverter a JSON object, a null field as
-// null; under StringConverter Struct.toString, Struct{name=value,...}, a
-// null field left out.
-type Struct struct {
+// An Envelope is Debezium's outbox envelope, the record value as a Connect
+// Struct of the payload and the fields placed beside it, as a converter
+// writes it: under JsonConverter a JSON object, {"payload":...,"name":...},
+// a null field as null; under StringConverter Struct.toString,
+// Struct{payload=...,name=...}, a null field left out.
+type Envelope struct {
 	b     []byte
 	json  bool
-	empty bool
+	empty bool // no field written yet
 }
 
-// NewStruct starts a Struct written by JsonConverter (json) or
-// StringConverter, with room for n bytes of values besides its names.
-func NewStruct(json bool, n int) Struct {
-	s := Struct{b: make([]byte, 0, n+64), json: json, empty: true}
+// NewEnvelope starts an envelope written by JsonConverter (json) or
+// StringConverter, with the payload, a column's text of type t.
+func NewEnvelope(json bool, t Type, payload []byte) Envelope {
+	e := Envelope{b: make([]byte, 0, len(payload)+64), json: json, empty: true}
 	if json {
-		s.b = append(s.b, '{')
-	} else {
-		s.b = append(s.b, "Struct{"...)
+		e.b = render(append(e.b, `{"payload":`...), t, payload, inJSON)
+		e.empty = false
+		return e
 	}
-	return s
+	e.b = append(e.b, "Struct{"...)
+	e.Add("payload", t, payload)
+	return e
 }
 
-// Field appends the field name, a column's text v of type t (nil: NULL).
-func (s *Struct) Field(name string, t Type, v []byte) {
-	if s.json {
-		if !s.empty {
-			s.b = append(s.b, ',')
-		}
-		s.b = append(AppendJSONString(s.b, []byte(name)), ':')
-		s.b = AppendJSON(s.b, t, v)
-		s.empty = false
+// Add appends the field name, a column's text v of type t (nil: NULL).
+func (e *Envelope) Add(name string, t Type, v []byte) {
+	if e.json {
+		e.b = append(AppendJSONString(append(e.b, ','), []byte(name)), ':')
+		e.b = render(e.b, t, v, inJSON)
 		return
 	}
-	text := structText(t, v)
+	text := render(nil, t, v, inStruct)
 	if text == nil {
 		return // Debezium's null: Struct.toString leaves the field out
 	}
-	if !s.empty {
-		s.b = append(s.b, ',')
+	if !e.empty {
+		e.b = append(e.b, ',')
 	}
-	s.b = append(append(append(s.b, name...), '='), text...)
-	s.empty = false
+	e.b = append(append(append(e.b, name...), '='), text...)
+	e.empty = false
 }
 
-// Bytes ends the Struct and returns its bytes.
-func (s *Struct) Bytes() []byte { return append(s.b, '}') }
+// Bytes ends the envelope and returns its bytes.
+func (e *Envelope) Bytes() []byte { return append(e.b, '}') }
 
 // render appends v, a column's text of type ct, as writer w writes
 // Debezium's value of it. A text it cannot read is written as it is (as a
 // JSON string for inJSON).
 //
-// Debezium's null (a numeric NaN, an empty bytea header) is "null" for
-// inJSON and a nil result otherwise; every other value, the empty string
-// included, is a non-nil result.
+// Debezium's null (NULL, a numeric NaN, an empty bytea header) is "null"
+// for inJSON and a nil result otherwise; every other value, the empty
+// string included, is a non-nil result.
 func render(dst []byte, ct Type, v []byte, w int) []byte {
+	if v == nil {
+		return asNull(dst, w)
+	}
 	if dst == nil && w != inJSON {
 		dst = make([]byte, 0, len(v)+8) // non-nil: an empty string is not a null
 	}
@@ -195,7 +186,12 @@ func render(dst []byte, ct Type, v []byte, w int) []byte {
 			return out
 		}
 	}
-	return asText(dst, v, w)
+	// Text, uuid, json, jsonb and the like: the text as it is (asText,
+	// written out as the common case).
+	if w == inJSON {
+		return AppendJSONString(dst, v)
+	}
+	return append(dst, v...)
 }
 
 // asText appends v as it is: render's answer to a text it cannot read.
