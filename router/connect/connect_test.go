@@ -113,3 +113,32 @@ func FuzzRender(f *testing.F) {
 		}
 	})
 }
+
+// The envelope as Debezium 3.1.3 wrote it (internal/compat's
+// TestSameAsDebeziumStringEnvelope and TestSameAsDebeziumOptions compare
+// them end to end): under StringConverter a null field is left out, under
+// JsonConverter it is null.
+func TestEnvelope(t *testing.T) {
+	tests := []struct {
+		json          bool
+		payload, want string
+	}{
+		{false, `{"a": 1}`, `Struct{payload={"a": 1},tenant=7,at=2026-01-02T01:04:05.000000Z}`},
+		{false, "<nil>", `Struct{tenant=7,at=2026-01-02T01:04:05.000000Z}`},
+		{true, `{"a": 1}`, `{"payload":"{\"a\": 1}","tenant":"7","none":null,"at":"2026-01-02T01:04:05.000000Z"}`},
+		{true, "<nil>", `{"payload":null,"tenant":"7","none":null,"at":"2026-01-02T01:04:05.000000Z"}`},
+	}
+	for _, tt := range tests {
+		var payload []byte
+		if tt.payload != "<nil>" {
+			payload = []byte(tt.payload)
+		}
+		e := NewEnvelope(tt.json, Type{textOID, -1}, payload)
+		e.Add("tenant", Type{textOID, -1}, []byte("7"))
+		e.Add("none", Type{numericOID, -1}, nil)
+		e.Add("at", Type{timestamptzOID, -1}, []byte("2026-01-02 01:04:05+00"))
+		if got := string(e.Bytes()); got != tt.want {
+			t.Errorf("envelope (json %t) of payload %q = %s; want %s", tt.json, tt.payload, got, tt.want)
+		}
+	}
+}
