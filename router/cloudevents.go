@@ -6,7 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/router/connect"
 )
 
 // # CloudEvents
@@ -133,14 +135,14 @@ type ceRouting struct {
 
 // ceContentType is the datacontenttype of an event whose payload column has
 // type t.
-func (r *Router) ceContentType(t colType) string {
+func (r *Router) ceContentType(t connect.Type) string {
 	if r.ce.contentType != "" {
 		return r.ce.contentType
 	}
-	switch t.oid {
-	case jsonOID, jsonbOID:
+	switch t.OID {
+	case pgtype.JSONOID, pgtype.JSONBOID:
 		return "application/json"
-	case byteaOID:
+	case pgtype.ByteaOID:
 		return "application/octet-stream"
 	}
 	return "text/plain; charset=utf-8"
@@ -210,7 +212,7 @@ func (r *Router) ceStructured(m *Message, pos *positions, a ceAttributes, payloa
 			b = append(b, ',', '"')
 			b = append(b, ceNames[i].attr...)
 			b = append(b, '"', ':')
-			b = jsonString(b, []byte(v))
+			b = connect.AppendJSONString(b, []byte(v))
 		}
 	}
 	switch {
@@ -224,7 +226,7 @@ func (r *Router) ceStructured(m *Message, pos *positions, a ceAttributes, payloa
 		b = append(b, payload...)
 	default:
 		b = append(b, `,"data":`...)
-		b = jsonString(b, payload)
+		b = connect.AppendJSONString(b, payload)
 	}
 	m.Extra = append(m.Extra, Header{Key: HeaderContentType, Value: []byte(ceStructuredContent)})
 	return append(b, '}')

@@ -5,8 +5,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router/connect"
 )
 
 // A Need is a column of the outbox table the router reads, and the types it
@@ -137,7 +139,7 @@ type positions struct {
 	timestamp                                                   int // -1: none
 	trace                                                       int // the tracing span context column; -1: none
 	payloadBytea                                                bool
-	payloadType, keyType                                        colType
+	payloadType, keyType                                        connect.Type
 	timestampType                                               uint32
 	fields                                                      []fieldPos // as Router.fields
 	max                                                         int        // highest position used
@@ -147,7 +149,7 @@ type positions struct {
 // fieldPos is where an additional field's column is, and its type.
 type fieldPos struct {
 	pos int
-	typ colType
+	typ connect.Type
 }
 
 // positions returns the cached column positions for rel, resolving them on
@@ -209,10 +211,10 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 		p.max = max(p.max, *c.dst)
 	}
 	p.payloadType = r.colTypeOf(rel.Columns[p.payload])
-	p.payloadBytea = p.payloadType.oid == byteaOID
+	p.payloadBytea = p.payloadType.OID == pgtype.ByteaOID
 	p.keyType = r.colTypeOf(rel.Columns[p.aggregateID])
 	if p.timestamp >= 0 {
-		p.timestampType = r.colTypeOf(rel.Columns[p.timestamp]).oid
+		p.timestampType = r.colTypeOf(rel.Columns[p.timestamp]).OID
 	}
 	for _, f := range r.fields {
 		i, err := find(f.Column, "")
@@ -234,11 +236,11 @@ func relName(rel *replication.Relation) string {
 	return strconv.Quote(rel.Namespace + "." + rel.Name)
 }
 
-func (r *Router) colTypeOf(c replication.Column) colType {
+func (r *Router) colTypeOf(c replication.Column) connect.Type {
 	if b, ok := r.bases[c.TypeOID]; ok {
-		return colType{oid: b.OID, mod: b.Mod}
+		return connect.Type(b)
 	}
-	return colType{oid: c.TypeOID, mod: c.TypeMod}
+	return connect.Type{OID: c.TypeOID, Mod: c.TypeMod}
 }
 
 // A BaseType is the type a domain is over, through every domain it is over

@@ -60,6 +60,26 @@ type Config struct {
 	Spans bool
 }
 
+// A Converter says how keys and values are written, matching the Kafka
+// Connect converter a Debezium user had, so that consumers read the same
+// bytes and keys land on the same partitions after a switch (package
+// connect writes them).
+type Converter string
+
+const (
+	// ConverterString writes the key and the payload as their bytes: what
+	// Debezium writes with StringConverter for key and value. The default.
+	ConverterString Converter = "string"
+	// ConverterJSON writes the key and the value as JsonConverter with
+	// schemas.enable=false does: a text key JSON-quoted ("A-1"), a text or
+	// json payload as a JSON string holding its text, a NULL payload as the
+	// four bytes null.
+	ConverterJSON Converter = "json"
+)
+
+// Converters lists the converters in the order the documentation gives them.
+var Converters = []Converter{ConverterString, ConverterJSON}
+
 // Config keys as the operator sees them, in the reasons of failures found
 // while routing (stored with the event in the retry table) and in Needs.
 const (

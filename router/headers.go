@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/router/connect"
 )
 
 // A Header is a Kafka record header: the envelope's.
@@ -91,20 +92,7 @@ func (s HeaderSet) Reserved(name string) bool {
 // out. The pipeline and the retry worker both build headers here, so an event
 // carries the same headers whichever path delivers it.
 func (s HeaderSet) Build(id, eventType, aggregateType []byte, extra []Header) (hs []Header, dropped int) {
-	return s.appendTo(make([]Header, 0, 3+len(extra)), id, eventType, aggregateType, extra)
-}
-
-// appendTo is Build appending to hs, for the router's slab.
-func (s HeaderSet) appendTo(hs []Header, id, eventType, aggregateType []byte, extra []Header) (_ []Header, dropped int) {
-	if s.has(hID) {
-		hs = append(hs, Header{Key: HeaderID, Value: id})
-	}
-	if s.has(hEventType) {
-		hs = append(hs, Header{Key: HeaderEventType, Value: eventType})
-	}
-	if s.has(hAggregateType) {
-		hs = append(hs, Header{Key: HeaderAggregateType, Value: aggregateType})
-	}
+	hs = s.appendOwn(make([]Header, 0, 3+len(extra)), id, eventType, aggregateType)
 	for _, h := range extra {
 		if s.Reserved(h.Key) {
 			dropped++
@@ -113,6 +101,25 @@ func (s HeaderSet) appendTo(hs []Header, id, eventType, aggregateType []byte, ex
 		hs = append(hs, h)
 	}
 	return hs, dropped
+}
+
+// appendOwn appends the set's own headers to hs: the router's part of
+// Build, appending to its slab.
+func (s HeaderSet) appendOwn(hs []Header, id, eventType, aggregateType []byte) []Header {
+	mask := s.mask
+	if !s.set {
+		mask = hID | hEventType | hAggregateType
+	}
+	if mask&hID != 0 {
+		hs = append(hs, Header{Key: HeaderID, Value: id})
+	}
+	if mask&hEventType != 0 {
+		hs = append(hs, Header{Key: HeaderEventType, Value: eventType})
+	}
+	if mask&hAggregateType != 0 {
+		hs = append(hs, Header{Key: HeaderAggregateType, Value: aggregateType})
+	}
+	return hs
 }
 
 // Headers returns the relay's own headers the Router sends: the retry
@@ -127,10 +134,7 @@ func (r *Router) fieldHeaders(m *Message, pos *positions, row [][]byte) {
 		if f.Placement != PlaceHeader {
 			continue
 		}
-		v := row[pos.fields[i].pos]
-		if v != nil {
-			v = headerText(pos.fields[i].typ, v)
-		}
+		v := connect.HeaderValue(pos.fields[i].typ, row[pos.fields[i].pos])
 		m.Extra = append(m.Extra, Header{Key: f.Alias, Value: v})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -102,25 +103,22 @@ func (r *Router) shape() *messageShape {
 	rel := func(payloadOID uint32) *replication.Relation {
 		rel := &replication.Relation{Name: "logical decoding message"}
 		for _, col := range s.cols {
-			oid := uint32(textOID)
+			oid := uint32(pgtype.TextOID)
 			switch {
 			case col.name == c.Payload:
 				oid = payloadOID
 			case col.ts:
-				oid = timestamptzOID
+				oid = pgtype.TimestamptzOID
 			}
 			rel.Columns = append(rel.Columns, replication.Column{Name: col.name, TypeOID: oid, TypeMod: -1})
 		}
 		return rel
 	}
-	s.text, s.json = rel(textOID), rel(jsonOID)
+	s.text, s.json = rel(pgtype.TextOID), rel(pgtype.JSONOID)
 	s.pos = [2]positions{r.resolve(s.text), r.resolve(s.json)}
 	r.msg = s
 	return s
 }
-
-// textOID is text's type OID.
-const textOID = 25
 
 // RouteMessage turns the content of a logical decoding message into a
 // Message, as Route turns a row (see the section above for the content). It

@@ -38,20 +38,24 @@
 // the errors), topic.go chooses the topic (template, overrides, Debezium's
 // regex), columns.go finds the columns (the mapping, additional fields and
 // what start-up checks compare with the catalog), headers.go builds the
-// headers (the relay's own, the fields', the headers column's), converter.go
-// writes the key and the value, values.go a column's value as Debezium's
-// converters write it, trace.go and cloudevents.go the trace context and
+// headers (the relay's own, the fields', the headers column's; jsonscan.go
+// reads the headers column), trace.go and cloudevents.go the trace context and
 // CloudEvents, message.go the content of a logical decoding message (routed
-// as the row it stands for); config.go validates a Config.
+// as the row it stands for); config.go validates a Config. Package connect
+// writes a column's value (key, value, header and envelope fields) as
+// Debezium's Kafka Connect converters write it.
 package router
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/router/connect"
 )
 
 // A Message is a routed outbox event: the envelope (without its place in the
@@ -200,7 +204,10 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	id := row.Values[pos.id]
 	m.ID, m.AggregateID = r.strings(id, row.Values[pos.aggregateID])
 	m.AggregateType = r.intern(row.Values[pos.aggregateType])
-	m.Key = r.key(pos, row.Values[pos.aggregateID])
+	m.Key = row.Values[pos.aggregateID]
+	if r.converter == ConverterJSON && len(m.Key) > 0 { // an empty id stays empty, refused below
+		m.Key = connect.AppendJSON(nil, pos.keyType, m.Key)
+	}
 	var eventType []byte // nil: no event type column (see UsesEventType)
 	if pos.eventType >= 0 {
 		eventType = row.Values[pos.eventType]
@@ -211,7 +218,7 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 		r.extraHeaders(&m, row.Values[pos.headers])
 	}
 	if pos.timestamp >= 0 {
-		m.Time, _ = parseTimestamp(row.Values[pos.timestamp], pos.timestampType == timestamptzOID)
+		m.Time, _ = connect.ParseTimestamp(row.Values[pos.timestamp], pos.timestampType == pgtype.TimestamptzOID)
 	}
 	if pos.trace >= 0 {
 		r.traceHeaders(&m, row.Values[pos.trace])
@@ -226,7 +233,7 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	value := row.Values[pos.payload]
 	var valueErr *RouteError
 	if pos.payloadBytea && value != nil {
-		v, err := decodeBytea(value)
+		v, err := connect.DecodeBytea(value)
 		if err != nil {
 			valueErr = &RouteError{EventID: m.ID, Reason: fmt.Sprintf("the bytea payload (column %q) is not in hex format: set bytea_output = 'hex' for the replication role", r.cols.Payload), Err: err}
 		} else {
@@ -267,8 +274,34 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	if valueErr != nil {
 		return m, valueErr
 	}
-	m.Headers, _ = r.rt.headers.appendTo(r.headerSlab(3+len(m.Extra), row.Size()), id, eventType, aggType, m.Extra) // Extra holds no reserved name
+	// Extra holds no reserved name (extraHeaders dropped them, and Config
+	// gives fields no reserved alias): no need to filter as Build does.
+	m.Headers = append(r.rt.headers.appendOwn(r.headerSlab(3+len(m.Extra), row.Size()), id, eventType, aggType), m.Extra...)
 	return m, nil
+}
+
+// value is the Kafka value: the payload (decoded from bytea already), in the
+// converter's form, in an envelope when fields are placed there, or nil for
+// a tombstone.
+func (r *Router) value(pos *positions, payload []byte, row [][]byte) []byte {
+	if r.tombstone && (payload == nil || len(bytes.TrimSpace(payload)) == 0) {
+		return nil
+	}
+	json := r.converter == ConverterJSON
+	if !json && !r.envelope {
+		return payload // the common case: the payload's bytes as stored
+	}
+	raw := row[pos.payload] // the text form, as Debezium has it
+	if !r.envelope {
+		return connect.AppendJSON(nil, pos.payloadType, raw)
+	}
+	e := connect.NewEnvelope(json, pos.payloadType, raw)
+	for i, f := range r.fields {
+		if f.Placement == PlaceEnvelope {
+			e.Add(f.Alias, pos.fields[i].typ, row[pos.fields[i].pos])
+		}
+	}
+	return e.Bytes()
 }
 
 // maxInterned bounds the interned aggregate and event types; past it the

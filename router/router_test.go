@@ -517,3 +517,31 @@ func TestHeldEventPinsOnlyItsRow(t *testing.T) {
 	runtime.KeepAlive(held)
 	runtime.KeepAlive(r)
 }
+
+// Route appends the set's own headers and then Extra without filtering it:
+// the headers it sends must be those HeaderSet.Build (the retry worker's
+// path) makes of the same Extra, with nothing dropped.
+func TestRouteHeadersAreBuild(t *testing.T) {
+	fields, err := router.ParseFields("event_type:header:kind,aggregate_id:header")
+	if err != nil {
+		t.Fatal(err)
+	}
+	configs := map[string]router.Config{
+		"default":            {},
+		"id only":            {Headers: []string{router.HeaderID}},
+		"none, fields":       {Headers: []string{}, Fields: fields},
+		"binary CloudEvents": {Fields: fields, CloudEvents: router.CloudEvents{Mode: router.CloudEventsBinary, Source: "/orders"}},
+	}
+	headers := `{"id": "DUP", "event_type": "X", "aggregate_type": "Y", "kind": "K", "aggregate_id": "A", "ce_id": "C", "content-type": "T", "x": "1"}`
+	for name, cfg := range configs {
+		r := mustNew(t, cfg)
+		m, err := r.Route(row("e1", "Order", "o-1", "Created", "{}", headers))
+		if err != nil {
+			t.Fatalf("%s: Route = %v", name, err)
+		}
+		want, dropped := r.Headers().Build([]byte("e1"), []byte("Created"), []byte("Order"), m.Extra)
+		if got := headersString(m.Headers); got != headersString(want) || dropped != 0 {
+			t.Errorf("%s: Route(...).Headers = %q; want Build's %q with none dropped (dropped %d)", name, got, headersString(want), dropped)
+		}
+	}
+}

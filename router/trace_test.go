@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -51,9 +52,9 @@ func TestValidTraceparent(t *testing.T) {
 
 // ceRel is an outbox relation with a timestamp and a tracing column.
 var ceRel = &replication.Relation{Namespace: "public", Name: "outbox", Columns: []replication.Column{
-	{Name: "id", TypeOID: textOID}, {Name: "aggregate_type", TypeOID: textOID}, {Name: "aggregate_id", TypeOID: textOID},
-	{Name: "event_type", TypeOID: textOID}, {Name: "payload", TypeOID: jsonbOID}, {Name: "headers", TypeOID: jsonbOID},
-	{Name: "created_at", TypeOID: timestamptzOID}, {Name: "trace", TypeOID: textOID},
+	{Name: "id", TypeOID: pgtype.TextOID}, {Name: "aggregate_type", TypeOID: pgtype.TextOID}, {Name: "aggregate_id", TypeOID: pgtype.TextOID},
+	{Name: "event_type", TypeOID: pgtype.TextOID}, {Name: "payload", TypeOID: pgtype.JSONBOID}, {Name: "headers", TypeOID: pgtype.JSONBOID},
+	{Name: "created_at", TypeOID: pgtype.TimestamptzOID}, {Name: "trace", TypeOID: pgtype.TextOID},
 }}
 
 func ceRow(payload, headers, trace string) replication.Row {
