@@ -72,79 +72,12 @@ func wantLines(t *testing.T, what, out string, want ...string) {
 	}
 }
 
-func TestSetupTwice(t *testing.T) {
-	dsn, slot := dbEnv(t)
-
-	code, out, errOut := run(t, "setup", "--create-outbox-table")
-	if code != exitcode.OK {
-		t.Fatalf("first setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
-	}
-	wantLines(t, "first setup", out,
-		"outbox table public.outbox: created",
-		"checkpoint table outbox_relay_checkpoint: created",
-		"checkpoint history table outbox_relay_checkpoint_history: created",
-		"publication outbox_relay: created for public.outbox, inserts only",
-		"slot "+slot+": created (pgoutput) at ")
-
-	code, out, errOut = run(t, "setup", "--create-outbox-table")
-	if code != exitcode.OK {
-		t.Fatalf("second setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
-	}
-	wantLines(t, "second setup", out,
-		"outbox table public.outbox: already exists",
-		"checkpoint table outbox_relay_checkpoint: already exists",
-		"checkpoint history table outbox_relay_checkpoint_history: already exists",
-		"publication outbox_relay: already exists, covers public.outbox",
-		"slot "+slot+": already exists (pgoutput)")
-	if strings.Contains(out, "created") {
-		t.Errorf("second setup created something:\n%s", out)
-	}
-
-	// What users rely on: the publication has the table, inserts only, and
-	// the slot decodes with pgoutput in this database.
-	got := queryString(t, dsn, `SELECT format('%s %s %s %s', p.pubinsert, p.pubupdate, p.pubdelete,
-	    (SELECT string_agg(schemaname||'.'||tablename, ',') FROM pg_publication_tables WHERE pubname = p.pubname))
-	  FROM pg_publication p WHERE pubname = 'outbox_relay'`)
-	if want := "t f f public.outbox"; got != want {
-		t.Errorf("publication = %q; want %q", got, want)
-	}
-	got = queryString(t, dsn, `SELECT plugin || ' ' || database FROM pg_replication_slots WHERE slot_name = $1`, slot)
-	if want := "pgoutput " + queryString(t, dsn, "SELECT current_database()"); got != want {
-		t.Errorf("slot = %q; want %q", got, want)
-	}
-}
-
-func TestSetupMissingOutbox(t *testing.T) {
-	dsn, slot := dbEnv(t)
-	code, out, _ := run(t, "setup")
-	if code != exitcode.Failure {
-		t.Errorf("setup without the outbox table: exit = %d; want %d", code, exitcode.Failure)
-	}
-	wantLines(t, "setup", out,
-		"outbox table public.outbox: missing; create it with `outbox-relay setup --create-outbox-table`",
-		"checkpoint table outbox_relay_checkpoint: created",
-		"publication outbox_relay: not created: the outbox table is missing",
-		"slot "+slot+": not created until the problems above are fixed")
-	// No slot may be left behind retaining WAL.
-	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1`, slot); n != "0" {
-		t.Errorf("slots named %s after a failed setup = %s; want 0", slot, n)
-	}
-}
-
-func TestSetupPublicationOfOtherTable(t *testing.T) {
-	dsn, _ := dbEnv(t)
-	execSQL(t, dsn,
-		`CREATE TABLE other (id int)`,
-		`CREATE PUBLICATION outbox_relay FOR TABLE other`)
-	code, out, _ := run(t, "setup", "--create-outbox-table")
-	if code != exitcode.Failure {
-		t.Errorf("setup with a publication of another table: exit = %d; want %d", code, exitcode.Failure)
-	}
-	wantLines(t, "setup", out,
-		"publication outbox_relay: already exists but does not cover public.outbox (it covers public.other); fix: ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"public\".\"outbox\"")
-	// Not altered silently.
-	if got := queryString(t, dsn, `SELECT string_agg(tablename, ',') FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); got != "other" {
-		t.Errorf("publication tables after setup = %q; want %q (unchanged)", got, "other")
+// TestSetupProblemsExit: a setup that reports problems it cannot fix exits 1
+// (what it prints and leaves behind: internal/admin's TestSetupMissingOutbox).
+func TestSetupProblemsExit(t *testing.T) {
+	dbEnv(t)
+	if code, out, errOut := run(t, "setup"); code != exitcode.Failure {
+		t.Errorf("setup without the outbox table: exit = %d; want %d\nstdout:\n%s\nstderr:\n%s", code, exitcode.Failure, out, errOut)
 	}
 }
 
