@@ -10,6 +10,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -77,4 +78,31 @@ func wantLines(t *testing.T, what, out string, want ...string) {
 			t.Errorf("%s output lacks %q; got:\n%s", what, w, out)
 		}
 	}
+}
+
+// withKafka sets cfg's brokers to the test Kafka's and returns a sink.Kafka
+// on them, as the CLI passes Check one; closed when the test ends.
+func withKafka(t *testing.T, cfg *Config) *sink.Kafka {
+	t.Helper()
+	return kafkaAt(t, cfg, testenv.Kafka(t).Brokers...)
+}
+
+// kafkaAt is withKafka on the given brokers (an unreachable address, say).
+func kafkaAt(t *testing.T, cfg *Config, brokers ...string) *sink.Kafka {
+	t.Helper()
+	cfg.Kafka.Brokers = brokers
+	k, err := sink.New(cfg.Kafka)
+	if err != nil {
+		t.Fatalf("sink.New: %v", err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+// runCheck runs Check and returns how many checks failed and what it wrote.
+func runCheck(t *testing.T, cfg Config, k Kafka) (failed int, out string) {
+	t.Helper()
+	var b strings.Builder
+	failed = Check(context.Background(), cfg, k, &b)
+	return failed, b.String()
 }
