@@ -2,6 +2,8 @@ package admin
 
 import (
 	"context"
+	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -105,4 +107,29 @@ func runCheck(t *testing.T, cfg Config, k Kafka) (failed int, out string) {
 	var b strings.Builder
 	failed = Check(context.Background(), cfg, k, &b)
 	return failed, b.String()
+}
+
+// superuserDSN is a superuser's DSN for the database of dsn:
+// RELAY_TEST_POSTGRES_SUPERUSER_DSN's user on dsn, or dsn when its role is
+// a superuser (containers).
+func superuserDSN(t *testing.T, dsn string) string {
+	t.Helper()
+	su := os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN")
+	if su == "" {
+		if queryString(t, dsn, `SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user`) == "true" {
+			return dsn
+		}
+		t.Fatalf("RELAY_TEST_POSTGRES_SUPERUSER_DSN is not set and the test role is no superuser: " +
+			"run `make dev-up` and `eval \"$(make -s dev-env)\"` (or `make test`)")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("test DSN is not a URL: %v", err)
+	}
+	f, err := url.Parse(su)
+	if err != nil {
+		t.Fatalf("superuser DSN is not a URL: %v", err)
+	}
+	u.User = f.User
+	return u.String()
 }
