@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -122,14 +123,61 @@ func superuserDSN(t *testing.T, dsn string) string {
 		t.Fatalf("RELAY_TEST_POSTGRES_SUPERUSER_DSN is not set and the test role is no superuser: " +
 			"run `make dev-up` and `eval \"$(make -s dev-env)\"` (or `make test`)")
 	}
+	return withUser(t, dsn, su)
+}
+
+// withUser returns dsn with the user and password of from.
+func withUser(t *testing.T, dsn, from string) string {
+	t.Helper()
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatalf("test DSN is not a URL: %v", err)
 	}
-	f, err := url.Parse(su)
+	f, err := url.Parse(from)
 	if err != nil {
-		t.Fatalf("superuser DSN is not a URL: %v", err)
+		t.Fatalf("DSN %q is not a URL: %v", from, err)
 	}
 	u.User = f.User
 	return u.String()
+}
+
+// leastPrivilegedRole creates a role with only LOGIN REPLICATION and a
+// password, dropped when the test ends, and returns its name and password.
+// Call it before the database is made, so that the role is dropped after it
+// (a role with grants in a database cannot be).
+func leastPrivilegedRole(t *testing.T, adminDSN string) (role, password string) {
+	t.Helper()
+	role = testenv.UniqueName(t, "lp")
+	password = "pw-" + role
+	execAs(t, adminDSN, fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD %s`, sql.Ident(role), sql.Literal(password)))
+	t.Cleanup(func() {
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, adminDSN)
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, `DROP ROLE IF EXISTS `+sql.Ident(role)); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	return role, password
+}
+
+// execAs runs stmts in the database of dsn, as its user.
+func execAs(t *testing.T, dsn string, stmts ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("exec %q: %v", s, err)
+		}
+	}
 }
