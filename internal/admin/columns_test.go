@@ -42,3 +42,30 @@ func TestDebeziumTableWithoutEventType(t *testing.T) {
 		t.Errorf("Check with event_type \"-\" = %d failed; want 0\n%s", failed, out)
 	}
 }
+
+// TestColumnsMappedWrong: a mapping the table cannot satisfy fails check,
+// and setup reports it in the same words and creates no slot. (That run
+// refuses it at start in these words: cmd/outbox-relay's
+// TestColumnsCheckedAtStart.)
+func TestColumnsMappedWrong(t *testing.T) {
+	pg, cfg := testDB(t)
+	slot := cfg.Slot
+	k := withKafka(t, &cfg)
+	if out, err := runSetup(t, cfg, true); err != nil {
+		t.Fatalf("Setup = %v\n%s", err, out)
+	}
+	pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, slot)
+	cfg.Columns.Payload, cfg.Router.Columns.Payload = "body", "body" // outbox.columns.payload: body
+	// The table has a column of that field's name in another layout: the
+	// fix maps it.
+	const problem = `public.outbox: no column "body" (outbox.columns.payload); map them: set outbox.columns.payload: payload`
+	const want = "outbox table " + problem
+
+	if failed, out := runCheck(t, cfg, k); failed == 0 || !strings.Contains(out, "FAIL  outbox table: "+problem) {
+		t.Errorf("Check = %d failed; want failures with %q\n%s", failed, want, out)
+	}
+	out, err := runSetup(t, cfg, false)
+	if err == nil || !strings.Contains(out, want) || !strings.Contains(out, "slot "+slot+": not created until the problems above are fixed") {
+		t.Errorf("Setup = %v; want an error with %q and no slot\n%s", err, want, out)
+	}
+}
