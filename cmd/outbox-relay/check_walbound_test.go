@@ -1,72 +1,35 @@
 package main
 
 import (
-	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/spf13/pflag"
 )
 
-// TestCheckWALBound: check reports postgres.max_retained_wal against the
-// server's max_slot_wal_keep_size as docs/wal-buffer.md says, recommending a
-// max_slot_wal_keep_size of the bound plus 2 GB (at least 2 x the bound and
-// 2 x max_wal_size), and names vacuum's full-page-image bursts when data
-// checksums or wal_log_hints make them, and whether the relay can log
-// running-xacts records itself, and how (Postgres 16+ with the grant, else
-// a temporary slot). The dev server (4GB, no checksums)
-// for the good case and the bound off; a private server for the settings
-// the shared one must not be given.
-func TestCheckWALBound(t *testing.T) {
-	const burst = "info  max_retained_wal: data checksums or wal_log_hints are on: vacuum writes full-page images in bursts"
-	check := func(t *testing.T) string {
-		t.Helper()
-		_, out, _ := run(t, "check")
-		return out
-	}
-	t.Run("dev server", func(t *testing.T) {
-		dsn, _ := dbEnv(t)
-		out := check(t)
-		wantLines(t, "check", out, "ok    max_retained_wal: 1024MB, below max_slot_wal_keep_size = 4096MB: a running relay buffers in Postgres long before its slot could be lost")
-		// Whether the relay can log running-xacts records itself
-		// (walbuffer.CanLogSnapshots), said as the role's grant stands.
-		switch queryString(t, dsn, `SELECT CASE WHEN to_regprocedure('pg_log_standby_snapshot()') IS NULL THEN 'old'
-	WHEN has_function_privilege(to_regprocedure('pg_log_standby_snapshot()'), 'EXECUTE') THEN 'can' ELSE 'cannot' END`) {
-		case "old":
-			wantLines(t, "check", out, "info  max_retained_wal: before Postgres 16 the relay near the bound logs running-xacts records by creating and dropping a temporary slot, so that its slot follows what it confirms within seconds: it needs one free entry of max_replication_slots for a moment")
-		case "can":
-			wantLines(t, "check", out, "may run pg_log_standby_snapshot(): near the bound the relay logs running-xacts records itself")
-		default:
-			wantLines(t, "check", out, "may not run pg_log_standby_snapshot(): near the bound the relay logs running-xacts records by creating and dropping a temporary slot", "GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO ")
-		}
-		// initdb turns data checksums on by default from Postgres 18.
-		if queryString(t, dsn, `SELECT (current_setting('data_checksums') = 'on' OR current_setting('wal_log_hints') = 'on')::text`) == "true" {
-			wantLines(t, "check", out, burst)
-		} else if strings.Contains(out, burst) {
-			t.Errorf("check names vacuum's bursts on a server without checksums or wal_log_hints:\n%s", out)
-		}
-		t.Setenv("RELAY_POSTGRES_MAX_RETAINED_WAL", "off")
-		wantLines(t, "check", check(t), "warn  max_retained_wal: off: while Kafka is away the slot keeps WAL up to max_slot_wal_keep_size = 4096MB, then it is invalidated and needs a refill")
-	})
-	t.Run("private server", func(t *testing.T) {
-		srv := testenv.NewServer(t, 15, testenv.ServerOptions{Conf: "max_slot_wal_keep_size = 1GB\nmax_wal_size = 2GB\nwal_log_hints = on\n"})
+// TestMaxRetainedWALSetting: postgres.max_retained_wal is 1GB unless set,
+// and "off" or "0" turn it off: what check reports it as (internal/admin's
+// TestCheckWALBound says what check makes of each).
+func TestMaxRetainedWALSetting(t *testing.T) {
+	for _, tt := range []struct {
+		env  string // "": unset
+		want int64
+	}{
+		{"", 1 << 30},
+		{"off", 0},
+		{"0", 0},
+	} {
 		cleanEnv(t)
-		t.Setenv("RELAY_POSTGRES_DSN", srv.DSN(""))
-		t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9")
-		out := check(t)
-		// 2 x max_wal_size (4GB) is the largest of the three.
-		wantLines(t, "check", out,
-			"warn  max_retained_wal: 1024MB, but max_slot_wal_keep_size = 1024MB may invalidate the slot of a running relay before it buffers",
-			"raise max_slot_wal_keep_size to at least '4096MB' or lower postgres.max_retained_wal",
-			burst)
-		srv.Exec(t, "", `ALTER SYSTEM SET max_slot_wal_keep_size = -1`)
-		srv.Exec(t, "", `SELECT pg_reload_conf()`)
-		wantLines(t, "check", check(t),
-			"warn  max_retained_wal: 1024MB while the relay runs; max_slot_wal_keep_size is unlimited, so a STOPPED relay's slot keeps WAL until the disk is full: set max_slot_wal_keep_size = '4096MB'")
-		t.Setenv("RELAY_POSTGRES_MAX_RETAINED_WAL", "0")
-		out = check(t)
-		wantLines(t, "check", out, "warn  max_retained_wal: off, and max_slot_wal_keep_size is unlimited")
-		if strings.Contains(out, burst) {
-			t.Errorf("check names vacuum's bursts with the bound off:\n%s", out)
+		t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1/app")
+		t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9092")
+		if tt.env != "" {
+			t.Setenv("RELAY_POSTGRES_MAX_RETAINED_WAL", tt.env)
 		}
-	})
+		c, err := loadConfig("", pflag.NewFlagSet("t", pflag.ContinueOnError))
+		if err != nil {
+			t.Fatalf("RELAY_POSTGRES_MAX_RETAINED_WAL=%q: loadConfig: %v", tt.env, err)
+		}
+		if got := (&env{cfg: c}).adminConfig().MaxRetainedWAL; got != tt.want {
+			t.Errorf("RELAY_POSTGRES_MAX_RETAINED_WAL=%q: admin's MaxRetainedWAL = %d; want %d", tt.env, got, tt.want)
+		}
+	}
 }

@@ -193,21 +193,6 @@ func TestCheckpointSet(t *testing.T) {
 	}
 }
 
-// TestCheckpointSetBehindSlot: a position between the checkpoint and the
-// slot's confirmed position is refused: the server no longer has that WAL.
-func TestCheckpointSetBehindSlot(t *testing.T) {
-	dsn, slot := dbEnv(t)
-	setUp(t)
-	insertEvents(t, dsn, "Order", 1, 0)
-	between := walNow(t, dsn)
-	insertEvents(t, dsn, "Order", 1, 0)
-	execSQL(t, dsn, `SELECT pg_replication_slot_advance('`+slot+`', pg_current_wal_lsn())`)
-	code, _, errOut := run(t, "checkpoint", "set", between.String(), "--yes")
-	if code != exitcode.Usage || !strings.Contains(errOut, "is behind the slot's confirmed position") {
-		t.Errorf("checkpoint set behind the slot = exit %d, %q; want %d, behind the slot", code, errOut, exitcode.Usage)
-	}
-}
-
 // holdSlot streams the slot over a replication connection, as a relay would,
 // until the returned func is called.
 func holdSlot(t *testing.T, dsn, slot string) func() {

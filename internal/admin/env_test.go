@@ -1,0 +1,183 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sql"
+)
+
+// testDB is a fresh database on the test server (testenv.Postgres) and a
+// Config of the relay's defaults on it with a slot of its own: what the CLI
+// builds from a configuration that names only postgres.dsn, since slot names
+// are global to a server and other tests may run against it at once.
+func testDB(t *testing.T) (*testenv.PG, Config) {
+	t.Helper()
+	pg := testenv.Postgres(t)
+	return pg, defaultConfig(t, pg.DSN, testenv.UniqueName(t, "relay_admin"))
+}
+
+// defaultConfig is Config with every name at the relay's default (the
+// defaults of the CLI's settings), the relay layout's columns and headers.
+func defaultConfig(t *testing.T, dsn, slot string) Config {
+	t.Helper()
+	table := func(name string) sql.Table {
+		tb, err := sql.ParseTable(name)
+		if err != nil {
+			t.Fatalf("ParseTable(%q): %v", name, err)
+		}
+		return tb
+	}
+	cols, err := sql.LayoutRelay.Columns()
+	if err != nil {
+		t.Fatalf("LayoutRelay.Columns(): %v", err)
+	}
+	return Config{
+		DSN:             dsn,
+		Slot:            slot,
+		Publication:     sql.DefaultPublication,
+		OutboxTable:     table(sql.DefaultOutboxTable),
+		Layout:          sql.LayoutRelay,
+		Columns:         cols,
+		Router:          router.Config{Columns: cols, Headers: sql.LayoutRelay.Headers()},
+		CheckpointTable: table(sql.DefaultCheckpointTable),
+		RetryTable:      table(sql.DefaultRetryTable),
+		RedactedDSN:     dsn,
+	}
+}
+
+// queryString runs q in the database of dsn and returns its one value.
+func queryString(t *testing.T, dsn, q string, args ...any) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var s string
+	if err := conn.QueryRow(ctx, q, args...).Scan(&s); err != nil {
+		t.Fatalf("query %q: %v", q, err)
+	}
+	return s
+}
+
+// wantLines fails the test for each of want that out (what's output) lacks.
+func wantLines(t *testing.T, what, out string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s output lacks %q; got:\n%s", what, w, out)
+		}
+	}
+}
+
+// withKafka sets cfg's brokers to the test Kafka's and returns a sink.Kafka
+// on them, as the CLI passes Check one; closed when the test ends.
+func withKafka(t *testing.T, cfg *Config) *sink.Kafka {
+	t.Helper()
+	return kafkaAt(t, cfg, testenv.Kafka(t).Brokers...)
+}
+
+// kafkaAt is withKafka on the given brokers (an unreachable address, say).
+func kafkaAt(t *testing.T, cfg *Config, brokers ...string) *sink.Kafka {
+	t.Helper()
+	cfg.Kafka.Brokers = brokers
+	k, err := sink.New(cfg.Kafka)
+	if err != nil {
+		t.Fatalf("sink.New: %v", err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+// runCheck runs Check and returns how many checks failed and what it wrote.
+func runCheck(t *testing.T, cfg Config, k Kafka) (failed int, out string) {
+	t.Helper()
+	var b strings.Builder
+	failed = Check(context.Background(), cfg, k, &b)
+	return failed, b.String()
+}
+
+// superuserDSN is a superuser's DSN for the database of dsn:
+// RELAY_TEST_POSTGRES_SUPERUSER_DSN's user on dsn, or dsn when its role is
+// a superuser (containers).
+func superuserDSN(t *testing.T, dsn string) string {
+	t.Helper()
+	su := os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN")
+	if su == "" {
+		if queryString(t, dsn, `SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user`) == "true" {
+			return dsn
+		}
+		t.Fatalf("RELAY_TEST_POSTGRES_SUPERUSER_DSN is not set and the test role is no superuser: " +
+			"run `make dev-up` and `eval \"$(make -s dev-env)\"` (or `make test`)")
+	}
+	return withUser(t, dsn, su)
+}
+
+// withUser returns dsn with the user and password of from.
+func withUser(t *testing.T, dsn, from string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("test DSN is not a URL: %v", err)
+	}
+	f, err := url.Parse(from)
+	if err != nil {
+		t.Fatalf("DSN %q is not a URL: %v", from, err)
+	}
+	u.User = f.User
+	return u.String()
+}
+
+// leastPrivilegedRole creates a role with only LOGIN REPLICATION and a
+// password, dropped when the test ends, and returns its name and password.
+// Call it before the database is made, so that the role is dropped after it
+// (a role with grants in a database cannot be).
+func leastPrivilegedRole(t *testing.T, adminDSN string) (role, password string) {
+	t.Helper()
+	role = testenv.UniqueName(t, "lp")
+	password = "pw-" + role
+	execAs(t, adminDSN, fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD %s`, sql.Ident(role), sql.Literal(password)))
+	t.Cleanup(func() {
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, adminDSN)
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, `DROP ROLE IF EXISTS `+sql.Ident(role)); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	return role, password
+}
+
+// execAs runs stmts in the database of dsn, as its user.
+func execAs(t *testing.T, dsn string, stmts ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("exec %q: %v", s, err)
+		}
+	}
+}
