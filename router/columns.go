@@ -158,17 +158,31 @@ func (r *Router) positions(rel *replication.Relation) *positions {
 	if rel != nil && rel == r.rel {
 		return &r.pos
 	}
-	r.pos = r.resolve(rel)
+	if rel == nil {
+		r.pos = positions{err: &SchemaError{Reason: "the row has no relation (a decoder bug; please report it)"}}
+	} else {
+		r.pos = r.resolve(relColumns(rel))
+	}
 	r.rel = rel
 	return &r.pos
 }
 
-func (r *Router) resolve(rel *replication.Relation) positions {
-	if rel == nil {
-		return positions{err: &SchemaError{Reason: "the row has no relation (a decoder bug; please report it)"}}
-	}
+// rowColumns is what resolve reads of the rows a router is given: whose
+// they are (for reasons) and their columns, in the order of a row's values.
+// A table's come from its Relation (relColumns); a logical decoding
+// message's from the message shape, which is no table.
+type rowColumns struct {
+	name string // quoted, as reasons name it
+	cols []replication.Column
+}
+
+func relColumns(rel *replication.Relation) rowColumns {
+	return rowColumns{name: relName(rel), cols: rel.Columns}
+}
+
+func (r *Router) resolve(rc rowColumns) positions {
 	find := func(name, key string) (int, *SchemaError) {
-		for i, c := range rel.Columns {
+		for i, c := range rc.cols {
 			if c.Name == name {
 				return i, nil
 			}
@@ -178,7 +192,7 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 			reason += fmt.Sprintf(" (or to %q to send no extra headers)", NoHeaders)
 		}
 		reason += ", then restart the relay; no event from this change on was confirmed, so none is lost"
-		return -1, &SchemaError{Table: relName(rel), Column: name, Reason: reason}
+		return -1, &SchemaError{Table: rc.name, Column: name, Reason: reason}
 	}
 	var p positions
 	var err *SchemaError
@@ -210,11 +224,11 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 		}
 		p.max = max(p.max, *c.dst)
 	}
-	p.payloadType = r.colTypeOf(rel.Columns[p.payload])
+	p.payloadType = r.colTypeOf(rc.cols[p.payload])
 	p.payloadBytea = p.payloadType.OID == pgtype.ByteaOID
-	p.keyType = r.colTypeOf(rel.Columns[p.aggregateID])
+	p.keyType = r.colTypeOf(rc.cols[p.aggregateID])
 	if p.timestamp >= 0 {
-		p.timestampType = r.colTypeOf(rel.Columns[p.timestamp]).OID
+		p.timestampType = r.colTypeOf(rc.cols[p.timestamp]).OID
 	}
 	for _, f := range r.fields {
 		i, err := find(f.Column, "")
@@ -223,7 +237,7 @@ func (r *Router) resolve(rel *replication.Relation) positions {
 				f.Column, keyFields, f.Placement, f.Alias, keyFields)
 			return positions{err: err}
 		}
-		p.fields = append(p.fields, fieldPos{pos: i, typ: r.colTypeOf(rel.Columns[i])})
+		p.fields = append(p.fields, fieldPos{pos: i, typ: r.colTypeOf(rc.cols[i])})
 		p.max = max(p.max, i)
 	}
 	return p

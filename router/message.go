@@ -3,6 +3,7 @@ package router
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -54,13 +55,13 @@ type messageColumn struct {
 	ts    bool   // an RFC 3339 time, written as Postgres's timestamptz text
 }
 
-// messageShape is what RouteMessage reads: the keys, and the relations a
-// message's row is routed as (its payload a string: text; else json).
+// messageShape is what RouteMessage reads: the keys, and the columns a
+// message's values are routed as (its payload a string: text; else json).
 type messageShape struct {
 	cols  []messageColumn
 	index map[string]int
-	text  *replication.Relation
-	json  *replication.Relation
+	text  rowColumns
+	json  rowColumns
 	pos   [2]positions // of text and json
 }
 
@@ -100,8 +101,8 @@ func (r *Router) shape() *messageShape {
 			s.cols = append(s.cols, messageColumn{name: f.Column, what: keyFields, kinds: anyKind})
 		}
 	}
-	rel := func(payloadOID uint32) *replication.Relation {
-		rel := &replication.Relation{Name: "logical decoding message"}
+	rel := func(payloadOID uint32) rowColumns {
+		rel := rowColumns{name: strconv.Quote("logical decoding message")}
 		for _, col := range s.cols {
 			oid := uint32(pgtype.TextOID)
 			switch {
@@ -110,7 +111,7 @@ func (r *Router) shape() *messageShape {
 			case col.ts:
 				oid = pgtype.TimestamptzOID
 			}
-			rel.Columns = append(rel.Columns, replication.Column{Name: col.name, TypeOID: oid, TypeMod: -1})
+			rel.cols = append(rel.cols, replication.Column{Name: col.name, TypeOID: oid, TypeMod: -1})
 		}
 		return rel
 	}
@@ -175,7 +176,10 @@ func (r *Router) RouteMessage(content []byte) (Message, error) {
 	if jsonPayload {
 		rel, pos = s.json, &s.pos[1]
 	}
-	m, err := r.route(replication.Row{Relation: rel, Values: values}, pos)
+	m, err := Message{}, error(pos.err)
+	if pos.err == nil {
+		m, err = r.route(values, rel.name, pos)
+	}
 	if len(problems) > 0 {
 		m.Headers = nil
 		return m, &RouteError{EventID: m.ID, Reason: "the message content has " + strings.Join(problems, "; ")}

@@ -183,45 +183,47 @@ func New(cfg Config) (*Router, error) {
 // the aggregate id is missing), so the failure path can store the event for
 // retry in its aggregate's place; Headers is then nil.
 func (r *Router) Route(row replication.Row) (Message, error) {
-	return r.route(row, r.positions(row.Relation))
-}
-
-// route is Route with the row's column positions.
-func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
+	pos := r.positions(row.Relation)
 	if pos.err != nil {
 		return Message{}, pos.err
 	}
-	if len(row.Values) <= pos.max {
-		return Message{}, &SchemaError{Table: relName(row.Relation), Reason: fmt.Sprintf("the row has %d values but the table needs column %d: the row does not match its relation (a decoder bug; please report it)",
-			len(row.Values), pos.max+1)}
+	return r.route(row.Values, relName(row.Relation), pos)
+}
+
+// route routes the values of one row of name (quoted, for reasons) with its
+// column positions (resolved without error).
+func (r *Router) route(values [][]byte, name string, pos *positions) (Message, error) {
+	if len(values) <= pos.max {
+		return Message{}, &SchemaError{Table: name, Reason: fmt.Sprintf("the row has %d values but the table needs column %d: the row does not match its relation (a decoder bug; please report it)",
+			len(values), pos.max+1)}
 	}
 	// m collects what could be read, so that a failed event can be stored
 	// for retry with its fields (see RouteError).
 	var m Message
 	if pos.payload >= 0 {
-		m.Value = row.Values[pos.payload]
+		m.Value = values[pos.payload]
 	}
-	id := row.Values[pos.id]
-	m.ID, m.AggregateID = r.strings(id, row.Values[pos.aggregateID])
-	m.AggregateType = r.intern(row.Values[pos.aggregateType])
-	m.Key = row.Values[pos.aggregateID]
+	id := values[pos.id]
+	m.ID, m.AggregateID = r.strings(id, values[pos.aggregateID])
+	m.AggregateType = r.intern(values[pos.aggregateType])
+	m.Key = values[pos.aggregateID]
 	if r.converter == ConverterJSON && len(m.Key) > 0 { // an empty id stays empty, refused below
 		m.Key = connect.AppendJSON(nil, pos.keyType, m.Key)
 	}
 	var eventType []byte // nil: no event type column (see UsesEventType)
 	if pos.eventType >= 0 {
-		eventType = row.Values[pos.eventType]
+		eventType = values[pos.eventType]
 	}
 	m.Type = r.intern(eventType)
-	r.fieldHeaders(&m, pos, row.Values)
+	r.fieldHeaders(&m, pos, values)
 	if pos.headers >= 0 {
-		r.extraHeaders(&m, row.Values[pos.headers])
+		r.extraHeaders(&m, values[pos.headers])
 	}
 	if pos.timestamp >= 0 {
-		m.Time, _ = connect.ParseTimestamp(row.Values[pos.timestamp], pos.timestampType == pgtype.TimestamptzOID)
+		m.Time, _ = connect.ParseTimestamp(values[pos.timestamp], pos.timestampType == pgtype.TimestamptzOID)
 	}
 	if pos.trace >= 0 {
-		r.traceHeaders(&m, row.Values[pos.trace])
+		r.traceHeaders(&m, values[pos.trace])
 	}
 	if r.spans {
 		r.span(&m)
@@ -230,7 +232,7 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	// failed event is stored for retry with them (its value and extra
 	// headers are what the retry worker sends), so that once its cause is
 	// fixed it goes out as the same message.
-	value := row.Values[pos.payload]
+	value := values[pos.payload]
 	var valueErr *RouteError
 	if pos.payloadBytea && value != nil {
 		v, err := connect.DecodeBytea(value)
@@ -246,13 +248,13 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 			m.Value = r.ceStructured(&m, pos, r.ceAttrs(&m, pos), value)
 		case CloudEventsBinary:
 			r.ceBinaryHeaders(&m, r.ceAttrs(&m, pos))
-			m.Value = r.value(pos, value, row.Values)
+			m.Value = r.value(pos, value, values)
 		default:
-			m.Value = r.value(pos, value, row.Values)
+			m.Value = r.value(pos, value, values)
 		}
 	}
 	eventID := m.ID
-	aggType := row.Values[pos.aggregateType]
+	aggType := values[pos.aggregateType]
 	if len(aggType) == 0 {
 		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}
 	}
@@ -266,7 +268,7 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	if len(id) == 0 {
 		return m, &RouteError{Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
 	}
-	aggID := row.Values[pos.aggregateID]
+	aggID := values[pos.aggregateID]
 	if len(aggID) == 0 {
 		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate id (column %q) is NULL or empty, so the event has no Kafka key and no order: insert it with an aggregate id", r.cols.AggregateID)}
 	}
@@ -276,7 +278,7 @@ func (r *Router) route(row replication.Row, pos *positions) (Message, error) {
 	}
 	// Extra holds no reserved name (extraHeaders dropped them, and Config
 	// gives fields no reserved alias): no need to filter as Build does.
-	m.Headers = append(r.rt.headers.appendOwn(r.headerSlab(3+len(m.Extra), row.Size()), id, eventType, aggType), m.Extra...)
+	m.Headers = append(r.rt.headers.appendOwn(r.headerSlab(3+len(m.Extra), valuesSize(values)), id, eventType, aggType), m.Extra...)
 	return m, nil
 }
 
@@ -302,6 +304,15 @@ func (r *Router) value(pos *positions, payload []byte, row [][]byte) []byte {
 		}
 	}
 	return e.Bytes()
+}
+
+// valuesSize is the bytes of a row's values, which size its header slab.
+func valuesSize(values [][]byte) int {
+	n := 0
+	for _, v := range values {
+		n += len(v)
+	}
+	return n
 }
 
 // maxInterned bounds the interned aggregate and event types; past it the

@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/internal/source"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -137,24 +138,15 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 	}
 	p := &pipeline{
 		route: &routeStage{
-			tables: sources(cfg, e), win: win,
+			shapes: shapes(cfg, e), win: win,
 			maxMsgs: maxMsgs, maxBytes: maxBytes,
 			log: cfg.Logger, m: cfg.Metrics,
-			msgM:        cfg.Metrics.Table(messagesLabel(cfg.Replication.MessagePrefixes)),
-			readTables:  cfg.readsTable(),
-			outboxOf:    make(map[*replication.Relation]int),
-			readDomains: e.domains,
-			knownTypes:  make(map[uint32]bool, len(e.bases)),
-			received:    make([]int, len(e.routers)),
-			trace:       cfg.StageTrace != nil,
+			trace: cfg.StageTrace != nil,
 		},
 		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans,
 			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes), eos: e.eos, stages: cfg.StageTrace},
 		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate: e.gate, win: win, health: h, hist: hist,
-	}
-	for oid := range e.bases {
-		p.route.knownTypes[oid] = true
 	}
 	if e.buffer != nil {
 		p.writer.buffer = e.buffer
@@ -162,14 +154,30 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 	return p
 }
 
-// sources are the outbox tables of the route stage: their names, routers,
-// placers and counters.
-func sources(cfg Config, e ends) []source {
-	var out []source
-	for i, o := range cfg.outboxes() {
-		out = append(out, source{name: o.name, router: e.routers[i], placer: e.placers[i], m: cfg.Metrics.Table(o.name)})
+// shapes are the shapes of change the route stage routes, as the config's
+// source says: logical decoding messages (routed by the first outbox
+// table's router: a message stands for one of its rows), and the inserts of
+// the outbox tables, or, reading messages only, the refusal of any insert.
+// A new shape of change is a new type in internal/source and its place in
+// this list.
+func shapes(cfg Config, e ends) []source.Shape {
+	var out []source.Shape
+	// The messages' series exists whatever the source, as it always has.
+	msgM := cfg.Metrics.Table(messagesLabel(cfg.Replication.MessagePrefixes))
+	if cfg.readsMessages() {
+		out = append(out, source.NewMessages(e.routers[0], msgM))
 	}
-	return out
+	if !cfg.readsTable() {
+		return append(out, source.RefuseInserts{})
+	}
+	var tables []source.Table
+	for i, o := range cfg.outboxes() {
+		tables = append(tables, source.Table{Name: o.name, Router: e.routers[i], Placer: e.placers[i], M: cfg.Metrics.Table(o.name)})
+	}
+	return append(out, source.NewOutboxes(tables, source.OutboxesConfig{
+		Log: cfg.Logger, Metrics: cfg.Metrics, Unreachable: unreachable,
+		ReadDomains: e.domains, Bases: e.bases,
+	}))
 }
 
 // messagesLabel is the table label of events read from logical decoding

@@ -9,10 +9,10 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
+	"github.com/outbox-relay/outbox-relay/internal/source"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 )
@@ -20,37 +20,17 @@ import (
 // routeStage turns the stream's batches into chunks of routed events, in
 // commit order, taking the window for what it reads.
 type routeStage struct {
-	// tables are the outbox tables, as Config.outboxes: the first one's
-	// router also routes the events of logical decoding messages.
-	tables   []source
-	win      *window
-	maxMsgs  int // events per chunk
-	maxBytes int // bytes per chunk
-	log      *slog.Logger
-	m        *metrics.Metrics
-	msgM     *metrics.Table // events read from logical decoding messages
-	// readTables: inserts are events (the source includes tables); without
-	// it every insert the publication delivers stops the relay.
-	readTables bool
-
-	outboxOf map[*replication.Relation]int // index in tables; -1: not an outbox
-	// readDomains reads the database's domains (placement.BaseTypes);
-	// knownTypes are the user-defined types the routers were told of.
-	readDomains    func(context.Context) (map[uint32]router.BaseType, error)
-	knownTypes     map[uint32]bool
-	received       []int // per table, of the batch being routed
-	partitionNamed bool  // logged that partitions arrive under their own names
+	// shapes route the changes the stream delivers: each change goes to
+	// the first that takes it (internal/source).
+	shapes         []source.Shape
+	win            *window
+	maxMsgs        int // events per chunk
+	maxBytes       int // bytes per chunk
+	log            *slog.Logger
+	m              *metrics.Metrics
 	lastBadHeaders time.Time
 	lastBadTrace   time.Time
 	trace          bool // chunks carry their stage times (Config.StageTrace)
-}
-
-// A source is one outbox table as the route stage reads it.
-type source struct {
-	name   string // schema.table, as configured
-	router *router.Router
-	placer *placement.Placer // set by lead once Postgres is reached
-	m      *metrics.Table
 }
 
 // run turns batches into chunks until in is closed, ctx is done, or stop is
@@ -192,11 +172,8 @@ func (l *routeLoop) route(b *replication.Batch) error {
 			return err
 		}
 	}
-	for t, n := range r.received {
-		if n > 0 {
-			r.tables[t].m.Received(n)
-			r.received[t] = 0
-		}
+	for _, sh := range r.shapes {
+		sh.Counted()
 	}
 	l.inTxn = !b.Last
 	if b.Last {
@@ -218,29 +195,14 @@ func (l *routeLoop) routeRow(b *replication.Batch, row *replication.Row) error {
 	cur.bytes += row.Size()
 	cur.rows++
 	l.txnRow++
-	var m router.Message
-	var err error
-	if row.Message != nil {
-		// A message's content is routed as the row it stands for.
-		r.msgM.Received(1)
-		m, err = r.tables[0].router.RouteMessage(row.Message.Content)
-	} else {
-		t, perr := r.outbox(l.ctx, row.Relation)
-		if perr != nil {
-			var pe *placement.Error
-			if errors.As(perr, &pe) {
-				r.m.PlacementStop()
-				return l.stopBefore(b, l.txnRow, perr)
-			}
-			return perr
-		}
-		if t < 0 {
-			r.m.IgnoredChange("other_table")
-			return nil
-		}
-		r.received[t]++
-		m, err = r.tables[t].router.Route(*row)
-		m.Table = r.tables[t].name
+	m, ok, err := r.routeChange(l.ctx, row)
+	var pe *placement.Error
+	if errors.As(err, &pe) {
+		r.m.PlacementStop()
+		return l.stopBefore(b, l.txnRow, err)
+	}
+	if !ok {
+		return err // no event (counted by its shape), or its lookup failed
 	}
 	r.headerTrouble(&m)
 	m.CommitLSN, m.CommitTime, m.Pos = b.CommitLSN, b.CommitTime, l.txnRow
@@ -270,132 +232,16 @@ func (l *routeLoop) routeRow(b *replication.Batch, row *replication.Row) error {
 	return nil
 }
 
-// outbox returns which outbox table inserts under rel belong to (its index
-// in tables), or -1 when they are no events, asking the placers once per
-// relation (pgoutput announces a relation once per connection and per
-// change of its definition). An insert under an outbox's own name is that
-// outbox's; otherwise the first placer that delivers it has it, and else
-// a placer's Stop (it may be an event the relay cannot place) wins over
-// the others' Ignore: a *placement.Error, and the caller stops before it.
-// The catalog is asked again after a lost connection, never given up on:
-// an unanswered question is no reason to skip an insert.
-func (r *routeStage) outbox(ctx context.Context, rel *replication.Relation) (int, error) {
-	if t, ok := r.outboxOf[rel]; ok {
-		return t, nil
-	}
-	t, err := r.place(ctx, rel)
-	if err == nil && t >= 0 {
-		err = r.domains(ctx, rel)
-	}
-	return t, err
-}
-
-// firstUserOID is Postgres's FirstNormalObjectId: types below it are
-// built in, never domains the database made.
-const firstUserOID = 16384
-
-// domains reads the database's domains again when an outbox relation has a
-// column of a user-defined type the routers have not been told of. The
-// routers render a domain as its base type, as Debezium does, from the
-// catalog read at the term's start; a domain created while the relay runs
-// (pgoutput announces the relation again once a column takes it) would
-// otherwise be written as its text until the next term. Each type is asked
-// about once a term, domain or not (an enum is not a domain).
-func (r *routeStage) domains(ctx context.Context, rel *replication.Relation) error {
-	if r.readDomains == nil {
-		return nil
-	}
-	fresh := false
-	for _, c := range rel.Columns {
-		if c.TypeOID >= firstUserOID && !r.knownTypes[c.TypeOID] {
-			fresh = true
+// routeChange routes row with the first shape that takes it. A change no
+// shape takes stops the relay before it: the stream delivered something the
+// configuration did not ask for, and skipping it could lose an event.
+func (r *routeStage) routeChange(ctx context.Context, row *replication.Row) (router.Message, bool, error) {
+	for _, sh := range r.shapes {
+		if sh.Takes(row) {
+			return sh.Route(ctx, row)
 		}
 	}
-	if !fresh {
-		return nil
-	}
-	var bases map[uint32]router.BaseType
-	if err := backoff.RetryIf(ctx, r.log, "read the database's domains", unreachable, func() error {
-		var err error
-		bases, err = r.readDomains(ctx)
-		return err
-	}); err != nil {
-		return err
-	}
-	for _, c := range rel.Columns {
-		if c.TypeOID >= firstUserOID {
-			r.knownTypes[c.TypeOID] = true
-		}
-	}
-	for oid := range bases {
-		r.knownTypes[oid] = true
-	}
-	for _, s := range r.tables {
-		s.router.SetBaseTypes(bases)
-	}
-	return nil
-}
-
-// place asks which outbox table inserts under rel belong to, for outbox.
-func (r *routeStage) place(ctx context.Context, rel *replication.Relation) (int, error) {
-	if !r.readTables {
-		// Whether the table's inserts are events too (a table outbox
-		// being moved to messages) or the publication covers a table by
-		// mistake (the archive), the operator knows, not the relay.
-		table := rel.Namespace + "." + rel.Name
-		return -1, &placement.Error{Placement: placement.Placement{Action: placement.Stop, Table: table,
-			What: "the relay reads logical decoding messages only (outbox.source: messages), but the publication delivered an insert into it",
-			Fix:  fmt.Sprintf("if its inserts are outbox events, set outbox.source: both; if they are not, remove %s from the publication (ALTER PUBLICATION ... DROP TABLE); then restart the relay (nothing from this insert on was confirmed, so nothing is lost)", table)}}
-	}
-	for t, s := range r.tables {
-		if s.placer.Named(rel.Namespace, rel.Name) {
-			r.outboxOf[rel] = t
-			return t, nil
-		}
-	}
-	found, pl := -1, placement.Placement{}
-	var stop, ignore *placement.Placement
-	for t, s := range r.tables {
-		var p placement.Placement
-		err := backoff.RetryIf(ctx, r.log, "look up a table the publication delivered", unreachable, func() error {
-			var err error
-			p, err = s.placer.Place(ctx, rel.ID, rel.Namespace, rel.Name)
-			return err
-		})
-		if err != nil {
-			return -1, err
-		}
-		switch p.Action {
-		case placement.Deliver:
-			found, pl = t, p
-		case placement.Stop:
-			if stop == nil {
-				stop = &p
-			}
-		default:
-			if ignore == nil {
-				ignore = &p
-			}
-		}
-		if found >= 0 {
-			break
-		}
-	}
-	switch {
-	case found >= 0:
-		if !r.partitionNamed {
-			r.partitionNamed = true
-			r.log.Info("inserts arrive under another name than the outbox's; delivered as outbox events",
-				"table", pl.Table, "is", pl.What, "outbox_table", r.tables[found].placer.Outbox())
-		}
-	case stop != nil:
-		return -1, &placement.Error{Placement: *stop}
-	default:
-		r.log.Warn("publication covers a table that is not an outbox: its inserts are ignored (counted in ignored_changes_total{kind=\"other_table\"})",
-			"table", ignore.Table, "why", ignore.What)
-	}
-	r.outboxOf[rel] = found
-	return found, nil
+	return router.Message{}, false, errors.New("the stream delivered a change no source of the relay takes (a logical decoding message while outbox.source reads tables only?): a bug, please report it; nothing from it on was confirmed")
 }
 
 // A stopError stops the relay before an event that must not be confirmed
