@@ -85,6 +85,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 )
 
 const namespace = "outbox_relay"
@@ -529,4 +530,44 @@ func gauge(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// Value is the value of the series name{label="value", ...} of m, a
+// counter's or a gauge's, 0 when there is no such series: what tests read
+// without scraping. labels are label and value in turn; a series matches
+// when it has every one of them.
+func (m *Metrics) Value(name string, labels ...string) float64 {
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			if hasLabels(s.GetLabel(), labels) {
+				if c := s.GetCounter(); c != nil {
+					return c.GetValue()
+				}
+				return s.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func hasLabels(have []*dto.LabelPair, want []string) bool {
+	for i := 0; i+1 < len(want); i += 2 {
+		found := false
+		for _, l := range have {
+			if l.GetName() == want[i] && l.GetValue() == want[i+1] {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }

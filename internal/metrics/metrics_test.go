@@ -456,10 +456,14 @@ func TestSetStandby(t *testing.T) {
 // added at a call site without IgnoredKinds or UnsolicitedKinds would be
 // missed by increase() at its first occurrence again.
 func TestKindsCalledArePrecreated(t *testing.T) {
+	// The relay counts what the stream skips; internal/source what a
+	// shape of change ignores.
 	files, err := filepath.Glob("../relay/*.go")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no sources of internal/relay: %v", err)
+	more, err2 := filepath.Glob("../source/*.go")
+	if err != nil || err2 != nil || len(files) == 0 || len(more) == 0 {
+		t.Fatalf("no sources of internal/relay or internal/source: %v, %v", err, err2)
 	}
+	files = append(files, more...)
 	call := regexp.MustCompile(`\.(IgnoredChange|UnsolicitedMessages)\("([^"]*)"`)
 	n := 0
 	for _, f := range files {
@@ -482,6 +486,27 @@ func TestKindsCalledArePrecreated(t *testing.T) {
 		}
 	}
 	if n < len(IgnoredKinds)+len(UnsolicitedKinds) {
-		t.Errorf("found %d calls of IgnoredChange and UnsolicitedMessages in internal/relay; want at least one per kind (%d)", n, len(IgnoredKinds)+len(UnsolicitedKinds))
+		t.Errorf("found %d calls of IgnoredChange and UnsolicitedMessages in internal/relay and internal/source; want at least one per kind (%d)", n, len(IgnoredKinds)+len(UnsolicitedKinds))
+	}
+}
+
+// Value reads a counter's and a gauge's series by their labels, 0 when
+// absent, as the tests of other packages read them.
+func TestValue(t *testing.T) {
+	m := New()
+	m.IgnoredChange("update")
+	m.IgnoredChange("update")
+	m.Table("public.outbox").Received(3)
+	if v := m.Value("outbox_relay_ignored_changes_total", "kind", "update"); v != 2 {
+		t.Errorf(`ignored_changes_total{kind="update"} = %v; want 2`, v)
+	}
+	if v := m.Value("outbox_relay_ignored_changes_total", "kind", "delete"); v != 0 {
+		t.Errorf(`ignored_changes_total{kind="delete"} = %v; want 0`, v)
+	}
+	if v := m.Value("outbox_relay_events_received_total", "table", "public.outbox"); v != 3 {
+		t.Errorf(`events_received_total{table="public.outbox"} = %v; want 3`, v)
+	}
+	if v := m.Value("outbox_relay_events_received_total", "table", "public.other"); v != 0 {
+		t.Errorf("a series that does not exist = %v; want 0", v)
 	}
 }

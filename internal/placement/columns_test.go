@@ -21,7 +21,7 @@ func TestCheckColumns(t *testing.T) {
 	pg.Exec(t, `CREATE TABLE outbox (id event_id, aggregatetype text, aggregate_id int4[], payload jsonb)`)
 	pool := pg.Pool(t)
 	ctx := context.Background()
-	oid := oidOf(t, pool, "public.outbox")
+	oid := pg.OID(t, "public.outbox")
 	needs := []router.Need{
 		{Key: "outbox.columns.id", Column: "id", Types: []string{"uuid", "text"}},
 		{Key: "outbox.columns.aggregate_type", Column: "aggregate_type", Types: []string{"text"}},

@@ -33,15 +33,6 @@ func placeDB(t *testing.T, partitioned bool, viaRoot bool) (*testenv.PG, *pgxpoo
 	return pg, pg.Pool(t)
 }
 
-func oidOf(t *testing.T, pool *pgxpool.Pool, table string) uint32 {
-	t.Helper()
-	var oid uint32
-	if err := pool.QueryRow(context.Background(), `SELECT $1::regclass::oid`, table).Scan(&oid); err != nil {
-		t.Fatalf("oid of %s: %v", table, err)
-	}
-	return oid
-}
-
 func oidOfType(t *testing.T, pool *pgxpool.Pool, typ string) uint32 {
 	t.Helper()
 	var oid uint32
@@ -87,22 +78,22 @@ func TestPlace(t *testing.T) {
 	t.Run("plain outbox", func(t *testing.T) {
 		pg, pool := placeDB(t, false, false)
 		p := newPlacer(t, pool, map[string]placement.Action{"public.audit": placement.Deliver})
-		outbox := oidOf(t, pool, "public.outbox")
+		outbox := pg.OID(t, "public.outbox")
 		if p.OID() != outbox || p.Partitioned() || p.Outbox() != "public.outbox" || !p.Named("public", "outbox") {
 			t.Errorf("Init: oid %d (want %d), partitioned %v, outbox %s", p.OID(), outbox, p.Partitioned(), p.Outbox())
 		}
 		wantPlacement(t, place(t, p, outbox, "public.outbox"), placement.Deliver, "the outbox table", "")
-		wantPlacement(t, place(t, p, oidOf(t, pool, "public.orders"), "public.orders"), placement.Ignore, "covers it in its own right", "")
-		wantPlacement(t, place(t, p, oidOf(t, pool, "public.audit"), "public.audit"), placement.Deliver, "named in outbox.other_tables", "")
+		wantPlacement(t, place(t, p, pg.OID(t, "public.orders"), "public.orders"), placement.Ignore, "covers it in its own right", "")
+		wantPlacement(t, place(t, p, pg.OID(t, "public.audit"), "public.audit"), placement.Deliver, "named in outbox.other_tables", "")
 		// Not covered, not the outbox: a partition detached since, probably.
 		pg.Exec(t, `CREATE TABLE loose (id bigint)`)
-		wantPlacement(t, place(t, p, oidOf(t, pool, "public.loose"), "public.loose"), placement.Stop, "detached since",
+		wantPlacement(t, place(t, p, pg.OID(t, "public.loose"), "public.loose"), placement.Stop, "detached since",
 			`set outbox.other_tables: {"public.loose": deliver}`)
 		// An inheritance child of the outbox: events or an archive.
 		pg.Exec(t, `CREATE TABLE archive () INHERITS (outbox)`)
-		wantPlacement(t, place(t, p, oidOf(t, pool, "public.archive"), "public.archive"), placement.Stop, "table inheritance", "ignore")
+		wantPlacement(t, place(t, p, pg.OID(t, "public.archive"), "public.archive"), placement.Stop, "table inheritance", "ignore")
 		// A table dropped since its insert was decoded.
-		gone := oidOf(t, pool, "public.loose")
+		gone := pg.OID(t, "public.loose")
 		pg.Exec(t, `DROP TABLE loose`)
 		wantPlacement(t, place(t, p, gone, "public.loose"), placement.Stop, "no table with its OID", "deliver")
 		// Under an earlier name, the config already renamed: the outbox.
@@ -112,20 +103,20 @@ func TestPlace(t *testing.T) {
 		wantPlacement(t, place(t, p, outbox, "public.outbox_old"), placement.Stop, "renamed or moved to public.events", "set outbox.table to public.events")
 	})
 	t.Run("partitioned outbox", func(t *testing.T) {
-		_, pool := placeDB(t, true, false)
+		pg, pool := placeDB(t, true, false)
 		p := newPlacer(t, pool, nil)
 		if !p.Partitioned() {
 			t.Fatal("Init: a partitioned outbox not seen as one")
 		}
-		wantPlacement(t, place(t, p, oidOf(t, pool, "public.outbox_2026"), "public.outbox_2026"), placement.Deliver, "a partition of the outbox", "")
+		wantPlacement(t, place(t, p, pg.OID(t, "public.outbox_2026"), "public.outbox_2026"), placement.Deliver, "a partition of the outbox", "")
 		// Covered in its own right, but without publish_via_partition_root a
 		// former partition's inserts arrive under its own name too.
-		wantPlacement(t, place(t, p, oidOf(t, pool, "public.orders"), "public.orders"), placement.Stop, "may also be a former partition", "ignore")
+		wantPlacement(t, place(t, p, pg.OID(t, "public.orders"), "public.orders"), placement.Stop, "may also be a former partition", "ignore")
 	})
 	t.Run("partitioned outbox, via root", func(t *testing.T) {
-		_, pool := placeDB(t, true, true)
+		pg, pool := placeDB(t, true, true)
 		p := newPlacer(t, pool, nil)
-		wantPlacement(t, place(t, p, oidOf(t, pool, "public.orders"), "public.orders"), placement.Ignore, "covers it in its own right", "")
+		wantPlacement(t, place(t, p, pg.OID(t, "public.orders"), "public.orders"), placement.Ignore, "covers it in its own right", "")
 	})
 	t.Run("missing outbox", func(t *testing.T) {
 		pg := testenv.Postgres(t)
@@ -137,7 +128,7 @@ func TestPlace(t *testing.T) {
 			t.Errorf("Init of a missing outbox: oid %d, outbox %s; want 0, public.outbox", p.OID(), p.Outbox())
 		}
 		wantPlacement(t, place(t, p, 1, "public.outbox"), placement.Deliver, "the outbox table", "")
-		wantPlacement(t, place(t, p, oidOf(t, pool, "public.orders"), "public.orders"), placement.Ignore, "own right", "")
+		wantPlacement(t, place(t, p, pg.OID(t, "public.orders"), "public.orders"), placement.Ignore, "own right", "")
 	})
 }
 

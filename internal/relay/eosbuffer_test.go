@@ -242,7 +242,7 @@ func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
 		return time.Since(live) >= 10*time.Second, "live for less than 10s"
 	})
 	// Nor does its health take the stale outage for Kafka being away.
-	if v := labelledGauge(t, cfg.Metrics, "outbox_relay_health_failing", "check", "kafka"); v != 0 {
+	if v := cfg.Metrics.Value("outbox_relay_health_failing", "check", "kafka"); v != 0 {
 		t.Errorf("health_failing{check=\"kafka\"} = %v after 10s of streaming live with Kafka up; want 0", v)
 	}
 	f.insertTx(t, f.makeEvents(10))
@@ -255,28 +255,6 @@ func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
 	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
 		t.Fatalf("read_committed: lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
 	}
-}
-
-// labelledGauge is the gauge name{label=value}, 0 when it is absent.
-func labelledGauge(t *testing.T, m *metrics.Metrics, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, mt := range mf.GetMetric() {
-			for _, l := range mt.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return mt.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 // eosSink is a sink of cfg.Sink closed at the test's end; txn makes it the

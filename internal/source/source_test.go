@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/source"
@@ -35,28 +33,6 @@ func newRouter(t *testing.T) *router.Router {
 		t.Fatal(err)
 	}
 	return r
-}
-
-// metric reads one sample of the registry, 0 when absent.
-func metric(t *testing.T, m *metrics.Metrics, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			for _, l := range s.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return s.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 // Each change goes to exactly one shape of a source's list: messages to
@@ -87,7 +63,7 @@ func TestMessagesRoute(t *testing.T) {
 	if !ok || !errors.As(err, &re) {
 		t.Fatalf("Route(not an object) = %v, %v; want an event with a *router.RouteError", ok, err)
 	}
-	if got := metric(t, m, "outbox_relay_events_received_total", "table", "messages:outbox"); got != 2 {
+	if got := m.Value("outbox_relay_events_received_total", "table", "messages:outbox"); got != 2 {
 		t.Errorf("events_received_total{table=messages:outbox} = %v; want 2", got)
 	}
 }
@@ -123,7 +99,7 @@ func TestOutboxesRoute(t *testing.T) {
 		source.OutboxesConfig{Log: slog.New(slog.DiscardHandler), Metrics: m, Unreachable: func(error) bool { return false }})
 	ctx := context.Background()
 	rel := func(table string) *replication.Relation {
-		return &replication.Relation{ID: oidOf(t, pool, table), Namespace: "public", Name: table, Columns: outboxColumns}
+		return &replication.Relation{ID: pg.OID(t, table), Namespace: "public", Name: table, Columns: outboxColumns}
 	}
 
 	for _, table := range []string{"outbox", "outbox_2026"} {
@@ -135,11 +111,11 @@ func TestOutboxesRoute(t *testing.T) {
 	if _, ok, err := s.Route(ctx, insert(rel("orders"), "o1", "A-1")); ok || err != nil {
 		t.Fatalf("Route(insert into orders) = %v, %v; want no event, no error (ignored)", ok, err)
 	}
-	if got := metric(t, m, "outbox_relay_ignored_changes_total", "kind", "other_table"); got != 1 {
+	if got := m.Value("outbox_relay_ignored_changes_total", "kind", "other_table"); got != 1 {
 		t.Errorf("ignored_changes_total{kind=other_table} = %v; want 1", got)
 	}
 	s.Counted()
-	if got := metric(t, m, "outbox_relay_events_received_total", "table", "public.outbox"); got != 2 {
+	if got := m.Value("outbox_relay_events_received_total", "table", "public.outbox"); got != 2 {
 		t.Errorf("events_received_total{table=public.outbox} = %v; want 2 (counted at the batch's end)", got)
 	}
 
@@ -151,13 +127,4 @@ func TestOutboxesRoute(t *testing.T) {
 	if ok || !errors.As(err, &pe) || pe.Action != placement.Stop || pe.Table != "public.audit" {
 		t.Fatalf("Route(insert into audit) = %v, %v; want a *placement.Error (Stop) for public.audit", ok, err)
 	}
-}
-
-func oidOf(t *testing.T, pool *pgxpool.Pool, table string) uint32 {
-	t.Helper()
-	var oid uint32
-	if err := pool.QueryRow(context.Background(), `SELECT $1::regclass::oid`, table).Scan(&oid); err != nil {
-		t.Fatalf("oid of %s: %v", table, err)
-	}
-	return oid
 }

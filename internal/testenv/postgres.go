@@ -171,6 +171,24 @@ func (p *PG) DropSlot(t testing.TB, slot string) {
 	}
 }
 
+// OID returns the OID of table (any name regclass reads: "public.outbox"),
+// as pgoutput's relations carry it.
+func (p *PG) OID(t testing.TB, table string) uint32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := connectRetry(ctx, p.DSN)
+	if err != nil {
+		t.Fatalf("testenv: OID(%s): connect: %v", table, err)
+	}
+	defer conn.Close(context.Background())
+	var oid uint32
+	if err := conn.QueryRow(ctx, `SELECT $1::regclass::oid`, table).Scan(&oid); err != nil {
+		t.Fatalf("testenv: OID(%s): %v", table, err)
+	}
+	return oid
+}
+
 // Pool returns a pool on the test's database, closed at cleanup.
 func (p *PG) Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
