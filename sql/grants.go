@@ -235,8 +235,13 @@ END
 `, Literal(name), create))
 }
 
-// CreateSlotIfMissing returns CreateSlot guarded by a lookup of
-// pg_replication_slots, for scripts.
-func CreateSlotIfMissing(name string) string {
-	return CreateSlot(name) + "\nWHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = " + Literal(name) + ")"
+// CreateSlotIfMissing returns CreateSlot, or with failover
+// CreateFailoverSlot, guarded by a lookup of pg_replication_slots, for
+// scripts.
+func CreateSlotIfMissing(name string, failover bool) string {
+	create := CreateSlot(name)
+	if failover {
+		create = CreateFailoverSlot(name)
+	}
+	return create + "\nWHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = " + Literal(name) + ")"
 }

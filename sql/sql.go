@@ -216,6 +216,13 @@ func CreateFailoverSlot(name string) string {
 	return fmt.Sprintf(`SELECT pg_catalog.pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)`, Literal(name))
 }
 
+// CreateTemporarySlot returns the statement creating a temporary logical
+// replication slot with pgoutput: it belongs to the session and is dropped
+// when the session ends. The argument after the plugin is temporary.
+func CreateTemporarySlot(name string) string {
+	return fmt.Sprintf(`SELECT pg_catalog.pg_create_logical_replication_slot(%s, 'pgoutput', true)`, Literal(name))
+}
+
 // ValidSlotName reports whether s can name a replication slot: lower-case
 // letters, digits and underscores, at most 63 bytes.
 func ValidSlotName(s string) error {

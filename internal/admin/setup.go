@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -412,11 +413,11 @@ func (s *setupRun) slot(ctx context.Context) error {
 		// relay can use it.
 		s.problem("slot %s: not created until the problems above are fixed", slotName)
 	default:
-		create, how := sql.CreateSlot(slotName), "pgoutput"
+		how := "pgoutput"
 		if cfg.Failover {
-			create, how = sql.CreateFailoverSlot(slotName), "pgoutput, failover"
+			how = "pgoutput, failover"
 		}
-		if _, err := conn.Exec(ctx, create); err != nil {
+		if err := pgslot.Create(ctx, conn, slotName, cfg.Failover); err != nil {
 			return fmt.Errorf("create slot %s: %w", slotName, err)
 		}
 		sl, err := readSlot(ctx, conn, slotName)
@@ -539,10 +540,9 @@ func PrintSQL(cfg Config, role string, createOutbox bool, w io.Writer) error {
 			"seconds rather than every 15 s or more (docs/wal-buffer.md).",
 			sql.GrantLogSnapshots(role))
 	}
-	slotStmt, slotNote := sql.CreateSlotIfMissing(cfg.Slot), ""
+	slotStmt, slotNote := sql.CreateSlotIfMissing(cfg.Slot, cfg.Failover), ""
 	if cfg.Failover {
 		// postgres.failover: a failover slot (Postgres 17+).
-		slotStmt = strings.Replace(slotStmt, sql.CreateSlot(cfg.Slot), sql.CreateFailoverSlot(cfg.Slot), 1)
 		slotNote = "\nA failover slot (postgres.failover; Postgres 17+), synced to standbys with\nsync_replication_slots = on: see docs/failover.md."
 	}
 	block("The replication slot, last: from the moment it exists the server keeps WAL\n"+

@@ -143,8 +143,8 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 			log: cfg.Logger, m: cfg.Metrics,
 			trace: cfg.StageTrace != nil,
 		},
-		writer: &writer{sink: e.sink, gate: e.gate, fence: e.fence, win: win, health: h, log: cfg.Logger, m: cfg.Metrics, spans: cfg.Spans,
-			depth: cfg.Sink.MaxInFlight, bulk: int(cfg.Sink.BatchBytes), eos: e.eos, stages: cfg.StageTrace},
+		writer: newWriter(cfg, writerEnds{sink: e.sink, gate: e.gate, fence: e.fence}, win, h,
+			writerRole{inFlight: true, traced: true, eos: e.eos}),
 		com:  newCommitter(e.saver, e.stream, win, h, hist, cfg.Metrics, cfg.Logger, cfg, start),
 		gate: e.gate, win: win, health: h, hist: hist,
 	}

@@ -254,8 +254,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, err
 	}
 	defer rconn.Close(context.WithoutCancel(ctx))
-	created, err := pglogrepl.CreateReplicationSlot(ctx, rconn, slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	created, err := pgslot.CreateExporting(ctx, rconn, slot)
 	if err != nil {
 		return nil, fmt.Errorf("refill: create replication slot %q: %w", slot, err)
 	}

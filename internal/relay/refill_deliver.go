@@ -107,7 +107,11 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 	if r.cfg.Delivery == DeliveryExactlyOnce {
 		rsink = r.retrySink
 	}
-	w := &writer{sink: rsink, gate: gt, fence: ls, win: win, health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m}
+	// The refill's writer takes none of writerRole: at least once (above);
+	// one chunk at a time, each saved as the refill's progress once
+	// finished; no spans or stage trace, its rows being read from a
+	// snapshot, not the WAL as they commit.
+	w := newWriter(r.cfg, writerEnds{sink: rsink, gate: gt, fence: ls}, win, newHealth(r.cfg.StallAfter, r.log), writerRole{})
 	tally := &refillTally{at: map[*chunk]refillAt{}}
 	var held int64
 	tally.save = func(at refillAt, done int64) {

@@ -507,8 +507,10 @@ func (t *drainTally) close() {}
 // exactly-once delivery the drain's own, drainSink), with the
 // term's gate and lease. untilEmpty and nearlyEmpty are walbuffer.Drainer.Run's.
 func (r *Relay) drain(ctx context.Context, t *term, untilEmpty bool, nearlyEmpty func()) error {
-	w := &writer{sink: r.drainSink(), gate: t.pipe.gate, fence: t.lease, win: newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes),
-		health: newHealth(r.cfg.StallAfter, r.log), log: r.log, m: r.m, depth: r.cfg.Sink.MaxInFlight, bulk: int(r.cfg.Sink.BatchBytes)}
+	// The drain's events were read from the WAL, but long before: no spans
+	// or stage trace; at least once, as the buffered range is (drainSink).
+	w := newWriter(r.cfg, writerEnds{sink: r.drainSink(), gate: t.pipe.gate, fence: t.lease},
+		newWindow(r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes), newHealth(r.cfg.StallAfter, r.log), writerRole{inFlight: true})
 	// The drain's memory is bounded as the pipeline's: pages of at most
 	// DefaultPageSize rows and half the window, the writer holding at most
 	// the window's bytes of them (taken in Send, given back when done).

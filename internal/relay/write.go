@@ -56,6 +56,42 @@ type writer struct {
 	}
 }
 
+// writerEnds are what a writer writes through: the sink, the gate that
+// parks the events of blocked lanes, and the fence asked before every write.
+type writerEnds struct {
+	sink  eventSink
+	gate  *gate
+	fence fence
+}
+
+// writerRole is what sets one writer apart from another: the stream's
+// pipeline, a WAL buffer's drain and the refill each build theirs with
+// newWriter and say here which of the Config's delivery settings they take.
+type writerRole struct {
+	// inFlight: up to Sink.MaxInFlight chunks of under Sink.BatchBytes sent
+	// before the first is finished; without it, one chunk at a time.
+	inFlight bool
+	// traced: spans (Config.Spans) and the stage trace (Config.StageTrace),
+	// both of an event's way from its commit in the WAL to its ack; only
+	// the stream's pipeline reads events from the WAL as they commit.
+	traced bool
+	eos    *eos // nil: at least once
+}
+
+// newWriter returns a writer of cfg's window size, health and logging,
+// writing through ends, with what role takes of the Config.
+func newWriter(cfg Config, ends writerEnds, win *window, h *health, role writerRole) *writer {
+	w := &writer{sink: ends.sink, gate: ends.gate, fence: ends.fence, win: win, health: h,
+		log: cfg.Logger, m: cfg.Metrics, eos: role.eos}
+	if role.inFlight {
+		w.depth, w.bulk = cfg.Sink.MaxInFlight, int(cfg.Sink.BatchBytes)
+	}
+	if role.traced {
+		w.spans, w.stages = cfg.Spans, cfg.StageTrace
+	}
+	return w
+}
+
 // sent is a chunk on its way: what went to the sink, and what is parked.
 type sent struct {
 	c      *chunk

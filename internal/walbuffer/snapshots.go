@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
 
 // Postgres moves a logical slot's restart_lsn only when its walsender decodes
@@ -113,7 +115,7 @@ func LogSnapshotBySlot(ctx context.Context, conn *pgx.Conn, name string) error {
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`, ms, strconv.FormatInt(2*slotLockTimeout.Milliseconds(), 10)); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput', true)`, name); err != nil {
+	if err := pgslot.CreateTemporary(ctx, tx, name); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {

@@ -4,7 +4,9 @@
 //
 // Read is the relay's one reader of pg_replication_slots: the stream's start
 // checks, setup and check, lag and status, and the metrics sampler all see the
-// same fields and the same error for a missing slot.
+// same fields and the same error for a missing slot. Create,
+// CreateTemporary and CreateExporting are its one place that creates a slot
+// (create.go).
 package pgslot
 
 import (
