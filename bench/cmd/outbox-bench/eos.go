@@ -149,7 +149,7 @@ func (b *bench) relayEOSSink(db *benchDB, run int, w workload) sustainedSink {
 	log := filepath.Join(b.dir, fmt.Sprintf("relay-eos-sustained-%d%s-run%d.log", w.Per, w.tag(), run))
 	return sustainedSink{
 		name: sinkRelayEOS, typePrefix: fmt.Sprintf("b%sr%de%d%s_", b.stamp, run, w.Per, w.tag()), topics: topicsFor, readCommitted: true,
-		stages: stagesPath(log),
+		stages: stagesPath(log), warmUp: b.o.RelayWarmUp,
 		start: func(ctx context.Context) (runningSink, error) {
 			cpTopic, drop, err := b.checkpointTopic(ctx, b.kafka(), fmt.Sprintf("r%ds%d%s", run, w.Per, w.tag()))
 			if err != nil {

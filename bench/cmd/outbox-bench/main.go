@@ -66,6 +66,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.Aggregates, "aggregates", 1000, "distinct aggregate ids (spread over 5 aggregate types)")
 	fs.IntVar(&o.Rate, "rate", 10000, "sustained insert rate, events/s (lowered to what the producer holds)")
 	fs.DurationVar(&o.Duration, "duration", 60*time.Second, "length of each sustained phase")
+	fs.DurationVar(&o.RelayWarmUp, "relay-warm-up", dbzWarmUp, "how long the relay runs at the sustained rate, unmeasured, before "+
+		"each timed phase: by default as long as Debezium's JIT warm-up, so both are measured warm (its first half second at a "+
+		"rate was its slowest: a start transient, docs/performance.md); 0 measures from its first transaction on")
 	sustainedPer := fs.String("sustained-per-txn", "100,1", "events per transaction of the sustained phases, comma-separated")
 	fs.IntVar(&o.HighRate, "high-rate", 50000, fmt.Sprintf("events/s of the high-rate sustained workload (transactions of %d events, "+
 		"-duration long; relay, exactly-once and the peers, as the other sustained phases); 0 skips it", highRatePerTxn))
@@ -125,6 +128,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		}
 		if !set["high-rate"] {
 			o.HighRate = 4000
+		}
+		if !set["relay-warm-up"] {
+			o.RelayWarmUp = 2 * time.Second
 		}
 	}
 	o.PostgresDSN = os.Getenv("RELAY_POSTGRES_DSN")

@@ -55,6 +55,11 @@ func (r *Report) writeTable(b *strings.Builder) {
 		"system's own, the relay until every event is in Kafka (acks=all) and its slot confirmed, Debezium from its slot going "+
 		"active (start-up apart). Sustained: %s at the rate, commit → Kafka LogAppendTime", c.PayloadBytes, c.Aggregates,
 		len(aggregateTypes), topicPartitions, c.Duration)
+	if c.RelayWarmUp > 0 {
+		fmt.Fprintf(b, ", the relay after %s unmeasured at the rate", fmtDur(c.RelayWarmUp))
+	} else {
+		b.WriteString(", the relay from its first transaction on (no warm-up)")
+	}
 	if r.Debezium != nil {
 		fmt.Fprintf(b, ", Debezium after %s unmeasured at the rate (JIT warm-up); its CPU and RSS are the whole Kafka Connect JVM's", fmtDur(r.Debezium.WarmUp))
 	}

@@ -186,20 +186,26 @@ func TestParseOptions(t *testing.T) {
 		{args: []string{"-sustained-per-txn", ""}, wantErr: "-sustained-per-txn: give at least one number"},
 		{args: []string{"-rate", "50"}, wantErr: "-rate 50 is below -sustained-per-txn 100"},
 		{args: nil, check: func(o options) string {
-			if o.HighRate != 50000 || o.CPUProfile {
-				return fmt.Sprintf("HighRate, CPUProfile = %d, %v; want 50000, false", o.HighRate, o.CPUProfile)
+			if o.HighRate != 50000 || o.CPUProfile || o.RelayWarmUp != dbzWarmUp {
+				return fmt.Sprintf("HighRate, CPUProfile, RelayWarmUp = %d, %v, %v; want 50000, false, %v (Debezium's)", o.HighRate, o.CPUProfile, o.RelayWarmUp, dbzWarmUp)
 			}
 			return ""
 		}},
 		{args: []string{"-quick"}, check: func(o options) string {
-			if o.HighRate != 4000 {
-				return fmt.Sprintf("-quick: HighRate = %d; want 4000", o.HighRate)
+			if o.HighRate != 4000 || o.RelayWarmUp != 2*time.Second {
+				return fmt.Sprintf("-quick: HighRate, RelayWarmUp = %d, %v; want 4000, 2s", o.HighRate, o.RelayWarmUp)
 			}
 			return ""
 		}},
 		{args: []string{"-high-rate", "0", "-cpuprofile"}, check: func(o options) string {
 			if o.HighRate != 0 || !o.CPUProfile {
 				return fmt.Sprintf("HighRate, CPUProfile = %d, %v; want 0, true", o.HighRate, o.CPUProfile)
+			}
+			return ""
+		}},
+		{args: []string{"-quick", "-relay-warm-up", "0"}, check: func(o options) string {
+			if o.RelayWarmUp != 0 {
+				return fmt.Sprintf("-quick -relay-warm-up 0: RelayWarmUp = %v; want 0 (explicit flags win)", o.RelayWarmUp)
 			}
 			return ""
 		}},

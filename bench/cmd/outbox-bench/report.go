@@ -51,6 +51,7 @@ type Settings struct {
 	Aggregates      int           `json:"aggregates"`
 	Rate            int           `json:"rate"`
 	Duration        time.Duration `json:"duration_ns"`
+	RelayWarmUp     time.Duration `json:"relay_warm_up_ns,omitempty"` // unmeasured at the rate before a relay's sustained phase
 	SustainedPerTxn []int         `json:"sustained_per_txn"`
 	HighRate        int           `json:"high_rate,omitempty"` // events/s of the high-rate workload (transactions of highRatePerTxn); 0: none
 	CPUProfile      bool          `json:"cpu_profile,omitempty"`

@@ -56,7 +56,9 @@ type sustainedSink struct {
 	topics     func(typePrefix string) []string
 	start      func(ctx context.Context) (runningSink, error)
 	// warmUp is run at the target rate and discarded before the timed phase:
-	// a JVM's JIT compiles its hot paths in the first seconds under load.
+	// a JVM's JIT compiles its hot paths in the first seconds under load,
+	// and the relay's first half second at a rate is its slowest (its
+	// producer's connections and buffers, the page cache: stage trace).
 	warmUp time.Duration
 	// readCommitted: the sink writes in transactions (the exactly-once
 	// relay); its consumer reads read_committed and its commit → ack is
@@ -85,7 +87,7 @@ func (b *bench) relaySink(db *benchDB, run int, w workload) sustainedSink {
 	log := filepath.Join(b.dir, fmt.Sprintf("relay-sustained-%d%s-run%d.log", w.Per, w.tag(), run))
 	return sustainedSink{
 		name: "relay", typePrefix: fmt.Sprintf("b%sr%ds%d%s_", b.stamp, run, w.Per, w.tag()), topics: topicsFor,
-		stages: stagesPath(log),
+		stages: stagesPath(log), warmUp: b.o.RelayWarmUp,
 		start: func(context.Context) (runningSink, error) {
 			p, err := startProc(b.o.RelayBin, []string{"run"}, withStages(b.profiled(b.relayEnv(db), log), log), log)
 			if err != nil {
