@@ -30,11 +30,17 @@ package main
 //     a section.
 //   - a Helm value: the first cell of a table headed "value".
 //   - a make target: a code span or shell command starting with "make".
-//   - a link: [text](target) or [ref]: target outside code; a target without
-//     a scheme is a path relative to the page, which must exist, and its
-//     #anchor must be a heading of that page under GitHub's slug rules.
+//   - a link: [text](target), ![image](target) or [ref]: target outside
+//     code; a target without a scheme is a path relative to the page, which
+//     must exist, and its #anchor must be a heading of that page under
+//     GitHub's slug rules.
+//
+// Pages are read as GitHub reads them, CommonMark and its tables, by
+// goldmark; only the slugs are our own, since goldmark's heading IDs are not
+// GitHub's.
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"io/fs"
@@ -51,6 +57,11 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"github.com/yuin/goldmark"
+	"github.com/yuin/goldmark/ast"
+	"github.com/yuin/goldmark/extension"
+	extast "github.com/yuin/goldmark/extension/ast"
+	mdtext "github.com/yuin/goldmark/text"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -376,194 +387,95 @@ func readDoc(t *testing.T, fsys fs.FS, p string) *doc {
 	return parseDoc(p, string(raw))
 }
 
-var (
-	headingLine  = regexp.MustCompile(`^ {0,3}(#{1,6})\s+(.*?)(\s+#+)?\s*$`)
-	fenceLine    = regexp.MustCompile("^\\s*(```+|~~~+)\\s*([A-Za-z0-9_+-]*)")
-	listItemLine = regexp.MustCompile(`^\s*([-*+]|\d+[.)])\s`)
-	inlineLink   = regexp.MustCompile(`!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)`)
-	refLinkDef   = regexp.MustCompile(`(?m)^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(\s|$)`)
-)
+// markdown reads pages as GitHub renders them: CommonMark with its tables.
+var markdown = goldmark.New(goldmark.WithExtensions(extension.Table)).Parser()
 
-// parseDoc reads a page: headings (as anchors), code blocks, and, in the
-// paragraphs between, code spans and links outside code spans.
-func parseDoc(p, text string) *doc {
+// parseDoc reads a page: headings (as anchors), links, code spans, code
+// blocks and table rows, each with its line.
+func parseDoc(p, page string) *doc {
+	src := []byte(page)
 	d := &doc{path: p, anchors: map[string]bool{}}
-	lines := strings.Split(text, "\n")
+	lineOf := func(offset int) int { return bytes.Count(src[:max(offset, 0)], []byte("\n")) + 1 }
 	seen := map[string]int{}
-	var para []string // the current paragraph's lines
-	paraStart := 0
-	prevBlank, afterList := true, false
-	flush := func() {
-		if len(para) > 0 {
-			d.scanParagraph(para, paraStart)
-		}
-		para = nil
+	link := func(target []byte, offset int) {
+		d.links = append(d.links, docLink{target: string(target), line: lineOf(offset)})
 	}
-	for i := 0; i < len(lines); i++ {
-		line := lines[i]
-		if m := fenceLine.FindStringSubmatch(line); m != nil {
-			flush()
-			block := docBlock{lang: m[2], line: i + 2}
-			for i++; i < len(lines) && !strings.HasPrefix(strings.TrimSpace(lines[i]), m[1]); i++ {
-				block.lines = append(block.lines, lines[i])
-			}
-			d.blocks = append(d.blocks, block)
-			prevBlank = false
-			continue
+	header := "" // the first cell of the current table's header row
+	root := markdown.Parse(mdtext.NewReader(src))
+	_ = ast.Walk(root, func(n ast.Node, entering bool) (ast.WalkStatus, error) {
+		if !entering {
+			return ast.WalkContinue, nil
 		}
-		if strings.TrimSpace(line) == "" {
-			flush()
-			prevBlank = true
-			continue
-		}
-		// An indented block follows a blank line, and is not the
-		// continuation of a list item.
-		if prevBlank && !afterList && (strings.HasPrefix(line, "    ") || strings.HasPrefix(line, "\t")) {
-			flush()
-			block := docBlock{lang: "indented", line: i + 1}
-			for ; i < len(lines) && (strings.HasPrefix(lines[i], "    ") || strings.HasPrefix(lines[i], "\t") || strings.TrimSpace(lines[i]) == ""); i++ {
-				block.lines = append(block.lines, strings.TrimPrefix(strings.TrimPrefix(lines[i], "\t"), "    "))
-			}
-			i--
-			d.blocks = append(d.blocks, block)
-			continue
-		}
-		if prevBlank {
-			afterList = listItemLine.MatchString(line)
-		}
-		prevBlank = false
-		if m := headingLine.FindStringSubmatch(line); m != nil {
-			flush()
-			slug := githubSlug(m[2])
-			if n, dup := seen[slug]; dup {
-				seen[slug] = n + 1
-				slug = fmt.Sprintf("%s-%d", slug, n+1)
+		switch n := n.(type) {
+		case *ast.Heading:
+			// GitHub slugs the heading's source (goldmark's own IDs differ);
+			// a repeated slug gets -1, -2, ….
+			slug := githubSlug(string(n.Lines().Value(src)))
+			if k, dup := seen[slug]; dup {
+				seen[slug] = k + 1
+				slug = fmt.Sprintf("%s-%d", slug, k+1)
 			} else {
 				seen[slug] = 0
 			}
 			d.anchors[slug] = true
-			d.scanParagraph([]string{m[2]}, i+1)
-			continue
-		}
-		if strings.HasPrefix(strings.TrimSpace(line), "|") {
-			row := parseRow(line, i+1)
-			if n := len(d.rows); n > 0 && d.rows[n-1].line == i {
-				row.header = d.rows[n-1].header
-			} else if len(row.cells) > 0 {
-				row.header = row.cells[0].text
+		case *ast.Link:
+			link(n.Destination, n.Pos())
+		case *ast.Image:
+			link(n.Destination, n.Pos())
+		case *ast.LinkReferenceDefinition: // checked even when no link uses it
+			link(n.Destination, n.Pos())
+		case *ast.CodeSpan:
+			d.spans = append(d.spans, docSpan{text: spanText(n, src), line: lineOf(n.Pos())})
+		case *ast.FencedCodeBlock:
+			d.blocks = append(d.blocks, codeBlock(string(n.Language(src)), n, src, lineOf))
+		case *ast.CodeBlock:
+			d.blocks = append(d.blocks, codeBlock("indented", n, src, lineOf))
+		case *extast.TableHeader, *extast.TableRow:
+			row := tableRow{line: lineOf(n.FirstChild().Lines().At(0).Start)}
+			for c := n.FirstChild(); c != nil; c = c.NextSibling() {
+				cell := tableCell{text: string(c.Lines().Value(src))}
+				_ = ast.Walk(c, func(s ast.Node, entering bool) (ast.WalkStatus, error) {
+					if span, ok := s.(*ast.CodeSpan); ok && entering {
+						cell.spans = append(cell.spans, spanText(span, src))
+					}
+					return ast.WalkContinue, nil
+				})
+				row.cells = append(row.cells, cell)
 			}
+			if _, ok := n.(*extast.TableHeader); ok {
+				header = row.cells[0].text
+			}
+			row.header = header
 			d.rows = append(d.rows, row)
 		}
-		if len(para) == 0 {
-			paraStart = i + 1
-		}
-		para = append(para, line)
-	}
-	flush()
+		return ast.WalkContinue, nil
+	})
 	return d
 }
 
-// scanParagraph collects a paragraph's code spans, and its links outside
-// them (a link's text may run over a line break).
-func (d *doc) scanParagraph(lines []string, first int) {
-	spans, prose := codeSpans(strings.Join(lines, "\n"))
-	for _, sp := range spans {
-		d.spans = append(d.spans, docSpan{text: sp.text, line: first + sp.newlines})
-	}
-	for _, re := range []*regexp.Regexp{inlineLink, refLinkDef} {
-		for _, m := range re.FindAllStringSubmatchIndex(prose, -1) {
-			d.links = append(d.links, docLink{target: prose[m[2]:m[3]], line: first + strings.Count(prose[:m[0]], "\n")})
+// spanText is a code span's text, its line breaks as spaces.
+func spanText(n *ast.CodeSpan, src []byte) string {
+	var b strings.Builder
+	for c := n.FirstChild(); c != nil; c = c.NextSibling() {
+		if t, ok := c.(*ast.Text); ok {
+			b.Write(t.Segment.Value(src))
 		}
 	}
+	return strings.ReplaceAll(b.String(), "\n", " ")
 }
 
-type codeSpan struct {
-	text     string
-	newlines int // before it in the text
-}
-
-// codeSpans returns the code spans of a paragraph (a run of n backticks up
-// to the next run of exactly n), and the paragraph with each replaced by the
-// word "code", its line breaks kept.
-func codeSpans(text string) ([]codeSpan, string) {
-	var spans []codeSpan
-	var prose strings.Builder
-	for i := 0; i < len(text); {
-		if text[i] != '`' {
-			prose.WriteByte(text[i])
-			i++
-			continue
+// codeBlock is a code block's lines, with the line of the first (of the
+// line after the fence when there is none).
+func codeBlock(lang string, n ast.Node, src []byte, lineOf func(int) int) docBlock {
+	b := docBlock{lang: lang, line: lineOf(n.Pos()) + 1}
+	for i := 0; i < n.Lines().Len(); i++ {
+		seg := n.Lines().At(i)
+		if i == 0 {
+			b.line = lineOf(seg.Start)
 		}
-		n := 1
-		for i+n < len(text) && text[i+n] == '`' {
-			n++
-		}
-		fence := text[i : i+n]
-		end := -1
-		for j := i + n; j < len(text); {
-			k := strings.Index(text[j:], fence)
-			if k < 0 {
-				break
-			}
-			k += j
-			m := k + n
-			for m < len(text) && text[m] == '`' {
-				m++
-			}
-			if m-k == n {
-				end = k
-				break
-			}
-			j = m
-		}
-		if end < 0 { // no closing run: the backticks are text
-			prose.WriteString(fence)
-			i += n
-			continue
-		}
-		content := strings.ReplaceAll(text[i+n:end], "\n", " ")
-		if len(content) > 2 && content[0] == ' ' && content[len(content)-1] == ' ' {
-			content = content[1 : len(content)-1]
-		}
-		spans = append(spans, codeSpan{text: content, newlines: strings.Count(text[:i], "\n")})
-		prose.WriteString("code")
-		prose.WriteString(strings.Repeat("\n", strings.Count(text[i:end+n], "\n")))
-		i = end + n
+		b.lines = append(b.lines, strings.TrimSuffix(string(seg.Value(src)), "\n"))
 	}
-	return spans, prose.String()
-}
-
-// parseRow splits a table row into cells at the pipes that are not escaped.
-func parseRow(line string, n int) tableRow {
-	line = strings.TrimSpace(line)
-	line = strings.TrimPrefix(line, "|")
-	if strings.HasSuffix(line, "|") && !strings.HasSuffix(line, `\|`) {
-		line = line[:len(line)-1]
-	}
-	row := tableRow{line: n}
-	for _, idx := range splitUnescaped(line) {
-		text := strings.TrimSpace(idx)
-		spans, _ := codeSpans(text)
-		cell := tableCell{text: text}
-		for _, sp := range spans {
-			cell.spans = append(cell.spans, sp.text)
-		}
-		row.cells = append(row.cells, cell)
-	}
-	return row
-}
-
-// splitUnescaped splits at | but not at \|.
-func splitUnescaped(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i < len(s); i++ {
-		if s[i] == '|' && (i == 0 || s[i-1] != '\\') {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	return append(out, s[start:])
+	return b
 }
 
 var (
