@@ -96,7 +96,7 @@ const (
 	CodeEventIDEmpty       = "event_id_empty"
 	CodeEventTypeEmpty     = "event_type_empty" // the topic template uses {event_type}
 	CodePayloadNotHex      = "payload_not_hex"
-	CodeTopicInvalid       = "topic_invalid"             // the template makes an illegal topic
+	CodeTopicInvalid       = "topic_template_invalid"    // the template makes an illegal topic
 	CodeTopicReplacement   = "topic_invalid_replacement" // the Debezium replacement makes an illegal topic
 	CodeMessageNotObject   = "message_not_object"
 	CodeMessageFieldKind   = "message_field_kind" // a field of a logical message's content is unreadable
