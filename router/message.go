@@ -50,7 +50,7 @@ const (
 // A messageColumn is a key of the content and the column it stands for.
 type messageColumn struct {
 	name  string // the key: the column's name
-	what  string // the setting, for reasons
+	what  string // the field it holds, for reasons: never a config key (the CLI names them by the code)
 	kinds int    // the kinds it may hold
 	ts    bool   // an RFC 3339 time, written as Postgres's timestamptz text
 }
@@ -73,22 +73,22 @@ func (r *Router) shape() *messageShape {
 	c := r.cols
 	anyKind := kindString | kindNumber | kindOther
 	cols := []messageColumn{
-		{name: c.ID, what: keyColumns + "id", kinds: kindString | kindNumber},
-		{name: c.AggregateType, what: keyColumns + "aggregate_type", kinds: kindString},
-		{name: c.AggregateID, what: keyColumns + "aggregate_id", kinds: kindString | kindNumber},
-		{name: c.Payload, what: keyColumns + "payload", kinds: anyKind},
+		{name: c.ID, what: "field id", kinds: kindString | kindNumber},
+		{name: c.AggregateType, what: "field aggregate_type", kinds: kindString},
+		{name: c.AggregateID, what: "field aggregate_id", kinds: kindString | kindNumber},
+		{name: c.Payload, what: "field payload", kinds: anyKind},
 	}
 	if c.EventType != NoHeaders {
-		cols = append(cols, messageColumn{name: c.EventType, what: keyColumns + "event_type", kinds: kindString})
+		cols = append(cols, messageColumn{name: c.EventType, what: "field event_type", kinds: kindString})
 	}
 	if c.Headers != NoHeaders {
-		cols = append(cols, messageColumn{name: c.Headers, what: keyColumns + "headers", kinds: anyKind})
+		cols = append(cols, messageColumn{name: c.Headers, what: "field headers", kinds: anyKind})
 	}
 	if c.Timestamp != "" {
-		cols = append(cols, messageColumn{name: c.Timestamp, what: keyColumns + "timestamp", kinds: kindString, ts: true})
+		cols = append(cols, messageColumn{name: c.Timestamp, what: "field timestamp", kinds: kindString, ts: true})
 	}
 	if c.TracingSpanContext != "" {
-		cols = append(cols, messageColumn{name: c.TracingSpanContext, what: keyColumns + "tracing_span_context", kinds: kindString})
+		cols = append(cols, messageColumn{name: c.TracingSpanContext, what: "field tracing_span_context", kinds: kindString})
 	}
 	s := &messageShape{index: map[string]int{}}
 	for _, col := range cols {
@@ -98,7 +98,7 @@ func (r *Router) shape() *messageShape {
 	for _, f := range r.fields {
 		if _, dup := s.index[f.Column]; !dup {
 			s.index[f.Column] = len(s.cols)
-			s.cols = append(s.cols, messageColumn{name: f.Column, what: keyFields, kinds: anyKind})
+			s.cols = append(s.cols, messageColumn{name: f.Column, what: "an extra field", kinds: anyKind})
 		}
 	}
 	rel := func(payloadOID uint32) rowColumns {
@@ -131,7 +131,7 @@ func (r *Router) RouteMessage(content []byte) (Message, error) {
 	if problem != "" {
 		// Nothing of it can be trusted: the content itself is kept, for
 		// the operator to read in the retry table.
-		return Message{Event: event.Event{Value: content}}, &RouteError{Reason: "the message content " + problem + ": emit a JSON object of the outbox fields"}
+		return Message{Event: event.Event{Value: content}}, &RouteError{Code: CodeMessageNotObject, Reason: "the message content " + problem + ": emit a JSON object of the outbox fields"}
 	}
 	values := make([][]byte, len(s.cols))
 	var problems []string
@@ -182,7 +182,7 @@ func (r *Router) RouteMessage(content []byte) (Message, error) {
 	}
 	if len(problems) > 0 {
 		m.Headers = nil
-		return m, &RouteError{EventID: m.ID, Reason: "the message content has " + strings.Join(problems, "; ")}
+		return m, &RouteError{EventID: m.ID, Code: CodeMessageFieldKind, Reason: "the message content has " + strings.Join(problems, "; ")}
 	}
 	return m, err
 }

@@ -112,8 +112,8 @@ func TestRouteMessageHostile(t *testing.T) {
 		{"number", `12`, "not an object", true, "", ""},
 		{"null", `null`, "not an object", true, "", ""},
 		{"duplicate id", `{"id":"a","aggregate_type":"T","aggregate_id":"k","id":"b"}`, `the key "id" twice`, true, "", ""},
-		{"id an object", `{"id":{"x":1},"aggregate_type":"T","aggregate_id":"k","event_type":"E"}`, `"id" (outbox.columns.id) is an object`, false, "T", "k"},
-		{"aggregate type a number", `{"id":"a","aggregate_type":7,"aggregate_id":"k","event_type":"E"}`, `"aggregate_type" (outbox.columns.aggregate_type) is a number; want a string`, false, "", "k"},
+		{"id an object", `{"id":{"x":1},"aggregate_type":"T","aggregate_id":"k","event_type":"E"}`, `"id" (field id) is an object`, false, "T", "k"},
+		{"aggregate type a number", `{"id":"a","aggregate_type":7,"aggregate_id":"k","event_type":"E"}`, `"aggregate_type" (field aggregate_type) is a number; want a string`, false, "", "k"},
 		{"event type an array", `{"id":"a","aggregate_type":"T","aggregate_id":"k","event_type":["E"]}`, `"event_type"`, false, "T", "k"},
 		{"aggregate id a boolean", `{"id":"a","aggregate_type":"T","aggregate_id":true,"event_type":"E"}`, `"aggregate_id"`, false, "T", ""},
 		{"bad timestamp", `{"id":"a","aggregate_type":"T","aggregate_id":"k","event_type":"E","ts":"yesterday"}`, "not an RFC 3339 time", false, "T", "k"},
@@ -127,6 +127,11 @@ func TestRouteMessageHostile(t *testing.T) {
 			var re *router.RouteError
 			if !errors.As(err, &re) || !strings.Contains(re.Reason, tt.reason) {
 				t.Fatalf("RouteMessage(%.60q) error = %v; want a *RouteError saying %q", tt.content, err, tt.reason)
+			}
+			// The field's setting (outbox.columns.<field>) is the CLI's to
+			// name, by the code (cmd's TestRetryReasonRendered).
+			if strings.Contains(tt.reason, "(field ") && re.Code != router.CodeMessageFieldKind {
+				t.Errorf("RouteMessage(%.60q) code = %q; want %q", tt.content, re.Code, router.CodeMessageFieldKind)
 			}
 			if tt.valueIsContent && string(m.Value) != tt.content {
 				t.Errorf("RouteMessage(%.60q).Value = %.60q; want the content itself", tt.content, m.Value)

@@ -80,9 +80,27 @@ type Message struct {
 // rest of the stream goes on.
 type RouteError struct {
 	EventID string // "" when the id itself is missing
-	Reason  string // what is wrong and how to fix it, in plain words
-	Err     error  // underlying error, if any
+	// Code names the reason, stable across versions (see the Code
+	// constants): it is stored with the retry row, so that the CLI can say
+	// it in the operator's words, with the config keys, which a library
+	// does not speak and whose renaming must not change stored text.
+	Code   string
+	Reason string // what is wrong and how to fix it, in plain words
+	Err    error  // underlying error, if any
 }
+
+// The codes of a RouteError.
+const (
+	CodeAggregateTypeEmpty = "aggregate_type_empty"
+	CodeAggregateIDEmpty   = "aggregate_id_empty"
+	CodeEventIDEmpty       = "event_id_empty"
+	CodeEventTypeEmpty     = "event_type_empty" // the topic template uses {event_type}
+	CodePayloadNotHex      = "payload_not_hex"
+	CodeTopicInvalid       = "topic_template_invalid"    // the template makes an illegal topic
+	CodeTopicReplacement   = "topic_invalid_replacement" // the Debezium replacement makes an illegal topic
+	CodeMessageNotObject   = "message_not_object"
+	CodeMessageFieldKind   = "message_field_kind" // a field of a logical message's content is unreadable
+)
 
 func (e *RouteError) Error() string {
 	id := e.EventID
@@ -237,7 +255,7 @@ func (r *Router) route(values [][]byte, name string, pos *positions) (Message, e
 	if pos.payloadBytea && value != nil {
 		v, err := connect.DecodeBytea(value)
 		if err != nil {
-			valueErr = &RouteError{EventID: m.ID, Reason: fmt.Sprintf("the bytea payload (column %q) is not in hex format: set bytea_output = 'hex' for the replication role", r.cols.Payload), Err: err}
+			valueErr = &RouteError{EventID: m.ID, Code: CodePayloadNotHex, Reason: fmt.Sprintf("the bytea payload (column %q) is not in hex format: set bytea_output = 'hex' for the replication role", r.cols.Payload), Err: err}
 		} else {
 			value = v
 		}
@@ -256,21 +274,21 @@ func (r *Router) route(values [][]byte, name string, pos *positions) (Message, e
 	eventID := m.ID
 	aggType := values[pos.aggregateType]
 	if len(aggType) == 0 {
-		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}
+		return m, &RouteError{EventID: eventID, Code: CodeAggregateTypeEmpty, Reason: fmt.Sprintf("the aggregate type (column %q) is NULL or empty, so the event has no topic: insert it with an aggregate type", r.cols.AggregateType)}
 	}
 	// The topic first: with the key it places a failed event in its
 	// aggregate's lane, so that the aggregate's later events wait behind it.
-	topic, reason := r.topic(aggType, eventType)
+	topic, code, reason := r.topic(aggType, eventType)
 	if reason != "" {
-		return m, &RouteError{EventID: eventID, Reason: reason}
+		return m, &RouteError{EventID: eventID, Code: code, Reason: reason}
 	}
 	m.Topic = topic
 	if len(id) == 0 {
-		return m, &RouteError{Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
+		return m, &RouteError{Code: CodeEventIDEmpty, Reason: fmt.Sprintf("the event id (column %q) is NULL or empty: every event needs an id, its consumers' dedup key", r.cols.ID)}
 	}
 	aggID := values[pos.aggregateID]
 	if len(aggID) == 0 {
-		return m, &RouteError{EventID: eventID, Reason: fmt.Sprintf("the aggregate id (column %q) is NULL or empty, so the event has no Kafka key and no order: insert it with an aggregate id", r.cols.AggregateID)}
+		return m, &RouteError{EventID: eventID, Code: CodeAggregateIDEmpty, Reason: fmt.Sprintf("the aggregate id (column %q) is NULL or empty, so the event has no Kafka key and no order: insert it with an aggregate id", r.cols.AggregateID)}
 	}
 
 	if valueErr != nil {

@@ -80,7 +80,7 @@ func TestTopicInvalid(t *testing.T) {
 		name, template, aggregateType, eventType string
 		wantInErr                                []string
 	}{
-		{"space", "", "Order Line", "", []string{`"outbox.event.Order Line"`, `aggregate type "Order Line"`, "topics.overrides"}},
+		{"space", "", "Order Line", "", []string{`"outbox.event.Order Line"`, `aggregate type "Order Line"`, "add an override"}},
 		{"unicode", "", "Bestellung-ä", "", []string{"Bestellung", "letters, digits"}},
 		{"too long", "", strings.Repeat("a", 240), "", []string{"at most 249"}},
 		{"dot", "{aggregate_type}", ".", "", []string{`"."`, "not allowed"}},
@@ -95,6 +95,18 @@ func TestTopicInvalid(t *testing.T) {
 			var rerr *router.RouteError
 			if !errors.As(err, &rerr) {
 				t.Fatalf("Topic(%q, %q) = %q, %v; want a *RouteError", tt.aggregateType, tt.eventType, got, err)
+			}
+			// The settings to change (topics.overrides, topics.template) are
+			// the CLI's to name, by the code (cmd's TestRetryReasonRendered).
+			wantCode := router.CodeTopicInvalid
+			switch tt.name {
+			case "empty aggregate type":
+				wantCode = router.CodeAggregateTypeEmpty
+			case "empty event type":
+				wantCode = router.CodeEventTypeEmpty
+			}
+			if rerr.Code != wantCode {
+				t.Errorf("Topic(%q, %q) code = %q; want %q", tt.aggregateType, tt.eventType, rerr.Code, wantCode)
 			}
 			for _, w := range tt.wantInErr {
 				if !strings.Contains(err.Error(), w) {

@@ -18,49 +18,50 @@ const maxTopicCache = 4096
 // The error, a *RouteError, says why the result would not be a legal topic.
 func (r *Router) Topic(aggregateType, eventType string) (string, error) {
 	if aggregateType == "" {
-		return "", &RouteError{Reason: "the aggregate type is empty, so the event has no topic"}
+		return "", &RouteError{Code: CodeAggregateTypeEmpty, Reason: "the aggregate type is empty, so the event has no topic"}
 	}
-	topic, reason := r.topic([]byte(aggregateType), []byte(eventType))
+	topic, code, reason := r.topic([]byte(aggregateType), []byte(eventType))
 	if reason != "" {
-		return "", &RouteError{Reason: reason}
+		return "", &RouteError{Code: code, Reason: reason}
 	}
 	return topic, nil
 }
 
-// topic returns the topic or the reason it cannot route. It takes bytes so
+// topic returns the topic or the reason it cannot route and its code. The
+// reason names no config key (the CLI adds them by the code). It takes bytes so
 // that the hot path can look up the caches without allocating.
-func (r *Router) topic(aggregateType, eventType []byte) (string, string) {
+func (r *Router) topic(aggregateType, eventType []byte) (topic, code, reason string) {
 	if len(r.overrides) > 0 {
 		if t, ok := r.overrides[string(aggregateType)]; ok {
-			return t, ""
+			return t, "", ""
 		}
 	}
 	if r.rt.regex == nil && r.tmpl.constant {
-		return r.tmpl.parts[0].lit, ""
+		return r.tmpl.parts[0].lit, "", ""
 	}
 	if r.topics != nil {
 		if t, ok := r.topics[string(aggregateType)]; ok {
-			return t, ""
+			return t, "", ""
 		}
 	}
 	if r.rt.regex != nil {
-		topic := r.rt.regex.topic(aggregateType)
+		topic = r.rt.regex.topic(aggregateType)
 		if why := invalidTopic(topic); why != "" {
-			return "", fmt.Sprintf("topic %q for aggregate type %q %s; add an override in %s or change %s", topic, aggregateType, why, keyOverrides, keyTopicReplacement)
+			return "", CodeTopicReplacement, fmt.Sprintf("topic %q for aggregate type %q %s; add an override for the aggregate type or change the topic replacement", topic, aggregateType, why)
 		}
 		r.cacheTopic(aggregateType, topic)
-		return topic, ""
+		return topic, "", ""
 	}
 	if r.tmpl.useEventType && len(eventType) == 0 {
-		return "", fmt.Sprintf("the event type is NULL or empty but %s %q uses {event_type}: insert the event with an event type, or add an override in %s for aggregate type %q",
-			keyTopic, r.tmpl.String(), keyOverrides, aggregateType)
+		return "", CodeEventTypeEmpty, fmt.Sprintf("the event type is NULL or empty but the topic template %q uses {event_type}: insert the event with an event type, or add an override for aggregate type %q",
+			r.tmpl.String(), aggregateType)
 	}
-	topic := r.tmpl.expand(aggregateType, eventType)
+	topic = r.tmpl.expand(aggregateType, eventType)
 	if why := invalidTopic(topic); why != "" {
-		return "", fmt.Sprintf("topic %q for aggregate type %q %s; add an override in %s or change %s", topic, aggregateType, why, keyOverrides, keyTopic)
+		return "", CodeTopicInvalid, fmt.Sprintf("topic %q for aggregate type %q %s; add an override for the aggregate type or change the topic template", topic, aggregateType, why)
 	}
 	r.cacheTopic(aggregateType, topic)
-	return topic, ""
+	return topic, "", ""
 }
 
 func (r *Router) cacheTopic(aggregateType []byte, topic string) {

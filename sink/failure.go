@@ -37,9 +37,22 @@ func judge(fails []Failure, events []event.Event) {
 	for i := range fails {
 		f := &fails[i]
 		f.Permanent = permanent(f.Err)
-		f.Reason = reason(f.Err, &events[f.Index])
+		f.Code, f.Reason = reason(f.Err, &events[f.Index])
 	}
 }
+
+// The codes of a Failure (and a TopicError): what its Reason says, stable
+// across versions. The CLI says each with the config keys that bear on it.
+const (
+	CodeBehind                   = "behind"                      // ErrBehind
+	CodeMessageTooLarge          = "message_too_large"           // also the relay's batch limit must admit it
+	CodeTopicMissing             = "topic_missing"               // Kafka does not know the topic
+	CodeTopicNotCreated          = "topic_not_created"           // missing, and the relay's auto-creation is off
+	CodeTopicNotAuthorized       = "topic_not_authorized"        // no WRITE or DESCRIBE
+	CodeTopicNotAuthorizedCreate = "topic_not_authorized_create" // …or no CREATE, with auto-creation on
+	CodeTopicInvalid             = "topic_invalid"               // an invalid or colliding topic name
+	CodeKafkaRefused             = "kafka_refused"               // any other refusal
+)
 
 // kerrOf is the Kafka error code err carries, as franz-go's kerr error,
 // nil when it carries none. The failure vocabulary is decided on kerr's
@@ -108,16 +121,16 @@ func topicLevel(err error) bool {
 }
 
 // reason says in plain words why Kafka refused e with err, a Failure's error,
-// and what fixes it.
-func reason(err error, e *event.Event) string {
+// and what fixes it, and the code of what it says. It names no config key.
+func reason(err error, e *event.Event) (code, text string) {
 	// Each case appends err: for a *TopicError its text holds Kafka's own
 	// words (a collision's, a policy's).
 	if errors.Is(err, ErrBehind) {
-		return fmt.Sprintf("not written to topic %q: an earlier message with the same key failed, and it waits behind it", e.Topic)
+		return CodeBehind, fmt.Sprintf("not written to topic %q: an earlier message with the same key failed, and it waits behind it", e.Topic)
 	}
 	switch kerrOf(err) {
 	case kerr.MessageTooLarge, kerr.RecordListTooLarge:
-		return fmt.Sprintf("the message (%d bytes) is larger than Kafka accepts for topic %q: raise the topic's max.message.bytes (and kafka.batch_bytes) and requeue it, or drop it (%v)",
+		return CodeMessageTooLarge, fmt.Sprintf("the message (%d bytes) is larger than Kafka accepts for topic %q: raise the topic's max.message.bytes (and the relay's batch limit) and requeue it, or drop it (%v)",
 			len(e.Key)+len(e.Value), e.Topic, err)
 	case kerr.UnknownTopicOrPartition:
 		// The topic check's reason knows whether the relay asked for
@@ -125,14 +138,18 @@ func reason(err error, e *event.Event) string {
 		// not create topics" to it contradicted it when it did.
 		var te *TopicError
 		if errors.As(err, &te) && te.Reason != "" {
-			return fmt.Sprintf("topic %q %s", e.Topic, te.Reason)
+			code := te.Code
+			if code == "" {
+				code = CodeTopicMissing
+			}
+			return code, fmt.Sprintf("topic %q %s", e.Topic, te.Reason)
 		}
-		return fmt.Sprintf("topic %q does not exist: create it (kafka.allow_auto_topic_creation also needs the broker's auto.create.topics.enable); retried with backoff (%v)",
+		return CodeTopicMissing, fmt.Sprintf("topic %q does not exist: create it (the relay's topic auto-creation also needs the broker's auto.create.topics.enable); retried with backoff (%v)",
 			e.Topic, err)
 	case kerr.TopicAuthorizationFailed:
-		return fmt.Sprintf("the relay's Kafka user may not write to topic %q: grant it and requeue (%v)", e.Topic, err)
+		return CodeTopicNotAuthorized, fmt.Sprintf("the relay's Kafka user may not write to topic %q: grant it and requeue (%v)", e.Topic, err)
 	case kerr.InvalidTopicException:
-		return fmt.Sprintf("%q is not a valid topic name: fix the topic config and requeue (%v)", e.Topic, err)
+		return CodeTopicInvalid, fmt.Sprintf("%q is not a valid topic name: fix the topic config and requeue (%v)", e.Topic, err)
 	}
-	return fmt.Sprintf("Kafka refused the message for topic %q: %v", e.Topic, err)
+	return CodeKafkaRefused, fmt.Sprintf("Kafka refused the message for topic %q: %v", e.Topic, err)
 }

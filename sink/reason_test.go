@@ -22,25 +22,34 @@ func TestMissingTopicReason(t *testing.T) {
 		err     error
 		want    []string
 		notWant []string
+		code    string
 	}{
 		{"auto-creation on, broker did not create it",
 			fmt.Errorf("write: %w", &TopicError{Topic: "orders", Err: kafka.UnknownTopicOrPartition,
 				Reason: "does not exist and was not created within 5s: check the broker's auto.create.topics.enable and the relay's CREATE permission, or create the topic; the event is retried"}),
 			[]string{`topic "orders" does not exist and was not created within 5s`, "auto.create.topics.enable"},
-			[]string{"does not create topics", "set kafka.allow_auto_topic_creation", `topic "orders": `}},
+			[]string{"does not create topics", "set kafka.allow_auto_topic_creation", `topic "orders": `}, ""},
 		{"auto-creation off",
-			&TopicError{Topic: "orders", Err: kafka.UnknownTopicOrPartition,
-				Reason: "does not exist and kafka.allow_auto_topic_creation is off: create the topic; the event is retried"},
-			[]string{`topic "orders" does not exist and kafka.allow_auto_topic_creation is off`},
-			[]string{"does not create topics"}},
+			&TopicError{Topic: "orders", Err: kafka.UnknownTopicOrPartition, Code: CodeTopicNotCreated,
+				Reason: "does not exist and the relay's topic auto-creation is off: create the topic; the event is retried"},
+			[]string{`topic "orders" does not exist and the relay's topic auto-creation is off`},
+			[]string{"does not create topics"}, CodeTopicNotCreated},
 		{"bare Kafka error",
 			kafka.UnknownTopicOrPartition,
 			[]string{`topic "orders" does not exist: create it`, "auto.create.topics.enable"},
-			[]string{"does not create topics"}},
+			[]string{"does not create topics"}, CodeTopicMissing},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := reason(tt.err, e)
+			code, got := reason(tt.err, e)
+			if want := tt.code; want == "" {
+				// A TopicError without a code is a missing topic's.
+				if code != CodeTopicMissing {
+					t.Errorf("reason code = %q; want %q", code, CodeTopicMissing)
+				}
+			} else if code != want {
+				t.Errorf("reason code = %q; want %q", code, want)
+			}
 			for _, w := range tt.want {
 				if !strings.Contains(got, w) {
 					t.Errorf("reason = %q; want it to contain %q", got, w)

@@ -59,8 +59,10 @@ const missingTTL = 30 * time.Second
 type TopicError struct {
 	Topic string
 	// Reason says in plain words what is wrong and how to fix it, with
-	// Kafka's own message when Kafka gave one.
+	// Kafka's own message when Kafka gave one. It names no config key.
 	Reason string
+	// Code names the reason (a Failure's Code).
+	Code string
 	// Err is Kafka's error code (kafka.InvalidTopic,
 	// kafka.UnknownTopicOrPartition, kafka.TopicAuthorizationFailed, …) for
 	// errors.Is.
@@ -98,8 +100,8 @@ func checkTopicName(topic string) error {
 	if why == "" {
 		return nil
 	}
-	return &TopicError{Topic: topic, Err: kafka.InvalidTopic, Permanent: true,
-		Reason: "invalid topic name: " + why + "; fix the routing (topics.template or topics.overrides) or the aggregate type"}
+	return &TopicError{Topic: topic, Err: kafka.InvalidTopic, Permanent: true, Code: CodeTopicInvalid,
+		Reason: "invalid topic name: " + why + "; fix the routing or the aggregate type"}
 }
 
 // unifiedTopic is a topic's name as Kafka compares names for collisions.
@@ -119,19 +121,20 @@ type missing struct {
 func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, cause error) (error, bool) {
 	switch {
 	case errors.Is(cause, kafka.TopicAuthorizationFailed):
-		reason := "not authorized: grant the relay's principal WRITE and DESCRIBE on the topic"
+		reason, code := "not authorized: grant the relay's principal WRITE and DESCRIBE on the topic", CodeTopicNotAuthorized
 		if k.cfg.AllowAutoTopicCreation {
 			// Kafka answers the same for a missing topic the principal may
 			// describe but not create (auto-creation asks for CREATE).
-			reason += ", and CREATE if the topic does not exist yet (or create it, or set kafka.allow_auto_topic_creation: false)"
+			reason += ", and CREATE if the topic does not exist yet (or create it, or turn the relay's topic auto-creation off)"
+			code = CodeTopicNotAuthorizedCreate
 		}
-		return &TopicError{Topic: topic, Err: cause, Permanent: true, Reason: reason}, false
+		return &TopicError{Topic: topic, Err: cause, Permanent: true, Code: code, Reason: reason}, false
 	case errors.Is(cause, kafka.InvalidTopic):
 		reason := "Kafka refuses the topic name as invalid"
 		if msg, code := k.validateCreate(ctx, topic); code == kafka.InvalidTopic && msg != "" {
 			reason += ": " + msg
 		}
-		return &TopicError{Topic: topic, Err: cause, Permanent: true, Reason: reason}, false
+		return &TopicError{Topic: topic, Err: cause, Permanent: true, Code: CodeTopicInvalid, Reason: reason}, false
 	}
 	if ctx.Err() != nil {
 		return ctx.Err(), false
@@ -150,15 +153,15 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 		if msg, code := k.validateCreate(ctx, topic); code == kafka.InvalidTopic && msg != "" {
 			reason = "the name collides with an existing topic (Kafka treats '.' and '_' alike): " + msg
 		}
-		return &TopicError{Topic: topic, Err: kafka.InvalidTopic, Permanent: true,
-			Reason: reason + "; fix the routing (topics.template or topics.overrides) or rename a topic"}, false
+		return &TopicError{Topic: topic, Err: kafka.InvalidTopic, Permanent: true, Code: CodeTopicInvalid,
+			Reason: reason + "; fix the routing or rename a topic"}, false
 	}
 	if !known && !k.cfg.AllowAutoTopicCreation {
 		// Remembered like a topic waited for in vain: lookTopic reads the
 		// whole cluster's metadata, and a retry table of 100,000
 		// aggregates waiting for this topic asked it once per write.
-		err := &TopicError{Topic: topic, Err: cause,
-			Reason: "does not exist and kafka.allow_auto_topic_creation is off: create the topic; the event is retried"}
+		err := &TopicError{Topic: topic, Err: cause, Code: CodeTopicNotCreated,
+			Reason: "does not exist and the relay's topic auto-creation is off: create the topic; the event is retried"}
 		k.rememberMissing(topic, err)
 		return err, false
 	}
@@ -190,15 +193,15 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 	case code == kafka.TopicAlreadyExists:
 		reason = fmt.Sprintf("exists, but its partition leaders did not serve it within %s (UNKNOWN_TOPIC_OR_PARTITION): check the brokers' logs; the event is retried", k.cfg.TopicWait)
 	case code == kafka.InvalidTopic:
-		return &TopicError{Topic: topic, Err: code, Permanent: true,
-			Reason: "Kafka refuses to create it: " + msg + "; fix the routing (topics.template or topics.overrides)"}, false
+		return &TopicError{Topic: topic, Err: code, Permanent: true, Code: CodeTopicInvalid,
+			Reason: "Kafka refuses to create it: " + msg + "; fix the routing"}, false
 	case code != 0:
 		if msg == "" {
 			msg = code.Title()
 		}
 		reason = fmt.Sprintf("does not exist and Kafka refuses to create it (%s): create it with settings the cluster accepts, or allow the relay to; the event is retried", msg)
 	}
-	err := &TopicError{Topic: topic, Err: kafka.UnknownTopicOrPartition, Reason: reason}
+	err := &TopicError{Topic: topic, Err: kafka.UnknownTopicOrPartition, Code: CodeTopicMissing, Reason: reason}
 	k.rememberMissing(topic, err)
 	k.log.Warn("kafka topic missing", "topic", topic, "err", err)
 	return err, false

@@ -34,7 +34,7 @@ func topicExists(t *testing.T, brokers []string, topic string) bool {
 // that the good ones were acknowledged, the bad ones failed with an error
 // containing every string of want, permanent as wanted, and that Write
 // returned within limit.
-func writeMixed(t *testing.T, k *sink.Kafka, kc *testenv.KafkaCluster, good, bad string, limit time.Duration, permanent bool, target error, want ...string) {
+func writeMixed(t *testing.T, k *sink.Kafka, kc *testenv.KafkaCluster, good, bad string, limit time.Duration, permanent bool, target error, want ...string) []sink.Failure {
 	t.Helper()
 	in := msgs(good, 5, 2)
 	in[1].Topic, in[3].Topic = bad, bad
@@ -80,6 +80,7 @@ func writeMixed(t *testing.T, k *sink.Kafka, kc *testenv.KafkaCluster, good, bad
 	if since, cause := k.Outage(); !since.IsZero() {
 		t.Errorf("Outage() = %s, %v; want none", since, cause)
 	}
+	return werr.Failures
 }
 
 // A topic whose name collides with an existing one (P_x when P.x exists) can
@@ -117,8 +118,14 @@ func TestKafkaMissingTopicFailsFast(t *testing.T) {
 	missing := testenv.UniqueName(t, "missing")
 	kc.CreateTopic(t, good, 2)
 	k := newSink(t, sink.Config{Brokers: kc.Brokers})
-	writeMixed(t, k, kc, good, missing, 2*time.Second, false, kafka.UnknownTopicOrPartition,
-		`"`+missing+`"`, "does not exist", "kafka.allow_auto_topic_creation")
+	fails := writeMixed(t, k, kc, good, missing, 2*time.Second, false, kafka.UnknownTopicOrPartition,
+		`"`+missing+`"`, "does not exist", "topic auto-creation is off")
+	// The CLI names kafka.allow_auto_topic_creation by the code (cmd's reasons).
+	for _, f := range fails {
+		if f.Code != sink.CodeTopicNotCreated {
+			t.Errorf("Failure{%d}.Code = %q; want %q", f.Index, f.Code, sink.CodeTopicNotCreated)
+		}
+	}
 	if topicExists(t, kc.Brokers, missing) {
 		t.Errorf("topic %s exists; want it not created", missing)
 	}

@@ -41,8 +41,12 @@ type Failure struct {
 	// ErrBehind.
 	Permanent bool
 	// Reason says in plain words why the event was refused and what fixes
-	// it: the last_error of a retry-table row.
+	// it: the last_error of a retry-table row. It names no config key.
 	Reason string
+	// Code names the reason, stable across versions (the sink's Code
+	// constants): stored with the retry row as reason_code, so that the CLI
+	// says it with the config keys, which a sink does not speak.
+	Code string
 }
 
 // WriteError lists the events of a Write that failed on their own, by

@@ -67,15 +67,17 @@ CREATE TABLE IF NOT EXISTS "outbox_relay_retry" (
     "last_resort" bytea,
     "message_time" timestamptz,
     "outbox_table" text,
-    "slot_name" text
+    "slot_name" text,
+    "reason_code" text
 );
 
--- Tables made before last-resort records, message timestamps, several outbox tables
--- and rows owned by a slot existed.
+-- Tables made before last-resort records, message timestamps, several outbox tables,
+-- rows owned by a slot and reason codes existed.
 ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "last_resort" bytea;
 ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "message_time" timestamptz;
 ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "outbox_table" text;
 ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "slot_name" text;
+ALTER TABLE "outbox_relay_retry" ADD COLUMN IF NOT EXISTS "reason_code" text;
 
 -- Earlier versions made event_key unique across the table. It is unique per
 -- slot now: two slots reading one outbox table park the same event under the

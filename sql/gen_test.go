@@ -54,7 +54,7 @@ func files(t *testing.T) map[string]string {
 	outboxStmts := sql.OutboxTable(outbox, sql.Columns{}, sql.LayoutRelay)
 	retryStmts := sql.RetryTable(retry)
 	historyStmts := sql.CheckpointHistoryTable(checkpoint)
-	if len(outboxStmts) != 2 || len(retryStmts) != 12 || len(historyStmts) != 2 {
+	if len(outboxStmts) != 2 || len(retryStmts) != 13 || len(historyStmts) != 2 {
 		t.Fatalf("OutboxTable, RetryTable or CheckpointHistoryTable changed its statements: update the comments of files()")
 	}
 	return map[string]string{
@@ -72,12 +72,12 @@ func files(t *testing.T) map[string]string {
 				"\nWHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = " + sql.Literal(sql.DefaultSlot) + ")"}}),
 		"004_retry.sql": render(header004,
 			block{"", retryStmts[:1]},
-			block{"Tables made before last-resort records, message timestamps, several outbox tables\nand rows owned by a slot existed.", retryStmts[1:5]},
-			block{comment004Unique, retryStmts[5:6]},
-			block{"Indexes of earlier versions: without the slot, or on the aggregate's text.", retryStmts[6:9]},
-			block{"An event is stored once per slot: inserting it again after a crash changes nothing.", retryStmts[9:10]},
-			block{"The retry worker polls for its slot's due rows with it.", retryStmts[10:11]},
-			block{comment004Aggregate, retryStmts[11:]},
+			block{"Tables made before last-resort records, message timestamps, several outbox tables,\nrows owned by a slot and reason codes existed.", retryStmts[1:6]},
+			block{comment004Unique, retryStmts[6:7]},
+			block{"Indexes of earlier versions: without the slot, or on the aggregate's text.", retryStmts[7:10]},
+			block{"An event is stored once per slot: inserting it again after a crash changes nothing.", retryStmts[10:11]},
+			block{"The retry worker polls for its slot's due rows with it.", retryStmts[11:12]},
+			block{comment004Aggregate, retryStmts[12:]},
 			block{"The WAL buffer: what a relay that cannot deliver has read, in WAL order, so that\nits slot need not keep the WAL (postgres.max_retained_wal; docs/wal-buffer.md).",
 				sql.WALBufferTableDDL(sql.WALBufferTable(retry))}),
 		"005_replay.sql": render(header005, block{"", sql.ReplayTable(checkpoint)[:1]},

@@ -51,12 +51,14 @@ func RetryTable(t Table) []string {
     "last_resort" bytea,
     "message_time" timestamptz,
     "outbox_table" text,
-    "slot_name" text
+    "slot_name" text,
+    "reason_code" text
 )`, t.Quoted()),
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "last_resort" bytea`, t.Quoted()),
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "message_time" timestamptz`, t.Quoted()),
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "outbox_table" text`, t.Quoted()),
 		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "slot_name" text`, t.Quoted()),
+		fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS "reason_code" text`, t.Quoted()),
 		// Earlier versions made event_key unique across the table (a
 		// column constraint, named by PostgreSQL): found by its column,
 		// whatever its name.

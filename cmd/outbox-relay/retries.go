@@ -195,7 +195,7 @@ func writeRetryEntries(w io.Writer, entries []retry.Entry, now time.Time) {
 		// no control character reaches the operator's terminal.
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", en.Seq, ops.Printable(dashIfEmpty(en.EventID)),
 			ops.Printable(truncateRunes(en.Aggregate, 40)), ops.Printable(dashIfEmpty(en.Topic)), retryStatus(en), en.Attempts, next,
-			ops.RoughDuration(now.Sub(en.CreatedAt)), ops.Printable(truncateRunes(singleLine(en.LastError), 60)))
+			ops.RoughDuration(now.Sub(en.CreatedAt)), ops.Printable(truncateRunes(singleLine(lastError(en)), 60)))
 	}
 	tw.Flush()
 }
@@ -215,7 +215,8 @@ type retryEntryJSON struct {
 	Waiting       bool              `json:"waiting"`
 	Attempts      int               `json:"attempts"`
 	NextAttemptAt time.Time         `json:"next_attempt_at"`
-	LastError     string            `json:"last_error"`
+	LastError     string            `json:"last_error"`  // with the config keys of its code (lastError)
+	ReasonCode    *string           `json:"reason_code"` // null for none and for rows of earlier versions
 	FirstFailedAt time.Time         `json:"first_failed_at"`
 	SourceLSN     *string           `json:"source_lsn"`
 	CommitTime    *time.Time        `json:"commit_time"`
@@ -248,7 +249,7 @@ func retryEntryToJSON(en retry.Entry, withBody bool) retryEntryJSON {
 		Seq: en.Seq, EventKey: en.EventKey, EventID: nullIfEmpty(en.EventID), Aggregate: en.Aggregate,
 		AggregateType: nullIfEmpty(en.AggregateType), AggregateID: nullIfEmpty(en.AggregateID),
 		EventType: nullIfEmpty(en.EventType), Topic: nullIfEmpty(en.Topic), OutboxTable: nullIfEmpty(en.Table), Status: string(en.Status),
-		Waiting: en.Waiting, Attempts: en.Attempts, NextAttemptAt: en.NextAttemptAt, LastError: en.LastError,
+		Waiting: en.Waiting, Attempts: en.Attempts, NextAttemptAt: en.NextAttemptAt, LastError: lastError(en), ReasonCode: nullIfEmpty(en.ReasonCode),
 		FirstFailedAt: en.FirstFailedAt, CreatedAt: en.CreatedAt, UpdatedAt: en.UpdatedAt,
 		LastResort: en.LastResort,
 	}
@@ -362,7 +363,7 @@ func writeRetryEntry(w io.Writer, en retry.Entry, now time.Time) {
 	default:
 		row("next attempt", "due")
 	}
-	row("last error", "%s", dashIfEmpty(en.LastError))
+	row("last error", "%s", dashIfEmpty(lastError(en)))
 	row("first failed", "%s (%s ago)", en.FirstFailedAt.Format(time.RFC3339), ops.RoughDuration(now.Sub(en.FirstFailedAt)))
 	row("in table since", "%s (%s ago)", en.CreatedAt.Format(time.RFC3339), ops.RoughDuration(now.Sub(en.CreatedAt)))
 	row("updated", "%s", en.UpdatedAt.Format(time.RFC3339))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -79,6 +80,7 @@ func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 			Reason: `topic "orders" does not exist and the relay does not create topics: create it`}
 	}
 	a1, a2, b1 := ev("A", "ev-a1"), ev("A", "ev-a2"), ev("B", "ev-b1")
+	a1.Code = sink.CodeTopicNotCreated // b1 has none, as rows of earlier versions
 	a2.Waiting, a2.Reason = true, "waiting behind ev-a1"
 	b1.Permanent, b1.Value, b1.Reason = true, []byte{0xff, 0x00, 0x01}, "the message is larger than Kafka accepts"
 	if err := s.Insert(context.Background(), []retry.Event{a1, a2, b1}); err != nil {
@@ -131,11 +133,21 @@ func TestRetriesShow(t *testing.T) {
 		t.Fatalf("retries show exit %d; stderr %s", code, errOut)
 	}
 	wantLines(t, "retries show", squeeze(out), fmt.Sprintf("seq: %d", rows[0].Seq), "status: pending",
-		"topic: orders", `value: {"n":1}`, "key: A", "headers:\n id: ev-a1", "last error: topic")
+		"topic: orders", `value: {"n":1}`, "key: A", "headers:\n id: ev-a1", "last error: topic",
+		"create it (kafka.allow_auto_topic_creation is off)")
 
 	code, out, _ = runRetries(t, "show", fmt.Sprint(rows[2].Seq))
 	wantLines(t, "retries show of a binary value", squeeze(out), "value: (3 bytes, not UTF-8, hex) ff0001", "status: dead",
-		"next attempt: none until requeued")
+		"next attempt: none until requeued", "last error: the message is larger than Kafka accepts\n")
+
+	code, out, _ = runRetries(t, "show", "ev-a1", "--json")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(out), &got); code != exitcode.OK || err != nil {
+		t.Fatalf("retries show ev-a1 --json = exit %d, %v:\n%s", code, err, out)
+	}
+	if got["reason_code"] != sink.CodeTopicNotCreated || !strings.HasSuffix(fmt.Sprint(got["last_error"]), "(kafka.allow_auto_topic_creation is off)") {
+		t.Errorf("retries show ev-a1 --json: reason_code %v, last_error %v; want %q and the setting named", got["reason_code"], got["last_error"], sink.CodeTopicNotCreated)
+	}
 	if code != exitcode.OK {
 		t.Errorf("retries show %d exit %d; want 0", rows[2].Seq, code)
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/router"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // retryConfig is the fixture's config with a fast retry worker and client
@@ -104,6 +106,8 @@ func TestFailedEventsGoToRetryTable(t *testing.T) {
 	// (A headers value that is not a JSON object is no failure: see
 	// TestHeadersCannotOverrideIdentity.)
 	order := []string{"invalid topic", "null type", "null id", "too large", "missing topic", "waiting on m-1"}
+	codes := map[string]string{"invalid topic": router.CodeTopicInvalid, "null type": router.CodeAggregateTypeEmpty,
+		"null id": router.CodeAggregateIDEmpty, "too large": sink.CodeMessageTooLarge, "waiting on m-1": ""}
 
 	good := 0
 	for _, name := range order {
@@ -135,6 +139,11 @@ func TestFailedEventsGoToRetryTable(t *testing.T) {
 		}
 		if !strings.Contains(e.LastError, b.reason) {
 			t.Errorf("%s: last_error %q; want it to say %q", name, e.LastError, b.reason)
+		}
+		// The reason's code is stored beside it, for the CLI to name the
+		// settings (a missing topic's depends on the sink's auto-creation).
+		if want, ok := codes[name]; ok && e.ReasonCode != want {
+			t.Errorf("%s: reason_code %q; want %q", name, e.ReasonCode, want)
 		}
 	}
 	if len(rows) != len(order) {

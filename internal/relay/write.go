@@ -372,6 +372,10 @@ func (r *writer) observe(c *chunk, sent []event.Event, parked int) {
 func failureEvent(f *routeFailure) retry.Event {
 	ev := retry.NewEvent(&f.ev)
 	ev.Reason = "cannot route the event: " + routeReason(f.err) + "; then requeue it"
+	var re *router.RouteError
+	if errors.As(f.err, &re) {
+		ev.Code = re.Code
+	}
 	ev.Permanent = true
 	return ev
 }
@@ -409,7 +413,7 @@ func refused(we *sink.WriteError, send []event.Event, sendAt []int) []diverted {
 		} else {
 			// What the failure means is the sink's to say.
 			ev = retry.NewEvent(e)
-			ev.Reason, ev.Permanent = f.Reason, f.Permanent
+			ev.Reason, ev.Code, ev.Permanent = f.Reason, f.Code, f.Permanent
 		}
 		out = append(out, diverted{place: 2*i + 1, ev: ev})
 	}

@@ -138,6 +138,7 @@ func (s *Store) insertRows(ctx context.Context, db execer, events []Event) (int6
 		ids, types, aggIDs, evTypes, tps = make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
 		msgKeys, values                  = make([][]byte, n), make([][]byte, n)
 		headers, reasons, lsns, tables   = make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
+		codes                            = make([]*string, n)
 		commitTimes, msgTimes            = make([]*time.Time, n), make([]*time.Time, n)
 		dead, waiting                    = make([]bool, n), make([]bool, n)
 	)
@@ -145,7 +146,7 @@ func (s *Store) insertRows(ctx context.Context, db execer, events []Event) (int6
 		keys[i], aggs[i] = e.EventKey, e.Aggregate
 		ids[i], types[i], aggIDs[i] = nullable(e.EventID), nullable(e.AggregateType), nullable(e.AggregateID)
 		evTypes[i], tps[i], reasons[i] = nullable(e.EventType), nullable(e.Topic), nullable(e.Reason)
-		msgKeys[i], values[i], tables[i] = e.Key, e.Value, nullable(e.Table)
+		msgKeys[i], values[i], tables[i], codes[i] = e.Key, e.Value, nullable(e.Table), nullable(e.Code)
 		h, err := encodeHeaders(e.Extra)
 		if err != nil {
 			return 0, fmt.Errorf("encode headers of event %q: %w", e.EventKey, err)
@@ -167,15 +168,15 @@ func (s *Store) insertRows(ctx context.Context, db execer, events []Event) (int6
 	// INSERT … SELECT … ORDER BY draws the serial in the order of the sorted
 	// rows, so seq follows the slice.
 	q := fmt.Sprintf(`INSERT INTO %s (event_key, event_id, aggregate, aggregate_type, aggregate_id, event_type,
-    topic, msg_key, value, headers, status, waiting, next_attempt_at, last_error, source_lsn, commit_time, message_time, outbox_table, slot_name)
-SELECT k, id, agg, at, aid, et, tp, mk, v, h::jsonb, CASE WHEN d THEN 'dead' ELSE 'pending' END, w, now(), r, l::pg_lsn, ct, mt, ot, $18
+    topic, msg_key, value, headers, status, waiting, next_attempt_at, last_error, source_lsn, commit_time, message_time, outbox_table, slot_name, reason_code)
+SELECT k, id, agg, at, aid, et, tp, mk, v, h::jsonb, CASE WHEN d THEN 'dead' ELSE 'pending' END, w, now(), r, l::pg_lsn, ct, mt, ot, $18, rc
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-    $8::bytea[], $9::bytea[], $10::text[], $11::bool[], $12::bool[], $13::text[], $14::text[], $15::timestamptz[], $16::timestamptz[], $17::text[])
-    WITH ORDINALITY AS u(k, id, agg, at, aid, et, tp, mk, v, h, d, w, r, l, ct, mt, ot, ord)
+    $8::bytea[], $9::bytea[], $10::text[], $11::bool[], $12::bool[], $13::text[], $14::text[], $15::timestamptz[], $16::timestamptz[], $17::text[], $19::text[])
+    WITH ORDINALITY AS u(k, id, agg, at, aid, et, tp, mk, v, h, d, w, r, l, ct, mt, ot, rc, ord)
 ORDER BY ord
 ON CONFLICT (slot_name, event_key) DO NOTHING`, s.table)
 	tag, err := db.Exec(ctx, q, keys, ids, aggs, types, aggIDs, evTypes, tps,
-		msgKeys, values, headers, dead, waiting, reasons, lsns, commitTimes, msgTimes, tables, s.slot)
+		msgKeys, values, headers, dead, waiting, reasons, lsns, commitTimes, msgTimes, tables, s.slot, codes)
 	return tag.RowsAffected(), err
 }
 

@@ -143,7 +143,7 @@ func columns(body bool) string {
     coalesce(aggregate_id, ''), coalesce(event_type, ''), coalesce(topic, ''), msg_key, ` + value + `, headers,
     status, waiting, attempts, next_attempt_at, coalesce(last_error, ''), first_failed_at,
     coalesce(source_lsn::text, ''), commit_time, message_time, created_at, updated_at, last_resort IS NOT NULL, ` + doc + `,
-    coalesce(outbox_table, '')`
+    coalesce(outbox_table, ''), coalesce(reason_code, '')`
 }
 
 // scanEntry reads a row selected with columns. Stored content that cannot be
@@ -162,7 +162,7 @@ func scanEntry(row pgx.Row) (Entry, error) {
 	err := row.Scan(&e.Seq, &e.EventKey, &e.EventID, &e.Aggregate, &e.AggregateType, &e.AggregateID,
 		&e.EventType, &e.Topic, &e.Key, &e.Value, &headers, &status, &e.Waiting, &e.Attempts,
 		&e.NextAttemptAt, &e.LastError, &e.FirstFailedAt, &lsn, &ct, &mt, &e.CreatedAt, &e.UpdatedAt,
-		&e.LastResort, &doc, &e.Table)
+		&e.LastResort, &doc, &e.Table, &e.ReasonCode)
 	if err != nil {
 		return Entry{}, err
 	}

@@ -49,6 +49,7 @@ type Event struct {
 	MessageTime   time.Time // the message's timestamp (event.Event.Time); zero: when sent
 	Table         string    // the outbox table it was read from (event.Event.Table); "" for a message
 	Reason        string    // what is wrong and how to fix it, in plain words
+	Code          string    // the code of Reason (router's or sink's), for the CLI to say with the config keys; "" for none
 	Permanent     bool      // will fail the same way again: stored dead at once
 	Waiting       bool      // diverted only because an earlier event of the aggregate is in the table
 }
@@ -93,6 +94,7 @@ type Entry struct {
 	Attempts      int
 	NextAttemptAt time.Time
 	LastError     string
+	ReasonCode    string // the code of LastError (Event.Code); "" for none and for rows of earlier versions
 	FirstFailedAt time.Time
 	SourceLSN     pglogrepl.LSN
 	CommitTime    time.Time // zero when unknown

@@ -172,6 +172,7 @@ func TestGetRoundTrip(t *testing.T) {
 	e.Value = []byte{0x00, 0xff, 'x'}
 	e.SourceLSN = 0x16B3748
 	e.CommitTime = commit
+	e.Code = "topic_missing"
 	noID := retry.Event{EventKey: ev.PositionKey(0x16B3748, 1), Aggregate: ev.UnroutableLane("", "9").String(),
 		AggregateID: "9", Reason: "the aggregate type is NULL", Permanent: true}
 	if err := s.Insert(ctx, []retry.Event{e, noID}); err != nil {
@@ -185,7 +186,8 @@ func TestGetRoundTrip(t *testing.T) {
 		}
 		if got.EventID != e.EventID || string(got.Value) != string(e.Value) || string(got.Key) != "A" ||
 			got.Topic != "orders" || got.SourceLSN != e.SourceLSN || !got.CommitTime.Equal(commit) ||
-			len(got.Extra) != 1 || got.Extra[0].Key != "trace" || string(got.Extra[0].Value) != e.EventID {
+			len(got.Extra) != 1 || got.Extra[0].Key != "trace" || string(got.Extra[0].Value) != e.EventID ||
+			got.ReasonCode != e.Code {
 			t.Errorf("Get(%q) = %+v; want the inserted event back", id, got)
 		}
 	}
@@ -193,8 +195,8 @@ func TestGetRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Get(%q): %v", "lsn:0/16B3748:1", err)
 	}
-	if got.EventID != "" || got.Topic != "" || got.AggregateType != "" || got.Status != retry.StatusDead || got.Value != nil {
-		t.Errorf("Get(%q) = %+v; want NULL id, topic and type, dead", "lsn:0/16B3748:1", got)
+	if got.EventID != "" || got.Topic != "" || got.AggregateType != "" || got.Status != retry.StatusDead || got.Value != nil || got.ReasonCode != "" {
+		t.Errorf("Get(%q) = %+v; want NULL id, topic, type and reason code, dead", "lsn:0/16B3748:1", got)
 	}
 	for _, id := range []string{"nope", "999", "-1", "99999999999999999999"} {
 		if _, err := s.Get(ctx, id); !errors.Is(err, retry.ErrNotFound) {

@@ -323,6 +323,7 @@ type delivery struct {
 type failure struct {
 	row       Entry
 	reason    string
+	code      string // reason's code (Entry.ReasonCode); "" for none
 	permanent bool
 }
 
@@ -348,7 +349,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 			d.topics[k] = tr
 		}
 		if tr.err != nil {
-			refuse = &failure{row: e, reason: routeReason(tr.err), permanent: true}
+			refuse = &failure{row: e, reason: routeReason(tr.err), code: routeCode(tr.err), permanent: true}
 			break
 		}
 		msgs = append(msgs, e.event(tr.topic, rt.Headers, d.w.cfg.MarkAtLeastOnce))
@@ -401,7 +402,7 @@ func (d *delivery) send(ctx context.Context, rows []Entry) sendResult {
 					"aggregate", rows[0].Aggregate, "events", acked)
 			}
 			d.attempted += first.Index + 1
-			d.failed = &failure{row: rows[first.Index], reason: first.Reason, permanent: first.Permanent}
+			d.failed = &failure{row: rows[first.Index], reason: first.Reason, code: first.Code, permanent: first.Permanent}
 			var te *sink.TopicError
 			if errors.As(first.Err, &te) && !te.Permanent {
 				// The topic is missing: every row of it would fail
@@ -515,6 +516,7 @@ func (d *delivery) finish(dbctx, ctx context.Context) error {
 		err := d.tx.QueryRow(dbctx, fmt.Sprintf(`UPDATE %s SET
     attempts = attempts + 1,
     last_error = $2,
+    reason_code = $8,
     next_attempt_at = now() + make_interval(secs => $3),
     status = CASE WHEN $4 OR attempts + 1 >= $5
         OR (NOT waiting AND first_failed_at < now() - make_interval(secs => $6)) THEN 'dead' ELSE 'pending' END,
@@ -522,7 +524,7 @@ func (d *delivery) finish(dbctx, ctx context.Context) error {
     waiting = false,
     updated_at = now()
 WHERE seq = $1 AND slot_name = $7 RETURNING status, attempts`, s.table),
-			f.row.Seq, event.PlainText(f.reason), backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds(), s.slot).Scan(&status, &attempts)
+			f.row.Seq, event.PlainText(f.reason), backoff.Seconds(), f.permanent, maxAttempts, w.cfg.MaxAge.Seconds(), s.slot, nullable(f.code)).Scan(&status, &attempts)
 		if err != nil {
 			return fmt.Errorf("record failure of row %d: %w", f.row.Seq, err)
 		}
@@ -583,6 +585,15 @@ WHERE slot_name = $4 AND topic = $1 AND status = 'pending' AND next_attempt_at <
 // rows that failed together spread out.
 func (w *Worker) backoff(attempts int) time.Duration {
 	return backoff.Delay(w.cfg.BackoffMin, w.cfg.BackoffMax, attempts-1)
+}
+
+// routeCode is the code of routeReason's reason, "" for none.
+func routeCode(err error) string {
+	var re *router.RouteError
+	if errors.As(err, &re) {
+		return re.Code
+	}
+	return ""
 }
 
 // routeReason says why an event has no topic.

@@ -169,6 +169,9 @@ func TestWorkerMissingTopic(t *testing.T) {
 	if a1.Status != retry.StatusPending || !strings.Contains(a1.LastError, topic) || !strings.Contains(a1.LastError, "create the topic") {
 		t.Errorf("A-1 = status %q, last error %q; want pending, naming the topic and the fix", a1.Status, a1.LastError)
 	}
+	if a1.ReasonCode != sink.CodeTopicNotCreated {
+		t.Errorf("A-1 reason code = %q; want %q, the sink's", a1.ReasonCode, sink.CodeTopicNotCreated)
+	}
 	if wait := time.Until(a1.NextAttemptAt); wait > 400*time.Millisecond {
 		t.Errorf("A-1 next attempt in %s; want at most BackoffMax 400ms", wait)
 	}
@@ -325,7 +328,7 @@ func TestWorkerPermanent(t *testing.T) {
 	}
 	route := func(aggregateType, eventType string) (string, error) {
 		if aggregateType == "Bad" {
-			return "", &router.RouteError{Reason: "topic template yields an illegal name"}
+			return "", &router.RouteError{Code: router.CodeTopicInvalid, Reason: "topic template yields an illegal name"}
 		}
 		return topic, nil
 	}
@@ -341,8 +344,11 @@ func TestWorkerPermanent(t *testing.T) {
 	if e := get(t, s, "big"); e.Attempts != 1 || !strings.Contains(e.LastError, "larger than Kafka accepts") {
 		t.Errorf("big = attempts %d, last error %q; want 1 attempt and a reason about size", e.Attempts, e.LastError)
 	}
-	if e := get(t, s, "unroutable"); e.Attempts != 1 || !strings.Contains(e.LastError, "illegal name") {
-		t.Errorf("unroutable = attempts %d, last error %q; want 1 attempt and the router's reason", e.Attempts, e.LastError)
+	if e := get(t, s, "big"); e.ReasonCode != sink.CodeMessageTooLarge {
+		t.Errorf("big reason code = %q; want %q", e.ReasonCode, sink.CodeMessageTooLarge)
+	}
+	if e := get(t, s, "unroutable"); e.Attempts != 1 || !strings.Contains(e.LastError, "illegal name") || e.ReasonCode != router.CodeTopicInvalid {
+		t.Errorf("unroutable = attempts %d, last error %q, code %q; want 1 attempt and the router's reason and code", e.Attempts, e.LastError, e.ReasonCode)
 	}
 	if st := w.Stats(); st.DeadLettered != 2 || st.Succeeded != 0 {
 		t.Errorf("Stats() = %+v; want 2 dead, 0 succeeded", st)
