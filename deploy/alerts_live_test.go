@@ -808,17 +808,8 @@ func TestAlertsSlotLoss(t *testing.T) {
 // a failover to a server without it would, and returns when.
 func (s *alertSlot) dropSlot(t *testing.T) time.Time {
 	t.Helper()
-	su := testenv.SuperuserConn(t, s.pg.DSN)
-	ctx := context.Background()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.slot)
-		if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.slot); err == nil {
-			return time.Now()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("could not drop the slot under the running relay within a minute")
-		}
-	}
+	s.pg.DropActiveSlot(t, s.slot)
+	return time.Now()
 }
 
 func (s *alertSlot) queryRow(sql string, args []any, dest ...any) error {

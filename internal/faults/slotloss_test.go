@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -156,16 +154,15 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 
 	r := start()
 	time.Sleep(5 * time.Second)
-	s.waitHistoryCovered()
+	s.pg.WaitHistoryCovered(t, s.slot)
 	ctx := context.Background()
-	su := testenv.SuperuserConn(t, s.pg.DSN)
 	var lostAt time.Time
 	switch loss {
 	case lossInvalidated:
 		stop(r)
 		time.Sleep(3 * time.Second) // events committed while stopped
 		lostAt = time.Now()
-		s.invalidateSlot(su)
+		s.pg.InvalidateSlot(t, s.slot, s.probe)
 		r = start()
 	case lossRecreated:
 		stop(r)
@@ -184,15 +181,7 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 		r = start()
 	case lossRunning:
 		lostAt = time.Now()
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-			su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.slot)
-			if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.slot); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("could not drop the slot under the running relay within a minute")
-			}
-		}
+		s.pg.DropActiveSlot(t, s.slot)
 	}
 	// Time to recover: until the refill is done (recover returned, for the
 	// scenario that runs it) and the checkpoint covers what was committed
@@ -292,63 +281,4 @@ func refillLines(out string) []string {
 		lines = append(lines, fmt.Sprintf("%v: %v events (%v parked) %v..%v in %v", l["cause"], l["events"], l["parked_in_retry_table"], l["from_checkpoint"], l["to_checkpoint"], l["duration"]))
 	}
 	return lines
-}
-
-// waitHistoryCovered waits until the checkpoint covers a history row.
-func (s *suite) waitHistoryCovered() {
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		var ok bool
-		if err := s.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
-JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, s.slot).Scan(&ok); err == nil && ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("no checkpoint history row covered by the checkpoint within a minute")
-		}
-	}
-}
-
-// invalidateSlot invalidates the suite's slot with a small
-// max_slot_wal_keep_size, restored at once after (the caller holds
-// testenv.Exclusive). It refuses to invalidate slots it does not own.
-func (s *suite) invalidateSlot(su *pgx.Conn) {
-	t, ctx := s.t, context.Background()
-	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, s.slot, s.probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(others) > 0 {
-		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
-	}
-	restore := func() {
-		su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
-		su.Exec(ctx, "SELECT pg_reload_conf()")
-	}
-	defer restore()
-	for _, q := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
-		if _, err := su.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		for _, q := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotloss', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
-			if _, err := su.Exec(ctx, q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
-		var status string
-		if err := s.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status == "lost" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot not lost after 60s of WAL switches and checkpoints (wal_status %s)", status)
-		}
-	}
 }

@@ -140,7 +140,7 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	}
 	defer stopProducer()
 	time.Sleep(5 * time.Second)
-	s.waitHistoryCovered() // a refill needs a history row
+	s.pg.WaitHistoryCovered(s.t, s.slot) // a refill needs a history row
 
 	restore := func() {
 		su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")

@@ -33,21 +33,6 @@ func (f *fixture) refillConfig(t *testing.T) relay.Config {
 	return cfg
 }
 
-// waitHistoryCovered waits until the checkpoint covers a history row (what a
-// refill maps the checkpoint with).
-func (f *fixture) waitHistoryCovered(t *testing.T) {
-	t.Helper()
-	waitFor(t, time.Minute, "a checkpoint history row at or before the checkpoint", func() (bool, string) {
-		var ok bool
-		err := f.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
-JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, f.slot).Scan(&ok)
-		if err != nil {
-			return false, err.Error()
-		}
-		return ok, "none yet"
-	})
-}
-
 // delivered0 asserts lost 0 and per-aggregate order, and logs duplicates
 // and refilled messages (the lead reports them).
 func (f *fixture) assertHealed(t *testing.T, what string, took time.Duration) {
@@ -89,7 +74,7 @@ func TestRefillRecreatedSlot(t *testing.T) {
 	run := f.start(t, cfg)
 	f.produce(t, 3, 5, 0)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 	cp := f.checkpointLSN(t)
 
@@ -140,10 +125,10 @@ func TestRefillInvalidatedSlot(t *testing.T) {
 	run := f.start(t, cfg)
 	f.produce(t, 3, 5, 0)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 	f.produce(t, 4, 5, 0) // lost with the slot
-	f.invalidateSlot(t)
+	f.pg.InvalidateSlot(t, f.slot, f.probe)
 
 	began := time.Now()
 	f.start(t, cfg)
@@ -163,20 +148,10 @@ func TestRefillSlotDroppedWhileRunning(t *testing.T) {
 	run := f.start(t, cfg)
 	f.produce(t, 3, 5, 0)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 
-	su := testenv.SuperuserConn(t, f.pg.DSN)
-	ctx := context.Background()
 	began := time.Now()
-	waitFor(t, time.Minute, "the slot dropped", func() (bool, string) {
-		// The stream reconnects at once: terminate and drop until the
-		// drop lands between its connections.
-		su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, f.slot)
-		if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, f.slot); err != nil {
-			return false, err.Error()
-		}
-		return true, ""
-	})
+	f.pg.DropActiveSlot(t, f.slot)
 	f.produce(t, 4, 5, 0)
 	f.waitAll(t, time.Minute)
 	took := time.Since(began)
@@ -199,7 +174,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 	run := f.start(t, cfg)
 	f.produce(t, 3, 5, 0)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 
 	// What the relay does with an event Kafka refused: store it in the
@@ -258,7 +233,7 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 	run := f.start(t, cfg)
 	f.produce(t, 3, 5, 0)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 
 	// What the relay does with an event Kafka refuses for good: store it
@@ -329,58 +304,6 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 	}
 }
 
-// invalidateSlot invalidates the fixture's slot with a small
-// max_slot_wal_keep_size, restored in t.Cleanup. The caller holds
-// testenv.Exclusive: the setting is server-wide, and the test refuses to run
-// when it would invalidate a slot it does not own.
-func (f *fixture) invalidateSlot(t *testing.T) {
-	t.Helper()
-	ctx := context.Background()
-	su := testenv.SuperuserConn(t, f.pg.DSN)
-	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, f.slot, f.probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(others) > 0 {
-		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
-	}
-	t.Cleanup(func() {
-		if _, err := su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size"); err != nil {
-			t.Errorf("restore max_slot_wal_keep_size: %v", err)
-		}
-		su.Exec(ctx, "SELECT pg_reload_conf()")
-	})
-	for _, s := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
-		if _, err := su.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		for _, s := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotgap', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
-			if _, err := su.Exec(ctx, s); err != nil {
-				t.Fatalf("%s: %v", s, err)
-			}
-		}
-		var status string
-		if err := f.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status == "lost" {
-			// Restored at once: a slot created now must not be lost too.
-			su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
-			su.Exec(ctx, "SELECT pg_reload_conf()")
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot not lost after 30s of WAL switches and checkpoints (wal_status %s)", status)
-		}
-	}
-}
-
 // TestRefillRefused: a refill that would be wrong is refused with exit code
 // 4 and the reason, changing nothing: without a history row at or before the
 // checkpoint (the rows cannot be told apart), and on another system (the
@@ -391,7 +314,7 @@ func TestRefillRefused(t *testing.T) {
 	run := f.start(t, cfg)
 	f.produce(t, 2, 5, 0)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 	cp := f.checkpointLSN(t)
 	f.pg.DropSlot(t, f.slot)
@@ -448,7 +371,7 @@ func TestRefillKilledResumes(t *testing.T) {
 	run := f.start(t, cfg)
 	f.produce(t, 2, 5, 0)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 
 	f.pg.DropSlot(t, f.slot)
@@ -534,7 +457,7 @@ func TestRecoverLogsProgress(t *testing.T) {
 	run := f.start(t, cfg)
 	f.produce(t, 3, 5, 0)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them

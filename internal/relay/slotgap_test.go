@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -109,25 +107,11 @@ func TestRecreatedSlotRefused(t *testing.T) {
 // small max_slot_wal_keep_size. Run must refuse with the checkpoint as the
 // start of the uncovered range and say how to recreate the slot and
 // re-deliver. max_slot_wal_keep_size is server-wide: the test holds
-// testenv.Exclusive, refuses to run when it would invalidate a slot it does
-// not own, and restores the setting in t.Cleanup.
+// testenv.Exclusive, and PG.InvalidateSlot refuses to invalidate a slot the
+// test does not own and restores the setting.
 func TestInvalidatedSlotRefused(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
-	ctx := context.Background()
-	su := testenv.SuperuserConn(t, f.pg.DSN)
-	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, f.slot, f.probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(others) > 0 {
-		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
-	}
-
 	run := f.start(t, f.config(t))
 	total := f.produce(t, 1, 5, 0)
 	f.waitCount(t, total, time.Minute)
@@ -137,37 +121,10 @@ func TestInvalidatedSlotRefused(t *testing.T) {
 	cp := f.checkpointLSN(t)
 	f.produce(t, 2, 5, 0) // committed while the relay is stopped: lost with the slot
 
-	t.Cleanup(func() {
-		ctx := context.Background()
-		if _, err := su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size"); err != nil {
-			t.Errorf("restore max_slot_wal_keep_size: %v", err)
-		}
-		su.Exec(ctx, "SELECT pg_reload_conf()")
-	})
-	for _, s := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
-		if _, err := su.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		for _, s := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotgap', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
-			if _, err := su.Exec(ctx, s); err != nil {
-				t.Fatalf("%s: %v", s, err)
-			}
-		}
-		var status string
-		if err := f.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status == "lost" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot not lost after 30s of WAL switches and checkpoints (wal_status %s)", status)
-		}
-	}
+	f.pg.InvalidateSlot(t, f.slot, f.probe)
 
 	run = f.start(t, f.config(t))
+	var err error
 	select {
 	case err = <-run.done:
 		run.done <- err // for the cleanup
