@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,23 +84,9 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	if loss == lossRecreated {
 		onLoss = "fail" // recover by hand
 	}
-	env := append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+s.pg.DSN,
-		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
-		"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
-		"RELAY_POSTGRES_SLOT="+s.slot,
+	env := s.binaryEnv(
 		"RELAY_POSTGRES_ON_SLOT_LOSS="+onLoss,
-		"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
-		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
-		"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
-		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
-		"RELAY_CHECKPOINT_INTERVAL=100ms",
 		"RELAY_CHECKPOINT_HISTORY_INTERVAL=1s",
-		"RELAY_RETRY_BACKOFF_MIN=200ms",
-		"RELAY_RETRY_BACKOFF_MAX=1s",
-		"RELAY_RETRY_POLL_INTERVAL=200ms",
-		"RELAY_METRICS_LISTEN=",
-		"RELAY_LOG_FORMAT=json",
 	)
 	logFile, err := os.CreateTemp("", "outbox-relay-slotloss-*.log")
 	if err != nil {
@@ -137,19 +122,7 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	}()
 
 	prod := newProducer(s.pg.DSN, seed, 300)
-	prodCtx, stopProd := context.WithCancel(context.Background())
-	prodDone := make(chan error, 1)
-	go func() { prodDone <- prod.Run(prodCtx) }()
-	stopped := false
-	stopProducer := func() {
-		if !stopped {
-			stopped = true
-			stopProd()
-			if err := <-prodDone; err != nil {
-				t.Errorf("producer: %v", err)
-			}
-		}
-	}
+	stopProducer := prod.start(t)
 	defer stopProducer()
 
 	r := start()
