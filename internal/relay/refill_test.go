@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -31,6 +32,39 @@ func (f *fixture) refillConfig(t *testing.T) relay.Config {
 	cfg.OnSlotLoss = relay.OnSlotLossRefill
 	cfg.HistoryInterval = 100 * time.Millisecond
 	return cfg
+}
+
+// refillable starts a relay with cfg, delivers txs transactions of 5 events
+// and waits until the checkpoint covers a history row: from then on a lost
+// slot can be refilled. It returns the relay, still running.
+func (f *fixture) refillable(t *testing.T, cfg relay.Config, txs int) *running {
+	t.Helper()
+	run := f.start(t, cfg)
+	f.produce(t, txs, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.pg.WaitHistoryCovered(t, f.slot)
+	return run
+}
+
+// refused is e, committed at commit with value as its message value, as the
+// relay stores an event Kafka refused in the retry table.
+func (f *fixture) refused(e event, value string, commit pglogrepl.LSN) retry.Event {
+	ev := envelope.Event{ID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
+		Topic: f.prefix + "." + e.AggregateType, Key: []byte(e.AggregateID), Value: []byte(value),
+		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
+		CommitLSN: commit, Pos: 1}
+	return retry.NewEvent(&ev)
+}
+
+// walInsertLSN is the server's current WAL insert position: past every
+// commit so far.
+func (f *fixture) walInsertLSN(t *testing.T) pglogrepl.LSN {
+	t.Helper()
+	var now string
+	if err := f.pool.QueryRow(context.Background(), `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	return mustLSN(t, now)
 }
 
 // delivered0 asserts lost 0 and per-aggregate order, and logs duplicates
@@ -71,10 +105,7 @@ func TestRefillRecreatedSlot(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.pg.WaitHistoryCovered(t, f.slot)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 	cp := f.checkpointLSN(t)
 
@@ -122,10 +153,7 @@ func TestRefillInvalidatedSlot(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.pg.WaitHistoryCovered(t, f.slot)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 	f.produce(t, 4, 5, 0) // lost with the slot
 	f.pg.InvalidateSlot(t, f.slot, f.probe)
@@ -145,10 +173,7 @@ func TestRefillInvalidatedSlot(t *testing.T) {
 func TestRefillSlotDroppedWhileRunning(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.pg.WaitHistoryCovered(t, f.slot)
+	run := f.refillable(t, cfg, 3)
 
 	began := time.Now()
 	f.pg.DropActiveSlot(t, f.slot)
@@ -171,10 +196,7 @@ func TestRefillSlotDroppedWhileRunning(t *testing.T) {
 func TestRefillBehindRetryRow(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.pg.WaitHistoryCovered(t, f.slot)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 
 	// What the relay does with an event Kafka refused: store it in the
@@ -184,11 +206,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 	held := f.makeEvents(1)[0]
 	f.insertTx(t, []event{held})
 	ends := f.commitEnds(t)
-	ev := envelope.Event{ID: held.ID, AggregateType: held.AggregateType, AggregateID: held.AggregateID, Type: held.EventType,
-		Topic: f.prefix + "." + held.AggregateType, Key: []byte(held.AggregateID), Value: []byte(held.Payload),
-		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
-		CommitLSN: ends[len(ends)-1], Pos: 1}
-	rev := retry.NewEvent(&ev)
+	rev := f.refused(held, held.Payload, ends[len(ends)-1])
 	rev.Reason = "test: refused by Kafka"
 	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
 		t.Fatal(err)
@@ -199,11 +217,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 	if err := store.Record(ctx, f.slot, ends[len(ends)-1], time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	var now string
-	if err := f.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Save(ctx, f.slot, mustLSN(t, now), time.Now()); err != nil {
+	if err := store.Save(ctx, f.slot, f.walInsertLSN(t), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -230,10 +244,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 func TestRefillLeavesDeadLetter(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.pg.WaitHistoryCovered(t, f.slot)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 
 	// What the relay does with an event Kafka refuses for good: store it
@@ -247,20 +258,12 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 	if err := f.pool.QueryRow(ctx, `SELECT payload::text FROM outbox WHERE id = $1`, dead.ID).Scan(&value); err != nil {
 		t.Fatal(err)
 	}
-	ev := envelope.Event{ID: dead.ID, AggregateType: dead.AggregateType, AggregateID: dead.AggregateID, Type: dead.EventType,
-		Topic: f.prefix + "." + dead.AggregateType, Key: []byte(dead.AggregateID), Value: []byte(value),
-		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
-		CommitLSN: ends[len(ends)-1], Pos: 1}
-	rev := retry.NewEvent(&ev)
+	rev := f.refused(dead, value, ends[len(ends)-1])
 	rev.Reason, rev.Permanent = "test: refused by Kafka for good", true
 	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
 		t.Fatal(err)
 	}
-	var now string
-	if err := f.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
-		t.Fatal(err)
-	}
-	if err := checkpoint.New(f.pool, "outbox_relay_checkpoint").Save(ctx, f.slot, mustLSN(t, now), time.Now()); err != nil {
+	if err := checkpoint.New(f.pool, "outbox_relay_checkpoint").Save(ctx, f.slot, f.walInsertLSN(t), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -311,10 +314,7 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 func TestRefillRefused(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 2, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.pg.WaitHistoryCovered(t, f.slot)
+	run := f.refillable(t, cfg, 2)
 	run.stop(t)
 	cp := f.checkpointLSN(t)
 	f.pg.DropSlot(t, f.slot)
@@ -368,10 +368,7 @@ func TestRefillKilledResumes(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.start(t, cfg)
-	f.produce(t, 2, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.pg.WaitHistoryCovered(t, f.slot)
+	run := f.refillable(t, cfg, 2)
 	run.stop(t)
 
 	f.pg.DropSlot(t, f.slot)
@@ -454,10 +451,7 @@ func TestRecoverLogsProgress(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.pg.WaitHistoryCovered(t, f.slot)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -63,26 +65,34 @@ func TestIdleSlotKilledRestarts(t *testing.T) {
 	}
 }
 
+// deliveredAndStopped runs a relay until one transaction of 5 events is in
+// Kafka and its end confirmed on the slot, then stops it cleanly; it returns
+// how many events were delivered and the checkpoint the relay left.
+func (f *fixture) deliveredAndStopped(t *testing.T) (total int, cp pglogrepl.LSN) {
+	t.Helper()
+	run := f.start(t, f.config(t))
+	total = f.produce(t, 1, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	run.stop(t)
+	return total, f.checkpointLSN(t)
+}
+
 // TestRecreatedSlotRefused: the slot dropped and recreated while the relay
 // is stopped, with events committed in between. Run must refuse before
 // delivering anything past the gap, with the range (the end-to-end form,
 // with check, lag, status and the fix, is in cmd/outbox-relay).
 func TestRecreatedSlotRefused(t *testing.T) {
 	f := newFixture(t)
-	run := f.start(t, f.config(t))
-	total := f.produce(t, 1, 5, 0)
-	f.waitCount(t, total, time.Minute)
-	ends := f.commitEnds(t)
-	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
-	run.stop(t)
-	cp := f.checkpointLSN(t)
+	total, cp := f.deliveredAndStopped(t)
 
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 2, 5, 0) // never sent
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	slotAt := f.slotConfirmed(t)
 
-	run = f.start(t, f.config(t))
+	run := f.start(t, f.config(t))
 	var err error
 	select {
 	case err = <-run.done:
@@ -112,18 +122,12 @@ func TestRecreatedSlotRefused(t *testing.T) {
 func TestInvalidatedSlotRefused(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
-	run := f.start(t, f.config(t))
-	total := f.produce(t, 1, 5, 0)
-	f.waitCount(t, total, time.Minute)
-	ends := f.commitEnds(t)
-	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
-	run.stop(t)
-	cp := f.checkpointLSN(t)
+	total, cp := f.deliveredAndStopped(t)
 	f.produce(t, 2, 5, 0) // committed while the relay is stopped: lost with the slot
 
 	f.pg.InvalidateSlot(t, f.slot, f.probe)
 
-	run = f.start(t, f.config(t))
+	run := f.start(t, f.config(t))
 	var err error
 	select {
 	case err = <-run.done:
