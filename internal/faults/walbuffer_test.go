@@ -338,17 +338,7 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	stopNoiseWriter()
 	stopProducer()
 	ps := prod.Stats()
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
-		var pending int
-		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_retry WHERE status = 'pending'`).Scan(&pending); err != nil {
-			t.Fatal(err)
-		}
-		if rep := Check(s.collect()); rep.Lost == 0 && pending == 0 {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("not drained 5 minutes after the producer stopped: %d lost, %d pending retry rows: %v", rep.Lost, pending, rep.Problems)
-		}
-	}
+	s.waitRowsDrained(r.out)
 	select {
 	case err := <-r.done:
 		r.done <- err
