@@ -163,7 +163,7 @@ scrape_configs:
 			t.Fatal(err)
 		}
 	}
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	cmd := exec.Command(bin,
 		"--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
@@ -497,7 +497,7 @@ type alertRelay struct {
 
 // newAlertRelay reserves a metrics address for a relay of s; start runs it.
 func (s *alertSlot) newAlertRelay(t *testing.T, name string, extra ...string) *alertRelay {
-	return &alertRelay{name: name, addr: freeAddr(t), slot: s, extra: extra}
+	return &alertRelay{name: name, addr: testenv.FreeAddr(t), slot: s, extra: extra}
 }
 
 func (r *alertRelay) start(t *testing.T) {
@@ -687,7 +687,7 @@ func TestAlertsKafkaUnreachable(t *testing.T) {
 		override{"OutboxRelayFallingBehind", "> 1e9", "> 1e6"},
 		override{"OutboxRelayWALRetained", "> 50e9", "> 1e6"})
 	s := newAlertSlot(t)
-	r := s.newAlertRelay(t, "r", "RELAY_KAFKA_BROKERS="+freeAddr(t))
+	r := s.newAlertRelay(t, "r", "RELAY_KAFKA_BROKERS="+testenv.FreeAddr(t))
 	p := startPrometheus(t, rules, len(names), r.addr)
 	r.start(t)
 	r.waitMetric(t, "outbox_relay_active", "1")
@@ -808,17 +808,8 @@ func TestAlertsSlotLoss(t *testing.T) {
 // a failover to a server without it would, and returns when.
 func (s *alertSlot) dropSlot(t *testing.T) time.Time {
 	t.Helper()
-	su := testenv.SuperuserConn(t, s.pg.DSN)
-	ctx := context.Background()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.slot)
-		if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.slot); err == nil {
-			return time.Now()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("could not drop the slot under the running relay within a minute")
-		}
-	}
+	s.pg.DropActiveSlot(t, s.slot)
+	return time.Now()
 }
 
 func (s *alertSlot) queryRow(sql string, args []any, dest ...any) error {
@@ -841,7 +832,7 @@ func TestAlertsBuffering(t *testing.T) {
 	t.Parallel()
 	rules, names := rulesCopy(t, override{"OutboxRelayBuffering", "> 900", "> 1"})
 	s := newAlertSlot(t)
-	r := s.newAlertRelay(t, "r", "RELAY_KAFKA_BROKERS="+freeAddr(t), "RELAY_POSTGRES_MAX_RETAINED_WAL=4MB")
+	r := s.newAlertRelay(t, "r", "RELAY_KAFKA_BROKERS="+testenv.FreeAddr(t), "RELAY_POSTGRES_MAX_RETAINED_WAL=4MB")
 	p := startPrometheus(t, rules, len(names), r.addr)
 	r.start(t)
 	r.waitMetric(t, "outbox_relay_active", "1")

@@ -12,7 +12,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -387,7 +386,7 @@ func TestManifestsRunRelay(t *testing.T) {
 
 	procs := make([]*relayProc, replicas)
 	for i := range procs {
-		addr := freeAddr(t)
+		addr := testenv.FreeAddr(t)
 		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("relay-%d.log", i)))
 		if err != nil {
 			t.Fatal(err)
@@ -547,14 +546,4 @@ func waitFor(t *testing.T, d time.Duration, what string, f func() error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

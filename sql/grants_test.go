@@ -2,8 +2,6 @@ package sql_test
 
 import (
 	"context"
-	"net/url"
-	"os"
 	"strings"
 	"testing"
 
@@ -48,31 +46,6 @@ func TestGrantStatements(t *testing.T) {
 	}
 }
 
-// superuserDSN returns a superuser's DSN for dsn's database (see
-// cmd/outbox-relay's helper of the same name).
-func superuserDSN(t *testing.T, dsn string) string {
-	t.Helper()
-	su := os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN")
-	if su == "" {
-		var super bool
-		if err := connect(t, dsn).QueryRow(context.Background(), `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super); err != nil || !super {
-			t.Fatalf("RELAY_TEST_POSTGRES_SUPERUSER_DSN is not set and the test role is no superuser (%v): "+
-				"run `make dev-up` and `eval \"$(make -s dev-env)\"` (or `make test`)", err)
-		}
-		return dsn
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := url.Parse(su)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = s.User
-	return u.String()
-}
-
 // TestGrantsFile runs 001 to 006 (not the slot's 003) as a superuser, twice,
 // with 006's role renamed to a unique one (roles are cluster-wide), and checks
 // that the role then has every privilege RelayPrivileges lists, LOGIN and
@@ -80,8 +53,8 @@ func superuserDSN(t *testing.T, dsn string) string {
 func TestGrantsFile(t *testing.T) {
 	ctx := context.Background()
 	pg := testenv.Postgres(t)
-	su := superuserDSN(t, pg.DSN)
-	admin := superuserDSN(t, pg.AdminDSN)
+	su := testenv.SuperuserDSN(t, pg.DSN)
+	admin := testenv.SuperuserDSN(t, pg.AdminDSN)
 	role := testenv.UniqueName(t, "grants")
 	t.Cleanup(func() {
 		// After the database: the grants in it are gone with it.

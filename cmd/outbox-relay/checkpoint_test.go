@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // setUp runs setup --create-outbox-table in the test's database.
@@ -80,12 +79,7 @@ func TestCheckpointShowCmd(t *testing.T) {
 func TestCheckpointSet(t *testing.T) {
 	dsn, slot := dbEnv(t)
 	setUp(t)
-	aggType := "CpSet" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
-	topic := "outbox.event." + aggType
-	k := testenv.Kafka(t)
-	k.CreateTopic(t, topic, 1)
-	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
-	t.Setenv("RELAY_METRICS_LISTEN", "")
+	aggType, topic, k := relayTopic(t, "CpSet")
 
 	skipped := insertEvents(t, dsn, aggType, 4, 0)
 	target := walNow(t, dsn)
@@ -312,12 +306,7 @@ func TestCheckpointPruneUsage(t *testing.T) {
 func TestLagAfterRestartNothingNew(t *testing.T) {
 	dsn, slot := dbEnv(t)
 	setUp(t)
-	aggType := "Restart" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
-	topic := "outbox.event." + aggType
-	k := testenv.Kafka(t)
-	k.CreateTopic(t, topic, 1)
-	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
-	t.Setenv("RELAY_METRICS_LISTEN", "")
+	aggType, topic, k := relayTopic(t, "Restart")
 	t.Setenv("RELAY_POSTGRES_STATUS_INTERVAL", "1s")
 	ids := insertEvents(t, dsn, aggType, 3, time.Minute)
 	p := startRelay(t)

@@ -93,12 +93,7 @@ func TestCloudEventsEndToEnd(t *testing.T) {
 			dsn, _ := dbEnv(t)
 			setUp(t)
 			execSQL(t, dsn, `ALTER TABLE outbox ADD COLUMN tracingspancontext text`)
-			aggType := "Ce" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
-			topic := "outbox.event." + aggType
-			k := testenv.Kafka(t)
-			k.CreateTopic(t, topic, 1)
-			t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
-			t.Setenv("RELAY_METRICS_LISTEN", "")
+			aggType, topic, k := relayTopic(t, "Ce")
 			t.Setenv("RELAY_MESSAGE_FORMAT", "cloudevents")
 			t.Setenv("RELAY_MESSAGE_CLOUDEVENTS_MODE", mode)
 			t.Setenv("RELAY_MESSAGE_CLOUDEVENTS_SOURCE", "/orders-service/outbox")

@@ -21,12 +21,7 @@ func TestPgBouncer(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			direct, slot := dbEnv(t)
 			pooled := testenv.PgBouncer(t, direct, mode)
-			k := testenv.Kafka(t)
-			aggType := "Pool" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
-			topic := "outbox.event." + aggType
-			k.CreateTopic(t, topic, 1)
-			t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
-			t.Setenv("RELAY_METRICS_LISTEN", "")
+			aggType, topic, k := relayTopic(t, "Pool")
 			t.Setenv("RELAY_POSTGRES_DSN", pooled)
 			t.Setenv("RELAY_POSTGRES_REPLICATION_DSN", direct)
 

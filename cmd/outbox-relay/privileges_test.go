@@ -2,79 +2,18 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net/url"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
-
-// superuserDSN returns a superuser's DSN for the database of dsn: creating a
-// role with REPLICATION needs one on PostgreSQL 15, and the dev servers'
-// test role is not one. `make -s dev-env` exports
-// RELAY_TEST_POSTGRES_SUPERUSER_DSN; a test DSN that is a superuser's
-// (testcontainers) serves as it is.
-func superuserDSN(t *testing.T, dsn string) string {
-	t.Helper()
-	su := os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN")
-	if su == "" {
-		if queryString(t, dsn, `SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user`) == "true" {
-			return dsn
-		}
-		t.Fatalf("RELAY_TEST_POSTGRES_SUPERUSER_DSN is not set and the test role is no superuser: " +
-			"run `make dev-up` and `eval \"$(make -s dev-env)\"` (or `make test`)")
-	}
-	return withUser(t, dsn, su)
-}
-
-// withUser returns dsn with the user and password of from.
-func withUser(t *testing.T, dsn, from string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatalf("test DSN is not a URL: %v", err)
-	}
-	f, err := url.Parse(from)
-	if err != nil {
-		t.Fatalf("superuser DSN is not a URL: %v", err)
-	}
-	u.User = f.User
-	return u.String()
-}
-
-// leastPrivilegedRole creates a role with only LOGIN REPLICATION and a
-// password, dropped when the test ends, and returns its name and a DSN of
-// dsn's database as it. Call it before the database is made, so that the
-// role is dropped after it (a role with grants in a database cannot be).
-func leastPrivilegedRole(t *testing.T, adminDSN string) (role, password string) {
-	t.Helper()
-	role = uniqueName(t, "lp")
-	password = "pw-" + role
-	execSQL(t, adminDSN, fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD %s`, sql.Ident(role), sql.Literal(password)))
-	t.Cleanup(func() {
-		ctx := context.Background()
-		conn, err := pgx.Connect(ctx, adminDSN)
-		if err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP ROLE IF EXISTS `+sql.Ident(role)); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
-	return role, password
-}
 
 // execScript runs a script as psql would in autocommit mode: statement by
 // statement (the slot may not be created in a transaction that wrote), a
@@ -114,11 +53,11 @@ func execScript(t *testing.T, dsn, script string) {
 func TestLeastPrivilege(t *testing.T) {
 	cleanEnv(t)
 	base := newDatabase(t) // only to learn the superuser's DSN; the role must outlive the test's database
-	admin := superuserDSN(t, base)
-	role, password := leastPrivilegedRole(t, admin)
+	admin := testenv.SuperuserDSN(t, base)
+	role, password := testenv.LeastPrivilegedRole(t, admin)
 	dsn, slot := dbEnv(t)
-	su := superuserDSN(t, dsn)
-	roleDSN := withUser(t, dsn, "postgres://"+url.UserPassword(role, password).String()+"@x/")
+	su := testenv.SuperuserDSN(t, dsn)
+	roleDSN := testenv.WithUser(t, dsn, "postgres://"+url.UserPassword(role, password).String()+"@x/")
 	k := testenv.Kafka(t)
 	aggType := uniqueName(t, "Lp")
 	topic := "outbox.event." + aggType

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -97,7 +98,7 @@ SELECT gen_random_uuid(), 'Order', 'a-1', 'Created', '{}', now() - make_interval
 func TestPrunePartitionsNotOwned(t *testing.T) {
 	dsn, _ := dbEnv(t)
 	setUp(t)
-	su := superuserDSN(t, dsn)
+	su := testenv.SuperuserDSN(t, dsn)
 	if su == dsn {
 		t.Skip("the test role is a superuser: it owns everything")
 	}

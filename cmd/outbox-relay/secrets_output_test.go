@@ -253,7 +253,7 @@ func (s *secretsRun) runFor(t *testing.T, extra []string, d time.Duration, deliv
 // its output kept in out.
 func (s *secretsRun) startRun(t *testing.T, extra []string) (cmd *exec.Cmd, out *bytes.Buffer, listen string) {
 	t.Helper()
-	listen = freeAddr(t)
+	listen = testenv.FreeAddr(t)
 	cmd = exec.Command(s.bin, "run")
 	cmd.Env = append(s.env(extra), "RELAY_METRICS_LISTEN="+listen)
 	out = &bytes.Buffer{}
@@ -440,16 +440,6 @@ func longestFirst(names []string) []string {
 		}
 	}
 	return out
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func httpGet(t *testing.T, u string) string {

@@ -64,6 +64,21 @@ func (w tLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// relayTopic gives the test an aggregate type of its own (prefix and a unique
+// suffix) and its topic in the test Kafka, created with one partition, and
+// points the relay of this process (startRelay, run) at that Kafka with the
+// metrics listener off, as every end-to-end test of a relay here needs.
+func relayTopic(t *testing.T, prefix string) (aggType, topic string, k *testenv.KafkaCluster) {
+	t.Helper()
+	aggType = prefix + strings.ReplaceAll(uniqueName(t, ""), "_", "")
+	topic = "outbox.event." + aggType
+	k = testenv.Kafka(t)
+	k.CreateTopic(t, topic, 1)
+	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
+	t.Setenv("RELAY_METRICS_LISTEN", "")
+	return aggType, topic, k
+}
+
 // eventIDs counts the messages of topic by their id header.
 func eventIDs(t *testing.T, k *testenv.KafkaCluster, topic string) map[string]int {
 	t.Helper()
@@ -109,12 +124,7 @@ func waitDelivered(t *testing.T, k *testenv.KafkaCluster, topic string, ids []st
 func TestSlotRecreatedWhileStopped(t *testing.T) {
 	dsn, slot := dbEnv(t)
 	setUp(t)
-	aggType := "Gap" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
-	topic := "outbox.event." + aggType
-	k := testenv.Kafka(t)
-	k.CreateTopic(t, topic, 1)
-	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
-	t.Setenv("RELAY_METRICS_LISTEN", "")
+	aggType, topic, k := relayTopic(t, "Gap")
 	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
 
 	// Delivered, and covered by a history entry (what replay --from-lsn
@@ -271,12 +281,7 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 func TestCheckSlotRefill(t *testing.T) {
 	dsn, _ := dbEnv(t)
 	setUp(t)
-	aggType := "Refill" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
-	topic := "outbox.event." + aggType
-	k := testenv.Kafka(t)
-	k.CreateTopic(t, topic, 1)
-	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
-	t.Setenv("RELAY_METRICS_LISTEN", "")
+	aggType, topic, k := relayTopic(t, "Refill")
 	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
 
 	ids := insertEvents(t, dsn, aggType, 3, 0)
@@ -313,12 +318,7 @@ func TestCheckSlotRefill(t *testing.T) {
 func TestSlotMissingSaysRecover(t *testing.T) {
 	dsn, slot := dbEnv(t)
 	setUp(t)
-	aggType := "Missing" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
-	topic := "outbox.event." + aggType
-	k := testenv.Kafka(t)
-	k.CreateTopic(t, topic, 1)
-	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
-	t.Setenv("RELAY_METRICS_LISTEN", "")
+	aggType, topic, k := relayTopic(t, "Missing")
 	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
 	before := insertEvents(t, dsn, aggType, 3, 0)
 	p := startRelay(t)

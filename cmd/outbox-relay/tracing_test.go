@@ -16,8 +16,6 @@ import (
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // otlpReceiver is an OTLP/HTTP trace receiver, as a collector's: POST
@@ -77,12 +75,7 @@ func TestTraceSpansExported(t *testing.T) {
 	dsn, _ := dbEnv(t)
 	setUp(t)
 	recv, endpoint := startOTLPReceiver(t)
-	aggType := "Tr" + strings.ReplaceAll(uniqueName(t, ""), "_", "")
-	topic := "outbox.event." + aggType
-	k := testenv.Kafka(t)
-	k.CreateTopic(t, topic, 1)
-	t.Setenv("RELAY_KAFKA_BROKERS", strings.Join(k.Brokers, ","))
-	t.Setenv("RELAY_METRICS_LISTEN", "")
+	aggType, topic, k := relayTopic(t, "Tr")
 	t.Setenv("RELAY_TRACING_OTLP_ENDPOINT", endpoint)
 	t.Setenv("RELAY_TRACING_SERVICE_NAME", "relay-under-test")
 

@@ -2,9 +2,6 @@ package admin
 
 import (
 	"context"
-	"fmt"
-	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -108,61 +105,6 @@ func runCheck(t *testing.T, cfg Config, k Kafka) (failed int, out string) {
 	var b strings.Builder
 	failed = Check(context.Background(), cfg, k, &b)
 	return failed, b.String()
-}
-
-// superuserDSN is a superuser's DSN for the database of dsn:
-// RELAY_TEST_POSTGRES_SUPERUSER_DSN's user on dsn, or dsn when its role is
-// a superuser (containers).
-func superuserDSN(t *testing.T, dsn string) string {
-	t.Helper()
-	su := os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN")
-	if su == "" {
-		if queryString(t, dsn, `SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user`) == "true" {
-			return dsn
-		}
-		t.Fatalf("RELAY_TEST_POSTGRES_SUPERUSER_DSN is not set and the test role is no superuser: " +
-			"run `make dev-up` and `eval \"$(make -s dev-env)\"` (or `make test`)")
-	}
-	return withUser(t, dsn, su)
-}
-
-// withUser returns dsn with the user and password of from.
-func withUser(t *testing.T, dsn, from string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatalf("test DSN is not a URL: %v", err)
-	}
-	f, err := url.Parse(from)
-	if err != nil {
-		t.Fatalf("DSN %q is not a URL: %v", from, err)
-	}
-	u.User = f.User
-	return u.String()
-}
-
-// leastPrivilegedRole creates a role with only LOGIN REPLICATION and a
-// password, dropped when the test ends, and returns its name and password.
-// Call it before the database is made, so that the role is dropped after it
-// (a role with grants in a database cannot be).
-func leastPrivilegedRole(t *testing.T, adminDSN string) (role, password string) {
-	t.Helper()
-	role = testenv.UniqueName(t, "lp")
-	password = "pw-" + role
-	execAs(t, adminDSN, fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD %s`, sql.Ident(role), sql.Literal(password)))
-	t.Cleanup(func() {
-		ctx := context.Background()
-		conn, err := pgx.Connect(ctx, adminDSN)
-		if err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP ROLE IF EXISTS `+sql.Ident(role)); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
-	return role, password
 }
 
 // execAs runs stmts in the database of dsn, as its user.

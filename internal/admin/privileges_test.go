@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -47,7 +48,7 @@ func TestPrintSQL(t *testing.T) {
 // TestCheckWarnsSuperuser: a superuser works, and check says it need not.
 func TestCheckWarnsSuperuser(t *testing.T) {
 	pg, cfg := testDB(t)
-	cfg.DSN = superuserDSN(t, pg.DSN)
+	cfg.DSN = testenv.SuperuserDSN(t, pg.DSN)
 	k := withKafka(t, &cfg)
 	if out, err := runSetup(t, cfg, true); err != nil {
 		t.Fatalf("Setup = %v\n%s", err, out)

@@ -287,16 +287,16 @@ func TestSetupTables(t *testing.T) {
 // publication, then failed on the slot).
 func TestSetupChecksFirst(t *testing.T) {
 	base := testenv.Postgres(t) // the superuser's DSN; the role must outlive the test's database
-	admin := superuserDSN(t, base.DSN)
-	role, password := leastPrivilegedRole(t, admin)
+	admin := testenv.SuperuserDSN(t, base.DSN)
+	role, password := testenv.LeastPrivilegedRole(t, admin)
 	execAs(t, admin, `ALTER ROLE `+sql.Ident(role)+` NOREPLICATION`)
 	pg, cfg := testDB(t)
 	dsn, slot := pg.DSN, cfg.Slot
-	su := superuserDSN(t, dsn)
+	su := testenv.SuperuserDSN(t, dsn)
 	// Everything but REPLICATION: it could create all of it.
 	execAs(t, su, `GRANT CREATE ON DATABASE `+sql.Ident(queryString(t, dsn, `SELECT current_database()`))+` TO `+sql.Ident(role),
 		`GRANT CREATE, USAGE ON SCHEMA public TO `+sql.Ident(role))
-	cfg.DSN = withUser(t, dsn, "postgres://"+url.UserPassword(role, password).String()+"@x/")
+	cfg.DSN = testenv.WithUser(t, dsn, "postgres://"+url.UserPassword(role, password).String()+"@x/")
 
 	out, err := runSetup(t, cfg, true)
 	if !errors.Is(err, ErrNothingCreated) {

@@ -191,19 +191,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 		}
 	}
 	prod := newProducer(s.pg.DSN, seed, 400)
-	prodCtx, stopProd := context.WithCancel(context.Background())
-	prodDone := make(chan error, 1)
-	go func() { prodDone <- prod.Run(prodCtx) }()
-	stopped := false
-	stopProducer := func() {
-		if !stopped {
-			stopped = true
-			stopProd()
-			if err := <-prodDone; err != nil {
-				t.Errorf("producer: %v", err)
-			}
-		}
-	}
+	stopProducer := prod.start(t)
 	defer func() {
 		healAll()
 		stopProducer()

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,6 +76,24 @@ type outboxEvent struct {
 
 func newProducer(dsn string, seed uint64, rate float64) *producer {
 	return &producer{dsn: dsn, rng: mrand.New(mrand.NewPCG(seed, seed^0x5eed)), rate: rate, poisonP: 1.0 / 120, seq: map[string]int{}}
+}
+
+// start runs the producer until the returned stop is called; stop waits for it
+// and fails the test on its error, and does nothing when called again (the
+// runs stop it midway and defer it as well).
+func (p *producer) start(t *testing.T) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("producer: %v", err)
+			}
+		})
+	}
 }
 
 func (p *producer) Stats() producerStats {

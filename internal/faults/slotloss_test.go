@@ -9,13 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -87,23 +84,9 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	if loss == lossRecreated {
 		onLoss = "fail" // recover by hand
 	}
-	env := append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+s.pg.DSN,
-		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
-		"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
-		"RELAY_POSTGRES_SLOT="+s.slot,
+	env := s.binaryEnv(
 		"RELAY_POSTGRES_ON_SLOT_LOSS="+onLoss,
-		"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
-		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
-		"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
-		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
-		"RELAY_CHECKPOINT_INTERVAL=100ms",
 		"RELAY_CHECKPOINT_HISTORY_INTERVAL=1s",
-		"RELAY_RETRY_BACKOFF_MIN=200ms",
-		"RELAY_RETRY_BACKOFF_MAX=1s",
-		"RELAY_RETRY_POLL_INTERVAL=200ms",
-		"RELAY_METRICS_LISTEN=",
-		"RELAY_LOG_FORMAT=json",
 	)
 	logFile, err := os.CreateTemp("", "outbox-relay-slotloss-*.log")
 	if err != nil {
@@ -139,33 +122,20 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	}()
 
 	prod := newProducer(s.pg.DSN, seed, 300)
-	prodCtx, stopProd := context.WithCancel(context.Background())
-	prodDone := make(chan error, 1)
-	go func() { prodDone <- prod.Run(prodCtx) }()
-	stopped := false
-	stopProducer := func() {
-		if !stopped {
-			stopped = true
-			stopProd()
-			if err := <-prodDone; err != nil {
-				t.Errorf("producer: %v", err)
-			}
-		}
-	}
+	stopProducer := prod.start(t)
 	defer stopProducer()
 
 	r := start()
 	time.Sleep(5 * time.Second)
-	s.waitHistoryCovered()
+	s.pg.WaitHistoryCovered(t, s.slot)
 	ctx := context.Background()
-	su := testenv.SuperuserConn(t, s.pg.DSN)
 	var lostAt time.Time
 	switch loss {
 	case lossInvalidated:
 		stop(r)
 		time.Sleep(3 * time.Second) // events committed while stopped
 		lostAt = time.Now()
-		s.invalidateSlot(su)
+		s.pg.InvalidateSlot(t, s.slot, s.probe)
 		r = start()
 	case lossRecreated:
 		stop(r)
@@ -184,15 +154,7 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 		r = start()
 	case lossRunning:
 		lostAt = time.Now()
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-			su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.slot)
-			if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.slot); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("could not drop the slot under the running relay within a minute")
-			}
-		}
+		s.pg.DropActiveSlot(t, s.slot)
 	}
 	// Time to recover: until the refill is done (recover returned, for the
 	// scenario that runs it) and the checkpoint covers what was committed
@@ -221,20 +183,9 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	time.Sleep(2 * time.Second)
 	stopProducer()
 	ps := prod.Stats()
-	// Drained when every row is in Kafka or the retry table and nothing is
-	// pending (the probe slot that waitDrained reads is invalidated with
-	// the relay's in one scenario).
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
-		var pending int
-		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_retry WHERE status = 'pending'`).Scan(&pending); err != nil {
-			t.Fatal(err)
-		}
-		if rep := Check(s.collect()); rep.Lost == 0 && pending == 0 {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("not drained 5 minutes after the producer stopped: %d lost, %d pending retry rows: %v", rep.Lost, pending, rep.Problems)
-		}
-	}
+	// Not waitDrained: the probe slot it reads is invalidated with the
+	// relay's in one scenario.
+	s.waitRowsDrained(r.out)
 	select {
 	case err := <-r.done:
 		r.done <- err
@@ -292,63 +243,4 @@ func refillLines(out string) []string {
 		lines = append(lines, fmt.Sprintf("%v: %v events (%v parked) %v..%v in %v", l["cause"], l["events"], l["parked_in_retry_table"], l["from_checkpoint"], l["to_checkpoint"], l["duration"]))
 	}
 	return lines
-}
-
-// waitHistoryCovered waits until the checkpoint covers a history row.
-func (s *suite) waitHistoryCovered() {
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		var ok bool
-		if err := s.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
-JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, s.slot).Scan(&ok); err == nil && ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("no checkpoint history row covered by the checkpoint within a minute")
-		}
-	}
-}
-
-// invalidateSlot invalidates the suite's slot with a small
-// max_slot_wal_keep_size, restored at once after (the caller holds
-// testenv.Exclusive). It refuses to invalidate slots it does not own.
-func (s *suite) invalidateSlot(su *pgx.Conn) {
-	t, ctx := s.t, context.Background()
-	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, s.slot, s.probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(others) > 0 {
-		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
-	}
-	restore := func() {
-		su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
-		su.Exec(ctx, "SELECT pg_reload_conf()")
-	}
-	defer restore()
-	for _, q := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
-		if _, err := su.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		for _, q := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotloss', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
-			if _, err := su.Exec(ctx, q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
-		var status string
-		if err := s.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status == "lost" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot not lost after 60s of WAL switches and checkpoints (wal_status %s)", status)
-		}
-	}
 }

@@ -116,22 +116,8 @@ func runWALBuffer(t *testing.T, bin string, kill walBufferKill, eos bool) {
 FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+s.pg.DSN,
-		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
-		"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
-		"RELAY_POSTGRES_SLOT="+s.slot,
-		"RELAY_POSTGRES_MAX_RETAINED_WAL="+strconv.Itoa(walBufferBound),
-		"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
-		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
-		"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
-		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
-		"RELAY_CHECKPOINT_INTERVAL=100ms",
-		"RELAY_RETRY_BACKOFF_MIN=200ms",
-		"RELAY_RETRY_BACKOFF_MAX=1s",
-		"RELAY_RETRY_POLL_INTERVAL=200ms",
-		"RELAY_METRICS_LISTEN=",
-		"RELAY_LOG_FORMAT=json",
+	env := s.binaryEnv(
+		"RELAY_POSTGRES_MAX_RETAINED_WAL=" + strconv.Itoa(walBufferBound),
 	)
 	env = append(env, s.deliveryEnv()...)
 	if eos {
@@ -209,19 +195,7 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	defer func() { stopSampling(); sampling.Wait() }()
 
 	prod := newProducer(s.pg.DSN, seed, 200)
-	prodCtx, stopProd := context.WithCancel(ctx)
-	prodDone := make(chan error, 1)
-	go func() { prodDone <- prod.Run(prodCtx) }()
-	stopped := false
-	stopProducer := func() {
-		if !stopped {
-			stopped = true
-			stopProd()
-			if err := <-prodDone; err != nil {
-				t.Errorf("producer: %v", err)
-			}
-		}
-	}
+	stopProducer := prod.start(t)
 	defer stopProducer()
 
 	// Another table writes about 2 MB/s of WAL that does not compress:
@@ -364,17 +338,7 @@ FROM pg_settings WHERE name = 'wal_segment_size'`).Scan(&segment); err != nil {
 	stopNoiseWriter()
 	stopProducer()
 	ps := prod.Stats()
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
-		var pending int
-		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_retry WHERE status = 'pending'`).Scan(&pending); err != nil {
-			t.Fatal(err)
-		}
-		if rep := Check(s.collect()); rep.Lost == 0 && pending == 0 {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("not drained 5 minutes after the producer stopped: %d lost, %d pending retry rows: %v", rep.Lost, pending, rep.Problems)
-		}
-	}
+	s.waitRowsDrained(r.out)
 	select {
 	case err := <-r.done:
 		r.done <- err

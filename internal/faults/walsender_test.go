@@ -80,23 +80,9 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	s.pg.Exec(t, `CREATE TABLE filler (id bigserial PRIMARY KEY, b bytea NOT NULL)`)
 	s.pg.Exec(t, `ALTER TABLE filler ALTER COLUMN b SET STORAGE EXTERNAL`) // stored as written, not compressed
 
-	env := append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+s.pg.DSN,
-		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
-		"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
-		"RELAY_POSTGRES_SLOT="+s.slot,
+	env := s.binaryEnv(
 		"RELAY_POSTGRES_ON_SLOT_LOSS=refill",
-		"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
-		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
-		"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
-		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
-		"RELAY_CHECKPOINT_INTERVAL=100ms",
 		"RELAY_CHECKPOINT_HISTORY_INTERVAL=1s",
-		"RELAY_RETRY_BACKOFF_MIN=200ms",
-		"RELAY_RETRY_BACKOFF_MAX=1s",
-		"RELAY_RETRY_POLL_INTERVAL=200ms",
-		"RELAY_METRICS_LISTEN=",
-		"RELAY_LOG_FORMAT=json",
 	)
 	logFile, err := os.CreateTemp("", "outbox-relay-walsender-*.log")
 	if err != nil {
@@ -125,22 +111,10 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	}()
 
 	prod := newProducer(s.pg.DSN, seed, 300)
-	prodCtx, stopProd := context.WithCancel(ctx)
-	prodDone := make(chan error, 1)
-	go func() { prodDone <- prod.Run(prodCtx) }()
-	prodStopped := false
-	stopProducer := func() {
-		if !prodStopped {
-			prodStopped = true
-			stopProd()
-			if err := <-prodDone; err != nil {
-				t.Errorf("producer: %v", err)
-			}
-		}
-	}
+	stopProducer := prod.start(t)
 	defer stopProducer()
 	time.Sleep(5 * time.Second)
-	s.waitHistoryCovered() // a refill needs a history row
+	s.pg.WaitHistoryCovered(s.t, s.slot) // a refill needs a history row
 
 	restore := func() {
 		su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
@@ -210,17 +184,7 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	stopProducer()
 	ps := prod.Stats()
 
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
-		var pending int
-		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_retry WHERE status = 'pending'`).Scan(&pending); err != nil {
-			t.Fatal(err)
-		}
-		if rep := Check(s.collect()); rep.Lost == 0 && pending == 0 {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("not drained 5 minutes after the producer stopped: %d lost, %d pending retry rows: %v\n%s", rep.Lost, pending, rep.Problems, tailLines(out.String(), 30))
-		}
-	}
+	s.waitRowsDrained(out)
 	select {
 	case err := <-done:
 		done <- err

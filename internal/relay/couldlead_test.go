@@ -54,7 +54,7 @@ func TestStandbyCouldNotLead(t *testing.T) {
 
 	standbyCfg := f.config(t)
 	standbyCfg.Replication.DSN = u.String()
-	standbyCfg.MetricsListen = freeAddr(t)
+	standbyCfg.MetricsListen = testenv.FreeAddr(t)
 	standbyCfg.StandbyPoll = 100 * time.Millisecond
 	f.start(t, standbyCfg)
 	base := "http://" + standbyCfg.MetricsListen

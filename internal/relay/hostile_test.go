@@ -332,7 +332,7 @@ func TestStartLSNBeyondWALRefused(t *testing.T) {
 // and is ready again once it accepts them, with nothing lost.
 func TestReadyWhileRetryTableRefuses(t *testing.T) {
 	f := newFixture(t)
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	cfg := f.retryConfig(t)
 	cfg.MetricsListen = addr
 	cfg.StallAfter = 3 * time.Second
@@ -376,7 +376,7 @@ func TestReadyWhileRetryTableRefuses(t *testing.T) {
 func TestReadyDuringKafkaOutage(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	cfg := f.config(t)
 	cfg.MetricsListen = addr
 	run := f.start(t, cfg)

@@ -217,7 +217,7 @@ func TestMessagesRefillFromArchive(t *testing.T) {
 	run := f.start(t, cfg)
 	emit(3, 5)
 	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 
 	f.pg.DropSlot(t, f.slot)

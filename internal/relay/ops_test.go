@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -27,7 +27,7 @@ import (
 func TestMetricsDuringRun(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config(t)
-	cfg.MetricsListen = freeAddr(t)
+	cfg.MetricsListen = testenv.FreeAddr(t)
 	run := f.start(t, cfg)
 
 	const n = 1200
@@ -151,16 +151,6 @@ func deref64(p *int64) any {
 		return nil
 	}
 	return *p
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func httpGet(t *testing.T, url string, want int) string {
@@ -298,13 +288,13 @@ func TestLagCountsTransactionBeingRead(t *testing.T) {
 func TestStandbyReadyMetric(t *testing.T) {
 	f := newFixture(t)
 	leaderCfg := f.config(t)
-	leaderCfg.MetricsListen = freeAddr(t)
+	leaderCfg.MetricsListen = testenv.FreeAddr(t)
 	leader := f.start(t, leaderCfg)
 	f.insertTx(t, f.makeEvents(3))
 	f.waitCount(t, 3, time.Minute) // it leads
 
 	standbyCfg := f.config(t)
-	standbyCfg.MetricsListen = freeAddr(t)
+	standbyCfg.MetricsListen = testenv.FreeAddr(t)
 	standbyCfg.StandbyPoll = 100 * time.Millisecond
 	f.start(t, standbyCfg)
 	base := "http://" + standbyCfg.MetricsListen

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -33,19 +34,37 @@ func (f *fixture) refillConfig(t *testing.T) relay.Config {
 	return cfg
 }
 
-// waitHistoryCovered waits until the checkpoint covers a history row (what a
-// refill maps the checkpoint with).
-func (f *fixture) waitHistoryCovered(t *testing.T) {
+// refillable starts a relay with cfg, delivers txs transactions of 5 events
+// and waits until the checkpoint covers a history row: from then on a lost
+// slot can be refilled. It returns the relay, still running.
+func (f *fixture) refillable(t *testing.T, cfg relay.Config, txs int) *running {
 	t.Helper()
-	waitFor(t, time.Minute, "a checkpoint history row at or before the checkpoint", func() (bool, string) {
-		var ok bool
-		err := f.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relay_checkpoint_history h
-JOIN outbox_relay_checkpoint c USING (slot_name) WHERE c.slot_name = $1 AND h.snapshot_lsn <= c.lsn)`, f.slot).Scan(&ok)
-		if err != nil {
-			return false, err.Error()
-		}
-		return ok, "none yet"
-	})
+	run := f.start(t, cfg)
+	f.produce(t, txs, 5, 0)
+	f.waitAll(t, time.Minute)
+	f.pg.WaitHistoryCovered(t, f.slot)
+	return run
+}
+
+// refused is e, committed at commit with value as its message value, as the
+// relay stores an event Kafka refused in the retry table.
+func (f *fixture) refused(e event, value string, commit pglogrepl.LSN) retry.Event {
+	ev := envelope.Event{ID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.EventType,
+		Topic: f.prefix + "." + e.AggregateType, Key: []byte(e.AggregateID), Value: []byte(value),
+		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
+		CommitLSN: commit, Pos: 1}
+	return retry.NewEvent(&ev)
+}
+
+// walInsertLSN is the server's current WAL insert position: past every
+// commit so far.
+func (f *fixture) walInsertLSN(t *testing.T) pglogrepl.LSN {
+	t.Helper()
+	var now string
+	if err := f.pool.QueryRow(context.Background(), `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	return mustLSN(t, now)
 }
 
 // delivered0 asserts lost 0 and per-aggregate order, and logs duplicates
@@ -86,10 +105,7 @@ func TestRefillRecreatedSlot(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 	cp := f.checkpointLSN(t)
 
@@ -137,13 +153,10 @@ func TestRefillInvalidatedSlot(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 	f.produce(t, 4, 5, 0) // lost with the slot
-	f.invalidateSlot(t)
+	f.pg.InvalidateSlot(t, f.slot, f.probe)
 
 	began := time.Now()
 	f.start(t, cfg)
@@ -160,23 +173,10 @@ func TestRefillInvalidatedSlot(t *testing.T) {
 func TestRefillSlotDroppedWhileRunning(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	run := f.refillable(t, cfg, 3)
 
-	su := testenv.SuperuserConn(t, f.pg.DSN)
-	ctx := context.Background()
 	began := time.Now()
-	waitFor(t, time.Minute, "the slot dropped", func() (bool, string) {
-		// The stream reconnects at once: terminate and drop until the
-		// drop lands between its connections.
-		su.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, f.slot)
-		if _, err := su.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, f.slot); err != nil {
-			return false, err.Error()
-		}
-		return true, ""
-	})
+	f.pg.DropActiveSlot(t, f.slot)
 	f.produce(t, 4, 5, 0)
 	f.waitAll(t, time.Minute)
 	took := time.Since(began)
@@ -196,10 +196,7 @@ func TestRefillSlotDroppedWhileRunning(t *testing.T) {
 func TestRefillBehindRetryRow(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 
 	// What the relay does with an event Kafka refused: store it in the
@@ -209,11 +206,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 	held := f.makeEvents(1)[0]
 	f.insertTx(t, []event{held})
 	ends := f.commitEnds(t)
-	ev := envelope.Event{ID: held.ID, AggregateType: held.AggregateType, AggregateID: held.AggregateID, Type: held.EventType,
-		Topic: f.prefix + "." + held.AggregateType, Key: []byte(held.AggregateID), Value: []byte(held.Payload),
-		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
-		CommitLSN: ends[len(ends)-1], Pos: 1}
-	rev := retry.NewEvent(&ev)
+	rev := f.refused(held, held.Payload, ends[len(ends)-1])
 	rev.Reason = "test: refused by Kafka"
 	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
 		t.Fatal(err)
@@ -224,11 +217,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 	if err := store.Record(ctx, f.slot, ends[len(ends)-1], time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	var now string
-	if err := f.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Save(ctx, f.slot, mustLSN(t, now), time.Now()); err != nil {
+	if err := store.Save(ctx, f.slot, f.walInsertLSN(t), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -255,10 +244,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 func TestRefillLeavesDeadLetter(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 
 	// What the relay does with an event Kafka refuses for good: store it
@@ -272,20 +258,12 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 	if err := f.pool.QueryRow(ctx, `SELECT payload::text FROM outbox WHERE id = $1`, dead.ID).Scan(&value); err != nil {
 		t.Fatal(err)
 	}
-	ev := envelope.Event{ID: dead.ID, AggregateType: dead.AggregateType, AggregateID: dead.AggregateID, Type: dead.EventType,
-		Topic: f.prefix + "." + dead.AggregateType, Key: []byte(dead.AggregateID), Value: []byte(value),
-		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
-		CommitLSN: ends[len(ends)-1], Pos: 1}
-	rev := retry.NewEvent(&ev)
+	rev := f.refused(dead, value, ends[len(ends)-1])
 	rev.Reason, rev.Permanent = "test: refused by Kafka for good", true
 	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
 		t.Fatal(err)
 	}
-	var now string
-	if err := f.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
-		t.Fatal(err)
-	}
-	if err := checkpoint.New(f.pool, "outbox_relay_checkpoint").Save(ctx, f.slot, mustLSN(t, now), time.Now()); err != nil {
+	if err := checkpoint.New(f.pool, "outbox_relay_checkpoint").Save(ctx, f.slot, f.walInsertLSN(t), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -329,58 +307,6 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 	}
 }
 
-// invalidateSlot invalidates the fixture's slot with a small
-// max_slot_wal_keep_size, restored in t.Cleanup. The caller holds
-// testenv.Exclusive: the setting is server-wide, and the test refuses to run
-// when it would invalidate a slot it does not own.
-func (f *fixture) invalidateSlot(t *testing.T) {
-	t.Helper()
-	ctx := context.Background()
-	su := testenv.SuperuserConn(t, f.pg.DSN)
-	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, f.slot, f.probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(others) > 0 {
-		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
-	}
-	t.Cleanup(func() {
-		if _, err := su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size"); err != nil {
-			t.Errorf("restore max_slot_wal_keep_size: %v", err)
-		}
-		su.Exec(ctx, "SELECT pg_reload_conf()")
-	})
-	for _, s := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
-		if _, err := su.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		for _, s := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotgap', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
-			if _, err := su.Exec(ctx, s); err != nil {
-				t.Fatalf("%s: %v", s, err)
-			}
-		}
-		var status string
-		if err := f.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status == "lost" {
-			// Restored at once: a slot created now must not be lost too.
-			su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
-			su.Exec(ctx, "SELECT pg_reload_conf()")
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot not lost after 30s of WAL switches and checkpoints (wal_status %s)", status)
-		}
-	}
-}
-
 // TestRefillRefused: a refill that would be wrong is refused with exit code
 // 4 and the reason, changing nothing: without a history row at or before the
 // checkpoint (the rows cannot be told apart), and on another system (the
@@ -388,10 +314,7 @@ func (f *fixture) invalidateSlot(t *testing.T) {
 func TestRefillRefused(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.start(t, cfg)
-	f.produce(t, 2, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	run := f.refillable(t, cfg, 2)
 	run.stop(t)
 	cp := f.checkpointLSN(t)
 	f.pg.DropSlot(t, f.slot)
@@ -445,10 +368,7 @@ func TestRefillKilledResumes(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.start(t, cfg)
-	f.produce(t, 2, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	run := f.refillable(t, cfg, 2)
 	run.stop(t)
 
 	f.pg.DropSlot(t, f.slot)
@@ -531,10 +451,7 @@ func TestRecoverLogsProgress(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.start(t, cfg)
-	f.produce(t, 3, 5, 0)
-	f.waitAll(t, time.Minute)
-	f.waitHistoryCovered(t)
+	run := f.refillable(t, cfg, 3)
 	run.stop(t)
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them

@@ -24,7 +24,7 @@ func retentionConfig(t *testing.T, f *fixture) relay.Config {
 	cfg.HistoryInterval = 100 * time.Millisecond
 	cfg.Retention = retention.Config{Retention: 2 * time.Second, Interval: 200 * time.Millisecond,
 		BatchSize: 7, Pause: time.Millisecond, IgnoreSlots: []string{f.probe}}
-	cfg.MetricsListen = freeAddr(t)
+	cfg.MetricsListen = testenv.FreeAddr(t)
 	return cfg
 }
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -65,26 +65,34 @@ func TestIdleSlotKilledRestarts(t *testing.T) {
 	}
 }
 
+// deliveredAndStopped runs a relay until one transaction of 5 events is in
+// Kafka and its end confirmed on the slot, then stops it cleanly; it returns
+// how many events were delivered and the checkpoint the relay left.
+func (f *fixture) deliveredAndStopped(t *testing.T) (total int, cp pglogrepl.LSN) {
+	t.Helper()
+	run := f.start(t, f.config(t))
+	total = f.produce(t, 1, 5, 0)
+	f.waitCount(t, total, time.Minute)
+	ends := f.commitEnds(t)
+	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
+	run.stop(t)
+	return total, f.checkpointLSN(t)
+}
+
 // TestRecreatedSlotRefused: the slot dropped and recreated while the relay
 // is stopped, with events committed in between. Run must refuse before
 // delivering anything past the gap, with the range (the end-to-end form,
 // with check, lag, status and the fix, is in cmd/outbox-relay).
 func TestRecreatedSlotRefused(t *testing.T) {
 	f := newFixture(t)
-	run := f.start(t, f.config(t))
-	total := f.produce(t, 1, 5, 0)
-	f.waitCount(t, total, time.Minute)
-	ends := f.commitEnds(t)
-	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
-	run.stop(t)
-	cp := f.checkpointLSN(t)
+	total, cp := f.deliveredAndStopped(t)
 
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 2, 5, 0) // never sent
 	f.pg.Exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, f.slot)
 	slotAt := f.slotConfirmed(t)
 
-	run = f.start(t, f.config(t))
+	run := f.start(t, f.config(t))
 	var err error
 	select {
 	case err = <-run.done:
@@ -109,65 +117,18 @@ func TestRecreatedSlotRefused(t *testing.T) {
 // small max_slot_wal_keep_size. Run must refuse with the checkpoint as the
 // start of the uncovered range and say how to recreate the slot and
 // re-deliver. max_slot_wal_keep_size is server-wide: the test holds
-// testenv.Exclusive, refuses to run when it would invalidate a slot it does
-// not own, and restores the setting in t.Cleanup.
+// testenv.Exclusive, and PG.InvalidateSlot refuses to invalidate a slot the
+// test does not own and restores the setting.
 func TestInvalidatedSlotRefused(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
-	ctx := context.Background()
-	su := testenv.SuperuserConn(t, f.pg.DSN)
-	rows, err := su.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_name NOT IN ($1, $2) AND wal_status <> 'lost'`, f.slot, f.probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(others) > 0 {
-		t.Fatalf("other slots on the server would be invalidated too: %v; drop them or run this test on its own server", others)
-	}
-
-	run := f.start(t, f.config(t))
-	total := f.produce(t, 1, 5, 0)
-	f.waitCount(t, total, time.Minute)
-	ends := f.commitEnds(t)
-	f.waitConfirmed(t, ends[len(ends)-1], time.Minute)
-	run.stop(t)
-	cp := f.checkpointLSN(t)
+	total, cp := f.deliveredAndStopped(t)
 	f.produce(t, 2, 5, 0) // committed while the relay is stopped: lost with the slot
 
-	t.Cleanup(func() {
-		ctx := context.Background()
-		if _, err := su.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size"); err != nil {
-			t.Errorf("restore max_slot_wal_keep_size: %v", err)
-		}
-		su.Exec(ctx, "SELECT pg_reload_conf()")
-	})
-	for _, s := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
-		if _, err := su.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		for _, s := range []string{"SELECT pg_switch_wal()", "SELECT pg_logical_emit_message(false, 'slotgap', repeat('x', 100000))", "SELECT pg_switch_wal()", "CHECKPOINT"} {
-			if _, err := su.Exec(ctx, s); err != nil {
-				t.Fatalf("%s: %v", s, err)
-			}
-		}
-		var status string
-		if err := f.pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status == "lost" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot not lost after 30s of WAL switches and checkpoints (wal_status %s)", status)
-		}
-	}
+	f.pg.InvalidateSlot(t, f.slot, f.probe)
 
-	run = f.start(t, f.config(t))
+	run := f.start(t, f.config(t))
+	var err error
 	select {
 	case err = <-run.done:
 		run.done <- err // for the cleanup

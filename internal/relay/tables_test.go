@@ -272,7 +272,7 @@ func TestSeveralTablesRefill(t *testing.T) {
 		p.tx(t, f, 3+p.rng.IntN(20))
 	}
 	f.waitTables(t, len(p.written))
-	f.waitHistoryCovered(t)
+	f.pg.WaitHistoryCovered(t, f.slot)
 	run.stop(t)
 
 	f.pg.DropSlot(t, f.slot)

@@ -14,6 +14,7 @@ import (
 	outboxevent "github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -107,7 +108,7 @@ func (f *fixture) timeoutRelayWith(t *testing.T, cap time.Duration, edit func(*r
 	cfg := f.eosConfig(t)
 	cfg.Sink.TransactionTimeout = time.Second
 	cfg.TransactionMaxEvents = 50
-	cfg.MetricsListen = freeAddr(t)
+	cfg.MetricsListen = testenv.FreeAddr(t)
 	logs := &logBuffer{t: t}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	edit(&cfg)

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"net"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -45,4 +46,17 @@ func NewServer(t testing.TB, version int, opts ServerOptions) *Node {
 	p.Start(t)
 	p.Exec(t, "postgres", "CREATE DATABASE "+c.Database)
 	return p
+}
+
+// FreeAddr returns a loopback address ("127.0.0.1:port") that was free a
+// moment ago, for a listener the code under test opens itself (metrics,
+// health). Another process may take it in between; tests accept that race.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: FreeAddr: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

@@ -2,10 +2,12 @@ package testenv
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -60,4 +62,80 @@ func superuserConn(t testing.TB, dsn string, sameDB bool) *pgx.Conn {
 	}
 	t.Fatalf("testenv: no superuser connection to the test server (ALTER SYSTEM needs one): set RELAY_TEST_POSTGRES_SUPERUSER_DSN")
 	return nil
+}
+
+// SuperuserDSN returns a superuser's DSN for the database of dsn, for tests that
+// create roles (REPLICATION needs a superuser on PostgreSQL 15) or grant what the
+// test role may not: dsn with RELAY_TEST_POSTGRES_SUPERUSER_DSN's user (`make -s
+// dev-env` exports it; the dev servers' test role is no superuser), or dsn itself
+// when its role is a superuser (containers). It fails the test when neither is.
+func SuperuserDSN(t testing.TB, dsn string) string {
+	t.Helper()
+	su := os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN")
+	if su != "" {
+		return WithUser(t, dsn, su)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var super bool
+	conn, err := pgx.Connect(ctx, dsn)
+	if err == nil {
+		defer conn.Close(context.Background())
+		err = conn.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super)
+	}
+	if err != nil || !super {
+		t.Fatalf("RELAY_TEST_POSTGRES_SUPERUSER_DSN is not set and the test role is no superuser (%v): "+
+			"run `make dev-up` and `eval \"$(make -s dev-env)\"` (or `make test`)", err)
+	}
+	return dsn
+}
+
+// WithUser returns dsn (a URL) with the user and password of the URL from.
+func WithUser(t testing.TB, dsn, from string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("testenv: test DSN is not a URL: %v", err)
+	}
+	f, err := url.Parse(from)
+	if err != nil {
+		t.Fatalf("testenv: DSN is not a URL: %v", err)
+	}
+	u.User = f.User
+	return u.String()
+}
+
+// LeastPrivilegedRole creates a role with only LOGIN REPLICATION and a password,
+// as adminDSN's user (a superuser: see SuperuserDSN), and returns its name and
+// password; the role is dropped when the test ends. Call it before the database
+// the role is granted on is made, so that the role is dropped after it (a role
+// with grants in a database cannot be).
+func LeastPrivilegedRole(t testing.TB, adminDSN string) (role, password string) {
+	t.Helper()
+	role = UniqueName(t, "lp")
+	password = "pw-" + role
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		t.Fatalf("testenv: create role %s: %v", role, err)
+	}
+	defer conn.Close(context.Background())
+	// Role and password are UniqueName's letters, digits and underscores.
+	if _, err := conn.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN REPLICATION PASSWORD '`+password+`'`); err != nil {
+		t.Fatalf("testenv: create role %s: %v", role, err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, adminDSN)
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	return role, password
 }
