@@ -1,6 +1,7 @@
 package main
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 
@@ -47,5 +48,29 @@ func TestRetryReasonRendered(t *testing.T) {
 	}
 	if got := lastError(retry.Entry{ReasonCode: sink.CodeTopicMissing}); got != "" {
 		t.Errorf("lastError(no text, code %q) = %q; want \"\"", sink.CodeTopicMissing, got)
+	}
+}
+
+// Every key the rendered reasons name is a setting of this version: a key
+// renamed in settings.go must be renamed here too.
+func TestReasonKeysAreSettings(t *testing.T) {
+	known := map[string]bool{}
+	for _, s := range settings {
+		known[s.key] = true
+	}
+	keyRe := regexp.MustCompile(`\b[a-z_]+\.[a-z_.<>]*[a-z_>]`)
+	for code, text := range reasonKeys {
+		keys := keyRe.FindAllString(text, -1)
+		if len(keys) == 0 {
+			t.Errorf("reasonKeys[%q] = %q names no setting", code, text)
+		}
+		for _, k := range keys {
+			if strings.HasSuffix(k, ".<field>") {
+				k = strings.TrimSuffix(k, "<field>") + "id" // outbox.columns.<field>: one of them
+			}
+			if !known[k] {
+				t.Errorf("reasonKeys[%q] names %q, which is no setting", code, k)
+			}
+		}
 	}
 }
