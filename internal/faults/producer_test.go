@@ -68,7 +68,17 @@ type producer struct {
 	stats producerStats
 	seq   map[string]int // last committed sequence number per aggregate id
 	next  int            // poison counter, for unique aggregate ids
+	// sincePoison counts the transactions committed since the last one with
+	// a poison event: past maxWithoutPoison every transaction carries one
+	// until one commits, so that a short run (make test's 20 s, ~300
+	// transactions, where chance alone gives none 7% of the time) always
+	// proves that poison is handled.
+	sincePoison int
 }
+
+// maxWithoutPoison bounds the transactions committed in a row without a
+// poison event (poisonP alone leaves it to chance).
+const maxWithoutPoison = 100
 
 type outboxEvent struct {
 	id, aggType, aggID, payload string
@@ -247,7 +257,7 @@ func (p *producer) makeTx() []outboxEvent {
 			payload: fmt.Sprintf(`{"agg": %q, "seq": %d, "note": "fault suite event with a little padding to look real"}`, agg, next[agg]),
 		})
 	}
-	if p.rng.Float64() < p.poisonP {
+	if p.rng.Float64() < p.poisonP || p.sincePoison >= maxWithoutPoison {
 		p.next++
 		e := outboxEvent{id: newUUID(), aggID: fmt.Sprintf("poison-%d", p.next)}
 		// Its own aggregate: a dead event blocks the later events of its aggregate.
@@ -266,9 +276,11 @@ func (p *producer) committed(evs []outboxEvent) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stats.Transactions++
+	p.sincePoison++
 	for _, e := range evs {
 		if strings.HasPrefix(e.aggID, "poison-") {
 			p.stats.Poison++
+			p.sincePoison = 0
 			continue
 		}
 		p.stats.Events++
