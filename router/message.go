@@ -176,8 +176,11 @@ func (r *Router) RouteMessage(content []byte) (Message, error) {
 	if jsonPayload {
 		rel, pos = s.json, &s.pos[1]
 	}
-	m, err := Message{}, error(pos.err)
-	if pos.err == nil {
+	var m Message
+	var err error
+	if pos.err != nil {
+		err = pos.err // a typed nil must not become a non-nil error
+	} else {
 		m, err = r.route(values, rel.name, pos)
 	}
 	if len(problems) > 0 {
