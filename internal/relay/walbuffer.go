@@ -448,7 +448,7 @@ func bufferEntries(c *chunk) []walbuffer.Entry {
 		for f < len(c.fails) && c.fails[f].before == i {
 			ev := c.fails[f].ev
 			ev.Topic = ""
-			out = append(out, walbuffer.Entry{Event: ev, Failure: routeReason(c.fails[f].err)})
+			out = append(out, walbuffer.Entry{Event: ev, Failure: routeReason(c.fails[f].err), FailureCode: routeCode(c.fails[f].err)})
 			f++
 		}
 		if i < len(c.evs) {
@@ -473,7 +473,7 @@ func drainChunk(page []walbuffer.Entry, evs []event.Event) *chunk {
 		c.rows++
 		if e.Failure != "" {
 			c.fails = append(c.fails, routeFailure{before: len(c.evs), ev: e.Event,
-				err: &router.RouteError{EventID: e.Event.ID, Reason: e.Failure}})
+				err: &router.RouteError{EventID: e.Event.ID, Code: e.FailureCode, Reason: e.Failure}})
 			continue
 		}
 		c.evs = append(c.evs, e.Event)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -20,8 +21,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
+	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sink"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
@@ -210,10 +213,18 @@ func TestWALBuffer(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 	}
+	// An event the router refuses, buffered with its reason and the
+	// reason's code: its retry row says both, as without the buffer.
+	refused := event{ID: newUUID(), AggregateType: "Bad Type!", AggregateID: "r-1", EventType: "Changed", Payload: `{}`}
+	f.insertRaw(t, refused)
 	blockedLSN := f.commitEnds(t)
 	last := blockedLSN[len(blockedLSN)-1]
 	// The slot moves past events Kafka has not taken: they are in the buffer.
 	f.waitConfirmed(t, last, 60*time.Second)
+	var coded int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1 AND get_byte(event, 0) = 2`, f.slot).Scan(&coded); err != nil || coded != 1 {
+		t.Errorf("entries with a reason code (encoding version 2) in the buffer: %d, %v; want 1 (the refused event)", coded, err)
+	}
 	var held int
 	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
 		t.Fatal(err)
@@ -270,6 +281,19 @@ func TestWALBuffer(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	f.insertTx(t, f.makeEvents(20))
+	waitFor(t, 90*time.Second, "the refused event's retry row", func() (bool, string) {
+		_, ok := f.retryRows(t)[refused.ID]
+		return ok, fmt.Sprintf("%d retry rows", len(f.retryRows(t)))
+	})
+	if e := f.retryRows(t)[refused.ID]; e.Status != retry.StatusDead || e.ReasonCode != router.CodeTopicInvalid || !strings.Contains(e.LastError, "Kafka topic names may contain only") {
+		t.Errorf("the refused event's retry row after the buffer: status %q, reason_code %q, last_error %q; want dead, %q, the reason",
+			e.Status, e.ReasonCode, e.LastError, router.CodeTopicInvalid)
+	}
+	// Out of the outbox, so that the checks below count only the events
+	// that go to Kafka (its retry row keeps it).
+	if _, err := f.pool.Exec(ctx, `DELETE FROM outbox WHERE id = $1`, refused.ID); err != nil {
+		t.Fatal(err)
+	}
 	// Every row, not a count: the relay leads again from its checkpoint on
 	// each switch, and the duplicates that resends would make a count of
 	// messages reach n before the last events are in.

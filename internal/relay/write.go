@@ -372,10 +372,7 @@ func (r *writer) observe(c *chunk, sent []event.Event, parked int) {
 func failureEvent(f *routeFailure) retry.Event {
 	ev := retry.NewEvent(&f.ev)
 	ev.Reason = "cannot route the event: " + routeReason(f.err) + "; then requeue it"
-	var re *router.RouteError
-	if errors.As(f.err, &re) {
-		ev.Code = re.Code
-	}
+	ev.Code = routeCode(f.err)
 	ev.Permanent = true
 	return ev
 }
@@ -387,6 +384,15 @@ func routeReason(err error) string {
 		return re.Reason
 	}
 	return err.Error()
+}
+
+// routeCode is the code of a router's refusal, "" when it gave none.
+func routeCode(err error) string {
+	var re *router.RouteError
+	if errors.As(err, &re) {
+		return re.Code
+	}
+	return ""
 }
 
 // waitingEvent is the retry row of an event that waits behind an earlier

@@ -17,12 +17,25 @@ import (
 // UTF-8: the retry table needs a last-resort record for those, this table
 // does not); times are Unix nanoseconds as a varint (0: zero). Not meant to
 // be read by hand: `lag` and `status` report the buffer.
-const version = 1
+//
+// Version 2 is version 1 plus, last, the router's reason code of a refused
+// event (Entry.FailureCode). An entry without a code is still written as
+// version 1, so that a binary that reads only version 1 (before the code)
+// reads every entry but those, and stops on those with an error naming the
+// version rather than losing them.
+const (
+	version1 = 1
+	version2 = 2 // + FailureCode
+)
 
 func encode(e *Entry) []byte {
 	ev := &e.Event
 	b := make([]byte, 0, 64+len(ev.Key)+len(ev.Value)+len(ev.ID)+len(ev.AggregateID)+len(ev.Topic))
-	b = append(b, version)
+	v := byte(version1)
+	if e.FailureCode != "" {
+		v = version2
+	}
+	b = append(b, v)
 	for _, s := range []string{ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, ev.Topic, ev.Table, ev.Refill, e.Failure} {
 		b = appendBytes(b, []byte(s), true)
 	}
@@ -34,6 +47,9 @@ func encode(e *Entry) []byte {
 	b = binary.AppendVarint(b, unixNano(ev.CommitTime))
 	b = binary.AppendUvarint(b, uint64(ev.CommitLSN))
 	b = binary.AppendUvarint(b, uint64(ev.Pos))
+	if v == version2 {
+		b = appendBytes(b, []byte(e.FailureCode), true)
+	}
 	return b
 }
 
@@ -133,8 +149,12 @@ func (r *reader) headers() []event.Header {
 }
 
 func decode(b []byte) (Entry, error) {
-	if len(b) == 0 || b[0] != version {
-		return Entry{}, fmt.Errorf("unknown encoding (want version %d)", version)
+	if len(b) == 0 {
+		return Entry{}, errShort
+	}
+	v := b[0]
+	if v != version1 && v != version2 {
+		return Entry{}, fmt.Errorf("unknown encoding version %d (this binary reads %d and %d: a newer outbox-relay wrote it? run that one until the buffer is drained)", v, version1, version2)
 	}
 	r := &reader{b: b[1:]}
 	var e Entry
@@ -147,6 +167,9 @@ func decode(b []byte) (Entry, error) {
 	ev.Time, ev.CommitTime = r.time(), r.time()
 	ev.CommitLSN = pglogrepl.LSN(r.uvarint())
 	ev.Pos = int(r.uvarint())
+	if v == version2 {
+		e.FailureCode = string(r.bytes())
+	}
 	if r.err == nil && len(r.b) != 0 {
 		r.err = errors.New("trailing bytes")
 	}

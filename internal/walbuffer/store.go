@@ -48,10 +48,13 @@ func (k Key) Less(o Key) bool { return k.LSN < o.LSN || k.LSN == o.LSN && k.Pos 
 func (k Key) String() string { return event.PositionKey(k.LSN, k.Pos) }
 
 // An Entry is a buffered event: the envelope as the router made it, and,
-// when the router refused it, why (Failure; Event.Topic is then "").
+// when the router refused it, why (Failure; Event.Topic is then "") and the
+// router's code for it (FailureCode, "" when it gave none), which the retry
+// row keeps as it does for an event routed without the buffer.
 type Entry struct {
-	Event   event.Event
-	Failure string
+	Event       event.Event
+	Failure     string
+	FailureCode string
 }
 
 // Size is what e counts against a page's byte bound: the bytes of its

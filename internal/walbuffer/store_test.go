@@ -33,6 +33,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 		sample(0x16B3748, 1),
 		{Event: event.Event{CommitLSN: 1, Pos: 7, Key: []byte{}, Value: nil}, Failure: "no aggregate type: set it"},
 		{Event: event.Event{CommitLSN: 1, Pos: 8, Value: []byte{}}},
+		{Event: event.Event{CommitLSN: 1, Pos: 9}, Failure: "no aggregate id: set it", FailureCode: "aggregate_id_empty"},
 	}
 	for i, e := range tests {
 		got, err := decode(encode(&e))
@@ -43,11 +44,25 @@ func TestEncodeRoundTrip(t *testing.T) {
 			t.Errorf("%d: decode(encode(e)) = %+v; want %+v", i, got, e)
 		}
 	}
-	b := encode(&tests[0])
-	for _, bad := range [][]byte{nil, {2}, b[:len(b)-1], append(b[:len(b):len(b)], 0)} {
-		if _, err := decode(bad); err == nil {
-			t.Errorf("decode(%x) = nil error; want one", bad)
+	// An entry without a code is written as version 1, byte for byte what a
+	// binary before the code wrote and reads; one with a code is version 2.
+	for i, want := range []byte{1, 1, 1, 2} {
+		if b := encode(&tests[i]); b[0] != want {
+			t.Errorf("%d: encoded as version %d; want %d", i, b[0], want)
 		}
+	}
+	for _, b := range [][]byte{encode(&tests[0]), encode(&tests[3])} {
+		for _, bad := range [][]byte{nil, {2}, {3}, b[:len(b)-1], append(b[:len(b):len(b)], 0)} {
+			if _, err := decode(bad); err == nil {
+				t.Errorf("decode(%x) = nil error; want one", bad)
+			}
+		}
+	}
+	// A version 1 entry of a refused event (before the code) still reads,
+	// without a code.
+	old := encode(&tests[1])
+	if got, err := decode(old); err != nil || got.Failure != tests[1].Failure || got.FailureCode != "" {
+		t.Errorf("decode(version 1 failure) = %+v, %v; want its failure, no code", got, err)
 	}
 }
 
