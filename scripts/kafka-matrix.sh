@@ -96,7 +96,7 @@ for v in "${versions[@]}"; do
 	else
 		failed+=("$v")
 		line=$(printf 'FAIL  kafka %-7s %s  %d tests passed  (log: %s)' "$v" "$(fmt_time $took)" "$tests" "$log")
-		grep -E '^(--- FAIL|FAIL|panic:|dev: error)' "$log" | head -n 20 | sed 's/^/      /' || true
+		bash "$ROOT/scripts/fail-excerpt.sh" "$log" | sed 's/^/      /' || true
 	fi
 	echo "$line"
 	summary+=("$line")

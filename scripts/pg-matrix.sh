@@ -113,7 +113,7 @@ for v in "${versions[@]}"; do
 	else
 		failed+=("$v")
 		line=$(printf 'FAIL  postgres %-3s (%s)  %s  %s  (log: %s)' "$v" "$release" "$(fmt_time $took)" "$(lost_events "$log")" "$log")
-		grep -E '^(--- FAIL|FAIL|panic:)' "$log" | head -n 20 | sed 's/^/      /' || true
+		bash "$ROOT/scripts/fail-excerpt.sh" "$log" | sed 's/^/      /' || true
 	fi
 	echo "$line"
 	summary+=("$line")
