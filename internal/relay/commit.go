@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 )
 
@@ -19,7 +20,7 @@ import (
 // checkpoint and then confirms it to the stream. Saves are paced by interval,
 // unless the events waiting for one pass urgent (half the window).
 type committer struct {
-	store    checkpointSaver
+	store    leader.Saver
 	stream   confirmer
 	m        *metrics.Metrics
 	win      *window
@@ -40,7 +41,7 @@ type committer struct {
 	saved pglogrepl.LSN // run's goroutine only (read after run returns)
 }
 
-func newCommitter(store checkpointSaver, stream confirmer, win *window, h *health, hist *historian, m *metrics.Metrics, log *slog.Logger, cfg Config, start pglogrepl.LSN) *committer {
+func newCommitter(store leader.Saver, stream confirmer, win *window, h *health, hist *historian, m *metrics.Metrics, log *slog.Logger, cfg Config, start pglogrepl.LSN) *committer {
 	return &committer{
 		store: store, stream: stream, win: win, health: h, history: hist, m: m, log: log,
 		interval: cfg.CheckpointInterval,
@@ -154,7 +155,7 @@ func (c *committer) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time
 	return backoff.RetryIf(ctx, c.log, "save checkpoint "+lsn.String(), func(err error) bool {
 		return !errors.Is(err, checkpoint.ErrFenced)
 	}, c.health.watch("checkpoint", func() error {
-		err := c.store.save(ctx, lsn, commitTime)
+		err := c.store.Save(ctx, lsn, commitTime)
 		c.serverStopping(err)
 		return err
 	}))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
@@ -209,7 +210,7 @@ type Config struct {
 	Identity string
 	// LeaseDuration (default 1s) is how long a proof of leadership lets a
 	// leader write, and how long a new leader waits after fencing the former
-	// ones before its first write (see lease.go). StandbyPoll (default
+	// ones before its first write (see package leader). StandbyPoll (default
 	// 250ms) is how often a standby looks whether the slot is free.
 	LeaseDuration, StandbyPoll time.Duration
 
@@ -319,8 +320,8 @@ func (c *Config) validate() error {
 		host, _ := os.Hostname()
 		c.Identity = fmt.Sprintf("host %s pid %d started %s", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339))
 	}
-	field.Positive(&v, "LeaseDuration", &c.LeaseDuration, DefaultLeaseDuration)
-	field.Positive(&v, "StandbyPoll", &c.StandbyPoll, DefaultStandbyPoll)
+	field.Positive(&v, "LeaseDuration", &c.LeaseDuration, leader.DefaultLeaseDuration)
+	field.Positive(&v, "StandbyPoll", &c.StandbyPoll, leader.DefaultStandbyPoll)
 	if wst := c.Replication.WalSenderTimeout; wst > 0 && wst <= 2*c.LeaseDuration {
 		// A leader that froze must lose the slot only after its lease ran out.
 		v.Errorf("Replication.WalSenderTimeout", "%s is too short: a frozen leader must lose the slot only after its write lease ({LeaseDuration}, %s) ran out; use more than twice the lease (default %s)",

@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -169,8 +170,8 @@ func (x *eos) Committed() pglogrepl.LSN { return pglogrepl.LSN(x.committed.Load(
 
 // start takes the transactional id and reads the Kafka checkpoint, once the
 // term leads (fence): a standby must never fence the leader's producer.
-func (x *eos) start(ctx context.Context, f fence) error {
-	if err := f.check(ctx); err != nil {
+func (x *eos) start(ctx context.Context, f leader.Fence) error {
+	if err := f.Check(ctx); err != nil {
 		return err
 	}
 	epoch, err := x.epoch(ctx)
@@ -391,14 +392,14 @@ func (x *eos) failed(ctx context.Context, err error) error {
 		return x.timedOut(ctx, te, err)
 	}
 	if errors.Is(err, sink.ErrFenced) {
-		return fmt.Errorf("%w: %w", errStandBy, err)
+		return fmt.Errorf("%w: %w", leader.ErrStandBy, err)
 	}
 	if x.open || !errors.Is(err, context.Canceled) {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if aerr := x.sink.Abort(actx); aerr != nil {
 			if errors.Is(aerr, sink.ErrFenced) {
-				return fmt.Errorf("%w: %w", errStandBy, aerr)
+				return fmt.Errorf("%w: %w", leader.ErrStandBy, aerr)
 			}
 			x.log.Warn("exactly-once: abort the Kafka transaction (the next term's takeover aborts it)", "err", aerr)
 		}
@@ -416,7 +417,7 @@ func (x *eos) failed(ctx context.Context, err error) error {
 func (x *eos) timedOut(ctx context.Context, te *sink.TxnTimeoutError, err error) error {
 	if verr := x.verify(ctx); verr != nil {
 		if errors.Is(verr, checkpoint.ErrFenced) {
-			return fmt.Errorf("%w: %w (the Kafka transaction ended with: %w)", errStandBy, verr, err)
+			return fmt.Errorf("%w: %w (the Kafka transaction ended with: %w)", leader.ErrStandBy, verr, err)
 		}
 		return verr // ctx is done
 	}
@@ -434,12 +435,12 @@ func (x *eos) timedOut(ctx context.Context, te *sink.TxnTimeoutError, err error)
 // the broker aborted on its timeout is delivered, the next ones are written
 // with kafka.transaction_timeout again (a new InitTransactions, once the
 // term is proven to lead, as at its start).
-func (x *eos) passed(ctx context.Context, f fence, end pglogrepl.LSN) error {
+func (x *eos) passed(ctx context.Context, f leader.Fence, end pglogrepl.LSN) error {
 	if !x.timeouts.passed(end) {
 		return nil
 	}
 	x.timeouts.reset(x.tsink)
-	if err := f.check(ctx); err != nil {
+	if err := f.Check(ctx); err != nil {
 		return err
 	}
 	if err := x.sink.InitTransactions(ctx); err != nil {

@@ -280,7 +280,7 @@ func TestPipelineFencedWritesNothing(t *testing.T) {
 
 type fenceFunc func(context.Context) error
 
-func (f fenceFunc) check(ctx context.Context) error { return f(ctx) }
+func (f fenceFunc) Check(ctx context.Context) error { return f(ctx) }
 
 // Once the retry worker delivered an aggregate's rows and released it, the
 // aggregate's new events go to Kafka again; until then they queue behind.

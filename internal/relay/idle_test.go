@@ -23,7 +23,7 @@ func (s *steps) add(format string, args ...any) {
 	s.mu.Unlock()
 }
 
-func (s *steps) save(_ context.Context, lsn pglogrepl.LSN, _ time.Time) error {
+func (s *steps) Save(_ context.Context, lsn pglogrepl.LSN, _ time.Time) error {
 	s.add("save %s", lsn)
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/source"
@@ -20,7 +21,7 @@ import (
 
 // The pipeline's stages are types that own their state (routeStage, writer,
 // committer, gate), connected by channels of chunks and by the small
-// interfaces below and in lease.go, declared where they are consumed.
+// interfaces below and of package leader (Fence, Saver).
 // newPipeline wires them, the one way lead runs them; the server-free tests
 // hand it fakes at the boundaries.
 
@@ -111,8 +112,8 @@ type ends struct {
 	placers []*placement.Placer
 	sink    eventSink
 	gate    *gate // loaded from the retry table
-	fence   fence
-	saver   checkpointSaver
+	fence   leader.Fence
+	saver   leader.Saver
 	stream  confirmer
 	history historyRecorder
 	eos     *eos // nil: at least once

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -77,7 +78,7 @@ func (l *ledger) Confirm(lsn pglogrepl.LSN) {
 func (l *ledger) Restart() {}
 
 // save is the lease's side: the fenced checkpoint save.
-func (l *ledger) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
+func (l *ledger) Save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if n := len(l.saved); n > 0 && lsn <= l.saved[n-1] {
@@ -178,7 +179,7 @@ type pipe struct {
 
 type pipeConfig struct {
 	sink              *fakeSink
-	fence             fence // nil: a fence that always lets the writer write
+	fence             leader.Fence // nil: a fence that always lets the writer write
 	maxInFlightEvents int
 	batchSize         int
 	history           historyRecorder // nil: a history that records nothing
@@ -187,7 +188,7 @@ type pipeConfig struct {
 // open is a fence that always lets the writer write: this relay leads.
 type open struct{}
 
-func (open) check(context.Context) error { return nil }
+func (open) Check(context.Context) error { return nil }
 
 // noHistory is a checkpoint history that records nothing.
 type noHistory struct{}

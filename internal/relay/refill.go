@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
 	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -239,11 +240,11 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 	if err != nil {
 		return nil, err
 	}
-	ls := newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, log, store, store, func() checkpoint.Server { return srv.Server })
+	ls := leader.New(slot, r.cfg.Identity, r.cfg.LeaseDuration, log, store, store, func() checkpoint.Server { return srv.Server })
 	if err := backoff.Sleep(ctx, r.cfg.LeaseDuration); err != nil {
 		return nil, err
 	}
-	ls.taken(epoch)
+	ls.Taken(epoch)
 
 	// 2. The slot again, with its snapshot.
 	if err := r.dropSlot(ctx, pool); err != nil {
@@ -521,7 +522,7 @@ func (r *Relay) dropSlot(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("refill: replication slot %q is active (%s): another process streams it; stop it (or, if it is another relay of this group, let it refill) and recover again",
-				slot, r.holder(ctx, pool, sl))
+				slot, leader.Holder(ctx, pool, r.cfg.CheckpointTable, sl))
 		}
 		if err := backoff.Sleep(ctx, 250*time.Millisecond); err != nil {
 			return err

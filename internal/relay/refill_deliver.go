@@ -21,6 +21,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -71,7 +72,7 @@ func (t *refillTally) close() {}
 //
 // After each chunk the writer finished it calls progress with how far the
 // refill got.
-func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []refillSource, snapshot string, ls *lease, res *RefillResult,
+func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []refillSource, snapshot string, ls *leader.Lease, res *RefillResult,
 	progress func(checkpoint.RefillProgress)) (uint64, time.Time, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {

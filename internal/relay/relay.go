@@ -5,7 +5,7 @@
 //
 // Each stage is a type that owns its state and runs on its own goroutine, so
 // decoding, routing and Kafka writes overlap; they meet only through channels
-// and the small interfaces of pipeline.go and lease.go, wired by newPipeline.
+// and the small interfaces of pipeline.go and package leader, wired by newPipeline.
 // What lives for one term of leadership is one value (term.go), built once
 // and dropped whole when the term ends. Invariants enforced here:
 //
@@ -98,6 +98,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -305,7 +306,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		if err == nil {
 			err = r.lead(rctx, pool, t)
 		}
-		if errors.Is(err, errStandBy) && rctx.Err() == nil {
+		if errors.Is(err, leader.ErrStandBy) && rctx.Err() == nil {
 			r.log.Warn("no longer leading: standing by", "slot", r.cfg.Replication.Slot, "reason", err)
 			continue
 		}

@@ -10,8 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
+	"github.com/outbox-relay/outbox-relay/internal/placement"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
@@ -29,7 +32,7 @@ type term struct {
 	store   *checkpoint.Store
 	stopped *checkpoint.Stop // the last run's stop record, nil when none
 	stream  *replication.Stream
-	lease   *lease
+	lease   *leader.Lease
 	pipe    *pipeline
 	worker  *retry.Worker
 
@@ -48,7 +51,7 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 		return nil, err
 	}
 	slot := r.cfg.Replication.Slot
-	t.lease = newLease(slot, r.cfg.Identity, r.cfg.LeaseDuration, r.log, o.store, o.store, func() checkpoint.Server {
+	t.lease = leader.New(slot, r.cfg.Identity, r.cfg.LeaseDuration, r.log, o.store, o.store, func() checkpoint.Server {
 		if srv := t.stream.Server(); srv != nil {
 			return srv.Server
 		}
@@ -58,7 +61,7 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	// The stream's connections must reach the server the checkpoint was
 	// checked against (a failover while running is refused the same way).
 	rcfg.Server = &o.srv
-	rcfg.Started = t.lease.started
+	rcfg.Started = t.lease.Started
 	// An idle position is saved by the committer before it is confirmed.
 	rcfg.Idle = func(lsn pglogrepl.LSN) { t.pipe.com.idle(lsn) }
 	t.stream = replication.New(rcfg)
@@ -77,9 +80,9 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	}
 	var x *eos
 	if r.cfg.Delivery == DeliveryExactlyOnce {
-		x = &eos{sink: r.sink.(txnSink), topic: r.cfg.CheckpointTopic, slot: slot, epoch: t.lease.wait,
-			server: t.lease.server, term: o.srv, log: r.log, parked: o.rstore, gate: o.gate, resume: o.start,
-			verify: t.lease.verify, timeouts: r.timeouts, tsink: r.sink.(timeoutSink),
+		x = &eos{sink: r.sink.(txnSink), topic: r.cfg.CheckpointTopic, slot: slot, epoch: t.lease.Wait,
+			server: t.lease.Server, term: o.srv, log: r.log, parked: o.rstore, gate: o.gate, resume: o.start,
+			verify: t.lease.Verify, timeouts: r.timeouts, tsink: r.sink.(timeoutSink),
 			hold: func(ctx context.Context, tx pgx.Tx, epoch int64) error {
 				return o.store.HoldEpoch(ctx, tx, slot, epoch)
 			}}
@@ -109,7 +112,7 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 
 // lead runs term t: the pipeline, from the checkpoint, until ctx is
 // cancelled (drain, final checkpoint), a failure, or the loss of the slot
-// (errStandBy: nothing drained, nothing more delivered or saved).
+// (leader.ErrStandBy: nothing drained, nothing more delivered or saved).
 //
 //	stream ─batches→ route ─chunks→ writer ─acks→ committer ─Confirm→ stream
 //	                                   └─ gate, retry table ←─ retry worker
@@ -138,10 +141,10 @@ func (r *Relay) lead(ctx context.Context, pool *pgxpool.Pool, t *term) error {
 		return err
 	}
 	g.Go(func() error {
-		if err := t.lease.take(streamCtx); err != nil {
+		if err := t.lease.Take(streamCtx); err != nil {
 			return ignoreCanceled(err)
 		}
-		epoch, err := t.lease.wait(streamCtx)
+		epoch, err := t.lease.Wait(streamCtx)
 		if err != nil {
 			return ignoreCanceled(err)
 		}
@@ -186,7 +189,7 @@ func (r *Relay) leadEnded(ctx, pctx context.Context, t *term, err, schemaStop er
 			ErrDrainTimeout, r.cfg.ShutdownTimeout)
 	}
 	if errors.Is(err, replication.ErrSlotActive) || errors.Is(err, checkpoint.ErrFenced) {
-		return fmt.Errorf("%w: %w", errStandBy, err)
+		return fmt.Errorf("%w: %w", leader.ErrStandBy, err)
 	}
 	if nt := (*replication.NonTransactionalError)(nil); errors.As(err, &nt) {
 		// Like a stop before a transaction: lag, status and the next
@@ -230,7 +233,7 @@ func (r *Relay) recordStop(ctx context.Context, t *term, lsn pglogrepl.LSN, why 
 // safe for concurrent use, and only while the term leads (fence).
 // Per-aggregate order holds because the pipeline writes no event of a lane
 // the worker has rows of (the gate), which the worker releases.
-func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f fence, committed func() pglogrepl.LSN) (*retry.Worker, error) {
+func (r *Relay) retryWorker(rstore *retry.Store, gt *gate, f leader.Fence, committed func() pglogrepl.LSN) (*retry.Worker, error) {
 	wrouters, err := r.cfg.routers()
 	if err != nil {
 		return nil, err
@@ -294,7 +297,7 @@ func (r *Relay) publishReading(ctx context.Context, t *term, cur replication.Rea
 		seen.commit, seen.since = cur.CommitLSN, now
 		return
 	}
-	epoch, ok := t.lease.current()
+	epoch, ok := t.lease.Current()
 	if cur.CommitLSN == 0 || confirmed > cur.CommitLSN || !ok {
 		return
 	}
@@ -381,3 +384,19 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 		r.m.SetInFlight(t.pipe.win.usage())
 	}
 }
+
+// guardedSink lets the retry worker write to Kafka only while this relay
+// leads, as the pipeline's writer does.
+type guardedSink struct {
+	fence leader.Fence
+	sink  retry.Sink
+}
+
+func (g guardedSink) Write(ctx context.Context, events []event.Event) error {
+	if err := g.fence.Check(ctx); err != nil {
+		return err
+	}
+	return g.sink.Write(ctx, events)
+}
+
+func (g guardedSink) Ping(ctx context.Context) error { return g.sink.Ping(ctx) }

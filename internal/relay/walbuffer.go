@@ -423,7 +423,7 @@ func (r *Relay) outage(t *term) (time.Time, error) {
 func (r *writer) runBuffer(ctx context.Context, in <-chan *chunk, com acker) error {
 	for c := range in {
 		if entries := bufferEntries(c); len(entries) > 0 {
-			if err := r.fence.check(ctx); err != nil {
+			if err := r.fence.Check(ctx); err != nil {
 				return err
 			}
 			r.health.waitFor("the WAL buffer to store %d events", len(entries))
@@ -519,7 +519,7 @@ func (r *Relay) drain(ctx context.Context, t *term, untilEmpty bool, nearlyEmpty
 	// buffering pipeline's window (issue 34: 119 MiB RSS against the bound
 	// of 80 MiB).
 	d := &walbuffer.Drainer{Store: t.buffer, PageSize: walbuffer.DefaultPageSize, PageBytes: r.cfg.MaxInFlightBytes / 2,
-		Fence:   t.lease.check,
+		Fence:   t.lease.Check,
 		Deleted: func(n int64) { r.m.Drained(int(n)) },
 		Failed:  func(err error) { r.log.Warn("WAL buffer: read or delete failed; trying again", "err", err) }}
 	tally := &drainTally{d: d, at: map[*chunk]walbuffer.Key{}}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/walbuffer"
@@ -43,7 +44,7 @@ type writer struct {
 	health *health
 	log    *slog.Logger
 	m      *metrics.Metrics
-	fence  fence        // asked before every write
+	fence  leader.Fence // asked before every write
 	spans  SpanExporter // nil: no spans
 	depth  int          // chunks sent and not yet finished, at most; 0 means 1
 	bulk   int          // bytes of chunks sent and not yet finished above which no more are sent
@@ -61,7 +62,7 @@ type writer struct {
 type writerEnds struct {
 	sink  eventSink
 	gate  *gate
-	fence fence
+	fence leader.Fence
 }
 
 // writerRole is what sets one writer apart from another: the stream's
@@ -235,7 +236,7 @@ func (r *writer) start(ctx context.Context, c *chunk, cp *event.Event) (*sent, e
 	if len(s.send) > 0 || len(s.parked) > 0 || cp != nil {
 		// A write only while leading, proven within the lease: a
 		// former leader that wakes up learns here that it lost.
-		if err := r.fence.check(ctx); err != nil {
+		if err := r.fence.Check(ctx); err != nil {
 			return nil, err
 		}
 	}

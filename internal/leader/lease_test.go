@@ -1,4 +1,4 @@
-package relay
+package leader
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 )
 
-// leaderBook is a leaderStore in memory: the checkpoint row's epoch.
+// leaderBook is a Store in memory: the checkpoint row's epoch.
 type leaderBook struct {
 	mu       sync.Mutex
 	epoch    int64
@@ -48,8 +48,8 @@ func (b *leaderBook) count() int {
 	return b.verifies
 }
 
-func newTestLease(b *leaderBook, dur time.Duration) *lease {
-	return newLease("s", "test", dur, slog.New(slog.DiscardHandler), b, nil, func() checkpoint.Server { return checkpoint.Server{} })
+func newTestLease(b *leaderBook, dur time.Duration) *Lease {
+	return New("s", "test", dur, slog.New(slog.DiscardHandler), b, nil, func() checkpoint.Server { return checkpoint.Server{} })
 }
 
 // A lease writes nothing before the stream holds the slot and the former
@@ -61,28 +61,28 @@ func TestLease(t *testing.T) {
 	book := &leaderBook{epoch: 4} // four leaders before
 	l := newTestLease(book, 200*time.Millisecond)
 	taken := make(chan error, 1)
-	go func() { taken <- l.take(ctx) }()
+	go func() { taken <- l.Take(ctx) }()
 
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if err := l.check(short); !errors.Is(err, context.DeadlineExceeded) {
+	if err := l.Check(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("check before the stream holds the slot = %v; want it to wait", err)
 	}
 	cancel()
 
 	began := time.Now()
-	l.started()
+	l.Started()
 	if err := <-taken; err != nil {
 		t.Fatalf("take = %v", err)
 	}
 	if waited := time.Since(began); waited < 200*time.Millisecond {
 		t.Errorf("take returned after %s; want it to wait out the lease (200ms) after fencing", waited)
 	}
-	if epoch, _ := l.wait(ctx); epoch != 5 {
+	if epoch, _ := l.Wait(ctx); epoch != 5 {
 		t.Errorf("epoch = %d; want 5 (one above the former leaders')", epoch)
 	}
 
 	n := book.count()
-	if err := l.check(ctx); err != nil {
+	if err := l.Check(ctx); err != nil {
 		t.Fatalf("check with a fresh proof = %v", err)
 	}
 	if book.count() != n {
@@ -90,7 +90,7 @@ func TestLease(t *testing.T) {
 	}
 
 	time.Sleep(250 * time.Millisecond) // the proof goes stale
-	if err := l.check(ctx); err != nil {
+	if err := l.Check(ctx); err != nil {
 		t.Fatalf("check with a stale proof, still leading = %v", err)
 	}
 	if book.count() != n+1 {
@@ -101,14 +101,14 @@ func TestLease(t *testing.T) {
 	time.Sleep(250 * time.Millisecond)
 	l.proven(time.Now())
 	n = book.count()
-	if err := l.check(ctx); err != nil || book.count() != n {
+	if err := l.Check(ctx); err != nil || book.count() != n {
 		t.Errorf("check after a save's proof = %v with %d queries; want nil, 0", err, book.count()-n)
 	}
 
 	// Another relay takes over while this one is frozen.
 	book.TakeOver(ctx, "s", "rival", checkpoint.Server{})
 	time.Sleep(250 * time.Millisecond)
-	err := l.check(ctx)
+	err := l.Check(ctx)
 	var fe *checkpoint.FencedError
 	if !errors.As(err, &fe) || fe.Newest != 6 || fe.Epoch != 5 {
 		t.Errorf("check after a takeover = %v; want a *FencedError (ours 5, newest 6)", err)
@@ -119,8 +119,8 @@ func TestLease(t *testing.T) {
 func TestLeaseUnreachable(t *testing.T) {
 	book := &leaderBook{}
 	l := newTestLease(book, 50*time.Millisecond)
-	l.started()
-	if err := l.take(t.Context()); err != nil {
+	l.Started()
+	if err := l.Take(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(60 * time.Millisecond)
@@ -129,7 +129,7 @@ func TestLeaseUnreachable(t *testing.T) {
 	book.mu.Unlock()
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
-	if err := l.check(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if err := l.Check(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("check while the database is unreachable = %v; want it to keep waiting", err)
 	}
 	if book.count() < 2 {
@@ -137,7 +137,7 @@ func TestLeaseUnreachable(t *testing.T) {
 	}
 }
 
-// saveBook is a fencedStore in memory: what was saved and recorded, and
+// saveBook is a SaveStore in memory: what was saved and recorded, and
 // whether the row holds a newer epoch.
 type saveBook struct {
 	mu      sync.Mutex
@@ -170,17 +170,17 @@ func TestLeaseSave(t *testing.T) {
 	ctx := t.Context()
 	book, saves := &leaderBook{}, &saveBook{}
 	srv := checkpoint.Server{SystemID: "7", Timeline: 1}
-	l := newLease("s", "test", 50*time.Millisecond, slog.New(slog.DiscardHandler), book, saves, func() checkpoint.Server { return srv })
-	l.started()
-	if err := l.take(ctx); err != nil {
+	l := New("s", "test", 50*time.Millisecond, slog.New(slog.DiscardHandler), book, saves, func() checkpoint.Server { return srv })
+	l.Started()
+	if err := l.Take(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.save(ctx, 0x10, time.Now()); err != nil {
+	if err := l.Save(ctx, 0x10, time.Now()); err != nil {
 		t.Fatalf("save = %v", err)
 	}
 	srv.Timeline = 2 // a promotion the stream followed
 	for _, lsn := range []pglogrepl.LSN{0x20, 0x30} {
-		if err := l.save(ctx, lsn, time.Now()); err != nil {
+		if err := l.Save(ctx, lsn, time.Now()); err != nil {
 			t.Fatalf("save %s = %v", lsn, err)
 		}
 	}
@@ -192,16 +192,16 @@ func TestLeaseSave(t *testing.T) {
 	}
 
 	time.Sleep(60 * time.Millisecond) // the proof goes stale
-	if err := l.save(ctx, 0x40, time.Now()); err != nil {
+	if err := l.Save(ctx, 0x40, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	n := book.count()
-	if err := l.check(ctx); err != nil || book.count() != n {
+	if err := l.Check(ctx); err != nil || book.count() != n {
 		t.Errorf("check after a save = %v with %d queries; want nil, 0 (the save proved leadership)", err, book.count()-n)
 	}
 
 	saves.newer = 2 // another relay took over
-	if err := l.save(ctx, 0x50, time.Now()); !errors.Is(err, checkpoint.ErrFenced) {
+	if err := l.Save(ctx, 0x50, time.Now()); !errors.Is(err, checkpoint.ErrFenced) {
 		t.Errorf("save after a takeover = %v; want checkpoint.ErrFenced", err)
 	}
 }

@@ -1,24 +1,5 @@
-package relay
-
-import (
-	"context"
-	"errors"
-	"fmt"
-	"log/slog"
-	"sync"
-	"time"
-
-	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outbox-relay/outbox-relay/backoff"
-	"github.com/outbox-relay/outbox-relay/checkpoint"
-	"github.com/outbox-relay/outbox-relay/event"
-	"github.com/outbox-relay/outbox-relay/internal/retry"
-	"github.com/outbox-relay/outbox-relay/replication/pgslot"
-)
-
-// High availability, in one place.
+// Package leader is high availability, in one place: which of the relays
+// of one slot leads, and the fence that keeps a former leader from writing.
 //
 // Election: the replication slot. Postgres lets one walsender hold a slot
 // (pg_replication_slots.active_pid); START_REPLICATION on a held slot fails
@@ -52,10 +33,24 @@ import (
 // frozen process's socket buffer, or by a slow broker). Those are duplicates
 // of events the new leader sends too, at most a write's worth (one chunk, up
 // to kafka.batch_size events) per write path.
+package leader
 
-// errStandBy wraps the reasons a leader stands by again: the slot is held
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+)
+
+// ErrStandBy wraps the reasons a leader stands by again: the slot is held
 // by another process, or the checkpoint row holds a newer epoch.
-var errStandBy = errors.New("relay: another relay leads the slot")
+var ErrStandBy = errors.New("relay: another relay leads the slot")
 
 // Defaults of the HA settings (Config.LeaseDuration, Config.StandbyPoll).
 const (
@@ -63,50 +58,50 @@ const (
 	DefaultStandbyPoll   = 250 * time.Millisecond
 )
 
-// A fence says whether this relay may start a write (to Kafka or the retry
-// table): the term's lease. check returns nil while this relay leads,
+// A Fence says whether this relay may start a write (to Kafka or the retry
+// table): the term's Lease. Check returns nil while this relay leads,
 // proven within the lease. It blocks until the term's epoch is taken, and
 // while leadership cannot be proven (the database unreachable: no write on
 // hope); it returns ctx's error, or one wrapping checkpoint.ErrFenced once
 // another relay took over. Safe for concurrent use.
-type fence interface {
-	check(ctx context.Context) error
+type Fence interface {
+	Check(ctx context.Context) error
 }
 
-// A checkpointSaver saves the checkpoint of the term's slot: the lease's
-// save, fenced by its epoch. save blocks until the term's epoch is taken. It
+// A Saver saves the checkpoint of the term's slot: the Lease's
+// Save, fenced by its epoch. Save blocks until the term's epoch is taken. It
 // is durable when it returns nil, and proves leadership for the fence; an
 // error wrapping checkpoint.ErrFenced means another relay leads and the term
 // is over (the caller must not retry it); other errors may pass, and are
 // retried by the committer. One goroutine calls it.
-type checkpointSaver interface {
-	save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error
+type Saver interface {
+	Save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error
 }
 
-// leaderStore is how the lease takes and proves leadership: checkpoint.Store's
+// Store is how the lease takes and proves leadership: checkpoint.Store's
 // TakeOver (a new epoch in the slot's checkpoint row, fencing every former
 // leader) and Verify (nil while epoch is the row's; a *checkpoint.FencedError
 // once another relay took over). Safe for concurrent use.
-type leaderStore interface {
+type Store interface {
 	TakeOver(ctx context.Context, slot, leader string, srv checkpoint.Server) (int64, error)
 	Verify(ctx context.Context, slot string, epoch int64) error
 }
 
-// fencedStore is how the lease saves the checkpoint: checkpoint.Store's
+// SaveStore is how the lease saves the checkpoint: checkpoint.Store's
 // SaveFenced (durable when it returns nil; a *checkpoint.FencedError when the
 // row holds a newer epoch, nothing saved) and RecordServer (the server whose
 // WAL the saved positions are, under the same fence).
-type fencedStore interface {
+type SaveStore interface {
 	SaveFenced(ctx context.Context, slot string, epoch int64, lsn pglogrepl.LSN, commitTime time.Time) error
 	RecordServer(ctx context.Context, slot string, epoch int64, srv checkpoint.Server) error
 }
 
-// A lease is one term's leadership: its epoch, once taken, and its last
-// proof. It is the term's fence (check, before each write) and its
-// checkpointSaver (save).
-type lease struct {
-	store leaderStore
-	saves fencedStore
+// A Lease is one term's leadership: its epoch, once taken, and its last
+// proof. It is the term's Fence (Check, before each write) and its
+// Saver (Save).
+type Lease struct {
+	store Store
+	saves SaveStore
 	slot  string
 	who   string
 	dur   time.Duration
@@ -125,18 +120,18 @@ type lease struct {
 	recorded checkpoint.Server // the server the checkpoint row names, as this term last recorded it
 }
 
-func newLease(slot, who string, dur time.Duration, log *slog.Logger, store leaderStore, saves fencedStore, server func() checkpoint.Server) *lease {
-	return &lease{slot: slot, who: who, dur: dur, log: log, store: store, saves: saves, server: server,
+func New(slot, who string, dur time.Duration, log *slog.Logger, store Store, saves SaveStore, server func() checkpoint.Server) *Lease {
+	return &Lease{slot: slot, who: who, dur: dur, log: log, store: store, saves: saves, server: server,
 		startedC: make(chan struct{}), takenC: make(chan struct{})}
 }
 
-// started is the stream's Started hook: START_REPLICATION succeeded.
-func (l *lease) started() { l.startedOnce.Do(func() { close(l.startedC) }) }
+// Started is the stream's Started hook: START_REPLICATION succeeded.
+func (l *Lease) Started() { l.startedOnce.Do(func() { close(l.startedC) }) }
 
-// take waits until the stream holds the slot, then fences every former
-// leader (a new epoch) and waits out their leases. Until it returns, check
+// Take waits until the stream holds the slot, then fences every former
+// leader (a new epoch) and waits out their leases. Until it returns, Check
 // blocks: nothing is written before it.
-func (l *lease) take(ctx context.Context) error {
+func (l *Lease) Take(ctx context.Context) error {
 	select {
 	case <-l.startedC:
 	case <-ctx.Done():
@@ -166,7 +161,7 @@ func (l *lease) take(ctx context.Context) error {
 	l.mu.Lock()
 	l.epoch = epoch
 	l.mu.Unlock()
-	if err := l.verify(ctx); err != nil {
+	if err := l.Verify(ctx); err != nil {
 		return err
 	}
 	l.log.Info("leading: holding the slot, former leaders fenced", "slot", l.slot, "epoch", epoch, "leader", l.who)
@@ -174,17 +169,17 @@ func (l *lease) take(ctx context.Context) error {
 	return nil
 }
 
-// taken sets the epoch of a takeover done by the caller, which waited out
+// Taken sets the epoch of a takeover done by the caller, which waited out
 // the former leaders' leases (a refill): writes may start.
-func (l *lease) taken(epoch int64) {
+func (l *Lease) Taken(epoch int64) {
 	l.mu.Lock()
 	l.epoch = epoch
 	l.mu.Unlock()
 	close(l.takenC)
 }
 
-// wait returns the epoch once take (or taken) is done.
-func (l *lease) wait(ctx context.Context) (int64, error) {
+// Wait returns the epoch once Take (or Taken) is done.
+func (l *Lease) Wait(ctx context.Context) (int64, error) {
 	select {
 	case <-l.takenC:
 	case <-ctx.Done():
@@ -195,9 +190,9 @@ func (l *lease) wait(ctx context.Context) (int64, error) {
 	return l.epoch, nil
 }
 
-// current returns the epoch without waiting: false until take (or taken)
+// Current returns the epoch without waiting: false until Take (or Taken)
 // is done.
-func (l *lease) current() (int64, bool) {
+func (l *Lease) Current() (int64, bool) {
 	select {
 	case <-l.takenC:
 	default:
@@ -208,12 +203,12 @@ func (l *lease) current() (int64, bool) {
 	return l.epoch, true
 }
 
-// check returns nil when this relay may start a write now: it leads, proven
+// Check returns nil when this relay may start a write now: it leads, proven
 // within the lease. Otherwise it asks the database (retrying while it is
 // unreachable) and returns an error wrapping checkpoint.ErrFenced when
 // another relay took over.
-func (l *lease) check(ctx context.Context) error {
-	if _, err := l.wait(ctx); err != nil {
+func (l *Lease) Check(ctx context.Context) error {
+	if _, err := l.Wait(ctx); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -222,10 +217,13 @@ func (l *lease) check(ctx context.Context) error {
 	if fresh {
 		return nil
 	}
-	return l.verify(ctx)
+	return l.Verify(ctx)
 }
 
-func (l *lease) verify(ctx context.Context) error {
+// Verify asks the database whether this term still leads (retrying while
+// it is unreachable): nil is a proof for Check, an error wrapping
+// checkpoint.ErrFenced says that another relay took over.
+func (l *Lease) Verify(ctx context.Context) error {
 	l.mu.Lock()
 	epoch := l.epoch
 	l.mu.Unlock()
@@ -241,8 +239,11 @@ func (l *lease) verify(ctx context.Context) error {
 	})
 }
 
+// Server is the server the stream holds the slot on (the New's server).
+func (l *Lease) Server() checkpoint.Server { return l.server() }
+
 // proven records a proof of leadership obtained by a query sent at at.
-func (l *lease) proven(at time.Time) {
+func (l *Lease) proven(at time.Time) {
 	l.mu.Lock()
 	if at.After(l.provenAt) {
 		l.provenAt = at
@@ -250,10 +251,10 @@ func (l *lease) proven(at time.Time) {
 	l.mu.Unlock()
 }
 
-// save saves lsn as the checkpoint, fenced by the term's epoch (see
-// checkpointSaver). One that succeeds proves leadership for check.
-func (l *lease) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
-	epoch, err := l.wait(ctx)
+// Save saves lsn as the checkpoint, fenced by the term's epoch (see
+// Saver). One that succeeds proves leadership for Check.
+func (l *Lease) Save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Time) error {
+	epoch, err := l.Wait(ctx)
 	if err != nil {
 		return err
 	}
@@ -277,7 +278,7 @@ func (l *lease) save(ctx context.Context, lsn pglogrepl.LSN, commitTime time.Tim
 // positions saved next are that timeline's. Without it a restart would
 // judge them against the old timeline, which ended before them, and refuse
 // the slot as forked.
-func (l *lease) recordServer(ctx context.Context, epoch int64) error {
+func (l *Lease) recordServer(ctx context.Context, epoch int64) error {
 	srv := l.server()
 	l.mu.Lock()
 	prev := l.recorded
@@ -295,94 +296,3 @@ func (l *lease) recordServer(ctx context.Context, epoch int64) error {
 	l.mu.Unlock()
 	return nil
 }
-
-// standBy returns once the slot is free (no walsender holds it), waiting as
-// long as another process streams it, and saying who does: in the log (at
-// once, then every minute), in Role and in the active metric (0); the ready
-// metric says, as /readyz does, whether it reaches Postgres and could lead
-// (checkCouldLead, at once and every couldLeadEvery). A missing
-// slot or a slot of the wrong kind is an error for the operator.
-func (r *Relay) standBy(ctx context.Context, pool *pgxpool.Pool) error {
-	r.m.SetActive(false)
-	defer r.standby.Store(nil)
-	defer r.leadProblem.Store(nil)
-	var logged, checked time.Time
-	for {
-		var sl pgslot.Slot
-		err := backoff.RetryIf(ctx, r.log, "postgres unreachable while looking at the slot", unreachable, func() error {
-			var err error
-			sl, err = pgslot.Read(ctx, pool, r.cfg.Replication.Slot)
-			// What /readyz says of a standby (Ready): ready while it
-			// reaches Postgres and could lead (checkCouldLead).
-			r.m.SetStandby((err == nil || !unreachable(err)) && r.leadProblem.Load() == nil)
-			return err
-		})
-		if errors.Is(err, pgslot.ErrNotFound) {
-			return nil // nobody streams it: lead says what is wrong, or refills
-		}
-		if err != nil {
-			return err
-		}
-		if !sl.Active {
-			return nil
-		}
-		if checked.IsZero() || time.Since(checked) >= couldLeadEvery {
-			checked = time.Now()
-			r.checkCouldLead(ctx, pool)
-			r.m.SetStandby(r.leadProblem.Load() == nil)
-		}
-		who := r.holder(ctx, pool, sl)
-		r.standby.Store(&who)
-		if logged.IsZero() || time.Since(logged) >= time.Minute {
-			r.log.Info("standby: another process streams the slot; waiting to take over", "slot", sl.Name, "active", who)
-			logged = time.Now()
-		}
-		t := time.NewTimer(r.cfg.StandbyPoll)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		}
-	}
-}
-
-// holder describes the process streaming the slot: its walsender, and the
-// leader the checkpoint row names (another relay's host, pid and start).
-func (r *Relay) holder(ctx context.Context, pool *pgxpool.Pool, sl pgslot.Slot) string {
-	var s string
-	if sl.ActivePID != nil {
-		s = fmt.Sprintf("walsender pid %d", *sl.ActivePID)
-	}
-	if w := sl.Walsender; w != nil {
-		if w.ApplicationName != nil {
-			s += fmt.Sprintf(", application %q", *w.ApplicationName)
-		}
-		if w.ClientAddr != nil {
-			s += ", from " + *w.ClientAddr
-		}
-		if w.BackendStart != nil {
-			s += ", since " + w.BackendStart.UTC().Format(time.RFC3339)
-		}
-	}
-	if l, err := checkpoint.New(pool, r.cfg.CheckpointTable).Leader(ctx, sl.Name); err == nil && l.Epoch > 0 {
-		s += fmt.Sprintf("; last relay to take over: %s (epoch %d, at %s)", l.Leader, l.Epoch, l.Since.UTC().Format(time.RFC3339))
-	}
-	return s
-}
-
-// guardedSink lets the retry worker write to Kafka only while this relay
-// leads, as the pipeline's writer does.
-type guardedSink struct {
-	fence fence
-	sink  retry.Sink
-}
-
-func (g guardedSink) Write(ctx context.Context, events []event.Event) error {
-	if err := g.fence.check(ctx); err != nil {
-		return err
-	}
-	return g.sink.Write(ctx, events)
-}
-
-func (g guardedSink) Ping(ctx context.Context) error { return g.sink.Ping(ctx) }
