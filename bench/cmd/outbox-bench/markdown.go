@@ -64,22 +64,22 @@ func (r *Report) writeTable(b *strings.Builder) {
 		fmt.Fprintf(b, ", Debezium after %s unmeasured at the rate (JIT warm-up); its CPU and RSS are the whole Kafka Connect JVM's", fmtDur(r.Debezium.WarmUp))
 	}
 	b.WriteString(".\n\n")
-	b.WriteString("| workload | system | events/s | relay ÷ it | peak RSS | CPU s per M events | commit → ack p50 / p99 / max | delivered |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| workload | system | events/s | relay ÷ it | peak RSS | CPU s per M events | commit → ack p50 / p99 / max | runs min–max p50 / p99 / max | delivered |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, d := range s.Drains {
 		wl := fmt.Sprintf("drain %s, %s per txn", fmtCount(int(d.Events)), fmtCount(d.PerTxn))
 		if d.RecvRuns > 0 {
-			fmt.Fprintf(b, "| %s | pg_recvlogical → /dev/null | %s | %s | — | %.2f | — | — |\n", wl, fmtRate(d.RecvRate), fmtRatio(d.Ratio), d.RecvCPUPerMillion)
+			fmt.Fprintf(b, "| %s | pg_recvlogical → /dev/null | %s | %s | — | %.2f | — | — | — |\n", wl, fmtRate(d.RecvRate), fmtRatio(d.Ratio), d.RecvCPUPerMillion)
 		}
 		if d.RelayRuns > 0 {
-			fmt.Fprintf(b, "| %s | **outbox-relay** | **%s** | 1 | **%s** | **%.2f** | — | — |\n", wl, fmtRate(d.RelayRate), fmtMB(d.PeakRSSMax), d.CPUPerMillion)
+			fmt.Fprintf(b, "| %s | **outbox-relay** | **%s** | 1 | **%s** | **%.2f** | — | — | — |\n", wl, fmtRate(d.RelayRate), fmtMB(d.PeakRSSMax), d.CPUPerMillion)
 		}
 		if d.EOSRuns > 0 {
-			fmt.Fprintf(b, "| %s | outbox-relay, exactly-once | %s | %s | %s | %.2f | — | — |\n", wl, fmtRate(d.EOSRate), fmtRatio(inverse(d.EOSRatio)),
+			fmt.Fprintf(b, "| %s | outbox-relay, exactly-once | %s | %s | %s | %.2f | — | — | — |\n", wl, fmtRate(d.EOSRate), fmtRatio(inverse(d.EOSRatio)),
 				fmtMB(d.EOSPeakRSSMax), d.EOSCPUPerMillion)
 		}
 		if d.DbzRuns > 0 {
-			fmt.Fprintf(b, "| %s | Debezium %s | %s (start-up %.1f s) | %s | %s | %.2f | — | — |\n", wl, dbzVersion(r), fmtRate(d.DbzRate),
+			fmt.Fprintf(b, "| %s | Debezium %s | %s (start-up %.1f s) | %s | %s | %.2f | — | — | — |\n", wl, dbzVersion(r), fmtRate(d.DbzRate),
 				d.DbzStartSec, fmtRatio(d.DbzRatio), fmtMB(d.DbzPeakRSSMax), d.DbzCPUPerMillion)
 		}
 	}
@@ -93,12 +93,13 @@ func (r *Report) writeTable(b *strings.Builder) {
 			name = "outbox-relay, exactly-once (read_committed: commit → receipt)"
 		}
 		if w.Runs == 0 {
-			fmt.Fprintf(b, "| %s | %s | failed | — | — | — | — | — |\n", wl, name)
+			fmt.Fprintf(b, "| %s | %s | failed | — | — | — | — | — | — |\n", wl, name)
 			continue
 		}
 		a := w.Ack
-		fmt.Fprintf(b, "| %s | %s | %s | — | %s | %.2f | %s / %s / %s | %s of %s, %s duplicates |\n", wl, name, fmtRate(w.AchievedRate),
-			fmtMB(w.PeakRSSMax), w.CPUPerMillion, fmtDur(a.P50), fmtDur(a.P99), fmtDur(a.Max), fmtCount(w.Received), fmtCount(w.Events), fmtCount(w.Duplicates))
+		fmt.Fprintf(b, "| %s | %s | %s | — | %s | %.2f | %s / %s / %s | %s | %s of %s, %s duplicates |\n", wl, name, fmtRate(w.AchievedRate),
+			fmtMB(w.PeakRSSMax), w.CPUPerMillion, fmtDur(a.P50), fmtDur(a.P99), fmtDur(a.Max), fmtSpread(w.AckSpread, w.Runs),
+			fmtCount(w.Received), fmtCount(w.Events), fmtCount(w.Duplicates))
 	}
 	if p := r.Producer; p != nil {
 		fmt.Fprintf(b, "\nThe producer held %s one-event commits/s on %d connections (%.0f s flat out, no relay running)", fmtRate(p.CommitsPerSec), p.Connections, p.Seconds)
@@ -252,6 +253,16 @@ func fmtDur(d time.Duration) string {
 	default:
 		return trimFloat(d.Seconds()) + "s"
 	}
+}
+
+// fmtSpread is the runs' lowest and highest p50, p99 and max ("one run"
+// when there is nothing to spread).
+func fmtSpread(s Spread, runs int) string {
+	if runs < 2 {
+		return "one run"
+	}
+	r := func(lo, hi time.Duration) string { return fmtDur(lo) + "–" + fmtDur(hi) }
+	return r(s.Min.P50, s.Max.P50) + " / " + r(s.Min.P99, s.Max.P99) + " / " + r(s.Min.Max, s.Max.Max)
 }
 
 func trimFloat(f float64) string {

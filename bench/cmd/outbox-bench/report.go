@@ -241,6 +241,8 @@ type SustainedSummary struct {
 	Duplicates    int     `json:"duplicates"`
 	Ack           Latency `json:"commit_to_ack"`
 	Receipt       Latency `json:"commit_to_receipt"`
+	AckSpread     Spread  `json:"commit_to_ack_runs"`     // min and max of the runs' figures
+	ReceiptSpread Spread  `json:"commit_to_receipt_runs"` // min and max of the runs' figures
 	PeakRSSMax    int64   `json:"peak_rss_max_bytes"`
 	CPUPerMillion float64 `json:"cpu_seconds_per_million"` // timed phase
 	Stages        *Stages `json:"stages,omitempty"`        // medians over runs
@@ -388,6 +390,7 @@ func summarizeSustained(sink string, per, rate int, runs []SustainedRun) Sustain
 		stages = append(stages, r.Stages)
 	}
 	s.Ack, s.Receipt = MedianLatency(acks), MedianLatency(receipts)
+	s.AckSpread, s.ReceiptSpread = SpreadOf(acks), SpreadOf(receipts)
 	s.Stages = medianStages(stages)
 	s.AchievedRate, s.CPUPerMillion = Median(rates), Median(cpu)
 	return s

@@ -21,6 +21,9 @@ type Stages struct {
 	Divert Latency `json:"divert"` // → handed to the Kafka sink (retry-table gate, lease check)
 	Kafka  Latency `json:"kafka"`  // → every event acknowledged and the chunk finished in order
 	Total  Latency `json:"total"`  // commit → acknowledged
+	// Runs is each stage's spread over the runs (min and max of their
+	// figures), by name: read, route, divert, kafka, total.
+	Runs map[string]Spread `json:"runs,omitempty"`
 	// Slowest is the chunk of the largest total, split by stage.
 	Slowest *StageSplit `json:"slowest,omitempty"`
 }
@@ -125,7 +128,9 @@ func medianStages(runs []*Stages) *Stages {
 		return nil
 	}
 	return &Stages{Read: MedianLatency(read), Route: MedianLatency(route), Divert: MedianLatency(divert),
-		Kafka: MedianLatency(kafka), Total: MedianLatency(total), Slowest: slowest}
+		Kafka: MedianLatency(kafka), Total: MedianLatency(total), Slowest: slowest,
+		Runs: map[string]Spread{"read": SpreadOf(read), "route": SpreadOf(route), "divert": SpreadOf(divert),
+			"kafka": SpreadOf(kafka), "total": SpreadOf(total)}}
 }
 
 // writeStages writes, for each relay workload with a stage trace, where its
@@ -141,18 +146,18 @@ func (r *Report) writeStages(b *strings.Builder) {
 			b.WriteString("\nWhere the relay's commit→ack went, by its own clock (`RELAY_STAGES`), for the first event of each chunk " +
 				"(medians of the runs; the slowest chunk of all runs): read is commit → taken from the stream by the route stage, " +
 				"route → taken by the writer, divert → handed to the Kafka sink, kafka → acknowledged and finished in order.\n\n" +
-				"| workload | stage | p50 | p99 | max |\n| --- | --- | --- | --- | --- |\n")
+				"| workload | stage | p50 | p99 | max | runs min–max p50 / p99 / max |\n| --- | --- | --- | --- | --- | --- |\n")
 			first = false
 		}
 		wl := fmt.Sprintf("%s, %s per txn at %s events/s", s.Sink, fmtCount(s.PerTxn), fmtCount(s.TargetRate))
 		for _, row := range []struct {
-			name string
-			l    Latency
-		}{{"read", st.Read}, {"route", st.Route}, {"divert", st.Divert}, {"kafka", st.Kafka}, {"**total**", st.Total}} {
-			fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", wl, row.name, fmtDur(row.l.P50), fmtDur(row.l.P99), fmtDur(row.l.Max))
+			name, key string
+			l         Latency
+		}{{"read", "read", st.Read}, {"route", "route", st.Route}, {"divert", "divert", st.Divert}, {"kafka", "kafka", st.Kafka}, {"**total**", "total", st.Total}} {
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", wl, row.name, fmtDur(row.l.P50), fmtDur(row.l.P99), fmtDur(row.l.Max), fmtSpread(st.Runs[row.key], s.Runs))
 		}
 		if w := st.Slowest; w != nil {
-			fmt.Fprintf(b, "| %s | slowest chunk (%s events, committed %s into the phase) | read %s, route %s, divert %s, kafka %s | | %s |\n", wl, fmtCount(w.Events),
+			fmt.Fprintf(b, "| %s | slowest chunk (%s events, committed %s into the phase) | read %s, route %s, divert %s, kafka %s | | %s | |\n", wl, fmtCount(w.Events),
 				fmtDur(w.At), fmtDur(w.Read), fmtDur(w.Route), fmtDur(w.Divert), fmtDur(w.Kafka), fmtDur(w.Total))
 		}
 	}

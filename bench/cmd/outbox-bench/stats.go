@@ -86,6 +86,31 @@ func MedianLatency(runs []Latency) Latency {
 	}
 }
 
+// Spread is how far the runs of a workload lay apart: for each percentile,
+// the lowest (Min) and highest (Max) of the runs' figures. A median of three
+// says nothing of whether the three agreed; the report gives both.
+type Spread struct {
+	Min Latency `json:"min"`
+	Max Latency `json:"max"`
+}
+
+// SpreadOf is the per-percentile minimum and maximum over runs.
+func SpreadOf(runs []Latency) Spread {
+	var s Spread
+	for i, r := range runs {
+		if i == 0 {
+			s.Min, s.Max = r, r
+			continue
+		}
+		s.Min.P50, s.Max.P50 = min(s.Min.P50, r.P50), max(s.Max.P50, r.P50)
+		s.Min.P95, s.Max.P95 = min(s.Min.P95, r.P95), max(s.Max.P95, r.P95)
+		s.Min.P99, s.Max.P99 = min(s.Min.P99, r.P99), max(s.Max.P99, r.P99)
+		s.Min.Max, s.Max.Max = min(s.Min.Max, r.Max), max(s.Max.Max, r.Max)
+		s.Min.Count, s.Max.Count = min(s.Min.Count, r.Count), max(s.Max.Count, r.Count)
+	}
+	return s
+}
+
 // Histogram counts latencies in logarithmic buckets: BucketsPerDecade buckets
 // per power of ten from Min up; samples below Min land in the first bucket and
 // samples at or above the last edge in the last.
