@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"net"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -109,11 +108,5 @@ func TestRunSIGTERMDuringKafkaOutage(t *testing.T) {
 // freePort is a loopback address nothing listens on.
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return testenv.FreeAddr(t)
 }

@@ -55,12 +55,11 @@ func PgBouncer(t testing.TB, dsn, mode string) string {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := serverPorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	port := ports[0]
 	users := filepath.Join(dir, "users.txt")
 	ini := filepath.Join(dir, "pgbouncer.ini")
 	write := func(path, content string) {

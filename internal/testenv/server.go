@@ -50,13 +50,18 @@ func NewServer(t testing.TB, version int, opts ServerOptions) *Node {
 
 // FreeAddr returns a loopback address ("127.0.0.1:port") that was free a
 // moment ago, for a listener the code under test opens itself (metrics,
-// health). Another process may take it in between; tests accept that race.
+// health), or for a server that is not there. Its port is below the
+// ephemeral range (serverPorts): a port Listen(":0") gives is handed out
+// again as the local port of the next outgoing connection of any process
+// here, and a relay given it then failed to listen and exited, again at
+// every restart (a standby that never came up failed TestHighAvailability
+// on CI so). Another test may still take it in between: a small race, which
+// tests accept.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := serverPorts(1)
 	if err != nil {
 		t.Fatalf("testenv: FreeAddr: %v", err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 }

@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -137,12 +136,11 @@ func dockerAvailable() bool {
 // fixed host ports so that a stopped and restarted container keeps its address (Docker
 // picks a new random port on every start otherwise).
 func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := serverPorts(1)
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port), nil
+	return strconv.Itoa(ports[0]), nil
 }
 
 func bindPort(containerPort nat.Port, hostPort string) testcontainers.CustomizeRequestOption {
