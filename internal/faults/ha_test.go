@@ -201,9 +201,19 @@ func runHA(t *testing.T, bin string, run haRun) {
 		}
 	}()
 
+	// A relay that does not answer says why in its output (one that cannot
+	// start exits and is restarted, again and again).
+	outputs := func() string {
+		var b strings.Builder
+		for _, r := range relays {
+			out, _ := os.ReadFile(r.logPath)
+			fmt.Fprintf(&b, "relay %d (%s), last lines:\n%s\n", r.n, r.logPath, lastLines(string(out), 15))
+		}
+		return b.String()
+	}
 	first, err := waitLeader(relays, -1, 60*time.Second)
 	if err != nil {
-		t.Fatalf("no relay leads within 60s of the start: %v", err)
+		t.Fatalf("no relay leads within 60s of the start: %v\n%s", err, outputs())
 	}
 	// A standby is healthy and ready: probes must not have it restarted.
 	for _, r := range relays {
@@ -211,7 +221,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 			continue
 		}
 		if err := waitActive(r, false, 30*time.Second); err != nil {
-			t.Fatalf("standby: %v", err)
+			t.Fatalf("standby: %v\n%s", err, outputs())
 		}
 		for _, path := range []string{"/healthz", "/readyz"} {
 			resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + r.metrics + path)
@@ -241,7 +251,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 		}
 		leader, err := waitLeader(relays, -1, 60*time.Second)
 		if err != nil {
-			t.Fatalf("fault %d (%s): no leader: %v", i+1, k, err)
+			t.Fatalf("fault %d (%s): no leader: %v\n%s", i+1, k, err, outputs())
 		}
 		l := relays[leader]
 		pid := l.sup.Pid()
@@ -260,7 +270,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 		took := time.Since(began)
 		if err != nil {
 			healAll()
-			t.Fatalf("fault %d (%s on relay %d, pid %d): no other relay took over: %v", i+1, k, leader, pid, err)
+			t.Fatalf("fault %d (%s on relay %d, pid %d): no other relay took over: %v\n%s", i+1, k, leader, pid, err, outputs())
 		}
 		takeovers[k] = append(takeovers[k], took)
 		s.logf("fault %d: %s on relay %d (pid %d): relay %d leads after %s", i+1, k, leader, pid, next, took.Round(time.Millisecond))
@@ -290,7 +300,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 	ps := prod.Stats()
 	s.logf("producer stopped: %d transactions, %d events, %d poison", ps.Transactions, ps.Events, ps.Poison)
 	if _, err := waitLeader(relays, -1, 60*time.Second); err != nil {
-		t.Fatalf("no leader to drain: %v", err)
+		t.Fatalf("no leader to drain: %v\n%s", err, outputs())
 	}
 	last := s.lastOutboxCommit()
 	s.m.drainMax = 5 * time.Minute
