@@ -26,6 +26,22 @@ type HistoryEntry struct {
 // checkpoint table's name + "_history", in its schema.
 func (s *Store) HistoryTable() string { return sql.CheckpointHistoryName(s.t).String() }
 
+// HistoryCovers reports whether slot has a history row at or before lsn
+// (by its snapshot's LSN): without one, a checkpoint at lsn cannot be
+// mapped to the transactions it covers (a refill refuses to guess).
+func (s *Store) HistoryCovers(ctx context.Context, slot string, lsn pglogrepl.LSN) (bool, error) {
+	if s.err != nil {
+		return false, s.err
+	}
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.history+` WHERE slot_name = $1 AND snapshot_lsn <= $2::text::pg_lsn)`,
+		slot, lsn.String()).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("read the checkpoint history %s: %w", s.history, err)
+	}
+	return ok, nil
+}
+
 // Record writes a history row for slot's checkpoint lsn, with the commit
 // time of the transaction that ended there (zero if unknown), and the
 // server's snapshot, in one statement (see the package doc). Recording an

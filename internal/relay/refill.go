@@ -194,7 +194,7 @@ func (r *Relay) refill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapE
 		return nil, fmt.Errorf("refill: load the checkpoint: %w", err)
 	}
 	res := &RefillResult{ID: newRefillID(), Cause: gap.Cause, From: cp.LSN, DryRun: dryRun}
-	if err := r.canRefill(ctx, pool, gap, cp); err != nil {
+	if err := r.canRefill(ctx, store, gap, cp); err != nil {
 		return nil, err
 	}
 	sels, err := r.selectRefill(ctx, pool, cp.LSN)
@@ -301,9 +301,8 @@ func refillProgress(ctx context.Context, store *checkpoint.Store, slot string, e
 // countRefill counts, for a dry run, the events a refill would re-send.
 func countRefill(ctx context.Context, pool *pgxpool.Pool, sels []refillSource, res *RefillResult) error {
 	for _, s := range sels {
-		text, args := s.sel.SQL()
-		var n int64
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&n); err != nil {
+		n, err := s.sel.Count(ctx, pool)
+		if err != nil {
 			return fmt.Errorf("refill (dry run): count the rows of %s: %w", s.name, err)
 		}
 		res.Events += n
@@ -440,16 +439,10 @@ func (e *RefillError) Unwrap() error { return e.Gap }
 // canRefill refuses a refill whose selection would be wrong: without a
 // history row at or before the checkpoint the checkpoint cannot be mapped to
 // transactions.
-func (r *Relay) canRefill(ctx context.Context, pool *pgxpool.Pool, gap *pgslot.GapError, cp checkpoint.Checkpoint) error {
-	ct, err := sql.ParseTable(r.cfg.CheckpointTable)
+func (r *Relay) canRefill(ctx context.Context, store *checkpoint.Store, gap *pgslot.GapError, cp checkpoint.Checkpoint) error {
+	ok, err := store.HistoryCovers(ctx, r.cfg.Replication.Slot, cp.LSN)
 	if err != nil {
-		return err
-	}
-	var ok bool
-	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+sql.CheckpointHistoryName(ct).Quoted()+` WHERE slot_name = $1 AND snapshot_lsn <= $2::text::pg_lsn)`,
-		r.cfg.Replication.Slot, cp.LSN.String()).Scan(&ok)
-	if err != nil {
-		return fmt.Errorf("refill: read the checkpoint history: %w", err)
+		return fmt.Errorf("refill: %w", err)
 	}
 	if !ok {
 		from := "<the time of the last event delivered, a minute early>"

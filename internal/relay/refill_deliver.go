@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -23,8 +22,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 	"github.com/outbox-relay/outbox-relay/router"
-	"github.com/outbox-relay/outbox-relay/sql"
 )
 
 // refillTally is the refill's acker: it counts what the writer finished,
@@ -84,7 +83,7 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 		return 0, time.Time{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	xmin, at, err := importSnapshot(ctx, tx, snapshot)
+	xmin, at, err := pgslot.ImportSnapshot(ctx, tx, snapshot)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
@@ -137,24 +136,6 @@ func (r *Relay) deliverRefill(ctx context.Context, pool *pgxpool.Pool, sels []re
 		r.log.Warn("refill: cannot count the refilled events in the retry table", "err", err)
 	}
 	return xmin, at, tx.Commit(ctx)
-}
-
-// importSnapshot makes tx read in the slot's exported snapshot, and returns
-// the snapshot's xmin (a full xid) and the server's time.
-func importSnapshot(ctx context.Context, tx pgx.Tx, snapshot string) (uint64, time.Time, error) {
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+sql.Literal(snapshot)); err != nil {
-		return 0, time.Time{}, fmt.Errorf("import the slot's snapshot: %w", err)
-	}
-	var xminText string
-	var at time.Time
-	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, now()`).Scan(&xminText, &at); err != nil {
-		return 0, time.Time{}, err
-	}
-	xmin, err := strconv.ParseUint(xminText, 10, 64)
-	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("snapshot xmin %q: %w", xminText, err)
-	}
-	return xmin, at, nil
 }
 
 // declareRefill declares a cursor refill_<i> over each selection, and

@@ -597,6 +597,16 @@ func Select(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Selected, err
 // SQL returns the query and its arguments.
 func (s *Selected) SQL() (string, []any) { return s.r.page(0) }
 
+// Count counts the rows the selection selects (a dry run's figure).
+func (s *Selected) Count(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (int64, error) {
+	text, args := s.SQL()
+	var n int64
+	err := q.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&n)
+	return n, err
+}
+
 // Note says how Selection.FromLSN was mapped to rows.
 func (s *Selected) Note() string { return s.r.q.plan.Note }
 

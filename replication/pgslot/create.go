@@ -6,8 +6,12 @@ package pgslot
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -49,4 +53,24 @@ func CreateTemporary(ctx context.Context, db Execer, name string) error {
 func CreateExporting(ctx context.Context, conn *pgconn.PgConn, name string) (pglogrepl.CreateReplicationSlotResult, error) {
 	return pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+}
+
+// ImportSnapshot makes tx, a repeatable read transaction that has run
+// nothing yet, read in snapshot, one CreateExporting exported, and returns
+// the snapshot's xmin (a full xid: every transaction older than it had
+// finished when the snapshot was taken) and the server's time.
+func ImportSnapshot(ctx context.Context, tx pgx.Tx, snapshot string) (uint64, time.Time, error) {
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+sql.Literal(snapshot)); err != nil {
+		return 0, time.Time{}, fmt.Errorf("import the slot's snapshot: %w", err)
+	}
+	var xminText string
+	var at time.Time
+	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, now()`).Scan(&xminText, &at); err != nil {
+		return 0, time.Time{}, err
+	}
+	xmin, err := strconv.ParseUint(xminText, 10, 64)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("snapshot xmin %q: %w", xminText, err)
+	}
+	return xmin, at, nil
 }
