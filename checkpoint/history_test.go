@@ -19,11 +19,7 @@ import (
 func historyStore(t *testing.T) (*checkpoint.Store, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, newDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := newPool(t)
 	if _, err := pool.Exec(ctx, sql.CheckpointTable(sql.Table{Name: sql.DefaultCheckpointTable})); err != nil {
 		t.Fatalf("create checkpoint table: %v", err)
 	}

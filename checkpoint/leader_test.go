@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -17,11 +15,7 @@ import (
 // that what it would write in the transaction is not written.
 func TestHoldEpoch(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, newDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := newPool(t)
 	tbl, _ := sql.ParseTable("outbox_relay_checkpoint")
 	if _, err := pool.Exec(ctx, sql.CheckpointTable(tbl)); err != nil {
 		t.Fatal(err)
