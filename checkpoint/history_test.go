@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -19,7 +20,7 @@ import (
 func historyStore(t *testing.T) (*checkpoint.Store, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	pool := newPool(t)
+	pool := testenv.Postgres(t).Pool(t)
 	if _, err := pool.Exec(ctx, sql.CheckpointTable(sql.Table{Name: sql.DefaultCheckpointTable})); err != nil {
 		t.Fatalf("create checkpoint table: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -15,7 +16,7 @@ import (
 // that what it would write in the transaction is not written.
 func TestHoldEpoch(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t)
+	pool := testenv.Postgres(t).Pool(t)
 	tbl, _ := sql.ParseTable("outbox_relay_checkpoint")
 	if _, err := pool.Exec(ctx, sql.CheckpointTable(tbl)); err != nil {
 		t.Fatal(err)
