@@ -158,22 +158,8 @@ func runHA(t *testing.T, bin string, run haRun) {
 		}
 		defer f.Close()
 		r := &haRelay{n: i, proxy: px, metrics: "127.0.0.1:" + port, logPath: f.Name()}
-		r.sup = &supervisor{bin: bin, log: f, reqs: make(chan signalReq), env: append(os.Environ(),
-			"RELAY_POSTGRES_DSN="+withHostPort(s.pg.DSN, px.Addr()),
-			"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
-			"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
-			"RELAY_POSTGRES_SLOT="+s.slot,
-			"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
-			"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
-			"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
-			"RELAY_CHECKPOINT_INTERVAL=100ms",
-			"RELAY_RETRY_BACKOFF_MIN=200ms",
-			"RELAY_RETRY_BACKOFF_MAX=1s",
-			"RELAY_RETRY_POLL_INTERVAL=200ms",
-			"RELAY_METRICS_LISTEN="+r.metrics,
-			"RELAY_LOG_FORMAT=json",
-			"RELAY_LOG_LEVEL=debug",
-		)}
+		r.sup = &supervisor{bin: bin, log: f, reqs: make(chan signalReq),
+			env: append(s.relayEnv(withHostPort(s.pg.DSN, px.Addr()), r.metrics), "RELAY_LOG_LEVEL=debug")}
 		r.sup.env = append(r.sup.env, deliveryEnv...)
 		relays[i] = r
 		t.Logf("relay %d: metrics %s, output %s", i, r.metrics, r.logPath)

@@ -691,23 +691,29 @@ func delivery(eos bool) string {
 // slot, topics and Kafka, with the intervals short enough for a run of
 // minutes, followed by extra (what the run sets of its own).
 func (s *suite) binaryEnv(extra ...string) []string {
-	env := append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+s.pg.DSN,
+	env := append(s.relayEnv(s.pg.DSN, ""), "RELAY_POSTGRES_STATUS_INTERVAL=1s")
+	return append(env, extra...)
+}
+
+// relayEnv is the environment every relay binary of the suite runs with:
+// Postgres at dsn, the suite's slot, topics and Kafka, intervals short enough
+// for a run of minutes, JSON logs, metrics served on metrics ("" for none).
+func (s *suite) relayEnv(dsn, metrics string) []string {
+	return append(os.Environ(),
+		"RELAY_POSTGRES_DSN="+dsn,
 		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
 		"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
 		"RELAY_POSTGRES_SLOT="+s.slot,
 		"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
 		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
 		"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
-		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
 		"RELAY_CHECKPOINT_INTERVAL=100ms",
 		"RELAY_RETRY_BACKOFF_MIN=200ms",
 		"RELAY_RETRY_BACKOFF_MAX=1s",
 		"RELAY_RETRY_POLL_INTERVAL=200ms",
-		"RELAY_METRICS_LISTEN=",
+		"RELAY_METRICS_LISTEN="+metrics,
 		"RELAY_LOG_FORMAT=json",
 	)
-	return append(env, extra...)
 }
 
 // deliveryEnv is the relay's environment for the run's delivery mode: with
