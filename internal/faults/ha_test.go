@@ -128,11 +128,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 	}
 	t.Logf("high availability: %d relays, %s, seed %d", run.relays, delivery(run.eos), seed)
 	s := &suite{t: t, m: reduced, rng: mrand.New(mrand.NewPCG(seed, 2)), began: time.Now(), count: map[faultKind]int{}, eos: run.eos}
-	s.pg = testenv.Postgres(t)
-	s.kafka = testenv.Kafka(t)
-	s.pool = s.pg.Pool(t)
-	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "ha"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
-	s.setupDatabase()
+	s.prepare("ha")
 	late := aggregateTypes[len(aggregateTypes)-1].name
 	for _, at := range aggregateTypes[:len(aggregateTypes)-1] {
 		s.kafka.CreateTopic(t, s.topic(at.name), 4)

@@ -176,12 +176,7 @@ func runFaultSuite(t *testing.T, m mode, messages, eos bool) {
 
 	s := &suite{t: t, m: m, rng: mrand.New(mrand.NewPCG(seed, 1)), began: time.Now(), count: map[faultKind]int{}, messages: messages, eos: eos}
 	bin := testenv.RelayBinary(t)
-	s.pg = testenv.Postgres(t)
-	s.kafka = testenv.Kafka(t)
-	s.pool = s.pg.Pool(t)
-	// Slot names are global to the server, not per database.
-	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "f"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
-	s.setupDatabase()
+	s.prepare("f")
 	for _, at := range aggregateTypes {
 		s.kafka.CreateTopic(t, s.topic(at.name), 4)
 	}
@@ -685,6 +680,19 @@ func delivery(eos bool) string {
 		return relay.DeliveryExactlyOnce
 	}
 	return relay.DeliveryAtLeastOnce
+}
+
+// prepare gives s its servers: a fresh database set up for the run (s.messages
+// says for which source), Kafka, topics named under a unique name starting
+// with prefix, and a slot and a probe slot of unique names.
+func (s *suite) prepare(prefix string) {
+	t := s.t
+	s.pg = testenv.Postgres(t)
+	s.kafka = testenv.Kafka(t)
+	s.pool = s.pg.Pool(t)
+	// Slot names are global to the server, not per database.
+	s.prefix, s.slot, s.probe = testenv.UniqueName(t, prefix), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
+	s.setupDatabase()
 }
 
 // binaryEnv is the environment of a relay binary run on the suite's database,
