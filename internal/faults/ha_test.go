@@ -280,21 +280,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 	s.logf("drained to %s", last)
 
 	in := s.collect()
-	// The late topic's events went through the retry table on purpose.
-	lateIDs := map[string]bool{}
-	for _, r := range in.Rows {
-		if r.AggregateType == late && r.Poison == "" {
-			lateIDs[r.ID] = true
-		}
-	}
-	lateRetried := 0
-	in.RetryInserted = slices.DeleteFunc(in.RetryInserted, func(id string) bool {
-		if lateIDs[id] {
-			lateRetried++
-			return true
-		}
-		return false
-	})
+	_, lateRetried := takeLate(&in, late)
 	rep := Check(in)
 
 	// Stop every relay, so that their output is in their log files.

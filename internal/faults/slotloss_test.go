@@ -190,20 +190,7 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	}
 
 	in := s.collect()
-	lateIDs := map[string]bool{}
-	for _, row := range in.Rows {
-		if row.AggregateType == late && row.Poison == "" {
-			lateIDs[row.ID] = true
-		}
-	}
-	lateRetried := 0
-	in.RetryInserted = slices.DeleteFunc(in.RetryInserted, func(id string) bool {
-		if lateIDs[id] {
-			lateRetried++
-			return true
-		}
-		return false
-	})
+	lateIDs, lateRetried := takeLate(&in, late)
 	in.Retry = slices.DeleteFunc(in.Retry, func(rr RetryRow) bool { return lateIDs[rr.EventID] })
 	rep := Check(in)
 	var refills []string

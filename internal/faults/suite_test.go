@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -693,6 +694,26 @@ func (s *suite) prepare(prefix string) {
 	// Slot names are global to the server, not per database.
 	s.prefix, s.slot, s.probe = testenv.UniqueName(t, prefix), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
 	s.setupDatabase()
+}
+
+// takeLate takes the events of aggregate type late, whose topic is created
+// late so that they go through the retry table on purpose, out of in's
+// retry-table inserts, and returns their ids and how many it took.
+func takeLate(in *Input, late string) (ids map[string]bool, taken int) {
+	ids = map[string]bool{}
+	for _, r := range in.Rows {
+		if r.AggregateType == late && r.Poison == "" {
+			ids[r.ID] = true
+		}
+	}
+	in.RetryInserted = slices.DeleteFunc(in.RetryInserted, func(id string) bool {
+		if ids[id] {
+			taken++
+			return true
+		}
+		return false
+	})
+	return ids, taken
 }
 
 // binaryEnv is the environment of a relay binary run on the suite's database,
