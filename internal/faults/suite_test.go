@@ -341,28 +341,11 @@ func (s *suite) inject(i int, k faultKind) {
 			t.Errorf("SIGTERM: relay exited with %v; want exit status 0 after draining\n%s", e.err, e.tail)
 		}
 	case kafkaKill:
-		d := s.m.between(s.rng, s.m.down)
-		s.logf("fault %d: %s for %s", i+1, k, d.Round(time.Millisecond))
-		s.kafkaDown = true
-		testenv.StopKafka(t)
-		s.outage(d)
-		testenv.StartKafka(t)
-		s.kafkaDown = false
+		s.serverOutage(i, k, s.m.between(s.rng, s.m.down), &s.kafkaDown, testenv.StopKafka, testenv.StartKafka)
 	case kafkaPause:
-		s.logf("fault %d: %s for %s", i+1, k, s.m.pause)
-		s.kafkaFroze = true
-		testenv.PauseKafka(t)
-		s.outage(s.m.pause)
-		testenv.ResumeKafka(t)
-		s.kafkaFroze = false
+		s.serverOutage(i, k, s.m.pause, &s.kafkaFroze, testenv.PauseKafka, testenv.ResumeKafka)
 	case pgCrash:
-		d := s.m.between(s.rng, s.m.down)
-		s.logf("fault %d: %s for %s", i+1, k, d.Round(time.Millisecond))
-		s.pgDown = true
-		testenv.StopPostgres(t)
-		s.outage(d)
-		testenv.StartPostgres(t)
-		s.pgDown = false
+		s.serverOutage(i, k, s.m.between(s.rng, s.m.down), &s.pgDown, testenv.StopPostgres, testenv.StartPostgres)
 	case pgCut:
 		d := s.m.between(s.rng, s.m.down)
 		s.logf("fault %d: %s for %s", i+1, k, d.Round(time.Millisecond))
@@ -370,6 +353,17 @@ func (s *suite) inject(i int, k faultKind) {
 		s.outage(d)
 		s.proxy.Restore()
 	}
+}
+
+// serverOutage runs fault i, of kind k: stop takes a server away for d (an
+// outage), start brings it back; *away holds while it is away.
+func (s *suite) serverOutage(i int, k faultKind, d time.Duration, away *bool, stop, start func(testing.TB)) {
+	s.logf("fault %d: %s for %s", i+1, k, d.Round(time.Millisecond))
+	*away = true
+	stop(s.t)
+	s.outage(d)
+	start(s.t)
+	*away = false
 }
 
 // outage waits out d, killing the relay half way with the mode's chance: a relay
