@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -60,11 +60,7 @@ func TestStart(t *testing.T) {
 func newStore(t *testing.T, table string) *checkpoint.Store {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, newDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Postgres(t).Pool(t)
 	tbl, err := sql.ParseTable(table)
 	if err != nil {
 		t.Fatal(err)
@@ -190,11 +186,7 @@ func TestBadTable(t *testing.T) {
 
 func TestMissingTable(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, newDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Postgres(t).Pool(t)
 	// A missing table must not look like "nothing saved": the relay would
 	// then start from the slot alone and lose its dedup floor silently.
 	s := checkpoint.New(pool, "no_such_table")

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -19,11 +20,7 @@ import (
 func historyStore(t *testing.T) (*checkpoint.Store, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, newDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Postgres(t).Pool(t)
 	if _, err := pool.Exec(ctx, sql.CheckpointTable(sql.Table{Name: sql.DefaultCheckpointTable})); err != nil {
 		t.Fatalf("create checkpoint table: %v", err)
 	}

@@ -6,9 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -17,11 +16,7 @@ import (
 // that what it would write in the transaction is not written.
 func TestHoldEpoch(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, newDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Postgres(t).Pool(t)
 	tbl, _ := sql.ParseTable("outbox_relay_checkpoint")
 	if _, err := pool.Exec(ctx, sql.CheckpointTable(tbl)); err != nil {
 		t.Fatal(err)

@@ -1,15 +1,13 @@
 package router
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv/jdk"
 )
 
 // javaRegexCases are constructs where Java's java.util.regex and Go's RE2
@@ -79,18 +77,7 @@ func TestJavaRegex(t *testing.T) {
 		src.WriteString(fmt.Sprintf("} catch (PatternSyntaxException e) { for (int i = 0; i < %d; i++) System.out.println(\"error\"); }\n", len(c.inputs)))
 	}
 	src.WriteString("}}\n")
-	file := filepath.Join(t.TempDir(), "R.java")
-	if err := os.WriteFile(file, []byte(src.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(java, file).CombinedOutput()
-	if err != nil {
-		t.Fatalf("java %s: %v\n%s", file, err, out)
-	}
-	var lines []string
-	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
-		lines = append(lines, sc.Text())
-	}
+	lines := jdk.Run(t, java, "R", src.String())
 	n := 0
 	for _, c := range javaRegexCases {
 		java := lines[n : n+len(c.inputs)]

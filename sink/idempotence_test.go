@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -186,6 +187,20 @@ func TestKafkaGaveUpBatchNewProducerID(t *testing.T) {
 	t.Logf("abandoned batch: %d records stored", abandonedSeen)
 }
 
+// killableSink is a sink with short timeouts and retries and a new topic of
+// two partitions named under prefix, for a test that kills and freezes the
+// broker (killAndPause): it holds Exclusive.
+func killableSink(t *testing.T, prefix string) (*testenv.KafkaCluster, string, *sink.Kafka) {
+	t.Helper()
+	testenv.Exclusive(t)
+	kc := testenv.Kafka(t)
+	topic := testenv.UniqueName(t, prefix)
+	kc.CreateTopic(t, topic, 2)
+	k := newSink(t, sink.Config{Brokers: kc.Brokers, WriteTimeout: 2 * time.Second,
+		RetryMin: 50 * time.Millisecond, RetryMax: time.Second})
+	return kc, topic, k
+}
+
 // killAndPause kills the broker (kill -9) and starts it again, then freezes
 // it for longer than a WriteTimeout of 2s, while a writer runs; it fails the
 // test if the writer stops (sends on done) meanwhile.
@@ -220,76 +235,30 @@ func killAndPause(t *testing.T, done <-chan error) {
 // the sink's resends of batches whose acknowledgement never came are stored
 // once; every key's values arrive exactly once, in order.
 func TestKafkaKillAndPauseNoDuplicates(t *testing.T) {
-	testenv.Exclusive(t)
-	kc := testenv.Kafka(t)
-	topic := testenv.UniqueName(t, "idem")
-	kc.CreateTopic(t, topic, 2)
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, WriteTimeout: 2 * time.Second,
-		RetryMin: 50 * time.Millisecond, RetryMax: time.Second})
+	kc, topic, k := killableSink(t, "idem")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	const keys, perWrite = 4, 20
-	next := make([]int, keys)
-	stop := make(chan struct{})
+	kd := &keyed{topic: topic, keys: 4, perWrite: 20}
+	var stop atomic.Bool
 	done := make(chan error, 1)
 	go func() {
-		for {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			default:
-			}
-			batch := make([]kafka.Message, perWrite)
-			for i := range batch {
-				key := i % keys
-				batch[i] = kafka.Message{Topic: topic, Key: fmt.Appendf(nil, "k%d", key), Value: fmt.Appendf(nil, "%d", next[key])}
-				next[key]++
-			}
-			if err := k.Write(ctx, evs(batch)); err != nil {
+		for !stop.Load() {
+			if err := k.Write(ctx, evs(kd.batch())); err != nil {
 				done <- err
 				return
 			}
 		}
+		done <- nil
 	}()
 	killAndPause(t, done)
-	close(stop)
+	stop.Store(true)
 	if err := <-done; err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-
-	got := make([][]string, keys)
-	for _, m := range kc.ReadAll(t, topic) {
-		var key int
-		if _, err := fmt.Sscanf(string(m.Key), "k%d", &key); err != nil {
-			t.Fatalf("key %q: %v", m.Key, err)
-		}
-		got[key] = append(got[key], string(m.Value))
-	}
-	dups, order := 0, 0
-	for key := range keys {
-		seen := map[string]bool{}
-		for _, v := range got[key] {
-			if seen[v] {
-				dups++
-				continue
-			}
-			if want := fmt.Sprint(len(seen)); v != want && order == 0 {
-				order++
-				t.Errorf("key k%d: value %s after %d distinct; want %s (order)", key, v, len(seen), want)
-			}
-			seen[v] = true
-		}
-		if len(seen) != next[key] {
-			t.Errorf("key k%d: %d distinct values; want %d (lost events)", key, len(seen), next[key])
-		}
-	}
+	kd.check(t, kc) // no duplicates from the sink's resends, nothing lost, in order
 	s := k.Stats()
-	t.Logf("written %v per key; retries %d, broker errors %d, producer resets %d", next, s.Retries, s.BrokerErrors, s.ProducerResets)
-	if dups != 0 {
-		t.Errorf("%d duplicates from the sink's resends; want 0", dups)
-	}
+	t.Logf("written %v per key; retries %d, broker errors %d, producer resets %d", kd.next, s.Retries, s.BrokerErrors, s.ProducerResets)
 	if s.BrokerErrors == 0 {
 		t.Errorf("Stats().BrokerErrors = 0: the faults did not hit a produce")
 	}

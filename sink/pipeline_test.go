@@ -215,12 +215,7 @@ func TestKafkaPipelineLostAcks(t *testing.T) {
 // several Sends in flight: nothing lost, nothing duplicated, every key in
 // order.
 func TestKafkaPipelineKillAndPause(t *testing.T) {
-	testenv.Exclusive(t)
-	kc := testenv.Kafka(t)
-	topic := testenv.UniqueName(t, "pipe")
-	kc.CreateTopic(t, topic, 2)
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, WriteTimeout: 2 * time.Second,
-		RetryMin: 50 * time.Millisecond, RetryMax: time.Second})
+	kc, topic, k := killableSink(t, "pipe")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -68,27 +69,7 @@ func TestRetryFileMatchesGo(t *testing.T) {
 // oldRetryTable is the retry table as the previous version created it: an
 // index on the aggregate's text, no last_resort column.
 const oldRetryTable = `CREATE TABLE %[1]s (
-    "seq" bigserial PRIMARY KEY,
-    "event_key" text NOT NULL UNIQUE,
-    "event_id" text,
-    "aggregate" text NOT NULL,
-    "aggregate_type" text,
-    "aggregate_id" text,
-    "event_type" text,
-    "topic" text,
-    "msg_key" bytea,
-    "value" bytea,
-    "headers" jsonb,
-    "status" text NOT NULL CHECK ("status" IN ('pending', 'dead')),
-    "waiting" boolean NOT NULL DEFAULT false,
-    "attempts" integer NOT NULL DEFAULT 0,
-    "next_attempt_at" timestamptz NOT NULL,
-    "last_error" text,
-    "first_failed_at" timestamptz NOT NULL DEFAULT now(),
-    "source_lsn" pg_lsn,
-    "commit_time" timestamptz,
-    "created_at" timestamptz NOT NULL DEFAULT now(),
-    "updated_at" timestamptz NOT NULL DEFAULT now()
+    ` + testenv.OldRetryColumns + `
 );
 CREATE INDEX %[2]s ON %[1]s ("status", "next_attempt_at");
 CREATE INDEX %[3]s ON %[1]s ("aggregate", "seq");

@@ -4,17 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/internal/testenv/debezium"
 )
 
 // edgeDomains are created before the outbox table; edgeColumns use them.
@@ -32,10 +26,7 @@ CREATE DOMAIN public.d_d_tstz AS public.d_tstz;
 // shortest text is hard, non-ASCII array elements, explicit array bounds.
 // Each value is its own event (the other typed columns NULL), so a
 // difference names its column and value; one more event is all NULL.
-var edgeColumns = []struct {
-	name, typ string
-	values    []string // SQL literals
-}{
+var edgeColumns = []typedColumn{
 	{"e_text", "text", []string{`''`, `'a'`, `'é🙂'`}},
 	{"e_varchar", "varchar(20)", []string{`''`, `' '`}},
 	{"e_dtext", "public.d_text", []string{`''`, `'x'`}},
@@ -68,41 +59,8 @@ func TestDebeziumEdgeValues(t *testing.T) {
 }
 
 func runEdge(t *testing.T, converter string) {
-	pg := testenv.Postgres(t)
-	k := testenv.Kafka(t)
-	var cols, fields []string
-	for _, c := range edgeColumns {
-		cols = append(cols, c.name+" "+c.typ)
-		fields = append(fields, c.name+":header", c.name+":envelope:env_"+c.name)
-	}
-	pg.Exec(t, edgeDomains)
-	pg.Exec(t, `CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
-    aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb, `+strings.Join(cols, ", ")+`)`)
-	name := testenv.UniqueName(t, "ed")
-	aggType := name + "_T"
-	dbzTopic, rlyTopic := "dbz."+name+"."+aggType, "rly."+name+"."+aggType
-	k.CreateTopic(t, dbzTopic, 1)
-	k.CreateTopic(t, rlyTopic, 1)
-	placement := strings.Join(fields, ",")
-	conn := debezium.Start(t, debezium.Options{DSN: pg.DSN, Converter: converter, Props: map[string]string{
-		"transforms.outbox.route.topic.replacement":           "dbz." + name + ".${routedByValue}",
-		"transforms.outbox.table.fields.additional.placement": placement,
-	}})
-	slot, pub := testenv.UniqueName(t, "rs"), testenv.UniqueName(t, "rp")
-	env := append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+pg.DSN, "RELAY_POSTGRES_SLOT="+slot, "RELAY_POSTGRES_PUBLICATION="+pub,
-		"RELAY_KAFKA_BROKERS="+strings.Join(k.Brokers, ","), "RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
-		"RELAY_OUTBOX_LAYOUT=debezium", "RELAY_TOPICS_TEMPLATE=rly."+name+".{aggregate_type}",
-		"RELAY_MESSAGE_CONVERTER="+converter, "RELAY_METRICS_LISTEN=", "RELAY_MESSAGE_FIELDS="+placement)
-	runRelay(t, env, "setup")
-	proc := startRelay(t, env)
-
+	s := startTyped(t, converter, "ed", edgeDomains, edgeColumns)
 	ctx := context.Background()
-	db, err := pgx.Connect(ctx, pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(ctx)
 	type ev struct{ id, col, typ, val string }
 	var evs []ev
 	insert := func(col, typ, val string) {
@@ -112,8 +70,8 @@ func runEdge(t *testing.T, converter string) {
 		if col != "" {
 			names, vals = ", "+col, ", "+val
 		}
-		if _, err := db.Exec(ctx, fmt.Sprintf(`INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload%s) VALUES ('%s', '%s', 'A-1', 'T', '{"i": %d}'%s)`,
-			names, id, aggType, len(evs), vals)); err != nil {
+		if _, err := s.db.Exec(ctx, fmt.Sprintf(`INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload%s) VALUES ('%s', '%s', 'A-1', 'T', '{"i": %d}'%s)`,
+			names, id, s.aggType, len(evs), vals)); err != nil {
 			t.Fatalf("insert %s = %s: %v", col, val, err)
 		}
 	}
@@ -123,7 +81,7 @@ func runEdge(t *testing.T, converter string) {
 		}
 	}
 	var version int
-	if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+	if err := s.db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
 		t.Fatal(err)
 	}
 	if version >= 140000 { // numeric infinities are new in Postgres 14 (not in a numeric with a precision)
@@ -132,10 +90,7 @@ func runEdge(t *testing.T, converter string) {
 		}
 	}
 	insert("", "", "NULL") // every typed column NULL
-	dbz := collect(t, k, []string{dbzTopic}, len(evs), "Debezium")
-	rly := collect(t, k, []string{rlyTopic}, len(evs), "relay")
-	proc.stop(t)
-	conn.Stop(t)
+	dbz, rly := s.collectAndStop(t, len(evs))
 
 	oldJVM := javaFeature(t) < 19
 	for _, e := range evs {

@@ -3,23 +3,14 @@ package compat_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/internal/testenv/debezium"
 )
 
 // typeColumns are one column per type users place as headers or envelope
 // fields, with the values each row holds (SQL literals; NULL in the last).
-var typeColumns = []struct {
-	name, typ string
-	values    []string
-}{
+var typeColumns = []typedColumn{
 	{"c_ts", "timestamp", []string{`'2026-11-24 22:25:41.476287'`, `'2026-01-02 03:04:05'`, `'1969-12-31 23:59:59.5'`}},
 	{"c_tstz", "timestamptz", []string{`'2026-11-24 22:25:41.476287+00'`, `'2026-01-02 03:04:05+02'`, `'2026-06-01 00:00:00.1-07'`}},
 	{"c_date", "date", []string{`'2026-11-24'`, `'1970-01-01'`, `'1969-12-31'`}},
@@ -69,40 +60,8 @@ func TestDebeziumColumnTypes(t *testing.T) {
 }
 
 func runTypes(t *testing.T, converter string) {
-	pg := testenv.Postgres(t)
-	k := testenv.Kafka(t)
-	var cols, fields []string
-	for _, c := range typeColumns {
-		cols = append(cols, c.name+" "+c.typ)
-		fields = append(fields, c.name+":header", c.name+":envelope:env_"+c.name)
-	}
-	pg.Exec(t, `CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
-    aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb, `+strings.Join(cols, ", ")+`)`)
-	name := testenv.UniqueName(t, "ty")
-	aggType := name + "_T"
-	dbzTopic, rlyTopic := "dbz."+name+"."+aggType, "rly."+name+"."+aggType
-	k.CreateTopic(t, dbzTopic, 1)
-	k.CreateTopic(t, rlyTopic, 1)
-	placement := strings.Join(fields, ",")
-	conn := debezium.Start(t, debezium.Options{DSN: pg.DSN, Converter: converter, Props: map[string]string{
-		"transforms.outbox.route.topic.replacement":           "dbz." + name + ".${routedByValue}",
-		"transforms.outbox.table.fields.additional.placement": placement,
-	}})
-	slot, pub := testenv.UniqueName(t, "rs"), testenv.UniqueName(t, "rp")
-	env := append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+pg.DSN, "RELAY_POSTGRES_SLOT="+slot, "RELAY_POSTGRES_PUBLICATION="+pub,
-		"RELAY_KAFKA_BROKERS="+strings.Join(k.Brokers, ","), "RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
-		"RELAY_OUTBOX_LAYOUT=debezium", "RELAY_TOPICS_TEMPLATE=rly."+name+".{aggregate_type}",
-		"RELAY_MESSAGE_CONVERTER="+converter, "RELAY_METRICS_LISTEN=", "RELAY_MESSAGE_FIELDS="+placement)
-	runRelay(t, env, "setup")
-	proc := startRelay(t, env)
-
+	s := startTyped(t, converter, "ty", "", typeColumns)
 	ctx := context.Background()
-	db, err := pgx.Connect(ctx, pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(ctx)
 	const rows = 4 // the last one all NULL
 	var ids []string
 	for i := range rows {
@@ -117,15 +76,12 @@ func runTypes(t *testing.T, converter string) {
 			}
 			vals = append(vals, v)
 		}
-		if _, err := db.Exec(ctx, fmt.Sprintf(`INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload, %s) VALUES ('%s', '%s', 'A-1', 'T', '{"i": %d}', %s)`,
-			strings.Join(names, ", "), id, aggType, i, strings.Join(vals, ", "))); err != nil {
+		if _, err := s.db.Exec(ctx, fmt.Sprintf(`INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload, %s) VALUES ('%s', '%s', 'A-1', 'T', '{"i": %d}', %s)`,
+			strings.Join(names, ", "), id, s.aggType, i, strings.Join(vals, ", "))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	dbz := collect(t, k, []string{dbzTopic}, rows, "Debezium")
-	rly := collect(t, k, []string{rlyTopic}, rows, "relay")
-	proc.stop(t)
-	conn.Stop(t)
+	dbz, rly := s.collectAndStop(t, rows)
 	for _, id := range ids {
 		d, r := dbz[id], rly[id]
 		if converter == "string" {

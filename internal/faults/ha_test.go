@@ -128,11 +128,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 	}
 	t.Logf("high availability: %d relays, %s, seed %d", run.relays, delivery(run.eos), seed)
 	s := &suite{t: t, m: reduced, rng: mrand.New(mrand.NewPCG(seed, 2)), began: time.Now(), count: map[faultKind]int{}, eos: run.eos}
-	s.pg = testenv.Postgres(t)
-	s.kafka = testenv.Kafka(t)
-	s.pool = s.pg.Pool(t)
-	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "ha"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
-	s.setupDatabase()
+	s.prepare("ha")
 	late := aggregateTypes[len(aggregateTypes)-1].name
 	for _, at := range aggregateTypes[:len(aggregateTypes)-1] {
 		s.kafka.CreateTopic(t, s.topic(at.name), 4)
@@ -158,22 +154,8 @@ func runHA(t *testing.T, bin string, run haRun) {
 		}
 		defer f.Close()
 		r := &haRelay{n: i, proxy: px, metrics: "127.0.0.1:" + port, logPath: f.Name()}
-		r.sup = &supervisor{bin: bin, log: f, reqs: make(chan signalReq), env: append(os.Environ(),
-			"RELAY_POSTGRES_DSN="+withHostPort(s.pg.DSN, px.Addr()),
-			"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
-			"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
-			"RELAY_POSTGRES_SLOT="+s.slot,
-			"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
-			"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
-			"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
-			"RELAY_CHECKPOINT_INTERVAL=100ms",
-			"RELAY_RETRY_BACKOFF_MIN=200ms",
-			"RELAY_RETRY_BACKOFF_MAX=1s",
-			"RELAY_RETRY_POLL_INTERVAL=200ms",
-			"RELAY_METRICS_LISTEN="+r.metrics,
-			"RELAY_LOG_FORMAT=json",
-			"RELAY_LOG_LEVEL=debug",
-		)}
+		r.sup = &supervisor{bin: bin, log: f, reqs: make(chan signalReq),
+			env: append(s.relayEnv(withHostPort(s.pg.DSN, px.Addr()), r.metrics), "RELAY_LOG_LEVEL=debug")}
 		r.sup.env = append(r.sup.env, deliveryEnv...)
 		relays[i] = r
 		t.Logf("relay %d: metrics %s, output %s", i, r.metrics, r.logPath)
@@ -308,21 +290,7 @@ func runHA(t *testing.T, bin string, run haRun) {
 	s.logf("drained to %s", last)
 
 	in := s.collect()
-	// The late topic's events went through the retry table on purpose.
-	lateIDs := map[string]bool{}
-	for _, r := range in.Rows {
-		if r.AggregateType == late && r.Poison == "" {
-			lateIDs[r.ID] = true
-		}
-	}
-	lateRetried := 0
-	in.RetryInserted = slices.DeleteFunc(in.RetryInserted, func(id string) bool {
-		if lateIDs[id] {
-			lateRetried++
-			return true
-		}
-		return false
-	})
+	_, lateRetried := takeLate(&in, late)
 	rep := Check(in)
 
 	// Stop every relay, so that their output is in their log files.

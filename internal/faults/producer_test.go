@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
@@ -13,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // The producer stands for an application: it writes outbox events in transactions of
@@ -253,13 +254,13 @@ func (p *producer) makeTx() []outboxEvent {
 		}
 		next[agg]++
 		evs = append(evs, outboxEvent{
-			id: newUUID(), aggType: t.name, aggID: agg,
+			id: testenv.NewUUID(), aggType: t.name, aggID: agg,
 			payload: fmt.Sprintf(`{"agg": %q, "seq": %d, "note": "fault suite event with a little padding to look real"}`, agg, next[agg]),
 		})
 	}
 	if p.rng.Float64() < p.poisonP || p.poisonP > 0 && p.sincePoison >= maxWithoutPoison {
 		p.next++
-		e := outboxEvent{id: newUUID(), aggID: fmt.Sprintf("poison-%d", p.next)}
+		e := outboxEvent{id: testenv.NewUUID(), aggID: fmt.Sprintf("poison-%d", p.next)}
 		// Its own aggregate: a dead event blocks the later events of its aggregate.
 		if p.next%2 == 0 {
 			e.aggType, e.payload = invalidType, `{"seq": 1}`
@@ -316,12 +317,4 @@ func insertTx(ctx context.Context, conn *pgx.Conn, evs []outboxEvent, messages b
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
-}
-
-func newUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

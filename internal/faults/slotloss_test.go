@@ -71,11 +71,7 @@ func startSlotLossRelay(t *testing.T, bin string, env []string) *slotLossRelay {
 func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	seed := uint64(time.Now().UnixNano())
 	s := &suite{t: t, m: full, rng: mrand.New(mrand.NewPCG(seed, 3)), began: time.Now(), count: map[faultKind]int{}}
-	s.pg = testenv.Postgres(t)
-	s.kafka = testenv.Kafka(t)
-	s.pool = s.pg.Pool(t)
-	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "sl"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
-	s.setupDatabase()
+	s.prepare("sl")
 	late := aggregateTypes[len(aggregateTypes)-1].name
 	for _, at := range aggregateTypes[:len(aggregateTypes)-1] {
 		s.kafka.CreateTopic(t, s.topic(at.name), 4)
@@ -194,20 +190,7 @@ func runSlotLoss(t *testing.T, bin string, loss slotLoss) {
 	}
 
 	in := s.collect()
-	lateIDs := map[string]bool{}
-	for _, row := range in.Rows {
-		if row.AggregateType == late && row.Poison == "" {
-			lateIDs[row.ID] = true
-		}
-	}
-	lateRetried := 0
-	in.RetryInserted = slices.DeleteFunc(in.RetryInserted, func(id string) bool {
-		if lateIDs[id] {
-			lateRetried++
-			return true
-		}
-		return false
-	})
+	lateIDs, lateRetried := takeLate(&in, late)
 	in.Retry = slices.DeleteFunc(in.Retry, func(rr RetryRow) bool { return lateIDs[rr.EventID] })
 	rep := Check(in)
 	var refills []string

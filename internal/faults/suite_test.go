@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -176,12 +177,7 @@ func runFaultSuite(t *testing.T, m mode, messages, eos bool) {
 
 	s := &suite{t: t, m: m, rng: mrand.New(mrand.NewPCG(seed, 1)), began: time.Now(), count: map[faultKind]int{}, messages: messages, eos: eos}
 	bin := testenv.RelayBinary(t)
-	s.pg = testenv.Postgres(t)
-	s.kafka = testenv.Kafka(t)
-	s.pool = s.pg.Pool(t)
-	// Slot names are global to the server, not per database.
-	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "f"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
-	s.setupDatabase()
+	s.prepare("f")
 	for _, at := range aggregateTypes {
 		s.kafka.CreateTopic(t, s.topic(at.name), 4)
 	}
@@ -345,28 +341,11 @@ func (s *suite) inject(i int, k faultKind) {
 			t.Errorf("SIGTERM: relay exited with %v; want exit status 0 after draining\n%s", e.err, e.tail)
 		}
 	case kafkaKill:
-		d := s.m.between(s.rng, s.m.down)
-		s.logf("fault %d: %s for %s", i+1, k, d.Round(time.Millisecond))
-		s.kafkaDown = true
-		testenv.StopKafka(t)
-		s.outage(d)
-		testenv.StartKafka(t)
-		s.kafkaDown = false
+		s.serverOutage(i, k, s.m.between(s.rng, s.m.down), &s.kafkaDown, testenv.StopKafka, testenv.StartKafka)
 	case kafkaPause:
-		s.logf("fault %d: %s for %s", i+1, k, s.m.pause)
-		s.kafkaFroze = true
-		testenv.PauseKafka(t)
-		s.outage(s.m.pause)
-		testenv.ResumeKafka(t)
-		s.kafkaFroze = false
+		s.serverOutage(i, k, s.m.pause, &s.kafkaFroze, testenv.PauseKafka, testenv.ResumeKafka)
 	case pgCrash:
-		d := s.m.between(s.rng, s.m.down)
-		s.logf("fault %d: %s for %s", i+1, k, d.Round(time.Millisecond))
-		s.pgDown = true
-		testenv.StopPostgres(t)
-		s.outage(d)
-		testenv.StartPostgres(t)
-		s.pgDown = false
+		s.serverOutage(i, k, s.m.between(s.rng, s.m.down), &s.pgDown, testenv.StopPostgres, testenv.StartPostgres)
 	case pgCut:
 		d := s.m.between(s.rng, s.m.down)
 		s.logf("fault %d: %s for %s", i+1, k, d.Round(time.Millisecond))
@@ -374,6 +353,17 @@ func (s *suite) inject(i int, k faultKind) {
 		s.outage(d)
 		s.proxy.Restore()
 	}
+}
+
+// serverOutage runs fault i, of kind k: stop takes a server away for d (an
+// outage), start brings it back; *away holds while it is away.
+func (s *suite) serverOutage(i int, k faultKind, d time.Duration, away *bool, stop, start func(testing.TB)) {
+	s.logf("fault %d: %s for %s", i+1, k, d.Round(time.Millisecond))
+	*away = true
+	stop(s.t)
+	s.outage(d)
+	start(s.t)
+	*away = false
 }
 
 // outage waits out d, killing the relay half way with the mode's chance: a relay
@@ -687,27 +677,66 @@ func delivery(eos bool) string {
 	return relay.DeliveryAtLeastOnce
 }
 
+// prepare gives s its servers: a fresh database set up for the run (s.messages
+// says for which source), Kafka, topics named under a unique name starting
+// with prefix, and a slot and a probe slot of unique names.
+func (s *suite) prepare(prefix string) {
+	t := s.t
+	s.pg = testenv.Postgres(t)
+	s.kafka = testenv.Kafka(t)
+	s.pool = s.pg.Pool(t)
+	// Slot names are global to the server, not per database.
+	s.prefix, s.slot, s.probe = testenv.UniqueName(t, prefix), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
+	s.setupDatabase()
+}
+
+// takeLate takes the events of aggregate type late, whose topic is created
+// late so that they go through the retry table on purpose, out of in's
+// retry-table inserts, and returns their ids and how many it took.
+func takeLate(in *Input, late string) (ids map[string]bool, taken int) {
+	ids = map[string]bool{}
+	for _, r := range in.Rows {
+		if r.AggregateType == late && r.Poison == "" {
+			ids[r.ID] = true
+		}
+	}
+	in.RetryInserted = slices.DeleteFunc(in.RetryInserted, func(id string) bool {
+		if ids[id] {
+			taken++
+			return true
+		}
+		return false
+	})
+	return ids, taken
+}
+
 // binaryEnv is the environment of a relay binary run on the suite's database,
 // slot, topics and Kafka, with the intervals short enough for a run of
 // minutes, followed by extra (what the run sets of its own).
 func (s *suite) binaryEnv(extra ...string) []string {
-	env := append(os.Environ(),
-		"RELAY_POSTGRES_DSN="+s.pg.DSN,
+	env := append(s.relayEnv(s.pg.DSN, ""), "RELAY_POSTGRES_STATUS_INTERVAL=1s")
+	return append(env, extra...)
+}
+
+// relayEnv is the environment every relay binary of the suite runs with:
+// Postgres at dsn, the suite's slot, topics and Kafka, intervals short enough
+// for a run of minutes, JSON logs, metrics served on metrics ("" for none).
+func (s *suite) relayEnv(dsn, metrics string) []string {
+	return append(os.Environ(),
+		"RELAY_POSTGRES_DSN="+dsn,
 		"RELAY_KAFKA_BROKERS="+strings.Join(s.kafka.Brokers, ","),
 		"RELAY_KAFKA_ALLOW_AUTO_TOPIC_CREATION=false",
 		"RELAY_POSTGRES_SLOT="+s.slot,
 		"RELAY_TOPICS_TEMPLATE="+s.prefix+".{aggregate_type}",
 		"RELAY_PIPELINE_MAX_IN_FLIGHT_EVENTS="+strconv.Itoa(window),
 		"RELAY_KAFKA_BATCH_BYTES="+strconv.Itoa(largePayloadLimit),
-		"RELAY_POSTGRES_STATUS_INTERVAL=1s",
 		"RELAY_CHECKPOINT_INTERVAL=100ms",
 		"RELAY_RETRY_BACKOFF_MIN=200ms",
 		"RELAY_RETRY_BACKOFF_MAX=1s",
 		"RELAY_RETRY_POLL_INTERVAL=200ms",
-		"RELAY_METRICS_LISTEN=",
+		"RELAY_METRICS_LISTEN="+metrics,
 		"RELAY_LOG_FORMAT=json",
 	)
-	return append(env, extra...)
 }
 
 // deliveryEnv is the relay's environment for the run's delivery mode: with

@@ -81,11 +81,7 @@ func walBufferOutage(t *testing.T, eos bool) {
 func runWALBuffer(t *testing.T, bin string, kill walBufferKill, eos bool) {
 	seed := uint64(time.Now().UnixNano())
 	s := &suite{t: t, m: full, rng: mrand.New(mrand.NewPCG(seed, 35)), began: time.Now(), count: map[faultKind]int{}, eos: eos}
-	s.pg = testenv.Postgres(t)
-	s.kafka = testenv.Kafka(t)
-	s.pool = s.pg.Pool(t)
-	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "wb"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
-	s.setupDatabase()
+	s.prepare("wb")
 	// The probe slot would hold all the WAL: not needed here.
 	s.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, s.probe)
 	for _, at := range aggregateTypes {

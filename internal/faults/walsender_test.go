@@ -53,11 +53,7 @@ func TestWalsenderNeverBlocksCheckpoints(t *testing.T) {
 	bin := testenv.RelayBinary(t)
 	seed := uint64(time.Now().UnixNano())
 	s := &suite{t: t, m: full, rng: mrand.New(mrand.NewPCG(seed, 35)), began: time.Now(), count: map[faultKind]int{}}
-	s.pg = testenv.Postgres(t)
-	s.kafka = testenv.Kafka(t)
-	s.pool = s.pg.Pool(t)
-	s.prefix, s.slot, s.probe = testenv.UniqueName(t, "ws"), testenv.UniqueName(t, "slot"), testenv.UniqueName(t, "probe")
-	s.setupDatabase()
+	s.prepare("ws")
 	// The probe slot (commit positions) would be invalidated too, and is not
 	// needed: drained is judged from the tables and Kafka.
 	s.pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, s.probe)

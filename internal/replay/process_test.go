@@ -230,21 +230,7 @@ func TestReplayKilledAndResumed(t *testing.T) {
 		t.Errorf("the second run does not say it resumes:\n%s", res)
 	}
 	got := f.read(t, f.prefix+"Order", "killed")
-	seen := map[int]int{}
-	for _, v := range got {
-		for _, n := range v {
-			seen[n]++
-		}
-	}
-	dups := 0
-	for n := 1; n <= 3000; n++ {
-		switch c := seen[n]; {
-		case c == 0:
-			t.Errorf("event %d missing after the resume", n)
-		case c > 1:
-			dups += c - 1
-		}
-	}
+	dups := resumed(t, got, 3000)
 	if dups > 100 {
 		t.Errorf("%d events sent twice; want at most one page (100)", dups)
 	}

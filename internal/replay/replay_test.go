@@ -96,6 +96,27 @@ func (f *fixture) read(t *testing.T, topic, id string) map[string][]int {
 	return out
 }
 
+// resumed checks that events 1..n all arrived, after a resume, and returns
+// how many were sent more than once.
+func resumed(t *testing.T, got map[string][]int, n int) (dups int) {
+	t.Helper()
+	seen := map[int]int{}
+	for _, v := range got {
+		for _, i := range v {
+			seen[i]++
+		}
+	}
+	for i := 1; i <= n; i++ {
+		switch c := seen[i]; {
+		case c == 0:
+			t.Errorf("event %d missing after the resume", i)
+		case c > 1:
+			dups += c - 1
+		}
+	}
+	return dups
+}
+
 func count(m map[string][]int) int {
 	n := 0
 	for _, v := range m {
@@ -247,21 +268,7 @@ func TestReplayResume(t *testing.T) {
 	}
 	f.run(t, f.config("k1", replay.Selection{}))
 	got := f.read(t, f.prefix+"Order", "k1")
-	seen := map[int]int{}
-	for _, v := range got {
-		for _, n := range v {
-			seen[n]++
-		}
-	}
-	dups := 0
-	for n := 1; n <= 100; n++ {
-		switch c := seen[n]; {
-		case c == 0:
-			t.Errorf("event %d missing after the resume", n)
-		case c > 1:
-			dups += c - 1
-		}
-	}
+	dups := resumed(t, got, 100)
 	if dups > cfg.BatchSize {
 		t.Errorf("%d events sent twice; want at most one page (%d)", dups, cfg.BatchSize)
 	}

@@ -243,15 +243,7 @@ func TestPartitionDropWaitsForWriters(t *testing.T) {
 	e := partitionedEnv(t)
 	fillPartitioned(t, e)
 	e.coverAll(t)
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `INSERT INTO pobox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
-VALUES (gen_random_uuid(), 'Order', 'late', 'Created', '{}', now() - interval '25 days')`); err != nil {
-		t.Fatal(err)
-	}
+	tx := e.openInsert(t, "pobox", "late", "25 days")
 	start := time.Now()
 	res := partitionRound(t, e, retention.PartitionsDrop, false)
 	_, kept := gone(res)

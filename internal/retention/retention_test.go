@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -52,6 +53,24 @@ FROM generate_series(1, $1) i`, n, age.Seconds())
 	if err != nil {
 		t.Fatalf("insert: %v", err)
 	}
+}
+
+// openInsert inserts a row of aggregate id into table, created age (an SQL
+// interval) ago, in a transaction it leaves open; the test commits it or it
+// is rolled back when the test ends.
+func (e *env) openInsert(t *testing.T, table, id, age string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, aggregate_type, aggregate_id, event_type, payload, created_at)
+VALUES (gen_random_uuid(), 'Order', $1, 'Created', '{}', now() - $2::interval)`, id, age); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
 
 func (e *env) wal(t *testing.T) pglogrepl.LSN {
@@ -171,15 +190,7 @@ func TestRoundKeepsUncoveredRows(t *testing.T) {
 	e.checkpointNow(t)
 
 	// A long transaction: its row's created_at is old when it commits.
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
-VALUES (gen_random_uuid(), 'Order', 'long', 'Created', '{}', now() - interval '3 hours')`); err != nil {
-		t.Fatal(err)
-	}
+	tx := e.openInsert(t, "outbox", "long", "3 hours")
 	// Many checkpoints and rounds while it is open. The rows committed
 	// meanwhile are newer than it, and are held back with it: the horizon
 	// cannot pass the oldest transaction still running.

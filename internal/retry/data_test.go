@@ -267,27 +267,7 @@ func TestMigrate(t *testing.T) {
 	s, pg := newStoreIn(t)
 	pg.Exec(t, `DROP TABLE outbox_relay_retry`)
 	pg.Exec(t, `CREATE TABLE outbox_relay_retry (
-    "seq" bigserial PRIMARY KEY,
-    "event_key" text NOT NULL UNIQUE,
-    "event_id" text,
-    "aggregate" text NOT NULL,
-    "aggregate_type" text,
-    "aggregate_id" text,
-    "event_type" text,
-    "topic" text,
-    "msg_key" bytea,
-    "value" bytea,
-    "headers" jsonb,
-    "status" text NOT NULL CHECK ("status" IN ('pending', 'dead')),
-    "waiting" boolean NOT NULL DEFAULT false,
-    "attempts" integer NOT NULL DEFAULT 0,
-    "next_attempt_at" timestamptz NOT NULL,
-    "last_error" text,
-    "first_failed_at" timestamptz NOT NULL DEFAULT now(),
-    "source_lsn" pg_lsn,
-    "commit_time" timestamptz,
-    "created_at" timestamptz NOT NULL DEFAULT now(),
-    "updated_at" timestamptz NOT NULL DEFAULT now(),
+    `+testenv.OldRetryColumns+`,
     "message_time" timestamptz,
     "outbox_table" text)`)
 	pg.Exec(t, `CREATE INDEX outbox_relay_retry_status_next_attempt_at_idx ON outbox_relay_retry (status, next_attempt_at)`)

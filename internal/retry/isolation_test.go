@@ -59,11 +59,7 @@ func TestWorkerHeaders(t *testing.T) {
 	if err := s.Insert(ctx, []retry.Event{none, old, extra}); err != nil {
 		t.Fatal(err)
 	}
-	w, err := retry.NewWorker(fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	startWorker(t, fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic))
 	waitFor(t, 30*time.Second, "the table to empty", empty(t, s))
 
 	want := map[string][]kafka.Header{
@@ -105,12 +101,8 @@ func TestWorkerMissingTopicIsolated(t *testing.T) {
 	if err := s.Insert(ctx, events); err != nil {
 		t.Fatal(err)
 	}
-	w, err := retry.NewWorker(fastConfig(s, newSink(t, kc.Brokers, 0), byType(map[string]string{"Missing": missing, "Exists": exists})))
-	if err != nil {
-		t.Fatal(err)
-	}
 	start := time.Now()
-	run(t, w)
+	startWorker(t, fastConfig(s, newSink(t, kc.Brokers, 0), byType(map[string]string{"Missing": missing, "Exists": exists})))
 	waitFor(t, 10*time.Second, "B's rows to be delivered", func() bool { return len(list(t, s, retry.Filter{})) == 2 })
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("B delivered after %s; want within a few seconds", d)
@@ -188,11 +180,7 @@ func TestWorkerTimeoutIsRowFailure(t *testing.T) {
 		fs := &fakeSink{stuck: "col.x"}
 		cfg := fastConfig(s, fs, byType(map[string]string{"Stuck": "col.x", "Fine": "fine"}))
 		cfg.AttemptTimeout = 200 * time.Millisecond
-		w, err := retry.NewWorker(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		run(t, w)
+		w := startWorker(t, cfg)
 		waitFor(t, 10*time.Second, "B-1 to be delivered and A-1 to fail twice", func() bool {
 			return slices.Equal(fs.keys(), []string{"B"}) && get(t, s, "A-1").Attempts >= 2
 		})
@@ -218,11 +206,7 @@ func TestWorkerTimeoutIsRowFailure(t *testing.T) {
 		cfg := fastConfig(s, fs, byType(map[string]string{"Stuck": "col.x"}))
 		cfg.AttemptTimeout = 200 * time.Millisecond
 		cfg.MaxAttempts = 1
-		w, err := retry.NewWorker(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		run(t, w)
+		startWorker(t, cfg)
 		waitFor(t, 10*time.Second, "two pings", func() bool {
 			fs.mu.Lock()
 			defer fs.mu.Unlock()
@@ -253,11 +237,7 @@ func TestWorkerLastResortStaysDead(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs := &fakeSink{}
-	w, err := retry.NewWorker(fastConfig(s, fs, (&topicOf{topic: "orders"}).Topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	w := startWorker(t, fastConfig(s, fs, (&topicOf{topic: "orders"}).Topic))
 	waitFor(t, 10*time.Second, "A-1 to go dead again", func() bool { return get(t, s, "A-1").Status == retry.StatusDead })
 	waitFor(t, 10*time.Second, "B-1 to be delivered", func() bool { return slices.Equal(fs.keys(), []string{"B"}) })
 	time.Sleep(300 * time.Millisecond) // several polls
@@ -299,11 +279,7 @@ func TestWorkerCollidingTopic(t *testing.T) {
 	t.Cleanup(func() { k.Close() })
 	cfg := fastConfig(s, k, byType(map[string]string{"Col": base + ".x", "Fine": fine}))
 	cfg.AttemptTimeout = 2 * time.Second
-	w, err := retry.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	startWorker(t, cfg)
 	waitFor(t, 20*time.Second, "B-1 to be delivered and A-1 to fail", func() bool {
 		_, err := s.Get(ctx, "B-1")
 		return errors.Is(err, retry.ErrNotFound) && get(t, s, "A-1").Attempts >= 1
@@ -330,11 +306,7 @@ func TestWorkerRefusesWhatTheRouterRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs := &fakeSink{}
-	w, err := retry.NewWorker(fastConfig(s, fs, (&topicOf{topic: "orders"}).Topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	startWorker(t, fastConfig(s, fs, (&topicOf{topic: "orders"}).Topic))
 	waitFor(t, 10*time.Second, "B-1 delivered and A-1 dead again", func() bool {
 		a1 := get(t, s, "A-1")
 		return slices.Equal(fs.keys(), []string{"B"}) && a1.Status == retry.StatusDead && a1.Attempts == 1

@@ -129,11 +129,7 @@ func TestWorkerOwnRowsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	sk := &fakeSink{}
-	w, err := retry.NewWorker(fastConfig(a, sk, func(string, string) (string, error) { return "a-topic", nil }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	startWorker(t, fastConfig(a, sk, func(string, string) (string, error) { return "a-topic", nil }))
 	waitFor(t, 30*time.Second, "slot A's rows delivered", empty(t, a))
 	time.Sleep(300 * time.Millisecond) // a few more polls
 	if got := sk.keys(); !slices.Equal(got, []string{"K", "K"}) {

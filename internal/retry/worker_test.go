@@ -76,6 +76,17 @@ func fastConfig(s *retry.Store, k retry.Sink, topic func(string, string) (string
 	}
 }
 
+// startWorker makes a Worker of cfg and runs it until the test ends.
+func startWorker(t *testing.T, cfg retry.WorkerConfig) *retry.Worker {
+	t.Helper()
+	w, err := retry.NewWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
+	return w
+}
+
 // run starts w and stops it when the test ends.
 func run(t *testing.T, w *retry.Worker) {
 	t.Helper()
@@ -158,11 +169,7 @@ func TestWorkerMissingTopic(t *testing.T) {
 	var dl delivered
 	cfg := fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic)
 	cfg.Delivered = dl.add
-	w, err := retry.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	w := startWorker(t, cfg)
 
 	waitFor(t, 20*time.Second, "A-1 to fail 3 times", func() bool { return get(t, s, "A-1").Attempts >= 3 })
 	a1 := get(t, s, "A-1")
@@ -228,11 +235,7 @@ func TestWorkerMissingTopicWaitsPerTopic(t *testing.T) {
 	}
 	cfg := fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic)
 	cfg.BackoffMin, cfg.BackoffMax = time.Second, 2*time.Second
-	w, err := retry.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	w := startWorker(t, cfg)
 
 	const span = 4 * time.Second
 	time.Sleep(span)
@@ -282,11 +285,7 @@ func TestWorkerDeadAndRequeue(t *testing.T) {
 			}
 			cfg := fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic)
 			tt.edit(&cfg)
-			w, err := retry.NewWorker(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			run(t, w)
+			w := startWorker(t, cfg)
 			waitFor(t, 20*time.Second, "A-1 to go dead", func() bool { return get(t, s, "A-1").Status == retry.StatusDead })
 			if st := w.Stats(); st.DeadLettered != 1 {
 				t.Errorf("Stats().DeadLettered = %d; want 1", st.DeadLettered)
@@ -333,11 +332,7 @@ func TestWorkerPermanent(t *testing.T) {
 		return topic, nil
 	}
 	// The sink must send it for the broker to refuse it.
-	w, err := retry.NewWorker(fastConfig(s, newSink(t, kc.Brokers, 8<<20), route))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	w := startWorker(t, fastConfig(s, newSink(t, kc.Brokers, 8<<20), route))
 	waitFor(t, 20*time.Second, "both rows to go dead", func() bool {
 		return len(list(t, s, retry.Filter{Status: retry.StatusDead})) == 2
 	})
@@ -367,11 +362,7 @@ func TestWorkerKafkaUnreachable(t *testing.T) {
 	cfg.AttemptTimeout = 300 * time.Millisecond
 	cfg.MaxAttempts = 1
 	cfg.MaxAge = time.Millisecond
-	w, err := retry.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	w := startWorker(t, cfg)
 	time.Sleep(2 * time.Second)
 	for _, e := range list(t, s, retry.Filter{}) {
 		if e.Attempts != 0 || e.Status != retry.StatusPending {
@@ -410,12 +401,7 @@ func TestTwoWorkers(t *testing.T) {
 	for range 2 {
 		cfg := fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic)
 		cfg.BatchSize = 3 // several batches per aggregate
-		w, err := retry.NewWorker(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		workers = append(workers, w)
-		run(t, w)
+		workers = append(workers, startWorker(t, cfg))
 	}
 	waitFor(t, 60*time.Second, "the table to empty", empty(t, s))
 	msgs := kc.ReadAll(t, topic)
@@ -460,11 +446,7 @@ func TestWorkerCommittedGate(t *testing.T) {
 	committed.Store(0x150)
 	cfg := fastConfig(s, newSink(t, kc.Brokers, 0), (&topicOf{topic: topic}).Topic)
 	cfg.Committed = func() pglogrepl.LSN { return pglogrepl.LSN(committed.Load()) }
-	w, err := retry.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, w)
+	startWorker(t, cfg)
 	waitFor(t, 20*time.Second, "A-1 and B-1 delivered", func() bool { return len(list(t, s, retry.Filter{})) == 2 })
 	time.Sleep(300 * time.Millisecond) // several polls: must stay
 	if left := eventKeys(list(t, s, retry.Filter{})); !slices.Equal(left, []string{"A-2", "A-3"}) {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -21,11 +20,7 @@ func TestCreate(t *testing.T) {
 	pg := testenv.Postgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := connect(ctx, t, pg.DSN)
 
 	slot := testenv.UniqueName(t, "slot")
 	if err := pgslot.Create(ctx, conn, slot, false); err != nil {

@@ -22,11 +22,7 @@ func TestRead(t *testing.T) {
 	dsn := testenv.Postgres(t).DSN
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := connect(ctx, t, dsn)
 	if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot('pgslot_test', 'pgoutput')`); err != nil {
 		t.Fatal(err)
 	}
@@ -67,11 +63,7 @@ func TestDrop(t *testing.T) {
 	pg := testenv.Postgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := connect(ctx, t, pg.DSN)
 	slot := testenv.UniqueName(t, "slot")
 	pg.Exec(t, `CREATE TABLE t (id int)`)
 	pg.Exec(t, `CREATE PUBLICATION p FOR TABLE t`)
@@ -87,6 +79,7 @@ func TestDrop(t *testing.T) {
 	}
 	repl.Close(context.Background())
 	// The walsender exits after its connection: wait until the slot is idle.
+	var err error
 	for {
 		err = pgslot.Drop(ctx, conn, slot)
 		if !errors.Is(err, pgslot.ErrActive) || ctx.Err() != nil {
@@ -103,6 +96,17 @@ func TestDrop(t *testing.T) {
 	if err := pgslot.Drop(ctx, conn, slot); err != nil {
 		t.Errorf("Drop of a missing slot = %v; want nil (it is gone, as wanted)", err)
 	}
+}
+
+// connect opens an ordinary connection to dsn, closed when the test ends.
+func connect(ctx context.Context, t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
 
 // replicationConn opens a replication connection (replication=database) to

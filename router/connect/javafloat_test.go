@@ -1,15 +1,14 @@
 package connect
 
 import (
-	"bufio"
-	"bytes"
 	"math"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv/jdk"
 )
 
 // jdk17Differs are javaFloat's texts of values that JDK 17 and 18 (the old
@@ -58,20 +57,9 @@ func compareJavaFloat(t *testing.T, java string) {
 		src.WriteString("System.out.println(Float.toString(Float.intBitsToFloat(0x" + strconv.FormatUint(uint64(math.Float32bits(f)), 16) + ")));\n")
 	}
 	src.WriteString("System.out.println(Runtime.version().feature()); }}\n")
-	file := filepath.Join(t.TempDir(), "F.java")
-	if err := os.WriteFile(file, []byte(src.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(java, file).CombinedOutput()
-	if err != nil {
-		t.Fatalf("java %s: %v\n%s", file, err, out)
-	}
-	var lines []string
-	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
-		lines = append(lines, sc.Text())
-	}
+	lines := jdk.Run(t, java, "F", src.String())
 	if len(lines) != len(doubles)+len(floats)+1 {
-		t.Fatalf("java printed %d lines; want %d:\n%s", len(lines), len(doubles)+len(floats)+1, out)
+		t.Fatalf("java printed %d lines; want %d:\n%s", len(lines), len(doubles)+len(floats)+1, strings.Join(lines, "\n"))
 	}
 	feature, _ := strconv.Atoi(lines[len(lines)-1])
 	check := func(i int, got string, v any) {

@@ -45,13 +45,30 @@ type event struct {
 
 func ptr(s string) *string { return &s }
 
+// servers are a fresh database holding the outbox table, and Kafka.
+func servers(t *testing.T) (*testenv.PG, *testenv.KafkaCluster) {
+	t.Helper()
+	pg := testenv.Postgres(t)
+	k := testenv.Kafka(t)
+	pg.Exec(t, outboxDDL)
+	return pg, k
+}
+
+// orderTopic creates the topic, of one partition, that Debezium's default
+// route gives the events of a new aggregate type, and returns both.
+func orderTopic(t *testing.T, k *testenv.KafkaCluster) (aggType, topic string) {
+	t.Helper()
+	aggType = testenv.UniqueName(t, "order")
+	topic = "outbox.event." + aggType
+	k.CreateTopic(t, topic, 1)
+	return aggType, topic
+}
+
 // TestStringConverter runs Debezium with StringConverter: the key is the aggregate id,
 // the value the payload as Postgres prints jsonb, the header id the event id.
 func TestStringConverter(t *testing.T) {
 	t.Parallel()
-	pg := testenv.Postgres(t)
-	k := testenv.Kafka(t)
-	pg.Exec(t, outboxDDL)
+	pg, k := servers(t)
 	pool := pg.Pool(t)
 	ctx := context.Background()
 
@@ -164,12 +181,8 @@ func TestStringConverter(t *testing.T) {
 // JSON string, the value the payload text as a JSON string, a NULL payload JSON null.
 func TestJSONConverter(t *testing.T) {
 	t.Parallel()
-	pg := testenv.Postgres(t)
-	k := testenv.Kafka(t)
-	pg.Exec(t, outboxDDL)
-	orders := testenv.UniqueName(t, "order")
-	topic := "outbox.event." + orders
-	k.CreateTopic(t, topic, 1)
+	pg, k := servers(t)
+	orders, topic := orderTopic(t, k)
 
 	c := debezium.Start(t, debezium.Options{DSN: pg.DSN, Converter: "json"})
 	evs := []*event{
@@ -203,12 +216,8 @@ func TestJSONConverter(t *testing.T) {
 // with a flush interval longer than the test, only the commit on stop can write it.
 func TestDistributed(t *testing.T) {
 	t.Parallel()
-	pg := testenv.Postgres(t)
-	k := testenv.Kafka(t)
-	pg.Exec(t, outboxDDL)
-	orders := testenv.UniqueName(t, "order")
-	topic := "outbox.event." + orders
-	k.CreateTopic(t, topic, 1)
+	pg, k := servers(t)
+	orders, topic := orderTopic(t, k)
 	prefix := testenv.UniqueName(t, "dbz")
 
 	c := debezium.Start(t, debezium.Options{DSN: pg.DSN, Distributed: true, TopicPrefix: prefix,

@@ -18,9 +18,7 @@ import (
 // to end it.
 func TestLaunch(t *testing.T) {
 	t.Parallel()
-	pg := testenv.Postgres(t)
-	k := testenv.Kafka(t)
-	pg.Exec(t, outboxDDL)
+	pg, k := servers(t)
 	agg := testenv.UniqueName(t, "order")
 	prefix := testenv.UniqueName(t, "launch")
 	topic := prefix + "." + agg
