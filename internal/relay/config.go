@@ -135,7 +135,7 @@ type Config struct {
 
 	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce:
 	// the stream's events written in Kafka transactions together with the
-	// checkpoint (eos.go); the stream sink must then be transactional, with
+	// checkpoint (package eos); the stream sink must then be transactional, with
 	// TransactionalID(slot). CheckpointTopic (default
 	// "outbox-relay-checkpoints", compacted, made by setup) holds the
 	// checkpoint records. TransactionMaxEvents (default 10000) and

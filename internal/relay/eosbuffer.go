@@ -75,11 +75,3 @@ func markAtLeastOnce(evs []event.Event) []event.Event {
 	}
 	return out
 }
-
-// buffering is called instead of start by a buffering term's writer, which
-// opens no Kafka transaction: the retry worker may deliver the rows of
-// transactions before the term's start (committed to Kafka, or parked at
-// least once by a drain); those after it wait for a live term's start.
-func (x *eos) buffering() {
-	x.committed.Store(uint64(x.resume))
-}

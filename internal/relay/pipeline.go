@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/eos"
 	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -116,7 +117,7 @@ type ends struct {
 	saver   leader.Saver
 	stream  confirmer
 	history historyRecorder
-	eos     *eos // nil: at least once
+	eos     *eos.Session // nil: at least once
 	// buffer, when set, takes the chunks instead of the sink: a
 	// buffering term's (walbuffer.go).
 	buffer *walbuffer.Store
@@ -134,7 +135,7 @@ func newPipeline(cfg Config, e ends, start pglogrepl.LSN) *pipeline {
 	hist := newHistorian(e.history, cfg.Logger, cfg)
 	maxMsgs, maxBytes := cfg.Sink.BatchSize, 4*int(cfg.Sink.BatchBytes)
 	if e.eos != nil {
-		// A chunk that ends a transaction is a Kafka transaction (eos.go).
+		// A chunk that ends a transaction is a Kafka transaction (package eos).
 		maxMsgs, maxBytes = min(maxMsgs, cfg.TransactionMaxEvents), min(maxBytes, cfg.TransactionMaxBytes)
 	}
 	p := &pipeline{

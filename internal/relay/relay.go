@@ -72,7 +72,7 @@
 //   - On shutdown the relay stops reading at a transaction boundary, drains
 //     what it has read, saves the final checkpoint, and only then closes the
 //     replication connection.
-//   - With exactly-once delivery (eos.go) a chunk's complete transactions
+//   - With exactly-once delivery (package eos) a chunk's complete transactions
 //     are written in one Kafka transaction with their checkpoint record, and
 //     the chunk reaches the committer only after the Kafka commit: the
 //     Kafka checkpoint is never behind the Postgres one, and a term drops
@@ -98,6 +98,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/eos"
 	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
@@ -139,8 +140,8 @@ type Relay struct {
 	pool       atomic.Pointer[pgxpool.Pool] // set by Run; Ready reads it from any goroutine
 
 	// timeouts watches exactly-once transactions that outlive their
-	// timeout, across terms (txntimeout.go); nil at least once.
-	timeouts *txnTimeouts
+	// timeout, across terms (eos.Timeouts); nil at least once.
+	timeouts *eos.Timeouts
 
 	// live is the term that leads, for Ready; nil while standing by.
 	live    atomic.Pointer[term]
@@ -195,8 +196,8 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 		return nil, errors.New("relay: a sink for the stream and one for the retry worker are required")
 	}
 	if _, ok := sinks.Stream.(interface {
-		txnSink
-		timeoutSink
+		eos.TxnSink
+		eos.TimeoutSink
 	}); !ok && cfg.Delivery == DeliveryExactlyOnce {
 		return nil, errors.New("relay: exactly-once delivery needs a transactional stream sink (sink.Kafka with a TransactionalID)")
 	}
@@ -212,7 +213,7 @@ func New(cfg Config, sinks Sinks) (*Relay, error) {
 		r.bufferSink = sinks.Drain
 	}
 	if cfg.Delivery == DeliveryExactlyOnce {
-		r.timeouts = newTxnTimeouts(cfg.Sink.TransactionTimeout, r.log)
+		r.timeouts = eos.NewTimeouts(cfg.Sink.TransactionTimeout, r.log)
 	}
 	r.m.SetRole(r.Role)
 	if cfg.Metrics != nil {
@@ -264,7 +265,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	defer func() { err = explainTLS(err) }()
 	// Stopped while writing again a transaction the broker aborted on its
 	// timeout: say so, with its exit code.
-	defer func() { err = r.timeouts.stopped(err) }()
+	defer func() {
+		err = r.timeouts.Stopped(err, errors.Is(err, context.Canceled) || errors.Is(err, ErrDrainTimeout))
+	}()
 	if err := r.checkAuth(ctx); err != nil {
 		return err
 	}
@@ -315,7 +318,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 			r.next = sw.to
 			continue
 		}
-		if errors.Is(err, errRestart) && rctx.Err() == nil {
+		if errors.Is(err, eos.ErrRestart) && rctx.Err() == nil {
 			if te := (*TxnTimeoutError)(nil); errors.As(err, &te) {
 				// Not a routine restart: the operator should raise a setting.
 				r.log.Error(te.Error(), "slot", r.cfg.Replication.Slot, "kafka.transaction_timeout", te.Configured.String(),
@@ -419,7 +422,7 @@ func runCause(ctx context.Context, err error) error {
 // gets no answer), while the retry table or the checkpoint table refuses
 // writes, while the pipeline is stalled (see health), and, with
 // exactly-once, while a transaction the broker aborted on its timeout is not
-// yet delivered (txntimeout.go). The error lists every failing check.
+// yet delivered (eos.Timeouts). The error lists every failing check.
 //
 // A standby is ready while it reaches Postgres and could lead (couldLead:
 // a replication connection, the privileges leading needs): it is doing its
@@ -431,7 +434,7 @@ func (r *Relay) Ready(ctx context.Context) error {
 	}
 	// A transaction the broker aborted on its timeout fails it until it is
 	// delivered, between the terms of its attempts too.
-	stuck, _ := r.timeouts.problem(time.Now())
+	stuck, _ := r.timeouts.Problem(time.Now())
 	t := r.live.Load()
 	if t == nil && stuck != "" {
 		return errors.New(stuck)

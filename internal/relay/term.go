@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/eos"
 	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 
@@ -78,12 +79,12 @@ func (r *Relay) newTerm(ctx context.Context, pool *pgxpool.Pool) (*term, error) 
 	for _, rt := range rts {
 		rt.SetBaseTypes(bases)
 	}
-	var x *eos
+	var x *eos.Session
 	if r.cfg.Delivery == DeliveryExactlyOnce {
-		x = &eos{sink: r.sink.(txnSink), topic: r.cfg.CheckpointTopic, slot: slot, epoch: t.lease.Wait,
-			server: t.lease.Server, term: o.srv, log: r.log, parked: o.rstore, gate: o.gate, resume: o.start,
-			verify: t.lease.Verify, timeouts: r.timeouts, tsink: r.sink.(timeoutSink),
-			hold: func(ctx context.Context, tx pgx.Tx, epoch int64) error {
+		x = &eos.Session{Sink: r.sink.(eos.TxnSink), Topic: r.cfg.CheckpointTopic, Slot: slot, Epoch: t.lease.Wait,
+			Server: t.lease.Server, Term: o.srv, Log: r.log, Parked: o.rstore, Reload: o.gate.load, Resume: o.start,
+			Verify: t.lease.Verify, Timeouts: r.timeouts, TSink: r.sink.(eos.TimeoutSink),
+			Hold: func(ctx context.Context, tx pgx.Tx, epoch int64) error {
 				return o.store.HoldEpoch(ctx, tx, slot, epoch)
 			}}
 	}
@@ -347,7 +348,7 @@ func (r *Relay) pumpStats(ctx context.Context, t *term) {
 		since, cause := r.outage(t)
 		failing, why := t.pipe.health.failing(now, st, since, cause)
 		stalled := t.pipe.health.stalledFor(now)
-		if msg, d := r.timeouts.problem(now); msg != "" {
+		if msg, d := r.timeouts.Problem(now); msg != "" {
 			// Each attempt is a term of its own, whose chunks are progress:
 			// the stall counts from the first aborted attempt.
 			failing["stalled"] = true

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/eos"
 	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -48,7 +49,7 @@ type writer struct {
 	spans  SpanExporter // nil: no spans
 	depth  int          // chunks sent and not yet finished, at most; 0 means 1
 	bulk   int          // bytes of chunks sent and not yet finished above which no more are sent
-	eos    *eos         // nil: at least once
+	eos    *eos.Session // nil: at least once
 	stages io.Writer    // nil: no stage trace (Config.StageTrace, stages.go)
 	// buffer, when set, takes every chunk instead of the sink: a
 	// buffering term's writer (walbuffer.go).
@@ -76,7 +77,7 @@ type writerRole struct {
 	// both of an event's way from its commit in the WAL to its ack; only
 	// the stream's pipeline reads events from the WAL as they commit.
 	traced bool
-	eos    *eos // nil: at least once
+	eos    *eos.Session // nil: at least once
 }
 
 // newWriter returns a writer of cfg's window size, health and logging,
@@ -106,11 +107,11 @@ type sent struct {
 // run writes the chunks of in until it is closed, then closes com. It
 // returns ctx's error, or an error that is not one event's (the caller
 // stops). With exactly-once delivery (eos) it first takes the transactional
-// id and writes each chunk as eos.deliver does.
+// id and writes each chunk as deliverExactlyOnce does.
 func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 	if r.buffer != nil {
 		if r.eos != nil {
-			r.eos.buffering()
+			r.eos.Buffering()
 		}
 		return r.runBuffer(ctx, in, com)
 	}
@@ -181,20 +182,20 @@ func (r *writer) run(ctx context.Context, in <-chan *chunk, com acker) error {
 }
 
 // runExactlyOnce is run with exactly-once delivery: chunk after chunk, each
-// in a Kafka transaction committed before the next is written (eos.go).
+// in a Kafka transaction committed before the next is written (package eos).
 func (r *writer) runExactlyOnce(ctx context.Context, in <-chan *chunk, com acker) error {
-	if err := r.eos.start(ctx, r.fence); err != nil {
+	if err := r.eos.Start(ctx, r.fence); err != nil {
 		return err
 	}
 	for c := range in {
 		r.took(c)
-		send, parked, err := r.eos.deliver(ctx, r, c)
+		send, parked, err := deliverExactlyOnce(ctx, r.eos, r, c)
 		if err != nil {
 			return err
 		}
 		r.done(c, send, parked, com)
 	}
-	if err := r.eos.close(ctx); err != nil {
+	if err := r.eos.Close(ctx); err != nil {
 		return err
 	}
 	com.close()

@@ -1,8 +1,7 @@
-package relay
+package eos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -14,7 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// # A transaction slower than kafka.transaction_timeout (exactly-once)
+// A transaction slower than kafka.transaction_timeout (exactly-once):
 //
 // A Postgres transaction is written in one Kafka transaction, however many
 // chunks it takes: a checkpoint never falls inside it. When writing it
@@ -28,7 +27,7 @@ import (
 // committable) after being open at least its timeout (sink.TxnTimeoutError)
 // first asks Postgres whether another relay took the slot over (the lease's
 // epoch). If one did, it stands by as before. If not, nobody fenced it: the
-// broker aborted it on its timeout. Then (txnTimeouts.aborted):
+// broker aborted it on its timeout. Then (Timeouts.aborted):
 //
 //   - the condition is reported until a Kafka commit passes that Postgres
 //     transaction: /readyz fails, health_failing{check="stalled"} is 1 and
@@ -45,8 +44,8 @@ import (
 //     exitcode.TxnTimeout), as it does when stopped (SIGTERM) while such a
 //     transaction is being written again.
 //
-// The state outlives terms (each attempt is a term), so it lives in the
-// Relay.
+// The state outlives terms (each attempt is a term), so the Relay holds it
+// (Timeouts), and each term's Session is given it.
 
 // A TxnTimeoutError says that the broker aborted, on its transaction
 // timeout, the Kafka transaction that held the Postgres transaction
@@ -90,19 +89,19 @@ func (e *TxnTimeoutError) Error() string {
 // ExitCode is exitcode.TxnTimeout.
 func (e *TxnTimeoutError) ExitCode() int { return exitcode.TxnTimeout }
 
-// A timeoutSink is a txnSink whose transaction timeout the relay can raise:
+// A TimeoutSink is a TxnSink whose transaction timeout the relay can raise:
 // sink.Kafka's SetTransactionTimeout (used by the next InitTransactions) and
 // MaxTransactionTimeout (the broker's transaction.max.timeout.ms). Called
 // from the writer's goroutine only.
-type timeoutSink interface {
+type TimeoutSink interface {
 	SetTransactionTimeout(d time.Duration)
 	MaxTransactionTimeout(ctx context.Context) (time.Duration, error)
 }
 
-// txnTimeouts is the Relay's watch over exactly-once transactions that
+// Timeouts is the Relay's watch over exactly-once transactions that
 // outlive their timeout (see the top of this file). Safe for concurrent
 // use: the writer records, Ready and the metrics read.
-type txnTimeouts struct {
+type Timeouts struct {
 	configured time.Duration // kafka.transaction_timeout
 	log        *slog.Logger
 
@@ -112,19 +111,21 @@ type txnTimeouts struct {
 	raised bool             // the sink's timeout is above configured
 }
 
-func newTxnTimeouts(configured time.Duration, log *slog.Logger) *txnTimeouts {
+// NewTimeouts watches transactions opened with configured
+// (kafka.transaction_timeout; 0: the sink's default).
+func NewTimeouts(configured time.Duration, log *slog.Logger) *Timeouts {
 	if configured <= 0 {
 		configured = sink.DefaultTransactionTimeout
 	}
-	return &txnTimeouts{configured: configured, log: log}
+	return &Timeouts{configured: configured, log: log}
 }
 
 // aborted records that the broker aborted, on its timeout (te), the Kafka
 // transaction that began with the Postgres transaction committed at lsn,
 // while the term still led. It raises s's timeout to the broker's cap when
-// that is above te's and returns an error wrapping errRestart (write it
+// that is above te's and returns an error wrapping ErrRestart (write it
 // again), or the *TxnTimeoutError to stop with.
-func (w *txnTimeouts) aborted(ctx context.Context, s timeoutSink, lsn pglogrepl.LSN, te *sink.TxnTimeoutError) error {
+func (w *Timeouts) aborted(ctx context.Context, s TimeoutSink, lsn pglogrepl.LSN, te *sink.TxnTimeoutError) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	maxT, merr := s.MaxTransactionTimeout(cctx)
 	cancel()
@@ -143,14 +144,14 @@ func (w *txnTimeouts) aborted(ctx context.Context, s timeoutSink, lsn pglogrepl.
 	e.Retrying = maxT
 	s.SetTransactionTimeout(maxT)
 	w.raised = true
-	return fmt.Errorf("%w: %w", errRestart, e)
+	return fmt.Errorf("%w: %w", ErrRestart, e)
 }
 
 // passed is called after a Kafka commit up to end: a transaction the
 // broker aborted before it is delivered. It reports whether the sink's
 // timeout was raised for it and must go back to kafka.transaction_timeout
 // (reset, then a new InitTransactions).
-func (w *txnTimeouts) passed(end pglogrepl.LSN) (reset bool) {
+func (w *Timeouts) passed(end pglogrepl.LSN) (reset bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stuck == nil || end <= w.stuck.CommitLSN {
@@ -165,11 +166,11 @@ func (w *txnTimeouts) passed(end pglogrepl.LSN) (reset bool) {
 }
 
 // reset sets s's timeout back to kafka.transaction_timeout.
-func (w *txnTimeouts) reset(s timeoutSink) { s.SetTransactionTimeout(w.configured) }
+func (w *Timeouts) reset(s TimeoutSink) { s.SetTransactionTimeout(w.configured) }
 
-// problem returns why the relay is not ready and how long it has been
+// Problem returns why the relay is not ready and how long it has been
 // stalled on a transaction the broker aborted, "" and 0 when none.
-func (w *txnTimeouts) problem(now time.Time) (string, time.Duration) {
+func (w *Timeouts) Problem(now time.Time) (string, time.Duration) {
 	if w == nil {
 		return "", 0
 	}
@@ -181,13 +182,13 @@ func (w *txnTimeouts) problem(now time.Time) (string, time.Duration) {
 	return w.stuck.Error(), now.Sub(w.since)
 }
 
-// stopped turns a stop (err wraps context.Canceled, or ErrDrainTimeout: the
-// drain was writing it when its time ran out) while a transaction the broker
-// aborted is written again into its *TxnTimeoutError: the operator learns
-// why the relay made no progress, and the exit code says it. Other errors
-// pass unchanged.
-func (w *txnTimeouts) stopped(err error) error {
-	if w == nil || !(errors.Is(err, context.Canceled) || errors.Is(err, ErrDrainTimeout)) {
+// Stopped turns err, the error of a stop (stop: err wraps context.Canceled,
+// or the drain was writing when its time ran out) while a transaction the
+// broker aborted is written again, into its *TxnTimeoutError: the operator
+// learns why the relay made no progress, and the exit code says it. Other
+// errors pass unchanged.
+func (w *Timeouts) Stopped(err error, stop bool) error {
+	if w == nil || !stop {
 		return err
 	}
 	w.mu.Lock()
