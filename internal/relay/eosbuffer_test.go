@@ -70,7 +70,6 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 	cfg := f.eosConfig(t)
 	cfg.MaxRetainedWAL = 4 << 20
 	cfg.Metrics = metrics.New()
-	ctx := context.Background()
 	newSink := func(txn bool) *sink.Kafka { return eosSink(t, cfg, txn) }
 	// Kafka away is both sinks that talk to it while buffering: the
 	// stream's (transactional) and the drain's.
@@ -114,22 +113,13 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 	}
 	ends := f.commitEnds(t)
 	f.waitConfirmed(t, ends[len(ends)-1], 60*time.Second)
-	var held int
-	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held == 0 {
-		t.Fatalf("the slot was confirmed past undelivered events, but the WAL buffer holds none of them")
-	}
-	t.Logf("confirmed past %s with Kafka blocked; %d events in the buffer", ends[len(ends)-1], held)
+	f.bufferedPast(t, ends[len(ends)-1])
 
 	// Back: events keep coming while the buffer drains (to the buffer, or
 	// live once the relay left buffering).
 	unblock()
 	for deadline := time.Now().Add(90 * time.Second); ; {
-		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
-			t.Fatal(err)
-		}
+		held := f.walBuffered(t)
 		if held == 0 {
 			break
 		}
@@ -145,15 +135,7 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 		return gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active") == 0, "outbox_relay_wal_buffer_active is 1"
 	})
 	insertLive(10)
-	var got []delivered
-	waitFor(t, 90*time.Second, "every outbox row read_committed", func() (bool, string) {
-		got = f.readCommitted(t)
-		rep := f.check(t, got)
-		return rep.lost == 0, rep.firstProblem
-	})
-	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
-		t.Fatalf("read_committed: lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
-	}
+	got := f.waitCommittedWhole(t)
 	unmarked := map[string]int{}
 	dups := 0
 	seen := map[string]bool{}
@@ -246,15 +228,7 @@ func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
 		t.Errorf("health_failing{check=\"kafka\"} = %v after 10s of streaming live with Kafka up; want 0", v)
 	}
 	f.insertTx(t, f.makeEvents(10))
-	var got []delivered
-	waitFor(t, 90*time.Second, "every outbox row read_committed", func() (bool, string) {
-		got = f.readCommitted(t)
-		rep := f.check(t, got)
-		return rep.lost == 0, rep.firstProblem
-	})
-	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
-		t.Fatalf("read_committed: lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
-	}
+	f.waitCommittedWhole(t)
 }
 
 // eosSink is a sink of cfg.Sink closed at the test's end; txn makes it the

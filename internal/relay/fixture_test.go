@@ -107,11 +107,21 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// newRelay builds a relay with two sinks of cfg.Sink, as the CLI does
-// (cmd/outbox-relay's newRelay: with exactly-once the stream's is
-// transactional), closed once the test and its cleanups that
-// stop the relay are done.
+// newRelay builds a relay with the two sinks of newSinks.
 func newRelay(t testing.TB, cfg relay.Config) (*relay.Relay, error) {
+	t.Helper()
+	sinks, err := newSinks(t, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return relay.New(cfg, sinks)
+}
+
+// newSinks builds a relay's two sinks of cfg.Sink, as the CLI does
+// (cmd/outbox-relay's newRelay: with exactly-once the stream's is
+// transactional), logging to cfg.Logger unless cfg.Sink has a logger,
+// closed once the test and its cleanups that stop the relay are done.
+func newSinks(t testing.TB, cfg relay.Config) (relay.Sinks, error) {
 	t.Helper()
 	if cfg.Sink.Logger == nil {
 		cfg.Sink.Logger = cfg.Logger
@@ -124,12 +134,12 @@ func newRelay(t testing.TB, cfg relay.Config) (*relay.Relay, error) {
 		}
 		k, err := sink.New(scfg)
 		if err != nil {
-			return nil, err
+			return relay.Sinks{}, err
 		}
 		t.Cleanup(func() { k.Close() })
 		*s = k
 	}
-	return relay.New(cfg, sinks)
+	return sinks, nil
 }
 
 // running is a relay started in this process.
@@ -186,6 +196,21 @@ func (r *running) stop(t testing.TB) {
 		t.Fatalf("relay did not stop within 60s of cancel")
 	}
 	r.done <- context.Canceled // for the cleanup
+}
+
+// exited waits up to timeout for the relay to stop by itself and returns
+// Run's error, put back for the cleanup; else it fails the test with
+// notStopped.
+func (r *running) exited(t testing.TB, timeout time.Duration, notStopped string) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		return err
+	case <-time.After(timeout):
+		t.Fatal(notStopped)
+		return nil
+	}
 }
 
 // event is one outbox row as the test inserts it.

@@ -166,13 +166,7 @@ func TestMessagesNonTransactional(t *testing.T) {
 	f.waitCount(t, 3, time.Minute)
 	f.pg.Exec(t, `BEGIN; SELECT pg_logical_emit_message(false, 'outbox', '{"id":"never"}'); ROLLBACK`)
 	f.emitTx(t, f.makeEvents(2))
-	var err error
-	select {
-	case err = <-run.done:
-	case <-time.After(time.Minute):
-		t.Fatal("relay still running a minute after a non-transactional message")
-	}
-	run.done <- err // for the cleanup
+	err := run.exited(t, time.Minute, "relay still running a minute after a non-transactional message")
 	var nt *replication.NonTransactionalError
 	if !errors.As(err, &nt) {
 		t.Fatalf("Run = %v; want a *replication.NonTransactionalError", err)

@@ -56,6 +56,23 @@ func (f *fixture) refused(e event, value string, commit pglogrepl.LSN) retry.Eve
 	return retry.NewEvent(&ev)
 }
 
+// storedRefused commits one new event and stores it in the retry table as
+// the relay stores an event Kafka refused (with reason; dead at once if
+// permanent), value(e) as its message value. It returns the event and its
+// commit's end.
+func (f *fixture) storedRefused(t *testing.T, reason string, permanent bool, value func(event) string) (event, pglogrepl.LSN) {
+	t.Helper()
+	e := f.makeEvents(1)[0]
+	f.insertTx(t, []event{e})
+	ends := f.commitEnds(t)
+	rev := f.refused(e, value(e), ends[len(ends)-1])
+	rev.Reason, rev.Permanent = reason, permanent
+	if err := f.retryStore(t).Insert(context.Background(), []retry.Event{rev}); err != nil {
+		t.Fatal(err)
+	}
+	return e, ends[len(ends)-1]
+}
+
 // walInsertLSN is the server's current WAL insert position: past every
 // commit so far.
 func (f *fixture) walInsertLSN(t *testing.T) pglogrepl.LSN {
@@ -203,18 +220,11 @@ func TestRefillBehindRetryRow(t *testing.T) {
 	// retry table and confirm past it. Done by hand here, so that it is
 	// still pending when the refill runs (the worker starts after it).
 	ctx := context.Background()
-	held := f.makeEvents(1)[0]
-	f.insertTx(t, []event{held})
-	ends := f.commitEnds(t)
-	rev := f.refused(held, held.Payload, ends[len(ends)-1])
-	rev.Reason = "test: refused by Kafka"
-	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
-		t.Fatal(err)
-	}
+	_, commit := f.storedRefused(t, "test: refused by Kafka", false, func(e event) string { return e.Payload })
 	// The checkpoint past it, and a history row past it: the refill does
 	// not send it again, so only the gate keeps its aggregate in order.
 	store := checkpoint.New(f.pool, "outbox_relay_checkpoint")
-	if err := store.Record(ctx, f.slot, ends[len(ends)-1], time.Now()); err != nil {
+	if err := store.Record(ctx, f.slot, commit, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Save(ctx, f.slot, f.walInsertLSN(t), time.Now()); err != nil {
@@ -251,18 +261,13 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 	// dead and confirm past it. By hand, with the value as the router
 	// reads it, and the checkpoint (not the history) past it.
 	ctx := context.Background()
-	dead := f.makeEvents(1)[0]
-	f.insertTx(t, []event{dead})
-	ends := f.commitEnds(t)
-	var value string
-	if err := f.pool.QueryRow(ctx, `SELECT payload::text FROM outbox WHERE id = $1`, dead.ID).Scan(&value); err != nil {
-		t.Fatal(err)
-	}
-	rev := f.refused(dead, value, ends[len(ends)-1])
-	rev.Reason, rev.Permanent = "test: refused by Kafka for good", true
-	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
-		t.Fatal(err)
-	}
+	dead, _ := f.storedRefused(t, "test: refused by Kafka for good", true, func(e event) string {
+		var value string
+		if err := f.pool.QueryRow(ctx, `SELECT payload::text FROM outbox WHERE id = $1`, e.ID).Scan(&value); err != nil {
+			t.Fatal(err)
+		}
+		return value
+	})
 	if err := checkpoint.New(f.pool, "outbox_relay_checkpoint").Save(ctx, f.slot, f.walInsertLSN(t), time.Now()); err != nil {
 		t.Fatal(err)
 	}
