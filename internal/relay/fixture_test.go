@@ -254,26 +254,30 @@ func newUUID() string {
 // another table, and returns nothing: end LSNs come from the probe slot.
 func (f *fixture) insertTx(t testing.TB, evs []event) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatalf("begin: %v", err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `INSERT INTO orders (note) VALUES ('business row')`); err != nil {
-		t.Fatalf("insert orders: %v", err)
-	}
 	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO orders (note) VALUES ('business row')`)
 	for _, e := range evs {
 		b.Queue(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
 			VALUES ($1, $2, $3, $4, $5::jsonb, nullif($6, '')::jsonb)`,
 			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.Headers)
 	}
+	f.commitBatch(t, b)
+}
+
+// commitBatch sends b in one transaction and commits it.
+func (f *fixture) commitBatch(t testing.TB, b *pgx.Batch) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		t.Fatalf("insert outbox: %v", err)
+		t.Fatalf("send batch: %v", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		t.Fatalf("commit: %v", err)
+		t.Fatal(err)
 	}
 }
 

@@ -53,23 +53,6 @@ func (f *fixture) emitTx(t testing.TB, evs []event, extra ...string) {
 	f.commitBatch(t, b)
 }
 
-// commitBatch sends b in one transaction and commits it.
-func (f *fixture) commitBatch(t testing.TB, b *pgx.Batch) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		t.Fatalf("send batch: %v", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestMessagesEndToEnd delivers events written as logical decoding
 // messages, in transactions of 1, 100 and 1000 with business rows, exactly
 // once, in order, with exact keys, values and headers; nothing of a

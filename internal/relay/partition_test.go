@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
@@ -99,22 +100,13 @@ type ledger struct {
 // and records them.
 func (l *ledger) insertAt(t *testing.T, f *fixture, table string, at string, evs []event) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	b := &pgx.Batch{}
 	for _, e := range evs {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at)
+		b.Queue(`INSERT INTO `+table+` (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at)
 VALUES ($1, $2, $3, $4, $5::jsonb, nullif($6, '')::jsonb, $7::timestamptz)`,
-			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.Headers, at); err != nil {
-			t.Fatalf("insert into %s: %v", table, err)
-		}
+			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.Headers, at)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.commitBatch(t, b)
 	l.evs = append(l.evs, evs...)
 }
 
