@@ -67,25 +67,12 @@ func (s *blockedTxnSink) MaxTransactionTimeout(ctx context.Context) (time.Durati
 // events streamed live before and after are read exactly once.
 func TestWALBufferExactlyOnce(t *testing.T) {
 	f := newFixture(t)
-	cfg := f.eosConfig(t)
-	cfg.MaxRetainedWAL = 4 << 20
-	cfg.Metrics = metrics.New()
-	newSink := func(txn bool) *sink.Kafka { return eosSink(t, cfg, txn) }
-	// Kafka away is both sinks that talk to it while buffering: the
-	// stream's (transactional) and the drain's.
-	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: newSink(true)}}
-	stream.k = stream.Sink.(*sink.Kafka)
-	drain := &blockedSink{Sink: newSink(false)}
+	cfg, stream, drain := f.eosBufferRelay(t, false)
 	block := func() { stream.block(); drain.block() }
 	unblock := func() { stream.unblock(); drain.unblock() }
-	if _, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false)}); err == nil {
+	if _, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: eosSink(t, cfg, false)}); err == nil {
 		t.Errorf("relay.New with exactly-once, a WAL bound and no drain sink = nil error; want one naming Sinks.Drain")
 	}
-	r, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false), Drain: drain})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runRelay(t, r)
 	live := map[string]bool{} // streamed live: exactly once, unmarked
 	insertLive := func(n int) {
 		evs := f.makeEvents(n)
@@ -184,18 +171,7 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 // broker up; at the retained WAL a busy primary keeps, for good.
 func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
 	f := newFixture(t)
-	cfg := f.eosConfig(t)
-	cfg.MaxRetainedWAL = 4 << 20
-	cfg.Metrics = metrics.New()
-	newSink := func(txn bool) *sink.Kafka { return eosSink(t, cfg, txn) }
-	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: newSink(true), sticky: true}}
-	stream.k = stream.Sink.(*sink.Kafka)
-	drain := &blockedSink{Sink: newSink(false)}
-	r, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false), Drain: drain})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runRelay(t, r)
+	cfg, stream, drain := f.eosBufferRelay(t, true)
 	f.insertTx(t, f.makeEvents(10))
 	f.waitCommitted(t, 10, time.Minute)
 
@@ -229,6 +205,26 @@ func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
 	}
 	f.insertTx(t, f.makeEvents(10))
 	f.waitCommittedWhole(t)
+}
+
+// eosBufferRelay runs an exactly-once relay with a 4 MiB WAL bound and
+// metrics, whose stream (transactional; sticky as given) and drain sinks
+// can be blocked: Kafka away is both sinks that talk to it while
+// buffering. It returns the config and those two sinks.
+func (f *fixture) eosBufferRelay(t *testing.T, sticky bool) (relay.Config, *blockedTxnSink, *blockedSink) {
+	t.Helper()
+	cfg := f.eosConfig(t)
+	cfg.MaxRetainedWAL = 4 << 20
+	cfg.Metrics = metrics.New()
+	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: eosSink(t, cfg, true), sticky: sticky}}
+	stream.k = stream.Sink.(*sink.Kafka)
+	drain := &blockedSink{Sink: eosSink(t, cfg, false)}
+	r, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: eosSink(t, cfg, false), Drain: drain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, r)
+	return cfg, stream, drain
 }
 
 // eosSink is a sink of cfg.Sink closed at the test's end; txn makes it the

@@ -198,6 +198,17 @@ func (r *running) stop(t testing.TB) {
 	r.done <- context.Canceled // for the cleanup
 }
 
+// runsFor fails the test with stopped, given Run's error, if the relay
+// stops within d.
+func (r *running) runsFor(t testing.TB, d time.Duration, stopped string) {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		t.Fatalf(stopped, err)
+	case <-time.After(d):
+	}
+}
+
 // exited waits up to timeout for the relay to stop by itself and returns
 // Run's error, put back for the cleanup; else it fails the test with
 // notStopped.
@@ -319,6 +330,16 @@ func (f *fixture) insertCopy(t testing.TB, evs []event) {
 	}
 }
 
+// deliveredTx inserts n events in one transaction, the test's first, and
+// waits a minute for them in Kafka and for the slot and the checkpoint to
+// reach its end.
+func (f *fixture) deliveredTx(t testing.TB, n int) {
+	t.Helper()
+	f.insertTx(t, f.makeEvents(n))
+	f.waitCount(t, n, time.Minute)
+	f.waitConfirmed(t, f.commitEnds(t)[0], time.Minute)
+}
+
 // commitEnds returns the end LSN of every transaction the probe slot has seen
 // that touched the outbox, in commit order.
 func (f *fixture) commitEnds(t testing.TB) []pglogrepl.LSN {
@@ -340,11 +361,7 @@ func (f *fixture) commitEnds(t testing.TB) []pglogrepl.LSN {
 			touched = true
 		case strings.HasPrefix(data, "COMMIT"):
 			if touched {
-				l, err := pglogrepl.ParseLSN(lsn)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ends = append(ends, l)
+				ends = append(ends, mustLSN(t, lsn))
 			}
 			touched = false
 		}
@@ -364,11 +381,7 @@ func (f *fixture) slotConfirmed(t testing.TB) pglogrepl.LSN {
 	if err != nil {
 		t.Fatalf("read slot: %v", err)
 	}
-	l, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return mustLSN(t, s)
 }
 
 // checkpointLSN returns the saved checkpoint, 0 if none.
@@ -383,11 +396,7 @@ func (f *fixture) checkpointLSN(t testing.TB) pglogrepl.LSN {
 	if err != nil {
 		t.Fatalf("read checkpoint: %v", err)
 	}
-	l, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return mustLSN(t, s)
 }
 
 // waitConfirmed waits until the slot's confirmed_flush_lsn and the checkpoint

@@ -65,11 +65,7 @@ func (f *fixture) stoppedBefore(t *testing.T) pglogrepl.LSN {
 	if s == nil {
 		t.Fatal("no stop recorded in the checkpoint row")
 	}
-	lsn, err := pglogrepl.ParseLSN(*s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lsn
+	return mustLSN(t, *s)
 }
 
 // runToStop runs a relay with cfg until it stops by itself, and returns the

@@ -46,6 +46,13 @@ func (f *fixture) refillable(t *testing.T, cfg relay.Config, txs int) *running {
 	return run
 }
 
+// stoppedRefillable is refillable, the relay then stopped cleanly: a slot
+// lost from here on is lost while the relay is stopped.
+func (f *fixture) stoppedRefillable(t *testing.T, cfg relay.Config, txs int) {
+	t.Helper()
+	f.refillable(t, cfg, txs).stop(t)
+}
+
 // refused is e, committed at commit with value as its message value, as the
 // relay stores an event Kafka refused in the retry table.
 func (f *fixture) refused(e event, value string, commit pglogrepl.LSN) retry.Event {
@@ -122,8 +129,7 @@ func TestRefillRecreatedSlot(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 	cp := f.checkpointLSN(t)
 
 	f.pg.DropSlot(t, f.slot)
@@ -170,8 +176,7 @@ func TestRefillInvalidatedSlot(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 	f.produce(t, 4, 5, 0) // lost with the slot
 	f.pg.InvalidateSlot(t, f.slot, f.probe)
 
@@ -213,8 +218,7 @@ func TestRefillSlotDroppedWhileRunning(t *testing.T) {
 func TestRefillBehindRetryRow(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 
 	// What the relay does with an event Kafka refused: store it in the
 	// retry table and confirm past it. Done by hand here, so that it is
@@ -254,8 +258,7 @@ func TestRefillBehindRetryRow(t *testing.T) {
 func TestRefillLeavesDeadLetter(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 
 	// What the relay does with an event Kafka refuses for good: store it
 	// dead and confirm past it. By hand, with the value as the router
@@ -319,8 +322,7 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 func TestRefillRefused(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.refillable(t, cfg, 2)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 2)
 	cp := f.checkpointLSN(t)
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 1, 5, 0)
@@ -352,13 +354,7 @@ func TestRefillRefused(t *testing.T) {
 		t.Errorf("refused refills created the slot (%d, %v); want it left missing", slots, err)
 	}
 	// run with refill on stops the same way (exit 4), not in a loop.
-	run = f.start(t, cfg)
-	select {
-	case err = <-run.done:
-		run.done <- err
-	case <-time.After(time.Minute):
-		t.Fatal("run with refill on did not stop within a minute on a gap it cannot refill")
-	}
+	err = f.start(t, cfg).exited(t, time.Minute, "run with refill on did not stop within a minute on a gap it cannot refill")
 	if !errors.As(err, &re) || exitcode.Of(err) != exitcode.Gap {
 		t.Fatalf("run = %v; want the *relay.RefillError, exit %d", err, exitcode.Gap)
 	}
@@ -373,8 +369,7 @@ func TestRefillKilledResumes(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.refillable(t, cfg, 2)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 2)
 
 	f.pg.DropSlot(t, f.slot)
 	const total = 20000
@@ -456,8 +451,7 @@ func TestRecoverLogsProgress(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them
 
