@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // buildBinary builds the command as users get it.
@@ -133,4 +134,19 @@ func TestBinary(t *testing.T) {
 			t.Errorf("run --start-lsn nonsense = %v, %q; want exit %d naming --start-lsn", err, out, exitcode.Usage)
 		}
 	})
+}
+
+// startWaited starts cmd with its stderr in an Output the test reads while
+// cmd writes it, and returns that and a channel that receives cmd.Wait's
+// result once (a reader that takes it and leaves cmd to others puts it back).
+func startWaited(t *testing.T, cmd *exec.Cmd) (*testenv.Output, chan error) {
+	t.Helper()
+	stderr := &testenv.Output{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	return stderr, waited
 }

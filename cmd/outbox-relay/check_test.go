@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // TestCheckBroken: check exits 1 on a failed check, and a line about a
@@ -46,13 +47,13 @@ func TestCheckBroken(t *testing.T) {
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}
-			execSQL(t, dsn, tt.setup...)
+			testenv.ExecAs(t, dsn, tt.setup...)
 			code, out, _ := run(t, "check")
 			if code != exitcode.Failure {
 				t.Errorf("check exit = %d; want %d", code, exitcode.Failure)
 			}
 			for _, w := range tt.want {
-				wantLines(t, "check", out, strings.ReplaceAll(w, "%SLOT%", slot))
+				testenv.WantLines(t, "check", out, strings.ReplaceAll(w, "%SLOT%", slot))
 			}
 		})
 	}
@@ -66,7 +67,7 @@ func TestCheckUnreachablePostgres(t *testing.T) {
 	if code != exitcode.Failure {
 		t.Errorf("check exit = %d; want %d", code, exitcode.Failure)
 	}
-	wantLines(t, "check", out, "FAIL  postgres: connect to postgres postgres://relay:xxxxx@127.0.0.1:9/app", "FAIL  kafka: ")
+	testenv.WantLines(t, "check", out, "FAIL  postgres: connect to postgres postgres://relay:xxxxx@127.0.0.1:9/app", "FAIL  kafka: ")
 	if strings.Contains(out+errOut, "hunter2") {
 		t.Errorf("check output contains the password:\n%s%s", out, errOut)
 	}

@@ -18,9 +18,7 @@ func TestMaxRetainedWALSetting(t *testing.T) {
 		{"off", 0},
 		{"0", 0},
 	} {
-		cleanEnv(t)
-		t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1/app")
-		t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9092")
+		minimalEnv(t)
 		if tt.env != "" {
 			t.Setenv("RELAY_POSTGRES_MAX_RETAINED_WAL", tt.env)
 		}

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // setUp runs setup --create-outbox-table in the test's database.
@@ -29,7 +29,7 @@ func insertEvents(t *testing.T, dsn, at string, n int, age time.Duration) []stri
 	t.Helper()
 	var ids []string
 	for range n {
-		ids = append(ids, queryString(t, dsn, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
+		ids = append(ids, testenv.QueryString(t, dsn, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
 VALUES (gen_random_uuid(), $1, 'a-1', 'Created', '{"n": 1}', now() - make_interval(secs => $2)) RETURNING id::text`, at, age.Seconds()))
 	}
 	return ids
@@ -37,11 +37,29 @@ VALUES (gen_random_uuid(), $1, 'a-1', 'Created', '{"n": 1}', now() - make_interv
 
 func walNow(t *testing.T, dsn string) pglogrepl.LSN {
 	t.Helper()
-	lsn, err := pglogrepl.ParseLSN(queryString(t, dsn, `SELECT pg_current_wal_lsn()::text`))
+	lsn, err := pglogrepl.ParseLSN(testenv.QueryString(t, dsn, `SELECT pg_current_wal_lsn()::text`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return lsn
+}
+
+// setUntilPrunable sets the checkpoint at the end of the WAL until prune
+// --dry-run says want, for a minute, and returns prune's last exit code and
+// output. Each set records a history row; the next one covers it, making a
+// horizon. The history's snapshot_xmin is the oldest transaction on the
+// whole server, which other tests' transactions may hold back: hence again.
+func setUntilPrunable(t *testing.T, dsn, want string) (code int, out, errOut string) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if code, out, errOut := run(t, "checkpoint", "set", walNow(t, dsn).String(), "--yes"); code != exitcode.OK {
+			t.Fatalf("checkpoint set = exit %d\n%s%s", code, out, errOut)
+		}
+		code, out, errOut = run(t, "prune", "--dry-run")
+		if strings.Contains(out, want) || time.Now().After(deadline) {
+			return code, out, errOut
+		}
+	}
 }
 
 func TestCheckpointShowCmd(t *testing.T) {
@@ -51,7 +69,7 @@ func TestCheckpointShowCmd(t *testing.T) {
 	if code != exitcode.OK {
 		t.Fatalf("checkpoint show = exit %d\n%s%s", code, out, errOut)
 	}
-	wantLines(t, "checkpoint show", out,
+	testenv.WantLines(t, "checkpoint show", out,
 		"slot               "+slot+" (inactive)",
 		"checkpoint         none saved",
 		"resumes at ",
@@ -84,7 +102,7 @@ func TestCheckpointSet(t *testing.T) {
 	skipped := insertEvents(t, dsn, aggType, 4, 0)
 	target := walNow(t, dsn)
 	cpLSN := func() string {
-		return queryString(t, dsn, `SELECT coalesce((SELECT lsn::text FROM outbox_relay_checkpoint WHERE slot_name = $1), 'none')`, slot)
+		return testenv.QueryString(t, dsn, `SELECT coalesce((SELECT lsn::text FROM outbox_relay_checkpoint WHERE slot_name = $1), 'none')`, slot)
 	}
 
 	for _, tt := range []struct {
@@ -101,7 +119,7 @@ func TestCheckpointSet(t *testing.T) {
 			t.Errorf("checkpoint set %s = exit %d, %q; want %d saying %q\nstdout: %s", strings.Join(tt.args, " "), code, errOut, tt.code, tt.want, out)
 		}
 		if strings.HasPrefix(tt.args[0], target.String()) {
-			wantLines(t, "checkpoint set without --yes", out, "new checkpoint  "+target.String(),
+			testenv.WantLines(t, "checkpoint set without --yes", out, "new checkpoint  "+target.String(),
 				"4 outbox events in 4 transactions (decoded from the slot, which does not move)")
 		}
 		if got := cpLSN(); got != "none" {
@@ -123,7 +141,7 @@ func TestCheckpointSet(t *testing.T) {
 	if got := cpLSN(); got != target.String() {
 		t.Errorf("checkpoint after set = %s; want %s", got, target)
 	}
-	if got := queryString(t, dsn, `SELECT count(*)::text FROM outbox_relay_checkpoint_history WHERE slot_name = $1 AND lsn = $2::pg_lsn AND last_commit_time IS NULL`, slot, target.String()); got != "1" {
+	if got := testenv.QueryString(t, dsn, `SELECT count(*)::text FROM outbox_relay_checkpoint_history WHERE slot_name = $1 AND lsn = $2::pg_lsn AND last_commit_time IS NULL`, slot, target.String()); got != "1" {
 		t.Errorf("history rows of the set = %s; want 1, without a commit time", got)
 	}
 	if code, _, errOut := run(t, "checkpoint", "set", "0/1", "--yes"); code != exitcode.Usage || !strings.Contains(errOut, "the checkpoint never moves back") {
@@ -135,15 +153,7 @@ func TestCheckpointSet(t *testing.T) {
 
 	// The next run starts there.
 	delivered := insertEvents(t, dsn, aggType, 2, 0)
-	cfg, err := loadConfig("", newRootCmd(nil, nil).PersistentFlags())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, closeSinks, err := newRelay(cfg.relayConfig(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeSinks()
+	r := envRelay(t, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -153,35 +163,20 @@ func TestCheckpointSet(t *testing.T) {
 			t.Errorf("relay Run = %v; want context.Canceled", err)
 		}
 	}()
-	var got map[string]bool
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		got = map[string]bool{}
-		for _, m := range k.ReadAll(t, topic) {
-			for _, h := range m.Headers {
-				if h.Key == "id" {
-					got[string(h.Value)] = true
-				}
-			}
-		}
-		if len(got) >= len(delivered) || time.Now().After(deadline) {
+		if len(eventIDs(t, k, topic)) >= len(delivered) || time.Now().After(deadline) {
 			break
 		}
 	}
 	time.Sleep(time.Second) // anything skipped that slipped through would be here by now
-	for _, m := range k.ReadAll(t, topic) {
-		for _, h := range m.Headers {
-			if h.Key == "id" {
-				got[string(h.Value)] = true
-			}
-		}
-	}
+	got := eventIDs(t, k, topic)
 	for _, id := range delivered {
-		if !got[id] {
+		if got[id] == 0 {
 			t.Errorf("event %s, committed after the new checkpoint, was not delivered", id)
 		}
 	}
 	for _, id := range skipped {
-		if got[id] {
+		if got[id] > 0 {
 			t.Errorf("event %s, committed before the new checkpoint, was delivered; want it skipped", id)
 		}
 	}
@@ -191,31 +186,15 @@ func TestCheckpointSet(t *testing.T) {
 // until the returned func is called.
 func holdSlot(t *testing.T, dsn, slot string) func() {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["replication"] = "database"
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("replication connect: %v", err)
-	}
-	if err := pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names 'outbox_relay'"},
-	}); err != nil {
-		conn.Close(ctx)
-		t.Fatalf("start replication: %v", err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); queryString(t, dsn, `SELECT active::text FROM pg_replication_slots WHERE slot_name = $1`, slot) != "true"; time.Sleep(50 * time.Millisecond) {
+	release := testenv.HoldSlot(t, dsn, slot, "outbox_relay", "")
+	for deadline := time.Now().Add(10 * time.Second); testenv.QueryString(t, dsn, `SELECT active::text FROM pg_replication_slots WHERE slot_name = $1`, slot) != "true"; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the slot did not become active")
 		}
 	}
 	return func() {
-		conn.Close(context.Background())
-		for deadline := time.Now().Add(10 * time.Second); queryString(t, dsn, `SELECT active::text FROM pg_replication_slots WHERE slot_name = $1`, slot) == "true"; time.Sleep(50 * time.Millisecond) {
+		release()
+		for deadline := time.Now().Add(10 * time.Second); testenv.QueryString(t, dsn, `SELECT active::text FROM pg_replication_slots WHERE slot_name = $1`, slot) == "true"; time.Sleep(50 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("the slot stayed active after its connection closed")
 			}
@@ -237,28 +216,17 @@ func TestPrune(t *testing.T) {
 	t.Setenv("RELAY_OUTBOX_RETENTION_BATCH_SIZE", "3")
 	old := insertEvents(t, dsn, "Order", 7, 50*time.Hour)
 	recent := insertEvents(t, dsn, "Order", 2, time.Hour)
-	count := func() string { return queryString(t, dsn, `SELECT count(*)::text FROM outbox`) }
+	count := func() string { return testenv.QueryString(t, dsn, `SELECT count(*)::text FROM outbox`) }
 
 	code, out, errOut := run(t, "prune", "--dry-run")
 	if code != exitcode.OK {
 		t.Fatalf("prune --dry-run = exit %d\n%s%s", code, out, errOut)
 	}
-	wantLines(t, "prune --dry-run without a checkpoint", out, "horizon ", " none: no history row in outbox_relay_checkpoint_history",
+	testenv.WantLines(t, "prune --dry-run without a checkpoint", out, "horizon ", " none: no history row in outbox_relay_checkpoint_history",
 		"would delete ", " 0 rows: nothing may be deleted without a horizon (dry run)", "oldest expired ", ", older than 1d by 26h")
 
-	// Each set records a history row; the next one covers it. The history's
-	// snapshot_xmin is the oldest transaction on the whole server, which
-	// other tests' transactions may hold back: set again until it passes.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		if code, out, errOut := run(t, "checkpoint", "set", walNow(t, dsn).String(), "--yes"); code != exitcode.OK {
-			t.Fatalf("checkpoint set = exit %d\n%s%s", code, out, errOut)
-		}
-		code, out, _ = run(t, "prune", "--dry-run")
-		if strings.Contains(out, " 7 rows older than 1d (dry run") || time.Now().After(deadline) {
-			break
-		}
-	}
-	wantLines(t, "prune --dry-run", out, "horizon ", " checkpoint ", "would delete ", " 7 rows older than 1d (dry run: nothing deleted)")
+	code, out, _ = setUntilPrunable(t, dsn, " 7 rows older than 1d (dry run")
+	testenv.WantLines(t, "prune --dry-run", out, "horizon ", " checkpoint ", "would delete ", " 7 rows older than 1d (dry run: nothing deleted)")
 	if code != exitcode.OK || count() != "9" {
 		t.Errorf("prune --dry-run = exit %d, %s rows left; want 0 and all 9", code, count())
 	}
@@ -267,8 +235,8 @@ func TestPrune(t *testing.T) {
 	if code != exitcode.OK {
 		t.Fatalf("prune = exit %d\n%s%s", code, out, errOut)
 	}
-	wantLines(t, "prune", out, "  7 rows older than 1d in 3 batches of at most 3", "  no row older than 1d")
-	if left := queryString(t, dsn, `SELECT count(*)::text FROM outbox WHERE id = ANY($1::uuid[])`, recent); left != "2" || count() != "2" {
+	testenv.WantLines(t, "prune", out, "  7 rows older than 1d in 3 batches of at most 3", "  no row older than 1d")
+	if left := testenv.QueryString(t, dsn, `SELECT count(*)::text FROM outbox WHERE id = ANY($1::uuid[])`, recent); left != "2" || count() != "2" {
 		t.Errorf("after prune: %s rows, %s of the recent ones; want only the 2 recent ones (deleted %v)", count(), left, old)
 	}
 	if code, out, _ := run(t, "prune", "--retention", "2h"); code != exitcode.OK || !strings.Contains(out, "  0 rows older than 2h in 1 batch of at most 3") {
@@ -313,7 +281,7 @@ func TestLagAfterRestartNothingNew(t *testing.T) {
 	waitDelivered(t, k, topic, ids, "before the restart")
 	end := walNow(t, dsn)
 	cpAt := func() pglogrepl.LSN {
-		return mustParseLSN(t, queryString(t, dsn, `SELECT coalesce(max(lsn), '0/0')::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, slot))
+		return mustParseLSN(t, testenv.QueryString(t, dsn, `SELECT coalesce(max(lsn), '0/0')::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, slot))
 	}
 	for deadline := time.Now().Add(time.Minute); cpAt() < end; time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -325,9 +293,9 @@ func TestLagAfterRestartNothingNew(t *testing.T) {
 
 	// Restarted; only WAL of a table that is not published.
 	p = startRelay(t)
-	execSQL(t, dsn, `CREATE TABLE not_published (x int)`, `INSERT INTO not_published SELECT generate_series(1, 1000)`)
+	testenv.ExecAs(t, dsn, `CREATE TABLE not_published (x int)`, `INSERT INTO not_published SELECT generate_series(1, 1000)`)
 	for deadline := time.Now().Add(time.Minute); cpAt() <= saved; time.Sleep(200 * time.Millisecond) {
-		execSQL(t, dsn, `INSERT INTO not_published VALUES (1)`)
+		testenv.ExecAs(t, dsn, `INSERT INTO not_published VALUES (1)`)
 		if time.Now().After(deadline) {
 			t.Fatal("the restarted relay did not confirm idle WAL within a minute")
 		}

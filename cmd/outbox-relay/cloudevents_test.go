@@ -92,7 +92,7 @@ func TestCloudEventsEndToEnd(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			dsn, _ := dbEnv(t)
 			setUp(t)
-			execSQL(t, dsn, `ALTER TABLE outbox ADD COLUMN tracingspancontext text`)
+			testenv.ExecAs(t, dsn, `ALTER TABLE outbox ADD COLUMN tracingspancontext text`)
 			aggType, topic, k := relayTopic(t, "Ce")
 			t.Setenv("RELAY_MESSAGE_FORMAT", "cloudevents")
 			t.Setenv("RELAY_MESSAGE_CLOUDEVENTS_MODE", mode)
@@ -121,7 +121,7 @@ func TestCloudEventsEndToEnd(t *testing.T) {
 				{id: newID(t, dsn)},
 			}
 			for _, r := range rows {
-				execSQL(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers, tracingspancontext, created_at)
+				testenv.ExecAs(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers, tracingspancontext, created_at)
 VALUES ('%s', '%s', 'order-7', 'OrderPlaced', %s, %s, %s, '2026-11-25 02:00:00.123456+00')`,
 					r.id, aggType, sqlOrNull(r.payload, "::jsonb"), sqlOrNull(r.headers, "::jsonb"), sqlOrNull(r.spanContext, "")))
 			}
@@ -223,7 +223,7 @@ func checkCE(t *testing.T, i int, ev *cloudevents.Event, r ceRow, key string) {
 }
 
 func newID(t *testing.T, dsn string) string {
-	return queryString(t, dsn, `SELECT gen_random_uuid()::text`)
+	return testenv.QueryString(t, dsn, `SELECT gen_random_uuid()::text`)
 }
 
 func sqlOrNull(v, cast string) string {

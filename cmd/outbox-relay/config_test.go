@@ -26,6 +26,15 @@ func cleanEnv(t *testing.T) {
 	}
 }
 
+// minimalEnv is cleanEnv with the two settings a configuration needs set
+// to addresses nothing is asked at: a test of config loading only.
+func minimalEnv(t *testing.T) {
+	t.Helper()
+	cleanEnv(t)
+	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1/app")
+	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9092")
+}
+
 func unsetenv(t *testing.T, name string) {
 	t.Setenv(name, "") // restores the old value after the test
 	os.Unsetenv(name)

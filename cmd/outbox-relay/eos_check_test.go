@@ -10,9 +10,7 @@ import (
 // get the checkpoint topic and the relay's transactional id (what check does
 // with them: internal/admin's TestCheckTransactionsACLs).
 func TestAdminConfigExactlyOnce(t *testing.T) {
-	cleanEnv(t)
-	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1/app")
-	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9092")
+	minimalEnv(t)
 	t.Setenv("RELAY_POSTGRES_SLOT", "orders_slot")
 	t.Setenv("RELAY_DELIVERY", "exactly-once")
 	t.Setenv("RELAY_KAFKA_CHECKPOINT_TOPIC", "orders.checkpoints")

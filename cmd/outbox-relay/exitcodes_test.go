@@ -69,13 +69,7 @@ func TestRunSIGTERMDuringKafkaOutage(t *testing.T) {
 	t.Setenv("RELAY_METRICS_LISTEN", "")
 	t.Setenv("RELAY_PIPELINE_SHUTDOWN_TIMEOUT", "2s")
 	cmd := exec.Command(bin, "run")
-	stderr := &testenv.Output{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
+	stderr, waited := startWaited(t, cmd)
 	defer func() {
 		select {
 		case <-waited:

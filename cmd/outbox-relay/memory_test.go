@@ -39,10 +39,10 @@ func TestRunMemoryBound(t *testing.T) {
 	// 120 rows of 0.9 MB in one transaction: 108 MB, thirteen times the
 	// default window.
 	const rows, size = 120, 900_000
-	execSQL(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+	testenv.ExecAs(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
 SELECT gen_random_uuid(), 'big', 'a' || (i %% 10), 't', jsonb_build_object('s', repeat(md5(i::text), %d))
 FROM generate_series(1, %d) i`, size/32, rows))
-	end := queryString(t, dsn, `SELECT pg_current_wal_lsn()::text`)
+	end := testenv.QueryString(t, dsn, `SELECT pg_current_wal_lsn()::text`)
 	waitCheckpoint(t, dsn, slot, end, stderr, 2*time.Minute)
 	peak := peakRSS(t, cmd.Process.Pid)
 	window := relay.DefaultMaxInFlightBytes
@@ -70,12 +70,12 @@ func TestRunMemoryBigEvent(t *testing.T) {
 	idle := peakRSS(t, cmd.Process.Pid)
 
 	const size = 50_000_000
-	execSQL(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+	testenv.ExecAs(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
 SELECT gen_random_uuid(), 'big', 'a', 't', jsonb_build_object('s', string_agg(md5(i::text), ''))
 FROM generate_series(1, %d) i`, size/32))
-	end := queryString(t, dsn, `SELECT pg_current_wal_lsn()::text`)
+	end := testenv.QueryString(t, dsn, `SELECT pg_current_wal_lsn()::text`)
 	waitCheckpoint(t, dsn, slot, end, stderr, 2*time.Minute)
-	if got := queryString(t, dsn, `SELECT count(*) || ' ' || coalesce(min(status), '') || ' ' || coalesce(min(length(value)), 0) FROM outbox_relay_retry WHERE slot_name = $1`, slot); !strings.HasPrefix(got, "1 dead ") {
+	if got := testenv.QueryString(t, dsn, `SELECT count(*) || ' ' || coalesce(min(status), '') || ' ' || coalesce(min(length(value)), 0) FROM outbox_relay_retry WHERE slot_name = $1`, slot); !strings.HasPrefix(got, "1 dead ") {
 		t.Fatalf("retry rows (count, status, value length) = %q; want the one event, dead (too large for Kafka)", got)
 	}
 	peak := peakRSS(t, cmd.Process.Pid)
@@ -111,10 +111,10 @@ func TestRunMemoryWaitingAggregates(t *testing.T) {
 	cmd, stderr := startRelayAtDefaults(t, bin)
 	idle := peakRSS(t, cmd.Process.Pid)
 
-	execSQL(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+	testenv.ExecAs(t, dsn, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
 SELECT gen_random_uuid(), 'missing', 'a' || (i %% %d), 't', jsonb_build_object('n', i)
 FROM generate_series(1, %d) i`, aggregates, 2*aggregates))
-	end := queryString(t, dsn, `SELECT pg_current_wal_lsn()::text`)
+	end := testenv.QueryString(t, dsn, `SELECT pg_current_wal_lsn()::text`)
 	parkStart := time.Now()
 	waitCheckpoint(t, dsn, slot, end, stderr, 3*time.Minute)
 	parked := time.Since(parkStart)
@@ -125,7 +125,7 @@ FROM generate_series(1, %d) i`, aggregates, 2*aggregates))
 	want := fmt.Sprintf("%d rows, %d aggregates, 0 buffered", 2*aggregates, aggregates)
 	var got string
 	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
-		got = queryString(t, dsn, `SELECT count(*) || ' rows, ' || count(DISTINCT aggregate) || ' aggregates, ' ||
+		got = testenv.QueryString(t, dsn, `SELECT count(*) || ' rows, ' || count(DISTINCT aggregate) || ' aggregates, ' ||
 	(SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1) || ' buffered'
 FROM outbox_relay_retry WHERE slot_name = $1 AND status = 'pending'`, slot)
 		if got == want || time.Now().After(deadline) {
@@ -134,8 +134,8 @@ FROM outbox_relay_retry WHERE slot_name = $1 AND status = 'pending'`, slot)
 	}
 	parked = time.Since(parkStart)
 	if got != want {
-		all := queryString(t, dsn, `SELECT coalesce(string_agg(slot_name || '/' || status || ': ' || n, ', '), 'none') FROM (SELECT slot_name, status, count(*) n FROM outbox_relay_retry GROUP BY 1, 2) c`)
-		buffered := queryString(t, dsn, `SELECT count(*)::text FROM outbox_relay_wal_buffer`)
+		all := testenv.QueryString(t, dsn, `SELECT coalesce(string_agg(slot_name || '/' || status || ': ' || n, ', '), 'none') FROM (SELECT slot_name, status, count(*) n FROM outbox_relay_retry GROUP BY 1, 2) c`)
+		buffered := testenv.QueryString(t, dsn, `SELECT count(*)::text FROM outbox_relay_wal_buffer`)
 		t.Fatalf("pending retry rows: %s; want %s (every event waiting for its topic); retry table: %s; WAL buffer: %s rows\n%s",
 			got, want, all, buffered, lastLines(stderr.String(), 40))
 	}
@@ -207,13 +207,7 @@ func startRelayAtDefaults(t *testing.T, bin string) (*exec.Cmd, *testenv.Output)
 		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
 	}
 	cmd := exec.Command(bin, "run")
-	stderr := &testenv.Output{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
+	stderr, waited := startWaited(t, cmd)
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -231,7 +225,7 @@ func startRelayAtDefaults(t *testing.T, bin string) (*exec.Cmd, *testenv.Output)
 func waitCheckpoint(t *testing.T, dsn, slot, lsn string, stderr *testenv.Output, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for queryString(t, dsn, `SELECT (coalesce(max(lsn), '0/0') >= $2::pg_lsn)::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, slot, lsn) != "true" {
+	for testenv.QueryString(t, dsn, `SELECT (coalesce(max(lsn), '0/0') >= $2::pg_lsn)::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, slot, lsn) != "true" {
 		if time.Now().After(deadline) {
 			t.Fatalf("the checkpoint did not reach %s within %s\nstderr:\n%s", lsn, timeout, stderr.String())
 		}

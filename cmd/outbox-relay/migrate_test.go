@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/router"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -61,7 +62,7 @@ func TestMigrateDebeziumConfig(t *testing.T) {
 	}
 	// Without --postgres-dsn it says what it did not check and how to, and
 	// it names what the relay does with an empty aggregate id.
-	wantLines(t, "migrate stderr", errOut,
+	testenv.WantLines(t, "migrate stderr", errOut,
 		"note: table.include.list=public.outbox: the outbox table's column types were not checked",
 		"run again with --postgres-dsn postgres://USER@HOST:PORT/DB (the password from RELAY_POSTGRES_PASSWORD) to check them",
 		"note: transforms.outbox.table.field.event.key=aggregate_id: an event whose aggregate id is NULL or empty: Debezium sends it with an empty key; the relay does not send it: it parks the event in the retry table as dead")
@@ -126,7 +127,7 @@ func TestMigrateDebeziumRefuses(t *testing.T) {
 // Debezium are gaps (exit 1); a table that fits passes (exit 0).
 func TestMigrateDebeziumChecksTable(t *testing.T) {
 	dsn, _ := dbEnv(t)
-	execSQL(t, dsn, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+	testenv.ExecAs(t, dsn, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
     aggregate_id varchar(255) NOT NULL, type varchar(255), tenant text, payload jsonb,
     occurred_at timestamptz NOT NULL DEFAULT now())`)
 	conn, worker := writeFile(t, "c.properties", dbzConnector), writeFile(t, "w.properties", dbzWorker)
@@ -134,24 +135,24 @@ func TestMigrateDebeziumChecksTable(t *testing.T) {
 	if code != exitcode.Failure {
 		t.Errorf("migrate --postgres-dsn with a timestamptz event timestamp: exit %d; want 1\n%s", code, errOut)
 	}
-	wantLines(t, "migrate stderr", errOut,
+	testenv.WantLines(t, "migrate stderr", errOut,
 		`transforms.outbox.table.field.event.timestamp=occurred_at: column "occurred_at" is timestamp with time zone; Debezium's EventRouter fails its task on it`)
 
 	// A timestamptz header is written as Debezium writes it (measured); an
 	// interval was never compared: a gap.
-	execSQL(t, dsn, `ALTER TABLE outbox ADD COLUMN took interval`)
+	testenv.ExecAs(t, dsn, `ALTER TABLE outbox ADD COLUMN took interval`)
 	placed := strings.Replace(dbzConnector, "type:header:eventType,tenant:envelope", "type:header:eventType,occurred_at:header:when,took:header", 1)
 	placed = strings.Replace(placed, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
 	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "p.properties", placed), "--worker", worker, "--postgres-dsn", dsn)
 	if code != exitcode.Failure || strings.Contains(errOut, "occurred_at:header:when") {
 		t.Errorf("migrate --postgres-dsn with a timestamptz and an interval header: exit %d; want 1 for the interval alone\n%s", code, errOut)
 	}
-	wantLines(t, "migrate stderr", errOut,
+	testenv.WantLines(t, "migrate stderr", errOut,
 		`transforms.outbox.table.fields.additional.placement=took:header:took: column "took" is interval: the relay writes Postgres's text of it; Debezium's rendering of this type was not compared`)
 
 	// Debezium 3.1.3 fails on a bigint event timestamp and reads a
 	// timestamp one (measured).
-	execSQL(t, dsn, `ALTER TABLE outbox ADD COLUMN at_ms bigint, ADD COLUMN at_ts timestamp`)
+	testenv.ExecAs(t, dsn, `ALTER TABLE outbox ADD COLUMN at_ms bigint, ADD COLUMN at_ts timestamp`)
 	for col, want := range map[string]int{"at_ms": exitcode.Failure, "at_ts": exitcode.OK} {
 		c := strings.Replace(dbzConnector, "table.field.event.timestamp=occurred_at", "table.field.event.timestamp="+col, 1)
 		code, _, errOut = run(t, "migrate", "debezium", writeFile(t, col+".properties", c), "--worker", worker, "--postgres-dsn", dsn)
@@ -164,14 +165,14 @@ func TestMigrateDebeziumChecksTable(t *testing.T) {
 	}
 	c := strings.Replace(dbzConnector, "table.field.event.timestamp=occurred_at", "table.field.event.timestamp=at_ms", 1)
 	_, _, errOut = run(t, "migrate", "debezium", writeFile(t, "ms.properties", c), "--worker", worker, "--postgres-dsn", dsn)
-	wantLines(t, "migrate stderr", errOut,
+	testenv.WantLines(t, "migrate stderr", errOut,
 		`transforms.outbox.table.field.event.timestamp=at_ms: column "at_ms" is bigint; Debezium's EventRouter fails its task on it`)
 
 	// Domains are their base type, through a domain over a domain: a
 	// timestamptz is measured, an interval is not. A float is named for
 	// Java 17's longer texts; an unscaled numeric in a StringConverter
 	// envelope for its Struct text.
-	execSQL(t, dsn, `CREATE DOMAIN d_when AS timestamptz; CREATE DOMAIN d_d_when AS d_when; CREATE DOMAIN d_took AS interval;
+	testenv.ExecAs(t, dsn, `CREATE DOMAIN d_when AS timestamptz; CREATE DOMAIN d_d_when AS d_when; CREATE DOMAIN d_took AS interval;
 ALTER TABLE outbox ADD COLUMN w d_d_when, ADD COLUMN dt d_took, ADD COLUMN f double precision, ADD COLUMN n numeric`)
 	fits0 := strings.Replace(dbzConnector, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
 	typed := strings.Replace(fits0, "type:header:eventType,tenant:envelope", "w:header,dt:header,f:header,n:envelope", 1)
@@ -180,20 +181,20 @@ ALTER TABLE outbox ADD COLUMN w d_d_when, ADD COLUMN dt d_took, ADD COLUMN f dou
 	if code != exitcode.Failure || strings.Contains(errOut, "placement=w:header") {
 		t.Errorf("migrate --postgres-dsn with domain, float and numeric fields: exit %d; want 1, the domain over a domain over timestamptz not named\n%s", code, errOut)
 	}
-	wantLines(t, "migrate stderr", errOut,
+	testenv.WantLines(t, "migrate stderr", errOut,
 		`transforms.outbox.table.fields.additional.placement=dt:header:dt: column "dt" is d_took: the relay writes Postgres's text of it; Debezium's rendering of this type was not compared`,
 		`transforms.outbox.table.fields.additional.placement=f:header:f: column "f" is double precision: Debezium writes a float as the Java it runs on prints it, and Java 17 and 18 print some values longer than Java 19 on (1.0E23 as 9.999999999999999E22`,
 		`transforms.outbox.table.fields.additional.placement=n:envelope:n: column "n" is numeric: a numeric without a declared scale is Debezium's VariableScaleDecimal`)
 
 	// A bytea payload under StringConverter: Debezium wrote the buffer's
 	// toString.
-	execSQL(t, dsn, `ALTER TABLE outbox ADD COLUMN raw bytea`)
+	testenv.ExecAs(t, dsn, `ALTER TABLE outbox ADD COLUMN raw bytea`)
 	rawPayload := strings.Replace(typed, "transforms.outbox.table.fields.additional.placement=w:header,dt:header,f:header,n:envelope", "transforms.outbox.table.field.event.payload=raw", 1)
 	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "raw.properties", rawPayload), "--worker", worker, "--postgres-dsn", dsn)
 	if code != exitcode.Failure {
 		t.Errorf("migrate --postgres-dsn with a bytea payload under StringConverter: exit %d; want 1\n%s", code, errOut)
 	}
-	wantLines(t, "migrate stderr", errOut,
+	testenv.WantLines(t, "migrate stderr", errOut,
 		`transforms.outbox.table.field.event.payload=raw: column "raw" is bytea and the value converter StringConverter: Debezium wrote each value as the text java.nio.HeapByteBuffer[pos=0 lim=N cap=N]`)
 
 	fits := strings.Replace(dbzConnector, "transforms.outbox.table.field.event.timestamp=occurred_at\n", "", 1)
@@ -204,7 +205,7 @@ ALTER TABLE outbox ADD COLUMN w d_d_when, ADD COLUMN dt d_took, ADD COLUMN f dou
 
 	// A column the converted config maps but the table lacks: the relay
 	// would refuse it at start.
-	execSQL(t, dsn, `ALTER TABLE outbox DROP COLUMN tenant`)
+	testenv.ExecAs(t, dsn, `ALTER TABLE outbox DROP COLUMN tenant`)
 	code, _, errOut = run(t, "migrate", "debezium", writeFile(t, "f.properties", fits), "--worker", worker, "--postgres-dsn", dsn)
 	if code != exitcode.Failure || !strings.Contains(errOut, `the relay refuses the table at start: outbox table public.outbox: no column "tenant" (message.fields)`) {
 		t.Errorf("migrate --postgres-dsn with a missing field column: exit %d; want 1 naming it\n%s", code, errOut)
@@ -215,7 +216,7 @@ ALTER TABLE outbox ADD COLUMN w d_d_when, ADD COLUMN dt d_took, ADD COLUMN f dou
 // RELAY_POSTGRES_PASSWORD, as postgres.dsn does (it connected without one).
 func TestMigrateDebeziumPasswordFromEnv(t *testing.T) {
 	dsn, _ := dbEnv(t)
-	execSQL(t, dsn, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+	testenv.ExecAs(t, dsn, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
     aggregate_id varchar(255) NOT NULL, type varchar(255), tenant text, payload jsonb)`)
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -260,6 +261,6 @@ func TestMigrateDebeziumJavaRegex(t *testing.T) {
 		if code != exitcode.Failure {
 			t.Errorf("migrate with route.topic.regex=%s: exit %d; want 1\n%s", regex, code, errOut)
 		}
-		wantLines(t, "migrate stderr", errOut, "transforms.outbox.route.topic.regex="+regex+": the relay cannot route with it", construct+" is Java syntax that Go reads otherwise or not at all")
+		testenv.WantLines(t, "migrate stderr", errOut, "transforms.outbox.route.topic.regex="+regex+": the relay cannot route with it", construct+" is Java syntax that Go reads otherwise or not at all")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -89,7 +90,7 @@ func TestStartLSNBeyondWAL(t *testing.T) {
 	if code, out, errOut := run(t, "setup", "--create-outbox-table"); code != exitcode.OK {
 		t.Fatalf("setup exit = %d\n%s%s", code, out, errOut)
 	}
-	current := queryString(t, dsn, "SELECT pg_current_wal_lsn()::text")
+	current := testenv.QueryString(t, dsn, "SELECT pg_current_wal_lsn()::text")
 	code, _, errOut := run(t, "run", "--start-lsn", "FFFFFFFF/0")
 	if code != exitcode.Usage || !strings.Contains(errOut, "beyond the server's current WAL position") || !strings.Contains(errOut, "--force") {
 		t.Errorf("run --start-lsn FFFFFFFF/0 = exit %d, %q; want %d refusing it and naming --force", code, errOut, exitcode.Usage)
@@ -97,7 +98,7 @@ func TestStartLSNBeyondWAL(t *testing.T) {
 	if !strings.Contains(errOut, strings.SplitN(current, "/", 2)[0]+"/") {
 		t.Errorf("run --start-lsn FFFFFFFF/0: %q; want the current WAL position (about %s)", errOut, current)
 	}
-	if got := queryString(t, dsn, "SELECT coalesce((SELECT lsn::text FROM outbox_relay_checkpoint), 'none')"); got != "none" {
+	if got := testenv.QueryString(t, dsn, "SELECT coalesce((SELECT lsn::text FROM outbox_relay_checkpoint), 'none')"); got != "none" {
 		t.Errorf("checkpoint after a refused --start-lsn = %s; want none saved", got)
 	}
 }
@@ -142,7 +143,7 @@ func TestRetriesEscapeControls(t *testing.T) {
 	dsn, slot := dbEnv(t)
 	unsetenv(t, "RELAY_KAFKA_BROKERS")
 	table, _ := sql.ParseTable(sql.DefaultRetryTable)
-	execSQL(t, dsn, sql.RetryTable(table)...)
+	testenv.ExecAs(t, dsn, sql.RetryTable(table)...)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +173,7 @@ func TestRetriesEscapeControls(t *testing.T) {
 		}
 	}
 	_, out, _ := run(t, "retries", "show", "1")
-	wantLines(t, "retries show", squeeze(out), `aggregate type: Order\x1b[2J\rX\a`, `value: v\x1b[31m`, `h\x1b: \a`, `last error: invalid topic \x1b]0;pwned\a`)
+	testenv.WantLines(t, "retries show", squeeze(out), `aggregate type: Order\x1b[2J\rX\a`, `value: v\x1b[31m`, `h\x1b: \a`, `last error: invalid topic \x1b]0;pwned\a`)
 	_, out, _ = run(t, "retries", "show", "1", "--json")
 	if !strings.Contains(out, `"aggregate_type": "Order\u001b[2J\rX\u0007"`) {
 		t.Errorf("retries show --json = %s; want the aggregate type JSON-escaped", out)

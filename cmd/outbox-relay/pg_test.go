@@ -7,13 +7,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// newDatabase returns the DSN of a fresh, empty database, dropped (with its
-// replication slots) when the test ends.
-func newDatabase(t *testing.T) string {
-	t.Helper()
-	return testenv.Postgres(t).DSN
-}
-
 // kafkaBrokers returns the test Kafka's bootstrap addresses, comma-separated
 // as RELAY_KAFKA_BROKERS takes them.
 func kafkaBrokers(t *testing.T) string {

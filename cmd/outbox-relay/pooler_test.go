@@ -30,7 +30,7 @@ func TestPgBouncer(t *testing.T) {
 			if code != exitcode.OK {
 				t.Fatalf("check through pgbouncer (%s mode) = exit %d; want 0\n%s%s", mode, code, out, errOut)
 			}
-			wantLines(t, "check", out, "ok    replication connection")
+			testenv.WantLines(t, "check", out, "ok    replication connection")
 
 			// Before the relay starts, and while it runs: checkpoint
 			// saves through the pooler, many transactions apart.
@@ -57,7 +57,7 @@ func TestPgBouncer(t *testing.T) {
 			if code == exitcode.OK {
 				t.Errorf("check with the replication connection through pgbouncer = exit 0; want a failure\n%s", out)
 			}
-			wantLines(t, "check", out, "FAIL  replication connection", advice)
+			testenv.WantLines(t, "check", out, "FAIL  replication connection", advice)
 			if strings.Contains(out, "allow it in pg_hba.conf") {
 				t.Errorf("check advises editing pg_hba.conf for a pooler:\n%s", out)
 			}
@@ -65,7 +65,7 @@ func TestPgBouncer(t *testing.T) {
 			if code == exitcode.OK {
 				t.Errorf("run with the replication connection through pgbouncer = exit 0; want a failure")
 			}
-			wantLines(t, "run", out+errOut, advice)
+			testenv.WantLines(t, "run", out+errOut, advice)
 		})
 	}
 }

@@ -42,7 +42,7 @@ func execScript(t *testing.T, dsn, script string) {
 	if len(stmts) < 10 {
 		t.Fatalf("script has %d statements; want the tables, publication, role, grants and slot:\n%s", len(stmts), script)
 	}
-	execSQL(t, dsn, stmts...)
+	testenv.ExecAs(t, dsn, stmts...)
 }
 
 // TestLeastPrivilege runs the relay as a role with LOGIN REPLICATION and the
@@ -52,7 +52,7 @@ func execScript(t *testing.T, dsn, script string) {
 // delivers events and saves checkpoints; lag, status and retries work.
 func TestLeastPrivilege(t *testing.T) {
 	cleanEnv(t)
-	base := newDatabase(t) // only to learn the superuser's DSN; the role must outlive the test's database
+	base := testenv.Postgres(t).DSN // only to learn the superuser's DSN; the role must outlive the test's database
 	admin := testenv.SuperuserDSN(t, base)
 	role, password := testenv.LeastPrivilegedRole(t, admin)
 	dsn, slot := dbEnv(t)
@@ -70,7 +70,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if code != exitcode.OK {
 		t.Fatalf("setup --print-sql exit = %d\n%s", code, errOut)
 	}
-	wantLines(t, "setup --print-sql", script,
+	testenv.WantLines(t, "setup --print-sql", script,
 		`GRANT CONNECT ON DATABASE `,
 		`GRANT USAGE ON SCHEMA "public" TO "`+role+`";`,
 		`GRANT SELECT ON TABLE "public"."outbox" TO "`+role+`";`,
@@ -79,16 +79,16 @@ func TestLeastPrivilege(t *testing.T) {
 
 	privs := sql.RelayPrivileges(sql.DefaultObjects())
 	// No grants at all (PUBLIC's USAGE on public too, so that its grant counts).
-	execSQL(t, su, `REVOKE USAGE ON SCHEMA public FROM PUBLIC`)
+	testenv.ExecAs(t, su, `REVOKE USAGE ON SCHEMA public FROM PUBLIC`)
 	for _, p := range privs {
-		execSQL(t, su, p.Revoke(role))
+		testenv.ExecAs(t, su, p.Revoke(role))
 	}
 	code, out, _ := run(t, "check")
 	if code != exitcode.Failure {
 		t.Errorf("check without grants: exit = %d; want %d\n%s", code, exitcode.Failure, out)
 	}
 	for _, p := range privs {
-		wantLines(t, "check without grants", out, "fix: "+p.Grant(role)+"\n")
+		testenv.WantLines(t, "check without grants", out, "fix: "+p.Grant(role)+"\n")
 	}
 	if n := strings.Count(out, "FAIL  privileges: "); n != len(privs) {
 		t.Errorf("check without grants: %d privilege failures; want %d (one per object)\n%s", n, len(privs), out)
@@ -103,15 +103,15 @@ func TestLeastPrivilege(t *testing.T) {
 	if code != exitcode.OK || strings.Contains(out, "FAIL") || strings.Contains(out, "warn") {
 		t.Fatalf("check after the printed statements: exit = %d; want 0 and no FAIL or warn\n%s", code, out)
 	}
-	wantLines(t, "check", out, "ok    role: "+role+" has REPLICATION", "ok    privileges: "+role+" has what the relay needs on ",
+	testenv.WantLines(t, "check", out, "ok    role: "+role+" has REPLICATION", "ok    privileges: "+role+" has what the relay needs on ",
 		"info  TLS: no - the connection is not encrypted; set sslmode=verify-full")
 	// The bound's running-xacts records: granted by the script where the
 	// server has the function (Postgres 16+).
-	wantLines(t, "setup --print-sql", script, "GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO %I")
-	if v := queryString(t, su, `SHOW server_version_num`); v >= "160000" {
-		wantLines(t, "check", out, `ok    max_retained_wal: "`+role+`" may run pg_log_standby_snapshot()`)
+	testenv.WantLines(t, "setup --print-sql", script, "GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO %I")
+	if v := testenv.QueryString(t, su, `SHOW server_version_num`); v >= "160000" {
+		testenv.WantLines(t, "check", out, `ok    max_retained_wal: "`+role+`" may run pg_log_standby_snapshot()`)
 	} else {
-		wantLines(t, "check", out, "info  max_retained_wal: before Postgres 16 the relay near the bound logs running-xacts records by creating and dropping a temporary slot")
+		testenv.WantLines(t, "check", out, "info  max_retained_wal: before Postgres 16 the relay near the bound logs running-xacts records by creating and dropping a temporary slot")
 	}
 
 	// run, as the role: events delivered, a failed event stored in the
@@ -143,16 +143,16 @@ func TestLeastPrivilege(t *testing.T) {
 		}
 	}
 	defer stop()
-	execSQL(t, su, fmt.Sprintf(`INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+	testenv.ExecAs(t, su, fmt.Sprintf(`INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
 SELECT gen_random_uuid(), %s, 'a' || i, 'Created', jsonb_build_object('n', i) FROM generate_series(1, 3) i`, sql.Literal(aggType)))
 	// Unroutable (empty aggregate id): dead in the retry table at once.
-	execSQL(t, su, fmt.Sprintf(`INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+	testenv.ExecAs(t, su, fmt.Sprintf(`INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
 VALUES (gen_random_uuid(), %s, '', 'Created', '{}')`, sql.Literal(aggType)))
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		msgs := k.ReadAll(t, topic)
-		retried := queryString(t, su, `SELECT count(*)::text FROM outbox_relay_retry`)
-		saved := queryString(t, su, `SELECT count(*)::text FROM outbox_relay_checkpoint WHERE slot_name = $1 AND lsn > '0/0'`, slot)
+		retried := testenv.QueryString(t, su, `SELECT count(*)::text FROM outbox_relay_retry`)
+		saved := testenv.QueryString(t, su, `SELECT count(*)::text FROM outbox_relay_checkpoint WHERE slot_name = $1 AND lsn > '0/0'`, slot)
 		if len(msgs) >= 3 && retried == "1" && saved == "1" {
 			break
 		}
@@ -168,8 +168,8 @@ VALUES (gen_random_uuid(), %s, '', 'Created', '{}')`, sql.Literal(aggType)))
 	}
 
 	// The operator commands, as the role, with the relay stopped.
-	seq := queryString(t, su, `SELECT seq::text FROM outbox_relay_retry`)
-	current := queryString(t, su, `SELECT pg_current_wal_lsn()::text`)
+	seq := testenv.QueryString(t, su, `SELECT seq::text FROM outbox_relay_retry`)
+	current := testenv.QueryString(t, su, `SELECT pg_current_wal_lsn()::text`)
 	for _, args := range [][]string{
 		{"lag"}, {"status"}, {"checkpoint", "show"},
 		{"retries", "list"}, {"retries", "show", seq}, {"retries", "requeue", "--all-dead"}, {"retries", "drop", seq, "--yes"},
@@ -181,10 +181,10 @@ VALUES (gen_random_uuid(), %s, '', 'Created', '{}')`, sql.Literal(aggType)))
 			t.Errorf("%s as %s: exit = %d; want 0\n%s%s", strings.Join(args, " "), role, code, out, errOut)
 		}
 	}
-	if got := queryString(t, su, `SELECT count(*)::text FROM outbox_relay_retry`); got != "0" {
+	if got := testenv.QueryString(t, su, `SELECT count(*)::text FROM outbox_relay_retry`); got != "0" {
 		t.Errorf("retry rows after retries drop = %s; want 0", got)
 	}
-	if got := queryString(t, su, `SELECT count(*)::text FROM outbox_relay_replay`); got != "1" {
+	if got := testenv.QueryString(t, su, `SELECT count(*)::text FROM outbox_relay_replay`); got != "1" {
 		t.Errorf("replay runs saved = %s; want 1", got)
 	}
 
@@ -195,7 +195,7 @@ VALUES (gen_random_uuid(), %s, '', 'Created', '{}')`, sql.Literal(aggType)))
 	if code != exitcode.Failure {
 		t.Errorf("check with retention, without DELETE: exit = %d; want %d", code, exitcode.Failure)
 	}
-	wantLines(t, "check with retention", out, `fix: GRANT DELETE ON TABLE "public"."outbox" TO "`+role+`"`)
+	testenv.WantLines(t, "check with retention", out, `fix: GRANT DELETE ON TABLE "public"."outbox" TO "`+role+`"`)
 	code, script, _ = run(t, "setup", "--print-sql")
 	if code != exitcode.OK || !strings.Contains(script, `GRANT SELECT, DELETE ON TABLE "public"."outbox" TO "`+role+`";`) {
 		t.Fatalf("setup --print-sql with retention: exit %d, no DELETE on the outbox:\n%s", code, script)
@@ -212,17 +212,17 @@ VALUES (gen_random_uuid(), %s, '', 'Created', '{}')`, sql.Literal(aggType)))
 	for _, p := range privs {
 		for _, priv := range p.Privileges {
 			t.Run(strings.ReplaceAll(p.What, " ", "_")+"_"+priv, func(t *testing.T) {
-				execSQL(t, su, p.Revoke(role, priv))
+				testenv.ExecAs(t, su, p.Revoke(role, priv))
 				code, out, _ := run(t, "check")
 				if code != exitcode.Failure {
 					t.Errorf("check without %s on %s: exit = %d; want %d", priv, p.Target(), code, exitcode.Failure)
 				}
 				grant := p.Grant(role, priv)
-				wantLines(t, "check", out, fmt.Sprintf("FAIL  privileges: %s lacks %s on ", role, priv), "fix: "+grant+"\n")
+				testenv.WantLines(t, "check", out, fmt.Sprintf("FAIL  privileges: %s lacks %s on ", role, priv), "fix: "+grant+"\n")
 				if n := strings.Count(out, "FAIL"); n != 1 {
 					t.Errorf("check without %s on %s: %d FAIL lines; want 1\n%s", priv, p.Target(), n, out)
 				}
-				execSQL(t, su, grant)
+				testenv.ExecAs(t, su, grant)
 				if code, out, _ := run(t, "check"); code != exitcode.OK {
 					t.Errorf("check after %s: exit = %d; want 0\n%s", grant, code, out)
 				}
@@ -246,7 +246,7 @@ func TestPrintSQLConnectsNowhere(t *testing.T) {
 	if code != exitcode.OK {
 		t.Fatalf("setup --print-sql exit = %d\n%s", code, errOut)
 	}
-	wantLines(t, "setup --print-sql", out,
+	testenv.WantLines(t, "setup --print-sql", out,
 		`CREATE TABLE IF NOT EXISTS "relay"."retry" (`,
 		`GRANT SELECT, DELETE ON TABLE "events"."outbox" TO "app_relay";`)
 	if strings.Contains(out, "CREATE TABLE IF NOT EXISTS \"events\".\"outbox\"") || strings.Contains(out, "secret") {

@@ -20,19 +20,19 @@ import (
 func TestPrunePartitions(t *testing.T) {
 	dsn, _ := dbEnv(t)
 	setUp(t)
-	execSQL(t, dsn, `CREATE TABLE pobox (id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+	testenv.ExecAs(t, dsn, `CREATE TABLE pobox (id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
   event_type text NOT NULL, payload jsonb, headers jsonb, created_at timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`,
 		`CREATE TABLE pobox_def PARTITION OF pobox DEFAULT`)
 	for i, r := range [][2]int{{-30, -20}, {-20, -10}, {-10, 30}} {
-		execSQL(t, dsn, fmt.Sprintf(`DO $$ BEGIN EXECUTE format('CREATE TABLE pobox_p%d PARTITION OF pobox FOR VALUES FROM (%%L) TO (%%L)',
+		testenv.ExecAs(t, dsn, fmt.Sprintf(`DO $$ BEGIN EXECUTE format('CREATE TABLE pobox_p%d PARTITION OF pobox FOR VALUES FROM (%%L) TO (%%L)',
   now() + make_interval(days => %d), now() + make_interval(days => %d)); END $$`, i+1, r[0], r[1]))
 	}
 	insert := func(n int, age time.Duration) {
-		execSQL(t, dsn, fmt.Sprintf(`INSERT INTO pobox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
+		testenv.ExecAs(t, dsn, fmt.Sprintf(`INSERT INTO pobox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
 SELECT gen_random_uuid(), 'Order', 'a-1', 'Created', '{}', now() - make_interval(secs => %f) FROM generate_series(1, %d)`, age.Seconds(), n))
 	}
-	rows := func(table string) string { return queryString(t, dsn, `SELECT count(*)::text FROM `+table) }
+	rows := func(table string) string { return testenv.QueryString(t, dsn, `SELECT count(*)::text FROM `+table) }
 	insert(3, 25*24*time.Hour)  // p1
 	insert(2, 15*24*time.Hour)  // p2
 	insert(2, 400*24*time.Hour) // default
@@ -41,26 +41,14 @@ SELECT gen_random_uuid(), 'Order', 'a-1', 'Created', '{}', now() - make_interval
 	t.Setenv("RELAY_OUTBOX_TABLE", "public.pobox")
 	t.Setenv("RELAY_OUTBOX_RETENTION", "7d")
 	t.Setenv("RELAY_OUTBOX_RETENTION_PARTITIONS", "drop")
-	// Two checkpoint sets make a horizon (see TestPrune); set again until
-	// the history's snapshot_xmin passes the inserts.
-	var code int
-	var out, errOut string
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		if code, out, errOut := run(t, "checkpoint", "set", walNow(t, dsn).String(), "--yes"); code != exitcode.OK {
-			t.Fatalf("checkpoint set = exit %d\n%s%s", code, out, errOut)
-		}
-		code, out, errOut = run(t, "prune", "--dry-run")
-		// Both old partitions (3 + 2 rows) and the default one's 2 rows.
-		if strings.Contains(out, " 7 rows older than 7d (dry run") || time.Now().After(deadline) {
-			break
-		}
-	}
+	// Both old partitions (3 + 2 rows) and the default one's 2 rows.
+	setUntilPrunable(t, dsn, " 7 rows older than 7d (dry run")
 	insert(1, 15*24*time.Hour) // p2, not delivered
-	code, out, errOut = run(t, "prune", "--dry-run")
+	code, out, errOut := run(t, "prune", "--dry-run")
 	if code != exitcode.OK {
 		t.Fatalf("prune --dry-run = exit %d\n%s%s", code, out, errOut)
 	}
-	wantLines(t, "prune --dry-run", out,
+	testenv.WantLines(t, "prune --dry-run", out,
 		"would drop ", " partition public.pobox_p1 (3 rows, all delivered; its range ends more than 7d ago)",
 		"kept ", " partition public.pobox_p2: 1 of its 3 rows are not known to be delivered",
 		"would delete ", " 5 rows older than 7d (dry run: nothing deleted)")
@@ -75,14 +63,14 @@ SELECT gen_random_uuid(), 'Order', 'a-1', 'Created', '{}', now() - make_interval
 	if code != exitcode.OK {
 		t.Fatalf("prune = exit %d\n%s%s", code, out, errOut)
 	}
-	wantLines(t, "prune", out, "dropped ", " partition public.pobox_p1 (3 rows",
+	testenv.WantLines(t, "prune", out, "dropped ", " partition public.pobox_p1 (3 rows",
 		"kept ", " partition public.pobox_p2: 1 of its 3 rows",
 		" 5 rows older than 7d: 3 dropped with their partitions, 2 in 1 batch of at most 1000",
 		"oldest left ", ", older than 7d by ") // pobox_p2's undelivered row, 15 days old
 	if strings.Contains(out, "no row") {
 		t.Errorf("prune says no row is left although pobox_p2's undelivered row is due:\n%s", out)
 	}
-	if exists := queryString(t, dsn, `SELECT (to_regclass('pobox_p1') IS NOT NULL)::text`); exists != "false" {
+	if exists := testenv.QueryString(t, dsn, `SELECT (to_regclass('pobox_p1') IS NOT NULL)::text`); exists != "false" {
 		t.Errorf("pobox_p1 exists after prune; want it dropped")
 	}
 	for table, want := range map[string]string{"pobox_p2": "3", "pobox_p3": "1", "pobox_def": "0", "pobox": "4"} {
@@ -102,8 +90,8 @@ func TestPrunePartitionsNotOwned(t *testing.T) {
 	if su == dsn {
 		t.Skip("the test role is a superuser: it owns everything")
 	}
-	role := queryString(t, dsn, `SELECT current_user::text`)
-	execSQL(t, su, `CREATE TABLE pobox (id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+	role := testenv.QueryString(t, dsn, `SELECT current_user::text`)
+	testenv.ExecAs(t, su, `CREATE TABLE pobox (id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
   event_type text NOT NULL, payload jsonb, headers jsonb, created_at timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`,
 		`CREATE TABLE pobox_old PARTITION OF pobox FOR VALUES FROM ('2000-01-01') TO ('2001-01-01')`,
@@ -121,7 +109,7 @@ func TestPrunePartitionsNotOwned(t *testing.T) {
 			t.Errorf("prune with %s on partitions the role does not own = exit %d, %q%q; want %d saying %q", mode, code, out, errOut, exitcode.Failure, want)
 		}
 	}
-	if exists := queryString(t, dsn, `SELECT (to_regclass('pobox_old') IS NOT NULL)::text`); exists != "true" {
+	if exists := testenv.QueryString(t, dsn, `SELECT (to_regclass('pobox_old') IS NOT NULL)::text`); exists != "true" {
 		t.Errorf("pobox_old is gone; want it kept")
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
@@ -63,7 +64,7 @@ func retriesEnv(t *testing.T) (*retry.Store, []retry.Entry) {
 	t.Helper()
 	dsn, slot := dbEnv(t)
 	table, _ := sql.ParseTable(sql.DefaultRetryTable)
-	execSQL(t, dsn, sql.RetryTable(table)...)
+	testenv.ExecAs(t, dsn, sql.RetryTable(table)...)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -103,13 +104,13 @@ func TestRetriesList(t *testing.T) {
 	if len(lines) != 4 {
 		t.Fatalf("retries list printed %d lines; want header + 3:\n%s", len(lines), out)
 	}
-	wantLines(t, "retries list", lines[0], "SEQ", "EVENT ID", "AGGREGATE", "TOPIC", "STATUS", "ATTEMPTS", "NEXT ATTEMPT", "AGE", "LAST ERROR")
+	testenv.WantLines(t, "retries list", lines[0], "SEQ", "EVENT ID", "AGGREGATE", "TOPIC", "STATUS", "ATTEMPTS", "NEXT ATTEMPT", "AGE", "LAST ERROR")
 	for i, want := range [][]string{
 		{fmt.Sprint(rows[0].Seq), "ev-a1", "orders/A", "pending", "due", `topic "orders" does not exist`},
 		{fmt.Sprint(rows[1].Seq), "ev-a2", "waiting", "waiting behind ev-a1"},
 		{fmt.Sprint(rows[2].Seq), "ev-b1", "orders/B", "dead", " - ", "larger than Kafka accepts"},
 	} {
-		wantLines(t, "retries list row", lines[i+1], want...)
+		testenv.WantLines(t, "retries list row", lines[i+1], want...)
 	}
 
 	code, out, _ = runRetries(t, "list", "--status", "dead", "--json")
@@ -132,12 +133,12 @@ func TestRetriesShow(t *testing.T) {
 	if code != exitcode.OK {
 		t.Fatalf("retries show exit %d; stderr %s", code, errOut)
 	}
-	wantLines(t, "retries show", squeeze(out), fmt.Sprintf("seq: %d", rows[0].Seq), "status: pending",
+	testenv.WantLines(t, "retries show", squeeze(out), fmt.Sprintf("seq: %d", rows[0].Seq), "status: pending",
 		"topic: orders", `value: {"n":1}`, "key: A", "headers:\n id: ev-a1", "last error: topic",
 		"create it (kafka.allow_auto_topic_creation is off)")
 
 	code, out, _ = runRetries(t, "show", fmt.Sprint(rows[2].Seq))
-	wantLines(t, "retries show of a binary value", squeeze(out), "value: (3 bytes, not UTF-8, hex) ff0001", "status: dead",
+	testenv.WantLines(t, "retries show of a binary value", squeeze(out), "value: (3 bytes, not UTF-8, hex) ff0001", "status: dead",
 		"next attempt: none until requeued", "last error: the message is larger than Kafka accepts\n")
 
 	code, out, _ = runRetries(t, "show", "ev-a1", "--json")

@@ -118,7 +118,7 @@ func newSecretsRun(t *testing.T, bin, password string) *secretsRun {
 	// role owns the database until then.
 	t.Cleanup(func() {
 		if s.role != "" {
-			execSQL(t, s.superDSN, "DROP ROLE IF EXISTS "+sql.Ident(s.role))
+			testenv.ExecAs(t, s.superDSN, "DROP ROLE IF EXISTS "+sql.Ident(s.role))
 		}
 	})
 	pg := testenv.Postgres(t) // skips under -short
@@ -135,17 +135,17 @@ func newSecretsRun(t *testing.T, bin, password string) *secretsRun {
 	// A REPLICATION role can only be created by a superuser on Postgres 15.
 	// scripts/dev.sh exports one; testenv's Docker containers' admin is one.
 	if s.superDSN = os.Getenv("RELAY_TEST_POSTGRES_SUPERUSER_DSN"); s.superDSN == "" {
-		if queryString(t, s.dbDSN, "SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user") != "true" {
+		if testenv.QueryString(t, s.dbDSN, "SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user") != "true" {
 			t.Fatal("RELAY_TEST_POSTGRES_SUPERUSER_DSN is not set and the test role is no superuser: start the dev servers with `make dev-up` and export them with `eval \"$(make -s dev-env)\"`")
 		}
 		s.superDSN = pg.AdminDSN // outlives the test database, for the DROP ROLE
 	}
-	execSQL(t, s.superDSN,
+	testenv.ExecAs(t, s.superDSN,
 		fmt.Sprintf("CREATE ROLE %s LOGIN REPLICATION PASSWORD %s", sql.Ident(s.role), sql.Literal(password)),
 	)
 	// What setup needs: the database stays the admin's, so that testenv
 	// drops it (and these grants) before the role is dropped.
-	execSQL(t, s.dbDSN,
+	testenv.ExecAs(t, s.dbDSN,
 		fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", sql.Ident(admin.Database), sql.Ident(s.role)),
 		"GRANT CREATE, USAGE ON SCHEMA public TO "+sql.Ident(s.role))
 	s.dsn = fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", s.role, net.JoinHostPort(admin.Host, fmt.Sprint(admin.Port)), admin.Database)
@@ -272,7 +272,7 @@ func (s *secretsRun) delivered(t *testing.T) bool {
 	if s.wantRetry {
 		want = 1
 	}
-	got := queryString(t, s.roleDSN, `SELECT (confirmed_flush_lsn >= $1::pg_lsn
+	got := testenv.QueryString(t, s.roleDSN, `SELECT (confirmed_flush_lsn >= $1::pg_lsn
 		AND (SELECT count(*) FROM outbox_relay_retry) >= $2)::text
 		FROM pg_replication_slots WHERE slot_name = $3`, s.insertLSN, want, s.slot)
 	return got == "true"
@@ -287,8 +287,8 @@ func (s *secretsRun) insert(t *testing.T, unroutable bool) {
 		rows += `, (gen_random_uuid(), 'bad topic !', 'b-1', 'Odd', '{"n": 3}')`
 		s.wantRetry = true
 	}
-	execSQL(t, s.roleDSN, fmt.Sprintf(`INSERT INTO %s (id, aggregate_type, aggregate_id, event_type, payload) VALUES `+rows, sql.Ident(s.table)))
-	s.insertLSN = queryString(t, s.roleDSN, "SELECT pg_current_wal_lsn()::text")
+	testenv.ExecAs(t, s.roleDSN, fmt.Sprintf(`INSERT INTO %s (id, aggregate_type, aggregate_id, event_type, payload) VALUES `+rows, sql.Ident(s.table)))
+	s.insertLSN = testenv.QueryString(t, s.roleDSN, "SELECT pg_current_wal_lsn()::text")
 }
 
 func (s *secretsRun) commands(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // hostilePassword has every character a DSN gives a meaning to.
@@ -62,6 +63,18 @@ func TestCheckDSN(t *testing.T) {
 			}
 		})
 	}
+}
+
+// passwordlessEnv is a clean configuration of dsn, a password in none of
+// the places the relay or libpq would find one, and a broker address.
+func passwordlessEnv(t *testing.T, dsn string) {
+	t.Helper()
+	cleanEnv(t)
+	unsetenv(t, postgresRelayPasswordEnv)
+	t.Setenv("PGPASSWORD", "")
+	t.Setenv("PGPASSFILE", "/nonexistent")
+	t.Setenv("RELAY_POSTGRES_DSN", dsn)
+	t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
 }
 
 func TestRedactDSN(t *testing.T) {
@@ -122,12 +135,7 @@ func TestPasswordSources(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cleanEnv(t)
-			unsetenv(t, postgresRelayPasswordEnv)
-			t.Setenv("PGPASSWORD", "")
-			t.Setenv("PGPASSFILE", "/nonexistent")
-			t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@db:5432/app")
-			t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
+			passwordlessEnv(t, "postgres://relay@db:5432/app")
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}
@@ -278,7 +286,7 @@ func TestCheckWarnsOnReadableConfigFile(t *testing.T) {
 	if code != exitcode.OK {
 		t.Fatalf("check: exit = %d; want 0 (a warning does not fail it)\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
-	wantLines(t, "check", out, "warn  config file: "+file+" (mode 0644) is readable by its group or others and holds postgres.dsn: chmod 600 "+file)
+	testenv.WantLines(t, "check", out, "warn  config file: "+file+" (mode 0644) is readable by its group or others and holds postgres.dsn: chmod 600 "+file)
 	if err := os.Chmod(file, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -293,14 +301,7 @@ func TestCheckWarnsOnReadableConfigFile(t *testing.T) {
 // connection only; unset, postgres.dsn serves both.
 func TestReplicationDSN(t *testing.T) {
 	pwFile := writeFile(t, "pg-password", hostilePassword+"\n")
-	setup := func(t *testing.T) {
-		cleanEnv(t)
-		unsetenv(t, postgresRelayPasswordEnv)
-		t.Setenv("PGPASSWORD", "")
-		t.Setenv("PGPASSFILE", "/nonexistent")
-		t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@pgbouncer:6432/app")
-		t.Setenv("RELAY_KAFKA_BROKERS", "k:9092")
-	}
+	setup := func(t *testing.T) { passwordlessEnv(t, "postgres://relay@pgbouncer:6432/app") }
 	t.Run("unset", func(t *testing.T) {
 		setup(t)
 		c, err := load(t, "")

@@ -2,13 +2,11 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // dbEnv points the relay's config at a fresh database and a unique slot.
@@ -16,7 +14,7 @@ import (
 func dbEnv(t *testing.T) (dsn, slot string) {
 	t.Helper()
 	cleanEnv(t)
-	dsn = newDatabase(t)
+	dsn = testenv.Postgres(t).DSN
 	slot = uniqueName(t, "relay_cmd")
 	t.Setenv("RELAY_POSTGRES_DSN", dsn)
 	t.Setenv("RELAY_POSTGRES_SLOT", slot)
@@ -29,45 +27,6 @@ func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	var o, e bytes.Buffer
 	code = execute(args, &o, &e)
 	return code, o.String(), e.String()
-}
-
-func execSQL(t *testing.T, dsn string, stmts ...string) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, s := range stmts {
-		if _, err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("exec %q: %v", s, err)
-		}
-	}
-}
-
-func queryString(t *testing.T, dsn, q string, args ...any) string {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var s string
-	if err := conn.QueryRow(ctx, q, args...).Scan(&s); err != nil {
-		t.Fatalf("query %q: %v", q, err)
-	}
-	return s
-}
-
-func wantLines(t *testing.T, what, out string, want ...string) {
-	t.Helper()
-	for _, w := range want {
-		if !strings.Contains(out, w) {
-			t.Errorf("%s output lacks %q; got:\n%s", what, w, out)
-		}
-	}
 }
 
 // TestSetupProblemsExit: a setup that reports problems it cannot fix exits 1
@@ -84,7 +43,7 @@ func TestSetupProblemsExit(t *testing.T) {
 // kept here as setup's one run from configuration to catalog.
 func TestSetupConfiguredNames(t *testing.T) {
 	dsn, slot := dbEnv(t)
-	execSQL(t, dsn, `CREATE SCHEMA app`)
+	testenv.ExecAs(t, dsn, `CREATE SCHEMA app`)
 	t.Setenv("RELAY_OUTBOX_TABLE", "app.Events")
 	t.Setenv("RELAY_CHECKPOINT_TABLE", "app.relay_state")
 	t.Setenv("RELAY_POSTGRES_PUBLICATION", "Events Pub")
@@ -93,12 +52,12 @@ func TestSetupConfiguredNames(t *testing.T) {
 	if code != exitcode.OK {
 		t.Fatalf("setup exit = %d; want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
-	wantLines(t, "setup", out,
+	testenv.WantLines(t, "setup", out,
 		"outbox table app.Events: created",
 		"checkpoint table app.relay_state: created",
 		"publication Events Pub: created for app.Events",
 		"slot "+slot+": created")
-	got := queryString(t, dsn, `SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute
+	got := testenv.QueryString(t, dsn, `SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute
 	  WHERE attrelid = '"app"."Events"'::regclass AND attnum > 0`)
 	if want := "id,aggregate_type,aggregate_id,event_type,body,headers,created_at"; got != want {
 		t.Errorf("columns of app.Events = %q; want %q", got, want)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
 )
@@ -24,15 +25,7 @@ type relayProcess struct {
 
 func startRelay(t *testing.T) *relayProcess {
 	t.Helper()
-	cfg, err := loadConfig("", newRootCmd(nil, nil).PersistentFlags())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, closeSinks, err := newRelay(cfg.relayConfig(slog.New(slog.NewTextHandler(tLog{t}, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(closeSinks) // after the relay stopped: cleanups run last first
+	r := envRelay(t, slog.New(slog.NewTextHandler(tLog{t}, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &relayProcess{cancel: cancel, done: make(chan error, 1)}
 	go func() { p.done <- r.Run(ctx) }()
@@ -45,6 +38,24 @@ func startRelay(t *testing.T) *relayProcess {
 		}
 	})
 	return p
+}
+
+// envRelay builds the relay of the environment's configuration as run
+// does, logging to log. Its sinks are closed when the test ends, after a
+// relay the test stopped in a cleanup registered later: cleanups run last
+// first.
+func envRelay(t *testing.T, log *slog.Logger) *relay.Relay {
+	t.Helper()
+	cfg, err := loadConfig("", newRootCmd(nil, nil).PersistentFlags())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, closeSinks, err := newRelay(cfg.relayConfig(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeSinks)
+	return r
 }
 
 // stop stops the relay cleanly (drain, final checkpoint).
@@ -115,6 +126,48 @@ func waitDelivered(t *testing.T, k *testenv.KafkaCluster, topic string, ids []st
 	}
 }
 
+// withHistory is a relay process on a database just set up, recording
+// checkpoint history every second (what a refill or replay maps the
+// checkpoint with), past its first events.
+type withHistory struct {
+	dsn, slot, aggType, topic string
+	k                         *testenv.KafkaCluster
+	first                     []string // three events, delivered
+	p                         *relayProcess
+}
+
+// startWithHistory sets up, starts the relay on events of an aggregate
+// type and topic of the test's own (named after prefix), and waits for its
+// first events in Kafka (what names them in the failure).
+func startWithHistory(t *testing.T, prefix, what string) *withHistory {
+	t.Helper()
+	h := &withHistory{}
+	h.dsn, h.slot = dbEnv(t)
+	setUp(t)
+	h.aggType, h.topic, h.k = relayTopic(t, prefix)
+	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
+	h.first = insertEvents(t, h.dsn, h.aggType, 3, 0)
+	h.p = startRelay(t)
+	waitDelivered(t, h.k, h.topic, h.first, what)
+	return h
+}
+
+// checkSays runs check until its output contains want, for a minute, and
+// returns that output.
+func checkSays(t *testing.T, want string) string {
+	t.Helper()
+	var out string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
+		_, out, _ = run(t, "check")
+		if strings.Contains(out, want) {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("check never said %q within a minute; last:\n%s", want, out)
+		}
+	}
+}
+
 // TestSlotRecreatedWhileStopped is issue 21's scenario (d): the slot is
 // dropped while the relay is stopped, events are committed, and setup
 // creates the slot again. run must refuse to stream on past the events
@@ -122,16 +175,10 @@ func waitDelivered(t *testing.T, k *testenv.KafkaCluster, topic string, ids []st
 // must say the same; and the printed fix must deliver every event (lost 0,
 // read back from Kafka).
 func TestSlotRecreatedWhileStopped(t *testing.T) {
-	dsn, slot := dbEnv(t)
-	setUp(t)
-	aggType, topic, k := relayTopic(t, "Gap")
-	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
-
 	// Delivered, and covered by a history entry (what replay --from-lsn
 	// maps the checkpoint with), then a clean stop.
-	before := insertEvents(t, dsn, aggType, 3, 0)
-	p := startRelay(t)
-	waitDelivered(t, k, topic, before, "before the slot was dropped")
+	h := startWithHistory(t, "Gap", "before the slot was dropped")
+	dsn, slot, aggType, topic, k, before, p := h.dsn, h.slot, h.aggType, h.topic, h.k, h.first, h.p
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		_, out, _ := run(t, "checkpoint", "show", "--json")
 		var show struct {
@@ -145,26 +192,18 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 		}
 	}
 	p.stop(t)
-	checkpointAt := queryString(t, dsn, `SELECT lsn::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, slot)
+	checkpointAt := testenv.QueryString(t, dsn, `SELECT lsn::text FROM outbox_relay_checkpoint WHERE slot_name = $1`, slot)
 
 	// The operator drops the slot; events are committed; setup recreates it.
-	execSQL(t, dsn, "SELECT pg_drop_replication_slot('"+slot+"')")
+	testenv.ExecAs(t, dsn, "SELECT pg_drop_replication_slot('"+slot+"')")
 	lost := insertEvents(t, dsn, aggType, 4, 0)
 	setUp(t)
-	slotAt := queryString(t, dsn, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, slot)
+	slotAt := testenv.QueryString(t, dsn, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, slot)
 	after := insertEvents(t, dsn, aggType, 2, 0)
 	rng := checkpointAt + ".." + slotAt
 
 	// run refuses, with the range, the cause and the commands.
-	cfg, err := loadConfig("", newRootCmd(nil, nil).PersistentFlags())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, closeSinks, err := newRelay(cfg.relayConfig(slog.New(slog.NewTextHandler(tLog{t}, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeSinks()
+	r := envRelay(t, slog.New(slog.NewTextHandler(tLog{t}, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	runErr := r.Run(ctx)
 	cancel()
@@ -279,34 +318,14 @@ func TestSlotRecreatedWhileStopped(t *testing.T) {
 // retention (an application deleting in the same transaction, or a purge
 // job): a refill could only re-send the rows still there.
 func TestCheckSlotRefill(t *testing.T) {
-	dsn, _ := dbEnv(t)
-	setUp(t)
-	aggType, topic, k := relayTopic(t, "Refill")
-	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
-
-	ids := insertEvents(t, dsn, aggType, 3, 0)
-	p := startRelay(t)
-	waitDelivered(t, k, topic, ids, "first events")
-	checkLine := func(want string) string {
-		t.Helper()
-		var out string
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
-			_, out, _ = run(t, "check")
-			if strings.Contains(out, want) {
-				return out
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("check never said %q within a minute; last:\n%s", want, out)
-			}
-		}
-	}
-	out := checkLine("ok    slot refill: a lost slot can be refilled")
+	h := startWithHistory(t, "Refill", "first events")
+	out := checkSays(t, "ok    slot refill: a lost slot can be refilled")
 	t.Logf("%s", out)
-	p.stop(t)
+	h.p.stop(t)
 
 	// The application deletes a row itself: the outbox is no record.
-	execSQL(t, dsn, "DELETE FROM outbox WHERE id = '"+ids[0]+"'")
-	out = checkLine("warn  slot refill: rows are deleted from")
+	testenv.ExecAs(t, h.dsn, "DELETE FROM outbox WHERE id = '"+h.first[0]+"'")
+	out = checkSays(t, "warn  slot refill: rows are deleted from")
 	if !strings.Contains(out, "outbox.retention") {
 		t.Errorf("check's warning does not name outbox.retention:\n%s", out)
 	}
@@ -316,23 +335,11 @@ func TestCheckSlotRefill(t *testing.T) {
 // failover) after the relay delivered from it. lag, status and check name
 // the gap (slot_missing, exit 4) and recover, not setup; recover heals it.
 func TestSlotMissingSaysRecover(t *testing.T) {
-	dsn, slot := dbEnv(t)
-	setUp(t)
-	aggType, topic, k := relayTopic(t, "Missing")
-	t.Setenv("RELAY_CHECKPOINT_HISTORY_INTERVAL", "1s")
-	before := insertEvents(t, dsn, aggType, 3, 0)
-	p := startRelay(t)
-	waitDelivered(t, k, topic, before, "before the slot was dropped")
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
-		if _, out, _ := run(t, "check"); strings.Contains(out, "ok    slot refill") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("check never said a lost slot could be refilled")
-		}
-	}
+	h := startWithHistory(t, "Missing", "before the slot was dropped")
+	dsn, slot, aggType, topic, k, p := h.dsn, h.slot, h.aggType, h.topic, h.k, h.p
+	checkSays(t, "ok    slot refill")
 	p.stop(t)
-	execSQL(t, dsn, "SELECT pg_drop_replication_slot('"+slot+"')")
+	testenv.ExecAs(t, dsn, "SELECT pg_drop_replication_slot('"+slot+"')")
 	lost := insertEvents(t, dsn, aggType, 2, 0)
 
 	for _, cmd := range []string{"lag", "status"} {

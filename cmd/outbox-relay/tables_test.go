@@ -15,9 +15,7 @@ import (
 // level's topics and message options where it sets none, its columns and
 // headers from its own layout.
 func TestOutboxTables(t *testing.T) {
-	cleanEnv(t)
-	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1/app")
-	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9092")
+	minimalEnv(t)
 	path := writeFile(t, "relay.yaml", `
 outbox:
   table: public.outbox
@@ -76,18 +74,14 @@ func TestOutboxTablesErrors(t *testing.T) {
 		{"outbox:\n  tables: a\n", "outbox.tables: want a list"},
 	}
 	for _, tt := range tests {
-		cleanEnv(t)
-		t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1/app")
-		t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9092")
+		minimalEnv(t)
 		_, err := loadConfig(writeFile(t, "relay.yaml", tt.yaml), pflag.NewFlagSet("t", pflag.ContinueOnError))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("loadConfig(%q) = %v; want an error containing %q", tt.yaml, err, tt.want)
 		}
 	}
 	// The environment takes the list as YAML or JSON.
-	cleanEnv(t)
-	t.Setenv("RELAY_POSTGRES_DSN", "postgres://relay@127.0.0.1/app")
-	t.Setenv("RELAY_KAFKA_BROKERS", "127.0.0.1:9092")
+	minimalEnv(t)
 	t.Setenv("RELAY_OUTBOX_TABLES", `[{"table": "billing.outbox", "layout": "debezium"}]`)
 	c, err := loadConfig("", pflag.NewFlagSet("t", pflag.ContinueOnError))
 	if err != nil || len(c.Tables) != 1 || c.Tables[0].Table != "billing.outbox" {

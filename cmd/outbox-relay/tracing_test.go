@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -84,7 +85,7 @@ func TestTraceSpansExported(t *testing.T) {
 		rowSpan = "00f067aa0ba902b7"
 	)
 	traced, plain := newID(t, dsn), newID(t, dsn)
-	execSQL(t, dsn,
+	testenv.ExecAs(t, dsn,
 		`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ('`+traced+`', '`+aggType+`', 'a-1', 'Placed', '{}', '{"traceparent": "00-`+traceID+`-`+rowSpan+`-01"}')`,
 		`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ('`+plain+`', '`+aggType+`', 'a-1', 'Placed', '{}')`)
 	inserted := time.Now()

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // TestPublicationRecreatedAfterSlot: a publication dropped and recreated
@@ -17,14 +18,12 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 	pg, cfg := testDB(t)
 	dsn, slot := pg.DSN, cfg.Slot
 	k := withKafka(t, &cfg)
-	if out, err := runSetup(t, cfg, true); err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
+	mustSetup(t, cfg, true, "Setup")
 	insert := `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES (gen_random_uuid(), 'Order', '1', 'Created', '{}')`
 	recreate := []string{`DROP PUBLICATION outbox_relay`, `CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert')`}
 	walNow := func() pglogrepl.LSN {
 		t.Helper()
-		lsn, err := pglogrepl.ParseLSN(queryString(t, dsn, "SELECT pg_current_wal_lsn()::text"))
+		lsn, err := pglogrepl.ParseLSN(testenv.QueryString(t, dsn, "SELECT pg_current_wal_lsn()::text"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,14 +31,14 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 	}
 
 	// Nothing written while it was missing: the slot decodes fine.
-	execAs(t, dsn, recreate...)
-	execAs(t, dsn, insert)
+	testenv.ExecAs(t, dsn, recreate...)
+	testenv.ExecAs(t, dsn, insert)
 	if failed, out := runCheck(t, cfg, k); failed != 0 || !strings.Contains(out, "ok    slot decoding: "+slot+" can decode with publication outbox_relay") {
 		t.Errorf("Check after a harmless recreation = %d failed; want 0\n%s", failed, out)
 	}
 
 	// An event written while it was missing: every start would fail.
-	execAs(t, dsn, recreate[0], insert, recreate[1], insert)
+	testenv.ExecAs(t, dsn, recreate[0], insert, recreate[1], insert)
 	before := walNow()
 	failed, out := runCheck(t, cfg, k)
 	after := walNow()
@@ -59,7 +58,7 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 	if got < before || got > after {
 		t.Errorf("check printed --start-lsn %s; want the current WAL position, between %s and %s", got, before, after)
 	}
-	wantLines(t, "check", out,
+	testenv.WantLines(t, "check", out,
 		"FAIL  slot decoding: publication outbox_relay was created after the position of slot "+slot,
 		"the slot cannot decode past that point with this publication",
 		"events committed in between are skipped: re-insert or replay them",
@@ -69,7 +68,7 @@ func TestPublicationRecreatedAfterSlot(t *testing.T) {
 		t.Errorf("Setup = %v; want an error, reporting the publication at the slot's position\n%s", err, out)
 	}
 	// Checking changed nothing: the slot still stands where it stood.
-	if got := queryString(t, dsn, "SELECT active::text FROM pg_replication_slots WHERE slot_name = $1", slot); got != "false" {
+	if got := testenv.QueryString(t, dsn, "SELECT active::text FROM pg_replication_slots WHERE slot_name = $1", slot); got != "false" {
 		t.Errorf("slot active after check = %s; want false", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -32,14 +33,12 @@ func TestEOSNote(t *testing.T) {
 func TestCheckGood(t *testing.T) {
 	_, cfg := testDB(t)
 	k := withKafka(t, &cfg)
-	if out, err := runSetup(t, cfg, true); err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
+	mustSetup(t, cfg, true, "Setup")
 	failed, out := runCheck(t, cfg, k)
 	if failed != 0 {
 		t.Fatalf("Check on a set-up database = %d failed; want 0\noutput:\n%s", failed, out)
 	}
-	wantLines(t, "check", out,
+	testenv.WantLines(t, "check", out,
 		"ok    postgres: connected to ",
 		"ok    wal_level: logical",
 		"ok    max_replication_slots: ",
@@ -137,7 +136,7 @@ func TestCheckBroken(t *testing.T) {
 				t.Errorf("Check = 0 failed; want failures\n%s", out)
 			}
 			for _, w := range tt.want {
-				wantLines(t, "check", out, strings.ReplaceAll(w, "%SLOT%", cfg.Slot))
+				testenv.WantLines(t, "check", out, strings.ReplaceAll(w, "%SLOT%", cfg.Slot))
 			}
 		})
 	}

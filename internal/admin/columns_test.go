@@ -24,9 +24,7 @@ func TestDebeziumTableWithoutEventType(t *testing.T) {
 	cfg.Router.Columns, cfg.Router.Headers = dbz, sql.LayoutDebezium.Headers()
 	pg.Exec(t, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
     aggregateid varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`)
-	if out, err := runSetup(t, cfg, false); err != nil {
-		t.Fatalf("Setup of a Debezium table without type = %v\n%s", err, out)
-	}
+	mustSetup(t, cfg, false, "Setup of a Debezium table without type")
 	if failed, out := runCheck(t, cfg, k); failed != 0 || !strings.Contains(out, "ok    outbox table: public.outbox has the mapped columns") {
 		t.Errorf("Check of a Debezium table without type = %d failed; want 0\n%s", failed, out)
 	}
@@ -51,9 +49,7 @@ func TestColumnsMappedWrong(t *testing.T) {
 	pg, cfg := testDB(t)
 	slot := cfg.Slot
 	k := withKafka(t, &cfg)
-	if out, err := runSetup(t, cfg, true); err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
+	mustSetup(t, cfg, true, "Setup")
 	pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, slot)
 	cfg.Columns.Payload, cfg.Router.Columns.Payload = "body", "body" // outbox.columns.payload: body
 	// The table has a column of that field's name in another layout: the

@@ -4,9 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -53,33 +50,6 @@ func defaultConfig(t *testing.T, dsn, slot string) Config {
 	}
 }
 
-// queryString runs q in the database of dsn and returns its one value.
-func queryString(t *testing.T, dsn, q string, args ...any) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	var s string
-	if err := conn.QueryRow(ctx, q, args...).Scan(&s); err != nil {
-		t.Fatalf("query %q: %v", q, err)
-	}
-	return s
-}
-
-// wantLines fails the test for each of want that out (what's output) lacks.
-func wantLines(t *testing.T, what, out string, want ...string) {
-	t.Helper()
-	for _, w := range want {
-		if !strings.Contains(out, w) {
-			t.Errorf("%s output lacks %q; got:\n%s", what, w, out)
-		}
-	}
-}
-
 // withKafka sets cfg's brokers to the test Kafka's and returns a sink.Kafka
 // on them, as the CLI passes Check one; closed when the test ends.
 func withKafka(t *testing.T, cfg *Config) *sink.Kafka {
@@ -105,21 +75,4 @@ func runCheck(t *testing.T, cfg Config, k Kafka) (failed int, out string) {
 	var b strings.Builder
 	failed = Check(context.Background(), cfg, k, &b)
 	return failed, b.String()
-}
-
-// execAs runs stmts in the database of dsn, as its user.
-func execAs(t *testing.T, dsn string, stmts ...string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	for _, s := range stmts {
-		if _, err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("exec %q: %v", s, err)
-		}
-	}
 }

@@ -45,15 +45,13 @@ func TestCheckTransactionsACLs(t *testing.T) {
 		cfg.ExactlyOnce, cfg.CheckpointTopic, cfg.TransactionalID = true, cpTopic, sink.TransactionalID(tt.slot)
 		// Tables, publication and slot, through the plain listener.
 		cfg.Topics = kafkaAt(t, &cfg, kc.Brokers...)
-		if out, err := runSetup(t, cfg, true); err != nil {
-			t.Fatalf("Setup = %v\n%s", err, out)
-		}
+		mustSetup(t, cfg, true, "Setup")
 		cfg.Kafka.TLS = sink.TLSConfig{Enabled: true, CAFile: kc.Files.CA}
 		cfg.Kafka.SASL = sink.SASLConfig{Mechanism: "scram-sha-512", Username: kc.User, Password: kc.Password}
 		_, out := runCheck(t, cfg, kafkaAt(t, &cfg, kc.SASLBrokers...))
-		wantLines(t, "check", out, tt.want)
+		testenv.WantLines(t, "check", out, tt.want)
 		if tt.slot == refused {
-			wantLines(t, "check", out, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+			testenv.WantLines(t, "check", out, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
 				"fix: kafka-acls.sh --add --allow-principal "+principal+" --operation Write --operation Describe --transactional-id outbox-relay- --resource-pattern-type prefixed")
 		}
 	}

@@ -17,9 +17,7 @@ func TestCheckNeighbours(t *testing.T) {
 	pg, cfg := testDB(t)
 	slot := cfg.Slot
 	k := withKafka(t, &cfg)
-	if out, err := runSetup(t, cfg, true); err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
+	mustSetup(t, cfg, true, "Setup")
 	other := testenv.UniqueName(t, "billing")
 	for _, s := range []string{
 		`INSERT INTO outbox_relay_checkpoint (slot_name, lsn) VALUES ('` + other + `', '0/1')`,
@@ -35,7 +33,7 @@ VALUES ('lsn:0/1:0', 'billing/X', 'dead', now(), 'public.outbox', '` + other + `
 	if failed != 0 {
 		t.Fatalf("Check with neighbours = %d failed; want 0 (they are legitimate)\n%s", failed, out)
 	}
-	wantLines(t, "check", out,
+	testenv.WantLines(t, "check", out,
 		"warn  neighbours: retry table outbox_relay_retry also holds rows of other slots: "+other+" (1): isolation is by slot",
 		"warn  neighbours: checkpoint table outbox_relay_checkpoint also holds the checkpoints of slots "+other,
 		"warn  neighbours: slots "+other+" parked events of this relay's outbox tables",

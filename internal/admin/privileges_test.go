@@ -23,7 +23,7 @@ func TestPrintSQL(t *testing.T) {
 		t.Fatalf("PrintSQL = %v", err)
 	}
 	out := b.String()
-	wantLines(t, "PrintSQL", out,
+	testenv.WantLines(t, "PrintSQL", out,
 		`CREATE TABLE IF NOT EXISTS "relay"."retry" (`,
 		`CREATE PUBLICATION "outbox_relay" FOR TABLE "events"."outbox" WITH (publish = 'insert', publish_via_partition_root = true);`,
 		`ALTER PUBLICATION "outbox_relay" SET (publish_via_partition_root = true);`,
@@ -50,12 +50,10 @@ func TestCheckWarnsSuperuser(t *testing.T) {
 	pg, cfg := testDB(t)
 	cfg.DSN = testenv.SuperuserDSN(t, pg.DSN)
 	k := withKafka(t, &cfg)
-	if out, err := runSetup(t, cfg, true); err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
+	mustSetup(t, cfg, true, "Setup")
 	failed, out := runCheck(t, cfg, k)
 	if failed != 0 {
 		t.Errorf("Check as a superuser = %d failed; want 0\n%s", failed, out)
 	}
-	wantLines(t, "check", out, "warn  role: postgres is a superuser: the relay does not need superuser", "setup --print-sql")
+	testenv.WantLines(t, "check", out, "warn  role: postgres is a superuser: the relay does not need superuser", "setup --print-sql")
 }

@@ -21,26 +21,31 @@ func runSetup(t *testing.T, cfg Config, createOutbox bool) (string, error) {
 	return out.String(), err
 }
 
+// mustSetup is runSetup failing the test unless Setup returns nil; what
+// names the run in the failure.
+func mustSetup(t *testing.T, cfg Config, createOutbox bool, what string) string {
+	t.Helper()
+	out, err := runSetup(t, cfg, createOutbox)
+	if err != nil {
+		t.Fatalf("%s = %v; want nil\noutput:\n%s", what, err, out)
+	}
+	return out
+}
+
 func TestSetupTwice(t *testing.T) {
 	pg, cfg := testDB(t)
 	dsn, slot := pg.DSN, cfg.Slot
 
-	out, err := runSetup(t, cfg, true)
-	if err != nil {
-		t.Fatalf("first Setup = %v; want nil\noutput:\n%s", err, out)
-	}
-	wantLines(t, "first setup", out,
+	out := mustSetup(t, cfg, true, "first Setup")
+	testenv.WantLines(t, "first setup", out,
 		"outbox table public.outbox: created",
 		"checkpoint table outbox_relay_checkpoint: created",
 		"checkpoint history table outbox_relay_checkpoint_history: created",
 		"publication outbox_relay: created for public.outbox, inserts only",
 		"slot "+slot+": created (pgoutput) at ")
 
-	out, err = runSetup(t, cfg, true)
-	if err != nil {
-		t.Fatalf("second Setup = %v; want nil\noutput:\n%s", err, out)
-	}
-	wantLines(t, "second setup", out,
+	out = mustSetup(t, cfg, true, "second Setup")
+	testenv.WantLines(t, "second setup", out,
 		"outbox table public.outbox: already exists",
 		"checkpoint table outbox_relay_checkpoint: already exists",
 		"checkpoint history table outbox_relay_checkpoint_history: already exists",
@@ -52,14 +57,14 @@ func TestSetupTwice(t *testing.T) {
 
 	// What users rely on: the publication has the table, inserts only, and
 	// the slot decodes with pgoutput in this database.
-	got := queryString(t, dsn, `SELECT format('%s %s %s %s', p.pubinsert, p.pubupdate, p.pubdelete,
+	got := testenv.QueryString(t, dsn, `SELECT format('%s %s %s %s', p.pubinsert, p.pubupdate, p.pubdelete,
 	    (SELECT string_agg(schemaname||'.'||tablename, ',') FROM pg_publication_tables WHERE pubname = p.pubname))
 	  FROM pg_publication p WHERE pubname = 'outbox_relay'`)
 	if want := "t f f public.outbox"; got != want {
 		t.Errorf("publication = %q; want %q", got, want)
 	}
-	got = queryString(t, dsn, `SELECT plugin || ' ' || database FROM pg_replication_slots WHERE slot_name = $1`, slot)
-	if want := "pgoutput " + queryString(t, dsn, "SELECT current_database()"); got != want {
+	got = testenv.QueryString(t, dsn, `SELECT plugin || ' ' || database FROM pg_replication_slots WHERE slot_name = $1`, slot)
+	if want := "pgoutput " + testenv.QueryString(t, dsn, "SELECT current_database()"); got != want {
 		t.Errorf("slot = %q; want %q", got, want)
 	}
 }
@@ -73,13 +78,13 @@ func TestSetupMissingOutbox(t *testing.T) {
 	if err == nil || errors.Is(err, ErrNothingCreated) {
 		t.Errorf("Setup without the outbox table = %v; want an error of its problems", err)
 	}
-	wantLines(t, "setup", out,
+	testenv.WantLines(t, "setup", out,
 		"outbox table public.outbox: missing; create it with `outbox-relay setup --create-outbox-table`",
 		"checkpoint table outbox_relay_checkpoint: created",
 		"publication outbox_relay: not created: the outbox table is missing",
 		"slot "+slot+": not created until the problems above are fixed")
 	// No slot may be left behind retaining WAL.
-	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1`, slot); n != "0" {
+	if n := testenv.QueryString(t, dsn, `SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1`, slot); n != "0" {
 		t.Errorf("slots named %s after a failed setup = %s; want 0", slot, n)
 	}
 }
@@ -92,10 +97,10 @@ func TestSetupPublicationOfOtherTable(t *testing.T) {
 	if err == nil || errors.Is(err, ErrNothingCreated) {
 		t.Errorf("Setup with a publication of another table = %v; want an error of its problems", err)
 	}
-	wantLines(t, "setup", out,
+	testenv.WantLines(t, "setup", out,
 		"publication outbox_relay: already exists but does not cover public.outbox (it covers public.other); fix: ALTER PUBLICATION \"outbox_relay\" ADD TABLE \"public\".\"outbox\"")
 	// Not altered silently.
-	if got := queryString(t, pg.DSN, `SELECT string_agg(tablename, ',') FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); got != "other" {
+	if got := testenv.QueryString(t, pg.DSN, `SELECT string_agg(tablename, ',') FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); got != "other" {
 		t.Errorf("publication tables after setup = %q; want %q (unchanged)", got, "other")
 	}
 }
@@ -115,12 +120,9 @@ func TestSetupDebeziumLayout(t *testing.T) {
 	}
 	cfg.Layout, cfg.Columns = sql.LayoutDebezium, dbz
 	cfg.Router.Columns, cfg.Router.Headers = dbz, sql.LayoutDebezium.Headers()
-	out, err := runSetup(t, cfg, true)
-	if err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
-	wantLines(t, "setup", out, "outbox table public.outbox: created (debezium layout)")
-	got := queryString(t, pg.DSN, `SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ',' ORDER BY attnum) FROM pg_attribute
+	out := mustSetup(t, cfg, true, "Setup")
+	testenv.WantLines(t, "setup", out, "outbox table public.outbox: created (debezium layout)")
+	got := testenv.QueryString(t, pg.DSN, `SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ',' ORDER BY attnum) FROM pg_attribute
 	  WHERE attrelid = 'public.outbox'::regclass AND attnum > 0`)
 	want := "id uuid,aggregatetype character varying(255),aggregateid character varying(255),type character varying(255),payload jsonb,created_at timestamp with time zone"
 	if got != want {
@@ -152,25 +154,22 @@ func TestSetupPartitionedOutbox(t *testing.T) {
 	pg.Exec(t, `CREATE TABLE outbox_default PARTITION OF outbox DEFAULT`)
 	pg.Exec(t, `CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert')`)
 	viaRoot := func() string {
-		return queryString(t, pg.DSN, `SELECT pubviaroot::text FROM pg_publication WHERE pubname = 'outbox_relay'`)
+		return testenv.QueryString(t, pg.DSN, `SELECT pubviaroot::text FROM pg_publication WHERE pubname = 'outbox_relay'`)
 	}
 
 	failed, out := runCheck(t, cfg, k)
 	if failed == 0 {
 		t.Errorf("Check with partitions published under their own names = 0 failed; want failures")
 	}
-	wantLines(t, "check", out,
+	testenv.WantLines(t, "check", out,
 		"FAIL  publication: outbox_relay publishes the partitions of the partitioned public.outbox under their own names",
 		`ALTER PUBLICATION "outbox_relay" SET (publish_via_partition_root = true) (or run `+"`outbox-relay setup`)")
 	if got := viaRoot(); got != "false" {
 		t.Fatalf("check changed the publication: pubviaroot = %s", got)
 	}
 
-	out, err := runSetup(t, cfg, false)
-	if err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
-	wantLines(t, "setup", out,
+	out = mustSetup(t, cfg, false, "Setup")
+	testenv.WantLines(t, "setup", out,
 		"publication outbox_relay: already exists, covers the partitioned public.outbox; set publish_via_partition_root = true")
 	if got := viaRoot(); got != "true" {
 		t.Errorf("after setup pubviaroot = %s; want true", got)
@@ -179,15 +178,13 @@ func TestSetupPartitionedOutbox(t *testing.T) {
 	if failed != 0 || strings.Contains(out, "FAIL") {
 		t.Errorf("Check after setup = %d failed; want 0 and no FAIL\n%s", failed, out)
 	}
-	wantLines(t, "check after setup", out,
+	testenv.WantLines(t, "check after setup", out,
 		"ok    publication: outbox_relay covers the partitioned public.outbox (its partitions under its name) and publishes inserts",
 		"ok    outbox table: public.outbox has the mapped columns with usable types")
 
 	// A fresh publication is made with the option.
 	pg.Exec(t, `DROP PUBLICATION outbox_relay`)
-	if out, err := runSetup(t, cfg, false); err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
+	mustSetup(t, cfg, false, "Setup")
 	if got := viaRoot(); got != "true" {
 		t.Errorf("publication created by setup: pubviaroot = %s; want true", got)
 	}
@@ -199,7 +196,7 @@ func TestSetupPartitionedOutbox(t *testing.T) {
 func TestSetupMessages(t *testing.T) {
 	pg, cfg := testDB(t)
 	slot := cfg.Slot
-	if v := queryString(t, pg.DSN, `SHOW server_version_num`); v < "140000" {
+	if v := testenv.QueryString(t, pg.DSN, `SHOW server_version_num`); v < "140000" {
 		t.Skipf("Postgres %s: pgoutput sends logical decoding messages from 14 on", v)
 	}
 	// outbox.source: messages, with its default message prefix.
@@ -207,33 +204,30 @@ func TestSetupMessages(t *testing.T) {
 	// Check's Kafka is not what this test is about; as in cmd, nothing
 	// listens there.
 	k := kafkaAt(t, &cfg, "127.0.0.1:9")
-	out, err := runSetup(t, cfg, false)
-	if err != nil {
-		t.Fatalf("Setup = %v; want nil\noutput:\n%s", err, out)
-	}
-	wantLines(t, "setup", out,
+	out := mustSetup(t, cfg, false, "Setup")
+	testenv.WantLines(t, "setup", out,
 		"outbox table public.outbox: none; events come from logical decoding messages",
 		"publication outbox_relay: created for no table",
 		"slot "+slot+": created (pgoutput) at ")
-	if n := queryString(t, pg.DSN, `SELECT count(*)::text FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); n != "0" {
+	if n := testenv.QueryString(t, pg.DSN, `SELECT count(*)::text FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); n != "0" {
 		t.Errorf("the publication covers %s tables; want none", n)
 	}
 	_, out = runCheck(t, cfg, k)
-	wantLines(t, "check", out, "does not exist: events come from logical decoding messages", "the server's pgoutput sends logical decoding messages")
+	testenv.WantLines(t, "check", out, "does not exist: events come from logical decoding messages", "the server's pgoutput sends logical decoding messages")
 
 	// An archive the publication covers would stop the relay at its first row.
 	pg.Exec(t, `CREATE TABLE outbox (id uuid PRIMARY KEY, aggregate_type text, aggregate_id text, event_type text, payload jsonb, headers jsonb)`)
 	pg.Exec(t, `ALTER PUBLICATION outbox_relay ADD TABLE outbox`)
-	out, err = runSetup(t, cfg, false)
+	out, err := runSetup(t, cfg, false)
 	if err == nil || errors.Is(err, ErrNothingCreated) {
 		t.Errorf("Setup with the archive published = %v; want an error of its problems", err)
 	}
-	wantLines(t, "setup", out, `publication outbox_relay: covers public.outbox, whose inserts would stop a relay that reads messages only; fix: ALTER PUBLICATION "outbox_relay" DROP TABLE "public"."outbox"`)
+	testenv.WantLines(t, "setup", out, `publication outbox_relay: covers public.outbox, whose inserts would stop a relay that reads messages only; fix: ALTER PUBLICATION "outbox_relay" DROP TABLE "public"."outbox"`)
 	failed, out := runCheck(t, cfg, k)
 	if failed == 0 {
 		t.Errorf("Check with the archive published = 0 failed; want a failure")
 	}
-	wantLines(t, "check", out, `covers public.outbox, whose inserts stop a relay that reads messages only`)
+	testenv.WantLines(t, "check", out, `covers public.outbox, whose inserts stop a relay that reads messages only`)
 }
 
 // TestSetupTables: setup creates every table of outbox.tables in its layout
@@ -254,29 +248,26 @@ func TestSetupTables(t *testing.T) {
 		{Name: sql.Table{Schema: "public", Name: "shipping_events"}, Layout: sql.LayoutRelay, Columns: cfg.Columns,
 			Router: router.Config{Columns: cfg.Columns, Headers: sql.LayoutRelay.Headers()}},
 	}
-	out, err := runSetup(t, cfg, true)
-	if err != nil {
-		t.Fatalf("Setup = %v; want nil\noutput:\n%s", err, out)
-	}
-	wantLines(t, "setup", out,
+	out := mustSetup(t, cfg, true, "Setup")
+	testenv.WantLines(t, "setup", out,
 		"outbox table billing.outbox: created (debezium layout)",
 		"outbox table public.shipping_events: created (relay layout)",
 		"publication outbox_relay: created for public.outbox, billing.outbox, public.shipping_events")
-	if got := queryString(t, pg.DSN, `SELECT string_agg(schemaname || '.' || tablename, ',' ORDER BY schemaname, tablename) FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); got != "billing.outbox,public.outbox,public.shipping_events" {
+	if got := testenv.QueryString(t, pg.DSN, `SELECT string_agg(schemaname || '.' || tablename, ',' ORDER BY schemaname, tablename) FROM pg_publication_tables WHERE pubname = 'outbox_relay'`); got != "billing.outbox,public.outbox,public.shipping_events" {
 		t.Errorf("the publication covers %s; want the three tables", got)
 	}
-	if got := queryString(t, pg.DSN, `SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'billing.outbox'::regclass AND attnum > 0`); !strings.Contains(got, "aggregatetype") {
+	if got := testenv.QueryString(t, pg.DSN, `SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'billing.outbox'::regclass AND attnum > 0`); !strings.Contains(got, "aggregatetype") {
 		t.Errorf("billing.outbox has columns %s; want Debezium's", got)
 	}
 	_, out = runCheck(t, cfg, k)
-	wantLines(t, "check", out, "billing.outbox has the mapped columns", "covers the outbox table public.shipping_events")
+	testenv.WantLines(t, "check", out, "billing.outbox has the mapped columns", "covers the outbox table public.shipping_events")
 
 	pg.Exec(t, `ALTER PUBLICATION outbox_relay DROP TABLE shipping_events`)
 	failed, out := runCheck(t, cfg, k)
 	if failed == 0 {
 		t.Errorf("Check with a table out of the publication = 0 failed; want a failure")
 	}
-	wantLines(t, "check", out, `does not cover the outbox table public.shipping_events; ALTER PUBLICATION "outbox_relay" ADD TABLE "public"."shipping_events"`)
+	testenv.WantLines(t, "check", out, `does not cover the outbox table public.shipping_events; ALTER PUBLICATION "outbox_relay" ADD TABLE "public"."shipping_events"`)
 }
 
 // TestSetupChecksFirst: setup runs the checks of what it cannot create
@@ -289,12 +280,12 @@ func TestSetupChecksFirst(t *testing.T) {
 	base := testenv.Postgres(t) // the superuser's DSN; the role must outlive the test's database
 	admin := testenv.SuperuserDSN(t, base.DSN)
 	role, password := testenv.LeastPrivilegedRole(t, admin)
-	execAs(t, admin, `ALTER ROLE `+sql.Ident(role)+` NOREPLICATION`)
+	testenv.ExecAs(t, admin, `ALTER ROLE `+sql.Ident(role)+` NOREPLICATION`)
 	pg, cfg := testDB(t)
 	dsn, slot := pg.DSN, cfg.Slot
 	su := testenv.SuperuserDSN(t, dsn)
 	// Everything but REPLICATION: it could create all of it.
-	execAs(t, su, `GRANT CREATE ON DATABASE `+sql.Ident(queryString(t, dsn, `SELECT current_database()`))+` TO `+sql.Ident(role),
+	testenv.ExecAs(t, su, `GRANT CREATE ON DATABASE `+sql.Ident(testenv.QueryString(t, dsn, `SELECT current_database()`))+` TO `+sql.Ident(role),
 		`GRANT CREATE, USAGE ON SCHEMA public TO `+sql.Ident(role))
 	cfg.DSN = testenv.WithUser(t, dsn, "postgres://"+url.UserPassword(role, password).String()+"@x/")
 
@@ -313,13 +304,13 @@ func TestSetupChecksFirst(t *testing.T) {
 	if strings.Contains(out, "created") {
 		t.Errorf("Setup printed that it created something:\n%s", out)
 	}
-	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'`); n != "0" {
+	if n := testenv.QueryString(t, dsn, `SELECT count(*)::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'`); n != "0" {
 		t.Errorf("setup that failed its checks left %s relations in public; want none", n)
 	}
-	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_publication`); n != "0" {
+	if n := testenv.QueryString(t, dsn, `SELECT count(*)::text FROM pg_publication`); n != "0" {
 		t.Errorf("setup that failed its checks left %s publications; want none", n)
 	}
-	if n := queryString(t, dsn, `SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1`, slot); n != "0" {
+	if n := testenv.QueryString(t, dsn, `SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1`, slot); n != "0" {
 		t.Errorf("setup that failed its checks created the slot")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // TestPlanSkipBehindSlot: a position between the checkpoint and the slot's
@@ -14,12 +15,10 @@ import (
 // command makes a refusal exit 2: cmd/outbox-relay's TestCheckpointSet.)
 func TestPlanSkipBehindSlot(t *testing.T) {
 	pg, cfg := testDB(t)
-	if out, err := runSetup(t, cfg, true); err != nil {
-		t.Fatalf("Setup = %v\n%s", err, out)
-	}
+	mustSetup(t, cfg, true, "Setup")
 	insert := `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES (gen_random_uuid(), 'Order', 'a-1', 'Created', '{"n": 1}')`
 	pg.Exec(t, insert)
-	between, err := pglogrepl.ParseLSN(queryString(t, pg.DSN, `SELECT pg_current_wal_lsn()::text`))
+	between, err := pglogrepl.ParseLSN(testenv.QueryString(t, pg.DSN, `SELECT pg_current_wal_lsn()::text`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,8 +2,6 @@ package metrics
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
@@ -16,17 +14,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
-// postgresDSN is a fresh database of the test server (internal/testenv: the
-// dev servers, or containers; never a skip).
-func postgresDSN(t *testing.T) string {
-	t.Helper()
-	return testenv.Postgres(t).DSN
-}
-
 func TestSampler(t *testing.T) {
 	// The DSN first: testenv.Postgres may wait for a fault test of another package,
 	// which must not use up the test's own time.
-	dsn := postgresDSN(t)
+	dsn := testenv.Postgres(t).DSN
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -34,9 +25,7 @@ func TestSampler(t *testing.T) {
 		t.Fatalf("pgxpool.New: %v", err)
 	}
 	defer pool.Close()
-	b := make([]byte, 4)
-	rand.Read(b)
-	id := "h5metrics_" + hex.EncodeToString(b)
+	id := testenv.UniqueName(t, "h5metrics")
 	exec := func(stmt string) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, stmt); err != nil {

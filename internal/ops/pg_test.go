@@ -2,8 +2,6 @@ package ops_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
@@ -13,13 +11,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
-
-// postgresDSN is a fresh database of the test server (internal/testenv: the
-// dev servers, or containers; never a skip).
-func postgresDSN(t *testing.T) string {
-	t.Helper()
-	return testenv.Postgres(t).DSN
-}
 
 // fixture is a private schema holding an outbox and a checkpoint table, and a
 // logical slot; all are dropped when the test ends.
@@ -34,16 +25,14 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	// The server first: testenv.Postgres waits while a fault test of another package
 	// holds the servers, which must not count against the connect timeout.
-	dsn := postgresDSN(t)
+	dsn := testenv.Postgres(t).DSN
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	b := make([]byte, 4)
-	rand.Read(b)
-	id := "h5ops_" + hex.EncodeToString(b)
+	id := testenv.UniqueName(t, "h5ops")
 	f := &fixture{conn: conn, dsn: dsn, schema: id, cfg: ops.Config{
 		Slot:            id,
 		Table:           id + ".outbox",

@@ -5,36 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/outbox-relay/outbox-relay/internal/ops"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // startStreaming holds the fixture's slot with a replication connection named
 // like a relay, and returns a func that lets go of it.
 func startStreaming(t *testing.T, f *fixture, applicationName string) func() {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cfg, err := pgconn.ParseConfig(f.dsn)
-	if err != nil {
-		t.Fatalf("parse dsn: %v", err)
-	}
-	cfg.RuntimeParams["replication"] = "database"
-	cfg.RuntimeParams["application_name"] = applicationName
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("replication connect: %v", err)
-	}
-	err = pglogrepl.StartReplication(ctx, conn, f.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + f.schema + "'"},
-	})
-	if err != nil {
-		conn.Close(ctx)
-		t.Fatalf("start replication: %v", err)
-	}
-	return func() { conn.Close(context.Background()) }
+	return testenv.HoldSlot(t, f.dsn, f.cfg.Slot, f.schema, applicationName)
 }
 
 func TestStatus(t *testing.T) {

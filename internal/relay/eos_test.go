@@ -56,6 +56,22 @@ func (f *fixture) waitCommitted(t testing.TB, n int, timeout time.Duration) []de
 	return waitRead(t, f.readCommitted, n, timeout)
 }
 
+// waitCommittedWhole waits 90s for every outbox row to be read_committed
+// and requires them in order and as written; it returns what it read.
+func (f *fixture) waitCommittedWhole(t *testing.T) []delivered {
+	t.Helper()
+	var got []delivered
+	waitFor(t, 90*time.Second, "every outbox row read_committed", func() (bool, string) {
+		got = f.readCommitted(t)
+		rep := f.check(t, got)
+		return rep.lost == 0, rep.firstProblem
+	})
+	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
+		t.Fatalf("read_committed: lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	}
+	return got
+}
+
 // TestExactlyOnce streams transactions of 1 to 1000 events with exactly-once
 // delivery: a read_committed consumer reads each event once, in commit order
 // per aggregate, and the slot is confirmed to the last transaction.

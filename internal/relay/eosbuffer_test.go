@@ -67,26 +67,12 @@ func (s *blockedTxnSink) MaxTransactionTimeout(ctx context.Context) (time.Durati
 // events streamed live before and after are read exactly once.
 func TestWALBufferExactlyOnce(t *testing.T) {
 	f := newFixture(t)
-	cfg := f.eosConfig(t)
-	cfg.MaxRetainedWAL = 4 << 20
-	cfg.Metrics = metrics.New()
-	ctx := context.Background()
-	newSink := func(txn bool) *sink.Kafka { return eosSink(t, cfg, txn) }
-	// Kafka away is both sinks that talk to it while buffering: the
-	// stream's (transactional) and the drain's.
-	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: newSink(true)}}
-	stream.k = stream.Sink.(*sink.Kafka)
-	drain := &blockedSink{Sink: newSink(false)}
+	cfg, stream, drain := f.eosBufferRelay(t, false)
 	block := func() { stream.block(); drain.block() }
 	unblock := func() { stream.unblock(); drain.unblock() }
-	if _, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false)}); err == nil {
+	if _, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: eosSink(t, cfg, false)}); err == nil {
 		t.Errorf("relay.New with exactly-once, a WAL bound and no drain sink = nil error; want one naming Sinks.Drain")
 	}
-	r, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false), Drain: drain})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runRelay(t, r)
 	live := map[string]bool{} // streamed live: exactly once, unmarked
 	insertLive := func(n int) {
 		evs := f.makeEvents(n)
@@ -114,22 +100,13 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 	}
 	ends := f.commitEnds(t)
 	f.waitConfirmed(t, ends[len(ends)-1], 60*time.Second)
-	var held int
-	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held == 0 {
-		t.Fatalf("the slot was confirmed past undelivered events, but the WAL buffer holds none of them")
-	}
-	t.Logf("confirmed past %s with Kafka blocked; %d events in the buffer", ends[len(ends)-1], held)
+	f.bufferedPast(t, ends[len(ends)-1])
 
 	// Back: events keep coming while the buffer drains (to the buffer, or
 	// live once the relay left buffering).
 	unblock()
 	for deadline := time.Now().Add(90 * time.Second); ; {
-		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
-			t.Fatal(err)
-		}
+		held := f.walBuffered(t)
 		if held == 0 {
 			break
 		}
@@ -145,15 +122,7 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 		return gauge(t, cfg.Metrics, "outbox_relay_wal_buffer_active") == 0, "outbox_relay_wal_buffer_active is 1"
 	})
 	insertLive(10)
-	var got []delivered
-	waitFor(t, 90*time.Second, "every outbox row read_committed", func() (bool, string) {
-		got = f.readCommitted(t)
-		rep := f.check(t, got)
-		return rep.lost == 0, rep.firstProblem
-	})
-	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
-		t.Fatalf("read_committed: lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
-	}
+	got := f.waitCommittedWhole(t)
 	unmarked := map[string]int{}
 	dups := 0
 	seen := map[string]bool{}
@@ -202,18 +171,7 @@ func TestWALBufferExactlyOnce(t *testing.T) {
 // broker up; at the retained WAL a busy primary keeps, for good.
 func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
 	f := newFixture(t)
-	cfg := f.eosConfig(t)
-	cfg.MaxRetainedWAL = 4 << 20
-	cfg.Metrics = metrics.New()
-	newSink := func(txn bool) *sink.Kafka { return eosSink(t, cfg, txn) }
-	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: newSink(true), sticky: true}}
-	stream.k = stream.Sink.(*sink.Kafka)
-	drain := &blockedSink{Sink: newSink(false)}
-	r, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: newSink(false), Drain: drain})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runRelay(t, r)
+	cfg, stream, drain := f.eosBufferRelay(t, true)
 	f.insertTx(t, f.makeEvents(10))
 	f.waitCommitted(t, 10, time.Minute)
 
@@ -246,15 +204,27 @@ func TestWALBufferExactlyOnceLeavesBuffering(t *testing.T) {
 		t.Errorf("health_failing{check=\"kafka\"} = %v after 10s of streaming live with Kafka up; want 0", v)
 	}
 	f.insertTx(t, f.makeEvents(10))
-	var got []delivered
-	waitFor(t, 90*time.Second, "every outbox row read_committed", func() (bool, string) {
-		got = f.readCommitted(t)
-		rep := f.check(t, got)
-		return rep.lost == 0, rep.firstProblem
-	})
-	if rep := f.check(t, got); rep.lost != 0 || rep.orderViolations != 0 || rep.mismatches != 0 {
-		t.Fatalf("read_committed: lost %d, order violations %d, mismatches %d: %s", rep.lost, rep.orderViolations, rep.mismatches, rep.firstProblem)
+	f.waitCommittedWhole(t)
+}
+
+// eosBufferRelay runs an exactly-once relay with a 4 MiB WAL bound and
+// metrics, whose stream (transactional; sticky as given) and drain sinks
+// can be blocked: Kafka away is both sinks that talk to it while
+// buffering. It returns the config and those two sinks.
+func (f *fixture) eosBufferRelay(t *testing.T, sticky bool) (relay.Config, *blockedTxnSink, *blockedSink) {
+	t.Helper()
+	cfg := f.eosConfig(t)
+	cfg.MaxRetainedWAL = 4 << 20
+	cfg.Metrics = metrics.New()
+	stream := &blockedTxnSink{blockedSink: &blockedSink{Sink: eosSink(t, cfg, true), sticky: sticky}}
+	stream.k = stream.Sink.(*sink.Kafka)
+	drain := &blockedSink{Sink: eosSink(t, cfg, false)}
+	r, err := relay.New(cfg, relay.Sinks{Stream: stream, Retry: eosSink(t, cfg, false), Drain: drain})
+	if err != nil {
+		t.Fatal(err)
 	}
+	runRelay(t, r)
+	return cfg, stream, drain
 }
 
 // eosSink is a sink of cfg.Sink closed at the test's end; txn makes it the

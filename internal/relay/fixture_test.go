@@ -107,11 +107,21 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// newRelay builds a relay with two sinks of cfg.Sink, as the CLI does
-// (cmd/outbox-relay's newRelay: with exactly-once the stream's is
-// transactional), closed once the test and its cleanups that
-// stop the relay are done.
+// newRelay builds a relay with the two sinks of newSinks.
 func newRelay(t testing.TB, cfg relay.Config) (*relay.Relay, error) {
+	t.Helper()
+	sinks, err := newSinks(t, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return relay.New(cfg, sinks)
+}
+
+// newSinks builds a relay's two sinks of cfg.Sink, as the CLI does
+// (cmd/outbox-relay's newRelay: with exactly-once the stream's is
+// transactional), logging to cfg.Logger unless cfg.Sink has a logger,
+// closed once the test and its cleanups that stop the relay are done.
+func newSinks(t testing.TB, cfg relay.Config) (relay.Sinks, error) {
 	t.Helper()
 	if cfg.Sink.Logger == nil {
 		cfg.Sink.Logger = cfg.Logger
@@ -124,12 +134,12 @@ func newRelay(t testing.TB, cfg relay.Config) (*relay.Relay, error) {
 		}
 		k, err := sink.New(scfg)
 		if err != nil {
-			return nil, err
+			return relay.Sinks{}, err
 		}
 		t.Cleanup(func() { k.Close() })
 		*s = k
 	}
-	return relay.New(cfg, sinks)
+	return sinks, nil
 }
 
 // running is a relay started in this process.
@@ -188,6 +198,32 @@ func (r *running) stop(t testing.TB) {
 	r.done <- context.Canceled // for the cleanup
 }
 
+// runsFor fails the test with stopped, given Run's error, if the relay
+// stops within d.
+func (r *running) runsFor(t testing.TB, d time.Duration, stopped string) {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		t.Fatalf(stopped, err)
+	case <-time.After(d):
+	}
+}
+
+// exited waits up to timeout for the relay to stop by itself and returns
+// Run's error, put back for the cleanup; else it fails the test with
+// notStopped.
+func (r *running) exited(t testing.TB, timeout time.Duration, notStopped string) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		return err
+	case <-time.After(timeout):
+		t.Fatal(notStopped)
+		return nil
+	}
+}
+
 // event is one outbox row as the test inserts it.
 type event struct {
 	ID, AggregateType, AggregateID, EventType string
@@ -229,26 +265,30 @@ func newUUID() string {
 // another table, and returns nothing: end LSNs come from the probe slot.
 func (f *fixture) insertTx(t testing.TB, evs []event) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatalf("begin: %v", err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `INSERT INTO orders (note) VALUES ('business row')`); err != nil {
-		t.Fatalf("insert orders: %v", err)
-	}
 	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO orders (note) VALUES ('business row')`)
 	for _, e := range evs {
 		b.Queue(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
 			VALUES ($1, $2, $3, $4, $5::jsonb, nullif($6, '')::jsonb)`,
 			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.Headers)
 	}
+	f.commitBatch(t, b)
+}
+
+// commitBatch sends b in one transaction and commits it.
+func (f *fixture) commitBatch(t testing.TB, b *pgx.Batch) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		t.Fatalf("insert outbox: %v", err)
+		t.Fatalf("send batch: %v", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		t.Fatalf("commit: %v", err)
+		t.Fatal(err)
 	}
 }
 
@@ -290,6 +330,16 @@ func (f *fixture) insertCopy(t testing.TB, evs []event) {
 	}
 }
 
+// deliveredTx inserts n events in one transaction, the test's first, and
+// waits a minute for them in Kafka and for the slot and the checkpoint to
+// reach its end.
+func (f *fixture) deliveredTx(t testing.TB, n int) {
+	t.Helper()
+	f.insertTx(t, f.makeEvents(n))
+	f.waitCount(t, n, time.Minute)
+	f.waitConfirmed(t, f.commitEnds(t)[0], time.Minute)
+}
+
 // commitEnds returns the end LSN of every transaction the probe slot has seen
 // that touched the outbox, in commit order.
 func (f *fixture) commitEnds(t testing.TB) []pglogrepl.LSN {
@@ -311,11 +361,7 @@ func (f *fixture) commitEnds(t testing.TB) []pglogrepl.LSN {
 			touched = true
 		case strings.HasPrefix(data, "COMMIT"):
 			if touched {
-				l, err := pglogrepl.ParseLSN(lsn)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ends = append(ends, l)
+				ends = append(ends, mustLSN(t, lsn))
 			}
 			touched = false
 		}
@@ -335,11 +381,7 @@ func (f *fixture) slotConfirmed(t testing.TB) pglogrepl.LSN {
 	if err != nil {
 		t.Fatalf("read slot: %v", err)
 	}
-	l, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return mustLSN(t, s)
 }
 
 // checkpointLSN returns the saved checkpoint, 0 if none.
@@ -354,11 +396,7 @@ func (f *fixture) checkpointLSN(t testing.TB) pglogrepl.LSN {
 	if err != nil {
 		t.Fatalf("read checkpoint: %v", err)
 	}
-	l, err := pglogrepl.ParseLSN(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return mustLSN(t, s)
 }
 
 // waitConfirmed waits until the slot's confirmed_flush_lsn and the checkpoint

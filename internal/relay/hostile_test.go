@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -258,19 +259,12 @@ func TestSchemaDriftStops(t *testing.T) {
 
 	f.pg.Exec(t, `ALTER TABLE outbox DROP COLUMN headers`)
 	after := f.makeEvents(20)
-	tx, err := f.pool.Begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := &pgx.Batch{}
 	for _, e := range after {
-		if _, err := tx.Exec(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5)`,
-			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload); err != nil {
-			t.Fatal(err)
-		}
+		b.Queue(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5)`,
+			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload)
 	}
-	if err := tx.Commit(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	f.commitBatch(t, b)
 	select {
 	case err := <-done:
 		var se *router.SchemaError
@@ -327,25 +321,39 @@ func TestStartLSNBeyondWALRefused(t *testing.T) {
 	}
 }
 
+// startReady starts a relay of cfg serving /readyz on an address of its
+// own, delivers 10 events and waits 20s for it to be ready; it returns the
+// relay and the address.
+func (f *fixture) startReady(t *testing.T, cfg relay.Config) (*running, string) {
+	t.Helper()
+	cfg.MetricsListen = testenv.FreeAddr(t)
+	run := f.start(t, cfg)
+	f.insertTx(t, f.makeEvents(10))
+	f.waitCount(t, 10, time.Minute)
+	waitReady(t, cfg.MetricsListen, 20*time.Second, "ready")
+	return run, cfg.MetricsListen
+}
+
+// waitReady waits up to timeout for /readyz at addr to answer 200.
+func waitReady(t *testing.T, addr string, timeout time.Duration, what string) {
+	t.Helper()
+	waitFor(t, timeout, what, func() (bool, string) {
+		body, code := httpBody(t, "http://"+addr+"/readyz")
+		return code == 200, body
+	})
+}
+
 // Problem 6, and the health issue's stalled pipeline: /readyz says what is
 // wrong while the retry table refuses writes (the pipeline then must wait),
 // and is ready again once it accepts them, with nothing lost.
 func TestReadyWhileRetryTableRefuses(t *testing.T) {
 	f := newFixture(t)
-	addr := testenv.FreeAddr(t)
 	cfg := f.retryConfig(t)
-	cfg.MetricsListen = addr
 	cfg.StallAfter = 3 * time.Second
 	// Not the data's fault: the table refuses every insert.
 	f.pg.Exec(t, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'retry table offline for maintenance'; END $$`)
 	f.pg.Exec(t, `CREATE TRIGGER refuse BEFORE INSERT ON outbox_relay_retry FOR EACH ROW EXECUTE FUNCTION refuse()`)
-	run := f.start(t, cfg)
-	f.insertTx(t, f.makeEvents(10))
-	f.waitCount(t, 10, time.Minute)
-	waitFor(t, 20*time.Second, "ready", func() (bool, string) {
-		body, code := httpBody(t, "http://"+addr+"/readyz")
-		return code == 200, body
-	})
+	run, addr := f.startReady(t, cfg)
 
 	bad := event{ID: newUUID(), AggregateType: "Bad Type!", AggregateID: "b-1", EventType: "X", Payload: `{}`}
 	f.insertRaw(t, bad)
@@ -360,10 +368,7 @@ func TestReadyWhileRetryTableRefuses(t *testing.T) {
 	}
 
 	f.pg.Exec(t, `DROP TRIGGER refuse ON outbox_relay_retry`)
-	waitFor(t, 30*time.Second, "ready again", func() (bool, string) {
-		body, code := httpBody(t, "http://"+addr+"/readyz")
-		return code == 200, body
-	})
+	waitReady(t, addr, 30*time.Second, "ready again")
 	f.waitCount(t, 20, time.Minute)
 	if _, ok := f.retryRows(t)[bad.ID]; !ok {
 		t.Errorf("the unroutable event is not in the retry table")
@@ -376,16 +381,7 @@ func TestReadyWhileRetryTableRefuses(t *testing.T) {
 func TestReadyDuringKafkaOutage(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
-	addr := testenv.FreeAddr(t)
-	cfg := f.config(t)
-	cfg.MetricsListen = addr
-	run := f.start(t, cfg)
-	f.insertTx(t, f.makeEvents(10))
-	f.waitCount(t, 10, time.Minute)
-	waitFor(t, 20*time.Second, "ready", func() (bool, string) {
-		body, code := httpBody(t, "http://"+addr+"/readyz")
-		return code == 200, body
-	})
+	run, addr := f.startReady(t, f.config(t))
 
 	testenv.PauseKafka(t)
 	paused := true
@@ -401,10 +397,7 @@ func TestReadyDuringKafkaOutage(t *testing.T) {
 	})
 	testenv.ResumeKafka(t)
 	paused = false
-	waitFor(t, time.Minute, "ready again", func() (bool, string) {
-		body, code := httpBody(t, "http://"+addr+"/readyz")
-		return code == 200, body
-	})
+	waitReady(t, addr, time.Minute, "ready again")
 	f.waitCount(t, 20, time.Minute)
 	run.stop(t)
 }

@@ -53,23 +53,6 @@ func (f *fixture) emitTx(t testing.TB, evs []event, extra ...string) {
 	f.commitBatch(t, b)
 }
 
-// commitBatch sends b in one transaction and commits it.
-func (f *fixture) commitBatch(t testing.TB, b *pgx.Batch) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		t.Fatalf("send batch: %v", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestMessagesEndToEnd delivers events written as logical decoding
 // messages, in transactions of 1, 100 and 1000 with business rows, exactly
 // once, in order, with exact keys, values and headers; nothing of a
@@ -166,13 +149,7 @@ func TestMessagesNonTransactional(t *testing.T) {
 	f.waitCount(t, 3, time.Minute)
 	f.pg.Exec(t, `BEGIN; SELECT pg_logical_emit_message(false, 'outbox', '{"id":"never"}'); ROLLBACK`)
 	f.emitTx(t, f.makeEvents(2))
-	var err error
-	select {
-	case err = <-run.done:
-	case <-time.After(time.Minute):
-		t.Fatal("relay still running a minute after a non-transactional message")
-	}
-	run.done <- err // for the cleanup
+	err := run.exited(t, time.Minute, "relay still running a minute after a non-transactional message")
 	var nt *replication.NonTransactionalError
 	if !errors.As(err, &nt) {
 		t.Fatalf("Run = %v; want a *replication.NonTransactionalError", err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
@@ -76,23 +77,29 @@ func TestMetricsDuringRun(t *testing.T) {
 	run.stop(t)
 }
 
+// acquire takes a connection of the pool, as the ops commands take one,
+// released when the test ends.
+func (f *fixture) acquire(t *testing.T) *pgxpool.Conn {
+	t.Helper()
+	conn, err := f.pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	return conn
+}
+
 // TestLagWithRelay: lag grows while the relay is stopped and events are
 // inserted, with a time lag of about the age of the oldest undelivered event,
 // and returns to about zero once the relay runs again.
 func TestLagWithRelay(t *testing.T) {
 	f := newFixture(t)
 	run := f.start(t, f.config(t))
-	f.insertTx(t, f.makeEvents(10))
-	f.waitCount(t, 10, time.Minute)
-	f.waitConfirmed(t, f.commitEnds(t)[0], time.Minute)
+	f.deliveredTx(t, 10)
 	run.stop(t)
 
 	ctx := context.Background()
-	conn, err := f.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	conn := f.acquire(t)
 	cfg := ops.Config{Slot: f.slot}
 
 	for range 5 {
@@ -216,11 +223,7 @@ func TestLagCountsTransactionBeingRead(t *testing.T) {
 	slow := &slowSink{delay: 100 * time.Millisecond, hold: hold}
 	f.startSlowSink(t, cfg, slow)
 	ctx := context.Background()
-	conn, err := f.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	conn := f.acquire(t)
 	ocfg := ops.Config{Slot: f.slot}
 
 	f.insertTx(t, f.makeEvents(5000))
@@ -228,6 +231,7 @@ func TestLagCountsTransactionBeingRead(t *testing.T) {
 	// server loaded by the other packages' tests the slot's walsender may
 	// still be decoding their WAL, which it reads too, when this commits.
 	var r *ops.LagReport
+	var err error
 	var deadline time.Time
 	giveUp := time.Now().Add(5 * time.Minute)
 	for {

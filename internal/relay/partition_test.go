@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
@@ -64,11 +65,7 @@ func (f *fixture) stoppedBefore(t *testing.T) pglogrepl.LSN {
 	if s == nil {
 		t.Fatal("no stop recorded in the checkpoint row")
 	}
-	lsn, err := pglogrepl.ParseLSN(*s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lsn
+	return mustLSN(t, *s)
 }
 
 // runToStop runs a relay with cfg until it stops by itself, and returns the
@@ -99,22 +96,13 @@ type ledger struct {
 // and records them.
 func (l *ledger) insertAt(t *testing.T, f *fixture, table string, at string, evs []event) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	b := &pgx.Batch{}
 	for _, e := range evs {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at)
+		b.Queue(`INSERT INTO `+table+` (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at)
 VALUES ($1, $2, $3, $4, $5::jsonb, nullif($6, '')::jsonb, $7::timestamptz)`,
-			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.Headers, at); err != nil {
-			t.Fatalf("insert into %s: %v", table, err)
-		}
+			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.Headers, at)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.commitBatch(t, b)
 	l.evs = append(l.evs, evs...)
 }
 
@@ -122,6 +110,17 @@ VALUES ($1, $2, $3, $4, $5::jsonb, nullif($6, '')::jsonb, $7::timestamptz)`,
 // missing, duplicated or out of order per aggregate, and each has its row's
 // key and value.
 func (l *ledger) check(t *testing.T, f *fixture) { l.checkDups(t, f, 0) }
+
+// checkDelivering runs a relay told that table's inserts are events (the
+// fix a placement stop prints), checks as check does, and stops it.
+func (l *ledger) checkDelivering(t *testing.T, f *fixture, table string) {
+	t.Helper()
+	cfg := f.config(t)
+	cfg.OtherTables = map[string]placement.Action{table: placement.Deliver}
+	run := f.start(t, cfg)
+	l.check(t, f)
+	run.stop(t)
+}
 
 // checkDups is check allowing up to maxDups duplicates (a killed relay
 // resends what it had not confirmed); order is checked on first deliveries.
@@ -319,11 +318,7 @@ poll:
 	}
 
 	// The printed fix: the operator says the table's inserts are events.
-	cfg := f.config(t)
-	cfg.OtherTables = map[string]placement.Action{"public.outbox_2026_01": placement.Deliver}
-	run = f.start(t, cfg)
-	l.check(t, f)
-	run.stop(t)
+	l.checkDelivering(t, f, "public.outbox_2026_01")
 	// Past the transaction it stopped in, the record is gone.
 	if lerr := ops.RunLag(ctx, f.pool, ocfg, &buf, ops.LagOptions{}); lerr != nil {
 		t.Errorf("lag once the relay passed the stop = %v; want nil", lerr)
@@ -381,15 +376,10 @@ func TestOutboxRenamedWhileRunning(t *testing.T) {
 	var l ledger
 	l.evs = before
 	l.insertAt(t, f, "events_outbox", "2026-06-01", after)
-	select {
-	case err := <-run.done:
-		run.done <- err // for the cleanup, which waits for it
-		var pe *placement.Error
-		if !errors.As(err, &pe) || !strings.Contains(err.Error(), "set outbox.table to public.events_outbox") {
-			t.Fatalf("relay stopped with %v; want a *placement.Error saying to set outbox.table to public.events_outbox", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the relay did not stop within 60s of inserts under the outbox's new name")
+	err := run.exited(t, 60*time.Second, "the relay did not stop within 60s of inserts under the outbox's new name")
+	var pe *placement.Error
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "set outbox.table to public.events_outbox") {
+		t.Fatalf("relay stopped with %v; want a *placement.Error saying to set outbox.table to public.events_outbox", err)
 	}
 	if got := len(f.readAll(t)); got != len(before) {
 		t.Errorf("%d events in Kafka after the stop; want the %d from before the rename", got, len(before))
@@ -477,11 +467,7 @@ func TestPartitionDroppedBeforeRead(t *testing.T) {
 	if got := len(f.readAll(t)); got != 10 {
 		t.Errorf("%d events in Kafka after the stop; want the 10 committed before", got)
 	}
-	cfg := f.config(t)
-	cfg.OtherTables = map[string]placement.Action{"public.outbox_2026_01": placement.Deliver}
-	run := f.start(t, cfg)
-	l.check(t, f)
-	run.stop(t)
+	l.checkDelivering(t, f, "public.outbox_2026_01")
 }
 
 // TestDebeziumTableWithoutEventType: a Debezium-layout outbox without the

@@ -46,6 +46,13 @@ func (f *fixture) refillable(t *testing.T, cfg relay.Config, txs int) *running {
 	return run
 }
 
+// stoppedRefillable is refillable, the relay then stopped cleanly: a slot
+// lost from here on is lost while the relay is stopped.
+func (f *fixture) stoppedRefillable(t *testing.T, cfg relay.Config, txs int) {
+	t.Helper()
+	f.refillable(t, cfg, txs).stop(t)
+}
+
 // refused is e, committed at commit with value as its message value, as the
 // relay stores an event Kafka refused in the retry table.
 func (f *fixture) refused(e event, value string, commit pglogrepl.LSN) retry.Event {
@@ -54,6 +61,23 @@ func (f *fixture) refused(e event, value string, commit pglogrepl.LSN) retry.Eve
 		Extra:     []envelope.Header{{Key: "trace_id", Value: []byte("tr-0")}, {Key: "tenant", Value: []byte("7")}},
 		CommitLSN: commit, Pos: 1}
 	return retry.NewEvent(&ev)
+}
+
+// storedRefused commits one new event and stores it in the retry table as
+// the relay stores an event Kafka refused (with reason; dead at once if
+// permanent), value(e) as its message value. It returns the event and its
+// commit's end.
+func (f *fixture) storedRefused(t *testing.T, reason string, permanent bool, value func(event) string) (event, pglogrepl.LSN) {
+	t.Helper()
+	e := f.makeEvents(1)[0]
+	f.insertTx(t, []event{e})
+	ends := f.commitEnds(t)
+	rev := f.refused(e, value(e), ends[len(ends)-1])
+	rev.Reason, rev.Permanent = reason, permanent
+	if err := f.retryStore(t).Insert(context.Background(), []retry.Event{rev}); err != nil {
+		t.Fatal(err)
+	}
+	return e, ends[len(ends)-1]
 }
 
 // walInsertLSN is the server's current WAL insert position: past every
@@ -105,8 +129,7 @@ func TestRefillRecreatedSlot(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 	cp := f.checkpointLSN(t)
 
 	f.pg.DropSlot(t, f.slot)
@@ -153,8 +176,7 @@ func TestRefillInvalidatedSlot(t *testing.T) {
 	testenv.Exclusive(t)
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 	f.produce(t, 4, 5, 0) // lost with the slot
 	f.pg.InvalidateSlot(t, f.slot, f.probe)
 
@@ -196,25 +218,17 @@ func TestRefillSlotDroppedWhileRunning(t *testing.T) {
 func TestRefillBehindRetryRow(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 
 	// What the relay does with an event Kafka refused: store it in the
 	// retry table and confirm past it. Done by hand here, so that it is
 	// still pending when the refill runs (the worker starts after it).
 	ctx := context.Background()
-	held := f.makeEvents(1)[0]
-	f.insertTx(t, []event{held})
-	ends := f.commitEnds(t)
-	rev := f.refused(held, held.Payload, ends[len(ends)-1])
-	rev.Reason = "test: refused by Kafka"
-	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
-		t.Fatal(err)
-	}
+	_, commit := f.storedRefused(t, "test: refused by Kafka", false, func(e event) string { return e.Payload })
 	// The checkpoint past it, and a history row past it: the refill does
 	// not send it again, so only the gate keeps its aggregate in order.
 	store := checkpoint.New(f.pool, "outbox_relay_checkpoint")
-	if err := store.Record(ctx, f.slot, ends[len(ends)-1], time.Now()); err != nil {
+	if err := store.Record(ctx, f.slot, commit, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Save(ctx, f.slot, f.walInsertLSN(t), time.Now()); err != nil {
@@ -244,25 +258,19 @@ func TestRefillBehindRetryRow(t *testing.T) {
 func TestRefillLeavesDeadLetter(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 
 	// What the relay does with an event Kafka refuses for good: store it
 	// dead and confirm past it. By hand, with the value as the router
 	// reads it, and the checkpoint (not the history) past it.
 	ctx := context.Background()
-	dead := f.makeEvents(1)[0]
-	f.insertTx(t, []event{dead})
-	ends := f.commitEnds(t)
-	var value string
-	if err := f.pool.QueryRow(ctx, `SELECT payload::text FROM outbox WHERE id = $1`, dead.ID).Scan(&value); err != nil {
-		t.Fatal(err)
-	}
-	rev := f.refused(dead, value, ends[len(ends)-1])
-	rev.Reason, rev.Permanent = "test: refused by Kafka for good", true
-	if err := f.retryStore(t).Insert(ctx, []retry.Event{rev}); err != nil {
-		t.Fatal(err)
-	}
+	dead, _ := f.storedRefused(t, "test: refused by Kafka for good", true, func(e event) string {
+		var value string
+		if err := f.pool.QueryRow(ctx, `SELECT payload::text FROM outbox WHERE id = $1`, e.ID).Scan(&value); err != nil {
+			t.Fatal(err)
+		}
+		return value
+	})
 	if err := checkpoint.New(f.pool, "outbox_relay_checkpoint").Save(ctx, f.slot, f.walInsertLSN(t), time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -314,8 +322,7 @@ func TestRefillLeavesDeadLetter(t *testing.T) {
 func TestRefillRefused(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
-	run := f.refillable(t, cfg, 2)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 2)
 	cp := f.checkpointLSN(t)
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 1, 5, 0)
@@ -347,13 +354,7 @@ func TestRefillRefused(t *testing.T) {
 		t.Errorf("refused refills created the slot (%d, %v); want it left missing", slots, err)
 	}
 	// run with refill on stops the same way (exit 4), not in a loop.
-	run = f.start(t, cfg)
-	select {
-	case err = <-run.done:
-		run.done <- err
-	case <-time.After(time.Minute):
-		t.Fatal("run with refill on did not stop within a minute on a gap it cannot refill")
-	}
+	err = f.start(t, cfg).exited(t, time.Minute, "run with refill on did not stop within a minute on a gap it cannot refill")
 	if !errors.As(err, &re) || exitcode.Of(err) != exitcode.Gap {
 		t.Fatalf("run = %v; want the *relay.RefillError, exit %d", err, exitcode.Gap)
 	}
@@ -368,8 +369,7 @@ func TestRefillKilledResumes(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.refillable(t, cfg, 2)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 2)
 
 	f.pg.DropSlot(t, f.slot)
 	const total = 20000
@@ -451,8 +451,7 @@ func TestRecoverLogsProgress(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.refillConfig(t)
 	cfg.OnSlotLoss = relay.OnSlotLossFail // recover by hand
-	run := f.refillable(t, cfg, 3)
-	run.stop(t)
+	f.stoppedRefillable(t, cfg, 3)
 	f.pg.DropSlot(t, f.slot)
 	f.produce(t, 3, 5, 0) // committed with no slot: only the table has them
 

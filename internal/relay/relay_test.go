@@ -63,9 +63,7 @@ func TestKafkaDownHoldsLSN(t *testing.T) {
 	f := newFixture(t)
 	run := f.start(t, f.config(t))
 
-	f.insertTx(t, f.makeEvents(10))
-	f.waitCount(t, 10, time.Minute)
-	f.waitConfirmed(t, f.commitEnds(t)[0], time.Minute)
+	f.deliveredTx(t, 10)
 
 	testenv.StopKafka(t)
 	kafkaUp := false
@@ -86,11 +84,7 @@ func TestKafkaDownHoldsLSN(t *testing.T) {
 		if cp := f.checkpointLSN(t); cp >= held {
 			t.Fatalf("Kafka down: checkpoint = %s; want < %s (an undelivered transaction's end)", cp, held)
 		}
-		select {
-		case err := <-run.done:
-			t.Fatalf("relay stopped while Kafka was down: %v; want it to wait for Kafka", err)
-		case <-time.After(200 * time.Millisecond):
-		}
+		run.runsFor(t, 200*time.Millisecond, "relay stopped while Kafka was down: %v; want it to wait for Kafka")
 	}
 
 	testenv.StartKafka(t)
@@ -238,11 +232,7 @@ func TestStartWhilePostgresDown(t *testing.T) {
 		}
 	}()
 	run := f.start(t, f.config(t))
-	select {
-	case err := <-run.done:
-		t.Fatalf("relay started while Postgres was down returned %v; want it to wait", err)
-	case <-time.After(3 * time.Second):
-	}
+	run.runsFor(t, 3*time.Second, "relay started while Postgres was down returned %v; want it to wait")
 	testenv.StartPostgres(t)
 	pgUp = true
 	insertRetrying(t, f, f.makeEvents(20))
@@ -257,15 +247,9 @@ func TestStartWithoutSlotFails(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config(t)
 	cfg.Replication.Slot = "no_such_slot"
-	run := f.start(t, cfg)
-	select {
-	case err := <-run.done:
-		if !errors.Is(err, replication.ErrSlotMissing) && !errors.Is(err, pgslot.ErrNotFound) {
-			t.Fatalf("Run without a slot = %v; want ErrSlotMissing (the command line's hint names setup)", err)
-		}
-		run.done <- err
-	case <-time.After(30 * time.Second):
-		t.Fatalf("Run without a slot still running after 30s; want it to fail at once")
+	err := f.start(t, cfg).exited(t, 30*time.Second, "Run without a slot still running after 30s; want it to fail at once")
+	if !errors.Is(err, replication.ErrSlotMissing) && !errors.Is(err, pgslot.ErrNotFound) {
+		t.Fatalf("Run without a slot = %v; want ErrSlotMissing (the command line's hint names setup)", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -192,23 +193,13 @@ func TestInsertThenDelete(t *testing.T) {
 	f := newFixture(t)
 	run := f.start(t, f.config(t))
 	evs := f.makeEvents(3)
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	b := &pgx.Batch{}
 	for _, e := range evs {
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::jsonb)`,
-			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM outbox WHERE id = $1`, e.ID); err != nil {
-			t.Fatal(err)
-		}
+		b.Queue(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::jsonb)`,
+			e.ID, e.AggregateType, e.AggregateID, e.EventType, e.Payload)
+		b.Queue(`DELETE FROM outbox WHERE id = $1`, e.ID)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.commitBatch(t, b)
 	got := f.waitCount(t, len(evs), time.Minute)
 	seen := map[string]string{}
 	for _, d := range got {

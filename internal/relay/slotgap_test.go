@@ -79,6 +79,18 @@ func (f *fixture) deliveredAndStopped(t *testing.T) (total int, cp pglogrepl.LSN
 	return total, f.checkpointLSN(t)
 }
 
+// refusedGap waits a minute for run to refuse to stream with a
+// *pgslot.GapError (exit code Gap) and returns the gap and Run's error.
+func refusedGap(t *testing.T, run *running, notRefused string) (*pgslot.GapError, error) {
+	t.Helper()
+	err := run.exited(t, time.Minute, notRefused)
+	var gap *pgslot.GapError
+	if !errors.As(err, &gap) || exitcode.Of(err) != exitcode.Gap {
+		t.Fatalf("Run = %v; want a *pgslot.GapError (exit %d)", err, exitcode.Gap)
+	}
+	return gap, err
+}
+
 // TestRecreatedSlotRefused: the slot dropped and recreated while the relay
 // is stopped, with events committed in between. Run must refuse before
 // delivering anything past the gap, with the range (the end-to-end form,
@@ -93,17 +105,7 @@ func TestRecreatedSlotRefused(t *testing.T) {
 	slotAt := f.slotConfirmed(t)
 
 	run := f.start(t, f.config(t))
-	var err error
-	select {
-	case err = <-run.done:
-		run.done <- err // for the cleanup
-	case <-time.After(time.Minute):
-		t.Fatalf("run did not refuse the recreated slot within a minute")
-	}
-	var gap *pgslot.GapError
-	if !errors.As(err, &gap) || exitcode.Of(err) != exitcode.Gap {
-		t.Fatalf("Run = %v; want a *pgslot.GapError (exit %d)", err, exitcode.Gap)
-	}
+	gap, _ := refusedGap(t, run, "run did not refuse the recreated slot within a minute")
 	if gap.Cause != pgslot.CauseSlotAhead || gap.From != cp || gap.To != slotAt {
 		t.Errorf("GapError = %s %s; want %s %s..%s", gap.Cause, gap.Range(), pgslot.CauseSlotAhead, cp, slotAt)
 	}
@@ -128,17 +130,7 @@ func TestInvalidatedSlotRefused(t *testing.T) {
 	f.pg.InvalidateSlot(t, f.slot, f.probe)
 
 	run := f.start(t, f.config(t))
-	var err error
-	select {
-	case err = <-run.done:
-		run.done <- err // for the cleanup
-	case <-time.After(time.Minute):
-		t.Fatalf("run did not refuse the invalidated slot within a minute")
-	}
-	var gap *pgslot.GapError
-	if !errors.As(err, &gap) || exitcode.Of(err) != exitcode.Gap {
-		t.Fatalf("Run = %v; want a *pgslot.GapError (exit %d)", err, exitcode.Gap)
-	}
+	gap, err := refusedGap(t, run, "run did not refuse the invalidated slot within a minute")
 	if gap.Cause != pgslot.CauseSlotLost || gap.From != cp {
 		t.Errorf("GapError = %s %s; want %s from %s", gap.Cause, gap.Range(), pgslot.CauseSlotLost, cp)
 	}

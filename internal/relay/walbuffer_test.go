@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 
@@ -159,6 +160,45 @@ func (d failedDelivery) Done() <-chan struct{} {
 }
 func (d failedDelivery) Wait(context.Context) error { return d.err }
 
+// walBuffered counts the events the WAL buffer holds for the fixture's slot.
+func (f *fixture) walBuffered(t *testing.T) int {
+	t.Helper()
+	var held int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
+// bufferedPast requires events in the WAL buffer once the slot is confirmed
+// past confirmed with Kafka blocked, and returns how many.
+func (f *fixture) bufferedPast(t *testing.T, confirmed pglogrepl.LSN) int {
+	t.Helper()
+	held := f.walBuffered(t)
+	if held == 0 {
+		t.Fatalf("the slot was confirmed past undelivered events, but the WAL buffer holds none of them")
+	}
+	t.Logf("confirmed past %s with Kafka blocked; %d events in the buffer", confirmed, held)
+	return held
+}
+
+// blockedRelay builds a relay of cfg whose stream sink is a blockedSink
+// around newSinks' own.
+func blockedRelay(t *testing.T, cfg relay.Config) (*relay.Relay, *blockedSink) {
+	t.Helper()
+	sinks, err := newSinks(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := &blockedSink{Sink: sinks.Stream}
+	sinks.Stream = bs
+	r, err := relay.New(cfg, sinks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, bs
+}
+
 // TestWALBuffer: with the broker unreachable and other tables writing WAL,
 // a relay with postgres.max_retained_wal buffers what it reads in the WAL
 // buffer table and confirms its slot past events Kafka never took; when
@@ -182,23 +222,7 @@ func TestWALBuffer(t *testing.T) {
 	} else if _, err := testenv.SuperuserConnIn(t, f.pg.DSN).Exec(ctx, outboxsql.GrantLogSnapshots(pc.User)); err != nil {
 		t.Fatal(err)
 	}
-	var sinks relay.Sinks
-	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
-		scfg := cfg.Sink
-		scfg.Logger = cfg.Logger
-		k, err := sink.New(scfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { k.Close() })
-		*s = k
-	}
-	bs := &blockedSink{Sink: sinks.Stream}
-	sinks.Stream = bs
-	r, err := relay.New(cfg, sinks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, bs := blockedRelay(t, cfg)
 	runRelay(t, r)
 
 	// Live first.
@@ -225,14 +249,7 @@ func TestWALBuffer(t *testing.T) {
 	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1 AND get_byte(event, 0) = 2`, f.slot).Scan(&coded); err != nil || coded != 1 {
 		t.Errorf("entries with a reason code (encoding version 2) in the buffer: %d, %v; want 1 (the refused event)", coded, err)
 	}
-	var held int
-	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held == 0 {
-		t.Fatalf("the slot was confirmed past undelivered events, but the WAL buffer holds none of them")
-	}
-	t.Logf("confirmed past %s with Kafka blocked; %d events in the buffer", last, held)
+	held := f.bufferedPast(t, last)
 	// lag and status say so, and the metrics.
 	lr, err := ops.Lag(ctx, f.pool, ops.Config{Slot: f.slot})
 	if err != nil {
@@ -271,10 +288,7 @@ func TestWALBuffer(t *testing.T) {
 	bs.unblock()
 	more := 0
 	for deadline := time.Now().Add(90 * time.Second); ; more++ {
-		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
-			t.Fatal(err)
-		}
-		if (held == 0 && more >= 40) || time.Now().After(deadline) {
+		if held = f.walBuffered(t); (held == 0 && more >= 40) || time.Now().After(deadline) {
 			break
 		}
 		f.insertTx(t, f.makeEvents(2))
@@ -305,10 +319,7 @@ func TestWALBuffer(t *testing.T) {
 	// The buffer empties and the relay streams live again.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_wal_buffer WHERE slot_name = $1`, f.slot).Scan(&held); err != nil {
-			t.Fatal(err)
-		}
-		if held == 0 {
+		if held = f.walBuffered(t); held == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -353,21 +364,7 @@ func TestWALBufferDrainRate(t *testing.T) {
 	cfg.MaxRetainedWAL = 64 << 20
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()
-	var sinks relay.Sinks
-	for _, s := range []*relay.Sink{&sinks.Stream, &sinks.Retry} {
-		k, err := sink.New(cfg.Sink)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { k.Close() })
-		*s = k
-	}
-	bs := &blockedSink{Sink: sinks.Stream}
-	sinks.Stream = bs
-	r, err := relay.New(cfg, sinks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, bs := blockedRelay(t, cfg)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
