@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -253,13 +252,8 @@ func (f *fixture) makeEvents(n int) []event {
 	return evs
 }
 
-func newUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-}
+// newUUID is testenv.NewUUID, under the name the relay tests use.
+func newUUID() string { return testenv.NewUUID() }
 
 // insertTx inserts evs in one transaction, row by row, together with a row of
 // another table, and returns nothing: end LSNs come from the probe slot.
