@@ -44,9 +44,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -463,24 +461,7 @@ VALUES (gen_random_uuid(), 'order', 'o1', 't', '{}')`); err != nil && ctx.Err() 
 // another process would, until the returned func is called.
 func (s *alertSlot) hold(t *testing.T) (release func()) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cfg, err := pgconn.ParseConfig(s.pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["replication"] = "database"
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("replication connect: %v", err)
-	}
-	if err := pglogrepl.StartReplication(ctx, conn, s.slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names 'outbox_relay'"},
-	}); err != nil {
-		conn.Close(ctx)
-		t.Fatalf("start replication: %v", err)
-	}
-	return func() { conn.Close(context.Background()) }
+	return testenv.HoldSlot(t, s.pg.DSN, s.slot, "outbox_relay", "")
 }
 
 // alertRelay is one `outbox-relay run` process with its metrics listener.

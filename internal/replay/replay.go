@@ -598,12 +598,10 @@ func Select(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Selected, err
 func (s *Selected) SQL() (string, []any) { return s.r.page(0) }
 
 // Count counts the rows the selection selects (a dry run's figure).
-func (s *Selected) Count(ctx context.Context, q interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}) (int64, error) {
+func (s *Selected) Count(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	text, args := s.SQL()
 	var n int64
-	err := q.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&n)
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+text+`) q`, args...).Scan(&n)
 	return n, err
 }
 
