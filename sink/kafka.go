@@ -143,6 +143,7 @@ type Kafka struct {
 	stragglers []*flight
 	pipe       pipe     // Sends not yet waited for (pipeline.go)
 	txn        txnState // with a TransactionalID (txn.go)
+	franz      *franz   // the producer on kgo, when chosen (franz.go)
 
 	adminMu sync.Mutex
 	kc      *kgo.Client  // admin.go's, made at the first question
@@ -196,6 +197,9 @@ func New(cfg Config) (*Kafka, error) {
 		compression: compression, log: cfg.Logger,
 		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}
 	k.transport.Store(k.newTransport(nil))
+	if useFranz(&cfg) {
+		k.franz = &franz{}
+	}
 	return k, nil
 }
 
@@ -309,6 +313,7 @@ func (k *Kafka) Close() error {
 		c.close()
 	}
 	k.transport.Load().CloseIdleConnections()
+	k.closeFranz()
 	k.closeAdmin()
 	return nil
 }

@@ -123,7 +123,7 @@ func (k *Kafka) pipelined(ctx context.Context, p *pending) bool {
 	// A transaction's writes are one at a time (txn.go): its partitions are
 	// added to it before a round, and its leader verifies them one request
 	// at a time.
-	if k.cfg.DisableIdempotence || k.cfg.MaxInFlight < 2 || k.pipe.sequential || k.transactional() ||
+	if k.franz != nil || k.cfg.DisableIdempotence || k.cfg.MaxInFlight < 2 || k.pipe.sequential || k.transactional() ||
 		len(k.stragglers) > 0 || k.prod.id < 0 || len(p.msgs) == 0 {
 		return false
 	}

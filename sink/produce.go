@@ -88,6 +88,9 @@ func (k *Kafka) produce(ctx context.Context, batch []kafka.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}
+	if k.franz != nil {
+		return k.produceFranz(ctx, batch)
+	}
 	idempotent := !k.cfg.DisableIdempotence
 	// Requests a cancelled call left in flight settle their partitions'
 	// sequence numbers: those are read after them.

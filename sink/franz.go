@@ -1,0 +1,367 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// This file is the producer on franz-go (kgo), during the move off the
+// sink's own wire code (issue 36): with RELAY_PRODUCER=franz-go in the
+// environment, a sink without a TransactionalID produces its rounds
+// through a kgo client instead of produce.go's requests. Write's rounds,
+// failures, culprit search and topic diagnostics (write.go, topic.go) are
+// the same for both; only a round's transport differs. It is a developer's
+// switch, like RELAY_STAGES, until the transactional producer follows and
+// the old one goes.
+//
+// Why a round keeps its contract on kgo:
+//
+//   - All-or-nothing per partition, in input order. The client flushes by
+//     hand (ManualFlushing): a round's records are all buffered before
+//     Flush sends them, and the next round is buffered only after Flush
+//     returned. kgo keeps a partition's records in order, and when the
+//     broker refuses a batch it fails every record it buffers for that
+//     partition (its sequence numbers are then free again). Nothing of a
+//     later round can be buffered behind that failure and written ahead of
+//     a record it failed: with records buffered while a flush runs, a key's
+//     later record could reach the partition after kgo dropped an earlier
+//     one, before the sink learned of it. This is why rounds are not
+//     pipelined here (Send writes in Wait).
+//   - Acknowledged means acks=all: kgo's default with idempotence, and
+//     required explicitly.
+//   - A broker outage is not a record's failure: a record kgo could not
+//     send within WriteTimeout fails with kgo's timeout, which is not
+//     per-message, and Write retries the round with backoff as before.
+//     A batch whose outcome is unknown is never failed by kgo (it is sent
+//     again with its sequence numbers until the broker answers), so a
+//     round may block through an outage: Outage is then kept by the
+//     client's connection hook.
+//   - A topic's trouble is found before producing, by a metadata request
+//     for the round's topics (cached one second, as before), so that it
+//     refuses the round as produce.go's did and write.go splits it by
+//     topic.
+//   - Errors reach write.go as kafka-go's codes (the same numbers), until
+//     write.go reads kerr's.
+
+// franzEnv is the environment variable that selects this producer.
+const franzEnv = "RELAY_PRODUCER"
+
+// useFranz reports whether the sink of cfg produces through kgo.
+func useFranz(cfg *Config) bool {
+	return os.Getenv(franzEnv) == "franz-go" && cfg.TransactionalID == ""
+}
+
+// franz is the kgo producer's state. Write's goroutine only, but for the
+// client's hooks (atomics).
+type franz struct {
+	once   sync.Once
+	cl     *kgo.Client
+	err    error
+	topics map[string]time.Time // topics the brokers know → when asked
+	recs   []kgo.Record
+	// last is closed when the last round's records all have their answer:
+	// a round given up on (ctx) is waited for before the next is buffered,
+	// so that nothing is buffered while it may fail.
+	last   chan struct{}
+	lastID atomic.Int64 // producer id and epoch of the last round, for ProducerReset
+}
+
+// franzClient returns the producer's client, made at the first round.
+func (k *Kafka) franzClient() (*kgo.Client, error) {
+	f := k.franz
+	f.once.Do(func() {
+		opts := []kgo.Opt{
+			kgo.ManualFlushing(),
+			kgo.RequiredAcks(kgo.AllISRAcks()),
+			kgo.ProducerLinger(0),
+			kgo.ProduceRequestTimeout(k.cfg.WriteTimeout),
+			kgo.RecordDeliveryTimeout(k.cfg.WriteTimeout),
+			kgo.ProducerBatchMaxBytes(int32(min(k.cfg.BatchBytes+batchSlack, 1<<30))),
+			// A round is at most BatchSize records; what a cancelled round
+			// left behind settles before the next is flushed.
+			kgo.MaxBufferedRecords(4 * k.cfg.BatchSize),
+			kgo.WithHooks(franzHooks{k}),
+		}
+		if k.cfg.DisableIdempotence {
+			// Stop-and-wait: a resent request could land after a later one.
+			opts = append(opts, kgo.DisableIdempotentWrite(), kgo.MaxProduceRequestsInflightPerBroker(1))
+		}
+		// With idempotence kgo keeps up to five requests in flight per
+		// broker, the most a broker deduplicates; MaxInFlight is the old
+		// producer's (rounds are not pipelined here anyway).
+		// kgo compresses with snappy unless told; Compression's default is none.
+		opts = append(opts, kgo.ProducerBatchCompression(franzCodec(k.cfg.Compression)))
+		if k.cfg.AllowAutoTopicCreation {
+			opts = append(opts, kgo.AllowAutoTopicCreation())
+		}
+		f.cl, f.err = newClient(&k.cfg, opts...)
+	})
+	return f.cl, f.err
+}
+
+// batchSlack is added to BatchBytes for kgo's batch limit: write.go counts
+// a record as kafka-go did (messageSize), kgo adds the batch header and the
+// record's varints, and a round of BatchBytes must fit one batch.
+const batchSlack = 4 << 10
+
+func franzCodec(name string) kgo.CompressionCodec {
+	switch name {
+	case "gzip":
+		return kgo.GzipCompression()
+	case "snappy":
+		return kgo.SnappyCompression()
+	case "lz4":
+		return kgo.Lz4Compression()
+	case "zstd":
+		return kgo.ZstdCompression()
+	}
+	return kgo.NoCompression()
+}
+
+// produceFranz is produce on kgo: see the top of the file.
+func (k *Kafka) produceFranz(ctx context.Context, batch []kafka.Message) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	cl, err := k.franzClient()
+	if err != nil {
+		return err
+	}
+	f := k.franz
+	if f.last != nil {
+		select {
+		case <-f.last:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := k.franzTopics(ctx, cl, batch); err != nil {
+		return err
+	}
+	if cap(f.recs) < len(batch) {
+		f.recs = make([]kgo.Record, len(batch))
+	}
+	recs := f.recs[:len(batch)]
+	errs := make(kafka.WriteErrors, len(batch))
+	var wg sync.WaitGroup
+	wg.Add(len(batch))
+	for i := range batch {
+		m := &batch[i]
+		r := &recs[i]
+		*r = kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Timestamp: m.Time}
+		if len(m.Headers) > 0 {
+			r.Headers = make([]kgo.RecordHeader, len(m.Headers))
+			for j, h := range m.Headers {
+				r.Headers[j] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+			}
+		}
+		// Not ctx: a record cancelled by its context fails the records
+		// buffered with it for its partition, a later round's too.
+		cl.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
+			errs[i] = franzError(err)
+			wg.Done()
+		})
+	}
+	done := make(chan struct{})
+	f.last = done
+	go func() {
+		// Flush returns once every buffered record has its answer; its own
+		// context only ends the wait, never the records.
+		_ = cl.Flush(context.Background())
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		// The round settles on its own, and the next waits for it; kgo
+		// keeps its records until then.
+		f.recs = nil
+		return ctx.Err()
+	}
+	clear(recs)
+	k.franzProducerID(cl)
+	for _, e := range errs {
+		if e != nil {
+			return errs
+		}
+	}
+	return nil
+}
+
+// franzError is a record's error as write.go reads it: a Kafka error code
+// as kafka-go's, anything else as kgo said it.
+func franzError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		if ke == kerr.MessageTooLarge {
+			return kafka.MessageSizeTooLarge
+		}
+		return kafka.Error(ke.Code)
+	}
+	return err
+}
+
+// franzTopics asks the brokers about the round's topics not asked about in
+// the last second, and returns the first topic's error, as kafka-go's
+// metadata step did: an unknown topic (created here when auto-creation is
+// on), an invalid one, one the relay may not describe.
+func (k *Kafka) franzTopics(ctx context.Context, cl *kgo.Client, batch []kafka.Message) error {
+	f := k.franz
+	if f.topics == nil {
+		f.topics = make(map[string]time.Time)
+	}
+	now := time.Now()
+	var ask []string
+	for i := range batch {
+		t := batch[i].Topic
+		if at, ok := f.topics[t]; ok && now.Sub(at) < time.Second {
+			continue
+		}
+		if !contains(ask, t) {
+			ask = append(ask, t)
+		}
+	}
+	if len(ask) == 0 {
+		return nil
+	}
+	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = k.cfg.AllowAutoTopicCreation
+	for _, t := range ask {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(t)
+		req.Topics = append(req.Topics, rt)
+	}
+	rctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
+	defer cancel()
+	resp, err := req.RequestWith(rctx, cl)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	}
+	for _, t := range resp.Topics {
+		name := ""
+		if t.Topic != nil {
+			name = *t.Topic
+		}
+		if t.ErrorCode != 0 {
+			return kafka.Error(t.ErrorCode)
+		}
+		if len(t.Partitions) == 0 {
+			return kafka.UnknownTopicOrPartition
+		}
+		for _, p := range t.Partitions {
+			if p.Leader < 0 {
+				return kafka.LeaderNotAvailable
+			}
+		}
+		f.topics[name] = now
+	}
+	return nil
+}
+
+func contains(names []string, name string) bool {
+	for _, n := range names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// franzProducerID counts a new producer id or epoch after the first as a
+// producer reset (Stats.ProducerResets), as idempotence.go counts its own.
+func (k *Kafka) franzProducerID(cl *kgo.Client) {
+	if k.cfg.DisableIdempotence {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	id, epoch, err := cl.ProducerID(ctx)
+	if err != nil || id < 0 {
+		return
+	}
+	cur := id<<16 | int64(uint16(epoch))
+	if prev := k.franz.lastID.Swap(cur); prev != 0 && prev != cur {
+		k.stats.producerResets.Add(1)
+		if k.obs != nil {
+			k.obs.ProducerReset()
+		}
+	}
+}
+
+// closeFranz flushes what a cancelled round left (within WriteTimeout) and
+// closes the client.
+func (k *Kafka) closeFranz() {
+	if k.franz == nil || k.franz.cl == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.WriteTimeout)
+	defer cancel()
+	_ = k.franz.cl.Flush(ctx)
+	k.franz.cl.Close()
+}
+
+// franzHooks feeds the Observer (produce requests per broker) and Outage
+// (connections that fail) from kgo's hooks.
+type franzHooks struct{ k *Kafka }
+
+var (
+	_ kgo.HookBrokerWrite   = franzHooks{}
+	_ kgo.HookBrokerE2E     = franzHooks{}
+	_ kgo.HookBrokerConnect = franzHooks{}
+)
+
+func brokerAddr(m kgo.BrokerMetadata) string {
+	return net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port)))
+}
+
+// OnBrokerWrite: a produce request is in flight once written.
+func (h franzHooks) OnBrokerWrite(m kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == 0 && err == nil && h.k.obs != nil {
+		h.k.obs.ProduceInFlight(brokerAddr(m), 1)
+	}
+}
+
+// OnBrokerE2E: a produce request written was answered, or its connection
+// failed before the answer.
+func (h franzHooks) OnBrokerE2E(m kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	if key != 0 || e2e.WriteErr != nil || h.k.obs == nil {
+		return
+	}
+	addr := brokerAddr(m)
+	h.k.obs.ProduceInFlight(addr, -1)
+	h.k.obs.ProduceAnswered(addr, e2e.TimeToRead+e2e.ReadWait, e2e.ReadErr != nil)
+}
+
+// OnBrokerConnect: a broker that cannot be reached starts (or continues)
+// an outage; the next acknowledged record ends it (write.go's acked).
+func (h franzHooks) OnBrokerConnect(m kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil {
+		return
+	}
+	o := &h.k.outage
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since.IsZero() {
+		o.since = time.Now()
+	}
+	o.cause = fmt.Errorf("connect to kafka broker %s: %w", brokerAddr(m), err)
+}
