@@ -19,8 +19,9 @@ import (
 
 // This file is the producer on franz-go (kgo), during the move off the
 // sink's own wire code (issue 36): with RELAY_PRODUCER=franz-go in the
-// environment, a sink without a TransactionalID produces its rounds
-// through a kgo client instead of produce.go's requests. Write's rounds,
+// environment, a sink produces its rounds through a kgo client instead of
+// produce.go's requests, and a transactional one's transactions are kgo's
+// (franztxn.go). Write's rounds,
 // failures, culprit search and topic diagnostics (write.go, topic.go) are
 // the same for both; only a round's transport differs. It is a developer's
 // switch, like RELAY_STAGES, until the transactional producer follows and
@@ -59,16 +60,14 @@ import (
 const franzEnv = "RELAY_PRODUCER"
 
 // useFranz reports whether the sink of cfg produces through kgo.
-func useFranz(cfg *Config) bool {
-	return os.Getenv(franzEnv) == "franz-go" && cfg.TransactionalID == ""
-}
+func useFranz() bool { return os.Getenv(franzEnv) == "franz-go" }
 
 // franz is the kgo producer's state. Write's goroutine only, but for the
 // client's hooks (atomics).
 type franz struct {
-	once   sync.Once
 	cl     *kgo.Client
-	err    error
+	inTxn  bool                 // a transaction was begun and not ended
+	fenced error                // why a newer producer fenced this one: every later call fails with it
 	topics map[string]time.Time // topics the brokers know → when asked
 	recs   []kgo.Record
 	// last is closed when the last round's records all have their answer:
@@ -78,37 +77,51 @@ type franz struct {
 	lastID atomic.Int64 // producer id and epoch of the last round, for ProducerReset
 }
 
-// franzClient returns the producer's client, made at the first round.
+// franzClient returns the producer's client, made at the first round
+// (a transactional sink's by InitTransactions).
 func (k *Kafka) franzClient() (*kgo.Client, error) {
 	f := k.franz
-	f.once.Do(func() {
-		opts := []kgo.Opt{
-			kgo.ManualFlushing(),
-			kgo.RequiredAcks(kgo.AllISRAcks()),
-			kgo.ProducerLinger(0),
-			kgo.ProduceRequestTimeout(k.cfg.WriteTimeout),
-			kgo.RecordDeliveryTimeout(k.cfg.WriteTimeout),
-			kgo.ProducerBatchMaxBytes(int32(min(k.cfg.BatchBytes+batchSlack, 1<<30))),
-			// A round is at most BatchSize records; what a cancelled round
-			// left behind settles before the next is flushed.
-			kgo.MaxBufferedRecords(4 * k.cfg.BatchSize),
-			kgo.WithHooks(franzHooks{k}),
+	if f.cl == nil {
+		if k.transactional() {
+			return nil, errNoTransactions
 		}
-		if k.cfg.DisableIdempotence {
-			// Stop-and-wait: a resent request could land after a later one.
-			opts = append(opts, kgo.DisableIdempotentWrite(), kgo.MaxProduceRequestsInflightPerBroker(1))
+		cl, err := k.newFranzClient()
+		if err != nil {
+			return nil, err
 		}
-		// With idempotence kgo keeps up to five requests in flight per
-		// broker, the most a broker deduplicates; MaxInFlight is the old
-		// producer's (rounds are not pipelined here anyway).
+		f.cl = cl
+	}
+	return f.cl, nil
+}
+
+// newFranzClient returns a kgo producer as the package doc and cfg say,
+// with extra options (a transactional id).
+func (k *Kafka) newFranzClient(extra ...kgo.Opt) (*kgo.Client, error) {
+	opts := []kgo.Opt{
+		kgo.ManualFlushing(),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0),
+		kgo.ProduceRequestTimeout(k.cfg.WriteTimeout),
+		kgo.RecordDeliveryTimeout(k.cfg.WriteTimeout),
+		kgo.ProducerBatchMaxBytes(int32(min(k.cfg.BatchBytes+batchSlack, 1<<30))),
+		// A round is at most BatchSize records; what a cancelled round
+		// left behind settles before the next is flushed.
+		kgo.MaxBufferedRecords(4 * k.cfg.BatchSize),
+		kgo.WithHooks(franzHooks{k}),
 		// kgo compresses with snappy unless told; Compression's default is none.
-		opts = append(opts, kgo.ProducerBatchCompression(franzCodec(k.cfg.Compression)))
-		if k.cfg.AllowAutoTopicCreation {
-			opts = append(opts, kgo.AllowAutoTopicCreation())
-		}
-		f.cl, f.err = newClient(&k.cfg, opts...)
-	})
-	return f.cl, f.err
+		kgo.ProducerBatchCompression(franzCodec(k.cfg.Compression)),
+	}
+	if k.cfg.DisableIdempotence {
+		// Stop-and-wait: a resent request could land after a later one.
+		opts = append(opts, kgo.DisableIdempotentWrite(), kgo.MaxProduceRequestsInflightPerBroker(1))
+	}
+	// With idempotence kgo keeps up to five requests in flight per broker,
+	// the most a broker deduplicates; MaxInFlight is the old producer's
+	// (rounds are not pipelined here anyway).
+	if k.cfg.AllowAutoTopicCreation {
+		opts = append(opts, kgo.AllowAutoTopicCreation())
+	}
+	return newClient(&k.cfg, append(opts, extra...)...)
 }
 
 // batchSlack is added to BatchBytes for kgo's batch limit: write.go counts
@@ -148,6 +161,9 @@ func (k *Kafka) produceFranz(ctx context.Context, batch []kafka.Message) error {
 		}
 	}
 	if err := k.franzTopics(ctx, cl, batch); err != nil {
+		return err
+	}
+	if err := k.franzBegin(cl); err != nil {
 		return err
 	}
 	if cap(f.recs) < len(batch) {
@@ -192,7 +208,13 @@ func (k *Kafka) produceFranz(ctx context.Context, batch []kafka.Message) error {
 		return ctx.Err()
 	}
 	clear(recs)
-	k.franzProducerID(cl)
+	if k.transactional() {
+		if err := k.franzTxnFailure(errs); err != nil {
+			return err
+		}
+	} else {
+		k.franzProducerID(cl)
+	}
 	for _, e := range errs {
 		if e != nil {
 			return errs
@@ -313,6 +335,7 @@ func (k *Kafka) closeFranz() {
 	if k.franz == nil || k.franz.cl == nil {
 		return
 	}
+	defer func() { k.franz.cl = nil }()
 	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.WriteTimeout)
 	defer cancel()
 	_ = k.franz.cl.Flush(ctx)

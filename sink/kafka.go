@@ -197,7 +197,7 @@ func New(cfg Config) (*Kafka, error) {
 		compression: compression, log: cfg.Logger,
 		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}
 	k.transport.Store(k.newTransport(nil))
-	if useFranz(&cfg) {
+	if useFranz() {
 		k.franz = &franz{}
 	}
 	return k, nil

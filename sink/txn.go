@@ -168,6 +168,9 @@ func (k *Kafka) InitTransactions(ctx context.Context) error {
 	if !k.transactional() {
 		return errors.New("kafka: InitTransactions needs a TransactionalID")
 	}
+	if k.franz != nil {
+		return k.franzInit(ctx)
+	}
 	if err := k.settleStragglers(ctx); err != nil {
 		return err
 	}
@@ -269,6 +272,9 @@ func (k *Kafka) Commit(ctx context.Context) error { return k.endTxn(ctx, true) }
 func (k *Kafka) Abort(ctx context.Context) error { return k.endTxn(ctx, false) }
 
 func (k *Kafka) endTxn(ctx context.Context, commit bool) error {
+	if k.franz != nil {
+		return k.franzEnd(ctx, commit)
+	}
 	if !k.txn.open {
 		return nil
 	}
@@ -469,6 +475,9 @@ func (k *Kafka) CheckTransactions(ctx context.Context, transactionalID, topic st
 	probe := &Kafka{cfg: cfg, addr: k.addr, tls: k.tls, mech: k.mech, compression: k.compression, log: k.log,
 		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}
 	probe.transport.Store(probe.newTransport(nil))
+	if k.franz != nil {
+		probe.franz = &franz{}
+	}
 	defer probe.Close()
 	ctx, cancel := context.WithTimeout(ctx, cfg.WriteTimeout)
 	defer cancel()
