@@ -13,6 +13,10 @@
 # run starts in seconds) on 127.0.0.1:$KAFKA_MATRIX_PORT (19192) to +4; its TLS files
 # are the dev servers' (.dev/tls), so the test environment's CA holds for both. Each
 # version's `go test -v` output goes to .dev/kafka-matrix/kafka-<version>.log.
+#
+# With RELAY_PRODUCER=franz-go in the environment (make test-kafka-franz) every sink of
+# the run produces on kgo (sink/franz.go), the producer that replaces the sink's own
+# wire code; the lines and the log name say so.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,13 +71,14 @@ broker_env() {
 began=$SECONDS
 failed=()
 summary=()
+producer=${RELAY_PRODUCER:+ (producer $RELAY_PRODUCER)}
 for v in "${versions[@]}"; do
-	log=$matrix/kafka-$v.log
+	log=$matrix/kafka-$v${RELAY_PRODUCER:+-$RELAY_PRODUCER}.log
 	start=$SECONDS
 	status=0
 	mkdir -p "$matrix/$v"
 	[ -e "$matrix/$v/tls" ] || ln -s "$dev_dir/tls" "$matrix/$v/tls"
-	echo "==> kafka $v: scripts/dev.sh kafka-up on 127.0.0.1:$KAFKA_MATRIX_PORT; go test ... (log: $log)"
+	echo "==> kafka $v$producer: scripts/dev.sh kafka-up on 127.0.0.1:$KAFKA_MATRIX_PORT; go test ... (log: $log)"
 	{
 		(eval "$(broker_env "$v")" && bash "$DEV" kafka-up) &&
 			(
@@ -92,10 +97,10 @@ for v in "${versions[@]}"; do
 	took=$((SECONDS - start))
 	tests=$(grep -c '^--- PASS' "$log" || true)
 	if [ $status -eq 0 ]; then
-		line=$(printf 'PASS  kafka %-7s %s  %d tests passed' "$v" "$(fmt_time $took)" "$tests")
+		line=$(printf 'PASS  kafka %-7s %s  %d tests passed%s' "$v" "$(fmt_time $took)" "$tests" "$producer")
 	else
 		failed+=("$v")
-		line=$(printf 'FAIL  kafka %-7s %s  %d tests passed  (log: %s)' "$v" "$(fmt_time $took)" "$tests" "$log")
+		line=$(printf 'FAIL  kafka %-7s %s  %d tests passed%s  (log: %s)' "$v" "$(fmt_time $took)" "$tests" "$producer" "$log")
 		bash "$ROOT/scripts/fail-excerpt.sh" "$log" | sed 's/^/      /' || true
 	fi
 	echo "$line"
