@@ -14,9 +14,9 @@
 # are the dev servers' (.dev/tls), so the test environment's CA holds for both. Each
 # version's `go test -v` output goes to .dev/kafka-matrix/kafka-<version>.log.
 #
-# With RELAY_PRODUCER=franz-go in the environment (make test-kafka-franz) every sink of
-# the run produces on kgo (sink/franz.go), the producer that replaces the sink's own
-# wire code; the lines and the log name say so.
+# With RELAY_PRODUCER=own in the environment (make test-kafka-own) every sink of the run
+# produces with the sink's old producer (kafka-go's protocol package) instead of kgo
+# (sink/franz.go); the lines and the log name say so.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -17,15 +17,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// This file is the producer on franz-go (kgo), during the move off the
-// sink's own wire code (issue 36): with RELAY_PRODUCER=franz-go in the
-// environment, a sink produces its rounds through a kgo client instead of
-// produce.go's requests, and a transactional one's transactions are kgo's
-// (franztxn.go). Write's rounds,
-// failures, culprit search and topic diagnostics (write.go, topic.go) are
-// the same for both; only a round's transport differs. It is a developer's
-// switch, like RELAY_STAGES, until the transactional producer follows and
-// the old one goes.
+// This file is the sink's producer on franz-go (kgo), which replaces the
+// sink's own producer on kafka-go's protocol package (produce.go,
+// pipeline.go, conn.go, idempotence.go, txn.go's requests; issue 36): a
+// round is produced through a kgo client, and a transactional sink's
+// transactions are kgo's (franztxn.go). Write's rounds, failures, culprit
+// search and topic diagnostics (write.go, topic.go) are the same for both;
+// only a round's transport differs. RELAY_PRODUCER=own in the environment
+// selects the old producer, a developer's switch (like RELAY_STAGES) for
+// as long as the old producer is in the tree.
 //
 // Why a round keeps its contract on kgo:
 //
@@ -56,11 +56,13 @@ import (
 //   - Errors reach write.go as kafka-go's codes (the same numbers), until
 //     write.go reads kerr's.
 
-// franzEnv is the environment variable that selects this producer.
-const franzEnv = "RELAY_PRODUCER"
+// producerEnv is the environment variable that selects the old producer
+// (RELAY_PRODUCER=own).
+const producerEnv = "RELAY_PRODUCER"
 
-// useFranz reports whether the sink of cfg produces through kgo.
-func useFranz() bool { return os.Getenv(franzEnv) == "franz-go" }
+// useFranz reports whether sinks produce through kgo: unless
+// RELAY_PRODUCER=own.
+func useFranz() bool { return os.Getenv(producerEnv) != "own" }
 
 // franz is the kgo producer's state. Write's goroutine only, but for the
 // client's hooks (atomics).

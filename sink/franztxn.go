@@ -13,7 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/backoff"
 )
 
-// The transactional producer on kgo (RELAY_PRODUCER=franz-go, franz.go):
+// The transactional producer on kgo (franz.go):
 // the same contract as txn.go's, on kgo's transactions. InitTransactions
 // makes a new kgo client with the transactional id and takes the id at
 // once (InitProducerId with no id and epoch: the coordinator bumps the

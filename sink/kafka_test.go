@@ -105,10 +105,10 @@ func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
 }
 
 // franzProducer reports whether the sinks of this run produce on kgo
-// (RELAY_PRODUCER=franz-go, sink/franz.go): their rounds are not pipelined,
+// (sink/franz.go; RELAY_PRODUCER=own: the old producer): their rounds are not pipelined,
 // and a batch whose outcome is unknown is resent under its producer id
 // until answered, never given up for a new one.
-func franzProducer() bool { return os.Getenv("RELAY_PRODUCER") == "franz-go" }
+func franzProducer() bool { return os.Getenv("RELAY_PRODUCER") != "own" }
 
 func newSink(t *testing.T, cfg sink.Config) *sink.Kafka {
 	t.Helper()
