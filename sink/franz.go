@@ -2,30 +2,24 @@ package sink
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
-// This file is the sink's producer on franz-go (kgo), which replaces the
-// sink's own producer on kafka-go's protocol package (produce.go,
-// pipeline.go, conn.go, idempotence.go, txn.go's requests; issue 36): a
-// round is produced through a kgo client, and a transactional sink's
-// transactions are kgo's (franztxn.go). Write's rounds, failures, culprit
-// search and topic diagnostics (write.go, topic.go) are the same for both;
-// only a round's transport differs. RELAY_PRODUCER=own in the environment
-// selects the old producer, a developer's switch (like RELAY_STAGES) for
-// as long as the old producer is in the tree.
+// This file is the sink's producer: franz-go's kgo, as the transport of
+// write.go's rounds (a transactional sink's transactions are kgo's:
+// franztxn.go). It replaced the sink's own producer on kafka-go's protocol
+// package (issue 36).
 //
 // Why a round keeps its contract on kgo:
 //
@@ -53,18 +47,8 @@ import (
 //     for the round's topics (cached one second, as before), so that it
 //     refuses the round as produce.go's did and write.go splits it by
 //     topic.
-//   - Errors reach write.go as kafka-go's codes (the same numbers), until
-//     write.go reads kerr's.
 
-// producerEnv is the environment variable that selects the old producer
-// (RELAY_PRODUCER=own).
-const producerEnv = "RELAY_PRODUCER"
-
-// useFranz reports whether sinks produce through kgo: unless
-// RELAY_PRODUCER=own.
-func useFranz() bool { return os.Getenv(producerEnv) != "own" }
-
-// franz is the kgo producer's state. Write's goroutine only, but for the
+// franz is the producer's state. Write's goroutine only, but for the
 // client's hooks (atomics).
 type franz struct {
 	cl     *kgo.Client
@@ -145,8 +129,12 @@ func franzCodec(name string) kgo.CompressionCodec {
 	return kgo.NoCompression()
 }
 
-// produceFranz is produce on kgo: see the top of the file.
-func (k *Kafka) produceFranz(ctx context.Context, batch []kafka.Message) error {
+// produce writes a round (see the top of the file) and returns nil, ctx's
+// error, an error that refused the whole round before anything was produced
+// (a topic's metadata, no producer), an error that ends the transaction
+// (txnFatal), or writeErrors with one entry per message of batch (nil for
+// those acknowledged).
+func (k *Kafka) produce(ctx context.Context, batch []event.Event) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -172,7 +160,7 @@ func (k *Kafka) produceFranz(ctx context.Context, batch []kafka.Message) error {
 		f.recs = make([]kgo.Record, len(batch))
 	}
 	recs := f.recs[:len(batch)]
-	errs := make(kafka.WriteErrors, len(batch))
+	errs := make(writeErrors, len(batch))
 	var wg sync.WaitGroup
 	wg.Add(len(batch))
 	for i := range batch {
@@ -182,13 +170,13 @@ func (k *Kafka) produceFranz(ctx context.Context, batch []kafka.Message) error {
 		if len(m.Headers) > 0 {
 			r.Headers = make([]kgo.RecordHeader, len(m.Headers))
 			for j, h := range m.Headers {
-				r.Headers[j] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+				r.Headers[j] = kgo.RecordHeader(h)
 			}
 		}
 		// Not ctx: a record cancelled by its context fails the records
 		// buffered with it for its partition, a later round's too.
 		cl.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
-			errs[i] = franzError(err)
+			errs[i] = err
 			wg.Done()
 		})
 	}
@@ -225,27 +213,11 @@ func (k *Kafka) produceFranz(ctx context.Context, batch []kafka.Message) error {
 	return nil
 }
 
-// franzError is a record's error as write.go reads it: a Kafka error code
-// as kafka-go's, anything else as kgo said it.
-func franzError(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ke *kerr.Error
-	if errors.As(err, &ke) {
-		if ke == kerr.MessageTooLarge {
-			return kafka.MessageSizeTooLarge
-		}
-		return kafka.Error(ke.Code)
-	}
-	return err
-}
-
 // franzTopics asks the brokers about the round's topics not asked about in
 // the last second, and returns the first topic's error, as kafka-go's
 // metadata step did: an unknown topic (created here when auto-creation is
 // on), an invalid one, one the relay may not describe.
-func (k *Kafka) franzTopics(ctx context.Context, cl *kgo.Client, batch []kafka.Message) error {
+func (k *Kafka) franzTopics(ctx context.Context, cl *kgo.Client, batch []event.Event) error {
 	f := k.franz
 	if f.topics == nil {
 		f.topics = make(map[string]time.Time)
@@ -285,15 +257,15 @@ func (k *Kafka) franzTopics(ctx context.Context, cl *kgo.Client, batch []kafka.M
 		if t.Topic != nil {
 			name = *t.Topic
 		}
-		if t.ErrorCode != 0 {
-			return kafka.Error(t.ErrorCode)
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			return err
 		}
 		if len(t.Partitions) == 0 {
-			return kafka.UnknownTopicOrPartition
+			return kerr.UnknownTopicOrPartition
 		}
 		for _, p := range t.Partitions {
 			if p.Leader < 0 {
-				return kafka.LeaderNotAvailable
+				return kerr.LeaderNotAvailable
 			}
 		}
 		f.topics[name] = now

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -54,10 +53,10 @@ func (k *Kafka) franzInit(ctx context.Context) error {
 		}
 		kerrv := kerrOf(err)
 		if kerrv == kerr.InvalidTransactionTimeout {
-			return fmt.Errorf("init transactions: the transaction timeout %s is above the broker's transaction.max.timeout.ms: lower it: %w", k.cfg.TransactionTimeout, franzError(err))
+			return fmt.Errorf("init transactions: the transaction timeout %s is above the broker's transaction.max.timeout.ms: lower it: %w", k.cfg.TransactionTimeout, err)
 		}
 		if kerrv != nil && !kerr.IsRetriable(kerrv) && kerrv != kerr.ConcurrentTransactions {
-			return k.txnError("init transactions", franzError(err))
+			return k.txnError("init transactions", err)
 		}
 		// The coordinator moving, loading or unreachable: an outage,
 		// waited out with backoff as Write's.
@@ -83,7 +82,7 @@ func (k *Kafka) franzBegin(cl *kgo.Client) error {
 		return nil
 	}
 	if err := cl.BeginTransaction(); err != nil {
-		return k.txnError("begin transaction", franzError(err))
+		return k.txnError("begin transaction", err)
 	}
 	f.inTxn = true
 	k.txn.open, k.txn.since = true, time.Now()
@@ -93,7 +92,7 @@ func (k *Kafka) franzBegin(cl *kgo.Client) error {
 // franzTxnFailure returns the error that ends the transaction when a
 // record of the round was refused for the producer's state, nil when none
 // was: fenced (ErrFenced), or the transaction cannot commit (ErrTxnAborted).
-func (k *Kafka) franzTxnFailure(errs kafka.WriteErrors) error {
+func (k *Kafka) franzTxnFailure(errs writeErrors) error {
 	return k.franzFenced(k.franzTxnError(errs))
 }
 
@@ -106,20 +105,19 @@ func (k *Kafka) franzFenced(err error) error {
 	return err
 }
 
-func (k *Kafka) franzTxnError(errs kafka.WriteErrors) error {
+func (k *Kafka) franzTxnError(errs writeErrors) error {
 	for _, e := range errs {
 		if e == nil {
 			continue
 		}
-		var ke kafka.Error
-		switch {
+		switch ke := kerrOf(e); {
 		case errors.Is(e, kgo.ErrAborting):
 			return fmt.Errorf("produce: %w: %w", ErrTxnAborted, e)
-		case errors.As(e, &ke):
+		case ke != nil:
 			switch ke {
-			case kafka.ProducerFenced, kafka.InvalidProducerEpoch, kafka.TransactionalIDAuthorizationFailed,
-				kafka.OutOfOrderSequenceNumber, kafka.UnknownProducerId, kafka.InvalidProducerIDMapping,
-				kafka.InvalidTransactionState, kafka.Error(kerr.TransactionAbortable.Code):
+			case kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.TransactionalIDAuthorizationFailed,
+				kerr.OutOfOrderSequenceNumber, kerr.UnknownProducerID, kerr.InvalidProducerIDMapping,
+				kerr.InvalidTxnState, kerr.TransactionAbortable:
 				return k.txnError("produce", e)
 			}
 		case kerrOf(e) == nil && !errors.Is(e, kgo.ErrRecordTimeout) && !errors.Is(e, kgo.ErrRecordRetries):
@@ -159,7 +157,7 @@ func (k *Kafka) franzEnd(ctx context.Context, commit bool) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w (last answer: %w)", op, ctx.Err(), err)
 		}
-		err = k.franzFenced(k.txnError(op, franzError(err)))
+		err = k.franzFenced(k.txnError(op, err))
 		if commit && f.fenced == nil {
 			// Abort ends what is left of it.
 			return err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,9 +86,9 @@ func TestJavaMurmur2Partition(t *testing.T) {
 		if got := kp.Partition(&kgo.Record{Key: []byte(tt.key)}, 4); got != tt.partition {
 			t.Errorf("kgo.StickyKeyPartitioner(%q, 4 partitions) = %d; want %d", tt.key, got, tt.partition)
 		}
-		b := &kafka.Murmur2Balancer{}
-		if got := b.Balance(kafka.Message{Key: []byte(tt.key)}, 0, 1, 2, 3); got != tt.partition {
-			t.Errorf("Murmur2Balancer.Balance(%q, 4 partitions) = %d; want %d", tt.key, got, tt.partition)
+		// And LastCommitted's, which reads where Write put the key.
+		if got := sink.KeyPartition([]byte(tt.key), 4); got != tt.partition {
+			t.Errorf("keyPartition(%q, 4) = %d; want %d", tt.key, got, tt.partition)
 		}
 	}
 }
@@ -103,12 +102,6 @@ func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
 	t.Cleanup(c.Close)
 	return c
 }
-
-// franzProducer reports whether the sinks of this run produce on kgo
-// (sink/franz.go; RELAY_PRODUCER=own: the old producer): their rounds are not pipelined,
-// and a batch whose outcome is unknown is resent under its producer id
-// until answered, never given up for a new one.
-func franzProducer() bool { return os.Getenv("RELAY_PRODUCER") != "own" }
 
 func newSink(t *testing.T, cfg sink.Config) *sink.Kafka {
 	t.Helper()
