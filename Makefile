@@ -13,7 +13,7 @@ WITH_DEV_ENV := eval "$$($(DEV) env)" &&
 
 BENCH   := cd bench &&
 
-.PHONY: all build bench-build test test-short test-faults test-pg-matrix test-kafka test-kafka-own dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
+.PHONY: all build bench-build test test-short test-faults test-pg-matrix test-kafka dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
 
 all: build
 
@@ -69,11 +69,6 @@ KAFKA_VERSIONS ?=
 KAFKA_VERSION ?=
 test-kafka: dev-up
 	@scripts/kafka-matrix.sh $(KAFKA_VERSIONS) $(KAFKA_VERSION)
-
-# The same suite with every sink on the sink's old producer (RELAY_PRODUCER=own, on
-# kafka-go's protocol package), while it is in the tree (issue 36).
-test-kafka-own: dev-up
-	@RELAY_PRODUCER=own scripts/kafka-matrix.sh $(KAFKA_VERSIONS) $(KAFKA_VERSION)
 
 dev-up:
 	@$(DEV) up

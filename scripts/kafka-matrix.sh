@@ -13,10 +13,6 @@
 # run starts in seconds) on 127.0.0.1:$KAFKA_MATRIX_PORT (19192) to +4; its TLS files
 # are the dev servers' (.dev/tls), so the test environment's CA holds for both. Each
 # version's `go test -v` output goes to .dev/kafka-matrix/kafka-<version>.log.
-#
-# With RELAY_PRODUCER=own in the environment (make test-kafka-own) every sink of the run
-# produces with the sink's old producer (kafka-go's protocol package) instead of kgo
-# (sink/franz.go); the lines and the log name say so.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -71,14 +67,13 @@ broker_env() {
 began=$SECONDS
 failed=()
 summary=()
-producer=${RELAY_PRODUCER:+ (producer $RELAY_PRODUCER)}
 for v in "${versions[@]}"; do
-	log=$matrix/kafka-$v${RELAY_PRODUCER:+-$RELAY_PRODUCER}.log
+	log=$matrix/kafka-$v.log
 	start=$SECONDS
 	status=0
 	mkdir -p "$matrix/$v"
 	[ -e "$matrix/$v/tls" ] || ln -s "$dev_dir/tls" "$matrix/$v/tls"
-	echo "==> kafka $v$producer: scripts/dev.sh kafka-up on 127.0.0.1:$KAFKA_MATRIX_PORT; go test ... (log: $log)"
+	echo "==> kafka $v: scripts/dev.sh kafka-up on 127.0.0.1:$KAFKA_MATRIX_PORT; go test ... (log: $log)"
 	{
 		(eval "$(broker_env "$v")" && bash "$DEV" kafka-up) &&
 			(
@@ -97,10 +92,10 @@ for v in "${versions[@]}"; do
 	took=$((SECONDS - start))
 	tests=$(grep -c '^--- PASS' "$log" || true)
 	if [ $status -eq 0 ]; then
-		line=$(printf 'PASS  kafka %-7s %s  %d tests passed%s' "$v" "$(fmt_time $took)" "$tests" "$producer")
+		line=$(printf 'PASS  kafka %-7s %s  %d tests passed' "$v" "$(fmt_time $took)" "$tests")
 	else
 		failed+=("$v")
-		line=$(printf 'FAIL  kafka %-7s %s  %d tests passed%s  (log: %s)' "$v" "$(fmt_time $took)" "$tests" "$producer" "$log")
+		line=$(printf 'FAIL  kafka %-7s %s  %d tests passed  (log: %s)' "$v" "$(fmt_time $took)" "$tests" "$log")
 		bash "$ROOT/scripts/fail-excerpt.sh" "$log" | sed 's/^/      /' || true
 	fi
 	echo "$line"

@@ -26,7 +26,7 @@ type Config struct {
 	BatchBytes   int64         // default 1048576 (Kafka's default message.max.bytes); also the per-call byte cap and the largest message sent; 65536 to 2147483647
 	WriteTimeout time.Duration // default 10s: one produce request
 	Compression  string        // none (default), gzip, snappy, lz4 or zstd; idempotent either way
-	// DisableIdempotence turns the idempotent producer off (idempotence.go):
+	// DisableIdempotence turns the idempotent producer off:
 	// batches carry no producer id, and a produce whose acknowledgement was
 	// lost, written again, is stored twice (after the events that followed
 	// it). Default false: idempotent, which needs Kafka 0.11 or later and,

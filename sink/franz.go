@@ -45,8 +45,7 @@ import (
 //     client's connection hook.
 //   - A topic's trouble is found before producing, by a metadata request
 //     for the round's topics (cached one second, as before), so that it
-//     refuses the round as produce.go's did and write.go splits it by
-//     topic.
+//     refuses the round, and write.go splits it by topic.
 
 // franz is the producer's state. Write's goroutine only, but for the
 // client's hooks (atomics).
@@ -214,8 +213,7 @@ func (k *Kafka) produce(ctx context.Context, batch []event.Event) error {
 }
 
 // franzTopics asks the brokers about the round's topics not asked about in
-// the last second, and returns the first topic's error, as kafka-go's
-// metadata step did: an unknown topic (created here when auto-creation is
+// the last second, and returns the first topic's error: an unknown topic (created here when auto-creation is
 // on), an invalid one, one the relay may not describe.
 func (k *Kafka) franzTopics(ctx context.Context, cl *kgo.Client, batch []event.Event) error {
 	f := k.franz
@@ -283,7 +281,7 @@ func contains(names []string, name string) bool {
 }
 
 // franzProducerID counts a new producer id or epoch after the first as a
-// producer reset (Stats.ProducerResets), as idempotence.go counts its own.
+// producer reset (Stats.ProducerResets).
 func (k *Kafka) franzProducerID(cl *kgo.Client) {
 	if k.cfg.DisableIdempotence {
 		return

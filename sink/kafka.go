@@ -21,7 +21,7 @@
 //     and key: those fail with ErrBehind instead of being written, or they
 //     would overtake it. Each Failure says whether writing it again can
 //     succeed (Permanent) and why it failed (Reason), so callers never
-//     need kafka-go's error codes (failure.go).
+//     need Kafka's error codes (failure.go).
 //   - A topic's trouble is never taken for a broker outage and never holds up
 //     other topics: an invalid name, a name that collides with an existing
 //     topic, a missing topic, a topic the relay may not write or create. Its

@@ -10,28 +10,23 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 )
 
-// What Kafka 3.9.1 was seen to answer (kafka-go v0.4.51), which the code
-// below is built on:
+// What Kafka 3.9.1 was seen to answer, which the code below is built on:
 //
 //   - A topic that collides with an existing one (X_y when X.y exists; Kafka
 //     treats '.' and '_' alike): metadata answers UNKNOWN_TOPIC_OR_PARTITION
-//     forever, with or without auto-creation, and kafka-go's Writer returns
-//     kerr.UnknownTopicOrPartition in milliseconds. Only CreateTopics says
-//     why: INVALID_TOPIC_EXCEPTION "Topic 'X_y' collides with existing topic:
-//     X.y" (also with ValidateOnly).
+//     forever, with or without auto-creation, in milliseconds. Only
+//     CreateTopics says why: INVALID_TOPIC_EXCEPTION "Topic 'X_y' collides
+//     with existing topic: X.y" (also with ValidateOnly).
 //   - An invalid name ("bad name!"): with auto-creation on, metadata answers
-//     INVALID_TOPIC_EXCEPTION without a message; with it off, kafka-go answers
-//     UNKNOWN_TOPIC_OR_PARTITION from its cache. The name is therefore
-//     checked here, with Kafka's own rules, before anything is sent.
-//   - A missing topic with auto-creation off: UNKNOWN_TOPIC_OR_PARTITION from
-//     kafka-go's cache, in microseconds.
+//     INVALID_TOPIC_EXCEPTION without a message; with it off,
+//     UNKNOWN_TOPIC_OR_PARTITION. The name is therefore checked here, with
+//     Kafka's own rules, before anything is sent.
+//   - A missing topic with auto-creation off: UNKNOWN_TOPIC_OR_PARTITION.
 //   - A topic being auto-created: UNKNOWN_TOPIC_OR_PARTITION for a few hundred
 //     milliseconds, then metadata with its partitions.
-//   - CreateTopics with ValidateOnly for a topic that could be created answers
-//     no error, and kafka-go's Transport then waits (until its context ends)
-//     for the topic to appear in its metadata cache, which it never does. So
-//     the request is only made with a short deadline, when its answer is
-//     needed.
+//   - CreateTopics with ValidateOnly is asked only with a short deadline,
+//     when its answer is needed (a client library once waited for the
+//     validated topic to appear, which it never does).
 
 // defaultTopicWait bounds how long one Write waits for a topic that Kafka
 // does not know yet to appear. A topic auto-created by the broker was seen to
@@ -42,13 +37,13 @@ const defaultTopicWait = 5 * time.Second
 const topicPoll = 200 * time.Millisecond
 
 // diagnoseTimeout bounds the CreateTopics (ValidateOnly) request that asks
-// Kafka why a topic is refused. Short, because kafka-go holds it until the
-// deadline when the answer is "it could be created" (see above).
+// Kafka why a topic is refused: a diagnosis, kept short.
 const diagnoseTimeout = time.Second
 
 // missingTTL is how long a topic that was waited for in vain fails at once,
 // instead of holding up every later Write for TopicWait again. A topic
-// created meanwhile is found by kafka-go's metadata before this is consulted.
+// created meanwhile is found by the round's metadata request (franz.go)
+// before this is consulted.
 const missingTTL = 30 * time.Second
 
 // TopicError is the failure of a message whose topic Kafka will not take: its

@@ -32,7 +32,7 @@ func newProducer(reg *prometheus.Registry) *producer {
 		unanswered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "kafka_produce_unanswered_total",
 			Help: "Produce requests written to a broker that got no answer (connection lost or timed out): their outcome is unknown and the producer settles it, by broker."}, []string{"broker"}),
 		retries: c("kafka_produce_retries_total", "Kafka writes retried after a broker-wide failure (the broker or the connection, not one event's)."),
-		resets:  c("kafka_producer_resets_total", "New producer ids taken after the first: after a batch whose outcome stayed unknown, or a broker that lost track of the producer."),
+		resets:  c("kafka_producer_resets_total", "New producer ids or epochs taken after the first: the broker lost track of the producer (its state expired, or a sequence gap)."),
 	}
 	reg.MustRegister(p.latency, p.inFlight, p.unanswered, p.retries, p.resets)
 	return p
