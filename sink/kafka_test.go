@@ -316,8 +316,8 @@ func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
 	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 11 {
 		t.Fatalf("Write = %v; want a Failure at index 11 first", err)
 	}
-	if f := werr.Failures[0]; !f.Permanent || !errors.Is(f.Err, kafka.MessageSizeTooLarge) {
-		t.Errorf("Failure{%d, %v}: want a permanent MessageSizeTooLarge", f.Index, f.Err)
+	if f := werr.Failures[0]; !f.Permanent || !errors.Is(f.Err, kerr.MessageTooLarge) {
+		t.Errorf("Failure{%d, %v}: want a permanent MESSAGE_TOO_LARGE", f.Index, f.Err)
 	}
 	for _, f := range werr.Failures[1:] {
 		if f.Index%2 != 1 || f.Index < 11 || !errors.Is(f.Err, sink.ErrBehind) {
