@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync"
@@ -36,13 +37,12 @@ import (
 //     pipelined here (Send writes in Wait).
 //   - Acknowledged means acks=all: kgo's default with idempotence, and
 //     required explicitly.
-//   - A broker outage is not a record's failure: a record kgo could not
-//     send within WriteTimeout fails with kgo's timeout, which is not
-//     per-message, and Write retries the round with backoff as before.
-//     A batch whose outcome is unknown is never failed by kgo (it is sent
-//     again with its sequence numbers until the broker answers), so a
-//     round may block through an outage: Outage is then kept by the
-//     client's connection hook.
+//   - A broker outage is not a record's failure: kgo retries a round's
+//     requests until the broker answers (a batch whose outcome is unknown
+//     with its sequence numbers), so the round blocks through an outage
+//     until the caller's context ends. Outage, Stats and the Observer learn
+//     of it from the client's hooks: a connection that cannot be made, a
+//     produce request that failed unanswered.
 //   - A topic's trouble is found before producing, by a metadata request
 //     for the round's topics (cached one second, as before), so that it
 //     refuses the round, and write.go splits it by topic.
@@ -59,7 +59,10 @@ type franz struct {
 	// a round given up on (ctx) is waited for before the next is buffered,
 	// so that nothing is buffered while it may fail.
 	last   chan struct{}
-	lastID atomic.Int64 // producer id and epoch of the last round, for ProducerReset
+	lastID atomic.Int64
+	// warned: the current outage was logged (write.go's acked clears it),
+	// so that an outage is one line, not one per reconnect.
+	warned atomic.Bool // producer id and epoch of the last round, for ProducerReset
 }
 
 // franzClient returns the producer's client, made at the first round
@@ -87,7 +90,11 @@ func (k *Kafka) newFranzClient(extra ...kgo.Opt) (*kgo.Client, error) {
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
 		kgo.ProduceRequestTimeout(k.cfg.WriteTimeout),
-		kgo.RecordDeliveryTimeout(k.cfg.WriteTimeout),
+		// No record timeout: kgo measures it from the record's timestamp,
+		// which is the event's (its commit time, or the outbox's timestamp
+		// column), so a backlog's records would all time out at once. An
+		// outage blocks the round instead, as the package doc promises, and
+		// the hooks keep Outage.
 		kgo.ProducerBatchMaxBytes(int32(min(k.cfg.BatchBytes+batchSlack, 1<<30))),
 		// A round is at most BatchSize records; what a cancelled round
 		// left behind settles before the next is flushed.
@@ -335,28 +342,43 @@ func (h franzHooks) OnBrokerWrite(m kgo.BrokerMetadata, key int16, _ int, _, _ t
 	}
 }
 
-// OnBrokerE2E: a produce request written was answered, or its connection
-// failed before the answer.
+// OnBrokerE2E: a produce request was answered, or failed unanswered
+// (kgo sends it again: a broker-wide failure).
 func (h franzHooks) OnBrokerE2E(m kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
-	if key != 0 || e2e.WriteErr != nil || h.k.obs == nil {
+	if key != 0 {
 		return
 	}
 	addr := brokerAddr(m)
+	if err := e2e.Err(); err != nil {
+		h.failed(fmt.Errorf("produce to kafka broker %s: %w", addr, err))
+	}
+	if e2e.WriteErr != nil || h.k.obs == nil {
+		return
+	}
 	h.k.obs.ProduceInFlight(addr, -1)
 	h.k.obs.ProduceAnswered(addr, e2e.TimeToRead+e2e.ReadWait, e2e.ReadErr != nil)
 }
 
-// OnBrokerConnect: a broker that cannot be reached starts (or continues)
-// an outage; the next acknowledged record ends it (write.go's acked).
+// OnBrokerConnect: a broker that cannot be reached is a broker-wide
+// failure.
 func (h franzHooks) OnBrokerConnect(m kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
-	if err == nil {
-		return
+	if err != nil {
+		h.failed(fmt.Errorf("connect to kafka broker %s: %w", brokerAddr(m), err))
 	}
-	o := &h.k.outage
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.since.IsZero() {
-		o.since = time.Now()
+}
+
+// failed records a broker-wide failure: it starts (or continues) an
+// outage, which the next acknowledged record ends (write.go's acked), and
+// counts as a retry, since kgo tries again.
+func (h franzHooks) failed(cause error) {
+	k := h.k
+	k.stats.brokerErrors.Add(1)
+	k.stats.retries.Add(1)
+	if k.obs != nil {
+		k.obs.ProduceRetried()
 	}
-	o.cause = fmt.Errorf("connect to kafka broker %s: %w", brokerAddr(m), err)
+	k.outageStarts(cause)
+	if k.log.Enabled(context.Background(), slog.LevelWarn) && k.franz.warned.CompareAndSwap(false, true) {
+		k.log.Warn("kafka unavailable, retrying", "err", cause)
+	}
 }

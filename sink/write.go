@@ -387,8 +387,12 @@ func (k *Kafka) acked(batch []event.Event, werrs writeErrors) {
 	k.stats.bytes.Add(b)
 	if n > 0 {
 		k.outage.mu.Lock()
+		if !k.outage.since.IsZero() {
+			k.log.Info("kafka available again", "after", time.Since(k.outage.since).Round(time.Millisecond))
+		}
 		k.outage.since, k.outage.cause = time.Time{}, nil
 		k.outage.mu.Unlock()
+		k.franz.warned.Store(false)
 	}
 }
 
