@@ -44,7 +44,8 @@ import (
 //     of it from the client's hooks: a connection that cannot be made, a
 //     produce request that failed unanswered.
 //   - A topic's trouble is found before producing, by a metadata request
-//     for the round's topics (cached one second, as before), so that it
+//     for the round's topics (a known topic is not asked again for a
+//     second), so that it
 //     refuses the round, and write.go splits it by topic.
 
 // franz is the producer's state. Write's goroutine only, but for the
@@ -59,10 +60,10 @@ type franz struct {
 	// a round given up on (ctx) is waited for before the next is buffered,
 	// so that nothing is buffered while it may fail.
 	last   chan struct{}
-	lastID atomic.Int64
+	lastID atomic.Int64 // producer id and epoch of the last round, for ProducerResets
 	// warned: the current outage was logged (write.go's acked clears it),
 	// so that an outage is one line, not one per reconnect.
-	warned atomic.Bool // producer id and epoch of the last round, for ProducerReset
+	warned atomic.Bool
 }
 
 // franzClient returns the producer's client, made at the first round
@@ -108,8 +109,7 @@ func (k *Kafka) newFranzClient(extra ...kgo.Opt) (*kgo.Client, error) {
 		opts = append(opts, kgo.DisableIdempotentWrite(), kgo.MaxProduceRequestsInflightPerBroker(1))
 	}
 	// With idempotence kgo keeps up to five requests in flight per broker,
-	// the most a broker deduplicates; MaxInFlight is the old producer's
-	// (rounds are not pipelined here anyway).
+	// the most a broker deduplicates (MaxInFlight is the caller's depth).
 	if k.cfg.AllowAutoTopicCreation {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
@@ -220,8 +220,9 @@ func (k *Kafka) produce(ctx context.Context, batch []event.Event) error {
 }
 
 // franzTopics asks the brokers about the round's topics not asked about in
-// the last second, and returns the first topic's error: an unknown topic (created here when auto-creation is
-// on), an invalid one, one the relay may not describe.
+// the last second, and returns the first topic's error: an unknown topic
+// (created here when auto-creation is on), an invalid one, one the relay
+// may not describe.
 func (k *Kafka) franzTopics(ctx context.Context, cl *kgo.Client, batch []event.Event) error {
 	f := k.franz
 	if f.topics == nil {
