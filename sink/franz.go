@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
 )
 
@@ -37,12 +38,15 @@ import (
 //     pipelined here (Send writes in Wait).
 //   - Acknowledged means acks=all: kgo's default with idempotence, and
 //     required explicitly.
-//   - A broker outage is not a record's failure: kgo retries a round's
-//     requests until the broker answers (a batch whose outcome is unknown
-//     with its sequence numbers), so the round blocks through an outage
-//     until the caller's context ends. Outage, Stats and the Observer learn
-//     of it from the client's hooks: a connection that cannot be made, a
-//     produce request that failed unanswered.
+//   - A broker outage is not a record's failure: kgo tries a partition's
+//     batch maxAttempts times, then fails its records with the broker's
+//     error, which is not per-message, and write.go retries them with
+//     backoff, before anything later, and keeps Outage. A batch whose
+//     outcome is unknown is never failed: kgo sends it again with its
+//     sequence numbers until the broker answers, so a round may block
+//     through an outage until the caller's context ends; Outage then
+//     learns of it from the client's hooks (a connection that cannot be
+//     made, a produce request that failed unanswered).
 //   - A topic's trouble is found before producing, by a metadata request
 //     for the round's topics (a known topic is not asked again for a
 //     second), so that it
@@ -96,6 +100,15 @@ func (k *Kafka) newFranzClient(extra ...kgo.Opt) (*kgo.Client, error) {
 		// column), so a backlog's records would all time out at once. An
 		// outage blocks the round instead, as the package doc promises, and
 		// the hooks keep Outage.
+		// A partition's retriable error (NOT_ENOUGH_REPLICAS, a leader
+		// moving, a connection refused) is tried three times quickly, as
+		// kafka-go's Writer did, then fails its records for write.go's
+		// loop, which retries with backoff and keeps Outage; a batch whose
+		// outcome is unknown is never failed (kgo bypasses the limit).
+		kgo.RecordRetries(maxAttempts - 1),
+		kgo.RetryBackoffFn(func(tries int) time.Duration {
+			return backoff.Delay(produceBackoffMin, produceBackoffMax, tries-1)
+		}),
 		kgo.ProducerBatchMaxBytes(int32(min(k.cfg.BatchBytes+batchSlack, 1<<30))),
 		// A round is at most BatchSize records; what a cancelled round
 		// left behind settles before the next is flushed.
@@ -115,6 +128,15 @@ func (k *Kafka) newFranzClient(extra ...kgo.Opt) (*kgo.Client, error) {
 	}
 	return newClient(&k.cfg, append(opts, extra...)...)
 }
+
+// maxAttempts is a partition's quick attempts before write.go's loop takes
+// over, and produceBackoffMin and produceBackoffMax the backoff between
+// them (kafka-go Writer's defaults, which the sink always had).
+const (
+	maxAttempts       = 3
+	produceBackoffMin = 100 * time.Millisecond
+	produceBackoffMax = time.Second
+)
 
 // batchSlack is added to BatchBytes for kgo's batch limit: write.go counts
 // a record as kafka-go did (messageSize), kgo adds the batch header and the
@@ -369,15 +391,10 @@ func (h franzHooks) OnBrokerConnect(m kgo.BrokerMetadata, _ time.Duration, _ net
 }
 
 // failed records a broker-wide failure: it starts (or continues) an
-// outage, which the next acknowledged record ends (write.go's acked), and
-// counts as a retry, since kgo tries again.
+// outage, which the next acknowledged record ends (write.go's acked).
 func (h franzHooks) failed(cause error) {
 	k := h.k
 	k.stats.brokerErrors.Add(1)
-	k.stats.retries.Add(1)
-	if k.obs != nil {
-		k.obs.ProduceRetried()
-	}
 	k.outageStarts(cause)
 	if k.log.Enabled(context.Background(), slog.LevelWarn) && k.franz.warned.CompareAndSwap(false, true) {
 		k.log.Warn("kafka unavailable, retrying", "err", cause)
