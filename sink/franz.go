@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -184,6 +185,9 @@ func (k *Kafka) produce(ctx context.Context, batch []event.Event) error {
 	if err := k.franzBegin(cl); err != nil {
 		return err
 	}
+	if err := k.franzFirstID(ctx, cl); err != nil {
+		return err
+	}
 	if cap(f.recs) < len(batch) {
 		f.recs = make([]kgo.Record, len(batch))
 	}
@@ -308,6 +312,29 @@ func contains(names []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// franzFirstID takes the idempotent producer's id before the first round,
+// as the Java producer does at its first send, and says it: a principal
+// without IdempotentWrite is told so (ErrIdempotenceNotAllowed), and an
+// unreachable broker is a broker-wide failure of the round.
+func (k *Kafka) franzFirstID(ctx context.Context, cl *kgo.Client) error {
+	f := k.franz
+	if f.lastID.Load() != 0 || k.cfg.DisableIdempotence || k.transactional() {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
+	defer cancel()
+	id, epoch, err := cl.ProducerID(rctx)
+	if err != nil {
+		if errors.Is(err, kerr.ClusterAuthorizationFailed) {
+			return fmt.Errorf("init producer id: %w: %w", ErrIdempotenceNotAllowed, err)
+		}
+		return fmt.Errorf("init producer id: %w", err)
+	}
+	f.lastID.Store(id<<16 | int64(uint16(epoch)))
+	k.log.Info("kafka idempotent producer", "producer_id", id, "epoch", epoch)
+	return nil
 }
 
 // franzProducerID counts a new producer id or epoch after the first as a
