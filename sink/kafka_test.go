@@ -39,47 +39,8 @@ var javaPartitions = []struct {
 	{"Bestellung-ä", 1},
 }
 
-// javaMurmur2Partition is Kafka's Utils.murmur2 and toPositive, written from
-// the Java source, for keys not in javaPartitions.
-func javaMurmur2Partition(key []byte, n int) int {
-	const (
-		seed = 0x9747b28c
-		m    = 0x5bd1e995
-		r    = 24
-	)
-	length := len(key)
-	h := uint32(seed) ^ uint32(length)
-	for i := 0; i+4 <= length; i += 4 {
-		k := uint32(key[i]) | uint32(key[i+1])<<8 | uint32(key[i+2])<<16 | uint32(key[i+3])<<24
-		k *= m
-		k ^= k >> r
-		k *= m
-		h *= m
-		h ^= k
-	}
-	tail := key[length&^3:]
-	switch len(tail) {
-	case 3:
-		h ^= uint32(tail[2]) << 16
-		fallthrough
-	case 2:
-		h ^= uint32(tail[1]) << 8
-		fallthrough
-	case 1:
-		h ^= uint32(tail[0])
-		h *= m
-	}
-	h ^= h >> 13
-	h *= m
-	h ^= h >> 15
-	return int(h&0x7fffffff) % n
-}
-
 func TestJavaMurmur2Partition(t *testing.T) {
 	for _, tt := range javaPartitions {
-		if got := javaMurmur2Partition([]byte(tt.key), 4); got != tt.partition {
-			t.Errorf("javaMurmur2Partition(%q, 4) = %d; want %d", tt.key, got, tt.partition)
-		}
 		// franz-go's default partitioner for keyed records: the one the
 		// producer on kgo uses, so its partitions agree with Debezium's.
 		kp := kgo.StickyKeyPartitioner(nil).ForTopic("t")
@@ -168,7 +129,7 @@ func checkOrder(t *testing.T, recs []*kgo.Record, partitions int) {
 			t.Fatalf("record %q at partition %d offset %d; want %s:%d next (per-key order)", r.Value, r.Partition, r.Offset, key, next[key])
 		}
 		next[key]++
-		if want := javaMurmur2Partition(r.Key, partitions); int(r.Partition) != want {
+		if want := sink.KeyPartition(r.Key, partitions); int(r.Partition) != want {
 			t.Errorf("key %q on partition %d; want %d (Java murmur2)", r.Key, r.Partition, want)
 		}
 	}
