@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -113,27 +112,26 @@ func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collid
 // validateCreate asks Kafka whether topic could be created (CreateTopics with
 // ValidateOnly and the broker's default partitions and replication factor,
 // KIP-464), which is the only answer that carries Kafka's reason for refusing
-// a name. It returns Kafka's message and code; code 0 means it could be
+// a name. It returns Kafka's message and code; a nil code means it could be
 // created or the question could not be answered within diagnoseTimeout.
 // Nothing is created.
-func (k *Kafka) validateCreate(ctx context.Context, topic string) (string, kafka.Error) {
+func (k *Kafka) validateCreate(ctx context.Context, topic string) (string, *kerr.Error) {
 	ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
 	defer cancel()
 	adm, err := k.admin()
 	if err != nil {
-		return "", 0
+		return "", nil
 	}
 	res, err := adm.ValidateCreateTopics(ctx, -1, -1, nil, topic)
 	if err != nil {
-		return "", 0
+		return "", nil
 	}
 	r, ok := res[topic]
 	var ke *kerr.Error
 	if !ok || !errors.As(r.Err, &ke) {
-		return "", 0
+		return "", nil
 	}
-	// topic.go still speaks kafka-go's codes; the same numbers.
-	return r.ErrMessage, kafka.Error(ke.Code)
+	return r.ErrMessage, ke
 }
 
 // CreateCompactedTopic creates topic with one partition, the broker's

@@ -2,8 +2,6 @@ package sink
 
 import (
 	"context"
-
-	"github.com/segmentio/kafka-go"
 )
 
 // LastCommitted returns the value of the latest committed record with key
@@ -23,8 +21,9 @@ func (k *Kafka) LastCommitted(ctx context.Context, topic string, key []byte) (va
 	if err != nil {
 		return nil, false, err
 	}
-	// Where Write puts the key: the same balancer over the same partitions.
-	part := k.balancer.Balance(kafka.Message{Key: key}, k.partitionList(len(parts))...)
+	// Where Write puts the key: kgo's default partitioner, the Java
+	// client's, over the same partitions.
+	part := keyPartition(key, len(parts))
 	firsts, lasts, err := r.Bounds(ctx, topic)
 	if err != nil {
 		return nil, false, err
@@ -45,4 +44,45 @@ func (k *Kafka) LastCommitted(ctx context.Context, topic string, key []byte) (va
 			return value, found, nil
 		}
 	}
+}
+
+// keyPartition is the partition of key among n, as the Java client's
+// default partitioner (and kgo's, which the producer uses) chooses it:
+// murmur2 of the key, made positive, modulo n.
+func keyPartition(key []byte, n int) int {
+	return int((murmur2(key) & 0x7fffffff) % uint32(n))
+}
+
+// murmur2 is the Java client's (org.apache.kafka.common.utils.Utils.murmur2).
+func murmur2(b []byte) uint32 {
+	const (
+		seed uint32 = 0x9747b28c
+		m    uint32 = 0x5bd1e995
+		r           = 24
+	)
+	h := seed ^ uint32(len(b))
+	for len(b) >= 4 {
+		k := uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+		k *= m
+		k ^= k >> r
+		k *= m
+		h *= m
+		h ^= k
+		b = b[4:]
+	}
+	switch len(b) {
+	case 3:
+		h ^= uint32(b[2]) << 16
+		fallthrough
+	case 2:
+		h ^= uint32(b[1]) << 8
+		fallthrough
+	case 1:
+		h ^= uint32(b[0])
+		h *= m
+	}
+	h ^= h >> 13
+	h *= m
+	h ^= h >> 15
+	return h
 }

@@ -12,11 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
-
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/sink/oauthbearer"
 )
@@ -31,18 +26,19 @@ type Config struct {
 	BatchBytes   int64         // default 1048576 (Kafka's default message.max.bytes); also the per-call byte cap and the largest message sent; 65536 to 2147483647
 	WriteTimeout time.Duration // default 10s: one produce request
 	Compression  string        // none (default), gzip, snappy, lz4 or zstd; idempotent either way
-	// DisableIdempotence turns the idempotent producer off (idempotence.go):
+	// DisableIdempotence turns the idempotent producer off:
 	// batches carry no producer id, and a produce whose acknowledgement was
 	// lost, written again, is stored twice (after the events that followed
 	// it). Default false: idempotent, which needs Kafka 0.11 or later and,
 	// before Kafka 3.0, the IdempotentWrite permission on the cluster.
 	DisableIdempotence bool
-	// MaxInFlight bounds the produce requests in flight on one broker
-	// connection (pipeline.go), default 5, the Java producer's
-	// max.in.flight.requests.per.connection and the most batches of one
-	// producer a broker deduplicates per partition; 1 is stop-and-wait.
-	// Without idempotence writes are stop-and-wait whatever it is: a resent
-	// request could land after a later one.
+	// MaxInFlight bounds the Sends a caller keeps ahead of its Waits (the
+	// relay's writer), default 5, the Java producer's
+	// max.in.flight.requests.per.connection; 1 is stop-and-wait. The
+	// producer itself writes one round at a time (franz.go), kgo keeping up
+	// to five produce requests of a round in flight per broker with
+	// idempotence, one without (a resent request could land after a later
+	// one).
 	MaxInFlight int
 	// TransactionalID, when set, makes the sink transactional (txn.go):
 	// Write writes into a Kafka transaction that Commit or Abort ends, after
@@ -74,7 +70,7 @@ type Config struct {
 	TopicWait time.Duration
 	Logger    *slog.Logger // default discards
 	// Dial, when set, opens every connection to a broker in place of a
-	// net.Dialer (kafka.Transport.Dial): for networks that need their own
+	// net.Dialer (kgo.Dialer): for networks that need their own
 	// dialer, and for fault tests that put a proxy between the sink and
 	// every broker (the brokers' advertised addresses bypass a proxy).
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
@@ -114,10 +110,6 @@ const (
 	maxBatchSize  = 1_000_000
 	minBatchBytes = 64 << 10
 )
-
-// maxAttempts is kafka-go's own attempts per batch. Kept low: Write's loop does
-// the real retrying, with backoff, until the context is done.
-const maxAttempts = 3
 
 // Defaults of Config's zero values.
 const (
@@ -200,9 +192,6 @@ func (c *Config) Validate() error {
 		v.Errorf("SASL.Mechanism", "%s takes a username and password, but an OAUTHBEARER token file or command is set: set it to oauthbearer, or unset {SASL.OAuthTokenFile} and {SASL.OAuthTokenCommand}", c.SASL.Mechanism)
 	case c.SASL.Username == "":
 		v.Add(field.Required("SASL.Username", "SASL "+c.SASL.Mechanism+" needs a username"))
-	default:
-		_, err := c.mechanism()
-		v.Add(err)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -237,34 +226,6 @@ func (c *Config) validateTLS(v *field.Checker) {
 			v.Add(err)
 		}
 	}
-}
-
-// compression is Compression as kafka-go's codec; Validate has checked it.
-func (c *Config) compression() kafka.Compression {
-	return map[string]kafka.Compression{"gzip": kafka.Gzip, "snappy": kafka.Snappy, "lz4": kafka.Lz4, "zstd": kafka.Zstd}[c.Compression]
-}
-
-// mechanism is SASL as kafka-go's mechanism, nil for none; Validate has
-// checked the name and the username.
-func (c *Config) mechanism() (sasl.Mechanism, error) {
-	var algo scram.Algorithm
-	switch c.SASL.Mechanism {
-	case "":
-		return nil, nil
-	case "oauthbearer", "aws_msk_iam":
-		return kafkaGoMechanism{c.tokenSASL()}, nil
-	case "plain":
-		return plain.Mechanism{Username: c.SASL.Username, Password: c.SASL.Password}, nil
-	case "scram-sha-256":
-		algo = scram.SHA256
-	default:
-		algo = scram.SHA512
-	}
-	mech, err := scram.Mechanism(algo, c.SASL.Username, c.SASL.Password)
-	if err != nil {
-		return nil, field.Errorf("SASL.Password", "SASL %s cannot use these credentials: %v", c.SASL.Mechanism, err)
-	}
-	return mech, nil
 }
 
 // tlsConfig reads the certificate files (local files only; nothing is dialed).

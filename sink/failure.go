@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/event"
@@ -56,22 +55,11 @@ const (
 
 // kerrOf is the Kafka error code err carries, as franz-go's kerr error,
 // nil when it carries none. The failure vocabulary is decided on kerr's
-// errors; kafka-go's codes (the producer's, until it moves onto kgo) are the
-// same numbers and are read here, once.
+// errors, here, once.
 func kerrOf(err error) *kerr.Error {
 	var ke *kerr.Error
 	if errors.As(err, &ke) {
 		return ke
-	}
-	var tooLarge kafka.MessageTooLargeError
-	if errors.As(err, &tooLarge) {
-		return kerr.MessageTooLarge
-	}
-	var kg kafka.Error
-	if errors.As(err, &kg) {
-		if e, ok := kerr.ErrorForCode(int16(kg)).(*kerr.Error); ok {
-			return e
-		}
 	}
 	return nil
 }
@@ -90,7 +78,7 @@ func permanent(err error) bool {
 		kerr.TopicAuthorizationFailed,
 		kerr.CorruptMessage,
 		kerr.InvalidRecord,
-		kerr.InvalidFetchSize, // kafka-go's InvalidMessageSize
+		kerr.InvalidFetchSize,
 		kerr.RecordListTooLarge,
 		kerr.InvalidTimestamp,
 		kerr.UnsupportedForMessageFormat,

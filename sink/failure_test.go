@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/event"
 )
@@ -19,23 +19,15 @@ func TestPermanent(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{kafka.MessageSizeTooLarge, true},
-		{kafka.MessageTooLargeError{}, true},
-		{kafka.InvalidTopic, true},
-		{kafka.TopicAuthorizationFailed, true},
-		{kafka.InvalidMessage, true},
-		{kafka.InvalidRecord, true},
-		{kafka.RecordListTooLarge, true},
-		{fmt.Errorf("topic %q: %w", "x", kafka.InvalidTopic), true},
-		{kafka.UnknownTopicOrPartition, false},
-		{kafka.NotEnoughReplicas, false},
-		{kafka.LeaderNotAvailable, false},
-		{kafka.RequestTimedOut, false},
-		{kafka.NetworkException, false},
+		{kerr.MessageTooLarge, true},
+		{fmt.Errorf("%w (uncompressed_bytes=3145800, compressed_bytes=3145800)", kerr.MessageTooLarge), true}, // as kgo wraps it
+		{kerr.CorruptMessage, true},
+		{fmt.Errorf("topic %q: %w", "x", kerr.InvalidTopicException), true},
+		{kerr.LeaderNotAvailable, false},
+		{kerr.NetworkException, false},
+		{kgo.ErrRecordTimeout, false},
 		{context.DeadlineExceeded, false},
 		{errors.New("dial tcp 127.0.0.1:1: connection refused"), false},
-		// franz-go's errors mean the same as kafka-go's codes.
-		{kerr.MessageTooLarge, true},
 		{kerr.RecordListTooLarge, true},
 		{kerr.InvalidTopicException, true},
 		{fmt.Errorf("produce: %w", kerr.TopicAuthorizationFailed), true},
@@ -56,9 +48,9 @@ func TestPermanent(t *testing.T) {
 func TestJudge(t *testing.T) {
 	events := []event.Event{{Topic: "orders", Key: []byte("k"), Value: make([]byte, 10)}, {Topic: "orders", Key: []byte("k")}, {Topic: "x"}}
 	fails := []Failure{
-		{Index: 0, Err: kafka.MessageSizeTooLarge},
+		{Index: 0, Err: fmt.Errorf("%w (uncompressed_bytes=40, compressed_bytes=40)", kerr.MessageTooLarge)},
 		{Index: 1, Err: ErrBehind},
-		{Index: 2, Err: kafka.UnknownTopicOrPartition},
+		{Index: 2, Err: kerr.UnknownTopicOrPartition},
 		{Index: 0, Err: kerr.MessageTooLarge},
 		{Index: 2, Err: fmt.Errorf("produce: %w", kerr.TopicAuthorizationFailed)},
 	}

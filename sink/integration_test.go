@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -97,7 +98,7 @@ func TestKafkaUnknownTopic(t *testing.T) {
 		t.Fatalf("Write = %v; want Failures at 1 and 4", err)
 	}
 	for _, f := range werr.Failures {
-		if f.Permanent || !errors.Is(f.Err, kafka.UnknownTopicOrPartition) {
+		if f.Permanent || !errors.Is(f.Err, kerr.UnknownTopicOrPartition) {
 			t.Errorf("Failure{%d, %v}: want a non-permanent UnknownTopicOrPartition", f.Index, f.Err)
 		}
 	}

@@ -12,11 +12,12 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/event"
 
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -38,56 +39,17 @@ var javaPartitions = []struct {
 	{"Bestellung-ä", 1},
 }
 
-// javaMurmur2Partition is Kafka's Utils.murmur2 and toPositive, written from
-// the Java source, for keys not in javaPartitions.
-func javaMurmur2Partition(key []byte, n int) int {
-	const (
-		seed = 0x9747b28c
-		m    = 0x5bd1e995
-		r    = 24
-	)
-	length := len(key)
-	h := uint32(seed) ^ uint32(length)
-	for i := 0; i+4 <= length; i += 4 {
-		k := uint32(key[i]) | uint32(key[i+1])<<8 | uint32(key[i+2])<<16 | uint32(key[i+3])<<24
-		k *= m
-		k ^= k >> r
-		k *= m
-		h *= m
-		h ^= k
-	}
-	tail := key[length&^3:]
-	switch len(tail) {
-	case 3:
-		h ^= uint32(tail[2]) << 16
-		fallthrough
-	case 2:
-		h ^= uint32(tail[1]) << 8
-		fallthrough
-	case 1:
-		h ^= uint32(tail[0])
-		h *= m
-	}
-	h ^= h >> 13
-	h *= m
-	h ^= h >> 15
-	return int(h&0x7fffffff) % n
-}
-
 func TestJavaMurmur2Partition(t *testing.T) {
 	for _, tt := range javaPartitions {
-		if got := javaMurmur2Partition([]byte(tt.key), 4); got != tt.partition {
-			t.Errorf("javaMurmur2Partition(%q, 4) = %d; want %d", tt.key, got, tt.partition)
-		}
 		// franz-go's default partitioner for keyed records: the one the
 		// producer on kgo uses, so its partitions agree with Debezium's.
 		kp := kgo.StickyKeyPartitioner(nil).ForTopic("t")
 		if got := kp.Partition(&kgo.Record{Key: []byte(tt.key)}, 4); got != tt.partition {
 			t.Errorf("kgo.StickyKeyPartitioner(%q, 4 partitions) = %d; want %d", tt.key, got, tt.partition)
 		}
-		b := &kafka.Murmur2Balancer{}
-		if got := b.Balance(kafka.Message{Key: []byte(tt.key)}, 0, 1, 2, 3); got != tt.partition {
-			t.Errorf("Murmur2Balancer.Balance(%q, 4 partitions) = %d; want %d", tt.key, got, tt.partition)
+		// And LastCommitted's, which reads where Write put the key.
+		if got := sink.KeyPartition([]byte(tt.key), 4); got != tt.partition {
+			t.Errorf("keyPartition(%q, 4) = %d; want %d", tt.key, got, tt.partition)
 		}
 	}
 }
@@ -167,7 +129,7 @@ func checkOrder(t *testing.T, recs []*kgo.Record, partitions int) {
 			t.Fatalf("record %q at partition %d offset %d; want %s:%d next (per-key order)", r.Value, r.Partition, r.Offset, key, next[key])
 		}
 		next[key]++
-		if want := javaMurmur2Partition(r.Key, partitions); int(r.Partition) != want {
+		if want := sink.KeyPartition(r.Key, partitions); int(r.Partition) != want {
 			t.Errorf("key %q on partition %d; want %d (Java murmur2)", r.Key, r.Partition, want)
 		}
 	}
@@ -315,8 +277,8 @@ func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
 	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 11 {
 		t.Fatalf("Write = %v; want a Failure at index 11 first", err)
 	}
-	if f := werr.Failures[0]; !f.Permanent || !errors.Is(f.Err, kafka.MessageSizeTooLarge) {
-		t.Errorf("Failure{%d, %v}: want a permanent MessageSizeTooLarge", f.Index, f.Err)
+	if f := werr.Failures[0]; !f.Permanent || !errors.Is(f.Err, kerr.MessageTooLarge) {
+		t.Errorf("Failure{%d, %v}: want a permanent MESSAGE_TOO_LARGE", f.Index, f.Err)
 	}
 	for _, f := range werr.Failures[1:] {
 		if f.Index%2 != 1 || f.Index < 11 || !errors.Is(f.Err, sink.ErrBehind) {

@@ -119,9 +119,6 @@ func (kd *keyed) check(t *testing.T, kc *testenv.KafkaCluster) {
 func wantPipelined(t *testing.T, k *sink.Kafka) {
 	t.Helper()
 	s := k.Stats()
-	if s.Pipelined == 0 {
-		t.Errorf("Stats().Pipelined = 0: no Send went out while an earlier one was in flight")
-	}
 	if s.ProducerResets != 0 {
 		t.Errorf("Stats().ProducerResets = %d; want 0: resends keep the producer id", s.ProducerResets)
 	}
@@ -240,9 +237,6 @@ func TestKafkaPipelineKillAndPause(t *testing.T) {
 	kd.check(t, kc)
 	s := k.Stats()
 	t.Logf("written %v per key; %+v", kd.next, s)
-	if s.Pipelined == 0 {
-		t.Errorf("Stats().Pipelined = 0: nothing was pipelined")
-	}
 	if s.BrokerErrors == 0 {
 		t.Errorf("Stats().BrokerErrors = 0: the faults did not hit a produce")
 	}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/event"
 )
@@ -25,17 +25,17 @@ func TestMissingTopicReason(t *testing.T) {
 		code    string
 	}{
 		{"auto-creation on, broker did not create it",
-			fmt.Errorf("write: %w", &TopicError{Topic: "orders", Err: kafka.UnknownTopicOrPartition,
+			fmt.Errorf("write: %w", &TopicError{Topic: "orders", Err: kerr.UnknownTopicOrPartition,
 				Reason: "does not exist and was not created within 5s: check the broker's auto.create.topics.enable and the relay's CREATE permission, or create the topic; the event is retried"}),
 			[]string{`topic "orders" does not exist and was not created within 5s`, "auto.create.topics.enable"},
 			[]string{"does not create topics", "set kafka.allow_auto_topic_creation", `topic "orders": `}, ""},
 		{"auto-creation off",
-			&TopicError{Topic: "orders", Err: kafka.UnknownTopicOrPartition, Code: CodeTopicNotCreated,
+			&TopicError{Topic: "orders", Err: kerr.UnknownTopicOrPartition, Code: CodeTopicNotCreated,
 				Reason: "does not exist and the relay's topic auto-creation is off: create the topic; the event is retried"},
 			[]string{`topic "orders" does not exist and the relay's topic auto-creation is off`},
 			[]string{"does not create topics"}, CodeTopicNotCreated},
 		{"bare Kafka error",
-			kafka.UnknownTopicOrPartition,
+			kerr.UnknownTopicOrPartition,
 			[]string{`topic "orders" does not exist: create it`, "auto.create.topics.enable"},
 			[]string{"does not create topics"}, CodeTopicMissing},
 	}

@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 
-	kafkasasl "github.com/segmentio/kafka-go/sasl"
 	kgosasl "github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/outbox-relay/outbox-relay/field"
@@ -20,9 +17,7 @@ import (
 
 // This file holds the SASL mechanisms without a password: OAUTHBEARER (a
 // token from a file or a command, package oauthbearer) and AWS_MSK_IAM
-// (package awsmsk). Each is franz-go's sasl.Mechanism; kafkaGoMechanism
-// hands the same one to kafka-go's Transport and connections while the
-// producer is on kafka-go.
+// (package awsmsk). Each is franz-go's sasl.Mechanism.
 
 // tokenMechanism reports whether mech authenticates without a user name and
 // password.
@@ -156,29 +151,4 @@ func (c *Config) tokenAuthError(err error, refused bool) error {
 			Reason: "the relay has no SASL OAUTHBEARER token to send: see the error for the file or command that failed"}
 	}
 	return nil
-}
-
-// kafkaGoMechanism hands m to kafka-go: its Start is m's Authenticate for
-// the broker kafka-go connects to (sasl.WithMetadata), its Next m's
-// Challenge.
-type kafkaGoMechanism struct{ m kgosasl.Mechanism }
-
-func (k kafkaGoMechanism) Name() string { return k.m.Name() }
-
-func (k kafkaGoMechanism) Start(ctx context.Context) (kafkasasl.StateMachine, []byte, error) {
-	host := ""
-	if md := kafkasasl.MetadataFromContext(ctx); md != nil {
-		host = net.JoinHostPort(md.Host, strconv.Itoa(md.Port))
-	}
-	sess, first, err := k.m.Authenticate(ctx, host)
-	if err != nil {
-		return nil, nil, err
-	}
-	return kafkaGoSession{sess}, first, nil
-}
-
-type kafkaGoSession struct{ s kgosasl.Session }
-
-func (k kafkaGoSession) Next(_ context.Context, challenge []byte) (bool, []byte, error) {
-	return k.s.Challenge(challenge)
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -145,7 +145,7 @@ func TestSecureTopicNotAuthorized(t *testing.T) {
 				if in[f.Index].Topic != forbidden {
 					t.Errorf("failure %d is for topic %s; want only %s", f.Index, in[f.Index].Topic, forbidden)
 				}
-				if !f.Permanent || !errors.Is(f.Err, kafka.TopicAuthorizationFailed) {
+				if !f.Permanent || !errors.Is(f.Err, kerr.TopicAuthorizationFailed) {
 					t.Errorf("failure %d: %v; want permanent, TopicAuthorizationFailed", f.Index, f.Err)
 				}
 				if !strings.Contains(f.Reason, "not authorized") {

@@ -7,31 +7,26 @@ import (
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
-// What Kafka 3.9.1 was seen to answer (kafka-go v0.4.51), which the code
-// below is built on:
+// What Kafka 3.9.1 was seen to answer, which the code below is built on:
 //
 //   - A topic that collides with an existing one (X_y when X.y exists; Kafka
 //     treats '.' and '_' alike): metadata answers UNKNOWN_TOPIC_OR_PARTITION
-//     forever, with or without auto-creation, and kafka-go's Writer returns
-//     kafka.UnknownTopicOrPartition in milliseconds. Only CreateTopics says
-//     why: INVALID_TOPIC_EXCEPTION "Topic 'X_y' collides with existing topic:
-//     X.y" (also with ValidateOnly).
+//     forever, with or without auto-creation, in milliseconds. Only
+//     CreateTopics says why: INVALID_TOPIC_EXCEPTION "Topic 'X_y' collides
+//     with existing topic: X.y" (also with ValidateOnly).
 //   - An invalid name ("bad name!"): with auto-creation on, metadata answers
-//     INVALID_TOPIC_EXCEPTION without a message; with it off, kafka-go answers
-//     UNKNOWN_TOPIC_OR_PARTITION from its cache. The name is therefore
-//     checked here, with Kafka's own rules, before anything is sent.
-//   - A missing topic with auto-creation off: UNKNOWN_TOPIC_OR_PARTITION from
-//     kafka-go's cache, in microseconds.
+//     INVALID_TOPIC_EXCEPTION without a message; with it off,
+//     UNKNOWN_TOPIC_OR_PARTITION. The name is therefore checked here, with
+//     Kafka's own rules, before anything is sent.
+//   - A missing topic with auto-creation off: UNKNOWN_TOPIC_OR_PARTITION.
 //   - A topic being auto-created: UNKNOWN_TOPIC_OR_PARTITION for a few hundred
 //     milliseconds, then metadata with its partitions.
-//   - CreateTopics with ValidateOnly for a topic that could be created answers
-//     no error, and kafka-go's Transport then waits (until its context ends)
-//     for the topic to appear in its metadata cache, which it never does. So
-//     the request is only made with a short deadline, when its answer is
-//     needed.
+//   - CreateTopics with ValidateOnly is asked only with a short deadline,
+//     when its answer is needed (a client library once waited for the
+//     validated topic to appear, which it never does).
 
 // defaultTopicWait bounds how long one Write waits for a topic that Kafka
 // does not know yet to appear. A topic auto-created by the broker was seen to
@@ -42,13 +37,13 @@ const defaultTopicWait = 5 * time.Second
 const topicPoll = 200 * time.Millisecond
 
 // diagnoseTimeout bounds the CreateTopics (ValidateOnly) request that asks
-// Kafka why a topic is refused. Short, because kafka-go holds it until the
-// deadline when the answer is "it could be created" (see above).
+// Kafka why a topic is refused: a diagnosis, kept short.
 const diagnoseTimeout = time.Second
 
 // missingTTL is how long a topic that was waited for in vain fails at once,
 // instead of holding up every later Write for TopicWait again. A topic
-// created meanwhile is found by kafka-go's metadata before this is consulted.
+// created meanwhile is found by the round's metadata request (franz.go)
+// before this is consulted.
 const missingTTL = 30 * time.Second
 
 // TopicError is the failure of a message whose topic Kafka will not take: its
@@ -63,8 +58,8 @@ type TopicError struct {
 	Reason string
 	// Code names the reason (a Failure's Code).
 	Code string
-	// Err is Kafka's error code (kafka.InvalidTopic,
-	// kafka.UnknownTopicOrPartition, kafka.TopicAuthorizationFailed, …) for
+	// Err is Kafka's error code (kerr.InvalidTopicException,
+	// kerr.UnknownTopicOrPartition, kerr.TopicAuthorizationFailed, …) for
 	// errors.Is.
 	Err error
 	// Permanent tells whether writing again can succeed without changing the
@@ -100,7 +95,7 @@ func checkTopicName(topic string) error {
 	if why == "" {
 		return nil
 	}
-	return &TopicError{Topic: topic, Err: kafka.InvalidTopic, Permanent: true, Code: CodeTopicInvalid,
+	return &TopicError{Topic: topic, Err: kerr.InvalidTopicException, Permanent: true, Code: CodeTopicInvalid,
 		Reason: "invalid topic name: " + why + "; fix the routing or the aggregate type"}
 }
 
@@ -120,7 +115,7 @@ type missing struct {
 // returned error. It returns ctx's error when ctx is done.
 func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, cause error) (error, bool) {
 	switch {
-	case errors.Is(cause, kafka.TopicAuthorizationFailed):
+	case errors.Is(cause, kerr.TopicAuthorizationFailed):
 		reason, code := "not authorized: grant the relay's principal WRITE and DESCRIBE on the topic", CodeTopicNotAuthorized
 		if k.cfg.AllowAutoTopicCreation {
 			// Kafka answers the same for a missing topic the principal may
@@ -129,9 +124,9 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 			code = CodeTopicNotAuthorizedCreate
 		}
 		return &TopicError{Topic: topic, Err: cause, Permanent: true, Code: code, Reason: reason}, false
-	case errors.Is(cause, kafka.InvalidTopic):
+	case errors.Is(cause, kerr.InvalidTopicException):
 		reason := "Kafka refuses the topic name as invalid"
-		if msg, code := k.validateCreate(ctx, topic); code == kafka.InvalidTopic && msg != "" {
+		if msg, code := k.validateCreate(ctx, topic); code == kerr.InvalidTopicException && msg != "" {
 			reason += ": " + msg
 		}
 		return &TopicError{Topic: topic, Err: cause, Permanent: true, Code: CodeTopicInvalid, Reason: reason}, false
@@ -150,10 +145,10 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 	if other != "" {
 		// Kafka will never create it: say so in its own words if it answers.
 		reason := fmt.Sprintf("the name collides with existing topic %q (Kafka treats '.' and '_' alike, so it refuses to create it)", other)
-		if msg, code := k.validateCreate(ctx, topic); code == kafka.InvalidTopic && msg != "" {
+		if msg, code := k.validateCreate(ctx, topic); code == kerr.InvalidTopicException && msg != "" {
 			reason = "the name collides with an existing topic (Kafka treats '.' and '_' alike): " + msg
 		}
-		return &TopicError{Topic: topic, Err: kafka.InvalidTopic, Permanent: true, Code: CodeTopicInvalid,
+		return &TopicError{Topic: topic, Err: kerr.InvalidTopicException, Permanent: true, Code: CodeTopicInvalid,
 			Reason: reason + "; fix the routing or rename a topic"}, false
 	}
 	if !known && !k.cfg.AllowAutoTopicCreation {
@@ -185,23 +180,23 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err(), false
-	case code == kafka.TopicAlreadyExists && !known:
+	case code == kerr.TopicAlreadyExists && !known:
 		// It appeared just now, after the cache was read: one more second
 		// (the cache then knows it, so this is not repeated).
 		st.since[topic] = time.Now().Add(time.Second - k.cfg.TopicWait)
 		return nil, true
-	case code == kafka.TopicAlreadyExists:
+	case code == kerr.TopicAlreadyExists:
 		reason = fmt.Sprintf("exists, but its partition leaders did not serve it within %s (UNKNOWN_TOPIC_OR_PARTITION): check the brokers' logs; the event is retried", k.cfg.TopicWait)
-	case code == kafka.InvalidTopic:
+	case code == kerr.InvalidTopicException:
 		return &TopicError{Topic: topic, Err: code, Permanent: true, Code: CodeTopicInvalid,
 			Reason: "Kafka refuses to create it: " + msg + "; fix the routing"}, false
-	case code != 0:
+	case code != nil:
 		if msg == "" {
-			msg = code.Title()
+			msg = code.Message
 		}
 		reason = fmt.Sprintf("does not exist and Kafka refuses to create it (%s): create it with settings the cluster accepts, or allow the relay to; the event is retried", msg)
 	}
-	err := &TopicError{Topic: topic, Err: kafka.UnknownTopicOrPartition, Code: CodeTopicMissing, Reason: reason}
+	err := &TopicError{Topic: topic, Err: kerr.UnknownTopicOrPartition, Code: CodeTopicMissing, Reason: reason}
 	k.rememberMissing(topic, err)
 	k.log.Warn("kafka topic missing", "topic", topic, "err", err)
 	return err, false

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -100,7 +101,7 @@ func TestKafkaTopicCollision(t *testing.T) {
 			kc.CreateTopic(t, good, 2)
 			kc.CreateTopic(t, base+".x", 1)
 			k := newSink(t, sink.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: auto})
-			writeMixed(t, k, kc, good, base+"_x", 4*time.Second, true, kafka.InvalidTopic,
+			writeMixed(t, k, kc, good, base+"_x", 4*time.Second, true, kerr.InvalidTopicException,
 				"Topic '"+base+"_x' collides with existing topic: "+base+".x")
 			if topicExists(t, kc.Brokers, base+"_x") {
 				t.Errorf("topic %s_x exists; want it not created", base)
@@ -118,7 +119,7 @@ func TestKafkaMissingTopicFailsFast(t *testing.T) {
 	missing := testenv.UniqueName(t, "missing")
 	kc.CreateTopic(t, good, 2)
 	k := newSink(t, sink.Config{Brokers: kc.Brokers})
-	fails := writeMixed(t, k, kc, good, missing, 2*time.Second, false, kafka.UnknownTopicOrPartition,
+	fails := writeMixed(t, k, kc, good, missing, 2*time.Second, false, kerr.UnknownTopicOrPartition,
 		`"`+missing+`"`, "does not exist", "topic auto-creation is off")
 	// The CLI names kafka.allow_auto_topic_creation by the code (cmd's reasons).
 	for _, f := range fails {
@@ -151,7 +152,7 @@ func TestKafkaMissingTopicDiagnosedOnce(t *testing.T) {
 	const writes = 20
 	for i := range writes {
 		var werr *sink.WriteError
-		if err := write(); !errors.As(err, &werr) || !errors.Is(err, kafka.UnknownTopicOrPartition) {
+		if err := write(); !errors.As(err, &werr) || !errors.Is(err, kerr.UnknownTopicOrPartition) {
 			t.Fatalf("write %d to missing topic %s = %v; want a *sink.WriteError for an unknown topic", i, missing, err)
 		}
 	}
@@ -187,7 +188,7 @@ func TestKafkaInvalidTopicName(t *testing.T) {
 				good := testenv.UniqueName(t, "good")
 				kc.CreateTopic(t, good, 1)
 				k := newSink(t, sink.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: auto})
-				writeMixed(t, k, kc, good, tt.topic, 2*time.Second, true, kafka.InvalidTopic, "invalid topic name", tt.want)
+				writeMixed(t, k, kc, good, tt.topic, 2*time.Second, true, kerr.InvalidTopicException, "invalid topic name", tt.want)
 			})
 		}
 	}

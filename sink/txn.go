@@ -6,12 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol/addpartitionstotxn"
-	"github.com/segmentio/kafka-go/protocol/endtxn"
-	"github.com/segmentio/kafka-go/protocol/initproducerid"
+	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
 )
 
@@ -23,10 +19,10 @@ const TransactionalIDPrefix = "outbox-relay-"
 // per slot, so that a new leader fences the former ones.
 func TransactionalID(slot string) string { return TransactionalIDPrefix + slot }
 
-// This file is the transactional producer (Kafka's KIP-98 with
-// transactions), on top of the idempotent one (idempotence.go): with
-// Config.TransactionalID set, Write writes into the open transaction, and
-// Commit or Abort ends it. The protocol, as the Java producer speaks it:
+// This file is the transactional producer's contract (Kafka's KIP-98
+// transactions, on kgo's: franztxn.go): with Config.TransactionalID set,
+// Write writes into the open transaction, and Commit or Abort ends it. The
+// protocol, as kgo and the Java producer speak it:
 //
 //   - InitTransactions: InitProducerId with the transactional id, sent to
 //     its transaction coordinator. The coordinator finishes (or aborts) a
@@ -64,9 +60,9 @@ func TransactionalID(slot string) string { return TransactionalIDPrefix + slot }
 //     its timeout, the error also wraps a *TxnTimeoutError (how long, which
 //     timeout), and the caller decides (is there a newer producer?).
 //   - Broker-wide failures (the coordinator moving or loading, a broker
-//     down) are retried inside with backoff, as Write retries its own; a
-//     batch whose outcome is unknown is sent again byte-identical with its
-//     sequence numbers within the same transaction (idempotence.go).
+//     down) are retried inside (kgo's retries, then Write's with backoff); a
+//     batch whose outcome is unknown is sent again with its sequence
+//     numbers within the same transaction (kgo).
 
 // ErrFenced is wrapped by the errors of Write, Commit, Abort and
 // InitTransactions when a newer producer of the transactional id fenced this
@@ -107,12 +103,11 @@ var errNoTransactions = errors.New("kafka: a transactional sink writes only afte
 // Java producer's transaction.timeout.ms.
 const DefaultTransactionTimeout = time.Minute
 
-// txnState is the open transaction: the partitions added to it. Write's
-// goroutine only (Commit and Abort are called between Writes).
+// txnState is the open transaction. Write's goroutine only (Commit and
+// Abort are called between Writes).
 type txnState struct {
 	open  bool
-	since time.Time // when the first AddPartitionsToTxn of the open transaction was sent
-	parts map[topicPartition]bool
+	since time.Time // when it began, before its first record was produced
 }
 
 // transactional reports whether the sink writes in transactions.
@@ -121,19 +116,7 @@ func (k *Kafka) transactional() bool { return k.cfg.TransactionalID != "" }
 // fenced reports whether err is a broker's answer that a newer producer of
 // the transactional id exists.
 func fenced(err error) bool {
-	return errors.Is(err, kafka.ProducerFenced) || errors.Is(err, kafka.InvalidProducerEpoch)
-}
-
-// coordinatorBusy reports whether err is an answer of a transaction
-// coordinator to ask again shortly: it is moving, loading, or still writing
-// the markers of the previous transaction, or kafka-go does not know its
-// broker yet (a restarted cluster).
-func coordinatorBusy(err error) bool {
-	return errors.Is(err, kafka.BrokerNotAvailable) ||
-		errors.Is(err, kafka.GroupCoordinatorNotAvailable) || // COORDINATOR_NOT_AVAILABLE
-		errors.Is(err, kafka.NotCoordinatorForGroup) || // NOT_COORDINATOR
-		errors.Is(err, kafka.GroupLoadInProgress) || // COORDINATOR_LOAD_IN_PROGRESS
-		errors.Is(err, kafka.ConcurrentTransactions)
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
 }
 
 // txnError turns a broker's answer to a transactional request or produce
@@ -141,7 +124,7 @@ func coordinatorBusy(err error) bool {
 // also wrap a *TxnTimeoutError when the open transaction outlived its
 // timeout.
 func (k *Kafka) txnError(op string, err error) error {
-	if k.txn.open && !errors.Is(err, kafka.TransactionalIDAuthorizationFailed) && !errors.Is(err, kafka.ClusterAuthorizationFailed) {
+	if k.txn.open && !errors.Is(err, kerr.TransactionalIDAuthorizationFailed) && !errors.Is(err, kerr.ClusterAuthorizationFailed) {
 		if open := time.Since(k.txn.since); open >= k.prod.timeout {
 			err = fmt.Errorf("%w: %w", &TxnTimeoutError{Open: open, Timeout: k.prod.timeout}, err)
 		}
@@ -149,9 +132,9 @@ func (k *Kafka) txnError(op string, err error) error {
 	switch {
 	case fenced(err):
 		return fmt.Errorf("%s (transactional id %q, producer id %d, epoch %d): %w: %w", op, k.cfg.TransactionalID, k.prod.id, k.prod.epoch, ErrFenced, err)
-	case errors.Is(err, kafka.TransactionalIDAuthorizationFailed):
+	case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
 		return fmt.Errorf("%s (transactional id %q): %w: %w", op, k.cfg.TransactionalID, ErrTransactionsNotAllowed, err)
-	case errors.Is(err, kafka.ClusterAuthorizationFailed):
+	case errors.Is(err, kerr.ClusterAuthorizationFailed):
 		return fmt.Errorf("%s: %w: %w", op, ErrIdempotenceNotAllowed, err)
 	}
 	return fmt.Errorf("%s (transactional id %q): %w: %w", op, k.cfg.TransactionalID, ErrTxnAborted, err)
@@ -168,43 +151,7 @@ func (k *Kafka) InitTransactions(ctx context.Context) error {
 	if !k.transactional() {
 		return errors.New("kafka: InitTransactions needs a TransactionalID")
 	}
-	if err := k.settleStragglers(ctx); err != nil {
-		return err
-	}
-	old := k.prod.id
-	k.prod.id = -1
-	clear(k.prod.seqs)
-	k.txn = txnState{}
-	var res *initproducerid.Response
-	err := k.coordinate(ctx, "init transactions", func(ctx context.Context) error {
-		m, err := k.transport.Load().RoundTrip(ctx, k.addr, &initproducerid.Request{
-			TransactionalID:      k.cfg.TransactionalID,
-			TransactionTimeoutMs: int32(k.cfg.TransactionTimeout / time.Millisecond),
-			ProducerID:           -1,
-			ProducerEpoch:        -1,
-		})
-		if err != nil {
-			return err
-		}
-		res = m.(*initproducerid.Response)
-		if res.ErrorCode != 0 {
-			return kafka.Error(res.ErrorCode)
-		}
-		return nil
-	})
-	if err != nil {
-		if errors.Is(err, kafka.InvalidTransactionTimeout) {
-			return fmt.Errorf("init transactions: the transaction timeout %s is above the broker's transaction.max.timeout.ms: lower it: %w", k.cfg.TransactionTimeout, err)
-		}
-		return err
-	}
-	k.prod.id, k.prod.epoch = res.ProducerID, res.ProducerEpoch
-	k.prod.timeout = k.cfg.TransactionTimeout
-	k.prod.inits++
-	k.log.Info("kafka transactional producer", "transactional_id", k.cfg.TransactionalID,
-		"producer_id", k.prod.id, "epoch", k.prod.epoch, "previous_producer_id", old,
-		"transaction_timeout", k.prod.timeout.String())
-	return nil
+	return k.franzInit(ctx)
 }
 
 // SetTransactionTimeout sets the transaction timeout the next
@@ -212,49 +159,6 @@ func (k *Kafka) InitTransactions(ctx context.Context) error {
 // the open transaction keeps its own. Not safe for concurrent use with
 // Write.
 func (k *Kafka) SetTransactionTimeout(d time.Duration) { k.cfg.TransactionTimeout = d }
-
-// coordinate runs one request to the transaction coordinator until it
-// succeeds, retrying with backoff while the coordinator is unavailable or
-// busy or the network fails, and returns ctx's error or the sink's reading
-// of the coordinator's answer otherwise (txnError).
-func (k *Kafka) coordinate(ctx context.Context, op string, req func(ctx context.Context) error) error {
-	for attempt := 0; ; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
-		err := req(rctx)
-		cancel()
-		if err == nil {
-			if attempt > 0 {
-				k.outageOver()
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s: %w (last answer: %w)", op, ctx.Err(), err)
-		}
-		var kerr kafka.Error
-		if errors.As(err, &kerr) && !coordinatorBusy(err) && !kerr.Temporary() {
-			return k.txnError(op, err)
-		}
-		// The coordinator moving, busy, or not reachable: as an outage of
-		// Write, waited out with backoff. CONCURRENT_TRANSACTIONS is the
-		// answer to the next transaction's first request until the last
-		// one's markers are written, a few milliseconds after its commit:
-		// asked again soon, as it is on every commit.
-		d := backoff.Delay(20*time.Millisecond, k.cfg.RetryMax, attempt)
-		if errors.Is(err, kafka.ConcurrentTransactions) {
-			d = backoff.Delay(time.Millisecond, 20*time.Millisecond, attempt)
-		}
-		if !coordinatorBusy(err) {
-			k.outageStarts(err)
-			if attempt%10 == 0 {
-				k.log.Warn("kafka transaction coordinator unavailable, retrying", "op", op, "attempt", attempt+1, "backoff", d, "err", err)
-			}
-		}
-		if err := backoff.Sleep(ctx, d); err != nil {
-			return fmt.Errorf("%s: %w", op, err)
-		}
-	}
-}
 
 // Commit commits the open transaction: every record Write acknowledged since
 // the last Commit or Abort becomes visible to read_committed consumers,
@@ -268,166 +172,7 @@ func (k *Kafka) Commit(ctx context.Context) error { return k.endTxn(ctx, true) }
 // read_committed consumers. Nil without an open transaction.
 func (k *Kafka) Abort(ctx context.Context) error { return k.endTxn(ctx, false) }
 
-func (k *Kafka) endTxn(ctx context.Context, commit bool) error {
-	if !k.txn.open {
-		return nil
-	}
-	if err := k.settleStragglers(ctx); err != nil {
-		return err
-	}
-	op := "commit transaction"
-	if !commit {
-		op = "abort transaction"
-	}
-	err := k.coordinate(ctx, op, func(ctx context.Context) error {
-		m, err := k.transport.Load().RoundTrip(ctx, k.addr, &endtxn.Request{
-			TransactionalID: k.cfg.TransactionalID,
-			ProducerID:      k.prod.id,
-			ProducerEpoch:   k.prod.epoch,
-			Committed:       commit,
-		})
-		if err != nil {
-			return err
-		}
-		if code := m.(*endtxn.Response).ErrorCode; code != 0 {
-			return kafka.Error(code)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	k.txn.open = false
-	clear(k.txn.parts)
-	return nil
-}
-
-// addPartitions registers with the coordinator the partitions of groups not
-// yet in the open transaction (AddPartitionsToTxn), and returns the groups
-// that may be produced: a partition the coordinator refuses on its own (its
-// topic unknown or not authorized) gets that error as its group's and is
-// not produced. It returns an error wrapping ErrFenced or ErrTxnAborted when
-// the transaction cannot go on, or a broker-wide error for Write's retries.
-func (k *Kafka) addPartitions(ctx context.Context, groups []*partitionBatch) ([]*partitionBatch, error) {
-	if k.txn.parts == nil {
-		k.txn.parts = make(map[topicPartition]bool)
-	}
-	byTopic := map[string][]int32{}
-	var order []string
-	for _, g := range groups {
-		tp := topicPartition{g.topic, g.partition}
-		if k.txn.parts[tp] {
-			continue
-		}
-		if _, ok := byTopic[g.topic]; !ok {
-			order = append(order, g.topic)
-		}
-		byTopic[g.topic] = append(byTopic[g.topic], int32(g.partition))
-	}
-	refused := map[topicPartition]error{}
-	if len(order) > 0 {
-		req := &addpartitionstotxn.Request{TransactionalID: k.cfg.TransactionalID, ProducerID: k.prod.id, ProducerEpoch: k.prod.epoch}
-		for _, t := range order {
-			req.Topics = append(req.Topics, addpartitionstotxn.RequestTopic{Name: t, Partitions: byTopic[t]})
-		}
-		if !k.txn.open {
-			// The coordinator's clock for the timeout starts when it
-			// receives this request: ours starts before.
-			k.txn.since = time.Now()
-		}
-		err := k.coordinate(ctx, "add partitions to the transaction", func(ctx context.Context) error {
-			m, err := k.transport.Load().RoundTrip(ctx, k.addr, req)
-			if err != nil {
-				return err
-			}
-			clear(refused)
-			var again error
-			for _, t := range m.(*addpartitionstotxn.Response).Results {
-				for _, p := range t.Results {
-					tp := topicPartition{t.Name, int(p.PartitionIndex)}
-					switch err := kafka.Error(p.ErrorCode); {
-					case p.ErrorCode == 0:
-						k.txn.parts[tp] = true
-					case err == kafka.UnknownTopicOrPartition, err == kafka.TopicAuthorizationFailed:
-						refused[tp] = err
-					case err == kafka.Error(55): // OPERATION_NOT_ATTEMPTED: another partition's refusal
-						again = kafka.ConcurrentTransactions
-					default:
-						return err
-					}
-				}
-			}
-			if again != nil && len(refused) == 0 {
-				return again
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
-		k.txn.open = true
-	}
-	if len(refused) == 0 && len(order) > 0 {
-		// Every partition added: all groups may go.
-		return groups, nil
-	}
-	out := groups[:0:0]
-	for _, g := range groups {
-		tp := topicPartition{g.topic, g.partition}
-		switch {
-		case refused[tp] != nil:
-			g.err = refused[tp]
-		case k.txn.parts[tp]:
-			out = append(out, g)
-		default:
-			// Not attempted because another partition was refused: the
-			// next round adds it.
-			g.err = kafka.ConcurrentTransactions
-		}
-	}
-	return out, nil
-}
-
-// txnProduce writes a call's groups into the open transaction: their
-// partitions registered first (addPartitions), then one produce request per
-// partition leader with all of its partitions' batches (round), as the Java
-// producer sends them. Since Kafka 3.6 a leader asks the transaction
-// coordinator whether a partition was added to the transaction before it
-// appends the first batch (KIP-890), and it keeps one such question per
-// transactional id: a second request of the same transaction fails the first
-// one's with NOT_ENOUGH_REPLICAS ("Unable to verify the partition has been
-// added to the transaction. Underlying error: NETWORK_EXCEPTION"). One
-// request per partition, at once, failed nearly all of them. ctx's end does
-// not cut a transaction's request short: the round waits for its answers.
-// A producer's trouble ends the transaction (txnFailure) instead of taking a
-// new producer id.
-func (k *Kafka) txnProduce(ctx context.Context, batch []kafka.Message, groups []*partitionBatch) error {
-	round, err := k.addPartitions(ctx, groups)
-	if err != nil {
-		return err
-	}
-	if err := k.round(context.WithoutCancel(ctx), batch, round); err != nil {
-		return err
-	}
-	return k.txnFailure(round)
-}
-
-// txnFailure returns the error that ends a transactional round: a group
-// refused for the producer's state or its epoch, or not sent because its
-// sequence numbers may be taken. Nil when none was.
-func (k *Kafka) txnFailure(groups []*partitionBatch) error {
-	for _, g := range groups {
-		var pse *ProducerStateError
-		switch {
-		case g.err == nil:
-		case errors.Is(g.err, errSequenceReused):
-			return fmt.Errorf("%s[%d]: %w: %w", g.topic, g.partition, ErrTxnAborted, g.err)
-		case errors.As(g.err, &pse), errors.Is(g.err, kafka.InvalidTransactionState), errors.Is(g.err, kafka.TransactionalIDAuthorizationFailed):
-			return k.txnError(fmt.Sprintf("produce to %s[%d]", g.topic, g.partition), g.err)
-		}
-	}
-	return nil
-}
+func (k *Kafka) endTxn(ctx context.Context, commit bool) error { return k.franzEnd(ctx, commit) }
 
 // txnFatal reports whether err, from produce, ends the transaction rather
 // than being an outage or a message's failure.
@@ -466,9 +211,7 @@ func (k *Kafka) outageOver() {
 func (k *Kafka) CheckTransactions(ctx context.Context, transactionalID, topic string) error {
 	cfg := k.cfg
 	cfg.TransactionalID = transactionalID
-	probe := &Kafka{cfg: cfg, addr: k.addr, tls: k.tls, mech: k.mech, compression: k.compression, log: k.log,
-		prod: producer{id: -1, seqs: make(map[topicPartition]*sequence)}}
-	probe.transport.Store(probe.newTransport(nil))
+	probe := &Kafka{cfg: cfg, log: k.log, franz: &franz{}}
 	defer probe.Close()
 	ctx, cancel := context.WithTimeout(ctx, cfg.WriteTimeout)
 	defer cancel()

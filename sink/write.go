@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
@@ -36,9 +36,9 @@ func (k *Kafka) Write(ctx context.Context, events []event.Event) error {
 	return k.Send(ctx, events).Wait(ctx)
 }
 
-// writeAll writes a call's messages as Write promises, one round at a time.
-func (k *Kafka) writeAll(ctx context.Context, msgs []kafka.Message, events []event.Event) error {
-	st := k.newWriteState(msgs)
+// writeAll writes a call's events as Write promises, one round at a time.
+func (k *Kafka) writeAll(ctx context.Context, events []event.Event) error {
+	st := k.newWriteState(events)
 	if err := k.writeRounds(ctx, st, nil); err != nil {
 		return err
 	}
@@ -71,8 +71,8 @@ func (k *Kafka) writeRounds(ctx context.Context, st *writeState, at []int) error
 			i = at[j]
 		}
 		if msgs[i].Topic == "" {
-			// A caller's bug; kafka-go would refuse the whole call for it.
-			st.fail(i, fmt.Errorf("message has no topic: %w", kafka.InvalidTopic))
+			// A caller's bug: it could not be produced.
+			st.fail(i, fmt.Errorf("message has no topic: %w", kerr.InvalidTopicException))
 			continue
 		}
 		if st.held(i) {
@@ -80,14 +80,14 @@ func (k *Kafka) writeRounds(ctx context.Context, st *writeState, at []int) error
 			continue
 		}
 		if err := checkTopicName(msgs[i].Topic); err != nil {
-			// With auto-creation off kafka-go would call it unknown, and the
-			// broker would never say it is invalid.
+			// With auto-creation off the broker would call it unknown, and
+			// never say it is invalid.
 			st.fail(i, err)
 			continue
 		}
 		size := messageSize(&msgs[i])
 		if size > k.cfg.BatchBytes {
-			st.fail(i, fmt.Errorf("message of %d bytes is larger than the %d-byte batch limit (sink batch bytes): %w", size, k.cfg.BatchBytes, kafka.MessageSizeTooLarge))
+			st.fail(i, fmt.Errorf("message of %d bytes is larger than the %d-byte batch limit (sink batch bytes): %w", size, k.cfg.BatchBytes, kerr.MessageTooLarge))
 			continue
 		}
 		if len(idx) == k.cfg.BatchSize || chunkBytes+size > k.cfg.BatchBytes {
@@ -114,7 +114,7 @@ func (k *Kafka) finish(st *writeState, events []event.Event) error {
 
 // writeState is one Write's messages and failures so far.
 type writeState struct {
-	msgs   []kafka.Message
+	msgs   []event.Event // the call's events
 	fails  []Failure
 	failed map[event.Lane]int   // lane of every failed message → its lowest index (-1: held by an earlier call)
 	since  map[string]time.Time // topics waited for (being created) → since when
@@ -122,7 +122,7 @@ type writeState struct {
 
 // newWriteState starts a call's state, its messages of lanes held by an
 // earlier call's failures (pipeline.go) failing with ErrBehind.
-func (k *Kafka) newWriteState(msgs []kafka.Message) *writeState {
+func (k *Kafka) newWriteState(msgs []event.Event) *writeState {
 	st := &writeState{msgs: msgs}
 	if len(k.pipe.holds) > 0 {
 		st.failed = make(map[event.Lane]int, len(k.pipe.holds))
@@ -133,58 +133,7 @@ func (k *Kafka) newWriteState(msgs []kafka.Message) *writeState {
 	return st
 }
 
-func orderKey(m *kafka.Message) event.Lane { return event.Lane{Topic: m.Topic, Key: string(m.Key)} }
-
-// records turns events into kafka-go records, sharing the events' bytes, in
-// buffers reused from call to call (release).
-func (k *Kafka) records(events []event.Event) ([]kafka.Message, []kafka.Header) {
-	n := 0
-	for i := range events {
-		n += len(events[i].Headers)
-	}
-	var msgs []kafka.Message
-	var hs []kafka.Header
-	if l := len(k.msgFree); l > 0 {
-		msgs, hs = k.msgFree[l-1].msgs, k.msgFree[l-1].hdrs
-		k.msgFree = k.msgFree[:l-1]
-	}
-	if cap(msgs) < len(events) {
-		msgs = make([]kafka.Message, len(events))
-	}
-	if cap(hs) < n {
-		hs = make([]kafka.Header, n)
-	}
-	msgs, hs = msgs[:len(events)], hs[:n]
-	all := hs
-	for i := range events {
-		e := &events[i]
-		h := hs[:len(e.Headers):len(e.Headers)]
-		hs = hs[len(e.Headers):]
-		for j, x := range e.Headers {
-			h[j] = kafka.Header(x)
-		}
-		msgs[i] = kafka.Message{Topic: e.Topic, Key: e.Key, Value: e.Value, Headers: h, Time: e.Time}
-	}
-	return msgs, all
-}
-
-// release keeps a call's record buffers for a later call, cleared so that
-// they pin no rows. Produce requests never read them after they were sent
-// (the batches are encoded before), so a call's buffers are free when it
-// returns.
-func (k *Kafka) release(msgs []kafka.Message, hdrs []kafka.Header) {
-	if msgs == nil || len(k.msgFree) > k.cfg.MaxInFlight {
-		return
-	}
-	clear(msgs)
-	clear(hdrs)
-	k.msgFree = append(k.msgFree, recordBufs{msgs[:0], hdrs[:0]})
-}
-
-type recordBufs struct {
-	msgs []kafka.Message
-	hdrs []kafka.Header
-}
+func orderKey(m *event.Event) event.Lane { return event.Lane{Topic: m.Topic, Key: string(m.Key)} }
 
 func (st *writeState) fail(i int, err error) {
 	st.fails = append(st.fails, Failure{Index: i, Err: err})
@@ -251,7 +200,7 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 			return ctx.Err()
 		}
 
-		var werrs kafka.WriteErrors
+		var werrs writeErrors
 		if !errors.As(err, &werrs) || len(werrs) != len(batch) {
 			again, err := k.writeRefused(ctx, st, idx, batch, err, &attempt)
 			if !again || err != nil {
@@ -285,7 +234,7 @@ func (k *Kafka) write(ctx context.Context, st *writeState, idx []int) error {
 // before anything was produced (metadata for a topic, or the connection):
 // it writes them in parts, fails them, or waits, and says whether to write
 // them again (again), counting a broker-wide failure's attempt.
-func (k *Kafka) writeRefused(ctx context.Context, st *writeState, idx []int, batch []kafka.Message, err error, attempt *int) (again bool, _ error) {
+func (k *Kafka) writeRefused(ctx context.Context, st *writeState, idx []int, batch []event.Event, err error, attempt *int) (again bool, _ error) {
 	msgs := st.msgs
 	switch {
 	case !perMessage(err):
@@ -296,8 +245,8 @@ func (k *Kafka) writeRefused(ctx context.Context, st *writeState, idx []int, bat
 		*attempt++
 		return true, nil
 	case !oneTopic(batch):
-		// kafka-go does not say which topic failed: write each topic on
-		// its own. Topics are independent for ordering.
+		// The refusal does not say which topic failed: write each topic
+		// on its own. Topics are independent for ordering.
 		for _, group := range byTopic(msgs, idx) {
 			if err := k.write(ctx, st, group); err != nil {
 				return false, err
@@ -343,7 +292,7 @@ func (k *Kafka) writeRefused(ctx context.Context, st *writeState, idx []int, bat
 // record-level error by halves, and returns the messages to write again
 // with the broker-wide error that failed them (nil when only topics being
 // created did).
-func (k *Kafka) writeFailed(ctx context.Context, st *writeState, idx []int, werrs kafka.WriteErrors) (retry []int, retryErr, _ error) {
+func (k *Kafka) writeFailed(ctx context.Context, st *writeState, idx []int, werrs writeErrors) (retry []int, retryErr, _ error) {
 	msgs := st.msgs
 	var isolate []int
 	records := 0
@@ -426,7 +375,7 @@ func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
 	return backoff.Sleep(ctx, d)
 }
 
-func (k *Kafka) acked(batch []kafka.Message, werrs kafka.WriteErrors) {
+func (k *Kafka) acked(batch []event.Event, werrs writeErrors) {
 	var n, b int64
 	for i := range batch {
 		if werrs == nil || werrs[i] == nil {
@@ -438,25 +387,29 @@ func (k *Kafka) acked(batch []kafka.Message, werrs kafka.WriteErrors) {
 	k.stats.bytes.Add(b)
 	if n > 0 {
 		k.outage.mu.Lock()
+		if !k.outage.since.IsZero() {
+			k.log.Info("kafka available again", "after", time.Since(k.outage.since).Round(time.Millisecond))
+		}
 		k.outage.since, k.outage.cause = time.Time{}, nil
 		k.outage.mu.Unlock()
+		k.franz.warned.Store(false)
 	}
 }
 
 // gather returns the messages at idx, without copying when idx is one
 // contiguous run (the common case).
-func gather(msgs []kafka.Message, idx []int) []kafka.Message {
+func gather(msgs []event.Event, idx []int) []event.Event {
 	if idx[len(idx)-1]-idx[0] == len(idx)-1 {
 		return msgs[idx[0] : idx[0]+len(idx)]
 	}
-	out := make([]kafka.Message, len(idx))
+	out := make([]event.Event, len(idx))
 	for j, i := range idx {
 		out[j] = msgs[i]
 	}
 	return out
 }
 
-func oneTopic(batch []kafka.Message) bool {
+func oneTopic(batch []event.Event) bool {
 	for i := range batch {
 		if batch[i].Topic != batch[0].Topic {
 			return false
@@ -467,7 +420,7 @@ func oneTopic(batch []kafka.Message) bool {
 
 // byTopic groups idx by topic, in order of first appearance, keeping input
 // order within each group.
-func byTopic(msgs []kafka.Message, idx []int) [][]int {
+func byTopic(msgs []event.Event, idx []int) [][]int {
 	var groups [][]int
 	pos := make(map[string]int)
 	for _, i := range idx {
@@ -482,10 +435,11 @@ func byTopic(msgs []kafka.Message, idx []int) [][]int {
 	return groups
 }
 
-// messageSize is a message's size as kafka-go's Writer counts it against
-// BatchBytes (kafka.Message.totalSize, unexported): the v0/v1 message format's
-// fixed overhead, key and value, and the headers as varint-prefixed strings.
-func messageSize(m *kafka.Message) int64 {
+// messageSize is a message's size as it is counted against BatchBytes (as
+// kafka-go's Writer counted it, so that the limit means what it always
+// did): the v0/v1 message format's fixed overhead, key and value, and the
+// headers as varint-prefixed strings.
+func messageSize(m *event.Event) int64 {
 	const fixed = 4 + 1 + 1 + 4 + 4 + 8 // crc, magic, attributes, key and value lengths, timestamp
 	n := int64(fixed + len(m.Key) + len(m.Value))
 	n += varintLen(len(m.Headers))
@@ -504,4 +458,21 @@ func varintLen(n int) int64 {
 		l++
 	}
 	return l
+}
+
+// writeErrors is a round's answer per message, aligned with the round's
+// messages: nil for those acknowledged.
+type writeErrors []error
+
+func (w writeErrors) Error() string {
+	n, first := 0, error(nil)
+	for _, e := range w {
+		if e != nil {
+			if first == nil {
+				first = e
+			}
+			n++
+		}
+	}
+	return fmt.Sprintf("%d of %d messages failed, first: %v", n, len(w), first)
 }

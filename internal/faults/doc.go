@@ -30,12 +30,12 @@
 //   - DUPLICATES: messages beyond the first of their event id. At most
 //     (SIGKILLs + relay exits not asked for) × max_in_flight_events, for what a crash
 //     resends, plus max_in_flight_events per Kafka kill and twice that per Kafka pause:
-//     kafka-go's producer is not idempotent, so a produce request the broker appended but
-//     whose acknowledgement was lost (killed broker) is sent again, and a frozen broker
-//     may append, once thawed, both the request that timed out (kafka.write_timeout 10s,
-//     the pause 10s) and the retry queued on a new connection the kernel accepted for it.
-//     Each such request holds at most the in-flight events. Postgres faults get no
-//     allowance: after a reconnect the relay drops what the server resends.
+//     the allowance dates from a producer that was not idempotent (a request the broker
+//     appended but whose acknowledgement was lost was stored again) and stays the bound:
+//     the producer (kgo) is idempotent, so its own resends are stored once, and what is
+//     left is what the relay writes again after a crash or a term that ended. Each such
+//     write holds at most the in-flight events. Postgres faults get no allowance: after
+//     a reconnect the relay drops what the server resends.
 //   - ORDER violations: per aggregate (topic + key), in offset order after dropping
 //     repeated ids, a sequence number not above the previous one, judged against the
 //     table. Must be 0.

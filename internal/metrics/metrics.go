@@ -41,7 +41,7 @@
 //	kafka_requests_in_flight{broker}      gauge     produce requests written and not yet answered, per broker
 //	kafka_produce_unanswered_total{broker} counter  produce requests written that got no answer (outcome unknown, settled by the producer)
 //	kafka_produce_retries_total           counter   Kafka writes retried after a broker-wide failure
-//	kafka_producer_resets_total           counter   producer ids taken after the first (idempotence.go)
+//	kafka_producer_resets_total           counter   producer ids or epochs taken after the first (sink/franz.go)
 //	in_flight_events, in_flight_bytes     gauge     read but not yet covered by a saved checkpoint / acked
 //	confirmed_lsn                         gauge     last LSN confirmed to Postgres (as a number); absent before the first
 //	reconnects_total                      counter   replication connections re-established

@@ -28,11 +28,11 @@ func newProducer(reg *prometheus.Registry) *producer {
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "kafka_produce_latency_seconds",
 			Help: "Time from a produce request written to a broker to its answer (or to the connection failing under it), by broker (host:port).", Buckets: ProduceBuckets}, []string{"broker"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "kafka_requests_in_flight",
-			Help: "Produce requests written to a broker and not yet answered, by broker (at most kafka.max_in_flight_requests each)."}, []string{"broker"}),
+			Help: "Produce requests written to a broker and not yet answered, by broker (at most 5 each with the idempotent producer, 1 without)."}, []string{"broker"}),
 		unanswered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "kafka_produce_unanswered_total",
 			Help: "Produce requests written to a broker that got no answer (connection lost or timed out): their outcome is unknown and the producer settles it, by broker."}, []string{"broker"}),
 		retries: c("kafka_produce_retries_total", "Kafka writes retried after a broker-wide failure (the broker or the connection, not one event's)."),
-		resets:  c("kafka_producer_resets_total", "New producer ids taken after the first: after a batch whose outcome stayed unknown, or a broker that lost track of the producer."),
+		resets:  c("kafka_producer_resets_total", "New producer ids or epochs taken after the first: the broker lost track of the producer (its state expired, or a sequence gap)."),
 	}
 	reg.MustRegister(p.latency, p.inFlight, p.unanswered, p.retries, p.resets)
 	return p

@@ -27,12 +27,12 @@ import (
 // events is acknowledged or stored. One writer, finishing chunks in order, is
 // what keeps the acknowledged prefix contiguous.
 //
-// Up to depth chunks are sent before the first of them is finished
-// (sink.Kafka pipelines them with order kept: sink/pipeline.go), while
-// they hold less than bulk bytes: pipelining hides Kafka's round trip from a
-// moderate stream, whose chunks are small; on a backlog chunks grow large,
-// one in flight keeps the broker busy, and more would only cut the next
-// chunks smaller (more requests for the same events) and hold more memory. A
+// Up to depth chunks are sent before the first of them is finished, while
+// they hold less than bulk bytes (sink.Kafka writes them in the order of the
+// Sends, one round at a time: sink/pipeline.go): sending ahead lets the
+// route stage go on while Kafka answers; on a backlog chunks grow large, one
+// in flight keeps the broker busy, and more would only cut the next chunks
+// smaller (more requests for the same events) and hold more memory. A
 // chunk is
 // finished (its failures parked, then acknowledged to the committer) only
 // after every chunk before it. A chunk sent before an earlier one's failures

@@ -1,9 +1,10 @@
-// Command sink-probe measures the relay's Kafka sink (package sink, its own
-// producer) against franz-go's producer used the one way that keeps the
-// relay's order rule (issue 36): a write's records are all buffered before
-// any is sent (kgo.ManualFlushing) and the next write is produced only after
-// the previous Flush delivered every promise, so a batch that fails cannot
-// be overtaken by a later record of its key. It writes the same events (250
+// Command sink-probe measures the relay's Kafka sink (package sink, on
+// franz-go's kgo since issue 36; before, its own producer) against kgo used
+// directly, first the one way that keeps the relay's order rule, which is
+// how the sink uses it: a write's records are all buffered before any is
+// sent (kgo.ManualFlushing) and the next write is produced only after the
+// previous Flush delivered every promise, so a batch that fails cannot be
+// overtaken by a later record of its key. It writes the same events (250
 // bytes, 3 headers, 200 keys) to a fresh 6-partition topic on the broker of
 // RELAY_TEST_KAFKA_BROKERS (scripts/dev.sh env) and prints events/s and the
 // p50/p99 of one write:

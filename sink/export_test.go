@@ -1,0 +1,4 @@
+package sink
+
+// KeyPartition exposes keyPartition to the external tests.
+var KeyPartition = keyPartition
