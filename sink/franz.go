@@ -39,15 +39,13 @@ import (
 //     pipelined here (Send writes in Wait).
 //   - Acknowledged means acks=all: kgo's default with idempotence, and
 //     required explicitly.
-//   - A broker outage is not a record's failure: kgo tries a partition's
-//     batch maxAttempts times, then fails its records with the broker's
-//     error, which is not per-message, and write.go retries them with
-//     backoff, before anything later, and keeps Outage. A batch whose
-//     outcome is unknown is never failed: kgo sends it again with its
-//     sequence numbers until the broker answers, so a round may block
-//     through an outage until the caller's context ends; Outage then
-//     learns of it from the client's hooks (a connection that cannot be
-//     made, a produce request that failed unanswered).
+//   - A broker outage is not a record's failure: kgo sends a batch again,
+//     with its sequence numbers, until the broker takes it, so a round
+//     blocks through an outage until the caller's context ends, and the
+//     broker stores each batch once. Outage learns of it from the client's
+//     hooks (a connection that cannot be made, a produce request that
+//     failed unanswered) and from the round's watchdog (nothing
+//     acknowledged within WriteTimeout, as for NOT_ENOUGH_REPLICAS).
 //   - A topic's trouble is found before producing, by a metadata request
 //     for the round's topics (a known topic is not asked again for a
 //     second), so that it
@@ -101,12 +99,14 @@ func (k *Kafka) newFranzClient(extra ...kgo.Opt) (*kgo.Client, error) {
 		// column), so a backlog's records would all time out at once. An
 		// outage blocks the round instead, as the package doc promises, and
 		// the hooks keep Outage.
-		// A partition's retriable error (NOT_ENOUGH_REPLICAS, a leader
-		// moving, a connection refused) is tried three times quickly, as
-		// kafka-go's Writer did, then fails its records for write.go's
-		// loop, which retries with backoff and keeps Outage; a batch whose
-		// outcome is unknown is never failed (kgo bypasses the limit).
-		kgo.RecordRetries(maxAttempts - 1),
+		// No record retry limit either: a record kgo fails after retries
+		// would be written again by write.go as a new record, under a new
+		// sequence (kgo bumps the epoch when it gives up a batch it sent),
+		// and stored twice when the first was appended after all (seen on
+		// Kafka 4.4 after a kill -9). kgo retries a partition's retriable
+		// error (NOT_ENOUGH_REPLICAS, a leader moving, a connection
+		// refused) with the same sequence numbers until the broker takes
+		// the batch; the round's watchdog keeps Outage meanwhile.
 		kgo.RetryBackoffFn(func(tries int) time.Duration {
 			return backoff.Delay(produceBackoffMin, produceBackoffMax, tries-1)
 		}),
@@ -130,11 +130,9 @@ func (k *Kafka) newFranzClient(extra ...kgo.Opt) (*kgo.Client, error) {
 	return newClient(&k.cfg, append(opts, extra...)...)
 }
 
-// maxAttempts is a partition's quick attempts before write.go's loop takes
-// over, and produceBackoffMin and produceBackoffMax the backoff between
-// them (kafka-go Writer's defaults, which the sink always had).
+// produceBackoffMin and produceBackoffMax bound kgo's backoff between a
+// partition's attempts (kafka-go Writer's, which the sink always had).
 const (
-	maxAttempts       = 3
 	produceBackoffMin = 100 * time.Millisecond
 	produceBackoffMax = time.Second
 )
@@ -221,13 +219,31 @@ func (k *Kafka) produce(ctx context.Context, batch []event.Event) error {
 		wg.Wait()
 		close(done)
 	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		// The round settles on its own, and the next waits for it; kgo
-		// keeps its records until then.
-		f.recs = nil
-		return ctx.Err()
+	// The watchdog: a round Kafka has not acknowledged within WriteTimeout
+	// is an outage (kgo retries inside, and no hook reports a partition's
+	// retriable error), which the next acknowledged record ends.
+	watchdog := time.NewTimer(k.cfg.WriteTimeout)
+	defer watchdog.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-watchdog.C:
+			k.stats.brokerErrors.Add(1)
+			k.stats.retries.Add(1)
+			if k.obs != nil {
+				k.obs.ProduceRetried()
+			}
+			cause := fmt.Errorf("kafka has not acknowledged %d records within %s: retrying", len(batch), k.cfg.WriteTimeout)
+			k.outageStarts(cause)
+			k.log.Warn("kafka unavailable, retrying", "err", cause)
+			watchdog.Reset(k.cfg.WriteTimeout)
+		case <-ctx.Done():
+			// The round settles on its own, and the next waits for it;
+			// kgo keeps its records until then.
+			f.recs = nil
+			return ctx.Err()
+		}
 	}
 	clear(recs)
 	if k.transactional() {

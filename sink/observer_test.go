@@ -57,7 +57,9 @@ func TestObserver(t *testing.T) {
 	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "orders", Partitions: []int32{1},
 		Err: kerr.NotEnoughReplicas, Count: 3})
 	defer h.Remove()
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 300, MaxInFlight: 3})
+	// WriteTimeout short: the retries kgo makes inside are counted by the
+	// round's watchdog.
+	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 300, MaxInFlight: 3, WriteTimeout: 200 * time.Millisecond})
 	rec := &recorder{}
 	k.SetObserver(rec)
 	in := msgs("orders", 3000, 23)
