@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -191,14 +192,20 @@ func (k *Kafka) produce(ctx context.Context, batch []event.Event) error {
 	}
 	recs := f.recs[:len(batch)]
 	errs := make(writeErrors, len(batch))
+	// One allocation for the round's headers, not one per record.
+	nh := 0
+	for i := range batch {
+		nh += len(batch[i].Headers)
+	}
+	hdrs := make([]kgo.RecordHeader, nh)
 	var wg sync.WaitGroup
 	wg.Add(len(batch))
 	for i := range batch {
 		m := &batch[i]
 		r := &recs[i]
 		*r = kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Timestamp: m.Time}
-		if len(m.Headers) > 0 {
-			r.Headers = make([]kgo.RecordHeader, len(m.Headers))
+		if n := len(m.Headers); n > 0 {
+			r.Headers, hdrs = hdrs[:n:n], hdrs[n:]
 			for j, h := range m.Headers {
 				r.Headers[j] = kgo.RecordHeader(h)
 			}
@@ -277,7 +284,7 @@ func (k *Kafka) franzTopics(ctx context.Context, cl *kgo.Client, batch []event.E
 		if at, ok := f.topics[t]; ok && now.Sub(at) < time.Second {
 			continue
 		}
-		if !contains(ask, t) {
+		if !slices.Contains(ask, t) {
 			ask = append(ask, t)
 		}
 	}
@@ -321,15 +328,6 @@ func (k *Kafka) franzTopics(ctx context.Context, cl *kgo.Client, batch []event.E
 	return nil
 }
 
-func contains(names []string, name string) bool {
-	for _, n := range names {
-		if n == name {
-			return true
-		}
-	}
-	return false
-}
-
 // franzFirstID takes the idempotent producer's id before the first round,
 // as the Java producer does at its first send, and says it: a principal
 // without IdempotentWrite is told so (ErrIdempotenceNotAllowed), and an
@@ -348,10 +346,14 @@ func (k *Kafka) franzFirstID(ctx context.Context, cl *kgo.Client) error {
 		}
 		return fmt.Errorf("init producer id: %w", err)
 	}
-	f.lastID.Store(id<<16 | int64(uint16(epoch)))
+	f.lastID.Store(producerKey(id, epoch))
 	k.log.Info("kafka idempotent producer", "producer_id", id, "epoch", epoch)
 	return nil
 }
+
+// producerKey is a producer id and epoch as one comparable value (never 0
+// for a taken id).
+func producerKey(id int64, epoch int16) int64 { return id<<16 | int64(uint16(epoch)) }
 
 // franzProducerID counts a new producer id or epoch after the first as a
 // producer reset (Stats.ProducerResets).
@@ -365,7 +367,7 @@ func (k *Kafka) franzProducerID(cl *kgo.Client) {
 	if err != nil || id < 0 {
 		return
 	}
-	cur := id<<16 | int64(uint16(epoch))
+	cur := producerKey(id, epoch)
 	if prev := k.franz.lastID.Swap(cur); prev != 0 && prev != cur {
 		k.stats.producerResets.Add(1)
 		if k.obs != nil {

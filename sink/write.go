@@ -358,12 +358,7 @@ func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
 	if k.obs != nil {
 		k.obs.ProduceRetried()
 	}
-	k.outage.mu.Lock()
-	if k.outage.since.IsZero() {
-		k.outage.since = time.Now()
-	}
-	k.outage.cause = cause
-	k.outage.mu.Unlock()
+	k.outageStarts(cause)
 	// Jittered: relays restarted together do not hammer a recovering
 	// cluster in step.
 	d := backoff.Delay(k.cfg.RetryMin, k.cfg.RetryMax, attempt)
