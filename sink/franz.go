@@ -187,6 +187,31 @@ func (k *Kafka) produce(ctx context.Context, batch []event.Event) error {
 	if err := k.franzFirstID(ctx, cl); err != nil {
 		return err
 	}
+	recs, errs, done := k.franzBuffer(cl, batch)
+	if err := k.franzWait(ctx, len(batch), done); err != nil {
+		return err
+	}
+	clear(recs)
+	if k.transactional() {
+		if err := k.franzTxnFailure(errs); err != nil {
+			return err
+		}
+	} else {
+		k.franzProducerID(cl)
+	}
+	for _, e := range errs {
+		if e != nil {
+			return errs
+		}
+	}
+	return nil
+}
+
+// franzBuffer hands the round's records to kgo, which holds them until
+// the flush, and returns the slots their answers land in and a channel
+// closed once every record has its answer.
+func (k *Kafka) franzBuffer(cl *kgo.Client, batch []event.Event) ([]kgo.Record, writeErrors, chan struct{}) {
+	f := k.franz
 	if cap(f.recs) < len(batch) {
 		f.recs = make([]kgo.Record, len(batch))
 	}
@@ -226,46 +251,37 @@ func (k *Kafka) produce(ctx context.Context, batch []event.Event) error {
 		wg.Wait()
 		close(done)
 	}()
-	// The watchdog: a round Kafka has not acknowledged within WriteTimeout
-	// is an outage (kgo retries inside, and no hook reports a partition's
-	// retriable error), which the next acknowledged record ends.
+	return recs, errs, done
+}
+
+// franzWait waits for the round to settle. The watchdog: a round Kafka
+// has not acknowledged within WriteTimeout is an outage (kgo retries
+// inside, and no hook reports a partition's retriable error), which the
+// next acknowledged record ends.
+func (k *Kafka) franzWait(ctx context.Context, n int, done <-chan struct{}) error {
 	watchdog := time.NewTimer(k.cfg.WriteTimeout)
 	defer watchdog.Stop()
-	for waiting := true; waiting; {
+	for {
 		select {
 		case <-done:
-			waiting = false
+			return nil
 		case <-watchdog.C:
 			k.stats.brokerErrors.Add(1)
 			k.stats.retries.Add(1)
 			if k.obs != nil {
 				k.obs.ProduceRetried()
 			}
-			cause := fmt.Errorf("kafka has not acknowledged %d records within %s: retrying", len(batch), k.cfg.WriteTimeout)
+			cause := fmt.Errorf("kafka has not acknowledged %d records within %s: retrying", n, k.cfg.WriteTimeout)
 			k.outageStarts(cause)
 			k.log.Warn("kafka unavailable, retrying", "err", cause)
 			watchdog.Reset(k.cfg.WriteTimeout)
 		case <-ctx.Done():
 			// The round settles on its own, and the next waits for it;
 			// kgo keeps its records until then.
-			f.recs = nil
+			k.franz.recs = nil
 			return ctx.Err()
 		}
 	}
-	clear(recs)
-	if k.transactional() {
-		if err := k.franzTxnFailure(errs); err != nil {
-			return err
-		}
-	} else {
-		k.franzProducerID(cl)
-	}
-	for _, e := range errs {
-		if e != nil {
-			return errs
-		}
-	}
-	return nil
 }
 
 // franzTopics asks the brokers about the round's topics not asked about in
