@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -18,8 +19,8 @@ func TestCheckAuthUnreachable(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	k, err := sink.New(sink.Config{Brokers: []string{addr},
-		SASL: sink.SASLConfig{Mechanism: "scram-sha-512", Username: "u", Password: "p"}})
+	k, err := sink.New(kafkaclient.Config{Brokers: []string{addr},
+		SASL: kafkaclient.SASLConfig{Mechanism: "scram-sha-512", Username: "u", Password: "p"}})
 	if err != nil {
 		t.Fatal(err)
 	}

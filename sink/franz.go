@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 )
 
 // This file is the sink's producer: franz-go's kgo, as the transport of
@@ -128,7 +129,7 @@ func (k *Kafka) newFranzClient(extra ...kgo.Opt) (*kgo.Client, error) {
 	if k.cfg.AllowAutoTopicCreation {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
-	return newClient(&k.cfg, append(opts, extra...)...)
+	return kafkaclient.New(&k.cfg, append(opts, extra...)...)
 }
 
 // produceBackoffMin and produceBackoffMax bound kgo's backoff between a

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/faults"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -19,7 +20,7 @@ import (
 // proxied returns a proxy to the test broker and a sink config whose every
 // connection goes through it (the broker's advertised address would bypass
 // a proxy given as bootstrap address alone).
-func proxied(t *testing.T, kc *testenv.KafkaCluster, cfg sink.Config) (*faults.Proxy, sink.Config) {
+func proxied(t *testing.T, kc *testenv.KafkaCluster, cfg kafkaclient.Config) (*faults.Proxy, kafkaclient.Config) {
 	t.Helper()
 	px, err := faults.Listen("127.0.0.1:0", kc.Brokers[0])
 	if err != nil {
@@ -95,7 +96,7 @@ func TestKafkaLostAckStoredOnce(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			topic := testenv.UniqueName(t, "idem")
 			kc.CreateTopic(t, topic, 1)
-			px, cfg := proxied(t, kc, sink.Config{WriteTimeout: 3 * time.Second,
+			px, cfg := proxied(t, kc, kafkaclient.Config{WriteTimeout: 3 * time.Second,
 				DisableIdempotence: tt.disable, Compression: tt.compression})
 			k := newSink(t, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -139,7 +140,7 @@ func TestKafkaGaveUpBatchNewProducerID(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.UniqueName(t, "idem")
 	kc.CreateTopic(t, topic, 1)
-	px, cfg := proxied(t, kc, sink.Config{WriteTimeout: 2 * time.Second,
+	px, cfg := proxied(t, kc, kafkaclient.Config{WriteTimeout: 2 * time.Second,
 		RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 	k := newSink(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -199,7 +200,7 @@ func killableSink(t *testing.T, prefix string) (*testenv.KafkaCluster, string, *
 	kc := testenv.Kafka(t)
 	topic := testenv.UniqueName(t, prefix)
 	kc.CreateTopic(t, topic, 2)
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, WriteTimeout: 2 * time.Second,
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, WriteTimeout: 2 * time.Second,
 		RetryMin: 50 * time.Millisecond, RetryMax: time.Second})
 	return kc, topic, k
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -20,7 +21,7 @@ func TestKafkaPartitionsMatchJavaClient(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.UniqueName(t, "sink")
 	kc.CreateTopic(t, topic, 4)
-	k := newSink(t, sink.Config{Brokers: kc.Brokers})
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers})
 
 	var in []kafka.Message
 	for _, p := range javaPartitions {
@@ -51,7 +52,7 @@ func TestKafkaBrokerRejectsTooLarge(t *testing.T) {
 	kc.CreateTopic(t, topic, 1)
 	// BatchBytes far above the broker's message.max.bytes (1 MB by default),
 	// so that the broker, not the client's size check, refuses the message.
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, BatchBytes: 8 << 20})
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, BatchBytes: 8 << 20})
 
 	in := msgs(topic, 10, 2)
 	in[4].Value = make([]byte, 3<<20) // agg-0:2
@@ -86,7 +87,7 @@ func TestKafkaUnknownTopic(t *testing.T) {
 	topic := testenv.UniqueName(t, "sink")
 	missing := testenv.UniqueName(t, "missing")
 	kc.CreateTopic(t, topic, 2)
-	k := newSink(t, sink.Config{Brokers: kc.Brokers})
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers})
 
 	in := msgs(topic, 6, 2)
 	in[1].Topic, in[4].Topic = missing, missing
@@ -120,7 +121,7 @@ func TestKafkaUnknownTopic(t *testing.T) {
 func TestKafkaAutoCreateTopic(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.UniqueName(t, "auto")
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: true})
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := k.Write(ctx, evs(msgs(topic, 10, 3))); err != nil {

@@ -28,11 +28,11 @@
 //     messages fail with a *TopicError saying what is wrong, in Kafka's words
 //     when Kafka gives them. A topic Kafka may be creating is waited for at
 //     most TopicWait per Write; then its messages fail, not permanently.
-//   - Ping sends a metadata request, never answered from a cache (admin.go):
-//     it fails while no broker answers.
+//   - Ping sends a metadata request, never answered from a cache (package
+//     kafkaadmin): it fails while no broker answers.
 //   - Per-key order is input order, for every message that is acknowledged.
 //     Keys map to partitions with the Java client's partitioner (murmur2,
-//     kgo's default; committed.go computes the same), so Debezium's and
+//     kgo's default; kafkaadmin.KeyPartition computes the same), so Debezium's and
 //     ours agree.
 //   - The producer is idempotent unless DisableIdempotence: kgo gives each
 //     batch a producer id, epoch and per-partition sequence, and sends a
@@ -85,13 +85,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 )
 
 // A Kafka writes messages to Kafka. See the package doc for its guarantees.
 type Kafka struct {
-	cfg   Config
+	// The questions that are not writes (Ping, CheckAuth, topic
+	// diagnostics, LastCommitted, ...), on their own client.
+	*kafkaadmin.Admin
+
+	cfg   kafkaclient.Config
 	log   *slog.Logger
 	stats stats
 	obs   Observer // nil: none (SetObserver)
@@ -103,10 +107,6 @@ type Kafka struct {
 	txn     txnState // with a TransactionalID (txn.go)
 	franz   *franz   // the producer (franz.go)
 	prod    producer // the producer id, for logs and errors
-
-	adminMu sync.Mutex
-	kc      *kgo.Client  // admin.go's, made at the first question
-	adm     *kadm.Client // on kc
 
 	outage outage
 }
@@ -147,14 +147,15 @@ type Stats struct {
 
 // New validates cfg. It neither dials nor starts goroutines; the first
 // Write or Ping connects.
-func New(cfg Config) (*Kafka, error) {
+func New(cfg kafkaclient.Config) (*Kafka, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka sink config: %w", err)
 	}
-	if _, err := cfg.tlsConfig(); err != nil {
-		return nil, fmt.Errorf("kafka sink config: %w", err)
-	}
-	return &Kafka{cfg: cfg, log: cfg.Logger, franz: &franz{}, prod: producer{id: -1}}, nil
+	return newKafka(cfg), nil
+}
+
+func newKafka(cfg kafkaclient.Config) *Kafka {
+	return &Kafka{Admin: kafkaadmin.New(cfg), cfg: cfg, log: cfg.Logger, franz: &franz{}, prod: producer{id: -1}}
 }
 
 // Outage reports the broker-wide failure streak Write is in: since when, and
@@ -210,6 +211,6 @@ func (k *Kafka) SetObserver(o Observer) { k.obs = o }
 // WriteTimeout) and closes the clients.
 func (k *Kafka) Close() error {
 	k.closeFranz()
-	k.closeAdmin()
+	k.Admin.Close()
 	return nil
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -48,7 +50,7 @@ func TestJavaMurmur2Partition(t *testing.T) {
 			t.Errorf("kgo.StickyKeyPartitioner(%q, 4 partitions) = %d; want %d", tt.key, got, tt.partition)
 		}
 		// And LastCommitted's, which reads where Write put the key.
-		if got := sink.KeyPartition([]byte(tt.key), 4); got != tt.partition {
+		if got := kafkaadmin.KeyPartition([]byte(tt.key), 4); got != tt.partition {
 			t.Errorf("keyPartition(%q, 4) = %d; want %d", tt.key, got, tt.partition)
 		}
 	}
@@ -64,7 +66,7 @@ func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
 	return c
 }
 
-func newSink(t *testing.T, cfg sink.Config) *sink.Kafka {
+func newSink(t *testing.T, cfg kafkaclient.Config) *sink.Kafka {
 	t.Helper()
 	if cfg.RetryMin == 0 {
 		cfg.RetryMin, cfg.RetryMax = 5*time.Millisecond, 50*time.Millisecond
@@ -129,7 +131,7 @@ func checkOrder(t *testing.T, recs []*kgo.Record, partitions int) {
 			t.Fatalf("record %q at partition %d offset %d; want %s:%d next (per-key order)", r.Value, r.Partition, r.Offset, key, next[key])
 		}
 		next[key]++
-		if want := sink.KeyPartition(r.Key, partitions); int(r.Partition) != want {
+		if want := kafkaadmin.KeyPartition(r.Key, partitions); int(r.Partition) != want {
 			t.Errorf("key %q on partition %d; want %d (Java murmur2)", r.Key, r.Partition, want)
 		}
 	}
@@ -137,7 +139,7 @@ func checkOrder(t *testing.T, recs []*kgo.Record, partitions int) {
 
 func TestWriteBatchesInOrder(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"))
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 700})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs(), BatchSize: 700})
 	in := msgs("orders", 5000, 37)
 	if err := k.Write(context.Background(), evs(in)); err != nil {
 		t.Fatalf("Write(%d messages) = %v", len(in), err)
@@ -152,7 +154,7 @@ func TestWriteBatchesInOrder(t *testing.T) {
 // Many small calls must not each wait kafka-go's default 1s batch timeout.
 func TestWriteLatency(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"))
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	start := time.Now()
 	for i := range 20 {
 		if err := k.Write(context.Background(), evs(msgs("orders", 3, 3))); err != nil {
@@ -167,7 +169,7 @@ func TestWriteLatency(t *testing.T) {
 func TestWriteByteCap(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "blobs"))
 	// 40 messages of ~10 kB with a 64 kB cap: at least 7 calls.
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchBytes: 64 << 10})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs(), BatchBytes: 64 << 10})
 	in := msgs("blobs", 40, 1)
 	for i := range in {
 		in[i].Value = append(in[i].Value, make([]byte, 10_000)...)
@@ -190,7 +192,7 @@ func TestWriteRetriesFailedPartitionsInOrder(t *testing.T) {
 	defer h.Remove()
 	// kgo retries the partition inside; a round not acknowledged within
 	// WriteTimeout counts as a broker-wide failure (the round's watchdog).
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 300, WriteTimeout: 200 * time.Millisecond})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs(), BatchSize: 300, WriteTimeout: 200 * time.Millisecond})
 	in := msgs("orders", 2000, 23)
 	if err := k.Write(context.Background(), evs(in)); err != nil {
 		t.Fatalf("Write = %v", err)
@@ -217,7 +219,7 @@ func TestWriteRetriesMetadataFailure(t *testing.T) {
 		// Closing the connection is what an unreachable broker looks like.
 		return nil, errors.New("injected: connection lost"), true
 	})
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	in := msgs("orders", 100, 5)
 	if err := k.Write(context.Background(), evs(in)); err != nil {
 		t.Fatalf("Write = %v", err)
@@ -233,7 +235,7 @@ func TestWriteRetriesMetadataFailure(t *testing.T) {
 // it (ErrBehind) instead of overtaking it; other keys are written.
 func TestWriteTooLargeForBatch(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"))
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchBytes: 64 << 10})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs(), BatchBytes: 64 << 10})
 	in := msgs("orders", 50, 5)
 	in[17].Value = make([]byte, 100_000)
 	err := k.Write(context.Background(), evs(in))
@@ -268,7 +270,7 @@ func TestWriteTooLargeForBatch(t *testing.T) {
 // written in order.
 func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "orders"), kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4000"}))
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	in := msgs("orders", 30, 2)
 	for i := range in {
 		in[i].Value = append(in[i].Value, make([]byte, 50)...)
@@ -315,7 +317,7 @@ func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
 // about 1 run in 10): forty calls make it likely to show.
 func TestWriteRefusedMessageNeverOvertaken(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(2, "orders"), kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4000"}))
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	const keys, perWrite, writes = 3, 30, 40
 	next := map[string]int{}
 	want := map[string][]string{}
@@ -369,7 +371,7 @@ func TestWriteRefusedMessageNeverOvertaken(t *testing.T) {
 // permanently; the other topic's messages are written.
 func TestWriteUnknownTopic(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"))
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	in := msgs("orders", 20, 4)
 	for _, i := range []int{3, 9, 10} {
 		in[i].Topic = "missing"
@@ -398,7 +400,7 @@ func TestWriteTopicAuthorizationFailed(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"), kfake.SeedTopics(1, "secret"))
 	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "secret", Err: kerr.TopicAuthorizationFailed, Count: -1})
 	defer h.Remove()
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	in := msgs("orders", 10, 2)
 	in[4].Topic, in[7].Topic = "secret", "secret"
 	err := k.Write(context.Background(), evs(in))
@@ -417,7 +419,7 @@ func TestWriteTopicAuthorizationFailed(t *testing.T) {
 // With no broker at all, Write blocks until ctx is done and returns its error:
 // nothing is reported as failed.
 func TestWriteUnreachableBlocks(t *testing.T) {
-	k := newSink(t, sink.Config{Brokers: []string{"127.0.0.1:1"}})
+	k := newSink(t, kafkaclient.Config{Brokers: []string{"127.0.0.1:1"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -440,7 +442,7 @@ func TestWriteUnreachableBlocks(t *testing.T) {
 
 func TestPing(t *testing.T) {
 	c := newCluster(t)
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := k.Ping(ctx); err != nil {
@@ -452,7 +454,7 @@ func TestWriteCancelledWhileRetrying(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "orders"))
 	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.LeaderNotAvailable, Count: -1})
 	defer h.Remove()
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs()})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	if err := k.Write(ctx, evs(msgs("orders", 5, 1))); !errors.Is(err, context.DeadlineExceeded) {
@@ -463,25 +465,25 @@ func TestWriteCancelledWhileRetrying(t *testing.T) {
 func TestNewInvalid(t *testing.T) {
 	tests := []struct {
 		name      string
-		cfg       sink.Config
+		cfg       kafkaclient.Config
 		wantInErr string
 	}{
-		{"no brokers", sink.Config{}, "Brokers: empty"},
-		{"broker without port", sink.Config{Brokers: []string{"kafka"}}, `"kafka"`},
-		{"compression", sink.Config{Brokers: []string{"k:9092"}, Compression: "brotli"}, "gzip"},
-		{"sasl mechanism", sink.Config{Brokers: []string{"k:9092"}, SASL: sink.SASLConfig{Mechanism: "gssapi", Username: "u"}}, "scram-sha-512"},
-		{"sasl without user", sink.Config{Brokers: []string{"k:9092"}, SASL: sink.SASLConfig{Mechanism: "plain"}}, "username"},
-		{"cert without key", sink.Config{Brokers: []string{"k:9092"}, TLS: sink.TLSConfig{Enabled: true, CertFile: "c.pem"}}, "TLS.CertFile and TLS.KeyFile go together"},
-		{"missing ca file", sink.Config{Brokers: []string{"k:9092"}, TLS: sink.TLSConfig{Enabled: true, CAFile: "/nonexistent/ca.pem"}}, "TLS.CAFile: cannot read it"},
-		{"retry bounds", sink.Config{Brokers: []string{"k:9092"}, RetryMin: time.Second, RetryMax: time.Millisecond}, "RetryMax: 1ms is below RetryMin 1s"},
-		{"negative batch size", sink.Config{Brokers: []string{"k:9092"}, BatchSize: -1}, "BatchSize: -1 is negative"},
-		{"batch size too large", sink.Config{Brokers: []string{"k:9092"}, BatchSize: 1_000_001}, "BatchSize: 1000001 is out of range; use a number of messages per produce call from 1 to 1000000"},
-		{"negative batch bytes", sink.Config{Brokers: []string{"k:9092"}, BatchBytes: -1}, "BatchBytes: -1 is negative"},
-		{"batch bytes 1", sink.Config{Brokers: []string{"k:9092"}, BatchBytes: 1}, "BatchBytes: 1 is out of range; use 65536 (64 KiB) to 2147483647 bytes"},
-		{"batch bytes below 64 KiB", sink.Config{Brokers: []string{"k:9092"}, BatchBytes: 64<<10 - 1}, "BatchBytes: 65535 is out of range"},
-		{"batch bytes above int32", sink.Config{Brokers: []string{"k:9092"}, BatchBytes: 1 << 31}, "BatchBytes: 2147483648 is out of range"},
-		{"negative timeout", sink.Config{Brokers: []string{"k:9092"}, WriteTimeout: -time.Second}, "negative"},
-		{"negative topic wait", sink.Config{Brokers: []string{"k:9092"}, TopicWait: -time.Second}, "negative"},
+		{"no brokers", kafkaclient.Config{}, "Brokers: empty"},
+		{"broker without port", kafkaclient.Config{Brokers: []string{"kafka"}}, `"kafka"`},
+		{"compression", kafkaclient.Config{Brokers: []string{"k:9092"}, Compression: "brotli"}, "gzip"},
+		{"sasl mechanism", kafkaclient.Config{Brokers: []string{"k:9092"}, SASL: kafkaclient.SASLConfig{Mechanism: "gssapi", Username: "u"}}, "scram-sha-512"},
+		{"sasl without user", kafkaclient.Config{Brokers: []string{"k:9092"}, SASL: kafkaclient.SASLConfig{Mechanism: "plain"}}, "username"},
+		{"cert without key", kafkaclient.Config{Brokers: []string{"k:9092"}, TLS: kafkaclient.TLSConfig{Enabled: true, CertFile: "c.pem"}}, "TLS.CertFile and TLS.KeyFile go together"},
+		{"missing ca file", kafkaclient.Config{Brokers: []string{"k:9092"}, TLS: kafkaclient.TLSConfig{Enabled: true, CAFile: "/nonexistent/ca.pem"}}, "TLS.CAFile: cannot read it"},
+		{"retry bounds", kafkaclient.Config{Brokers: []string{"k:9092"}, RetryMin: time.Second, RetryMax: time.Millisecond}, "RetryMax: 1ms is below RetryMin 1s"},
+		{"negative batch size", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchSize: -1}, "BatchSize: -1 is negative"},
+		{"batch size too large", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchSize: 1_000_001}, "BatchSize: 1000001 is out of range; use a number of messages per produce call from 1 to 1000000"},
+		{"negative batch bytes", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchBytes: -1}, "BatchBytes: -1 is negative"},
+		{"batch bytes 1", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchBytes: 1}, "BatchBytes: 1 is out of range; use 65536 (64 KiB) to 2147483647 bytes"},
+		{"batch bytes below 64 KiB", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchBytes: 64<<10 - 1}, "BatchBytes: 65535 is out of range"},
+		{"batch bytes above int32", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchBytes: 1 << 31}, "BatchBytes: 2147483648 is out of range"},
+		{"negative timeout", kafkaclient.Config{Brokers: []string{"k:9092"}, WriteTimeout: -time.Second}, "negative"},
+		{"negative topic wait", kafkaclient.Config{Brokers: []string{"k:9092"}, TopicWait: -time.Second}, "negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -495,7 +497,7 @@ func TestNewInvalid(t *testing.T) {
 			}
 		})
 	}
-	for _, cfg := range []sink.Config{
+	for _, cfg := range []kafkaclient.Config{
 		{Brokers: []string{"k:9092"}, BatchSize: 1, BatchBytes: 64 << 10},
 		{Brokers: []string{"k:9092"}, BatchSize: 1_000_000, BatchBytes: 1<<31 - 1},
 	} {
@@ -507,7 +509,7 @@ func TestNewInvalid(t *testing.T) {
 		k.Close()
 	}
 	for _, mech := range []string{"plain", "scram-sha-256", "SCRAM-SHA-512"} {
-		k, err := sink.New(sink.Config{Brokers: []string{"k:9092"}, SASL: sink.SASLConfig{Mechanism: mech, Username: "u", Password: "p"}, Compression: "zstd"})
+		k, err := sink.New(kafkaclient.Config{Brokers: []string{"k:9092"}, SASL: kafkaclient.SASLConfig{Mechanism: mech, Username: "u", Password: "p"}, Compression: "zstd"})
 		if err != nil {
 			t.Errorf("New(sasl %q) = %v; want nil", mech, err)
 			continue

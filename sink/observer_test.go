@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -59,7 +60,7 @@ func TestObserver(t *testing.T) {
 	defer h.Remove()
 	// WriteTimeout short: the retries kgo makes inside are counted by the
 	// round's watchdog.
-	k := newSink(t, sink.Config{Brokers: c.ListenAddrs(), BatchSize: 300, MaxInFlight: 3, WriteTimeout: 200 * time.Millisecond})
+	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs(), BatchSize: 300, MaxInFlight: 3, WriteTimeout: 200 * time.Millisecond})
 	rec := &recorder{}
 	k.SetObserver(rec)
 	in := msgs("orders", 3000, 23)

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -144,11 +145,11 @@ func TestKafkaPipelineOrder(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			topic := testenv.UniqueName(t, "pipe")
 			kc.CreateTopic(t, topic, 3)
-			k := newSink(t, sink.Config{Brokers: kc.Brokers, BatchBytes: tt.batchBytes, Compression: tt.compression})
+			k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, BatchBytes: tt.batchBytes, Compression: tt.compression})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			kd := &keyed{topic: topic, keys: 7, perWrite: tt.per, pad: tt.pad}
-			w := &pipeWriter{k: k, depth: sink.DefaultMaxInFlight}
+			w := &pipeWriter{k: k, depth: kafkaclient.DefaultMaxInFlight}
 			for range tt.writes {
 				if err := w.send(ctx, evs(kd.batch())); err != nil {
 					t.Fatalf("Wait = %v", err)
@@ -181,13 +182,13 @@ func TestKafkaPipelineLostAcks(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			topic := testenv.UniqueName(t, "pipe")
 			kc.CreateTopic(t, topic, 2)
-			px, cfg := proxied(t, kc, sink.Config{WriteTimeout: 2 * time.Second, Compression: tt.compression,
+			px, cfg := proxied(t, kc, kafkaclient.Config{WriteTimeout: 2 * time.Second, Compression: tt.compression,
 				RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 			k := newSink(t, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			kd := &keyed{topic: topic, keys: 5, perWrite: 10}
-			w := &pipeWriter{k: k, depth: sink.DefaultMaxInFlight}
+			w := &pipeWriter{k: k, depth: kafkaclient.DefaultMaxInFlight}
 			for i := range 300 {
 				if i == 100 || i == 200 {
 					px.DropReplies(tt.drop)
@@ -217,7 +218,7 @@ func TestKafkaPipelineKillAndPause(t *testing.T) {
 	defer cancel()
 
 	kd := &keyed{topic: topic, keys: 6, perWrite: 12}
-	w := &pipeWriter{k: k, depth: sink.DefaultMaxInFlight}
+	w := &pipeWriter{k: k, depth: kafkaclient.DefaultMaxInFlight}
 	var stop atomic.Bool
 	done := make(chan error, 1)
 	go func() {
@@ -259,7 +260,7 @@ func TestKafkaPipelineRefusalHoldsLane(t *testing.T) {
 	}}}); err != nil {
 		t.Fatalf("CreateTopics = %v", err)
 	}
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: true})
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: true})
 	msg := func(key string, v int, size int) kafka.Message {
 		return kafka.Message{Topic: topic, Key: []byte(key), Value: []byte(fmt.Sprintf("%d%s", v, strings.Repeat(" ", size)))}
 	}

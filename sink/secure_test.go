@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -17,18 +18,18 @@ import (
 // and SSL with client certificates, under the StandardAuthorizer. The relay's
 // principal may write only topics prefixed outbox.event. (the ACLs of docs/security.md).
 
-func scramConfig(kc *testenv.KafkaSecureCluster, password string) sink.Config {
-	return sink.Config{
+func scramConfig(kc *testenv.KafkaSecureCluster, password string) kafkaclient.Config {
+	return kafkaclient.Config{
 		Brokers: kc.SASLBrokers,
-		TLS:     sink.TLSConfig{Enabled: true, CAFile: kc.Files.CA},
-		SASL:    sink.SASLConfig{Mechanism: "scram-sha-512", Username: kc.User, Password: password},
+		TLS:     kafkaclient.TLSConfig{Enabled: true, CAFile: kc.Files.CA},
+		SASL:    kafkaclient.SASLConfig{Mechanism: "scram-sha-512", Username: kc.User, Password: password},
 	}
 }
 
-func mtlsConfig(kc *testenv.KafkaSecureCluster, cert, key string) sink.Config {
-	return sink.Config{
+func mtlsConfig(kc *testenv.KafkaSecureCluster, cert, key string) kafkaclient.Config {
+	return kafkaclient.Config{
 		Brokers: kc.MTLSBrokers,
-		TLS:     sink.TLSConfig{Enabled: true, CAFile: kc.Files.CA, CertFile: cert, KeyFile: key},
+		TLS:     kafkaclient.TLSConfig{Enabled: true, CAFile: kc.Files.CA, CertFile: cert, KeyFile: key},
 	}
 }
 
@@ -43,7 +44,7 @@ func allowedTopic(t *testing.T, kc *testenv.KafkaSecureCluster) string {
 
 // writeAndRead writes n messages to topic with cfg and checks that the plain
 // listener reads them back.
-func writeAndRead(t *testing.T, kc *testenv.KafkaSecureCluster, cfg sink.Config, topic string, n int) {
+func writeAndRead(t *testing.T, kc *testenv.KafkaSecureCluster, cfg kafkaclient.Config, topic string, n int) {
 	t.Helper()
 	k := newSink(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -77,10 +78,10 @@ func TestSecureCheckAuthRefusals(t *testing.T) {
 	noCA.TLS.CAFile = kc.Files.OtherCA
 	wrongName := scramConfig(kc, kc.Password)
 	wrongName.TLS.ServerName = "kafka.example.invalid"
-	plainToTLS := sink.Config{Brokers: kc.SASLBrokers, SASL: sink.SASLConfig{Mechanism: "scram-sha-512", Username: kc.User, Password: kc.Password}}
+	plainToTLS := kafkaclient.Config{Brokers: kc.SASLBrokers, SASL: kafkaclient.SASLConfig{Mechanism: "scram-sha-512", Username: kc.User, Password: kc.Password}}
 	tests := []struct {
 		name    string
-		cfg     sink.Config
+		cfg     kafkaclient.Config
 		key     string
 		message string // in the error, in plain words
 	}{
@@ -99,7 +100,7 @@ func TestSecureCheckAuthRefusals(t *testing.T) {
 			if took := time.Since(start); took > 10*time.Second {
 				t.Errorf("CheckAuth took %s; want a verdict within seconds", took)
 			}
-			var ae *sink.AuthError
+			var ae *kafkaclient.AuthError
 			if !errors.As(err, &ae) {
 				t.Fatalf("CheckAuth = %v; want an *AuthError naming %s", err, tt.key)
 			}
@@ -123,7 +124,7 @@ func TestSecureTopicNotAuthorized(t *testing.T) {
 	kc.CreateTopic(t, forbidden, 1)
 	for _, tc := range []struct {
 		name string
-		cfg  sink.Config
+		cfg  kafkaclient.Config
 	}{
 		{"scram", scramConfig(kc, kc.Password)},
 		{"mtls", mtlsConfig(kc, kc.Files.KafkaClientCert, kc.Files.KafkaClientKey)},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -28,17 +27,8 @@ import (
 //     when its answer is needed (a client library once waited for the
 //     validated topic to appear, which it never does).
 
-// defaultTopicWait bounds how long one Write waits for a topic that Kafka
-// does not know yet to appear. A topic auto-created by the broker was seen to
-// take about 300ms to answer metadata; 5s leaves room for a busy controller.
-const defaultTopicWait = 5 * time.Second
-
 // topicPoll is the pause between two looks at a topic being created.
 const topicPoll = 200 * time.Millisecond
-
-// diagnoseTimeout bounds the CreateTopics (ValidateOnly) request that asks
-// Kafka why a topic is refused: a diagnosis, kept short.
-const diagnoseTimeout = time.Second
 
 // missingTTL is how long a topic that was waited for in vain fails at once,
 // instead of holding up every later Write for TopicWait again. A topic
@@ -99,9 +89,6 @@ func checkTopicName(topic string) error {
 		Reason: "invalid topic name: " + why + "; fix the routing or the aggregate type"}
 }
 
-// unifiedTopic is a topic's name as Kafka compares names for collisions.
-func unifiedTopic(topic string) string { return strings.ReplaceAll(topic, ".", "_") }
-
 // missing records a topic that was waited for in vain and its error.
 type missing struct {
 	err error
@@ -126,7 +113,7 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 		return &TopicError{Topic: topic, Err: cause, Permanent: true, Code: code, Reason: reason}, false
 	case errors.Is(cause, kerr.InvalidTopicException):
 		reason := "Kafka refuses the topic name as invalid"
-		if msg, code := k.validateCreate(ctx, topic); code == kerr.InvalidTopicException && msg != "" {
+		if msg, code := k.ValidateCreate(ctx, topic); code == kerr.InvalidTopicException && msg != "" {
 			reason += ": " + msg
 		}
 		return &TopicError{Topic: topic, Err: cause, Permanent: true, Code: CodeTopicInvalid, Reason: reason}, false
@@ -141,18 +128,18 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 		}
 		delete(k.missing, topic)
 	}
-	known, other := k.lookTopic(ctx, topic)
+	known, other := k.LookTopic(ctx, topic)
 	if other != "" {
 		// Kafka will never create it: say so in its own words if it answers.
 		reason := fmt.Sprintf("the name collides with existing topic %q (Kafka treats '.' and '_' alike, so it refuses to create it)", other)
-		if msg, code := k.validateCreate(ctx, topic); code == kerr.InvalidTopicException && msg != "" {
+		if msg, code := k.ValidateCreate(ctx, topic); code == kerr.InvalidTopicException && msg != "" {
 			reason = "the name collides with an existing topic (Kafka treats '.' and '_' alike): " + msg
 		}
 		return &TopicError{Topic: topic, Err: kerr.InvalidTopicException, Permanent: true, Code: CodeTopicInvalid,
 			Reason: reason + "; fix the routing or rename a topic"}, false
 	}
 	if !known && !k.cfg.AllowAutoTopicCreation {
-		// Remembered like a topic waited for in vain: lookTopic reads the
+		// Remembered like a topic waited for in vain: LookTopic reads the
 		// whole cluster's metadata, and a retry table of 100,000
 		// aggregates waiting for this topic asked it once per write.
 		err := &TopicError{Topic: topic, Err: cause, Code: CodeTopicNotCreated,
@@ -176,7 +163,7 @@ func (k *Kafka) topicFailure(ctx context.Context, st *writeState, topic string, 
 	}
 
 	reason := fmt.Sprintf("does not exist and was not created within %s: check the broker's auto.create.topics.enable and the relay's CREATE permission, or create the topic; the event is retried", k.cfg.TopicWait)
-	msg, code := k.validateCreate(ctx, topic)
+	msg, code := k.ValidateCreate(ctx, topic)
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err(), false

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -100,7 +101,7 @@ func TestKafkaTopicCollision(t *testing.T) {
 			good := base + "_good"
 			kc.CreateTopic(t, good, 2)
 			kc.CreateTopic(t, base+".x", 1)
-			k := newSink(t, sink.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: auto})
+			k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: auto})
 			writeMixed(t, k, kc, good, base+"_x", 4*time.Second, true, kerr.InvalidTopicException,
 				"Topic '"+base+"_x' collides with existing topic: "+base+".x")
 			if topicExists(t, kc.Brokers, base+"_x") {
@@ -118,7 +119,7 @@ func TestKafkaMissingTopicFailsFast(t *testing.T) {
 	good := testenv.UniqueName(t, "good")
 	missing := testenv.UniqueName(t, "missing")
 	kc.CreateTopic(t, good, 2)
-	k := newSink(t, sink.Config{Brokers: kc.Brokers})
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers})
 	fails := writeMixed(t, k, kc, good, missing, 2*time.Second, false, kerr.UnknownTopicOrPartition,
 		`"`+missing+`"`, "does not exist", "topic auto-creation is off")
 	// The CLI names kafka.allow_auto_topic_creation by the code (cmd's reasons).
@@ -142,7 +143,7 @@ func TestKafkaMissingTopicDiagnosedOnce(t *testing.T) {
 	missing := testenv.UniqueName(t, "missing")
 	var dials atomic.Int32
 	d := &net.Dialer{}
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
 		dials.Add(1)
 		return d.DialContext(ctx, network, address)
 	}})
@@ -187,7 +188,7 @@ func TestKafkaInvalidTopicName(t *testing.T) {
 			t.Run(fmt.Sprintf("%s auto=%t", tt.name, auto), func(t *testing.T) {
 				good := testenv.UniqueName(t, "good")
 				kc.CreateTopic(t, good, 1)
-				k := newSink(t, sink.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: auto})
+				k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: auto})
 				writeMixed(t, k, kc, good, tt.topic, 2*time.Second, true, kerr.InvalidTopicException, "invalid topic name", tt.want)
 			})
 		}
@@ -205,7 +206,7 @@ func TestKafkaPingAndOutageWhilePaused(t *testing.T) {
 	t.Logf("servers held after %s", time.Since(begin))
 	topic := testenv.UniqueName(t, "outage")
 	kc.CreateTopic(t, topic, 2)
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, WriteTimeout: time.Second,
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, WriteTimeout: time.Second,
 		RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond})
 
 	ping := func(timeout time.Duration) (time.Duration, error) {

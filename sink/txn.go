@@ -99,10 +99,6 @@ func (e *TxnTimeoutError) Error() string {
 // errNoTransactions is Write's refusal before InitTransactions succeeded.
 var errNoTransactions = errors.New("kafka: a transactional sink writes only after InitTransactions")
 
-// DefaultTransactionTimeout is Config.TransactionTimeout's default, as the
-// Java producer's transaction.timeout.ms.
-const DefaultTransactionTimeout = time.Minute
-
 // txnState is the open transaction. Write's goroutine only (Commit and
 // Abort are called between Writes).
 type txnState struct {
@@ -211,7 +207,7 @@ func (k *Kafka) outageOver() {
 func (k *Kafka) CheckTransactions(ctx context.Context, transactionalID, topic string) error {
 	cfg := k.cfg
 	cfg.TransactionalID = transactionalID
-	probe := &Kafka{cfg: cfg, log: k.log, franz: &franz{}}
+	probe := newKafka(cfg)
 	defer probe.Close()
 	ctx, cancel := context.WithTimeout(ctx, cfg.WriteTimeout)
 	defer cancel()

@@ -10,6 +10,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -18,7 +20,7 @@ import (
 // every partition of topic, partition by partition in offset order.
 func committedValues(t *testing.T, brokers []string, topic string, partitions int) []string {
 	t.Helper()
-	c, err := sink.NewReader(sink.Config{Brokers: brokers})
+	c, err := kafkaadmin.NewReader(kafkaclient.Config{Brokers: brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +29,7 @@ func committedValues(t *testing.T, brokers []string, topic string, partitions in
 	defer cancel()
 	var out []string
 	for p := range partitions {
-		if _, err := c.ReadCommitted(ctx, topic, p, 0, func(r sink.Record) error {
+		if _, err := c.ReadCommitted(ctx, topic, p, 0, func(r kafkaadmin.Record) error {
 			out = append(out, string(r.Value))
 			return nil
 		}); err != nil {
@@ -40,7 +42,7 @@ func committedValues(t *testing.T, brokers []string, topic string, partitions in
 // txnSink is a transactional sink on the plain listener, its id taken.
 func txnSink(t *testing.T, brokers []string, id string) *sink.Kafka {
 	t.Helper()
-	k := newSink(t, sink.Config{Brokers: brokers, TransactionalID: id, TransactionTimeout: 20 * time.Second})
+	k := newSink(t, kafkaclient.Config{Brokers: brokers, TransactionalID: id, TransactionTimeout: 20 * time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := k.InitTransactions(ctx); err != nil {
@@ -185,7 +187,7 @@ func TestKafkaTransactionTimedOut(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.UniqueName(t, "txto")
 	kc.CreateTopic(t, topic, 1)
-	k := newSink(t, sink.Config{Brokers: kc.Brokers, TransactionalID: testenv.UniqueName(t, "txid"), TransactionTimeout: time.Second})
+	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, TransactionalID: testenv.UniqueName(t, "txid"), TransactionTimeout: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := k.InitTransactions(ctx); err != nil {

@@ -10,11 +10,11 @@ import (
 	"sync"
 
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/tracing"
 	"github.com/outbox-relay/outbox-relay/router"
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -229,7 +229,7 @@ func (c *config) warnIgnored(log *slog.Logger) {
 
 func (c *config) routerConfig() router.Config { return c.Router }
 
-func (c *config) sinkConfig(log *slog.Logger) sink.Config {
+func (c *config) sinkConfig(log *slog.Logger) kafkaclient.Config {
 	sc := c.Sink
 	sc.Logger = log
 	return sc

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -95,7 +96,7 @@ func hint(err error) string {
 	}
 	// The broker refused the relay's own settings: the sink names the
 	// field, the operator knows the key.
-	var auth *sink.AuthError
+	var auth *kafkaclient.AuthError
 	if errors.As(err, &auth) {
 		var fe *field.Error
 		errors.As(field.Within("Sink", auth.FieldError()), &fe)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/field"
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/replication/pgslot"
@@ -41,7 +42,7 @@ func TestHints(t *testing.T) {
 		{"slot lost", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseSlotLost, From: 1}, []string{`"outbox-relay recover"`, "max_slot_wal_keep_size", "outbox-relay lag"}},
 		{"another system", &pgslot.GapError{Slot: "s", Cause: pgslot.CauseOtherSystem, From: 1, LastCommitTime: time.Date(2026, 11, 24, 10, 30, 15, 0, time.UTC)},
 			[]string{`"outbox-relay replay --from 2026-11-24T10:29:15Z"`, "postgres.dsn", "DELETE FROM <checkpoint.table>"}},
-		{"SASL refused", &sink.AuthError{Field: "SASL.Password", Reason: "refused: set {SASL.Username} and {SASL.Password} to credentials the cluster knows"},
+		{"SASL refused", &kafkaclient.AuthError{Field: "SASL.Password", Reason: "refused: set {SASL.Username} and {SASL.Password} to credentials the cluster knows"},
 			[]string{"kafka.sasl.password: refused: set kafka.sasl.username and kafka.sasl.password"}},
 		{"metrics port in use", fmt.Errorf("run: %w", &field.Error{Field: "MetricsListen", Reason: "metrics listen: listen tcp 127.0.0.1:9187: bind: address already in use"}),
 			[]string{"metrics.listen", "--metrics-listen", "RELAY_METRICS_LISTEN"}},

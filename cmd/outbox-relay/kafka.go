@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
@@ -13,7 +14,7 @@ import (
 // replay's one) or asks Kafka with (check's). Packages take them as their
 // own small interfaces (relay.Sink, replay.Sink, admin.Kafka), never as
 // *sink.Kafka.
-func newSinks(cfg sink.Config, n int) (sinks []*sink.Kafka, done func(), err error) {
+func newSinks(cfg kafkaclient.Config, n int) (sinks []*sink.Kafka, done func(), err error) {
 	done = func() {
 		for _, k := range sinks {
 			k.Close()

@@ -5,12 +5,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -227,36 +227,36 @@ var settings = []setting{
 		doc:     "`host:port` list (a YAML list, or one comma-separated string)",
 		example: "localhost:9092", flag: "kafka-brokers", usage: "comma-separated host:port list", shown: "(required)",
 		field: func(c *config) any { return &c.Sink.Brokers }},
-	{key: "kafka.client_id", def: sink.DefaultClientID, kind: text,
+	{key: "kafka.client_id", def: kafkaclient.DefaultClientID, kind: text,
 		doc:   `the client id the brokers see`,
 		field: func(c *config) any { return &c.Sink.ClientID }},
-	{key: "kafka.batch_size", def: strconv.Itoa(sink.DefaultBatchSize), kind: integer,
+	{key: "kafka.batch_size", def: strconv.Itoa(kafkaclient.DefaultBatchSize), kind: integer,
 		doc:   `most messages per produce round (a record batch per partition, one request per broker); 1–1000000, checked at start-up`,
 		field: func(c *config) any { return &c.Sink.BatchSize }},
-	{key: "kafka.batch_bytes", def: strconv.Itoa(sink.DefaultBatchBytes), kind: integer,
+	{key: "kafka.batch_bytes", def: strconv.Itoa(kafkaclient.DefaultBatchBytes), kind: integer,
 		doc:   `most bytes per produce round, and the largest message sent; 65536–2147483647, checked at start-up`,
 		field: func(c *config) any { return &c.Sink.BatchBytes }},
 	{key: "kafka.batch_timeout", def: "2ms", kind: ignored,
 		doc: "accepted for compatibility and ignored, with a warning at start: each produce round is sent at once, nothing lingers"},
-	{key: "kafka.write_timeout", def: durationText(sink.DefaultWriteTimeout), kind: duration,
+	{key: "kafka.write_timeout", def: durationText(kafkaclient.DefaultWriteTimeout), kind: duration,
 		doc:   `how long one produce request may take`,
 		field: func(c *config) any { return &c.Sink.WriteTimeout }},
-	{key: "kafka.topic_wait", def: durationText(sink.DefaultTopicWait), kind: duration,
+	{key: "kafka.topic_wait", def: durationText(kafkaclient.DefaultTopicWait), kind: duration,
 		doc:   "how long a produce round waits for a topic Kafka does not know yet but may be creating (auto-creation on, or a topic just created whose leaders do not serve it yet); then its events wait in the retry table, and other topics are not held up longer",
 		field: func(c *config) any { return &c.Sink.TopicWait }},
-	{key: "kafka.compression", def: sink.DefaultCompression, kind: lower,
+	{key: "kafka.compression", def: kafkaclient.DefaultCompression, kind: lower,
 		doc:   "`none`, `gzip`, `snappy`, `lz4`, `zstd`; idempotent either way",
 		field: func(c *config) any { return &c.Sink.Compression }},
 	{key: "kafka.idempotence", def: "true", kind: negated,
 		doc:   "the idempotent producer: a produce whose acknowledgement was lost is sent again with the same producer id and sequence numbers and the broker stores it once (see [Guarantees](guarantees.md)); needs the `IdempotentWrite` cluster permission on Kafka before 3.0 (from 3.0 `WRITE` on a topic implies it). `false`: no producer id, and a lost acknowledgement can store a batch twice, after the events that followed it",
 		field: func(c *config) any { return &c.Sink.DisableIdempotence }},
-	{key: "kafka.max_in_flight_requests", def: strconv.Itoa(sink.DefaultMaxInFlight), kind: integer,
+	{key: "kafka.max_in_flight_requests", def: strconv.Itoa(kafkaclient.DefaultMaxInFlight), kind: integer,
 		doc:   "chunks the relay hands the producer ahead of their acknowledgement, 1–5 (as the Java producer's `max.in.flight.requests.per.connection`): the route stage goes on while Kafka answers. The producer writes them in order, one produce round at a time, so that an event Kafka refuses is never overtaken by a later event of its aggregate (see [Guarantees](guarantees.md)); within a round the idempotent producer keeps up to five requests in flight per broker, one with `kafka.idempotence: false`. `1` is stop-and-wait",
 		field: func(c *config) any { return &c.Sink.MaxInFlight }},
 	{key: "kafka.checkpoint_topic", def: relay.DefaultCheckpointTopic, kind: text,
 		doc:   "with `delivery: exactly-once`: the compacted topic of the relay's checkpoint records, one per slot (key = slot), written in each Kafka transaction; `setup` creates it (one partition, `cleanup.policy=compact`). The principal needs `READ`, `WRITE` and `DESCRIBE` on it",
 		field: func(c *config) any { return &c.CheckpointTopic }},
-	{key: "kafka.transaction_timeout", def: durationText(sink.DefaultTransactionTimeout), kind: duration,
+	{key: "kafka.transaction_timeout", def: durationText(kafkaclient.DefaultTransactionTimeout), kind: duration,
 		doc:   "with `delivery: exactly-once`: how long the transaction coordinator lets a transaction stay open before it aborts it (`transaction.timeout.ms`; at most the broker's `transaction.max.timeout.ms`, 15 minutes by default). A Postgres transaction that takes longer to write is aborted by the broker: the relay reports it (not ready, stalled), writes it again once with the timeout raised to the broker's cap, or stops with the fix, exit 6 (see [Exactly once](guarantees.md#exactly-once))",
 		field: func(c *config) any { return &c.Sink.TransactionTimeout }},
 	{key: "kafka.transaction_max_events", def: strconv.Itoa(relay.DefaultTransactionMaxEvents), kind: integer,
@@ -380,7 +380,7 @@ var settings = []setting{
 // kafka.allow_auto_topic_creation: true, as Debezium's producer does, so that
 // a relay pointed at a broker with auto.create.topics.enable (the demo, the
 // compose file, most development clusters) delivers without anyone creating
-// topics first. sink.Config's zero value is false, and its doc gives the
+// topics first. kafkaclient.Config's zero value is false, and its doc gives the
 // reason to choose false in production: a topic auto-created with the
 // broker's defaults (often one partition) silently loses the partitioning
 // consumers expect. Operators who create their topics set it to false, and

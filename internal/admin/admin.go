@@ -20,10 +20,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
 	"github.com/outbox-relay/outbox-relay/internal/sqlconn"
 	"github.com/outbox-relay/outbox-relay/router"
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -56,7 +56,7 @@ type Config struct {
 	Tables          []Table
 	CheckpointTable sql.Table
 	RetryTable      sql.Table
-	Kafka           sink.Config // the settings Check's Kafka connects with, for its messages
+	Kafka           kafkaclient.Config // the settings Check's Kafka connects with, for its messages
 	// ExactlyOnce is delivery: exactly-once. Setup then creates
 	// CheckpointTopic with Topics, and Check checks that the principal may
 	// write it in transactions under TransactionalID's prefix.

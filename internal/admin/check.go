@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
 	"github.com/outbox-relay/outbox-relay/internal/retention"
@@ -508,7 +509,7 @@ func checkKafka(ctx context.Context, cfg *Config, k Kafka, c *checker) {
 		// A refusal of the relay's own settings (SASL, TLS) is named with
 		// the mechanism and the key to change; anything else may be an
 		// outage.
-		var auth *sink.AuthError
+		var auth *kafkaclient.AuthError
 		if a, ok := k.(interface{ CheckAuth(context.Context) error }); ok && errors.As(a.CheckAuth(ctx), &auth) {
 			c.fail("kafka", "refused: %s (%v)", cfg.text(field.Within("Sink", auth.FieldError())), cfg.scrub(auth.Err))
 			return

@@ -7,6 +7,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -46,8 +47,8 @@ func TestCheckTransactionsACLs(t *testing.T) {
 		// Tables, publication and slot, through the plain listener.
 		cfg.Topics = kafkaAt(t, &cfg, kc.Brokers...)
 		mustSetup(t, cfg, true, "Setup")
-		cfg.Kafka.TLS = sink.TLSConfig{Enabled: true, CAFile: kc.Files.CA}
-		cfg.Kafka.SASL = sink.SASLConfig{Mechanism: "scram-sha-512", Username: kc.User, Password: kc.Password}
+		cfg.Kafka.TLS = kafkaclient.TLSConfig{Enabled: true, CAFile: kc.Files.CA}
+		cfg.Kafka.SASL = kafkaclient.SASLConfig{Mechanism: "scram-sha-512", Username: kc.User, Password: kc.Password}
 		_, out := runCheck(t, cfg, kafkaAt(t, &cfg, kc.SASLBrokers...))
 		testenv.WantLines(t, "check", out, tt.want)
 		if tt.slot == refused {

@@ -6,14 +6,15 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 )
 
 // ReadOffsets reads a Kafka Connect offsets topic with cfg's connection
 // settings (readTopic) and returns the latest offset of each connector
 // (LatestOffsets). It connects for the call only, joins no consumer group and
 // commits nothing.
-func ReadOffsets(ctx context.Context, cfg sink.Config, topic string) ([]Offset, error) {
+func ReadOffsets(ctx context.Context, cfg kafkaclient.Config, topic string) ([]Offset, error) {
 	var records []Record
 	err := readTopic(ctx, cfg, topic, func(key, value []byte) error {
 		records = append(records, Record{Key: key, Value: value})
@@ -33,7 +34,7 @@ func ReadOffsets(ctx context.Context, cfg sink.Config, topic string) ([]Offset, 
 // as it is.
 //
 // It reads committed records only, as a read_committed consumer does
-// (sink.Reader, the project's one such reader): each partition's end is its
+// (kafkaadmin.Reader, the project's one such reader): each partition's end is its
 // last stable offset, records of aborted transactions are skipped, and so
 // are transaction markers. That matters for Kafka Connect's offsets topic,
 // which a worker with exactly-once source support writes in transactions: an
@@ -44,14 +45,14 @@ func ReadOffsets(ctx context.Context, cfg sink.Config, topic string) ([]Offset, 
 // call only and joins no consumer group; it commits nothing. It blocks until
 // the records are read, fn fails, or ctx is done. It is for reading a small
 // topic once (Kafka Connect's offsets), not for consuming.
-func readTopic(ctx context.Context, cfg sink.Config, topic string, fn func(key, value []byte) error) error {
-	r, err := sink.NewReader(cfg)
+func readTopic(ctx context.Context, cfg kafkaclient.Config, topic string, fn func(key, value []byte) error) error {
+	r, err := kafkaadmin.NewReader(cfg)
 	if err != nil {
 		return fmt.Errorf("read topic %q: %w", topic, err)
 	}
 	defer r.Close()
 	parts, err := r.Partitions(ctx, topic)
-	if errors.Is(err, sink.ErrNoTopic) {
+	if errors.Is(err, kafkaadmin.ErrNoTopic) {
 		return fmt.Errorf("read topic %q from %s: topic does not exist (check its name: Kafka Connect's offsets topic is the worker's offset.storage.topic): %w",
 			topic, strings.Join(cfg.Brokers, ","), err)
 	}
@@ -66,7 +67,7 @@ func readTopic(ctx context.Context, cfg sink.Config, topic string, fn func(key, 
 	}
 	for _, p := range parts {
 		var fnErr error
-		_, err := r.ReadUntil(ctx, topic, p, 0, ends[p], func(rec sink.Record) error {
+		_, err := r.ReadUntil(ctx, topic, p, 0, ends[p], func(rec kafkaadmin.Record) error {
 			key, value := rec.Key, rec.Value
 			fnErr = fn(key, value)
 			return fnErr

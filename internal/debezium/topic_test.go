@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // produce writes records to topic on real Kafka with franz-go, each to the
@@ -41,7 +41,7 @@ func read(t *testing.T, brokers []string, topic string, during func()) []string 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var got []string
-	err := readTopic(ctx, sink.Config{Brokers: brokers}, topic, func(key, value []byte) error {
+	err := readTopic(ctx, kafkaclient.Config{Brokers: brokers}, topic, func(key, value []byte) error {
 		got = append(got, show(key)+"="+show(value))
 		if during != nil {
 			during()
@@ -178,7 +178,7 @@ func TestReadTopicErrors(t *testing.T) {
 
 	stop := errors.New("stop here")
 	calls := 0
-	err := readTopic(ctx, sink.Config{Brokers: kc.Brokers}, topic, func(key, value []byte) error {
+	err := readTopic(ctx, kafkaclient.Config{Brokers: kc.Brokers}, topic, func(key, value []byte) error {
 		calls++
 		return stop
 	})
@@ -187,12 +187,12 @@ func TestReadTopicErrors(t *testing.T) {
 	}
 
 	missing := testenv.UniqueName(t, "nosuch")
-	err = readTopic(ctx, sink.Config{Brokers: kc.Brokers}, missing, func(key, value []byte) error { return nil })
+	err = readTopic(ctx, kafkaclient.Config{Brokers: kc.Brokers}, missing, func(key, value []byte) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("ReadTopic(missing topic) = %v; want an error saying it does not exist", err)
 	}
 
-	err = readTopic(ctx, sink.Config{}, topic, func(key, value []byte) error { return nil })
+	err = readTopic(ctx, kafkaclient.Config{}, topic, func(key, value []byte) error { return nil })
 	var fe *field.Error
 	if !errors.As(err, &fe) || fe.Field != "Brokers" || !errors.Is(err, field.ErrRequired) {
 		t.Errorf("ReadTopic(no brokers) = %v; want the config error naming the field Brokers, required", err)

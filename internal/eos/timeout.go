@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -115,7 +116,7 @@ type Timeouts struct {
 // (kafka.transaction_timeout; 0: the sink's default).
 func NewTimeouts(configured time.Duration, log *slog.Logger) *Timeouts {
 	if configured <= 0 {
-		configured = sink.DefaultTransactionTimeout
+		configured = kafkaclient.DefaultTransactionTimeout
 	}
 	return &Timeouts{configured: configured, log: log}
 }

@@ -22,9 +22,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/sink"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -775,7 +776,7 @@ func (s *suite) read(topic string) []Delivery {
 		}
 		return out
 	}
-	c, err := sink.NewReader(sink.Config{Brokers: s.kafka.Brokers})
+	c, err := kafkaadmin.NewReader(kafkaclient.Config{Brokers: s.kafka.Brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -787,7 +788,7 @@ func (s *suite) read(topic string) []Delivery {
 		t.Fatalf("partitions of %s: %v", topic, err)
 	}
 	for _, p := range parts {
-		if _, err := c.ReadCommitted(ctx, topic, p, 0, func(r sink.Record) error {
+		if _, err := c.ReadCommitted(ctx, topic, p, 0, func(r kafkaadmin.Record) error {
 			hs := make([]kafka.Header, len(r.Headers))
 			for i, h := range r.Headers {
 				hs[i] = kafka.Header(h)

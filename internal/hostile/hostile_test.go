@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -182,7 +183,7 @@ func newEnv(t *testing.T, kind string, g *gen, seed uint64, messages bool) *env 
 	e.cfg = relay.Config{
 		Replication: replication.Config{DSN: e.pg.DSN, Slot: e.slot, Publication: "outbox_relay", StatusInterval: time.Second},
 		Router:      router.Config{Topic: e.prefix + ".{aggregate_type}"},
-		Sink:        sink.Config{Brokers: e.kafka.Brokers, RetryMax: 500 * time.Millisecond, BatchBytes: batchBytes},
+		Sink:        kafkaclient.Config{Brokers: e.kafka.Brokers, RetryMax: 500 * time.Millisecond, BatchBytes: batchBytes},
 		Retry:       retry.WorkerConfig{BackoffMin: 200 * time.Millisecond, BackoffMax: time.Second, PollInterval: 200 * time.Millisecond},
 
 		CheckpointInterval: 50 * time.Millisecond,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/field"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/leader"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/placement"
@@ -20,7 +21,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 
@@ -131,7 +131,7 @@ type Config struct {
 	OtherTables    map[string]placement.Action
 	OtherTablesKey string
 	Router         router.Config
-	Sink           sink.Config
+	Sink           kafkaclient.Config
 
 	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce:
 	// the stream's events written in Kafka transactions together with the
@@ -306,9 +306,9 @@ func (c *Config) validate() error {
 	}
 	field.Positive(&v, "ShutdownTimeout", &c.ShutdownTimeout, DefaultShutdownTimeout)
 	field.Positive(&v, "StallAfter", &c.StallAfter, DefaultStallAfter)
-	field.Default(&c.Sink.BatchSize, sink.DefaultBatchSize)
-	field.Default(&c.Sink.BatchBytes, sink.DefaultBatchBytes)
-	field.Default(&c.Sink.MaxInFlight, sink.DefaultMaxInFlight)
+	field.Default(&c.Sink.BatchSize, kafkaclient.DefaultBatchSize)
+	field.Default(&c.Sink.BatchBytes, kafkaclient.DefaultBatchBytes)
+	field.Default(&c.Sink.MaxInFlight, kafkaclient.DefaultMaxInFlight)
 	field.Default(&c.RetryTable, sql.DefaultRetryTable)
 	if _, err := sql.ParseTable(c.RetryTable); err != nil {
 		v.Errorf("RetryTable", "%v", err)

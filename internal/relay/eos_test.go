@@ -5,8 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
-	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // eosConfig is f's relay config with exactly-once delivery and a checkpoint
@@ -23,7 +24,7 @@ func (f *fixture) eosConfig(t testing.TB) relay.Config {
 // readCommitted reads the test's topics as a read_committed consumer does.
 func (f *fixture) readCommitted(t testing.TB) []delivered {
 	t.Helper()
-	c, err := sink.NewReader(sink.Config{Brokers: f.kafka.Brokers})
+	c, err := kafkaadmin.NewReader(kafkaclient.Config{Brokers: f.kafka.Brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +34,7 @@ func (f *fixture) readCommitted(t testing.TB) []delivered {
 	var out []delivered
 	for _, at := range aggregateTypes {
 		for p := range 4 {
-			if _, err := c.ReadCommitted(ctx, f.prefix+"."+at, p, 0, func(r sink.Record) error {
+			if _, err := c.ReadCommitted(ctx, f.prefix+"."+at, p, 0, func(r kafkaadmin.Record) error {
 				d := delivered{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key),
 					Value: string(r.Value), Headers: map[string]string{}}
 				for _, h := range r.Headers {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -81,7 +82,7 @@ func (f *fixture) config(t testing.TB) relay.Config {
 			StatusInterval: time.Second,
 		},
 		Router: router.Config{Topic: f.prefix + ".{aggregate_type}"},
-		Sink: sink.Config{
+		Sink: kafkaclient.Config{
 			Brokers:  f.kafka.Brokers,
 			RetryMax: 500 * time.Millisecond,
 		},

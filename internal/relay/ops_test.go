@@ -12,14 +12,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/ops"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/router"
-	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // TestMetricsDuringRun scrapes /metrics while the relay runs: the delivered
@@ -345,7 +346,7 @@ func TestNamedTopicsAtZero(t *testing.T) {
 		Replication: replication.Config{DSN: "postgres://relay@127.0.0.1:1/none", Slot: "s", Publication: "p"},
 		Router:      router.Config{Topic: "outbox.{aggregate_type}", Overrides: map[string]string{"Payment": "payments"}},
 		Tables:      []relay.OutboxTable{{Table: "public.audit_outbox", Router: router.Config{Topic: "audit"}}},
-		Sink:        sink.Config{Brokers: []string{"127.0.0.1:1"}},
+		Sink:        kafkaclient.Config{Brokers: []string{"127.0.0.1:1"}},
 		Metrics:     m,
 	}
 	if _, err := newRelay(t, cfg); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/exitcode"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/replay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -41,7 +42,7 @@ func newFixture(t *testing.T) *fixture {
 		f.pg.Exec(t, stmt)
 	}
 	f.pg.Exec(t, `ALTER TABLE public.outbox ADD COLUMN seq bigserial UNIQUE NOT NULL`)
-	s, err := sink.New(sink.Config{Brokers: f.kafka.Brokers, AllowAutoTopicCreation: true})
+	s, err := sink.New(kafkaclient.Config{Brokers: f.kafka.Brokers, AllowAutoTopicCreation: true})
 	if err != nil {
 		t.Fatal(err)
 	}

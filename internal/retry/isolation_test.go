@@ -15,6 +15,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -271,7 +272,7 @@ func TestWorkerCollidingTopic(t *testing.T) {
 	if err := s.Insert(ctx, []retry.Event{typed("Col", base+".x", "A", "A-1"), typed("Fine", fine, "B", "B-1")}); err != nil {
 		t.Fatal(err)
 	}
-	k, err := sink.New(sink.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: true,
+	k, err := sink.New(kafkaclient.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: true,
 		RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/router"
@@ -58,7 +59,7 @@ func (d *delivered) has(agg string) bool {
 
 func newSink(t *testing.T, brokers []string, batchBytes int64) *sink.Kafka {
 	t.Helper()
-	k, err := sink.New(sink.Config{Brokers: brokers, BatchBytes: batchBytes, AllowAutoTopicCreation: false,
+	k, err := sink.New(kafkaclient.Config{Brokers: brokers, BatchBytes: batchBytes, AllowAutoTopicCreation: false,
 		RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -118,7 +119,7 @@ func (w workload) timed(name string, write func(n int), end func()) {
 }
 
 func (w workload) sink(ctx context.Context) {
-	k, err := sink.New(sink.Config{Brokers: w.brokers})
+	k, err := sink.New(kafkaclient.Config{Brokers: w.brokers})
 	check(err)
 	defer k.Close()
 	w.timed("sink-write", func(n int) { check(k.Write(ctx, w.events(n))) }, func() {})

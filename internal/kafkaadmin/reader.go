@@ -1,4 +1,4 @@
-package sink
+package kafkaadmin
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 )
 
 // This file is the project's one read_committed reader, used by exactly-once
@@ -39,18 +40,17 @@ type Record struct {
 	Time      time.Time
 }
 
-// A Reader reads topics as a read_committed consumer does, with a sink
-// Config's connection settings. It joins no consumer group and commits
+// A Reader reads topics as a read_committed consumer does, with a
+// kafkaclient.Config's connection settings. It joins no consumer group and commits
 // nothing. Close it when done.
 type Reader struct {
 	cl  *kgo.Client
 	adm *kadm.Client
 }
 
-// NewReader validates cfg and returns a Reader that connects as a Kafka of
-// cfg would (brokers, TLS, SASL, client id). It dials lazily.
-func NewReader(cfg Config) (*Reader, error) {
-	cl, err := newClient(&cfg)
+// NewReader validates cfg and returns a Reader that connects as cfg says (brokers, TLS, SASL, client id). It dials lazily.
+func NewReader(cfg kafkaclient.Config) (*Reader, error) {
+	cl, err := kafkaclient.New(&cfg)
 	if err != nil {
 		return nil, err
 	}

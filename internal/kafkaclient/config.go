@@ -1,4 +1,17 @@
-package sink
+// Package kafkaclient holds the relay's Kafka settings and builds the
+// franz-go clients (kgo) they describe: brokers, client id, TLS and mTLS,
+// SASL (PLAIN, SCRAM, OAUTHBEARER from package oauthbearer, AWS_MSK_IAM
+// from package awsmsk) and the dialer. The sink's producer, the admin
+// questions of package kafkaadmin and its read_committed reader all
+// connect through New, so that a setting reaches all of them or none.
+//
+// Invariants enforced here:
+//
+//   - A Config that cannot work fails Validate, at start-up, with a
+//     *field.Error naming the field and the fix; nothing is dialled.
+//   - A broker's refusal of these settings (Refused) is an *AuthError
+//     naming the field to change, never an outage to wait out.
+package kafkaclient
 
 import (
 	"context"
@@ -13,12 +26,12 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/field"
-	"github.com/outbox-relay/outbox-relay/sink/oauthbearer"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient/oauthbearer"
 )
 
-// Config configures a Kafka sink. Zero values mean the documented defaults;
-// Validate fills them in and names the field of each value that cannot work
-// (a *field.Error).
+// Config configures the relay's Kafka clients, the sink's producer among
+// them. Zero values mean the documented defaults; Validate fills them in
+// and names the field of each value that cannot work (a *field.Error).
 type Config struct {
 	Brokers      []string      // host:port of one or more bootstrap brokers; required
 	ClientID     string        // default "outbox-relay"
@@ -111,16 +124,22 @@ const (
 	minBatchBytes = 64 << 10
 )
 
-// Defaults of Config's zero values.
+// Defaults of Config's zero values. DefaultTopicWait: a topic
+// auto-created by the broker was seen to take about 300ms to answer
+// metadata; 5s leaves room for a busy controller.
 const (
 	DefaultClientID     = "outbox-relay"
 	DefaultBatchSize    = 10000
 	DefaultBatchBytes   = 1 << 20
 	DefaultWriteTimeout = 10 * time.Second
 	DefaultCompression  = "none"
-	DefaultTopicWait    = defaultTopicWait
+	DefaultTopicWait    = 5 * time.Second
 	DefaultMaxInFlight  = 5
 )
+
+// DefaultTransactionTimeout is Config.TransactionTimeout's default, as the
+// Java producer's transaction.timeout.ms.
+const DefaultTransactionTimeout = time.Minute
 
 // Compressions and SASLMechanisms are the values Compression and
 // SASL.Mechanism take (lower case; Validate folds them).
@@ -169,7 +188,7 @@ func (c *Config) Validate() error {
 	}
 	field.Positive(&v, "TransactionTimeout", &c.TransactionTimeout, DefaultTransactionTimeout)
 	field.Positive(&v, "WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout)
-	field.Positive(&v, "TopicWait", &c.TopicWait, defaultTopicWait)
+	field.Positive(&v, "TopicWait", &c.TopicWait, DefaultTopicWait)
 	field.Positive(&v, "RetryMin", &c.RetryMin, 100*time.Millisecond)
 	field.Positive(&v, "RetryMax", &c.RetryMax, 5*time.Second)
 	if c.RetryMin > c.RetryMax {

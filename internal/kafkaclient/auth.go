@@ -1,13 +1,11 @@
-package sink
+package kafkaclient
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -36,31 +34,10 @@ func (e *AuthError) FieldError() *field.Error {
 
 func (e *AuthError) Unwrap() error { return e.Err }
 
-// checkAuthTimeout bounds CheckAuth: a broker that does not answer in time is
-// an outage, for Write's retries, not a verdict on the credentials.
-const checkAuthTimeout = 5 * time.Second
-
-// CheckAuth connects to the bootstrap brokers as Write would, with the
-// configured TLS and SASL, and returns an *AuthError when a broker refuses
-// those settings; nil when one accepts them, and also when none answers within
-// a few seconds (an outage: Write waits for Kafka; a refusal is found then by
-// Write as broker-wide failures, retried). Meant for start-up, so that wrong
-// credentials stop the relay before it streams, instead of holding every event
-// as a Kafka outage. Safe for concurrent use.
-func (k *Kafka) CheckAuth(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, checkAuthTimeout)
-	defer cancel()
-	err := k.Ping(ctx)
-	if err == nil {
-		return nil
-	}
-	return k.authError(err)
-}
-
-// authError turns err into an *AuthError when it is a refusal of the relay's
-// settings, and returns nil otherwise.
-func (k *Kafka) authError(err error) error {
-	sasl := k.cfg.SASL
+// Refused turns err, an error of a client made from c, into an *AuthError
+// when it is a refusal of c's settings, and returns nil otherwise.
+func (c *Config) Refused(err error) error {
+	sasl := c.SASL
 	mech := strings.ToUpper(sasl.Mechanism)
 	var unknown x509.UnknownAuthorityError
 	var host x509.HostnameError
@@ -68,7 +45,7 @@ func (k *Kafka) authError(err error) error {
 	var verify *tls.CertificateVerificationError
 	var rec tls.RecordHeaderError
 	msg := err.Error()
-	if ae := k.cfg.tokenAuthError(err, errors.Is(err, kerr.SaslAuthenticationFailed)); ae != nil {
+	if ae := c.tokenAuthError(err, errors.Is(err, kerr.SaslAuthenticationFailed)); ae != nil {
 		return ae
 	}
 	switch {
@@ -93,7 +70,7 @@ func (k *Kafka) authError(err error) error {
 	case errors.As(err, &rec) || strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return &AuthError{Field: "TLS.Enabled", Err: err,
 			Reason: "the broker does not speak TLS on this listener: turn {TLS.Enabled} off, or use its SSL or SASL_SSL listener"}
-	case !k.cfg.TLS.Enabled && strings.Contains(msg, "speaking to a tls endpoint"):
+	case !c.TLS.Enabled && strings.Contains(msg, "speaking to a tls endpoint"):
 		// kgo's words (kgo.ErrLargeRespSize) when a TLS listener answers a
 		// plain client with a TLS alert.
 		return &AuthError{Field: "TLS.Enabled", Err: err,
@@ -101,9 +78,9 @@ func (k *Kafka) authError(err error) error {
 	case strings.Contains(msg, "remote error: tls: certificate required"),
 		strings.Contains(msg, "remote error: tls: bad certificate"),
 		strings.Contains(msg, "remote error: tls: unknown certificate authority"),
-		strings.Contains(msg, "remote error: tls: handshake failure") && k.cfg.TLS.CertFile == "":
+		strings.Contains(msg, "remote error: tls: handshake failure") && c.TLS.CertFile == "":
 		why := "the broker requires a client certificate signed by a CA it trusts (ssl.client.auth=required): set {TLS.CertFile} and {TLS.KeyFile} to one"
-		if k.cfg.TLS.CertFile != "" {
+		if c.TLS.CertFile != "" {
 			why = "the broker does not accept the client certificate in {TLS.CertFile}: use one signed by a CA in the broker's ssl.truststore"
 		}
 		return &AuthError{Field: "TLS.CertFile", Err: err, Reason: why}

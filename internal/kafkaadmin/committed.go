@@ -1,4 +1,4 @@
-package sink
+package kafkaadmin
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 // from the partition's end, further each time, so that a long uncompacted
 // tail of other keys costs only what it must. Not safe for concurrent use
 // with Write.
-func (k *Kafka) LastCommitted(ctx context.Context, topic string, key []byte) (value []byte, found bool, err error) {
+func (k *Admin) LastCommitted(ctx context.Context, topic string, key []byte) (value []byte, found bool, err error) {
 	adm, err := k.admin()
 	if err != nil {
 		return nil, false, err
@@ -23,7 +23,7 @@ func (k *Kafka) LastCommitted(ctx context.Context, topic string, key []byte) (va
 	}
 	// Where Write puts the key: kgo's default partitioner, the Java
 	// client's, over the same partitions.
-	part := keyPartition(key, len(parts))
+	part := KeyPartition(key, len(parts))
 	firsts, lasts, err := r.Bounds(ctx, topic)
 	if err != nil {
 		return nil, false, err
@@ -46,10 +46,10 @@ func (k *Kafka) LastCommitted(ctx context.Context, topic string, key []byte) (va
 	}
 }
 
-// keyPartition is the partition of key among n, as the Java client's
+// KeyPartition is the partition of key among n, as the Java client's
 // default partitioner (and kgo's, which the producer uses) chooses it:
 // murmur2 of the key, made positive, modulo n.
-func keyPartition(key []byte, n int) int {
+func KeyPartition(key []byte, n int) int {
 	return int((murmur2(key) & 0x7fffffff) % uint32(n))
 }
 

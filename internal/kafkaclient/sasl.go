@@ -1,4 +1,4 @@
-package sink
+package kafkaclient
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	kgosasl "github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/outbox-relay/outbox-relay/field"
-	"github.com/outbox-relay/outbox-relay/sink/awsmsk"
-	"github.com/outbox-relay/outbox-relay/sink/oauthbearer"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient/awsmsk"
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient/oauthbearer"
 )
 
 // This file holds the SASL mechanisms without a password: OAUTHBEARER (a

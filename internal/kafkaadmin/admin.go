@@ -1,4 +1,21 @@
-package sink
+// Package kafkaadmin asks Kafka what the relay must know besides writes:
+// whether a broker answers (Ping), whether it accepts the relay's settings
+// (CheckAuth) and its producer id (CheckIdempotence), a topic's metadata
+// and whether a name could be created (for the sink's topic diagnostics),
+// the creation of the relay's compacted topics, the broker's transaction
+// limit, and the relay's one read_committed reader (Reader, LastCommitted).
+// It is franz-go's admin client (kadm) over a kgo client of
+// package kafkaclient.
+//
+// Invariants enforced here:
+//
+//   - Ping sends a metadata request, never answered from a cache: it fails
+//     while no broker answers.
+//   - A read ends: Reader reads a partition up to its last stable offset as
+//     it is when the read starts, and returns only committed records.
+//   - LastCommitted reads the partition the producer writes the key to:
+//     the Java client's murmur2 partitioner, kgo's default.
+package kafkaadmin
 
 import (
 	"context"
@@ -6,27 +23,39 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 )
 
-// This file holds the sink's questions to Kafka that are not writes: Ping,
-// the topic diagnostics of topic.go, topic creation and the broker's
-// transaction limit, all on franz-go's admin client (kadm) over one kgo
-// client per sink, made at the first question.
+// An Admin asks one cluster, over one kgo client made at the first
+// question. Its methods are safe for concurrent use.
+type Admin struct {
+	cfg kafkaclient.Config
 
-// admin returns the sink's admin client, connecting as cfg says. Safe for
-// concurrent use.
-func (k *Kafka) admin() (*kadm.Client, error) {
-	k.adminMu.Lock()
-	defer k.adminMu.Unlock()
+	mu  sync.Mutex
+	kc  *kgo.Client
+	adm *kadm.Client // on kc
+}
+
+// New returns an Admin that connects as cfg says; cfg has been validated
+// (kafkaclient.Config.Validate). It dials lazily.
+func New(cfg kafkaclient.Config) *Admin { return &Admin{cfg: cfg} }
+
+// admin returns the admin client, connecting as cfg says.
+func (k *Admin) admin() (*kadm.Client, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	if k.adm != nil {
 		return k.adm, nil
 	}
-	cl, err := newClient(&k.cfg)
+	cl, err := kafkaclient.New(&k.cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -34,10 +63,10 @@ func (k *Kafka) admin() (*kadm.Client, error) {
 	return k.adm, nil
 }
 
-// closeAdmin closes the admin client's connections, if it was made.
-func (k *Kafka) closeAdmin() {
-	k.adminMu.Lock()
-	defer k.adminMu.Unlock()
+// Close closes the admin client's connections, if it was made.
+func (k *Admin) Close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	if k.adm != nil {
 		k.kc.Close()
 		k.kc, k.adm = nil, nil
@@ -50,7 +79,7 @@ func (k *Kafka) closeAdmin() {
 // WriteTimeout when ctx has no deadline). The request is sent, never
 // answered from a cache, so it fails while no broker answers. For readiness
 // checks and `check`; safe for concurrent use.
-func (k *Kafka) Ping(ctx context.Context) error {
+func (k *Admin) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
 	defer cancel()
 	if _, err := k.admin(); err != nil {
@@ -82,11 +111,11 @@ func (k *Kafka) Ping(ctx context.Context) error {
 	return nil
 }
 
-// lookTopic asks a broker for every topic's metadata and reports whether
+// LookTopic asks a broker for every topic's metadata and reports whether
 // topic is known, and the name of an existing topic it collides with, if
 // any. Both are false/"" when no broker answers. A diagnosis, made when a
 // topic fails, not per write.
-func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collides string) {
+func (k *Admin) LookTopic(ctx context.Context, topic string) (known bool, collides string) {
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.WriteTimeout)
 	defer cancel()
 	adm, err := k.admin()
@@ -97,26 +126,26 @@ func (k *Kafka) lookTopic(ctx context.Context, topic string) (known bool, collid
 	if err != nil {
 		return false, ""
 	}
-	u := unifiedTopic(topic)
+	u := UnifiedTopic(topic)
 	for name, t := range topics {
 		switch {
 		case name == topic:
 			known = t.Err == nil
-		case unifiedTopic(name) == u:
+		case UnifiedTopic(name) == u:
 			collides = name
 		}
 	}
 	return known, collides
 }
 
-// validateCreate asks Kafka whether topic could be created (CreateTopics with
+// ValidateCreate asks Kafka whether topic could be created (CreateTopics with
 // ValidateOnly and the broker's default partitions and replication factor,
 // KIP-464), which is the only answer that carries Kafka's reason for refusing
 // a name. It returns Kafka's message and code; a nil code means it could be
-// created or the question could not be answered within diagnoseTimeout.
+// created or the question could not be answered within a second.
 // Nothing is created.
-func (k *Kafka) validateCreate(ctx context.Context, topic string) (string, *kerr.Error) {
-	ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
+func (k *Admin) ValidateCreate(ctx context.Context, topic string) (string, *kerr.Error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	adm, err := k.admin()
 	if err != nil {
@@ -139,7 +168,7 @@ func (k *Kafka) validateCreate(ctx context.Context, topic string) (string, *kerr
 // records keyed by a name, of which only the latest matters), and reports
 // whether it did: false, nil when the topic exists already. Safe for
 // concurrent use.
-func (k *Kafka) CreateCompactedTopic(ctx context.Context, topic string) (created bool, err error) {
+func (k *Admin) CreateCompactedTopic(ctx context.Context, topic string) (created bool, err error) {
 	adm, err := k.admin()
 	if err != nil {
 		return false, err
@@ -178,7 +207,7 @@ func (k *Kafka) CreateCompactedTopic(ctx context.Context, topic string) (created
 // (DescribeConfigs of one broker: every broker of a cluster should agree),
 // the longest transaction timeout InitTransactions may ask for. The
 // principal needs DESCRIBE_CONFIGS on the cluster. Safe for concurrent use.
-func (k *Kafka) MaxTransactionTimeout(ctx context.Context) (time.Duration, error) {
+func (k *Admin) MaxTransactionTimeout(ctx context.Context) (time.Duration, error) {
 	const name = "transaction.max.timeout.ms"
 	adm, err := k.admin()
 	if err != nil {
@@ -216,3 +245,29 @@ func (k *Kafka) MaxTransactionTimeout(ctx context.Context) (time.Duration, error
 	}
 	return 0, fmt.Errorf("read %s: the broker did not return it", name)
 }
+
+// checkAuthTimeout bounds CheckAuth: a broker that does not answer in time is
+// an outage, for Write's retries, not a verdict on the credentials.
+const checkAuthTimeout = 5 * time.Second
+
+// CheckAuth connects to the bootstrap brokers as Write would, with the
+// configured TLS and SASL, and returns a *kafkaclient.AuthError when a broker refuses
+// those settings; nil when one accepts them, and also when none answers within
+// a few seconds (an outage: Write waits for Kafka; a refusal is found then by
+// Write as broker-wide failures, retried). Meant for start-up, so that wrong
+// credentials stop the relay before it streams, instead of holding every event
+// as a Kafka outage. Safe for concurrent use.
+func (k *Admin) CheckAuth(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, checkAuthTimeout)
+	defer cancel()
+	err := k.Ping(ctx)
+	if err == nil {
+		return nil
+	}
+	return k.cfg.Refused(err)
+}
+
+// UnifiedTopic is topic as Kafka compares names for collisions: '.' and
+// '_' may not both be used in topic names that are otherwise the same
+// (metrics names would collide).
+func UnifiedTopic(topic string) string { return strings.ReplaceAll(topic, ".", "_") }

@@ -1,4 +1,4 @@
-package sink
+package kafkaclient
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 // This file connects franz-go's client (kgo) as the sink connects: the
 // same brokers, client id, TLS (and mTLS), SASL and dialer. Every kgo client
-// of the package is built from clientOpts, so that a setting reaches all of
+// of the relay is built from clientOpts, so that a setting reaches all of
 // them or none.
 
 // clientOpts returns the kgo options that connect as cfg says. cfg has been
@@ -84,9 +84,9 @@ func (c *Config) saslMechanism() (sasl.Mechanism, error) {
 	return nil, fmt.Errorf("SASL mechanism %q is not supported", c.SASL.Mechanism)
 }
 
-// newClient validates cfg and returns a kgo client that connects as a Kafka
-// of cfg would, with opts added. It dials lazily.
-func newClient(cfg *Config, opts ...kgo.Opt) (*kgo.Client, error) {
+// New validates cfg and returns a kgo client that connects as cfg says,
+// with opts added. It dials lazily.
+func New(cfg *Config, opts ...kgo.Opt) (*kgo.Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka config: %w", err)
 	}

@@ -1,4 +1,0 @@
-package sink
-
-// KeyPartition exposes keyPartition to the external tests.
-var KeyPartition = keyPartition
