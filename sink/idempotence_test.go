@@ -9,8 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/faults"
 	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -44,10 +43,10 @@ func proxied(t *testing.T, kc *testenv.KafkaCluster, cfg kafkaclient.Config) (*f
 }
 
 // seqMsgs are n messages of one key, values "v<from>" … in order.
-func seqMsgs(topic string, from, n int) []kafka.Message {
-	out := make([]kafka.Message, n)
+func seqMsgs(topic string, from, n int) []event.Event {
+	out := make([]event.Event, n)
 	for i := range out {
-		out[i] = kafka.Message{Topic: topic, Key: []byte("k"), Value: fmt.Appendf(nil, "v%d", from+i), Time: time.Now()}
+		out[i] = event.Event{Topic: topic, Key: []byte("k"), Value: fmt.Appendf(nil, "v%d", from+i), Time: time.Now()}
 	}
 	return out
 }
@@ -101,17 +100,17 @@ func TestKafkaLostAckStoredOnce(t *testing.T) {
 			k := newSink(t, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			if err := k.Write(ctx, evs(seqMsgs(topic, 0, 10))); err != nil {
+			if err := k.Write(ctx, seqMsgs(topic, 0, 10)); err != nil {
 				t.Fatalf("Write = %v", err)
 			}
 			px.DropReplies(1)
-			if err := k.Write(ctx, evs(seqMsgs(topic, 10, 10))); err != nil {
+			if err := k.Write(ctx, seqMsgs(topic, 10, 10)); err != nil {
 				t.Fatalf("Write with a lost acknowledgement = %v; want nil after a resend", err)
 			}
 			if n := px.Dropped(); n != 0 {
 				t.Fatalf("%d replies still to drop; the fault did not happen", n)
 			}
-			if err := k.Write(ctx, evs(seqMsgs(topic, 20, 10))); err != nil {
+			if err := k.Write(ctx, seqMsgs(topic, 20, 10)); err != nil {
 				t.Fatalf("Write = %v", err)
 			}
 			got := values(t, kc, topic)
@@ -145,7 +144,7 @@ func TestKafkaGaveUpBatchNewProducerID(t *testing.T) {
 	k := newSink(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := k.Write(ctx, evs(seqMsgs(topic, 0, 10))); err != nil {
+	if err := k.Write(ctx, seqMsgs(topic, 0, 10)); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	px.DropReplies(1000)
@@ -154,7 +153,7 @@ func TestKafkaGaveUpBatchNewProducerID(t *testing.T) {
 	for i := range abandoned {
 		abandoned[i].Value = fmt.Appendf(nil, "abandoned%d", i)
 	}
-	err := k.Write(short, evs(abandoned))
+	err := k.Write(short, abandoned)
 	cancelShort()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Write while every acknowledgement is lost = %v; want the context's deadline", err)
@@ -164,7 +163,7 @@ func TestKafkaGaveUpBatchNewProducerID(t *testing.T) {
 	// outcome stays unknown to the sink.
 	time.Sleep(2 * time.Second)
 	px.DropReplies(0)
-	if err := k.Write(ctx, evs(seqMsgs(topic, 10, 10))); err != nil {
+	if err := k.Write(ctx, seqMsgs(topic, 10, 10)); err != nil {
 		t.Fatalf("Write after the abandoned one = %v", err)
 	}
 	// kgo never gives up a batch whose outcome is unknown: it resends it
@@ -248,7 +247,7 @@ func TestKafkaKillAndPauseNoDuplicates(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		for !stop.Load() {
-			if err := k.Write(ctx, evs(kd.batch())); err != nil {
+			if err := k.Write(ctx, kd.batch()); err != nil {
 				done <- err
 				return
 			}

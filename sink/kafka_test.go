@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -106,14 +104,14 @@ func readAll(t *testing.T, brokers []string, topic string, want int) []*kgo.Reco
 
 // msgs makes n messages to topic with keys cycling over keys and values
 // "key:seq", seq counting per key from 0.
-func msgs(topic string, n, keys int) []kafka.Message {
-	out := make([]kafka.Message, n)
+func msgs(topic string, n, keys int) []event.Event {
+	out := make([]event.Event, n)
 	seq := make([]int, keys)
 	for i := range out {
 		k := i % keys
 		key := "agg-" + strconv.Itoa(k)
-		out[i] = kafka.Message{Topic: topic, Key: []byte(key), Value: []byte(key + ":" + strconv.Itoa(seq[k])),
-			Headers: []kafka.Header{{Key: "id", Value: []byte(strconv.Itoa(i))}}}
+		out[i] = event.Event{Topic: topic, Key: []byte(key), Value: []byte(key + ":" + strconv.Itoa(seq[k])),
+			Headers: []event.Header{{Key: "id", Value: []byte(strconv.Itoa(i))}}}
 		seq[k]++
 	}
 	return out
@@ -141,7 +139,7 @@ func TestWriteBatchesInOrder(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(4, "orders"))
 	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs(), BatchSize: 700})
 	in := msgs("orders", 5000, 37)
-	if err := k.Write(context.Background(), evs(in)); err != nil {
+	if err := k.Write(context.Background(), in); err != nil {
 		t.Fatalf("Write(%d messages) = %v", len(in), err)
 	}
 	checkOrder(t, readAll(t, c.ListenAddrs(), "orders", len(in)), 4)
@@ -157,7 +155,7 @@ func TestWriteLatency(t *testing.T) {
 	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	start := time.Now()
 	for i := range 20 {
-		if err := k.Write(context.Background(), evs(msgs("orders", 3, 3))); err != nil {
+		if err := k.Write(context.Background(), msgs("orders", 3, 3)); err != nil {
 			t.Fatalf("Write #%d = %v", i, err)
 		}
 	}
@@ -174,7 +172,7 @@ func TestWriteByteCap(t *testing.T) {
 	for i := range in {
 		in[i].Value = append(in[i].Value, make([]byte, 10_000)...)
 	}
-	if err := k.Write(context.Background(), evs(in)); err != nil {
+	if err := k.Write(context.Background(), in); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	readAll(t, c.ListenAddrs(), "blobs", len(in))
@@ -194,7 +192,7 @@ func TestWriteRetriesFailedPartitionsInOrder(t *testing.T) {
 	// WriteTimeout counts as a broker-wide failure (the round's watchdog).
 	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs(), BatchSize: 300, WriteTimeout: 200 * time.Millisecond})
 	in := msgs("orders", 2000, 23)
-	if err := k.Write(context.Background(), evs(in)); err != nil {
+	if err := k.Write(context.Background(), in); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	if h.Hits() != 8 {
@@ -221,7 +219,7 @@ func TestWriteRetriesMetadataFailure(t *testing.T) {
 	})
 	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	in := msgs("orders", 100, 5)
-	if err := k.Write(context.Background(), evs(in)); err != nil {
+	if err := k.Write(context.Background(), in); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	checkOrder(t, readAll(t, c.ListenAddrs(), "orders", len(in)), 4)
@@ -238,7 +236,7 @@ func TestWriteTooLargeForBatch(t *testing.T) {
 	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs(), BatchBytes: 64 << 10})
 	in := msgs("orders", 50, 5)
 	in[17].Value = make([]byte, 100_000)
-	err := k.Write(context.Background(), evs(in))
+	err := k.Write(context.Background(), in)
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 17 || !werr.Failures[0].Permanent {
 		t.Fatalf("Write = %v; want a permanent Failure at index 17 first", err)
@@ -276,7 +274,7 @@ func TestWriteBrokerTooLargeIsolatesCulprit(t *testing.T) {
 		in[i].Value = append(in[i].Value, make([]byte, 50)...)
 	}
 	in[11].Value = append([]byte("big:"), make([]byte, 6000)...) // key agg-1
-	err := k.Write(context.Background(), evs(in))
+	err := k.Write(context.Background(), in)
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != 11 {
 		t.Fatalf("Write = %v; want a Failure at index 11 first", err)
@@ -323,16 +321,16 @@ func TestWriteRefusedMessageNeverOvertaken(t *testing.T) {
 	want := map[string][]string{}
 	total := 0
 	for w := range writes {
-		in := make([]kafka.Message, perWrite)
+		in := make([]event.Event, perWrite)
 		culprit := 5 + w%20
 		for i := range in {
 			key := "agg-" + strconv.Itoa(i%keys)
 			v := key + ":" + strconv.Itoa(next[key])
 			next[key]++
-			in[i] = kafka.Message{Topic: "orders", Key: []byte(key), Value: []byte(v + strings.Repeat(" ", 40))}
+			in[i] = event.Event{Topic: "orders", Key: []byte(key), Value: []byte(v + strings.Repeat(" ", 40))}
 		}
 		in[culprit].Value = append(in[culprit].Value, make([]byte, 6000)...)
-		err := k.Write(context.Background(), evs(in))
+		err := k.Write(context.Background(), in)
 		var werr *sink.WriteError
 		if !errors.As(err, &werr) || len(werr.Failures) == 0 || werr.Failures[0].Index != culprit {
 			t.Fatalf("write %d: Write = %v; want a Failure at index %d first", w, err, culprit)
@@ -376,7 +374,7 @@ func TestWriteUnknownTopic(t *testing.T) {
 	for _, i := range []int{3, 9, 10} {
 		in[i].Topic = "missing"
 	}
-	err := k.Write(context.Background(), evs(in))
+	err := k.Write(context.Background(), in)
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) {
 		t.Fatalf("Write = %v; want a *WriteError", err)
@@ -403,7 +401,7 @@ func TestWriteTopicAuthorizationFailed(t *testing.T) {
 	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	in := msgs("orders", 10, 2)
 	in[4].Topic, in[7].Topic = "secret", "secret"
-	err := k.Write(context.Background(), evs(in))
+	err := k.Write(context.Background(), in)
 	var werr *sink.WriteError
 	if !errors.As(err, &werr) || len(werr.Failures) != 2 || werr.Failures[0].Index != 4 || werr.Failures[1].Index != 7 {
 		t.Fatalf("Write = %v; want Failures at 4 and 7", err)
@@ -423,7 +421,7 @@ func TestWriteUnreachableBlocks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err := k.Write(ctx, evs(msgs("orders", 10, 2)))
+	err := k.Write(ctx, msgs("orders", 10, 2))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Write(unreachable) = %v; want context.DeadlineExceeded", err)
 	}
@@ -457,75 +455,7 @@ func TestWriteCancelledWhileRetrying(t *testing.T) {
 	k := newSink(t, kafkaclient.Config{Brokers: c.ListenAddrs()})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	if err := k.Write(ctx, evs(msgs("orders", 5, 1))); !errors.Is(err, context.DeadlineExceeded) {
+	if err := k.Write(ctx, msgs("orders", 5, 1)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Write(leader never available) = %v; want context.DeadlineExceeded", err)
 	}
-}
-
-func TestNewInvalid(t *testing.T) {
-	tests := []struct {
-		name      string
-		cfg       kafkaclient.Config
-		wantInErr string
-	}{
-		{"no brokers", kafkaclient.Config{}, "Brokers: empty"},
-		{"broker without port", kafkaclient.Config{Brokers: []string{"kafka"}}, `"kafka"`},
-		{"compression", kafkaclient.Config{Brokers: []string{"k:9092"}, Compression: "brotli"}, "gzip"},
-		{"sasl mechanism", kafkaclient.Config{Brokers: []string{"k:9092"}, SASL: kafkaclient.SASLConfig{Mechanism: "gssapi", Username: "u"}}, "scram-sha-512"},
-		{"sasl without user", kafkaclient.Config{Brokers: []string{"k:9092"}, SASL: kafkaclient.SASLConfig{Mechanism: "plain"}}, "username"},
-		{"cert without key", kafkaclient.Config{Brokers: []string{"k:9092"}, TLS: kafkaclient.TLSConfig{Enabled: true, CertFile: "c.pem"}}, "TLS.CertFile and TLS.KeyFile go together"},
-		{"missing ca file", kafkaclient.Config{Brokers: []string{"k:9092"}, TLS: kafkaclient.TLSConfig{Enabled: true, CAFile: "/nonexistent/ca.pem"}}, "TLS.CAFile: cannot read it"},
-		{"retry bounds", kafkaclient.Config{Brokers: []string{"k:9092"}, RetryMin: time.Second, RetryMax: time.Millisecond}, "RetryMax: 1ms is below RetryMin 1s"},
-		{"negative batch size", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchSize: -1}, "BatchSize: -1 is negative"},
-		{"batch size too large", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchSize: 1_000_001}, "BatchSize: 1000001 is out of range; use a number of messages per produce call from 1 to 1000000"},
-		{"negative batch bytes", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchBytes: -1}, "BatchBytes: -1 is negative"},
-		{"batch bytes 1", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchBytes: 1}, "BatchBytes: 1 is out of range; use 65536 (64 KiB) to 2147483647 bytes"},
-		{"batch bytes below 64 KiB", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchBytes: 64<<10 - 1}, "BatchBytes: 65535 is out of range"},
-		{"batch bytes above int32", kafkaclient.Config{Brokers: []string{"k:9092"}, BatchBytes: 1 << 31}, "BatchBytes: 2147483648 is out of range"},
-		{"negative timeout", kafkaclient.Config{Brokers: []string{"k:9092"}, WriteTimeout: -time.Second}, "negative"},
-		{"negative topic wait", kafkaclient.Config{Brokers: []string{"k:9092"}, TopicWait: -time.Second}, "negative"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			k, err := sink.New(tt.cfg)
-			if err == nil {
-				k.Close()
-				t.Fatalf("New(%+v) = nil error; want one containing %q", tt.cfg, tt.wantInErr)
-			}
-			if !strings.Contains(err.Error(), tt.wantInErr) {
-				t.Errorf("New(%+v) = %q; want it to contain %q", tt.cfg, err, tt.wantInErr)
-			}
-		})
-	}
-	for _, cfg := range []kafkaclient.Config{
-		{Brokers: []string{"k:9092"}, BatchSize: 1, BatchBytes: 64 << 10},
-		{Brokers: []string{"k:9092"}, BatchSize: 1_000_000, BatchBytes: 1<<31 - 1},
-	} {
-		k, err := sink.New(cfg)
-		if err != nil {
-			t.Errorf("New(batch size %d, batch bytes %d) = %v; want nil (the bounds are inclusive)", cfg.BatchSize, cfg.BatchBytes, err)
-			continue
-		}
-		k.Close()
-	}
-	for _, mech := range []string{"plain", "scram-sha-256", "SCRAM-SHA-512"} {
-		k, err := sink.New(kafkaclient.Config{Brokers: []string{"k:9092"}, SASL: kafkaclient.SASLConfig{Mechanism: mech, Username: "u", Password: "p"}, Compression: "zstd"})
-		if err != nil {
-			t.Errorf("New(sasl %q) = %v; want nil", mech, err)
-			continue
-		}
-		k.Close()
-	}
-}
-
-// evs turns test records into the events Write takes.
-func evs(ms []kafka.Message) []event.Event {
-	out := make([]event.Event, len(ms))
-	for i, m := range ms {
-		out[i] = event.Event{Topic: m.Topic, Key: m.Key, Value: m.Value}
-		for _, h := range m.Headers {
-			out[i].Headers = append(out[i].Headers, event.Header(h))
-		}
-	}
-	return out
 }

@@ -66,7 +66,7 @@ func TestObserver(t *testing.T) {
 	in := msgs("orders", 3000, 23)
 	var ds []sink.Delivery
 	for i := 0; i < len(in); i += 600 {
-		ds = append(ds, k.Send(context.Background(), evs(in[i:i+600])))
+		ds = append(ds, k.Send(context.Background(), in[i:i+600]))
 	}
 	for _, d := range ds {
 		if err := d.Wait(context.Background()); err != nil {

@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
@@ -68,14 +69,14 @@ type keyed struct {
 	next           []int
 }
 
-func (kd *keyed) batch() []kafka.Message {
+func (kd *keyed) batch() []event.Event {
 	if kd.next == nil {
 		kd.next = make([]int, kd.keys)
 	}
-	b := make([]kafka.Message, kd.perWrite)
+	b := make([]event.Event, kd.perWrite)
 	for i := range b {
 		key := i % kd.keys
-		b[i] = kafka.Message{Topic: kd.topic, Key: fmt.Appendf(nil, "k%d", key), Value: fmt.Appendf(nil, "%d%s", kd.next[key], strings.Repeat(" ", kd.pad))}
+		b[i] = event.Event{Topic: kd.topic, Key: fmt.Appendf(nil, "k%d", key), Value: fmt.Appendf(nil, "%d%s", kd.next[key], strings.Repeat(" ", kd.pad))}
 		kd.next[key]++
 	}
 	return b
@@ -151,7 +152,7 @@ func TestKafkaPipelineOrder(t *testing.T) {
 			kd := &keyed{topic: topic, keys: 7, perWrite: tt.per, pad: tt.pad}
 			w := &pipeWriter{k: k, depth: kafkaclient.DefaultMaxInFlight}
 			for range tt.writes {
-				if err := w.send(ctx, evs(kd.batch())); err != nil {
+				if err := w.send(ctx, kd.batch()); err != nil {
 					t.Fatalf("Wait = %v", err)
 				}
 			}
@@ -193,7 +194,7 @@ func TestKafkaPipelineLostAcks(t *testing.T) {
 				if i == 100 || i == 200 {
 					px.DropReplies(tt.drop)
 				}
-				if err := w.send(ctx, evs(kd.batch())); err != nil {
+				if err := w.send(ctx, kd.batch()); err != nil {
 					t.Fatalf("Wait = %v", err)
 				}
 			}
@@ -223,7 +224,7 @@ func TestKafkaPipelineKillAndPause(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		for !stop.Load() {
-			if err := w.send(ctx, evs(kd.batch())); err != nil {
+			if err := w.send(ctx, kd.batch()); err != nil {
 				done <- err
 				return
 			}
@@ -253,24 +254,26 @@ func TestKafkaPipelineRefusalHoldsLane(t *testing.T) {
 	defer cancel()
 	// A topic that refuses batches over 2,000 bytes: the broker, not the
 	// sink's own size check, refuses the large event.
-	admin := &kafka.Client{Addr: kafka.TCP(kc.Brokers...)}
-	if _, err := admin.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
-		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: "2000"}},
-	}}}); err != nil {
-		t.Fatalf("CreateTopics = %v", err)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.Brokers...))
+	if err != nil {
+		t.Fatalf("kafka client: %v", err)
+	}
+	defer cl.Close()
+	maxBytes := "2000"
+	if res, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": &maxBytes}, topic); err != nil || res.Err != nil {
+		t.Fatalf("CreateTopic = %v, %v", err, res.Err)
 	}
 	k := newSink(t, kafkaclient.Config{Brokers: kc.Brokers, AllowAutoTopicCreation: true})
-	msg := func(key string, v int, size int) kafka.Message {
-		return kafka.Message{Topic: topic, Key: []byte(key), Value: []byte(fmt.Sprintf("%d%s", v, strings.Repeat(" ", size)))}
+	msg := func(key string, v int, size int) event.Event {
+		return event.Event{Topic: topic, Key: []byte(key), Value: []byte(fmt.Sprintf("%d%s", v, strings.Repeat(" ", size)))}
 	}
 	// Acknowledged first, so that the partition is pipelined.
-	if err := k.Write(ctx, evs([]kafka.Message{msg("a", 0, 0), msg("b", 0, 0)})); err != nil {
+	if err := k.Write(ctx, []event.Event{msg("a", 0, 0), msg("b", 0, 0)}); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
-	d1 := k.Send(ctx, evs([]kafka.Message{msg("a", 1, 0), msg("b", 1, 0), msg("a", 2, 4000)}))
-	d2 := k.Send(ctx, evs([]kafka.Message{msg("a", 3, 0), msg("b", 2, 0)}))
-	d3 := k.Send(ctx, evs([]kafka.Message{msg("b", 3, 0), msg("a", 4, 0)}))
+	d1 := k.Send(ctx, []event.Event{msg("a", 1, 0), msg("b", 1, 0), msg("a", 2, 4000)})
+	d2 := k.Send(ctx, []event.Event{msg("a", 3, 0), msg("b", 2, 0)})
+	d3 := k.Send(ctx, []event.Event{msg("b", 3, 0), msg("a", 4, 0)})
 	err1, err2, err3 := d1.Wait(ctx), d2.Wait(ctx), d3.Wait(ctx)
 	failures := func(err error) []string {
 		var we *sink.WriteError

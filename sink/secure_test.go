@@ -52,7 +52,7 @@ func writeAndRead(t *testing.T, kc *testenv.KafkaSecureCluster, cfg kafkaclient.
 	if err := k.CheckAuth(ctx); err != nil {
 		t.Fatalf("CheckAuth = %v; want nil", err)
 	}
-	if err := k.Write(ctx, evs(msgs(topic, n, 3))); err != nil {
+	if err := k.Write(ctx, msgs(topic, n, 3)); err != nil {
 		t.Fatalf("Write = %v; want nil", err)
 	}
 	if got := kc.ReadAll(t, topic); len(got) != n {
@@ -137,7 +137,7 @@ func TestSecureTopicNotAuthorized(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			before := len(kc.ReadAll(t, ok))
-			err := k.Write(ctx, evs(in))
+			err := k.Write(ctx, in)
 			var werr *sink.WriteError
 			if !errors.As(err, &werr) || len(werr.Failures) != 3 {
 				t.Fatalf("Write = %v; want a *WriteError with the 3 messages of %s", err, forbidden)

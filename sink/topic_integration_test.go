@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -22,13 +23,20 @@ import (
 // topicExists reports whether the broker lists topic, asking it directly.
 func topicExists(t *testing.T, brokers []string, topic string) bool {
 	t.Helper()
-	conn, err := kafka.Dial("tcp", brokers[0])
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
-		t.Fatalf("dial: %v", err)
+		t.Fatalf("kafka client: %v", err)
 	}
-	defer conn.Close()
-	parts, err := conn.ReadPartitions(topic)
-	return err == nil && len(parts) > 0
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// kadm's Metadata never asks the broker to create the topic.
+	md, err := kadm.NewClient(cl).Metadata(ctx, topic)
+	if err != nil {
+		t.Fatalf("metadata of %s: %v", topic, err)
+	}
+	td, ok := md.Topics[topic]
+	return ok && td.Err == nil && len(td.Partitions) > 0
 }
 
 // writeMixed writes good, bad, good, bad, good (the bad ones with keys of
@@ -44,7 +52,7 @@ func writeMixed(t *testing.T, k *sink.Kafka, kc *testenv.KafkaCluster, good, bad
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	start := time.Now()
-	err := k.Write(ctx, evs(in))
+	err := k.Write(ctx, in)
 	if d := time.Since(start); d > limit {
 		t.Errorf("Write took %s; want it back within %s", d, limit)
 	}
@@ -149,7 +157,7 @@ func TestKafkaMissingTopicDiagnosedOnce(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	write := func() error { return k.Write(ctx, evs(msgs(missing, 1, 1))) }
+	write := func() error { return k.Write(ctx, msgs(missing, 1, 1)) }
 	const writes = 20
 	for i := range writes {
 		var werr *sink.WriteError
@@ -221,7 +229,7 @@ func TestKafkaPingAndOutageWhilePaused(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := k.Write(ctx, evs(msgs(topic, 10, 3))); err != nil {
+	if err := k.Write(ctx, msgs(topic, 10, 3)); err != nil {
 		t.Fatalf("Write = %v", err)
 	}
 	if since, cause := k.Outage(); !since.IsZero() {
@@ -244,7 +252,7 @@ func TestKafkaPingAndOutageWhilePaused(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		werr = k.Write(ctx, evs(msgs(topic, 10, 3)))
+		werr = k.Write(ctx, msgs(topic, 10, 3))
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	var since time.Time

@@ -3,13 +3,11 @@ package sink_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
 	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -63,11 +61,11 @@ func TestKafkaTransactionCommitAbort(t *testing.T) {
 	defer cancel()
 	write := func(topic string, vals ...string) {
 		t.Helper()
-		var ms []kafka.Message
+		var ms []event.Event
 		for _, v := range vals {
-			ms = append(ms, kafka.Message{Topic: topic, Key: []byte(v), Value: []byte(v)})
+			ms = append(ms, event.Event{Topic: topic, Key: []byte(v), Value: []byte(v)})
 		}
-		if err := k.Write(ctx, evs(ms)); err != nil {
+		if err := k.Write(ctx, ms); err != nil {
 			t.Fatalf("Write(%q) = %v; want nil", vals, err)
 		}
 	}
@@ -117,17 +115,17 @@ func TestKafkaTransactionFenced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	old := txnSink(t, kc.Brokers, id)
-	if err := old.Write(ctx, evs(seqMsgs(topic, 0, 3))); err != nil {
+	if err := old.Write(ctx, seqMsgs(topic, 0, 3)); err != nil {
 		t.Fatalf("Write = %v; want nil", err)
 	}
 	newer := txnSink(t, kc.Brokers, id)
 	if err := old.Commit(ctx); !errors.Is(err, sink.ErrFenced) {
 		t.Errorf("Commit by the fenced producer = %v; want ErrFenced", err)
 	}
-	if err := old.Write(ctx, evs(seqMsgs(topic, 100, 1))); !errors.Is(err, sink.ErrFenced) {
+	if err := old.Write(ctx, seqMsgs(topic, 100, 1)); !errors.Is(err, sink.ErrFenced) {
 		t.Errorf("Write by the fenced producer = %v; want ErrFenced", err)
 	}
-	if err := newer.Write(ctx, evs(seqMsgs(topic, 3, 2))); err != nil {
+	if err := newer.Write(ctx, seqMsgs(topic, 3, 2)); err != nil {
 		t.Fatalf("Write by the newer producer = %v; want nil", err)
 	}
 	if err := newer.Commit(ctx); err != nil {
@@ -137,43 +135,6 @@ func TestKafkaTransactionFenced(t *testing.T) {
 	slices.Sort(got)
 	if want := []string{"v3", "v4"}; !slices.Equal(got, want) {
 		t.Errorf("read_committed reads %q; want only the newer producer's %q", got, want)
-	}
-}
-
-// LastCommitted finds the latest committed value of a key behind other keys'
-// records and past aborted ones.
-func TestKafkaLastCommitted(t *testing.T) {
-	kc := testenv.Kafka(t)
-	topic := testenv.UniqueName(t, "txc")
-	kc.CreateTopic(t, topic, 1)
-	k := txnSink(t, kc.Brokers, testenv.UniqueName(t, "txid"))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, found, err := k.LastCommitted(ctx, topic, []byte("slot")); err != nil || found {
-		t.Fatalf("LastCommitted of an empty topic = %v, %v; want not found", found, err)
-	}
-	put := func(key, val string, commit bool) {
-		t.Helper()
-		if err := k.Write(ctx, evs([]kafka.Message{{Topic: topic, Key: []byte(key), Value: []byte(val)}})); err != nil {
-			t.Fatal(err)
-		}
-		end := k.Commit
-		if !commit {
-			end = k.Abort
-		}
-		if err := end(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put("slot", "1", true)
-	put("slot", "2", true)
-	put("slot", "3", false)
-	for i := range 600 {
-		put("other", fmt.Sprint(i), true)
-	}
-	v, found, err := k.LastCommitted(ctx, topic, []byte("slot"))
-	if err != nil || !found || string(v) != "2" {
-		t.Errorf("LastCommitted = %q, %v, %v; want \"2\" (the aborted \"3\" left out)", v, found, err)
 	}
 }
 
@@ -197,7 +158,7 @@ func TestKafkaTransactionTimedOut(t *testing.T) {
 		t.Errorf("MaxTransactionTimeout = %s, %v; want the broker's transaction.max.timeout.ms (15m by default)", max, err)
 	}
 	write := func(v string) error {
-		return k.Write(ctx, evs([]kafka.Message{{Topic: topic, Key: []byte(v), Value: []byte(v)}}))
+		return k.Write(ctx, []event.Event{{Topic: topic, Key: []byte(v), Value: []byte(v)}})
 	}
 	if err := write("in time"); err != nil {
 		t.Fatalf("Write = %v; want nil", err)

@@ -1,4 +1,4 @@
-package sink_test
+package kafkaadmin_test
 
 import (
 	"context"
@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
 	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
-	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // An unreachable Kafka is an outage, which Write waits for, not a refusal:
@@ -19,11 +19,12 @@ func TestCheckAuthUnreachable(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	k, err := sink.New(kafkaclient.Config{Brokers: []string{addr},
-		SASL: kafkaclient.SASLConfig{Mechanism: "scram-sha-512", Username: "u", Password: "p"}})
-	if err != nil {
+	cfg := kafkaclient.Config{Brokers: []string{addr},
+		SASL: kafkaclient.SASLConfig{Mechanism: "scram-sha-512", Username: "u", Password: "p"}}
+	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	k := kafkaadmin.New(cfg)
 	defer k.Close()
 	start := time.Now()
 	if err := k.CheckAuth(context.Background()); err != nil {
