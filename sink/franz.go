@@ -18,7 +18,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/event"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 )
 
 // This file is the sink's producer: franz-go's kgo, as the transport of

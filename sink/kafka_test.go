@@ -16,8 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/event"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 
 	"github.com/outbox-relay/outbox-relay/sink"
 )

@@ -9,9 +9,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 )
 
 // The dev broker's secure listeners (scripts/dev.sh): SASL_SSL with SCRAM-SHA-512

@@ -3,9 +3,9 @@ package main
 import (
 	"cmp"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/sql"
 )
 

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 )
 
 // ReadOffsets reads a Kafka Connect offsets topic with cfg's connection

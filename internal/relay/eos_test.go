@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 )
 
 // eosConfig is f's relay config with exactly-once delivery and a checkpoint

@@ -31,7 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 )
 
 // An Admin asks one cluster, over one kgo client made at the first

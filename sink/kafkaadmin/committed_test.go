@@ -8,9 +8,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 )
 
 // LastCommitted finds the latest committed value of a key behind other keys'

@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient/oauthbearer"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient/oauthbearer"
 )
 
 // client is a plain kgo client on the OAUTHBEARER listener with the token of src.

@@ -26,7 +26,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/field"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient/oauthbearer"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient/oauthbearer"
 )
 
 // Config configures the relay's Kafka clients, the sink's producer among

@@ -11,8 +11,8 @@ import (
 	kgosasl "github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/outbox-relay/outbox-relay/field"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient/awsmsk"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient/oauthbearer"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient/awsmsk"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient/oauthbearer"
 )
 
 // This file holds the SASL mechanisms without a password: OAUTHBEARER (a

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaadmin"
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaadmin"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient"
 )
 
 // An unreachable Kafka is an outage, which Write waits for, not a refusal:

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/kafkaclient/awsmsk"
+	"github.com/outbox-relay/outbox-relay/sink/kafkaclient/awsmsk"
 )
 
 // No AWS is reachable from the tests: what they prove is that the relay hands
