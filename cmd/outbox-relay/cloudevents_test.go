@@ -15,7 +15,6 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/santhosh-tekuri/jsonschema/v6"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -234,7 +233,7 @@ func sqlOrNull(v, cast string) string {
 }
 
 // waitMessages waits for n messages in topic and returns them in offset order.
-func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []kafka.Message {
+func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []testenv.Message {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		msgs := k.ReadAll(t, topic)
