@@ -12,6 +12,9 @@ LDFLAGS := -X main.version=$(VERSION)
 WITH_DEV_ENV := eval "$$($(DEV) env)" &&
 
 BENCH   := cd bench &&
+# The CloudEvents SDK's end-to-end test is a module of its own: the SDK's Kafka binding is
+# built on sarama, and the product's module carries one Kafka client (franz-go).
+CETEST  := cd cmd/outbox-relay/cloudeventstest &&
 
 .PHONY: all build bench-build test test-short test-faults test-pg-matrix test-kafka dev-up dev-down dev-clean dev-env debezium-libs demo bench bench-soak bench-replay lint deploy-check clean
 
@@ -31,17 +34,20 @@ bench-build:
 
 # The integration tests need the dev servers: start them (a no-op when they run), and
 # the Kafka Connect + Debezium jars that internal/testenv/debezium runs (cached).
-# ./... stops at bench/go.mod: the bench's tests run second, on the same servers.
+# ./... stops at bench/go.mod and cmd/outbox-relay/cloudeventstest/go.mod: those modules'
+# tests run after, on the same servers.
 test: dev-up
 	@$(DEV) debezium-libs
 	$(WITH_DEV_ENV) $(GO) test -race -count=1 -timeout 40m ./...
 	$(WITH_DEV_ENV) $(BENCH) $(GO) test -race -count=1 -timeout 10m ./...
+	$(WITH_DEV_ENV) $(CETEST) $(GO) test -race -count=1 -timeout 10m ./...
 
 # Unit tests only, in well under a minute: no servers and no Docker. Integration tests
 # skip, naming `make dev-up` (testenv, under -short with no RELAY_TEST_* servers).
 test-short:
 	env -u RELAY_TEST_POSTGRES_DSN -u RELAY_TEST_KAFKA_BROKERS $(GO) test -short -count=1 ./...
 	$(BENCH) env -u RELAY_TEST_POSTGRES_DSN -u RELAY_TEST_KAFKA_BROKERS $(GO) test -short -count=1 ./...
+	$(CETEST) env -u RELAY_TEST_POSTGRES_DSN -u RELAY_TEST_KAFKA_BROKERS $(GO) test -short -count=1 ./...
 
 # The fault-injection suite and the randomized hostile-data run in their full forms
 # (`make test` runs reduced ones): the fault suite kills and pauses the dev servers, so it
@@ -121,6 +127,7 @@ lint:
 	if [ -n "$$files" ]; then echo "gofmt needed:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
 	$(BENCH) $(GO) vet ./...
+	$(CETEST) $(GO) vet ./...
 
 # The Helm chart and the plain manifests in deploy/: helm lint, kubeconform against the
 # Kubernetes schemas, a negative check, and deploy/kubernetes/outbox-relay.yaml up to date

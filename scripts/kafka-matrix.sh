@@ -34,14 +34,16 @@ KAFKA_MATRIX_TIMEOUT=${KAFKA_MATRIX_TIMEOUT:-20m}
 #     added there is in the suite without a change here;
 #   - end to end through the relay, at least once and exactly once, including the
 #     broker's transaction timeout (internal/relay);
-#   - the binary end to end: CloudEvents, the secure listeners with the relay's ACLs,
-#     check's transactional-id ACLs (cmd/outbox-relay).
+#   - the binary end to end: the secure listeners with the relay's ACLs, check's
+#     transactional-id ACLs (cmd/outbox-relay), CloudEvents read by the SDK's Kafka
+#     binding (cmd/outbox-relay/cloudeventstest, a module of its own: KAFKA_MATRIX_CE).
 KAFKA_MATRIX_WHOLE=(./sink/...)
 KAFKA_MATRIX_PACKAGES=(./internal/relay ./cmd/outbox-relay)
 KAFKA_MATRIX_RUN='^('\
 'TestEndToEnd|TestMessagesEndToEnd|TestMessagesNonTransactional|TestExactlyOnce.*|'\
-'TestCloudEventsEndToEnd|TestSecureRun.*|TestCheckTransactionsACLs'\
+'TestSecureRun.*|TestCheckTransactionsACLs'\
 ')$'
+KAFKA_MATRIX_CE=cmd/outbox-relay/cloudeventstest
 
 versions=("$@")
 if [ ${#versions[@]} -eq 0 ]; then
@@ -84,7 +86,8 @@ for v in "${versions[@]}"; do
 				eval "$(bash "$DEV" env | grep -E '_KAFKA_|RELAY_DEV_DIR')"
 				echo "kafka $v: $RELAY_TEST_KAFKA_BROKERS (SASL_SSL $RELAY_TEST_KAFKA_SASL_BROKERS, mTLS $RELAY_TEST_KAFKA_MTLS_BROKERS, OAUTHBEARER $RELAY_TEST_KAFKA_OAUTH_BROKERS); postgres $RELAY_TEST_POSTGRES_DSN"
 				$GO test -count=1 -timeout "$KAFKA_MATRIX_TIMEOUT" -v "${KAFKA_MATRIX_WHOLE[@]}" &&
-					$GO test -count=1 -timeout "$KAFKA_MATRIX_TIMEOUT" -v -run "$KAFKA_MATRIX_RUN" "${KAFKA_MATRIX_PACKAGES[@]}"
+					$GO test -count=1 -timeout "$KAFKA_MATRIX_TIMEOUT" -v -run "$KAFKA_MATRIX_RUN" "${KAFKA_MATRIX_PACKAGES[@]}" &&
+					(cd "$KAFKA_MATRIX_CE" && $GO test -count=1 -timeout "$KAFKA_MATRIX_TIMEOUT" -v -run '^TestCloudEventsEndToEnd$' ./...)
 			)
 	} >"$log" 2>&1 || status=$?
 	# Stopped after its run: the next version takes the same ports.

@@ -151,3 +151,24 @@ func TestTraceSpansExported(t *testing.T) {
 		t.Errorf("resource %v; want service.name relay-under-test", recv.attrs)
 	}
 }
+
+func newID(t *testing.T, dsn string) string {
+	return testenv.QueryString(t, dsn, `SELECT gen_random_uuid()::text`)
+}
+
+// waitMessages waits for n messages in topic and returns them in offset order.
+func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []testenv.Message {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		msgs := k.ReadAll(t, topic)
+		if len(msgs) >= n {
+			if len(msgs) > n {
+				t.Errorf("%d messages in %s; want %d", len(msgs), topic, n)
+			}
+			return msgs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages in %s after a minute", len(msgs), n, topic)
+		}
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -23,14 +25,14 @@ func TestCheckTransactionsACLs(t *testing.T) {
 	cpTopic := kc.TopicPrefix + testenv.UniqueName(t, "checkpoints")
 	kc.CreateTopic(t, cpTopic, 1)
 	principal := "User:" + kc.User
-	acls := []kafka.ACLEntry{
+	acls := []kmsg.CreateACLsRequestCreation{
 		// The principal may write the prefix already; reading is the resume's.
-		{ResourceType: kafka.ResourceTypeTopic, ResourceName: cpTopic, ResourcePatternType: kafka.PatternTypeLiteral,
-			Principal: principal, Host: "*", Operation: kafka.ACLOperationTypeRead, PermissionType: kafka.ACLPermissionTypeAllow},
+		{ResourceType: kmsg.ACLResourceTypeTopic, ResourceName: cpTopic, ResourcePatternType: kmsg.ACLResourcePatternTypeLiteral,
+			Principal: principal, Host: "*", Operation: kmsg.ACLOperationRead, PermissionType: kmsg.ACLPermissionTypeAllow},
 	}
-	for _, op := range []kafka.ACLOperationType{kafka.ACLOperationTypeWrite, kafka.ACLOperationTypeDescribe} {
-		acls = append(acls, kafka.ACLEntry{ResourceType: kafka.ResourceTypeTransactionalID, ResourceName: sink.TransactionalID(allowed),
-			ResourcePatternType: kafka.PatternTypePrefixed, Principal: principal, Host: "*", Operation: op, PermissionType: kafka.ACLPermissionTypeAllow})
+	for _, op := range []kmsg.ACLOperation{kmsg.ACLOperationWrite, kmsg.ACLOperationDescribe} {
+		acls = append(acls, kmsg.CreateACLsRequestCreation{ResourceType: kmsg.ACLResourceTypeTransactionalId, ResourceName: sink.TransactionalID(allowed),
+			ResourcePatternType: kmsg.ACLResourcePatternTypePrefixed, Principal: principal, Host: "*", Operation: op, PermissionType: kmsg.ACLPermissionTypeAllow})
 	}
 	addACLs(t, kc.Brokers, acls)
 
@@ -60,30 +62,44 @@ func TestCheckTransactionsACLs(t *testing.T) {
 
 // addACLs creates acls through the plain listener (its principal is a super
 // user) and deletes them when the test ends.
-func addACLs(t *testing.T, brokers []string, acls []kafka.ACLEntry) {
+func addACLs(t *testing.T, brokers []string, acls []kmsg.CreateACLsRequestCreation) {
 	t.Helper()
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := c.CreateACLs(ctx, &kafka.CreateACLsRequest{ACLs: acls})
+	req := kmsg.NewPtrCreateACLsRequest()
+	req.Creations = acls
+	res, err := req.RequestWith(ctx, cl)
 	if err != nil {
 		t.Fatalf("create ACLs: %v", err)
 	}
-	for _, err := range res.Errors {
-		if err != nil {
-			t.Fatalf("create ACLs: %v", err)
+	for _, r := range res.Results {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			t.Fatalf("create ACLs: %v: %v", err, r.ErrorMessage)
 		}
 	}
 	t.Cleanup(func() {
-		var filters []kafka.DeleteACLsFilter
+		req := kmsg.NewPtrDeleteACLsRequest()
 		for _, a := range acls {
-			filters = append(filters, kafka.DeleteACLsFilter{ResourceTypeFilter: a.ResourceType, ResourceNameFilter: a.ResourceName,
-				ResourcePatternTypeFilter: a.ResourcePatternType, PrincipalFilter: a.Principal, HostFilter: a.Host,
+			req.Filters = append(req.Filters, kmsg.DeleteACLsRequestFilter{ResourceType: a.ResourceType, ResourceName: &a.ResourceName,
+				ResourcePatternType: a.ResourcePatternType, Principal: &a.Principal, Host: &a.Host,
 				Operation: a.Operation, PermissionType: a.PermissionType})
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := c.DeleteACLs(ctx, &kafka.DeleteACLsRequest{Filters: filters}); err != nil {
+		res, err := req.RequestWith(ctx, cl)
+		if err == nil {
+			for _, r := range res.Results {
+				if err = kerr.ErrorForCode(r.ErrorCode); err != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
 			t.Errorf("delete ACLs: %v", err)
 		}
 	})

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv/debezium"
@@ -180,7 +179,7 @@ type message struct {
 	offset    int64
 	key       []byte
 	value     []byte
-	headers   []kafka.Header
+	headers   []testenv.Header
 	time      time.Time
 }
 
@@ -326,7 +325,7 @@ func collect(t *testing.T, k *testenv.KafkaCluster, topics []string, want int, s
 	return byID
 }
 
-func headerValue(hs []kafka.Header, key string) ([]byte, bool) {
+func headerValue(hs []testenv.Header, key string) ([]byte, bool) {
 	for _, h := range hs {
 		if h.Key == key {
 			return h.Value, true
@@ -335,7 +334,7 @@ func headerValue(hs []kafka.Header, key string) ([]byte, bool) {
 	return nil, false
 }
 
-func headersText(hs []kafka.Header) string {
+func headersText(hs []testenv.Header) string {
 	parts := make([]string, len(hs))
 	for i, h := range hs {
 		v := strconv.Quote(string(h.Value))

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv/debezium"
@@ -241,7 +240,7 @@ func check(t *testing.T, k *testenv.KafkaCluster, topics []string, committed []s
 	seen := map[string]int{}
 	for _, topic := range topics {
 		msgs := k.ReadAll(t, topic)
-		slices.SortStableFunc(msgs, func(a, b kafka.Message) int {
+		slices.SortStableFunc(msgs, func(a, b testenv.Message) int {
 			if a.Partition != b.Partition {
 				return a.Partition - b.Partition
 			}

@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/event"
@@ -759,7 +758,7 @@ func (s *suite) read(topic string) []Delivery {
 	t := s.t
 	t.Helper()
 	var out []Delivery
-	add := func(d Delivery, headers []kafka.Header) {
+	add := func(d Delivery, headers []testenv.Header) {
 		for _, h := range headers {
 			switch h.Key {
 			case "id":
@@ -789,9 +788,9 @@ func (s *suite) read(topic string) []Delivery {
 	}
 	for _, p := range parts {
 		if _, err := c.ReadCommitted(ctx, topic, p, 0, func(r kafkaadmin.Record) error {
-			hs := make([]kafka.Header, len(r.Headers))
+			hs := make([]testenv.Header, len(r.Headers))
 			for i, h := range r.Headers {
-				hs[i] = kafka.Header(h)
+				hs[i] = testenv.Header(h)
 			}
 			add(Delivery{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value)}, hs)
 			return nil

@@ -16,7 +16,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -516,19 +517,21 @@ func (e *env) rows(preDrop map[int64]*string) []Row {
 
 // topics lists the topics of this run's prefix that exist.
 func (e *env) topics() map[string]bool {
-	conn, err := kafka.Dial("tcp", e.kafka.Brokers[0])
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...))
 	if err != nil {
-		e.t.Fatalf("dial kafka: %v", err)
+		e.t.Fatalf("kafka client: %v", err)
 	}
-	defer conn.Close()
-	parts, err := conn.ReadPartitions()
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tds, err := kadm.NewClient(cl).ListTopics(ctx)
 	if err != nil {
 		e.t.Fatalf("list topics: %v", err)
 	}
 	out := map[string]bool{}
-	for _, p := range parts {
-		if strings.HasPrefix(p.Topic, e.prefix+".") {
-			out[p.Topic] = true
+	for topic := range tds {
+		if strings.HasPrefix(topic, e.prefix+".") {
+			out[topic] = true
 		}
 	}
 	return out

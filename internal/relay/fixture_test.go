@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -432,7 +431,7 @@ func (f *fixture) readAll(t testing.TB) []delivered {
 	return out
 }
 
-func fromKafka(m kafka.Message) delivered {
+func fromKafka(m testenv.Message) delivered {
 	d := delivered{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: string(m.Key),
 		Value: string(m.Value), Headers: map[string]string{}}
 	for _, h := range m.Headers {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/retry"
@@ -23,7 +22,7 @@ import (
 )
 
 // headerValues returns every value of header key in m, in order.
-func headerValues(m kafka.Message, key string) []string {
+func headerValues(m testenv.Message, key string) []string {
 	var out []string
 	for _, h := range m.Headers {
 		if h.Key == key {
@@ -34,9 +33,9 @@ func headerValues(m kafka.Message, key string) []string {
 }
 
 // byID indexes records by their (single) id header.
-func byID(t *testing.T, ms []kafka.Message) map[string]kafka.Message {
+func byID(t *testing.T, ms []testenv.Message) map[string]testenv.Message {
 	t.Helper()
-	out := map[string]kafka.Message{}
+	out := map[string]testenv.Message{}
 	for _, m := range ms {
 		ids := headerValues(m, "id")
 		if len(ids) != 1 {
@@ -179,7 +178,7 @@ func TestHeadersCannotOverrideIdentity(t *testing.T) {
 	}
 }
 
-func headersText(m kafka.Message) string {
+func headersText(m testenv.Message) string {
 	var parts []string
 	for _, h := range m.Headers {
 		parts = append(parts, h.Key+"="+string(h.Value))

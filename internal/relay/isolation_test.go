@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	outboxsql "github.com/outbox-relay/outbox-relay/sql"
@@ -74,7 +72,7 @@ func (f *fixture) idsOn(t *testing.T, topic string) map[string]int {
 	return out
 }
 
-func idHeader(m kafka.Message) string {
+func idHeader(m testenv.Message) string {
 	for _, h := range m.Headers {
 		if h.Key == "id" {
 			return string(h.Value)

@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/retry"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -128,7 +127,7 @@ func empty(t *testing.T, s *retry.Store) func() bool {
 }
 
 // ids returns the "id" headers of msgs with key key, in topic order.
-func ids(msgs []kafka.Message, key string) []string {
+func ids(msgs []testenv.Message, key string) []string {
 	var out []string
 	for _, m := range msgs {
 		if string(m.Key) != key {
@@ -293,9 +292,10 @@ func TestWorkerDeadAndRequeue(t *testing.T) {
 			}
 			kc.CreateTopic(t, topic, 1)
 			// Dead blocks: nothing moves until the operator requeues. The
-			// wait also outlasts kafka-go's metadata cache (6s), which
-			// would otherwise still call the new topic unknown and send the
-			// requeued row dead again at once with MaxAttempts 2.
+			// wait also outlasts the sink client's metadata cache (kgo's
+			// MetadataMinAge, 5s; kafka-go's was 6s), which would otherwise
+			// still call the new topic unknown and send the requeued row
+			// dead again at once with MaxAttempts 2.
 			time.Sleep(6500 * time.Millisecond)
 			if n := len(list(t, s, retry.Filter{})); n != 2 {
 				t.Fatalf("%d rows left while A-1 is dead; want 2 (A-2 must wait behind it)", n)

@@ -5,14 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/testcontainers/testcontainers-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // KafkaCluster is the broker set shared by all tests; create topics with UniqueName
@@ -37,17 +38,17 @@ func Kafka(t testing.TB) *KafkaCluster {
 
 // kafkaAnswers succeeds once a broker returns metadata, retrying until ctx ends.
 func kafkaAnswers(ctx context.Context, brokers []string) error {
-	var err error
+	cl, err := newKafkaClient(brokers)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
 	for {
-		for _, b := range brokers {
-			var conn *kafka.Conn
-			if conn, err = kafka.DialContext(ctx, "tcp", b); err == nil {
-				_, err = conn.Brokers()
-				conn.Close()
-				if err == nil {
-					return nil
-				}
-			}
+		// No topics: the answer proves the broker serves metadata, at no cost.
+		req := kmsg.NewPtrMetadataRequest()
+		req.Topics = []kmsg.MetadataRequestTopic{}
+		if _, err = cl.Request(ctx, req); err == nil {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
@@ -55,6 +56,19 @@ func kafkaAnswers(ctx context.Context, brokers []string) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// newKafkaClient is a client of the test brokers only (seeds and the addresses they
+// advertise, 127.0.0.1 for the dev broker and the containers).
+func newKafkaClient(brokers []string, opts ...kgo.Opt) (*kgo.Client, error) {
+	// Fresh metadata on every ask: a helper runs right after topics are created and
+	// brokers restart, when five seconds of cached metadata would be stale.
+	base := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.MetadataMinAge(50 * time.Millisecond)}
+	cl, err := kgo.NewClient(append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return cl, nil
 }
 
 // CreateTopic creates topic with the given partitions (replication factor 1) and waits
@@ -69,38 +83,29 @@ func (k *KafkaCluster) CreateTopic(t testing.TB, topic string, partitions int) {
 }
 
 func createTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+	cl, err := newKafkaClient(brokers)
 	if err != nil {
-		return fmt.Errorf("dial: %w", err)
+		return err
 	}
-	defer conn.Close()
-	// A broker that has just restarted (a fault test's) may not know its
-	// controller yet and names none (port 0): ask again until it does.
-	var cconn *kafka.Conn
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	// A broker that has just restarted (a fault test's) may not know its controller
+	// yet (the request fails), and a controller that has just started may not have its
+	// broker registered yet, and then refuses every replication factor
+	// (INVALID_REPLICATION_FACTOR, "0 available brokers"): ask again until it has.
 	for {
-		ctrl, err := conn.Controller()
-		if err == nil && ctrl.Port != 0 {
-			if cconn, err = kafka.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port))); err == nil {
+		var res kadm.CreateTopicResponses
+		if res, err = adm.CreateTopics(ctx, int32(partitions), 1, nil, topic); err == nil {
+			r, ok := res[topic]
+			if !ok {
+				return fmt.Errorf("create: no answer for %q", topic)
+			}
+			if err = r.Err; err == nil || errors.Is(err, kerr.TopicAlreadyExists) {
 				break
 			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("find and dial the controller: %v: %w", err, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	defer cconn.Close()
-	// A controller that has just started may not have its broker registered
-	// yet, and then refuses every replication factor (INVALID_REPLICATION_FACTOR,
-	// "0 available brokers"): ask again until it has.
-	for {
-		err = cconn.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
-		if err == nil || errors.Is(err, kafka.TopicAlreadyExists) {
-			break
-		}
-		if !errors.Is(err, kafka.InvalidReplicationFactor) {
-			return fmt.Errorf("create: %w", err)
+			if !errors.Is(err, kerr.InvalidReplicationFactor) {
+				return fmt.Errorf("create: %w", err)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -112,53 +117,125 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 	// leader before it serves the partition: producing before then fails with
 	// LeaderNotAvailable or UnknownTopicOrPartition. Wait until every leader answers.
 	for {
-		parts, err := conn.ReadPartitions(topic)
-		if err == nil && len(parts) == partitions && allLed(parts) {
-			if err = partitionsServed(ctx, brokers[0], topic, partitions); err == nil {
+		var ids []int32
+		if ids, err = ledPartitions(ctx, adm, topic); err == nil {
+			if len(ids) != partitions {
+				err = fmt.Errorf("%d partitions", len(ids))
+			} else if _, _, err = partitionOffsets(ctx, adm, topic, ids); err == nil {
 				return nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for %d partitions with leaders (have %d, %v): %w", partitions, len(parts), err, ctx.Err())
+			return fmt.Errorf("wait for %d partitions with leaders that answer: %v: %w", partitions, err, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
 
-func partitionsServed(ctx context.Context, broker, topic string, partitions int) error {
-	for p := 0; p < partitions; p++ {
-		conn, err := kafka.DialLeader(ctx, "tcp", broker, topic, p)
-		if err != nil {
-			return err
-		}
-		_, _, err = conn.ReadOffsets()
-		conn.Close()
-		if err != nil {
-			return err
-		}
+// ledPartitions returns the partitions of topic in order, or an error while the topic
+// is unknown or one of its partitions has no leader.
+func ledPartitions(ctx context.Context, adm *kadm.Client, topic string) ([]int32, error) {
+	md, err := adm.Metadata(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
 	}
-	return nil
+	td, ok := md.Topics[topic]
+	if !ok {
+		return nil, fmt.Errorf("metadata: no topic %q", topic)
+	}
+	if td.Err != nil {
+		return nil, fmt.Errorf("metadata of %q: %w", topic, td.Err)
+	}
+	ids := make([]int32, 0, len(td.Partitions))
+	for _, p := range td.Partitions.Sorted() {
+		if p.Err != nil || p.Leader < 0 {
+			return nil, fmt.Errorf("partition %d: no leader (leader %d, %v)", p.Partition, p.Leader, p.Err)
+		}
+		ids = append(ids, p.Partition)
+	}
+	return ids, nil
 }
 
-func allLed(parts []kafka.Partition) bool {
-	for _, p := range parts {
-		if p.Leader.Host == "" {
-			return false
-		}
+// partitionOffsets asks each partition's leader for its first offset and its high
+// watermark (read_uncommitted: open transactions included). It fails unless every
+// leader answers for its partitions.
+func partitionOffsets(ctx context.Context, adm *kadm.Client, topic string, ids []int32) (first, end map[int32]int64, err error) {
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list start offsets: %w", err)
 	}
-	return true
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list end offsets: %w", err)
+	}
+	first, end = map[int32]int64{}, map[int32]int64{}
+	for _, id := range ids {
+		s, ok := starts.Lookup(topic, id)
+		e, ok2 := ends.Lookup(topic, id)
+		switch {
+		case !ok || !ok2:
+			return nil, nil, fmt.Errorf("partition %d: no offsets", id)
+		case s.Err != nil:
+			return nil, nil, fmt.Errorf("partition %d: first offset: %w", id, s.Err)
+		case e.Err != nil:
+			return nil, nil, fmt.Errorf("partition %d: end offset: %w", id, e.Err)
+		}
+		first[id], end[id] = s.Offset, e.Offset
+	}
+	return first, end, nil
 }
 
-// ReadAll returns every message of topic, partition by partition from the first
-// offset to the end offset as of the call, in partition then offset order. It uses no
-// consumer group and commits nothing.
-func (k *KafkaCluster) ReadAll(t testing.TB, topic string) []kafka.Message {
+// Header is a record header as ReadAll returns it.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Message is a record as ReadAll returns it. The fields are those the tests used when
+// they read with kafka-go's kafka.Message, under the same names, and so is the reading
+// of bytes: Key, Value and a header's Value are nil when the record holds a null or an
+// empty one, as kafka-go read them (every assertion was written against that reading).
+// ReadAll therefore cannot tell a null from an empty value: a test that must, reads
+// with kgo.
+type Message struct {
+	Topic     string
+	Partition int
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Time      time.Time
+}
+
+func fromRecord(r *kgo.Record) Message {
+	m := Message{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, Key: nilIfEmpty(r.Key), Value: nilIfEmpty(r.Value), Time: r.Timestamp}
+	for _, h := range r.Headers {
+		m.Headers = append(m.Headers, Header{Key: h.Key, Value: nilIfEmpty(h.Value)})
+	}
+	return m
+}
+
+// nilIfEmpty is kafka-go's reading of a null or empty key, value or header value.
+func nilIfEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// ReadAll returns every record of topic, partition by partition from the first
+// offset to the high watermark as of the call, in partition then offset order. It
+// reads read_uncommitted and keeps the transaction markers (control records: a key
+// and value of Kafka's, no headers), as kafka-go's connection did: the records of
+// aborted and open transactions are there, and so is each marker. It uses no consumer
+// group and commits nothing.
+func (k *KafkaCluster) ReadAll(t testing.TB, topic string) []Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for {
-		msgs, err := readAll(ctx, k.Brokers[0], topic)
+		msgs, err := readAll(ctx, k.Brokers, topic)
 		if err == nil {
 			return msgs
 		}
@@ -172,87 +249,88 @@ func (k *KafkaCluster) ReadAll(t testing.TB, topic string) []kafka.Message {
 	}
 }
 
-func readAll(ctx context.Context, broker, topic string) ([]kafka.Message, error) {
+func readAll(ctx context.Context, brokers []string, topic string) ([]Message, error) {
+	cl, err := newKafkaClient(brokers)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
 	// Right after a broker restart or resume, partitions are listed before
 	// their leaders are known: wait for the leaders rather than fail.
-	var parts []kafka.Partition
+	var ids []int32
 	for {
-		conn, err := kafka.DialContext(ctx, "tcp", broker)
-		if err != nil {
-			return nil, fmt.Errorf("dial: %w", err)
-		}
-		parts, err = conn.ReadPartitions(topic)
-		conn.Close()
-		if err != nil {
-			return nil, fmt.Errorf("read partitions: %w", err)
-		}
-		if allLed(parts) {
+		if ids, err = ledPartitions(ctx, adm, topic); err == nil {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("partitions of %q have no leader: %w", topic, ctx.Err())
+			return nil, fmt.Errorf("partitions of %q: %v: %w", topic, err, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	ids := make([]int, 0, len(parts))
-	for _, p := range parts {
-		if p.Topic == topic {
-			ids = append(ids, p.ID)
 		}
 	}
 	if len(ids) == 0 {
 		return nil, fmt.Errorf("topic %q has no partitions", topic)
 	}
-	slices.Sort(ids)
-	var out []kafka.Message
+	first, end, err := partitionOffsets(ctx, adm, topic, ids)
+	if err != nil {
+		return nil, err
+	}
+	from := map[int32]kgo.Offset{}
 	for _, id := range ids {
-		msgs, err := readPartition(ctx, broker, topic, id)
-		if err != nil {
-			return nil, fmt.Errorf("partition %d: %w", id, err)
+		if first[id] < end[id] {
+			from[id] = kgo.NewOffset().At(first[id])
 		}
-		out = append(out, msgs...)
+	}
+	if len(from) == 0 {
+		return nil, nil
+	}
+	byPart, err := readPartitions(ctx, brokers, topic, from, end)
+	if err != nil {
+		return nil, err
+	}
+	var out []Message
+	for _, id := range ids {
+		out = append(out, byPart[id]...)
 	}
 	return out, nil
 }
 
-func readPartition(ctx context.Context, broker, topic string, partition int) ([]kafka.Message, error) {
-	conn, err := kafka.DialLeader(ctx, "tcp", broker, topic, partition)
+// readPartitions reads each partition of from, from its offset up to (not including)
+// its end offset.
+func readPartitions(ctx context.Context, brokers []string, topic string, from map[int32]kgo.Offset, end map[int32]int64) (map[int32][]Message, error) {
+	cl, err := newKafkaClient(brokers,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
+		kgo.KeepControlRecords())
 	if err != nil {
-		return nil, fmt.Errorf("dial leader: %w", err)
+		return nil, err
 	}
-	defer conn.Close()
-	if d, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(d)
-	}
-	first, end, err := conn.ReadOffsets()
-	if err != nil {
-		return nil, fmt.Errorf("read offsets: %w", err)
-	}
-	var out []kafka.Message
-	next := first
-	for next < end {
-		if _, err := conn.Seek(next, kafka.SeekAbsolute); err != nil {
-			return nil, fmt.Errorf("seek %d: %w", next, err)
-		}
-		batch := conn.ReadBatch(1, 16<<20)
-		for next < end {
-			m, err := batch.ReadMessage()
-			if err != nil {
-				break
-			}
-			if m.Offset >= end {
-				next = end
-				break
-			}
-			out = append(out, m)
-			next = m.Offset + 1
-		}
-		if err := batch.Close(); err != nil {
-			return nil, fmt.Errorf("read from offset %d: %w", next, err)
-		}
+	defer cl.Close()
+	out := map[int32][]Message{}
+	done := map[int32]bool{}
+	for len(done) < len(from) {
+		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("read from offset %d to %d: %w", next, end, err)
+			return nil, fmt.Errorf("read %d partitions to their end: %w", len(from)-len(done), err)
+		}
+		if err := fs.Err(); err != nil {
+			return nil, fmt.Errorf("fetch: %w", err)
+		}
+		var now []int32
+		fs.EachRecord(func(r *kgo.Record) {
+			e := end[r.Partition]
+			if done[r.Partition] || r.Offset >= e {
+				return
+			}
+			out[r.Partition] = append(out[r.Partition], fromRecord(r))
+			if r.Offset == e-1 {
+				done[r.Partition] = true
+				now = append(now, r.Partition)
+			}
+		})
+		if len(now) > 0 {
+			cl.PauseFetchPartitions(map[string][]int32{topic: now})
 		}
 	}
 	return out, nil

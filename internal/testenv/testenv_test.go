@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,7 +16,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 var validName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
@@ -253,37 +254,31 @@ func TestPostgres(t *testing.T) {
 
 func produce(t *testing.T, brokers []string, topic string, n, from int) {
 	t.Helper()
-	// A Transport of its own: kafka.DefaultTransport caches metadata (6s TTL) across
-	// writers and would not know a topic created since.
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(brokers...),
-		Transport:    tr,
-		Topic:        topic,
-		Balancer:     &kafka.Hash{},
-		RequiredAcks: kafka.RequireAll,
-		BatchTimeout: 5 * time.Millisecond,
+	// A client of its own, so metadata of the topic created just before is fresh.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RequiredAcks(kgo.AllISRAcks()))
+	if err != nil {
+		t.Fatal(err)
 	}
-	defer w.Close()
-	msgs := make([]kafka.Message, n)
-	for i := range msgs {
-		msgs[i] = kafka.Message{
+	defer cl.Close()
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{
+			Topic:   topic,
 			Key:     []byte(fmt.Sprintf("key-%d", (from+i)%5)),
 			Value:   []byte(fmt.Sprintf("value-%d", from+i)),
-			Headers: []kafka.Header{{Key: "id", Value: []byte(fmt.Sprint(from + i))}},
+			Headers: []kgo.RecordHeader{{Key: "id", Value: []byte(fmt.Sprint(from + i))}},
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		t.Fatalf("WriteMessages: %v", err)
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
 	}
 }
 
 // checkAll asserts that ReadAll returns exactly values value-0 … value-(n-1), each once,
 // with its header, and each key on one partition.
-func checkAll(t *testing.T, msgs []kafka.Message, topic string, n int) {
+func checkAll(t *testing.T, msgs []Message, topic string, n int) {
 	t.Helper()
 	if len(msgs) != n {
 		t.Fatalf("ReadAll(%q) returned %d messages; want %d", topic, len(msgs), n)
@@ -334,6 +329,61 @@ func TestKafka(t *testing.T) {
 	k.CreateTopic(t, empty, 2)
 	if got := k.ReadAll(t, empty); len(got) != 0 {
 		t.Errorf("ReadAll(%q) = %d messages; want 0", empty, len(got))
+	}
+}
+
+// ReadAll reads read_uncommitted and keeps the transaction markers: a test sees the
+// records of aborted and open transactions, and one marker per ended transaction.
+func TestKafkaReadAllTransactions(t *testing.T) {
+	t.Parallel()
+	k := Kafka(t)
+	topic := UniqueName(t, "txn")
+	k.CreateTopic(t, topic, 1)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.TransactionalID(UniqueName(t, "txid")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	txn := func(end kgo.TransactionEndTry, values ...string) {
+		t.Helper()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range values {
+			if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatalf("produce %s: %v", v, err)
+			}
+		}
+		if err := cl.EndTransaction(ctx, end); err != nil {
+			t.Fatalf("end transaction: %v", err)
+		}
+	}
+	txn(kgo.TryCommit, "c1", "c2")
+	txn(kgo.TryAbort, "x1")
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte("open")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	var values []string
+	markers := 0
+	for i, m := range k.ReadAll(t, topic) {
+		if m.Offset != int64(i) {
+			t.Errorf("message %d at offset %d; want every offset", i, m.Offset)
+		}
+		switch v := string(m.Value); v {
+		case "c1", "c2", "x1", "open":
+			values = append(values, v)
+		default:
+			markers++
+		}
+	}
+	if want := []string{"c1", "c2", "x1", "open"}; !slices.Equal(values, want) || markers != 2 {
+		t.Errorf("ReadAll(%q) = %q and %d markers; want %q and 2 markers", topic, values, markers, want)
 	}
 }
 

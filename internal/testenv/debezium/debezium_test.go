@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/segmentio/kafka-go"
 
 	dbzoffset "github.com/outbox-relay/outbox-relay/internal/debezium"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -97,7 +96,7 @@ func TestStringConverter(t *testing.T) {
 	insert(t, pg, evs)
 	t.Logf("pg_current_wal_lsn before inserts: %s", before)
 
-	got := map[string][]kafka.Message{
+	got := map[string][]testenv.Message{
 		orders:    waitMessages(t, k, "outbox.event."+orders, 2),
 		customers: waitMessages(t, k, "outbox.event."+customers, 2),
 	}
@@ -288,7 +287,7 @@ func insert(t *testing.T, pg *testenv.PG, evs []*event) {
 }
 
 // waitMessages reads topic until it holds n messages.
-func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []kafka.Message {
+func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []testenv.Message {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -306,7 +305,7 @@ func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []
 	}
 }
 
-func header(m kafka.Message, key string) ([]byte, bool) {
+func header(m testenv.Message, key string) ([]byte, bool) {
 	for _, h := range m.Headers {
 		if h.Key == key {
 			return h.Value, true
@@ -329,7 +328,7 @@ func jsonString(t *testing.T, s string) []byte {
 }
 
 // logMessage records the exact bytes Debezium wrote, for comparing with the relay.
-func logMessage(t *testing.T, conv string, e *event, m kafka.Message) {
+func logMessage(t *testing.T, conv string, e *event, m testenv.Message) {
 	t.Helper()
 	t.Logf("%s converter: row id=%s aggregateid=%q payload=%s (inserted %s, lsn after commit %s)",
 		conv, e.id, e.aggID, fmtPtr(e.payload), fmtPtr(e.payloadIn), e.lsnAfter)

@@ -1,4 +1,4 @@
-package main
+package cloudeventstest
 
 import (
 	"bytes"
@@ -15,7 +15,6 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/santhosh-tekuri/jsonschema/v6"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -90,18 +89,18 @@ func TestCloudEventsEndToEnd(t *testing.T) {
 	schema := compileCESchema(t)
 	for _, mode := range []string{"binary", "structured"} {
 		t.Run(mode, func(t *testing.T) {
-			dsn, _ := dbEnv(t)
-			setUp(t)
+			rl := newRelay(t)
+			dsn := rl.dsn
+			rl.mustRun(t, "setup", "--create-outbox-table")
 			testenv.ExecAs(t, dsn, `ALTER TABLE outbox ADD COLUMN tracingspancontext text`)
-			aggType, topic, k := relayTopic(t, "Ce")
-			t.Setenv("RELAY_MESSAGE_FORMAT", "cloudevents")
-			t.Setenv("RELAY_MESSAGE_CLOUDEVENTS_MODE", mode)
-			t.Setenv("RELAY_MESSAGE_CLOUDEVENTS_SOURCE", "/orders-service/outbox")
-			t.Setenv("RELAY_OUTBOX_COLUMNS_TIMESTAMP", "created_at")
-			t.Setenv("RELAY_OUTBOX_COLUMNS_TRACING_SPAN_CONTEXT", "tracingspancontext")
-			if code, out, errOut := run(t, "check"); code != 0 {
-				t.Fatalf("check with CloudEvents and a tracing column: exit %d\n%s%s", code, out, errOut)
-			}
+			aggType, topic, k := rl.topic(t, "Ce")
+			rl.env = append(rl.env,
+				"RELAY_MESSAGE_FORMAT=cloudevents",
+				"RELAY_MESSAGE_CLOUDEVENTS_MODE="+mode,
+				"RELAY_MESSAGE_CLOUDEVENTS_SOURCE=/orders-service/outbox",
+				"RELAY_OUTBOX_COLUMNS_TIMESTAMP=created_at",
+				"RELAY_OUTBOX_COLUMNS_TRACING_SPAN_CONTEXT=tracingspancontext")
+			rl.mustRun(t, "check")
 
 			const (
 				trace1 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -125,9 +124,9 @@ func TestCloudEventsEndToEnd(t *testing.T) {
 VALUES ('%s', '%s', 'order-7', 'OrderPlaced', %s, %s, %s, '2026-11-25 02:00:00.123456+00')`,
 					r.id, aggType, sqlOrNull(r.payload, "::jsonb"), sqlOrNull(r.headers, "::jsonb"), sqlOrNull(r.spanContext, "")))
 			}
-			p := startRelay(t)
+			stop := rl.start(t)
 			msgs := waitMessages(t, k, topic, len(rows))
-			p.stop(t)
+			stop(t)
 
 			for i, r := range rows {
 				m := msgs[i]
@@ -234,7 +233,7 @@ func sqlOrNull(v, cast string) string {
 }
 
 // waitMessages waits for n messages in topic and returns them in offset order.
-func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []kafka.Message {
+func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []testenv.Message {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		msgs := k.ReadAll(t, topic)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package cloudeventstest
+
+const raceEnabled = false
