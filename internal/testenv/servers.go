@@ -13,13 +13,15 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/go-connections/nat"
 	"github.com/testcontainers/testcontainers-go"
-	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"github.com/testcontainers/testcontainers-go/wait"
 )
 
 const (
 	postgresImage = "postgres:15-alpine"
-	kafkaImage    = "confluentinc/confluent-local:7.5.0" // the image the kafka module's start script is written for
+	// Apache Kafka's own image, the version the dev servers run, in KRaft
+	// mode (one node that is broker and controller).
+	kafkaImage = "apache/kafka:3.9.1"
 )
 
 // containers holds this binary's containers, started on first use.
@@ -185,21 +187,37 @@ func startKafkaContainer() ([]string, testcontainers.Container, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("pick port: %w", err)
 	}
-	c, err := tckafka.Run(ctx, kafkaImage,
+	// Started from the image rather than testcontainers' kafka module, which
+	// would bring a second Kafka client (sarama) into go.mod. The listener is
+	// advertised at the host port bound below, so clients need no
+	// translation.
+	addr := "127.0.0.1:" + port
+	c, err := testcontainers.Run(ctx, kafkaImage,
 		testcontainers.WithEnv(map[string]string{
-			"KAFKA_NUM_PARTITIONS":            "4",
-			"KAFKA_AUTO_CREATE_TOPICS_ENABLE": "true",
+			"KAFKA_NODE_ID":                                  "1",
+			"KAFKA_PROCESS_ROLES":                            "broker,controller",
+			"KAFKA_LISTENERS":                                "PLAINTEXT://:9092,CONTROLLER://:9093",
+			"KAFKA_ADVERTISED_LISTENERS":                     "PLAINTEXT://" + addr,
+			"KAFKA_CONTROLLER_LISTENER_NAMES":                "CONTROLLER",
+			"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":           "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+			"KAFKA_CONTROLLER_QUORUM_VOTERS":                 "1@localhost:9093",
+			"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":         "1",
+			"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+			"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":            "1",
+			"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":         "0",
+			"KAFKA_NUM_PARTITIONS":                           "4",
+			"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                "true",
 		}),
-		bindPort("9093/tcp", port),
+		testcontainers.WithExposedPorts("9092/tcp"),
+		bindPort("9092/tcp", port),
+		testcontainers.WithWaitStrategy(wait.ForLog("Kafka Server started").WithStartupTimeout(3*time.Minute)),
 	)
 	if err != nil {
 		return nil, nil, err
 	}
-	brokers, err := c.Brokers(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("brokers: %w", err)
-	}
-	return brokers, c, nil
+	// The broker answers once its listener is up; kafkaAnswers (the
+	// caller) waits for a metadata answer as for the dev servers.
+	return []string{addr}, c, nil
 }
 
 func stopContainer(t testing.TB, c testcontainers.Container) {
