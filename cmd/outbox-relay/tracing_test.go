@@ -13,10 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // otlpReceiver is an OTLP/HTTP trace receiver, as a collector's: POST
@@ -91,7 +92,7 @@ func TestTraceSpansExported(t *testing.T) {
 	inserted := time.Now()
 
 	p := startSecRelay(t, os.Environ(), "run")
-	msgs := waitMessages(t, k, topic, 2)
+	msgs := k.WaitMessages(t, topic, 2)
 	// SIGTERM: a clean stop flushes the exporter's queue.
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	if err := p.wait(t, time.Minute); err != nil {
@@ -154,21 +155,4 @@ func TestTraceSpansExported(t *testing.T) {
 
 func newID(t *testing.T, dsn string) string {
 	return testenv.QueryString(t, dsn, `SELECT gen_random_uuid()::text`)
-}
-
-// waitMessages waits for n messages in topic and returns them in offset order.
-func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []testenv.Message {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		msgs := k.ReadAll(t, topic)
-		if len(msgs) >= n {
-			if len(msgs) > n {
-				t.Errorf("%d messages in %s; want %d", len(msgs), topic, n)
-			}
-			return msgs
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d messages in %s after a minute", len(msgs), n, topic)
-		}
-	}
 }

@@ -372,3 +372,22 @@ func brokerPort(addr string) string {
 	}
 	return port
 }
+
+// WaitMessages waits up to a minute for n records in topic and returns them as
+// ReadAll does; more than n is an error of t (a duplicate), fewer after the minute
+// fails t.
+func (k *KafkaCluster) WaitMessages(t testing.TB, topic string, n int) []Message {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		msgs := k.ReadAll(t, topic)
+		if len(msgs) >= n {
+			if len(msgs) > n {
+				t.Errorf("topic %s holds %d messages; want %d", topic, len(msgs), n)
+			}
+			return msgs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("topic %s holds %d messages after a minute; want %d", topic, len(msgs), n)
+		}
+	}
+}

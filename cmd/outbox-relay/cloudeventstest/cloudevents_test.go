@@ -125,7 +125,7 @@ VALUES ('%s', '%s', 'order-7', 'OrderPlaced', %s, %s, %s, '2026-11-25 02:00:00.1
 					r.id, aggType, sqlOrNull(r.payload, "::jsonb"), sqlOrNull(r.headers, "::jsonb"), sqlOrNull(r.spanContext, "")))
 			}
 			stop := rl.start(t)
-			msgs := waitMessages(t, k, topic, len(rows))
+			msgs := k.WaitMessages(t, topic, len(rows))
 			stop(t)
 
 			for i, r := range rows {
@@ -230,21 +230,4 @@ func sqlOrNull(v, cast string) string {
 		return "NULL"
 	}
 	return "'" + strings.ReplaceAll(v, "'", "''") + "'" + cast
-}
-
-// waitMessages waits for n messages in topic and returns them in offset order.
-func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []testenv.Message {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		msgs := k.ReadAll(t, topic)
-		if len(msgs) >= n {
-			if len(msgs) > n {
-				t.Errorf("%d messages in %s; want %d", len(msgs), topic, n)
-			}
-			return msgs
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d messages in %s after a minute", len(msgs), n, topic)
-		}
-	}
 }

@@ -97,8 +97,8 @@ func TestStringConverter(t *testing.T) {
 	t.Logf("pg_current_wal_lsn before inserts: %s", before)
 
 	got := map[string][]testenv.Message{
-		orders:    waitMessages(t, k, "outbox.event."+orders, 2),
-		customers: waitMessages(t, k, "outbox.event."+customers, 2),
+		orders:    k.WaitMessages(t, "outbox.event."+orders, 2),
+		customers: k.WaitMessages(t, "outbox.event."+customers, 2),
 	}
 	next := map[string]int{}
 	for _, e := range evs {
@@ -189,7 +189,7 @@ func TestJSONConverter(t *testing.T) {
 		{aggType: orders, aggID: "abd", payloadIn: nil},
 	}
 	insert(t, pg, evs)
-	got := waitMessages(t, k, topic, len(evs))
+	got := k.WaitMessages(t, topic, len(evs))
 	for i, e := range evs {
 		m := got[i]
 		logMessage(t, "json", e, m)
@@ -233,7 +233,7 @@ func TestDistributed(t *testing.T) {
 		{aggType: orders, aggID: "order-3", payloadIn: ptr(`{"n":3}`)},
 	}
 	insert(t, pg, evs)
-	waitMessages(t, k, topic, len(evs))
+	k.WaitMessages(t, topic, len(evs))
 	before := len(k.ReadAll(t, c.OffsetsTopic()))
 	c.Stop(t)
 
@@ -283,25 +283,6 @@ func insert(t *testing.T, pg *testenv.PG, evs []*event) {
 		if err := pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&e.lsnAfter); err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-// waitMessages reads topic until it holds n messages.
-func waitMessages(t *testing.T, k *testenv.KafkaCluster, topic string, n int) []testenv.Message {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		msgs := k.ReadAll(t, topic)
-		if len(msgs) >= n {
-			if len(msgs) > n {
-				t.Errorf("topic %s holds %d messages; want %d", topic, len(msgs), n)
-			}
-			return msgs
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("topic %s holds %d messages after a minute; want %d", topic, len(msgs), n)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 

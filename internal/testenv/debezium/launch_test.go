@@ -61,7 +61,7 @@ func TestLaunch(t *testing.T) {
 	}
 
 	insert(t, pg, []*event{{aggType: agg, aggID: "order-1", payloadIn: ptr(`{"n": 1}`)}})
-	waitMessages(t, k, topic, 1)
+	k.WaitMessages(t, topic, 1)
 	if err := c.Failed(ctx); err != nil {
 		t.Errorf("Failed() = %v; want nil while streaming", err)
 	}
