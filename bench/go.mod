@@ -6,7 +6,7 @@ require (
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/outbox-relay/outbox-relay v0.0.0
-	github.com/segmentio/kafka-go v0.4.51
+	github.com/segmentio/kafka-go v0.4.51 // the latency probe's reader per partition: a franz-go consumer measured the relay slower (docs/performance.md); the product's module has no kafka-go
 	github.com/twmb/franz-go v1.22.2
 	github.com/twmb/franz-go/pkg/kadm v1.18.0
 	golang.org/x/sync v0.24.0
