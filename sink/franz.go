@@ -267,13 +267,8 @@ func (k *Kafka) franzWait(ctx context.Context, n int, done <-chan struct{}) erro
 		case <-done:
 			return nil
 		case <-watchdog.C:
-			k.stats.brokerErrors.Add(1)
-			k.stats.retries.Add(1)
-			if k.obs != nil {
-				k.obs.ProduceRetried()
-			}
 			cause := fmt.Errorf("kafka has not acknowledged %d records within %s: retrying", n, k.cfg.WriteTimeout)
-			k.outageStarts(cause)
+			k.retrying(cause)
 			k.log.Warn("kafka unavailable, retrying", "err", cause)
 			watchdog.Reset(k.cfg.WriteTimeout)
 		case <-ctx.Done():

@@ -32,8 +32,8 @@
 //     kafkaadmin): it fails while no broker answers.
 //   - Per-key order is input order, for every message that is acknowledged.
 //     Keys map to partitions with the Java client's partitioner (murmur2,
-//     kgo's default; kafkaadmin.KeyPartition computes the same), so Debezium's and
-//     ours agree.
+//     kgo's default; kafkaadmin.KeyPartition computes the same), so
+//     Debezium's and ours agree.
 //   - The producer is idempotent unless DisableIdempotence: kgo gives each
 //     batch a producer id, epoch and per-partition sequence, and sends a
 //     batch whose outcome is unknown (timeout, connection lost) again with
@@ -74,8 +74,9 @@
 // first).
 //
 // Write, Send, a Delivery's Wait and Abandon are not safe for concurrent use:
-// one caller at a time keeps the per-partition order described above. Ping, Outage and Stats may be called
-// from any goroutine, also while Write blocks.
+// one caller at a time keeps the per-partition order described above.
+// Ping, Outage and Stats may be called from any goroutine, also while Write
+// blocks.
 package sink
 
 import (

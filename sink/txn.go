@@ -177,8 +177,21 @@ func txnFatal(err error) bool {
 		errors.Is(err, ErrTransactionsNotAllowed) || errors.Is(err, errNoTransactions)
 }
 
+// retrying counts a broker-wide failure that the producer retries
+// (Stats.BrokerErrors and Retries, the Observer) and records it as (part
+// of) an outage: Write's backoff and a round's watchdog (franz.go).
+func (k *Kafka) retrying(cause error) {
+	k.stats.brokerErrors.Add(1)
+	k.stats.retries.Add(1)
+	if k.obs != nil {
+		k.obs.ProduceRetried()
+	}
+	k.outageStarts(cause)
+}
+
 // outageStarts and outageOver record a broker-wide failure streak for
-// Outage, as Write's backoff and acknowledgements do.
+// Outage, as Write's backoff and acknowledgements do; outageOver returns
+// when the streak it ended started (zero when there was none).
 func (k *Kafka) outageStarts(cause error) {
 	k.outage.mu.Lock()
 	if k.outage.since.IsZero() {
@@ -188,10 +201,12 @@ func (k *Kafka) outageStarts(cause error) {
 	k.outage.mu.Unlock()
 }
 
-func (k *Kafka) outageOver() {
+func (k *Kafka) outageOver() (since time.Time) {
 	k.outage.mu.Lock()
+	defer k.outage.mu.Unlock()
+	since = k.outage.since
 	k.outage.since, k.outage.cause = time.Time{}, nil
-	k.outage.mu.Unlock()
+	return since
 }
 
 // CheckTransactions does what a transactional relay does, with a probe of

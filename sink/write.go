@@ -353,12 +353,7 @@ func (k *Kafka) writeFailed(ctx context.Context, st *writeState, idx []int, werr
 // backoff counts a broker-wide failure, records it as (part of) an outage,
 // and waits before the next attempt.
 func (k *Kafka) backoff(ctx context.Context, attempt int, cause error) error {
-	k.stats.brokerErrors.Add(1)
-	k.stats.retries.Add(1)
-	if k.obs != nil {
-		k.obs.ProduceRetried()
-	}
-	k.outageStarts(cause)
+	k.retrying(cause)
 	// Jittered: relays restarted together do not hammer a recovering
 	// cluster in step.
 	d := backoff.Delay(k.cfg.RetryMin, k.cfg.RetryMax, attempt)
@@ -381,12 +376,9 @@ func (k *Kafka) acked(batch []event.Event, werrs writeErrors) {
 	k.stats.messages.Add(n)
 	k.stats.bytes.Add(b)
 	if n > 0 {
-		k.outage.mu.Lock()
-		if !k.outage.since.IsZero() {
-			k.log.Info("kafka available again", "after", time.Since(k.outage.since).Round(time.Millisecond))
+		if since := k.outageOver(); !since.IsZero() {
+			k.log.Info("kafka available again", "after", time.Since(since).Round(time.Millisecond))
 		}
-		k.outage.since, k.outage.cause = time.Time{}, nil
-		k.outage.mu.Unlock()
 		k.franz.warned.Store(false)
 	}
 }

@@ -247,17 +247,10 @@ func readAll(ctx context.Context, brokers []string, topic string) ([]Message, er
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 	// Right after a broker restart or resume, partitions are listed before
-	// their leaders are known: wait for the leaders rather than fail.
-	var ids []int32
-	for {
-		if ids, err = ledPartitions(ctx, adm, topic); err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("partitions of %q: %v: %w", topic, err, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+	// their leaders are known: ReadAll asks again.
+	ids, err := ledPartitions(ctx, adm, topic)
+	if err != nil {
+		return nil, fmt.Errorf("partitions of %q: %w", topic, err)
 	}
 	if len(ids) == 0 {
 		return nil, fmt.Errorf("topic %q has no partitions", topic)

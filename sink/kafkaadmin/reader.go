@@ -41,14 +41,15 @@ type Record struct {
 }
 
 // A Reader reads topics as a read_committed consumer does, with a
-// kafkaclient.Config's connection settings. It joins no consumer group and commits
-// nothing. Close it when done.
+// kafkaclient.Config's connection settings. It joins no consumer group and
+// commits nothing. Close it when done.
 type Reader struct {
 	cl  *kgo.Client
 	adm *kadm.Client
 }
 
-// NewReader validates cfg and returns a Reader that connects as cfg says (brokers, TLS, SASL, client id). It dials lazily.
+// NewReader validates cfg and returns a Reader that connects as cfg says
+// (brokers, TLS, SASL, client id). It dials lazily.
 func NewReader(cfg kafkaclient.Config) (*Reader, error) {
 	cl, err := kafkaclient.New(&cfg)
 	if err != nil {
